@@ -1,0 +1,353 @@
+"""Context managers that perturb a model and restore it exactly on exit, also after an exception.
+
+    with quantize_units(model, ["model.layers.3.mlp.down_proj"], "FP8_DYNAMIC"):
+        logits = model(input_ids).logits          # that one Linear in FP8, the rest untouched
+    with quantize_kv(model, layers=[3], kv=KVCacheScheme()):   # FP8 KV cache of attention layer 3
+        ...
+    with add_noise(model, ["model.layers.0.mlp.down_proj"], rel_std=1e-3): ...
+
+Weights are quantized as llm-compressor stores them (from BF16 weights, BF16 scales; see fp8.py) and
+dequantized exactly (codes x scales in fp32), which is what vLLM multiplies with. Only the perturbed
+weights get a new tensor; the original is kept by reference and put back. Input activations are
+quantized by a forward pre-hook, per token (FP8_DYNAMIC), per group of 128 (FP8_BLOCK) or with a
+calibrated per-tensor scale (FP8). For the per-tensor FP8 scheme vLLM fuses q/k/v and gate/up into one
+GEMM with the largest of their scales, so a fused group quantized as a whole is requantized with that
+maximum, as vLLM's loader does.
+
+The KV cache is quantized where vLLM stores it: keys after RoPE, values, as the attention function sees
+them. We route attention through a registered transformers attention function that fake-quantizes K and
+V of the chosen layers and then calls the model's own implementation (sdpa, eager, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .errors import FP8ProbeError
+from .fp8 import KVCacheScheme, QuantSpec, Scheme, compute_scale, dequantize, fake_quant, quantize_weight
+from .student import _is_experts, decoder_layers, list_units
+
+STORAGE_DTYPE = torch.bfloat16  # the checkpoint's dtype: scales and codes are computed in it
+
+
+# ---------------------------------------------------------------------------------------------------
+# weights and input activations
+
+
+@dataclass
+class Calibration:
+    """Static scales measured on the rollouts: input amax per module (and per expert input), KV amax per layer."""
+
+    input_amax: dict[str, torch.Tensor]
+    k_amax: dict[int, torch.Tensor]
+    v_amax: dict[int, torch.Tensor]
+
+    def input_scale(self, key: str, spec: QuantSpec) -> torch.Tensor:
+        if key not in self.input_amax:
+            raise FP8ProbeError(f"no calibrated input scale for {key}; calibrate on the rollouts first")
+        # llm-compressor computes the static input scale in the checkpoint's dtype
+        return compute_scale(self.input_amax[key].to(STORAGE_DTYPE), spec).float()
+
+
+def _weights_for(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, torch.Tensor]:
+    """Simulated FP8 weights for the named Linear units; per-tensor scales shared over fused groups."""
+    out: dict[str, torch.Tensor] = {}
+    codes_scales = {}
+    for n in names:
+        w = model.get_submodule(n).weight
+        codes_scales[n] = quantize_weight(w, scheme, STORAGE_DTYPE)
+    spec = scheme.weight
+    if spec.strategy == "tensor":
+        members: dict[str, list[str]] = {}
+        for u in list_units(model):
+            if u.quantizable:
+                members.setdefault(u.group, []).append(u.name)
+        for ns in members.values():
+            if len(ns) > 1 and set(ns) <= set(codes_scales):
+                # vLLM: one GEMM for the fused group, weights requantized with the largest scale
+                smax = torch.stack([codes_scales[n][1].float() for n in ns]).max().reshape(1)
+                for n in ns:
+                    c, s = codes_scales[n]
+                    out[n] = fake_quant(dequantize(c, s.float(), spec), spec, scale=smax)
+    for n in names:
+        if n not in out:
+            c, s = codes_scales[n]
+            out[n] = dequantize(c, s.float(), spec)
+    return out
+
+
+def _expert_forward(mod: nn.Module, scheme: Scheme, quant_in, weights):
+    """A forward for transformers' fused-experts modules with FP8 weights and quantized expert inputs."""
+    gate_up, down = weights
+
+    def forward(hidden_states, top_k_index, top_k_weights):
+        final = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            mask = torch.nn.functional.one_hot(top_k_index, num_classes=mod.num_experts).permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        x_all = quant_in(hidden_states, "experts_in")
+        for e in hit:
+            e = e[0]
+            pos, tok = torch.where(mask[e])
+            gate, up = nn.functional.linear(x_all[tok], gate_up[e]).chunk(2, dim=-1)
+            h = quant_in(mod.act_fn(gate) * up, "experts_mid")
+            h = nn.functional.linear(h, down[e]) * top_k_weights[tok, pos, None]
+            final.index_add_(0, tok, h.to(final.dtype))
+        return final
+
+    return forward
+
+
+def _simulate_experts(mod: nn.Module, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = scheme.weight
+    outs = []
+    for p in (mod.gate_up_proj, mod.down_proj):
+        per = [dequantize(*_swap(quantize_weight(p[e], scheme, STORAGE_DTYPE)), spec) for e in range(p.shape[0])]
+        outs.append(torch.stack(per).to(p.dtype))
+    return outs[0], outs[1]
+
+
+def _swap(cs):
+    c, s = cs
+    return c, s.float()
+
+
+@contextlib.contextmanager
+def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC",
+                   calibration: Calibration | None = None, weights_only: bool = False):
+    """Put the named units (Linear modules or fused-experts modules) in FP8 for the duration."""
+    scheme = Scheme.from_name(scheme)
+    names = list(names)
+    if scheme.static_input and not weights_only and calibration is None:
+        raise FP8ProbeError(f"scheme {scheme.name} has static input scales: pass a Calibration from the rollouts")
+    handles, restore = [], []
+    linear = [n for n in names if isinstance(model.get_submodule(n), nn.Linear)]
+    experts = [n for n in names if _is_experts(model.get_submodule(n))]
+    other = set(names) - set(linear) - set(experts)
+    if other:
+        raise FP8ProbeError(f"not quantizable units: {', '.join(sorted(other))}")
+    _check_dims(model, linear, experts, scheme)
+    try:
+        for n, w in _weights_for(model, linear, scheme).items():
+            mod = model.get_submodule(n)
+            restore.append((mod.weight, mod.weight.data))
+            mod.weight.data = w.to(mod.weight.dtype)
+            if not weights_only:
+                handles.append(mod.register_forward_pre_hook(_input_hook(n, scheme, calibration)))
+        for n in experts:
+            mod = model.get_submodule(n)
+            weights = _simulate_experts(mod, scheme)
+
+            def quant_in(x, which, _n=n):
+                if weights_only:
+                    return x
+                scale = calibration.input_scale(f"{_n}:{which}", scheme.input) if scheme.static_input else None
+                return fake_quant(x, scheme.input, scale=scale)
+
+            restore.append((mod, "forward"))
+            mod.forward = _expert_forward(mod, scheme, quant_in, weights)
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for obj, val in reversed(restore):
+            if val == "forward":
+                del obj.forward  # back to the class's forward
+            else:
+                obj.data = val
+
+
+def _check_dims(model, linear, experts, scheme: Scheme) -> None:
+    """Per-group input quantization needs whole groups (vLLM's block-FP8 kernels need them too)."""
+    if scheme.input.strategy != "group":
+        return
+    g = scheme.input.group_size
+    dims = {n: model.get_submodule(n).in_features for n in linear}
+    for n in experts:
+        mod = model.get_submodule(n)
+        dims[n] = min(mod.gate_up_proj.shape[-1], mod.down_proj.shape[-1])
+    bad = [f"{n} ({d})" for n, d in dims.items() if d % g]
+    if bad:
+        raise FP8ProbeError(f"{scheme.name} needs input dims divisible by {g}; not: {', '.join(bad[:5])}"
+                            f"{' ...' if len(bad) > 5 else ''}; use FP8_DYNAMIC or keep these units in BF16")
+
+
+def _input_hook(name: str, scheme: Scheme, calibration: Calibration | None):
+    spec = scheme.input
+    scale = calibration.input_scale(name, spec) if scheme.static_input else None
+
+    def hook(module, args):
+        return (fake_quant(args[0], spec, scale=scale),) + tuple(args[1:])
+
+    return hook
+
+
+# ---------------------------------------------------------------------------------------------------
+# KV cache
+
+
+def _attention_modules(model: nn.Module) -> dict[int, nn.Module]:
+    out = {}
+    for i, layer in enumerate(decoder_layers(model)):
+        attn = getattr(layer, "self_attn", None)
+        if attn is None:
+            raise FP8ProbeError(f"decoder layer {i} has no self_attn; KV-cache quantization is not supported here")
+        out[i] = attn
+    return out
+
+
+_WRAPPER = "fp8probe_kv"
+
+
+def _kv_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention with K/V fake-quantized to FP8 where vLLM stores them, then the model's own attention."""
+    action = getattr(module, "_fp8probe_kv", None)
+    if action is not None:
+        key, value = action(key, value)
+    inner = module._fp8probe_inner
+    if inner == "eager":
+        fn = sys.modules[type(module).__module__].eager_attention_forward
+    else:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        fn = ALL_ATTENTION_FUNCTIONS[inner]
+    return fn(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register_wrapper():
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_WRAPPER, _kv_attention)
+
+
+@contextlib.contextmanager
+def _route_attention(model: nn.Module, actions: dict[int, object]):
+    """Route every attention layer through _kv_attention; `actions` maps layer index -> fn(k, v) -> (k, v)."""
+    _register_wrapper()
+    attn = _attention_modules(model)
+    configs = {id(m.config): m.config for m in attn.values()}
+    inner = {id(c): c._attn_implementation for c in configs.values()}
+    if any(v == _WRAPPER for v in inner.values()):
+        raise FP8ProbeError("KV-cache hooks cannot be nested")
+    try:
+        for i, m in attn.items():
+            m._fp8probe_inner = inner[id(m.config)]
+            if i in actions:
+                m._fp8probe_kv = actions[i]
+        for c in configs.values():
+            c._attn_implementation = _WRAPPER
+        yield
+    finally:
+        for c in configs.values():
+            c._attn_implementation = inner[id(c)]
+        for m in attn.values():
+            for a in ("_fp8probe_kv", "_fp8probe_inner"):
+                if hasattr(m, a):
+                    delattr(m, a)
+
+
+@contextlib.contextmanager
+def quantize_kv(model: nn.Module, layers=None, kv: "str | KVCacheScheme" = "fp8",
+                calibration: Calibration | None = None, observer=None):
+    """FP8 KV cache for the given attention layers (all when None).
+
+    observer(k, k_fp8, v, v_fp8), when given, sees each layer's K/V before and after quantization.
+    """
+    kv = KVCacheScheme.from_name(kv) if not isinstance(kv, KVCacheScheme) else kv
+    spec = kv.spec
+    idx = list(_attention_modules(model)) if layers is None else list(layers)
+    actions = {}
+    for i in idx:
+        if kv.scale == "unit":
+            ks = vs = torch.ones(1)
+        else:
+            if calibration is None or i not in calibration.k_amax:
+                raise FP8ProbeError("a calibrated FP8 KV cache needs a Calibration from the rollouts")
+            ks = compute_scale(calibration.k_amax[i], spec)
+            vs = compute_scale(calibration.v_amax[i], spec)
+
+        def act(k, v, ks=ks, vs=vs):
+            kq, vq = fake_quant(k, spec, scale=ks.to(k.device)), fake_quant(v, spec, scale=vs.to(v.device))
+            if observer is not None:
+                observer(k, kq, v, vq)
+            return kq, vq
+
+        actions[i] = act
+    with _route_attention(model, actions):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------------
+# calibration
+
+
+@contextlib.contextmanager
+def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
+    """Record input amax of the named units and K/V amax of every attention layer; yields the Calibration."""
+    cal = Calibration({}, {}, {})
+    handles = []
+
+    def upd(d, key, val):
+        d[key] = val if key not in d else torch.maximum(d[key], val)
+
+    def amax_kv(x):
+        if kv_strategy == "head":
+            return x.detach().abs().amax(dim=(0, 2, 3), keepdim=True).float().cpu()
+        return x.detach().abs().amax().reshape(1).float().cpu()
+
+    restore = []
+    try:
+        for n in names:
+            mod = model.get_submodule(n)
+            if isinstance(mod, nn.Linear):
+                handles.append(mod.register_forward_pre_hook(
+                    lambda m, a, _n=n: upd(cal.input_amax, _n, a[0].detach().abs().amax().reshape(1).float().cpu())))
+            elif _is_experts(mod):
+                def rec(x, which, _n=n):
+                    upd(cal.input_amax, f"{_n}:{which}", x.detach().abs().amax().reshape(1).float().cpu())
+                    return x
+
+                restore.append(mod)
+                mod.forward = _expert_forward(mod, Scheme.from_name("FP8_DYNAMIC"), rec,
+                                              (mod.gate_up_proj, mod.down_proj))
+
+        def kv_rec(i):
+            def act(k, v):
+                upd(cal.k_amax, i, amax_kv(k))
+                upd(cal.v_amax, i, amax_kv(v))
+                return k, v
+            return act
+
+        with _route_attention(model, {i: kv_rec(i) for i in _attention_modules(model)}):
+            yield cal
+    finally:
+        for h in handles:
+            h.remove()
+        for m in restore:
+            del m.forward
+
+
+# ---------------------------------------------------------------------------------------------------
+# noise (a mismatch source on the same scale, for admission checks)
+
+
+@contextlib.contextmanager
+def add_noise(model: nn.Module, names, rel_std: float, seed: int = 0):
+    """Gaussian noise of rel_std x the weight's RMS on the named Linear weights."""
+    g = torch.Generator().manual_seed(seed)
+    restore = []
+    try:
+        for n in names:
+            w = model.get_submodule(n).weight
+            noise = torch.randn(w.shape, generator=g).to(w) * (w.float().pow(2).mean().sqrt() * rel_std)
+            restore.append((w, w.data))
+            w.data = w.data + noise
+        yield
+    finally:
+        for w, d in reversed(restore):
+            w.data = d

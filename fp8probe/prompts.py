@@ -1,0 +1,54 @@
+"""Built-in prompts: short, varied tasks (math, code, reasoning, instructions, writing) written for fp8probe.
+
+They exist so that a sweep can run with no data at hand. Rollouts are sampled from the student itself,
+so what matters is that the prompts pull the student into the kinds of text RL and distillation train
+on, not that they have reference answers.
+"""
+
+BUILTIN_PROMPTS: list[str] = [
+    # math
+    "What is 17 times 23? Show your steps.",
+    "A train travels 180 km in 2.5 hours. What is its average speed in km per hour?",
+    "Solve for x: 3x + 7 = 25.",
+    "What is the sum of the first 20 positive integers?",
+    "If a shirt costs 40 dollars and is discounted by 15 percent, what is the new price?",
+    "Is 221 a prime number? Explain why or why not.",
+    "Convert 3/8 to a decimal and to a percentage.",
+    "A rectangle has a perimeter of 30 cm and a width of 5 cm. What is its area?",
+    "What is the derivative of x squared plus 3x?",
+    "Tom has 12 apples. He gives a third to Anna and half of the rest to Ben. How many does he keep?",
+    # code
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Explain what a hash map is and when you would use one.",
+    "Write a SQL query that counts the orders per customer in a table named orders.",
+    "What does the following Python code print? for i in range(3): print(i * 2)",
+    "Write a short bash command that counts the lines in every .txt file of a folder.",
+    "Explain the difference between a list and a tuple in Python.",
+    "Write a JavaScript function that removes duplicates from an array.",
+    # reasoning
+    "All cats are animals. Some animals are black. Can we conclude that some cats are black? Explain.",
+    "If it rains, the ground gets wet. The ground is wet. Did it rain? Explain your reasoning.",
+    "Which is heavier, a kilogram of feathers or a kilogram of iron?",
+    "Alice is older than Bob. Bob is older than Carol. Who is the youngest?",
+    "A farmer has 17 sheep and all but 9 run away. How many are left?",
+    "What comes next in the sequence 2, 4, 8, 16, and why?",
+    "You have two coins that add up to 30 cents and one is not a nickel. What are they?",
+    # instructions
+    "Give three tips for staying focused while studying.",
+    "Explain photosynthesis to a ten-year-old in a few sentences.",
+    "List the steps to make a cup of tea.",
+    "Summarize the water cycle in three sentences.",
+    "Describe how to change a flat tire on a bicycle.",
+    "What are the main differences between weather and climate?",
+    "Give two arguments for and two against working from home.",
+    # writing and knowledge
+    "Write a haiku about the ocean.",
+    "Write a short, polite email asking a colleague to review a document.",
+    "What is the capital of Australia, and why is it not Sydney?",
+    "Translate into French: The weather is nice today.",
+    "Who wrote Romeo and Juliet, and what is the play about?",
+    "Explain why the sky is blue.",
+    "Write a two-sentence story about a robot learning to paint.",
+    "What is machine learning? Answer in one paragraph.",
+]

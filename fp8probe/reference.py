@@ -1,0 +1,107 @@
+"""The reference pass over the rollouts, and candidate passes that reuse its prefix.
+
+Perturbing one unit in block b leaves blocks 0..b-1 untouched, so the reference pass records the input
+(and keyword arguments: masks, rotary embeddings) of every decoder block, and a candidate pass starts at
+block b from that record. The lm_head runs only on the positions that predict response tokens, in chunks,
+and the mismatch statistics are taken chunk by chunk against the reference log-probabilities:
+
+    reference:  embed -> block 0 .. block L-1 -> norm -> lm_head[response rows] -> log_softmax  (kept)
+    candidate:  cached input of block b -> block b .. L-1 -> norm -> lm_head[rows] -> stats vs reference
+
+A candidate pass from block 0 with nothing perturbed reproduces the reference exactly (the sweep's
+built-in sanity row), and one from block b equals a naive full forward (tests/test_sweep.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from torch import nn
+
+from .hooks import Calibration, record_calibration
+from .mismatch import chunked_token_stats, log_softmax32, summarize
+from .student import decoder_layers
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    return model.model.norm
+
+
+def _softcap(model) -> float | None:
+    return getattr(model.config, "final_logit_softcapping", None) or None
+
+
+class Reference:
+    """Reference activations and log-probs of a student on a set of rollouts."""
+
+    def __init__(self, student, rollouts, batch_size: int = 8, calibrate: bool = True, kv_strategy: str = "tensor"):
+        self.model = student.model
+        self.layers = decoder_layers(self.model)
+        self.device = next(self.model.parameters()).device
+        self.softcap = _softcap(self.model)
+        self.batches = []  # per batch: {"inputs": [(args, kwargs)] per layer, "rows", "cols", "tokens"}
+        logps, tokens = [], []
+        names = [u.name for u in student.quantizable] if calibrate else []
+        t0 = time.perf_counter()
+        cal_ctx = record_calibration(self.model, names, kv_strategy) if calibrate else contextlib.nullcontext()
+        with torch.no_grad(), cal_ctx as cal:
+            for ids, am, resp in rollouts.batches(batch_size):
+                rec = self._record_pass(ids.to(self.device), am.to(self.device), resp)
+                logps.append(rec.pop("logp"))
+                tokens.append(rec["tokens"])
+                self.batches.append(rec)
+        self.calibration: Calibration | None = cal
+        self.logp = torch.cat(logps)  # [M, V] fp32 reference log-probs of the response-predicting rows
+        self.tokens = torch.cat(tokens)  # [M]
+        self.num_tokens = int(rollouts.attention_mask.sum())
+        self.seconds = time.perf_counter() - t0
+
+    def _record_pass(self, ids, am, resp) -> dict:
+        inputs: list = [None] * len(self.layers)
+        handles = []
+        for i, layer in enumerate(self.layers):
+            def pre(mod, args, kwargs, _i=i):
+                inputs[_i] = (args, kwargs)
+            handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+        final = {}
+        handles.append(final_norm(self.model).register_forward_pre_hook(lambda m, a: final.setdefault("h", a[0])))
+        try:
+            self.model.model(input_ids=ids, attention_mask=am, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        rows, cols = torch.nonzero(resp[:, 1:], as_tuple=True)
+        tokens = ids[rows, cols + 1].cpu()
+        hsel = final_norm(self.model)(final["h"][rows, cols])  # [M_b, H]
+        logp = torch.cat([log_softmax32(self._head(hsel[s:s + 256]), self.softcap) for s in range(0, hsel.shape[0], 256)])
+        return {"inputs": inputs, "rows": rows, "cols": cols, "tokens": tokens, "logp": logp.cpu()}
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(h)
+
+    @torch.no_grad()
+    def candidate_stats(self, start_block: int = 0) -> dict[str, torch.Tensor]:
+        """Per-token statistics of the model as it is now (perturbed by the caller) against the reference."""
+        parts: dict[str, list] = {}
+        offset = 0
+        for rec in self.batches:
+            args, kwargs = rec["inputs"][start_block]
+            h = args[0]
+            for i in range(start_block, len(self.layers)):
+                a, kw = rec["inputs"][i]
+                out = self.layers[i](h, *a[1:], **kw)
+                h = out[0] if isinstance(out, tuple) else out
+            hsel = final_norm(self.model)(h[rec["rows"], rec["cols"]])
+            m = hsel.shape[0]
+            st = chunked_token_stats(self.logp[offset:offset + m],
+                                     lambda s, e: self._head(hsel[s:e]), rec["tokens"], softcap=self.softcap)
+            # chunked_token_stats applies the softcap before log_softmax, as the model's forward does
+            offset += m
+            for k, v in st.items():
+                parts.setdefault(k, []).append(v)
+        return {k: torch.cat(v) for k, v in parts.items()}
+
+    def measure(self, start_block: int = 0) -> dict[str, float]:
+        return summarize(self.candidate_stats(start_block))

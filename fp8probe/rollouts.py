@@ -1,0 +1,209 @@
+"""The student's own rollouts: prompts -> sampled responses, as token tensors saved once and reused.
+
+Every later measurement scores the same tokens, so they are sampled once from the BF16 (here: fp32)
+student, like RL rollouts (temperature 1.0, no top-k / top-p by default), with a fixed seed, and saved:
+
+    rollouts.safetensors   input_ids [N, T] int64      prompt + response, right-padded with pad_token_id
+                           attention_mask [N, T] int64  1 on real tokens
+                           response_mask [N, T] int64   1 where input_ids[i, t] is a sampled response token
+                                                        (the closing EOS included when it was sampled)
+    rollouts.json          schema_version, model, prompts, sampling settings, seed, token counts
+
+No pickle anywhere: safetensors and JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from ._files import atomic_write_bytes, atomic_write_json
+from .errors import FP8ProbeError
+from .prompts import BUILTIN_PROMPTS
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+TENSORS = "rollouts.safetensors"
+META = "rollouts.json"
+
+
+@dataclass
+class Rollouts:
+    input_ids: torch.Tensor  # [N, T] int64
+    attention_mask: torch.Tensor  # [N, T] int64
+    response_mask: torch.Tensor  # [N, T] int64
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    def batches(self, batch_size: int):
+        """Row slices of at most batch_size sequences, each trimmed to its longest sequence."""
+        for s in range(0, self.num_sequences, batch_size):
+            am = self.attention_mask[s:s + batch_size]
+            t = int(am.sum(1).max())
+            yield (self.input_ids[s:s + batch_size, :t], am[:, :t], self.response_mask[s:s + batch_size, :t])
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from a text file (one per line) or JSONL (a "prompt", "text" or "messages" field)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FP8ProbeError(f"no such prompts file: {path}")
+    try:
+        lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except UnicodeDecodeError as e:
+        raise FP8ProbeError(f"{path} is not a UTF-8 text or JSONL prompts file") from e
+    if not lines:
+        raise FP8ProbeError(f"prompts file {path} is empty: give one prompt per line, or JSONL with a 'prompt' field")
+    if p.suffix == ".jsonl":
+        out = []
+        for i, ln in enumerate(lines, 1):
+            try:
+                rec = json.loads(ln)
+            except json.JSONDecodeError as e:
+                raise FP8ProbeError(f"{path}:{i} is not valid JSON ({e.msg})") from e
+            val = rec.get("prompt", rec.get("text", rec.get("messages"))) if isinstance(rec, dict) else rec
+            if not val:
+                raise FP8ProbeError(f"{path}:{i} has no 'prompt', 'text' or 'messages' field")
+            out.append(val)
+        return out
+    return [ln.strip() for ln in lines]
+
+
+def _encode(tokenizer, prompt) -> list[int]:
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return list(ids)
+    text = "\n".join(m["content"] for m in messages)
+    return tokenizer(text)["input_ids"]
+
+
+@torch.no_grad()
+def make_rollouts(
+    student,
+    prompts: list | str | Path | None = None,
+    num_prompts: int | None = None,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> Rollouts:
+    """Sample the student's responses to the prompts (built-in ones by default)."""
+    if isinstance(prompts, (str, Path)):
+        prompts = read_prompts(prompts)
+    prompts = list(BUILTIN_PROMPTS if prompts is None else prompts)
+    if num_prompts is not None:
+        if num_prompts < 1:
+            raise FP8ProbeError("--num-prompts must be at least 1")
+        prompts = prompts[:num_prompts]
+    if not prompts:
+        raise FP8ProbeError("no prompts given: pass a prompts file with at least one prompt")
+    if max_new_tokens < 1:
+        raise FP8ProbeError("--max-new-tokens must be at least 1")
+    model, tok = student.model, student.tokenizer
+    device = next(model.parameters()).device
+    eos = _eos_ids(model, tok)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    encoded = [_encode(tok, p) for p in prompts]
+    seqs: list[tuple[list[int], list[int]]] = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(encoded), desc="rollouts", unit="prompt", disable=not progress)
+    for bi, s in enumerate(range(0, len(encoded), batch_size)):
+        batch = encoded[s:s + batch_size]
+        width = max(len(x) for x in batch)
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch], device=device)  # left-padded
+        am = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=device)
+        gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + bi)
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+        out = model.generate(
+            input_ids=ids, attention_mask=am, do_sample=temperature > 0, temperature=temperature if temperature > 0
+            else None, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
+        )
+        for row, prompt_ids in enumerate(batch):
+            resp = out[row, width:].tolist()
+            for i, t in enumerate(resp):
+                if t in eos:
+                    resp = resp[: i + 1]
+                    break
+            seqs.append((prompt_ids, resp))
+        bar.update(len(batch))
+    bar.close()
+    t_max = max(len(p) + len(r) for p, r in seqs)
+    n = len(seqs)
+    input_ids = torch.full((n, t_max), pad, dtype=torch.int64)
+    attention_mask = torch.zeros((n, t_max), dtype=torch.int64)
+    response_mask = torch.zeros((n, t_max), dtype=torch.int64)
+    for i, (p, r) in enumerate(seqs):
+        input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        attention_mask[i, : len(p) + len(r)] = 1
+        response_mask[i, len(p): len(p) + len(r)] = 1
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "fp8probe_version": __version__,
+        "model": student.name,
+        "model_path": student.path,
+        "prompts": prompts,
+        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": 0, "max_new_tokens": max_new_tokens,
+                     "batch_size": batch_size, "eos_token_ids": eos},
+        "seed": seed,
+        "num_sequences": n,
+        "num_tokens": int(attention_mask.sum()),
+        "num_response_tokens": int(response_mask.sum()),
+    }
+    return Rollouts(input_ids, attention_mask, response_mask, meta)
+
+
+def _eos_ids(model, tok) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tok.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos]
+    return [int(e) for e in eos if e is not None]
+
+
+def save_rollouts(r: Rollouts, out_dir: str | Path) -> None:
+    from safetensors.torch import save
+
+    out = Path(out_dir)
+    data = save({"input_ids": r.input_ids.contiguous(), "attention_mask": r.attention_mask.contiguous(),
+                 "response_mask": r.response_mask.contiguous()}, metadata={"schema_version": str(SCHEMA_VERSION)})
+    atomic_write_bytes(out / TENSORS, data)
+    atomic_write_json(out / META, r.meta)
+
+
+def load_rollouts(directory: str | Path) -> Rollouts:
+    """Rollouts saved by save_rollouts (or `fp8probe rollouts` / `fp8probe sweep`)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    if not (d / TENSORS).is_file() or not (d / META).is_file():
+        raise FP8ProbeError(f"{directory} holds no rollouts ({TENSORS} and {META}); create them with `fp8probe rollouts`")
+    try:
+        t = load_file(str(d / TENSORS))
+        meta = json.loads((d / META).read_text())
+    except (SafetensorError, OSError, json.JSONDecodeError) as e:
+        raise FP8ProbeError(f"rollouts in {directory} are unreadable ({e}); create them again") from e
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise FP8ProbeError(f"rollouts in {directory} have schema {meta.get('schema_version')}, expected {SCHEMA_VERSION}")
+    missing = {"input_ids", "attention_mask", "response_mask"} - set(t)
+    if missing:
+        raise FP8ProbeError(f"rollouts in {directory} lack {', '.join(sorted(missing))}")
+    return Rollouts(t["input_ids"], t["attention_mask"], t["response_mask"], meta)

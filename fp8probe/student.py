@@ -1,0 +1,274 @@
+"""Load a student model and list its quantizable units with their fused groups as vLLM sees them.
+
+A *unit* is one weight that a recipe can put in FP8: a Linear inside a decoder block, or all experts of
+one MoE layer (transformers stores them as one module holding 3-D weights). vLLM fuses some of them
+(`packed_modules_mapping`): q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj, and every expert of a
+layer shares one scheme. A recipe must keep each such *group* in one precision, so every unit carries
+the name of its group. Embeddings, lm_head and MoE routers are listed too, but stay BF16.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import FP8ProbeError
+
+log = logging.getLogger(__name__)
+
+# model_type -> family; every one is tested on a tiny model built from its config (tests/test_student.py)
+SUPPORTED = {
+    "llama": "Llama / SmolLM",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2 / Qwen2.5",
+    "qwen3": "Qwen3",
+    "gemma": "Gemma",
+    "gemma2": "Gemma-2",
+    "gemma3_text": "Gemma-3 (text)",
+    "phi3": "Phi-3",
+    "qwen3_moe": "Qwen3-MoE",
+    "mixtral": "Mixtral",
+}
+
+# leaf module name -> (kind, the name vLLM's fused module gets, or None when it is not fused)
+_KINDS = {
+    "q_proj": ("q", "qkv_proj"),
+    "k_proj": ("k", "qkv_proj"),
+    "v_proj": ("v", "qkv_proj"),
+    "qkv_proj": ("qkv", "qkv_proj"),
+    "o_proj": ("o", None),
+    "gate_proj": ("gate", "gate_up_proj"),
+    "up_proj": ("up", "gate_up_proj"),
+    "gate_up_proj": ("gate_up", "gate_up_proj"),
+    "down_proj": ("down", None),
+}
+_ROUTER_NAMES = ("gate", "router")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One weight a recipe can quantize (or, with quantizable=False, one that stays BF16)."""
+
+    name: str  # module path, e.g. model.layers.0.self_attn.q_proj
+    kind: str  # q k v o qkv gate up gate_up down expert | embed lm_head router
+    block: int  # decoder block index; -1 outside the blocks
+    group: str  # fused group as vLLM loads it, e.g. model.layers.0.self_attn.qkv_proj
+    params: int
+    shape: tuple[int, ...]  # weight shape: [out, in], or [experts, out, in] for an expert unit
+    quantizable: bool = True
+
+
+@dataclass
+class Student:
+    model: nn.Module
+    tokenizer: object
+    units: list[Unit]
+    name: str  # what the user asked for ("smollm2-135m", a path, an id)
+    path: str  # where the weights came from
+    model_type: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def quantizable(self) -> list[Unit]:
+        return [u for u in self.units if u.quantizable]
+
+    def groups(self) -> dict[str, list[Unit]]:
+        """Fused group name -> its units, in block order."""
+        out: dict[str, list[Unit]] = {}
+        for u in self.quantizable:
+            out.setdefault(u.group, []).append(u)
+        return out
+
+    def unit(self, name: str) -> Unit:
+        for u in self.units:
+            if u.name == name:
+                return u
+        raise FP8ProbeError(f"no unit named {name!r} in {self.name}; see `fp8probe units` for the list")
+
+
+def _supported_list() -> str:
+    return ", ".join(f"{v} ({k})" for k, v in SUPPORTED.items())
+
+
+def check_supported(config) -> str:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED:
+        raise FP8ProbeError(f"unsupported architecture {model_type!r}; fp8probe supports {_supported_list()}")
+    return model_type
+
+
+# ---------------------------------------------------------------------------------------------------
+# model structure
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise FP8ProbeError(f"{type(model).__name__} has no model.layers; fp8probe supports {_supported_list()}")
+    return layers
+
+
+def list_units(model: nn.Module) -> list[Unit]:
+    """Every quantizable weight in the decoder blocks, plus embeddings / lm_head / routers (kept BF16)."""
+    check_supported(model.config)
+    layers = decoder_layers(model)
+    prefix = _module_path(model, layers)
+    units: list[Unit] = []
+    emb = model.get_input_embeddings()
+    units.append(_unit(_module_path(model, emb), "embed", -1, emb.weight, quantizable=False))
+    for b, layer in enumerate(layers):
+        for sub, mod in layer.named_modules():
+            if not sub:
+                continue
+            name = f"{prefix}.{b}.{sub}"
+            leaf = sub.rsplit(".", 1)[-1]
+            parent = name.rsplit(".", 1)[0]
+            if _is_experts(mod):
+                params = mod.gate_up_proj.numel() + mod.down_proj.numel()
+                units.append(Unit(name, "expert", b, name, params, tuple(mod.gate_up_proj.shape)))
+            elif isinstance(mod, nn.Linear) and not _inside_experts(layer, sub):
+                if leaf in _KINDS:
+                    kind, fused = _KINDS[leaf]
+                    group = f"{parent}.{fused}" if fused else name
+                    units.append(_unit(name, kind, b, mod.weight, group=group))
+                elif leaf in _ROUTER_NAMES:
+                    units.append(_unit(name, "router", b, mod.weight, quantizable=False))
+                else:
+                    units.append(_unit(name, "other", b, mod.weight))
+            elif leaf in _ROUTER_NAMES and hasattr(mod, "weight") and isinstance(mod.weight, nn.Parameter):
+                units.append(_unit(name, "router", b, mod.weight, quantizable=False))
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is not emb.weight:
+        units.append(_unit(_module_path(model, head), "lm_head", -1, head.weight, quantizable=False))
+    elif head is not None:
+        # tied embeddings: listed (it is a GEMM in vLLM) but its weight is the embedding's
+        units.append(Unit(_module_path(model, head), "lm_head", -1, _module_path(model, emb), 0,
+                          tuple(head.weight.shape), quantizable=False))
+    return units
+
+
+def _unit(name, kind, block, weight, group=None, quantizable=True) -> Unit:
+    return Unit(name, kind, block, group or name, weight.numel(), tuple(weight.shape), quantizable)
+
+
+def _is_experts(mod: nn.Module) -> bool:
+    """transformers >= 5 keeps all experts of a layer in one module with 3-D gate_up_proj / down_proj."""
+    gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
+    return isinstance(gu, nn.Parameter) and isinstance(dn, nn.Parameter) and gu.ndim == 3
+
+
+def _inside_experts(layer: nn.Module, sub: str) -> bool:
+    parts = sub.split(".")
+    return any(_is_experts(layer.get_submodule(".".join(parts[:i]))) for i in range(1, len(parts)))
+
+
+def _module_path(model: nn.Module, target: nn.Module) -> str:
+    for name, mod in model.named_modules():
+        if mod is target:
+            return name
+    raise FP8ProbeError(f"module {type(target).__name__} not found in the model")
+
+
+# ---------------------------------------------------------------------------------------------------
+# loading
+
+
+def resolve_source(name_or_path: str | None) -> tuple[str, dict]:
+    """Where to load from: (path or id, extra from_pretrained kwargs). Raises on a missing path."""
+    from . import embedded
+
+    if name_or_path is None or str(name_or_path).strip().lower() == embedded.NAME:
+        return str(embedded.embedded_student_dir()), {}
+    s = str(name_or_path)
+    p = Path(s).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise FP8ProbeError(f"no such GGUF file: {s}")
+        _check_gguf(p)
+        return str(p.parent), {"gguf_file": p.name}
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise FP8ProbeError(f"{s} is not a Hugging Face model directory (no config.json)")
+        return str(p), {}
+    if p.exists():
+        raise FP8ProbeError(f"{s} is not a model: pass a Hugging Face directory, a .gguf file or a model id")
+    if s.startswith((".", "/", "~")) or s.count("/") > 1 or s.endswith((".json", ".safetensors", ".bin")):
+        raise FP8ProbeError(f"no such file or directory: {s}")
+    return s, {"local_files_only": True}  # a model id, offline, from the local HF cache
+
+
+def _check_gguf(p: Path) -> None:
+    """A truncated or foreign file fails here in a line, not deep inside the GGUF reader."""
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise FP8ProbeError(f"{p} is not a GGUF file (bad magic bytes)")
+    try:
+        from gguf import GGUFReader
+
+        GGUFReader(str(p))
+    except ImportError as e:
+        raise FP8ProbeError("reading .gguf files needs the gguf package: pip install gguf") from e
+    except Exception as e:  # the reader raises assorted errors on a cut-off file
+        raise FP8ProbeError(f"{p} is not a readable GGUF file (truncated or corrupt: {e})") from e
+
+
+def load_config(name_or_path: str | None = None, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    src, kwargs = resolve_source(name_or_path)
+    try:
+        return AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
+    except OSError as e:
+        if kwargs.get("local_files_only"):
+            raise FP8ProbeError(
+                f"model {name_or_path!r} is not a local path and not in the local Hugging Face cache; "
+                "download it first or pass a local directory"
+            ) from e
+        raise FP8ProbeError(f"could not read the model config from {name_or_path}: {e}") from e
+    except ValueError as e:
+        raise FP8ProbeError(f"could not read the model config from {name_or_path}: {e}") from e
+
+
+def load_student(
+    name_or_path: str | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    trust_remote_code: bool = False,
+) -> Student:
+    """Load a student: a local HF directory, a model id in the local HF cache, a .gguf file, or
+    None / "smollm2-135m" for the embedded default. fp32 on CPU by default (bf16 is ~5x slower there).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = _dtype(dtype)
+    config = load_config(name_or_path, trust_remote_code)
+    model_type = check_supported(config)
+    src, kwargs = resolve_source(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            src, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
+        )
+    except (OSError, ValueError, RuntimeError) as e:
+        raise FP8ProbeError(f"could not load the model from {name_or_path or src}: {str(e).splitlines()[0]}") from e
+    model.to(device).eval()
+    model.requires_grad_(False)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return Student(model, tok, list_units(model), str(name_or_path or "smollm2-135m"), src, model_type)
+
+
+def _dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+             "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    if str(dtype).lower() not in table:
+        raise FP8ProbeError(f"unknown dtype {dtype!r}; supported: float32, bfloat16, float16")
+    return table[str(dtype).lower()]

@@ -1,0 +1,90 @@
+"""Tiny models of every supported architecture, built from configs (random weights, no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"]
+VOCAB = 300
+
+
+def tiny_config(model_type: str):
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cls = {
+        "llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config,
+        "gemma": tf.GemmaConfig, "gemma2": tf.Gemma2Config, "gemma3_text": tf.Gemma3TextConfig,
+        "phi3": tf.Phi3Config, "qwen3_moe": tf.Qwen3MoeConfig, "mixtral": tf.MixtralConfig,
+    }[model_type]
+    extra = {}
+    if model_type in ("gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe"):
+        extra["head_dim"] = 32
+    if model_type in ("gemma2", "gemma3_text"):
+        extra.update(sliding_window=8)  # shorter than the test sequences: the sliding layers matter
+    if model_type == "gemma3_text":
+        extra.update(layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    if model_type == "qwen3_moe":
+        extra.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, decoder_sparse_step=1,
+                     mlp_only_layers=[0])
+    if model_type == "mixtral":
+        extra.update(num_local_experts=4, num_experts_per_tok=2)
+    cfg = cls(**common, **extra)
+    return cfg
+
+
+def tiny_model(model_type: str, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type), dtype=torch.float32)
+    # larger-than-init weights so that FP8 error is visible and logits are not flat
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim >= 2:
+                p.normal_(0, 0.08)
+    return model.eval().requires_grad_(False)
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer with a chat template, small enough for the tiny models' vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from fp8probe.prompts import BUILTIN_PROMPTS
+
+    words = sorted({w for p in BUILTIN_PROMPTS for w in p.lower().split()})
+    specials = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>", "user", "assistant", "\n"]
+    vocab = {t: i for i, t in enumerate(specials + words[: VOCAB - len(specials)])}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>",
+                                  unk_token="<unk>")
+    tok.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] | lower }} <|im_end|> "
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """model_type -> a saved tiny Hugging Face directory (model + tokenizer)."""
+    root = tmp_path_factory.mktemp("tiny")
+    out = {}
+    tok = tiny_tokenizer()
+    for arch in ARCHS:
+        d = root / arch
+        tiny_model(arch).save_pretrained(d)
+        tok.save_pretrained(d)
+        out[arch] = d
+    return out
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The real embedded student (fetched and converted once per cache)."""
+    from fp8probe import load_student
+
+    return load_student()
