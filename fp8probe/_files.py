@@ -47,14 +47,19 @@ def check_writable(path: str | Path) -> Path:
     if p.exists() and not p.is_dir():
         raise FP8ProbeError(f"output path {path} exists and is not a directory; choose another --out")
     parent = p if p.exists() else next((a for a in p.parents if a.exists()), Path("."))
+    if not parent.is_dir():
+        raise FP8ProbeError(f"cannot create {path}: {parent} is a file, not a directory; choose another --out")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise FP8ProbeError(f"cannot write to {path}: {parent} is not writable; choose another --out")
     return p
 
 
 @contextmanager
-def output_dir(path: str | Path, keep_partial: bool = True):
-    """Create `path` for a command's outputs; on failure remove what this command added to it."""
+def output_dir(path: str | Path, keep: tuple[str, ...] = ()):
+    """Create `path` for a command's outputs; on failure remove what this command added to it.
+
+    Resume state survives: files named *.partial.*, and the `keep` names when such a file exists.
+    """
     p = check_writable(path)
     created = not p.exists()
     try:
@@ -66,10 +71,18 @@ def output_dir(path: str | Path, keep_partial: bool = True):
         yield p
     except BaseException:
         added = [x for x in p.iterdir() if x not in before]
+        resumable = any(".partial." in x.name for x in p.iterdir())
         for x in added:
-            if keep_partial and ".partial." in x.name:
+            if ".partial." in x.name or (resumable and x.name in keep):
                 continue
             shutil.rmtree(x) if x.is_dir() else x.unlink()
         if created and not any(p.iterdir()):
             p.rmdir()
         raise
+
+
+def bar_interval() -> float:
+    """Seconds between progress-bar refreshes: lively on a terminal, sparse in a CI log."""
+    import sys
+
+    return 0.2 if sys.stderr.isatty() else 20.0

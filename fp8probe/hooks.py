@@ -201,54 +201,58 @@ def _attention_modules(model: nn.Module) -> dict[int, nn.Module]:
     return out
 
 
-_WRAPPER = "fp8probe_kv"
+_ROUTED: dict[str, object] = {}  # implementation name -> the function it had before we wrapped it
 
 
-def _kv_attention(module, query, key, value, attention_mask, **kwargs):
-    """Attention with K/V fake-quantized to FP8 where vLLM stores them, then the model's own attention."""
-    action = getattr(module, "_fp8probe_kv", None)
-    if action is not None:
-        key, value = action(key, value)
-    inner = module._fp8probe_inner
-    if inner == "eager":
-        fn = sys.modules[type(module).__module__].eager_attention_forward
-    else:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+def _kv_attention_for(impl: str, original):
+    """Attention that fake-quantizes K/V of flagged layers, then calls the model's own implementation."""
 
-        fn = ALL_ATTENTION_FUNCTIONS[inner]
-    return fn(module, query, key, value, attention_mask, **kwargs)
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        action = getattr(module, "_fp8probe_kv", None)
+        if action is not None:
+            key, value = action(key, value)
+        fn = original or sys.modules[type(module).__module__].eager_attention_forward
+        return fn(module, query, key, value, attention_mask, **kwargs)
 
-
-def _register_wrapper():
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(_WRAPPER, _kv_attention)
+    return attention
 
 
 @contextlib.contextmanager
 def _route_attention(model: nn.Module, actions: dict[int, object]):
-    """Route every attention layer through _kv_attention; `actions` maps layer index -> fn(k, v) -> (k, v)."""
-    _register_wrapper()
+    """Send K/V of the layers in `actions` (layer index -> fn(k, v) -> (k, v)) through those functions.
+
+    The model's attention modules look their function up by name in transformers' ALL_ATTENTION_FUNCTIONS
+    on every call (the module's own eager function when the name is "eager" and nothing is registered).
+    We register a wrapper under the model's implementation name for the duration and leave the config
+    alone, so that everything else keyed on that name (mask construction above all) stays as it was.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as registry
+
     attn = _attention_modules(model)
-    configs = {id(m.config): m.config for m in attn.values()}
-    inner = {id(c): c._attn_implementation for c in configs.values()}
-    if any(v == _WRAPPER for v in inner.values()):
+    impls = {m.config._attn_implementation for m in attn.values()}
+    if any(i in _ROUTED for i in impls):
         raise FP8ProbeError("KV-cache hooks cannot be nested")
+    local = registry._local_mapping
+    saved = {i: local.get(i) for i in impls}
     try:
+        for impl in impls:
+            original = registry[impl] if impl in registry else None  # None: the module's own eager function
+            _ROUTED[impl] = original
+            local[impl] = _kv_attention_for(impl, original)
         for i, m in attn.items():
-            m._fp8probe_inner = inner[id(m.config)]
             if i in actions:
                 m._fp8probe_kv = actions[i]
-        for c in configs.values():
-            c._attn_implementation = _WRAPPER
         yield
     finally:
-        for c in configs.values():
-            c._attn_implementation = inner[id(c)]
+        for impl in impls:
+            if saved[impl] is None:
+                local.pop(impl, None)
+            else:
+                local[impl] = saved[impl]
+            _ROUTED.pop(impl, None)
         for m in attn.values():
-            for a in ("_fp8probe_kv", "_fp8probe_inner"):
-                if hasattr(m, a):
-                    delattr(m, a)
+            if hasattr(m, "_fp8probe_kv"):
+                del m._fp8probe_kv
 
 
 @contextlib.contextmanager

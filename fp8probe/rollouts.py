@@ -124,7 +124,9 @@ def make_rollouts(
     seqs: list[tuple[list[int], list[int]]] = []
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(encoded), desc="rollouts", unit="prompt", disable=not progress)
+    from ._files import bar_interval as _bar_interval
+
+    bar = tqdm(total=len(encoded), desc="rollouts", unit="prompt", disable=not progress, mininterval=_bar_interval())
     for bi, s in enumerate(range(0, len(encoded), batch_size)):
         batch = encoded[s:s + batch_size]
         width = max(len(x) for x in batch)

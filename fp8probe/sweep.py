@@ -194,6 +194,8 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     import pandas as pd
     from tqdm.auto import tqdm
 
+    from ._files import bar_interval as _bar_interval
+
     scheme = Scheme.from_name(scheme)
     kv = KVCacheScheme.from_name(kv)
     rows = plan_rows(student, scheme, granularity, include_kv)
@@ -206,7 +208,7 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     if reference is None:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
     todo = [r for r in rows if r.unit not in done]
-    bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="sweep", unit="row", disable=not progress)
+    bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="sweep", unit="row", disable=not progress, mininterval=_bar_interval())
     try:
         for row in todo:
             bar.set_postfix_str(row.unit[-32:], refresh=False)

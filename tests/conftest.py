@@ -9,7 +9,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
 VOCAB = 300
 
 
-def tiny_config(model_type: str):
+def tiny_config(model_type: str, **overrides):
     import transformers as tf
 
     common = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
@@ -32,15 +32,14 @@ def tiny_config(model_type: str):
                      mlp_only_layers=[0])
     if model_type == "mixtral":
         extra.update(num_local_experts=4, num_experts_per_tok=2)
-    cfg = cls(**common, **extra)
-    return cfg
+    return cls(**{**common, **extra, **overrides})
 
 
-def tiny_model(model_type: str, seed: int = 0):
+def tiny_model(model_type: str, seed: int = 0, **overrides):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(model_type), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=torch.float32)
     # larger-than-init weights so that FP8 error is visible and logits are not flat
     with torch.no_grad():
         for p in model.parameters():

@@ -1,0 +1,79 @@
+"""Rollouts on a tiny model: masks, EOS handling, determinism, the file round trip, prompt files."""
+
+import json
+
+import pytest
+import torch
+
+from fp8probe import FP8ProbeError
+from fp8probe.rollouts import load_rollouts, make_rollouts, read_prompts, save_rollouts
+from fp8probe.student import Student, list_units
+
+from conftest import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def student():
+    m = tiny_model("llama")
+    return Student(m, tiny_tokenizer(), list_units(m), "tiny-llama", "", "llama")
+
+
+def test_masks_and_layout(student):
+    r = make_rollouts(student, num_prompts=5, max_new_tokens=10, batch_size=2)
+    n, t = r.input_ids.shape
+    assert n == 5 and r.input_ids.dtype == torch.int64
+    tok = student.tokenizer
+    for i in range(n):
+        am, resp, ids = r.attention_mask[i], r.response_mask[i], r.input_ids[i]
+        length = int(am.sum())
+        assert am[:length].all() and not am[length:].any()  # right-padded
+        assert (ids[length:] == tok.pad_token_id).all()
+        start = int(resp.nonzero()[0])
+        assert resp[start:length].all() and not resp[:start].any() and not resp[length:].any()
+        assert 1 <= length - start <= 10
+        prompt = tok.apply_chat_template([{"role": "user", "content": r.meta["prompts"][i]}],
+                                         add_generation_prompt=True, tokenize=True)
+        prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+        assert ids[:start].tolist() == list(prompt)
+        eos = (ids[start:length] == 2).nonzero()
+        if len(eos):  # an EOS is sampled at most once, and ends the response
+            assert int(eos[0]) == length - start - 1
+    assert r.num_response_tokens == int(r.response_mask.sum())
+
+
+def test_same_seed_same_tokens(student):
+    a = make_rollouts(student, num_prompts=4, max_new_tokens=8, seed=3)
+    b = make_rollouts(student, num_prompts=4, max_new_tokens=8, seed=3)
+    c = make_rollouts(student, num_prompts=4, max_new_tokens=8, seed=4)
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert not torch.equal(a.input_ids, c.input_ids)
+
+
+def test_round_trip(student, tmp_path):
+    r = make_rollouts(student, num_prompts=3, max_new_tokens=6)
+    save_rollouts(r, tmp_path)
+    back = load_rollouts(tmp_path)
+    for k in ("input_ids", "attention_mask", "response_mask"):
+        assert torch.equal(getattr(back, k), getattr(r, k))
+    meta = json.loads((tmp_path / "rollouts.json").read_text())
+    assert meta["seed"] == 0 and meta["sampling"]["temperature"] == 1.0 and len(meta["prompts"]) == 3
+    assert meta["num_response_tokens"] == r.num_response_tokens
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "rollouts.safetensors"), "pt") as f:  # plain safetensors, no pickle
+        assert set(f.keys()) == {"input_ids", "attention_mask", "response_mask"}
+
+
+def test_prompt_files(tmp_path):
+    (tmp_path / "p.txt").write_text("first prompt\n\n  second prompt  \n")
+    assert read_prompts(tmp_path / "p.txt") == ["first prompt", "second prompt"]
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    assert read_prompts(tmp_path / "p.jsonl") == ["a", "b"]
+    (tmp_path / "empty.txt").write_text("\n \n")
+    with pytest.raises(FP8ProbeError, match="empty"):
+        read_prompts(tmp_path / "empty.txt")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\nnot json\n')
+    with pytest.raises(FP8ProbeError, match="bad.jsonl:2 is not valid JSON"):
+        read_prompts(tmp_path / "bad.jsonl")
+    with pytest.raises(FP8ProbeError, match="no rollouts"):
+        load_rollouts(tmp_path)

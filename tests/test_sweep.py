@@ -1,0 +1,132 @@
+"""The sweep equals a naive full forward per unit, its sanity row is 0, it resumes after SIGKILL and is deterministic."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from fp8probe.hooks import quantize_kv, quantize_units
+from fp8probe.mismatch import METRICS, mismatch, response_logits
+from fp8probe.reference import Reference
+from fp8probe.rollouts import make_rollouts
+from fp8probe.student import Student, list_units
+from fp8probe.sweep import COLUMNS, plan_rows, sweep
+from fp8probe.fp8 import Scheme
+
+from conftest import ARCHS, tiny_model, tiny_tokenizer
+
+
+def _student(arch, **kw):
+    m = tiny_model(arch, **kw)
+    return Student(m, tiny_tokenizer(), list_units(m), f"tiny-{arch}", "", arch)
+
+
+def _naive(student, rollouts, row, ref_cal, scheme, kv="fp8"):
+    """Full forward of the whole model with the row's perturbation, logits on every position."""
+    import contextlib
+
+    m = student.model
+    ids, am, resp = rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask
+    with torch.no_grad():
+        ref_logits, tokens = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
+        with contextlib.ExitStack() as st:
+            if row.members:
+                st.enter_context(quantize_units(m, row.members, scheme, calibration=ref_cal))
+            if row.kv_layers:
+                st.enter_context(quantize_kv(m, row.kv_layers, kv, calibration=ref_cal))
+            cand, _ = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
+    softcap = getattr(m.config, "final_logit_softcapping", None)
+    if softcap:  # the model applies it inside forward already
+        pass
+    return mismatch(ref_logits, cand, tokens)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8"])
+def test_prefix_reuse_equals_naive_forward(arch, scheme):
+    student = _student(arch)
+    r = make_rollouts(student, num_prompts=5, max_new_tokens=8, batch_size=8)
+    df = sweep(student, r, scheme=scheme, batch_size=8)  # one batch: the naive forward sees the same padding
+    ref = Reference(student, r, batch_size=8)
+    sch = Scheme.from_name(scheme)
+    rows = {row.unit: row for row in plan_rows(student, sch, "unit", True)}
+    assert list(df["unit"]) == list(rows)
+    for _, got in df.iterrows():
+        row = rows[got["unit"]]
+        want = _naive(student, r, row, ref.calibration, sch)
+        for k in METRICS:
+            assert got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-9), (got["unit"], k)
+    assert (df[["kl_q_p", "kl_p_q", "k3"]] >= 0).all().all()
+    sanity = df[df["unit"] == "model.reference"].iloc[0]
+    assert sanity["kl_q_p"] == 0 and sanity["kl_max"] == 0 and sanity["top1_agree"] == 1
+    assert list(df.columns) == COLUMNS
+
+
+def test_group_granularity_and_bytes():
+    student = _student("llama")
+    r = make_rollouts(student, num_prompts=3, max_new_tokens=6)
+    df = sweep(student, r, scheme="FP8_DYNAMIC", granularity="group", include_kv=False)
+    kinds = df[df.block == 0]["kind"].tolist()
+    assert kinds == ["qkv", "o", "gate_up", "down"]
+    qkv = df[df.unit == "model.layers.0.self_attn.qkv_proj"].iloc[0]
+    # q [128,128] + k [64,128] + v [64,128]: 32768 weights; per-channel scales: 256 rows x 2 bytes
+    assert qkv["params"] == 32768 and qkv["bytes_saved"] == 32768 - 2 * 256
+    whole = df[df.unit == "model.fp8_all"].iloc[0]
+    assert whole["bytes_saved"] == df[df.kind != "model"]["bytes_saved"].sum()
+
+
+def _cli(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "fp8probe.cli", "-q", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def slow_tiny(tmp_path_factory):
+    """A deeper tiny model, so that a sweep lasts long enough to be killed half way."""
+    d = tmp_path_factory.mktemp("deep") / "llama"
+    tiny_model("llama", num_hidden_layers=16, hidden_size=256, intermediate_size=768).save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
+
+
+def test_kill_resume_and_determinism(slow_tiny, tmp_path):
+    common = ["--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
+    full = tmp_path / "full"
+    p = _cli("sweep", slow_tiny, "--out", full, *common)
+    assert p.wait(timeout=600) == 0, p.stderr.read()
+    again = tmp_path / "again"
+    p = _cli("sweep", slow_tiny, "--out", again, *common)
+    assert p.wait(timeout=600) == 0
+    assert (full / "sensitivity.csv").read_bytes() == (again / "sensitivity.csv").read_bytes()
+
+    killed = tmp_path / "killed"
+    p = _cli("sweep", slow_tiny, "--out", killed, *common)
+    partial = killed / "sensitivity.partial.csv"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if partial.exists() and partial.read_text().count("\n") >= 20:
+            break
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGKILL)
+    assert p.wait() == -signal.SIGKILL
+    n_done = partial.read_text().count("\n") - 1
+    total = len(pd.read_csv(full / "sensitivity.csv"))
+    assert 0 < n_done < total, "the sweep finished before it could be killed"
+    assert not (killed / "sensitivity.csv").exists()
+    with open(partial, "a") as f:  # a row cut off mid-write by the kill
+        f.write("model.layers.9.self_attn.q_proj,q,9,model.layers.9.self")
+
+    bad = _cli("sweep", slow_tiny, "--out", killed, "--resume", "--num-prompts", 6, "--max-new-tokens", 12,
+               "--seed", 5, "--scheme", "FP8_BLOCK")
+    assert bad.wait(timeout=600) == 2
+    assert "other settings (scheme)" in bad.stderr.read()
+
+    p = _cli("sweep", slow_tiny, "--out", killed, "--resume", *common)
+    assert p.wait(timeout=600) == 0, p.stderr.read()
+    assert (killed / "sensitivity.csv").read_bytes() == (full / "sensitivity.csv").read_bytes()
+    assert not partial.exists()
