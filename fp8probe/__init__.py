@@ -8,7 +8,11 @@ __version__ = "0.1.0"
 
 from .errors import FP8ProbeError
 from .fp8 import KVCacheScheme, Scheme, fake_quant
+from .measure import measure
+from .mismatch import METRICS, mismatch
+from .rollouts import Rollouts, load_rollouts, make_rollouts, save_rollouts
 from .student import Student, Unit, load_student
+from .sweep import sweep
 
 __all__ = [
     "__version__",
@@ -19,4 +23,12 @@ __all__ = [
     "Student",
     "Unit",
     "load_student",
+    "Rollouts",
+    "make_rollouts",
+    "save_rollouts",
+    "load_rollouts",
+    "METRICS",
+    "mismatch",
+    "sweep",
+    "measure",
 ]

@@ -25,6 +25,22 @@ EPILOG_SWEEP = """examples:
   fp8probe sweep --rollouts runs/smollm2 --scheme FP8_BLOCK --granularity group --out runs/block
 """
 
+EPILOG_RECIPE = """examples:
+  fp8probe recipe runs/smollm2 --budget 0.01 --out runs/recipe-0.01
+  fp8probe recipe runs/smollm2 --budget 1e-3 --metric k3 --keep-first 1 --keep-last 1 --out runs/r
+"""
+
+EPILOG_EXPORT = """examples:
+  fp8probe export --recipe runs/recipe-0.01/recipe.yaml --out ckpt/smollm2-fp8
+  vllm serve ckpt/smollm2-fp8 --config ckpt/smollm2-fp8/vllm.yaml
+"""
+
+EPILOG_CAPACITY = """examples:
+  fp8probe capacity ./Qwen3-8B/config.json --gpu H100 --max-model-len 32768
+  fp8probe capacity --recipe runs/recipe/recipe.yaml --kv-cache-memory 1073741824 --block-size 128
+  fp8probe capacity ./Llama-3.1-70B --tensor-parallel-size 4 --gpu H200 --out runs/cap --plot
+"""
+
 EPILOG_MEASURE = """examples:
   fp8probe measure --out runs/whole                 # whole-model FP8_DYNAMIC on the embedded student
   fp8probe measure --rollouts runs/smollm2 --kv-cache-dtype fp8 --out runs/whole_kv
@@ -86,6 +102,56 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout_args(p, default_prompts=16, default_tokens=48)
     p.add_argument("--out", required=True, help="output directory")
 
+    p = sub.add_parser("recipe", help="pick the FP8 recipe that saves the most under a mismatch budget",
+                       epilog=EPILOG_RECIPE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep_dir", help="a directory written by `fp8probe sweep`")
+    p.add_argument("--budget", type=float, required=True, help="largest allowed measured mismatch of the recipe")
+    p.add_argument("--metric", default="kl_q_p", help="sensitivity column the budget bounds (default: kl_q_p)")
+    p.add_argument("--out", required=True, help="output directory for recipe.yaml and recipe.json")
+    p.add_argument("--kv-cache-scheme", choices=["fp8"], help="also put the KV cache in FP8 (counts in the budget)")
+    p.add_argument("--keep-first", type=int, default=0, help="keep the first N blocks in BF16")
+    p.add_argument("--keep-last", type=int, default=0, help="keep the last N blocks in BF16")
+    p.add_argument("--keep", nargs="*", default=[], help="units or groups to keep in BF16")
+    p.add_argument("--force", nargs="*", default=[], help="units or groups to put in FP8 regardless")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--trust-remote-code", action="store_true")
+
+    p = sub.add_parser("export", help="apply a recipe with llm-compressor; write a checkpoint vLLM loads",
+                       epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None, help="HF directory or id; default: the embedded student")
+    p.add_argument("--recipe", required=True, help="recipe.yaml")
+    p.add_argument("--out", required=True, help="checkpoint directory (must not exist or be empty)")
+    p.add_argument("--rollouts", help="calibration data for static input scales / a kv_cache_scheme (a sweep dir)")
+    p.add_argument("--max-model-len", type=int, help="written into vllm.yaml / vllm_args.json")
+    p.add_argument("--trust-remote-code", action="store_true")
+
+    p = sub.add_parser("capacity", help="KV-cache tokens and concurrency, BF16 vs FP8, as vLLM accounts them",
+                       epilog=EPILOG_CAPACITY, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None,
+                   help="HF directory or id, .gguf, a bare config.json (or a directory holding only one); "
+                        "default: the embedded student")
+    p.add_argument("--recipe", help="recipe.yaml written by `fp8probe recipe` (default: every unit in --scheme)")
+    p.add_argument("--scheme", default="FP8_DYNAMIC", help="whole-model scheme when no --recipe (default: FP8_DYNAMIC)")
+    p.add_argument("--kv-cache-dtype", default="fp8", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+                   help="the candidate's KV-cache dtype (default: fp8; the baseline is always auto)")
+    gpu = p.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu", default="H100", help="GPU preset: H100, H200, A100-40GB, A100-80GB, L40S, B200, RTX4090")
+    gpu.add_argument("--gpu-memory", type=float, help="GPU memory in GiB (instead of --gpu)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--kv-cache-memory", type=int, help="KV-cache bytes per GPU, as vLLM's --kv-cache-memory "
+                   "(skips the memory estimate)")
+    p.add_argument("--max-model-len", type=int, help="default: the config's max_position_embeddings")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=16, help="16 on GPUs, 128 on vLLM's CPU backend")
+    p.add_argument("--reserve-gib", type=float, help="activation + non-torch memory to set aside (default: estimate)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                   help="allocate sliding-window layers as full attention, as vLLM does with this flag")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--out", help="write DIR/capacity.json")
+    p.add_argument("--plot", action="store_true", help="with --out, also DIR/capacity.png")
+
     p = sub.add_parser("units", help="list the quantizable units and their fused groups")
     _add_model_args(p)
     return ap
@@ -99,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _setup_logging(args)
     try:
-        return {"sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "units": cmd_units}[
+        return {"sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "units": cmd_units,
+                "capacity": cmd_capacity, "recipe": cmd_recipe, "export": cmd_export}[
             args.command](args)
     except FP8ProbeError as e:
         print(f"fp8probe: error: {e}", file=sys.stderr)
@@ -295,6 +362,112 @@ def cmd_rollouts(args) -> int:
     print(f"rollouts: {r.num_sequences} sequences, {r.num_response_tokens} response tokens in {secs:.0f} s "
           f"-> {Path(args.out)}")
     return 0
+
+
+def cmd_recipe(args) -> int:
+    from ._files import check_writable, output_dir
+    from .recipe import make_recipe
+    from .rollouts import load_rollouts
+    from .student import load_student
+
+    sweep_dir = Path(args.sweep_dir)
+    run_file, table = sweep_dir / "run.json", sweep_dir / "sensitivity.csv"
+    if not run_file.is_file() or not table.is_file():
+        raise FP8ProbeError(f"{sweep_dir} is not a finished sweep (no run.json / sensitivity.csv); run `fp8probe sweep`")
+    run = json.loads(run_file.read_text())
+    rollouts = load_rollouts(sweep_dir)
+    check_writable(args.out)
+    t0 = time.perf_counter()
+    student = load_student(None if run["model"] == "smollm2-135m" else run["model_path"], device=args.device,
+                           dtype=run.get("dtype", "float32"), trust_remote_code=args.trust_remote_code)
+    recipe = make_recipe(table, args.budget, student, rollouts, scheme=run["scheme"], metric=args.metric,
+                         kv_cache=args.kv_cache_scheme, keep_first=args.keep_first, keep_last=args.keep_last,
+                         keep=args.keep, force=args.force, batch_size=run.get("batch_size", 8),
+                         sweep_dir=str(sweep_dir.resolve()))
+    with output_dir(args.out) as out:
+        recipe.write(out)
+    total = len(recipe.quantized) + len(recipe.kept)
+    print(f"recipe: {len(recipe.quantized)}/{total} fused groups in {recipe.scheme}"
+          f"{' + FP8 KV cache' if recipe.kv_cache else ''}; {args.metric} predicted {recipe.predicted:.4g}, "
+          f"measured {recipe.measured:.4g} <= budget {args.budget}; {recipe.bytes_saved / 2**20:.1f} MiB saved; "
+          f"{len(recipe.search)} measured passes in {time.perf_counter() - t0:.0f} s -> {Path(args.out) / 'recipe.yaml'}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .export import export
+    from .rollouts import load_rollouts
+
+    rollouts = load_rollouts(args.rollouts) if args.rollouts else None
+    t0 = time.perf_counter()
+    out = export(args.model, args.recipe, args.out, rollouts=rollouts, max_model_len=args.max_model_len,
+                 trust_remote_code=args.trust_remote_code)
+    print(f"export: compressed-tensors checkpoint in {time.perf_counter() - t0:.0f} s -> {out} "
+          f"(vllm serve {out} --config {out / 'vllm.yaml'})")
+    return 0
+
+
+def cmd_capacity(args) -> int:
+    from ._files import atomic_write_json, check_writable, output_dir
+    from .capacity import GiB, Precision, capacity, load_config_only, meta_model
+    from .fp8 import Scheme
+
+    if args.out:
+        check_writable(args.out)
+    if args.plot and not args.out:
+        raise FP8ProbeError("--plot needs --out DIR")
+    cfg = load_config_only(args.model, args.trust_remote_code)
+    if args.recipe:
+        from .recipe import read_recipe_yaml
+
+        precision = read_recipe_yaml(args.recipe).precision(meta_model(cfg))
+    else:
+        from .student import list_units
+
+        precision = Precision(Scheme.from_name(args.scheme),
+                              frozenset(u.name for u in list_units(meta_model(cfg)) if u.quantizable),
+                              Scheme.from_name(args.scheme).static_input)
+    rep = capacity(cfg, precision, kv_cache_dtype=args.kv_cache_dtype, gpu=args.gpu, gpu_memory_gib=args.gpu_memory,
+                   gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory=args.kv_cache_memory,
+                   max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
+                   block_size=args.block_size, reserve_bytes=None if args.reserve_gib is None else
+                   int(args.reserve_gib * GiB), max_num_batched_tokens=args.max_num_batched_tokens,
+                   max_num_seqs=args.max_num_seqs, hybrid=not args.disable_hybrid_kv_cache_manager)
+    rep["model"] = args.model or "smollm2-135m"
+    rep["recipe"] = args.recipe
+    print(format_capacity(rep))
+    if args.out:
+        with output_dir(args.out) as out:
+            atomic_write_json(out / "capacity.json", rep)
+            if args.plot:
+                from .plots import capacity_bars
+
+                capacity_bars(rep, out / "capacity.png")
+        print(f"capacity: -> {Path(args.out) / 'capacity.json'}")
+    return 0
+
+
+def format_capacity(rep: dict) -> str:
+    from .capacity import GiB
+
+    b, c = rep["baseline"], rep["candidate"]
+    cand = f"{c['scheme'] or 'BF16'} ({c['fp8_units']} units) + {c['kv_cache_dtype']} KV"
+    where = rep["gpu"] or "--kv-cache-memory"
+    lines = [f"{rep['model_type']}, max_model_len {rep['max_model_len']:,}, block size {rep['block_size']}, "
+             f"TP {rep['tensor_parallel_size']}, {where}",
+             f"{'':<24}{'BF16 + auto KV':>20}{cand:>40}{'ratio':>9}"]
+
+    def row(name, key, fmt, ratio=False):
+        r = f"{c[key] / b[key]:>8.2f}x" if ratio and b[key] else ""
+        lines.append(f"{name:<24}{fmt(b[key]):>20}{fmt(c[key]):>40}{r:>9}")
+
+    row("weights per GPU", "weight_bytes", lambda v: f"{v / GiB:.2f} GiB")
+    row("KV bytes per token", "kv_bytes_per_token", lambda v: f"{v:,}")
+    row("KV memory", "kv_memory_bytes", lambda v: f"{v / GiB:.2f} GiB")
+    row("KV blocks", "num_blocks", lambda v: f"{v:,}")
+    row("KV tokens", "kv_tokens", lambda v: f"{v:,}", ratio=True)
+    row(f"max concurrency", "max_concurrency", lambda v: f"{v:.2f}x", ratio=True)
+    return "\n".join(lines)
 
 
 def cmd_units(args) -> int:

@@ -23,6 +23,8 @@ never sit in memory twice.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -41,28 +43,54 @@ def log_softmax32(logits: torch.Tensor, softcap: float | None = None) -> torch.T
     return torch.log_softmax(x, dim=-1)
 
 
-def token_stats(ref_logp: torch.Tensor, cand_logp: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-token quantities for rows of log-probabilities [M, V] and the sampled tokens [M]."""
-    p, q = ref_logp.float(), cand_logp.float()
-    pe, qe = p.exp(), q.exp()
-    lp = p.gather(-1, tokens[:, None]).squeeze(-1)
-    lq = q.gather(-1, tokens[:, None]).squeeze(-1)
+@dataclass
+class RefRows:
+    """Reference quantities that every candidate is compared with, computed once per row (token)."""
+
+    logp: torch.Tensor  # [M, V] fp32 log p
+    p: torch.Tensor  # [M, V] fp32 p
+    top1: torch.Tensor  # [M] argmax p
+    tokens: torch.Tensor  # [M] sampled tokens
+
+    @classmethod
+    def from_logp(cls, logp: torch.Tensor, tokens: torch.Tensor) -> "RefRows":
+        logp = logp.float()
+        return cls(logp, logp.exp(), logp.argmax(-1), tokens)
+
+    def rows(self, s: int, e: int) -> "RefRows":
+        return RefRows(self.logp[s:e], self.p[s:e], self.top1[s:e], self.tokens[s:e])
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def token_stats(ref: RefRows, cand_logp: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token quantities for reference rows and candidate log-probabilities [M, V].
+
+    d = log q - log p is formed first and then reduced, so that KLs of 1e-8 survive fp32; the two
+    reductions are fused multiply-adds (vecdot) with no [M, V] temporary.
+    """
+    q = cand_logp.float()
+    d = q - ref.logp
+    kl_q_p = torch.linalg.vecdot(q.exp(), d)
+    kl_p_q = -torch.linalg.vecdot(ref.p, d)
+    tok = ref.tokens[:, None]
     return {
-        "kl_q_p": (qe * (q - p)).sum(-1).clamp_min(0),  # clamp: rounding can give -1e-9 for equal rows
-        "kl_p_q": (pe * (p - q)).sum(-1).clamp_min(0),
-        "logp_ref": lp,
-        "logp_cand": lq,
-        "top1": (p.argmax(-1) == q.argmax(-1)),
+        "kl_q_p": kl_q_p.clamp_min(0),  # rounding can give -1e-12 for equal rows
+        "kl_p_q": kl_p_q.clamp_min(0),
+        "logp_ref": ref.logp.gather(-1, tok).squeeze(-1),
+        "logp_cand": q.gather(-1, tok).squeeze(-1),
+        "top1": q.argmax(-1) == ref.top1,
     }
 
 
-def chunked_token_stats(ref_logp: torch.Tensor, cand_logits_fn, tokens: torch.Tensor,
-                        chunk: int = CHUNK_ROWS, softcap: float | None = None) -> dict[str, torch.Tensor]:
+def chunked_token_stats(ref: RefRows, cand_logits_fn, chunk: int = CHUNK_ROWS,
+                        softcap: float | None = None) -> dict[str, torch.Tensor]:
     """token_stats over row chunks; cand_logits_fn(start, end) returns the candidate logits of those rows."""
     parts: dict[str, list[torch.Tensor]] = {}
-    for s in range(0, tokens.shape[0], chunk):
-        e = min(s + chunk, tokens.shape[0])
-        st = token_stats(ref_logp[s:e], log_softmax32(cand_logits_fn(s, e), softcap), tokens[s:e])
+    for s in range(0, len(ref), chunk):
+        e = min(s + chunk, len(ref))
+        st = token_stats(ref.rows(s, e), log_softmax32(cand_logits_fn(s, e), softcap))
         for k, v in st.items():
             parts.setdefault(k, []).append(v.cpu())
     return {k: torch.cat(v) for k, v in parts.items()}
@@ -97,13 +125,9 @@ def mismatch(ref_logits: torch.Tensor, cand_logits: torch.Tensor, tokens: torch.
     if ref_logits.shape != cand_logits.shape or ref_logits.shape[0] != tokens.shape[0]:
         raise ValueError(f"shape mismatch: ref {tuple(ref_logits.shape)}, cand {tuple(cand_logits.shape)}, "
                          f"tokens {tuple(tokens.shape)}")
-    parts: dict[str, list[torch.Tensor]] = {}
-    for s in range(0, tokens.shape[0], chunk):
-        st = token_stats(log_softmax32(ref_logits[s:s + chunk]), log_softmax32(cand_logits[s:s + chunk]),
-                         tokens[s:s + chunk])
-        for k, v in st.items():
-            parts.setdefault(k, []).append(v)
-    return summarize({k: torch.cat(v) for k, v in parts.items()})
+    ref = RefRows.from_logp(torch.cat([log_softmax32(ref_logits[s:s + chunk]) for s in range(0, len(tokens), chunk)]),
+                            tokens)
+    return summarize(chunked_token_stats(ref, lambda s, e: cand_logits[s:e], chunk))
 
 
 def response_positions(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

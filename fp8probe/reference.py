@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .hooks import Calibration, record_calibration
-from .mismatch import chunked_token_stats, log_softmax32, summarize
+from .mismatch import RefRows, chunked_token_stats, log_softmax32, summarize
 from .student import decoder_layers
 
 
@@ -53,8 +53,8 @@ class Reference:
                 tokens.append(rec["tokens"])
                 self.batches.append(rec)
         self.calibration: Calibration | None = cal
-        self.logp = torch.cat(logps)  # [M, V] fp32 reference log-probs of the response-predicting rows
-        self.tokens = torch.cat(tokens)  # [M]
+        # [M, V] fp32 reference log-probs (and probabilities) of the rows that predict response tokens
+        self.rows = RefRows.from_logp(torch.cat(logps), torch.cat(tokens))
         self.num_tokens = int(rollouts.attention_mask.sum())
         self.seconds = time.perf_counter() - t0
 
@@ -95,8 +95,8 @@ class Reference:
                 h = out[0] if isinstance(out, tuple) else out
             hsel = final_norm(self.model)(h[rec["rows"], rec["cols"]])
             m = hsel.shape[0]
-            st = chunked_token_stats(self.logp[offset:offset + m],
-                                     lambda s, e: self._head(hsel[s:e]), rec["tokens"], softcap=self.softcap)
+            st = chunked_token_stats(self.rows.rows(offset, offset + m),
+                                     lambda s, e: self._head(hsel[s:e]), softcap=self.softcap)
             # chunked_token_stats applies the softcap before log_softmax, as the model's forward does
             offset += m
             for k, v in st.items():

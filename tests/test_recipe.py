@@ -1,0 +1,108 @@
+"""Recipe selection under a budget, llm-compressor's parser on our YAML, and vLLM's refusals caught early."""
+
+import pytest
+import yaml
+
+from fp8probe import FP8ProbeError
+from fp8probe.export import check_vllm_loadable
+from fp8probe.recipe import make_recipe, read_recipe_yaml
+from fp8probe.reference import Reference
+from fp8probe.rollouts import make_rollouts
+from fp8probe.student import Student, list_units
+from fp8probe.sweep import sweep
+
+from conftest import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def setup():
+    m = tiny_model("llama", num_hidden_layers=4)
+    st = Student(m, tiny_tokenizer(), list_units(m), "tiny-llama", "", "llama")
+    r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
+    ref = Reference(st, r)
+    df = sweep(st, r, reference=ref)
+    return st, r, ref, df
+
+
+def test_budgets_hold_and_savings_grow(setup, tmp_path):
+    st, r, ref, df = setup
+    whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
+    saved = []
+    for frac in (0.05, 0.3, 1.5):  # tight, medium, loose (loose: everything fits)
+        budget = whole * frac
+        rec = make_recipe(df, budget, st, r, reference=ref)
+        assert rec.measured <= budget
+        assert len(rec.search) <= 12  # a few measured passes, not one per group
+        groups = st.groups()
+        for g in rec.kept:  # whole fused groups only
+            assert sorted(rec.group_units[g]) == sorted(u.name for u in groups[g])
+        saved.append(rec.bytes_saved)
+        # the measured value is what fp8probe.measure gives for exactly these units
+        from fp8probe import measure
+
+        again = measure(st, r, "FP8_DYNAMIC", units=rec.quantized_units(), reference=ref)
+        assert again["kl_q_p"] == pytest.approx(rec.measured, rel=1e-9)
+    assert saved[0] <= saved[1] <= saved[2]
+    assert saved[2] == df[df.unit == "model.fp8_all"].bytes_saved.iloc[0]
+
+
+def test_yaml_parsed_by_llmcompressor(setup, tmp_path):
+    st, r, ref, df = setup
+    whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
+    rec = make_recipe(df, whole * 0.3, st, r, reference=ref, kv_cache="fp8", keep_first=1)
+    rec.write(tmp_path)
+    from llmcompressor.recipe import Recipe
+
+    parsed = Recipe.create_instance(str(tmp_path / "recipe.yaml"))
+    (mod,) = parsed.modifiers
+    assert type(mod).__name__ == "QuantizationModifier"
+    assert mod.scheme == "FP8_DYNAMIC" and mod.targets == ["Linear"]
+    assert mod.ignore == rec.ignore() and "lm_head" in mod.ignore
+    assert mod.kv_cache_scheme.num_bits == 8 and mod.kv_cache_scheme.type == "float"
+    kept_units = [u for g in rec.kept for u in rec.group_units[g]]
+    assert set(kept_units) <= set(mod.ignore)
+    assert all(u.name in mod.ignore for u in st.quantizable if u.block == 0)  # --keep-first 1
+    import json
+
+    meta = json.loads((tmp_path / "recipe.json").read_text())
+    for k in ("budget", "metric", "predicted", "measured", "bytes_saved", "kept", "quantized"):
+        assert k in meta
+    spec = read_recipe_yaml(tmp_path / "recipe.yaml")
+    assert {u.name for u in spec.quantized_units(st.model)} == set(rec.quantized_units())
+
+
+def test_split_group_refused(setup, tmp_path):
+    st = setup[0]
+    doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
+        "targets": ["Linear"], "scheme": "FP8_DYNAMIC",
+        "ignore": ["lm_head", "model.layers.1.self_attn.k_proj"]}}}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(FP8ProbeError, match=r"splits vLLM's fused qkv_proj of block 1: FP8 "
+                                            r"model.layers.1.self_attn.q_proj, .*v_proj but BF16 .*k_proj"):
+        check_vllm_loadable(st.model, read_recipe_yaml(tmp_path / "r.yaml"))
+    doc["default_stage"]["default_modifiers"]["QuantizationModifier"]["ignore"] = ["lm_head",
+                                                                                   "model.layers.2.mlp.up_proj"]
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(FP8ProbeError, match="gate_up_proj of block 2"):
+        check_vllm_loadable(st.model, read_recipe_yaml(tmp_path / "r.yaml"))
+
+
+def test_block_scheme_shapes_refused(embedded, tmp_path):
+    """SmolLM2's q_proj (576 outputs) cannot be a whole-block member of a fused FP8_BLOCK qkv_proj."""
+    doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
+        "targets": ["Linear"], "scheme": "FP8_BLOCK", "ignore": ["lm_head"]}}}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(FP8ProbeError, match=r"FP8_BLOCK needs dims in whole blocks of 128: "
+                                            r"model.layers.0.self_attn.q_proj \(input dim 576\)"):
+        check_vllm_loadable(embedded.model, read_recipe_yaml(tmp_path / "r.yaml"))
+
+
+def test_bad_recipe_files(tmp_path):
+    with pytest.raises(FP8ProbeError, match="no such recipe"):
+        read_recipe_yaml(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
+    with pytest.raises(FP8ProbeError, match="not valid YAML"):
+        read_recipe_yaml(tmp_path / "bad.yaml")
+    (tmp_path / "x.yaml").write_text("default_stage: {}\n")
+    with pytest.raises(FP8ProbeError, match="exactly one QuantizationModifier"):
+        read_recipe_yaml(tmp_path / "x.yaml")
