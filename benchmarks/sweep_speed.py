@@ -18,6 +18,7 @@ import time
 import torch
 
 from fp8probe import load_student, make_rollouts
+from fp8probe.mismatch import CHUNK_ROWS
 from fp8probe.reference import Reference, final_norm
 from fp8probe.sweep import plan_rows, sweep
 from fp8probe.fp8 import Scheme
@@ -46,6 +47,17 @@ def main():
     print(f"rollouts: {rollouts.num_sequences} sequences, {int(rollouts.attention_mask.sum())} tokens, "
           f"{rollouts.num_response_tokens} response tokens", file=sys.stderr)
 
+    scheme = Scheme.from_name("FP8_DYNAMIC")
+    ref = Reference(student, rollouts, args.batch_size)
+    t = time.perf_counter()
+    sweep(student, rollouts, scheme=scheme, granularity=args.granularity, include_kv=True, reference=ref,
+          batch_size=args.batch_size)
+    t_sweep_all = time.perf_counter() - t
+    # the sweep's own peak: read before the naive forward below allocates full-vocabulary logits
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    model_bytes = sum(p.numel() * 4 for p in {id(p): p for p in model.parameters()}.values())
+    logits_bytes = ref.rows.logp.numel() * ref.rows.logp.element_size()
+
     # one full reference forward over the rollouts, logits on every position (the naive loop's unit of work)
     def full_forward():
         with torch.no_grad():
@@ -53,8 +65,6 @@ def main():
                 model(input_ids=ids, attention_mask=am, use_cache=False).logits.sum()
 
     t_full = timed(full_forward, repeat=2)
-
-    ref = Reference(student, rollouts, args.batch_size)
     layers = ref.layers
 
     # per-block cost on the recorded inputs, and the lm_head on response positions
@@ -71,25 +81,15 @@ def main():
             for rec in ref.batches:
                 h = rec["inputs"][-1][0][0]
                 hs = final_norm(model)(h[rec["rows"], rec["cols"]])
-                for s in range(0, hs.shape[0], 256):
-                    model.get_output_embeddings()(hs[s:s + 256])
+                for s in range(0, hs.shape[0], CHUNK_ROWS):
+                    model.get_output_embeddings()(hs[s:s + CHUNK_ROWS])
 
     t_head = timed(head, repeat=2)
 
-    scheme = Scheme.from_name("FP8_DYNAMIC")
     rows = [r for r in plan_rows(student, scheme, args.granularity, True) if r.kind != "model"]
     bound = sum(sum(t_block[r.start_block:]) + t_head for r in rows)
-
-    t = time.perf_counter()
-    sweep(student, rollouts, scheme=scheme, granularity=args.granularity, include_kv=True, reference=ref,
-          batch_size=args.batch_size)
-    t_sweep_all = time.perf_counter() - t
     # the sweep also measured the 3 whole-model rows (each a pass from block 0): take them out
     t_sweep = t_sweep_all - 3 * (sum(t_block) + t_head)
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    model_bytes = sum(p.numel() * 4 for p in {id(p): p for p in model.parameters()}.values())
-    logits_bytes = ref.rows.logp.numel() * ref.rows.logp.element_size()
 
     print(f"rows measured: {len(rows)} (+3 whole-model rows)")
     print(f"one full reference forward: {t_full:.2f} s; blocks: {sum(t_block):.2f} s; "

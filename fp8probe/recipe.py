@@ -117,8 +117,12 @@ def _ignore_name(unit: str) -> str:
 # selection
 
 
-def group_scores(sensitivity, metric: str = "kl_q_p") -> list[GroupScore]:
-    """One score per fused group from a sensitivity table (per unit or per group)."""
+def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[str]] | None = None) -> list[GroupScore]:
+    """One score per fused group from a sensitivity table (per unit or per group).
+
+    `members` maps each group to its unit names (Student.groups()); without it, a per-unit table's rows
+    name the members.
+    """
     import pandas as pd
 
     df = sensitivity if isinstance(sensitivity, pd.DataFrame) else pd.read_csv(sensitivity)
@@ -130,7 +134,7 @@ def group_scores(sensitivity, metric: str = "kl_q_p") -> list[GroupScore]:
     out = []
     for g, rows in df.groupby("group", sort=False):
         score = rows[metric].clip(lower=0).sum() if metric != "top1_agree" else (1 - rows[metric]).sum()
-        units = list(rows["unit"]) if (rows["unit"] != g).any() else [g]
+        units = members[g] if members and g in members else list(rows["unit"])
         out.append(GroupScore(g, units, int(rows["block"].min()), float(score), int(rows["bytes_saved"].sum())))
     return out
 
@@ -153,7 +157,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         raise FP8ProbeError("--budget must be a non-negative number")
     if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
         raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
-    groups = group_scores(sensitivity, metric)
+    members = {g: [u.name for u in us] for g, us in student.groups().items()}
+    groups = group_scores(sensitivity, metric, members)
     known = {g.group for g in groups}
     # units in a student's own groups, to map unit-level keep/force names to their group
     unit_group = {u.name: u.group for u in student.quantizable}

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .hooks import Calibration, record_calibration
-from .mismatch import RefRows, chunked_token_stats, log_softmax32, summarize
+from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, summarize
 from .student import decoder_layers
 
 
@@ -75,7 +75,8 @@ class Reference:
         rows, cols = torch.nonzero(resp[:, 1:], as_tuple=True)
         tokens = ids[rows, cols + 1].cpu()
         hsel = final_norm(self.model)(final["h"][rows, cols])  # [M_b, H]
-        logp = torch.cat([log_softmax32(self._head(hsel[s:s + 256]), self.softcap) for s in range(0, hsel.shape[0], 256)])
+        logp = torch.cat([log_softmax32(self._head(hsel[s:s + CHUNK_ROWS]), self.softcap)
+                          for s in range(0, hsel.shape[0], CHUNK_ROWS)])
         return {"inputs": inputs, "rows": rows, "cols": cols, "tokens": tokens, "logp": logp.cpu()}
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:

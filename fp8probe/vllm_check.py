@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,11 +58,22 @@ def run_vllm(model: str | Path, max_model_len: int, generate=None, score=None, k
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         env.update(VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false")
-        proc = subprocess.run([str(py), str(WORKER), str(Path(tmp) / "spec.json")], capture_output=True, text=True,
-                              timeout=timeout, env=env, cwd=tmp)
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0:
-            raise RuntimeError(f"vLLM failed (exit {proc.returncode}):\n{log[-4000:]}")
+        # vLLM forks an engine process that can outlive the worker (and hold its pipes): log to a file,
+        # run the worker in its own session, and end the whole session once the worker is done
+        log_path = Path(tmp) / "vllm.log"
+        with open(log_path, "w") as log_file:
+            proc = subprocess.Popen([str(py), str(WORKER), str(Path(tmp) / "spec.json")], stdout=log_file,
+                                    stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True)
+            try:
+                code = proc.wait(timeout=timeout)
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        log = log_path.read_text(errors="replace")
+        if code != 0 or not (Path(tmp) / "out.json").exists():
+            raise RuntimeError(f"vLLM failed (exit {code}):\n{log[-4000:]}")
         out = json.loads((Path(tmp) / "out.json").read_text())
     out["log"] = log
     out.update(parse_kv_lines(log))

@@ -9,6 +9,7 @@ go to stderr, where the caller reads them.
 """
 
 import json
+import os
 import sys
 
 
@@ -33,6 +34,13 @@ def main():
         ]
     with open(spec["out"], "w") as f:
         json.dump(out, f)
+        f.flush()
+        os.fsync(f.fileno())
+    # vLLM's CPU engine can abort in its thread teardown at interpreter exit ("terminate called without
+    # an active exception") after all work is done; the results are on disk, so leave without teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -91,8 +91,14 @@ def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path):
     assert res["vllm"]["fp8"]["kv_cache_tokens"] == cap["candidate"]["kv_tokens"]
     assert res["vllm"]["bf16"]["max_concurrency"] == pytest.approx(cap["baseline"]["max_concurrency"], abs=0.005)
     pred, real, floor = res["predicted"], res["realised_fp8"], res["noise_floor_bf16"]
-    assert real["abs_dlogp_mean"] > floor["abs_dlogp_mean"]  # FP8 adds mismatch above the BF16 floor
-    TOL = 0.5  # see the closing note / benchmarks/vllm_mismatch.py for the measured spread
-    excess = real["abs_dlogp_mean"] - floor["abs_dlogp_mean"]
-    assert excess == pytest.approx(pred["abs_dlogp_mean"], rel=TOL) or \
-        excess == pytest.approx(res["predicted_weights_only"]["abs_dlogp_mean"], rel=TOL)
+    w_only = res["predicted_weights_only"]
+    # Measured here (8 rollouts x 32 tokens, 256 response tokens, 195 units in FP8_DYNAMIC):
+    #   k3: predicted 0.0141, weights-only 0.0095, realised vLLM-FP8 0.0149, vLLM-BF16 floor 0.00066
+    #   |dlogp| mean: predicted 0.1041, realised 0.1038, floor 0.0222
+    # vLLM's BF16 run differs from the fp32 reference by the floor, so the realised FP8 number may move
+    # by a few floors around the prediction; 10 % of the prediction covers the sampling noise of 256
+    # tokens. And vLLM quantizes activations too: the prediction with them must be the closer one.
+    assert abs(real["k3"] - pred["k3"]) <= 3 * floor["k3"] + 0.1 * pred["k3"]
+    assert abs(real["abs_dlogp_mean"] - pred["abs_dlogp_mean"]) <= floor["abs_dlogp_mean"]
+    assert abs(real["k3"] - pred["k3"]) < abs(real["k3"] - w_only["k3"])
+    assert real["k3"] > 5 * floor["k3"]  # FP8 is far above the BF16 noise floor here

@@ -106,3 +106,40 @@ def test_bad_recipe_files(tmp_path):
     (tmp_path / "x.yaml").write_text("default_stage: {}\n")
     with pytest.raises(FP8ProbeError, match="exactly one QuantizationModifier"):
         read_recipe_yaml(tmp_path / "x.yaml")
+
+
+def test_group_granularity_sweep(setup):
+    st, r, ref, _ = setup
+    df = sweep(st, r, granularity="group", include_kv=False, reference=ref)
+    whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
+    rec = make_recipe(df, whole * 0.3, st, r, reference=ref)
+    assert rec.measured <= whole * 0.3 and rec.quantized
+    names = {u.name for u in st.quantizable}
+    assert set(rec.quantized_units()) <= names
+
+
+def test_cli_recipe_then_capacity(tiny_dirs, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    def cli(*a):
+        return subprocess.run([sys.executable, "-m", "fp8probe.cli", "-q", *map(str, a)], capture_output=True,
+                              text=True, timeout=600)
+
+    r = cli("sweep", tiny_dirs["qwen3"], "--out", tmp_path / "s", "--num-prompts", 4, "--max-new-tokens", 8)
+    assert r.returncode == 0, r.stderr
+    whole = [ln for ln in (tmp_path / "s" / "sensitivity.csv").read_text().splitlines()
+             if ln.startswith("model.fp8_all,")][0]
+    budget = float(whole.split(",")[8]) * 0.3  # kl_q_p column
+    r = cli("recipe", tmp_path / "s", "--budget", budget, "--out", tmp_path / "r", "--keep-last", 1)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "r" / "recipe.json").read_text())
+    assert meta["measured"] <= budget and meta["kept"]
+    assert all(g.startswith("model.layers.2.") for g in meta["kept"] if meta["kept_scores"][0]["reason"] == "keep")
+    r = cli("capacity", tiny_dirs["qwen3"], "--recipe", tmp_path / "r" / "recipe.yaml", "--kv-cache-memory",
+            1 << 24, "--max-model-len", 256)
+    assert r.returncode == 0, r.stderr
+    assert f"({len([u for g in meta['quantized'] for u in meta['group_units'][g]])} units)" in r.stdout
+    r = cli("recipe", tmp_path / "nowhere", "--budget", 1, "--out", tmp_path / "r2")
+    assert r.returncode == 2 and "is not a finished sweep" in r.stderr
