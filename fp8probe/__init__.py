@@ -13,6 +13,9 @@ from .mismatch import METRICS, mismatch
 from .rollouts import Rollouts, load_rollouts, make_rollouts, save_rollouts
 from .student import Student, Unit, load_student
 from .sweep import sweep
+from .recipe import Recipe, make_recipe, read_recipe_yaml
+from .capacity import capacity
+from .export import export  # llm-compressor itself is imported on first use
 
 __all__ = [
     "__version__",
@@ -31,4 +34,9 @@ __all__ = [
     "mismatch",
     "sweep",
     "measure",
+    "Recipe",
+    "make_recipe",
+    "read_recipe_yaml",
+    "export",
+    "capacity",
 ]

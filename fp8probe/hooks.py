@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .errors import FP8ProbeError
-from .fp8 import KVCacheScheme, QuantSpec, Scheme, compute_scale, dequantize, fake_quant, quantize_weight
+from .fp8 import KVCacheScheme, QuantSpec, Scheme, compute_scale, dequantize, fake_quant, quantize, quantize_weight
 from .student import _is_experts, decoder_layers, list_units
 
 STORAGE_DTYPE = torch.bfloat16  # the checkpoint's dtype: scales and codes are computed in it
@@ -54,31 +54,30 @@ class Calibration:
         return compute_scale(self.input_amax[key].to(STORAGE_DTYPE), spec).float()
 
 
-def _weights_for(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, torch.Tensor]:
-    """Simulated FP8 weights for the named Linear units; per-tensor scales shared over fused groups."""
-    out: dict[str, torch.Tensor] = {}
-    codes_scales = {}
-    for n in names:
-        w = model.get_submodule(n).weight
-        codes_scales[n] = quantize_weight(w, scheme, STORAGE_DTYPE)
+def _checkpoint_codes(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, tuple]:
+    """(FP8 codes, fp32 scale) per named Linear, as vLLM holds them; per-tensor scales shared over fused groups."""
     spec = scheme.weight
+    out = {n: _swap(quantize_weight(model.get_submodule(n).weight, scheme, STORAGE_DTYPE)) for n in names}
     if spec.strategy == "tensor":
         members: dict[str, list[str]] = {}
         for u in list_units(model):
             if u.quantizable:
                 members.setdefault(u.group, []).append(u.name)
         for ns in members.values():
-            if len(ns) > 1 and set(ns) <= set(codes_scales):
+            if len(ns) > 1 and set(ns) <= set(out):
                 # vLLM: one GEMM for the fused group, weights requantized with the largest scale
-                smax = torch.stack([codes_scales[n][1].float() for n in ns]).max().reshape(1)
+                smax = torch.stack([out[n][1] for n in ns]).max().reshape(1)
                 for n in ns:
-                    c, s = codes_scales[n]
-                    out[n] = fake_quant(dequantize(c, s.float(), spec), spec, scale=smax)
-    for n in names:
-        if n not in out:
-            c, s = codes_scales[n]
-            out[n] = dequantize(c, s.float(), spec)
+                    w = dequantize(*out[n], spec)
+                    out[n] = (quantize(w, smax, spec), smax)
     return out
+
+
+def simulated_weights(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC") -> dict[str, torch.Tensor]:
+    """The weights vLLM multiplies with for the named Linear units (codes x scales, exact in fp32)."""
+    scheme = Scheme.from_name(scheme)
+    return {n: dequantize(c, s, scheme.weight).to(model.get_submodule(n).weight.dtype)
+            for n, (c, s) in _checkpoint_codes(model, list(names), scheme).items()}
 
 
 def _expert_forward(mod: nn.Module, scheme: Scheme, quant_in, weights):
@@ -133,12 +132,15 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
         raise FP8ProbeError(f"not quantizable units: {', '.join(sorted(other))}")
     _check_dims(model, linear, experts, scheme)
     try:
-        for n, w in _weights_for(model, linear, scheme).items():
+        # FP8 codes (1 byte per weight) are kept for the duration; each weight is dequantized just before
+        # its module runs and dropped right after, so that a whole-model recipe costs 1 byte per weight
+        # extra instead of a second fp32 copy of the model
+        for n, (codes, scale) in _checkpoint_codes(model, linear, scheme).items():
             mod = model.get_submodule(n)
             restore.append((mod.weight, mod.weight.data))
-            mod.weight.data = w.to(mod.weight.dtype)
-            if not weights_only:
-                handles.append(mod.register_forward_pre_hook(_input_hook(n, scheme, calibration)))
+            handles.append(mod.register_forward_pre_hook(
+                _swap_in_hook(codes, scale, scheme, None if weights_only else _input_quant(n, scheme, calibration))))
+            handles.append(mod.register_forward_hook(_swap_out_hook(mod.weight.data)))
         for n in experts:
             mod = model.get_submodule(n)
             weights = _simulate_experts(mod, scheme)
@@ -177,12 +179,25 @@ def _check_dims(model, linear, experts, scheme: Scheme) -> None:
                             f"{' ...' if len(bad) > 5 else ''}; use FP8_DYNAMIC or keep these units in BF16")
 
 
-def _input_hook(name: str, scheme: Scheme, calibration: Calibration | None):
+def _input_quant(name: str, scheme: Scheme, calibration: Calibration | None):
     spec = scheme.input
     scale = calibration.input_scale(name, spec) if scheme.static_input else None
+    return lambda x: fake_quant(x, spec, scale=scale)
 
+
+def _swap_in_hook(codes, scale, scheme: Scheme, quant_input):
     def hook(module, args):
-        return (fake_quant(args[0], spec, scale=scale),) + tuple(args[1:])
+        module.weight.data = dequantize(codes, scale, scheme.weight).to(module.weight.dtype)
+        if quant_input is not None:
+            return (quant_input(args[0]),) + tuple(args[1:])
+        return None
+
+    return hook
+
+
+def _swap_out_hook(original):
+    def hook(module, args, output):
+        module.weight.data = original
 
     return hook
 

@@ -27,3 +27,55 @@ def capacity_bars(report: dict, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def sensitivity_heatmap(sensitivity, path: str | Path | None = None, metric: str = "kl_q_p"):
+    """Blocks x unit kinds, colour = log10(metric), from a sensitivity.csv (or its DataFrame)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+
+    df = sensitivity if isinstance(sensitivity, pd.DataFrame) else pd.read_csv(sensitivity)
+    df = df[df["kind"] != "model"]
+    table = df.pivot_table(index="kind", columns="block", values=metric, aggfunc="sum")
+    order = [k for k in ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "expert", "kv") if k in table.index]
+    table = table.loc[order]
+    fig, ax = plt.subplots(figsize=(max(6, 0.28 * table.shape[1]), 0.4 * len(order) + 1.2))
+    im = ax.imshow(np.log10(table.clip(lower=1e-12)), aspect="auto", cmap="viridis")
+    ax.set_yticks(range(len(order)), order)
+    ax.set_xticks(range(table.shape[1]), table.columns, fontsize=7)
+    ax.set_xlabel("block")
+    fig.colorbar(im, ax=ax, label=f"log10 {metric}")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig
+
+
+def budget_curve(sensitivity, path: str | Path | None = None, metric: str = "kl_q_p"):
+    """Predicted mismatch (sum of group scores) against weight bytes saved, along the recipe ranking."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .recipe import group_scores, rank_groups
+
+    ranked = rank_groups(group_scores(sensitivity, metric))
+    saved = np.cumsum([0] + [g.bytes_saved for g in ranked]) / 2**20
+    pred = np.cumsum([0] + [g.score for g in ranked])
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(pred, saved, marker=".", markersize=3)
+    ax.set_xscale("symlog", linthresh=max(pred[1], 1e-9))
+    ax.set_xlabel(f"predicted {metric} (sum of group scores)")
+    ax.set_ylabel("weight MiB saved")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig

@@ -12,7 +12,7 @@ import yaml
 from fp8probe.capacity import capacity
 from fp8probe.embedded import embedded_student_dir
 from fp8probe.export import export, read_checkpoint_fp8
-from fp8probe.hooks import quantize_units
+from fp8probe.hooks import simulated_weights
 from fp8probe.recipe import read_recipe_yaml
 from fp8probe.rollouts import make_rollouts
 
@@ -53,8 +53,7 @@ def test_same_codes_as_checkpoint(embedded, exported):
     stored = read_checkpoint_fp8(ckpt)
     assert set(stored) == set(units)  # exactly the recipe's FP8 units, nothing kept BF16 is in FP8
     model = embedded.model
-    with quantize_units(model, units, "FP8_DYNAMIC", weights_only=True):
-        simulated = {n: model.get_submodule(n).weight.detach().clone() for n in units}
+    simulated = simulated_weights(model, units, "FP8_DYNAMIC")
     for n in units:
         w8, scale = stored[n]
         assert w8.dtype == torch.float8_e4m3fn and scale.dtype == torch.bfloat16

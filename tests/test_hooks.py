@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fp8probe.fp8 import Scheme, dequantize, quantize_weight
-from fp8probe.hooks import add_noise, quantize_kv, quantize_units, record_calibration
+from fp8probe.hooks import add_noise, quantize_kv, quantize_units, record_calibration, simulated_weights
 from fp8probe.student import list_units
 
 from conftest import tiny_model
@@ -57,12 +57,10 @@ def test_fp8_fused_group_shares_max_scale():
     with torch.no_grad():
         m.get_submodule(qkv[1]).weight.mul_(4)  # k has the largest scale
     smax = max(quantize_weight(m.get_submodule(n).weight, "FP8")[1].float().item() for n in qkv)
-    with quantize_units(m, qkv, "FP8", weights_only=True):
-        w_q = m.get_submodule(qkv[0]).weight.detach().clone()
+    w_q = simulated_weights(m, qkv, "FP8")[qkv[0]]
     ratio = w_q / smax  # every weight is an e4m3 code times the shared scale
     assert torch.equal(ratio.to(torch.float8_e4m3fn).float(), ratio)
-    with quantize_units(m, qkv[:1], "FP8", weights_only=True):  # alone: its own, finer scale
-        w_alone = m.get_submodule(qkv[0]).weight.detach().clone()
+    w_alone = simulated_weights(m, qkv[:1], "FP8")[qkv[0]]  # alone: its own, finer scale
     assert (w_alone - m.get_submodule(qkv[0]).weight).abs().max() < (w_q - m.get_submodule(qkv[0]).weight).abs().max()
 
 
@@ -92,3 +90,19 @@ def test_kv_hook_sees_post_rope_keys():
     k = attn.k_proj(x).view(1, 9, -1, attn.head_dim).transpose(1, 2)
     _, k_rope = apply_rotary_pos_emb(q, k, *box["pe"])
     assert torch.allclose(seen["k"], k_rope, atol=1e-6)
+
+
+def test_weights_only_forward_uses_simulated_weights():
+    m = tiny_model("llama")
+    names = [u.name for u in list_units(m) if u.quantizable]
+    ids = torch.randint(3, 300, (2, 7))
+    sim = simulated_weights(m, names, "FP8_DYNAMIC")
+    with quantize_units(m, names, "FP8_DYNAMIC", weights_only=True):
+        got = m(ids).logits
+    originals = {n: m.get_submodule(n).weight.data for n in names}
+    for n in names:
+        m.get_submodule(n).weight.data = sim[n]
+    want = m(ids).logits
+    for n in names:
+        m.get_submodule(n).weight.data = originals[n]
+    assert torch.equal(got, want)
