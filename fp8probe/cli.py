@@ -68,6 +68,15 @@ def _add_rollout_args(p: argparse.ArgumentParser, default_prompts: int, default_
     p.add_argument("--rollouts", help="reuse rollouts saved in this directory instead of sampling new ones")
 
 
+def _add_run_args(p: argparse.ArgumentParser, scheme: bool = True) -> None:
+    """What every command that samples or reuses rollouts takes: model, rollouts, --out (and --scheme)."""
+    _add_model_args(p)
+    _add_rollout_args(p, default_prompts=16, default_tokens=48)
+    p.add_argument("--out", required=True, help="output directory")
+    if scheme:
+        p.add_argument("--scheme", default="FP8_DYNAMIC", help="FP8, FP8_DYNAMIC or FP8_BLOCK (default: FP8_DYNAMIC)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fp8probe", description="Per-layer FP8 sensitivity and mismatch-budgeted "
                                  "FP8 recipes for RL / on-policy-distillation students.")
@@ -79,10 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="quantize one unit at a time, score the mismatch (the main job)",
                        epilog=EPILOG_SWEEP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_model_args(p)
-    _add_rollout_args(p, default_prompts=16, default_tokens=48)
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--scheme", default="FP8_DYNAMIC", help="FP8, FP8_DYNAMIC or FP8_BLOCK (default: FP8_DYNAMIC)")
+    _add_run_args(p)
     p.add_argument("--granularity", default="unit", choices=["unit", "group"],
                    help="one row per Linear (unit) or per fused group as vLLM loads it (group)")
     p.add_argument("--no-kv", action="store_true", help="skip the per-layer FP8 KV-cache rows")
@@ -91,16 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("measure", help="whole-model mismatch of one scheme (and FP8 KV) on the rollouts",
                        epilog=EPILOG_MEASURE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_model_args(p)
-    _add_rollout_args(p, default_prompts=16, default_tokens=48)
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--scheme", default="FP8_DYNAMIC", help="FP8, FP8_DYNAMIC or FP8_BLOCK (default: FP8_DYNAMIC)")
+    _add_run_args(p)
     p.add_argument("--kv-cache-dtype", default=None, help="also put the KV cache in fp8 / fp8_e5m2")
 
     p = sub.add_parser("rollouts", help="sample the student's own rollouts and save them")
-    _add_model_args(p)
-    _add_rollout_args(p, default_prompts=16, default_tokens=48)
-    p.add_argument("--out", required=True, help="output directory")
+    _add_run_args(p, scheme=False)
 
     p = sub.add_parser("recipe", help="pick the FP8 recipe that saves the most under a mismatch budget",
                        epilog=EPILOG_RECIPE, formatter_class=argparse.RawDescriptionHelpFormatter)
