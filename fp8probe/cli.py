@@ -467,7 +467,7 @@ def format_capacity(rep: dict) -> str:
     row("KV memory", "kv_memory_bytes", lambda v: f"{v / GiB:.2f} GiB")
     row("KV blocks", "num_blocks", lambda v: f"{v:,}")
     row("KV tokens", "kv_tokens", lambda v: f"{v:,}", ratio=True)
-    row(f"max concurrency", "max_concurrency", lambda v: f"{v:.2f}x", ratio=True)
+    row("max concurrency", "max_concurrency", lambda v: f"{v:.2f}x", ratio=True)
     return "\n".join(lines)
 
 

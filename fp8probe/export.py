@@ -16,7 +16,6 @@ compressed. Beside it:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil

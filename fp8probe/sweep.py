@@ -25,11 +25,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from .errors import FP8ProbeError
-from .fp8 import KVCacheScheme, Scheme, fake_quant, num_scales
+from .fp8 import KVCacheScheme, Scheme, num_scales
 from .hooks import quantize_kv, quantize_units
 from .mismatch import METRICS, summarize
 from .reference import Reference
