@@ -80,7 +80,7 @@ def simulated_weights(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYN
             for n, (c, s) in _checkpoint_codes(model, list(names), scheme).items()}
 
 
-def _expert_forward(mod: nn.Module, scheme: Scheme, quant_in, weights):
+def _expert_forward(mod: nn.Module, quant_in, weights):
     """A forward for transformers' fused-experts modules with FP8 weights and quantized expert inputs."""
     gate_up, down = weights
 
@@ -152,7 +152,7 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
                 return fake_quant(x, scheme.input, scale=scale)
 
             restore.append((mod, "forward"))
-            mod.forward = _expert_forward(mod, scheme, quant_in, weights)
+            mod.forward = _expert_forward(mod, quant_in, weights)
         yield
     finally:
         for h in handles:
@@ -332,7 +332,7 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
                     return x
 
                 restore.append(mod)
-                mod.forward = _expert_forward(mod, Scheme.from_name("FP8_DYNAMIC"), rec,
+                mod.forward = _expert_forward(mod, rec,
                                               (mod.gate_up_proj, mod.down_proj))
 
         def kv_rec(i):

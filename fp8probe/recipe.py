@@ -266,13 +266,8 @@ class RecipeSpec:
     kv_cache: dict | None
 
     def is_ignored(self, name: str) -> bool:
-        for pat in self.ignore:
-            if pat.startswith("re:"):
-                if re.match(pat[3:], name):
-                    return True
-            elif name == pat or name.endswith("." + pat) and pat == "lm_head":
-                return True
-        return False
+        """compressed-tensors' rule for module names: "re:" patterns match from the start, others exactly."""
+        return any(re.match(p[3:], name) if p.startswith("re:") else name == p for p in self.ignore)
 
     def quantized_units(self, model) -> list:
         from .student import list_units
