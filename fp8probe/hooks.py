@@ -216,10 +216,10 @@ def _attention_modules(model: nn.Module) -> dict[int, nn.Module]:
     return out
 
 
-_ROUTED: dict[str, object] = {}  # implementation name -> the function it had before we wrapped it
+_ROUTED: set[str] = set()  # implementation names wrapped right now (nesting is refused)
 
 
-def _kv_attention_for(impl: str, original):
+def _kv_attention_for(original):
     """Attention that fake-quantizes K/V of flagged layers, then calls the model's own implementation."""
 
     def attention(module, query, key, value, attention_mask, **kwargs):
@@ -252,8 +252,8 @@ def _route_attention(model: nn.Module, actions: dict[int, object]):
     try:
         for impl in impls:
             original = registry[impl] if impl in registry else None  # None: the module's own eager function
-            _ROUTED[impl] = original
-            local[impl] = _kv_attention_for(impl, original)
+            _ROUTED.add(impl)
+            local[impl] = _kv_attention_for(original)
         for i, m in attn.items():
             if i in actions:
                 m._fp8probe_kv = actions[i]
@@ -264,7 +264,7 @@ def _route_attention(model: nn.Module, actions: dict[int, object]):
                 local.pop(impl, None)
             else:
                 local[impl] = saved[impl]
-            _ROUTED.pop(impl, None)
+            _ROUTED.discard(impl)
         for m in attn.values():
             if hasattr(m, "_fp8probe_kv"):
                 del m._fp8probe_kv

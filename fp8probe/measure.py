@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .fp8 import KVCacheScheme, Scheme
+from .mismatch import METRICS
 from .reference import Reference
 from .sweep import Row, measure_row
 
@@ -22,5 +23,4 @@ def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, refere
     start = 0 if kv_layers else (min(blocks) if blocks else n_layers - 1)
     row = Row("measure", "model", -1, "model", 0, 0, 0, start, names, kv_layers)
     result = measure_row(reference, student, row, scheme, kv_scheme)
-    return {k: result[k] for k in result if k not in ("unit", "kind", "block", "group", "params", "bytes_saved",
-                                                       "kv_bytes_saved_per_token", "sqnr_db")}
+    return {k: result[k] for k in METRICS}

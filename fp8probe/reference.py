@@ -53,7 +53,7 @@ class Reference:
                 tokens.append(rec["tokens"])
                 self.batches.append(rec)
         self.calibration: Calibration | None = cal
-        # [M, V] fp32 reference log-probs (and probabilities) of the rows that predict response tokens
+        # [M, V] fp32 reference log-probs of the rows that predict response tokens
         self.rows = RefRows.from_logp(torch.cat(logps), torch.cat(tokens))
         self.num_tokens = int(rollouts.attention_mask.sum())
         self.seconds = time.perf_counter() - t0
