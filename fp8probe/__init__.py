@@ -4,7 +4,7 @@ Importing the package touches no device and configures no logging; transformers 
 inside the functions that need them.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.1"
 
 from .errors import FP8ProbeError
 from .fp8 import KVCacheScheme, Scheme, fake_quant

@@ -1,12 +1,17 @@
 """Writing output files so that a failed or killed command leaves nothing half-written behind.
 
-Every file is written to a temporary name beside its target and renamed into place (atomic on POSIX).
-`output_dir` creates the output directory and, if the command fails, removes what it created, except
-the resume state (`*.partial.*`), which exists precisely to survive a crash.
+Every file is written to a temporary name beside its target and renamed into place (atomic on POSIX):
+a full disk or a kill mid-write leaves the previous version (or nothing), never half a file.
+`output_dir` creates the output directory, holds a lock on it (a second command writing into the same
+directory is refused while the first runs; the kernel drops the lock when a process dies, even by
+SIGKILL), and, if the command fails, removes what it created, except the resume state (`*.partial.*`),
+which exists precisely to survive a crash. When resume state survives, the exception carries the
+directory in `resumable_dir`, so the CLI can say "rerun with --resume".
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -54,9 +59,16 @@ def check_writable(path: str | Path) -> Path:
     return p
 
 
+LOCK = ".fp8probe.lock"
+
+
+def is_resume_state(path: Path) -> bool:
+    return ".partial." in path.name
+
+
 @contextmanager
 def output_dir(path: str | Path, keep: tuple[str, ...] = ()):
-    """Create `path` for a command's outputs; on failure remove what this command added to it.
+    """Create `path` for a command's outputs, locked; on failure remove what this command added to it.
 
     Resume state survives: files named *.partial.*, and the `keep` names when such a file exists.
     """
@@ -66,19 +78,47 @@ def output_dir(path: str | Path, keep: tuple[str, ...] = ()):
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise FP8ProbeError(f"cannot create output directory {path}: {e.strerror}; choose another --out") from e
+    lock = _lock(p)
     before = set(p.iterdir())
     try:
         yield p
-    except BaseException:
-        added = [x for x in p.iterdir() if x not in before]
-        resumable = any(".partial." in x.name for x in p.iterdir())
+    except BaseException as e:
+        added = [x for x in p.iterdir() if x not in before and x.name != LOCK]
+        resumable = any(is_resume_state(x) for x in p.iterdir())
         for x in added:
-            if ".partial." in x.name or (resumable and x.name in keep):
+            if is_resume_state(x) or (resumable and x.name in keep):
                 continue
             shutil.rmtree(x) if x.is_dir() else x.unlink()
+        if resumable:
+            e.resumable_dir = str(p)
+        _unlock(p, lock)
         if created and not any(p.iterdir()):
             p.rmdir()
         raise
+    _unlock(p, lock)
+
+
+def _lock(p: Path):
+    """An exclusive, non-blocking flock on DIR/.fp8probe.lock; refuse when another command holds it."""
+    while True:
+        f = open(p / LOCK, "a")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise FP8ProbeError(f"another fp8probe command is writing into {p} right now; wait for it to finish "
+                                "or choose another --out") from None
+        try:
+            if os.fstat(f.fileno()).st_ino == os.stat(p / LOCK).st_ino:
+                return f  # still the file on disk, not one the previous holder unlinked on its way out
+        except FileNotFoundError:
+            pass
+        f.close()
+
+
+def _unlock(p: Path, f) -> None:
+    (p / LOCK).unlink(missing_ok=True)
+    f.close()
 
 
 def bar_interval() -> float:

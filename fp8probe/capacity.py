@@ -73,7 +73,7 @@ def gpu_bytes(name: str) -> int:
     return GPUS[key] * (1 << 20)
 
 
-def load_config_only(model: str | None, trust_remote_code: bool = False):
+def load_config_only(model: str | None, trust_remote_code: bool = False, allow_pickle: bool = False):
     """A config from a model dir / id / .gguf, a bare config.json, or a directory holding only one."""
     from transformers import AutoConfig
 
@@ -83,18 +83,20 @@ def load_config_only(model: str | None, trust_remote_code: bool = False):
             import json
 
             try:
-                d = json.loads(p.read_text())
-            except json.JSONDecodeError as e:
-                raise FP8ProbeError(f"{model} is not valid JSON ({e.msg})") from e
-            if "model_type" not in d:
+                d = json.loads(p.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise FP8ProbeError(f"{model} is not valid JSON ({e}); pass a Hugging Face config.json") from e
+            if not isinstance(d, dict) or "model_type" not in d:
                 raise FP8ProbeError(f"{model} has no model_type; pass a Hugging Face config.json")
+            from .student import one_line
+
             try:
                 return AutoConfig.for_model(**d)
-            except (ValueError, KeyError) as e:
-                raise FP8ProbeError(f"{model}: {e}") from e
+            except Exception as e:  # transformers validates configs with assorted exception types
+                raise FP8ProbeError(f"{model} is not a config transformers accepts: {one_line(e)}") from e
     from .student import load_config
 
-    return load_config(model, trust_remote_code)
+    return load_config(model, trust_remote_code, allow_pickle)
 
 
 def _text_config(cfg):

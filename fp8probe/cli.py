@@ -1,20 +1,26 @@
 """fp8probe command line: a thin layer that parses arguments and calls the library.
 
-Bad input -> one line on stderr starting with "fp8probe: error:", exit code 2, no half-written output.
+Whatever goes wrong reaches the user as one line on stderr, `fp8probe: error: ...`, that says what to do,
+with the exit codes of errors.py: 2 for bad input, a missing extra or a refusing environment (full disk,
+no permission), 1 for a bug in fp8probe, 130 when interrupted. The traceback only with --verbose. Output
+is validated before anything is created, and a failed command leaves no half-written output.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import errno
 import logging
+import math
 import platform
+import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from . import __version__
-from .errors import FP8ProbeError
+from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, FP8ProbeError
 
 log = logging.getLogger("fp8probe")
 
@@ -47,6 +53,40 @@ EPILOG_MEASURE = """examples:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line that points at --help, like every other error."""
+
+    def error(self, message: str):
+        print(f"fp8probe: error: {message}; see `{self.prog} --help`", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _number(kind, low=None, low_open=False, high=None, what=""):
+    """An argparse type: a finite int/float within bounds, with a message that says what is allowed."""
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if kind is float and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if low is not None and (v <= low if low_open else v < low):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>' if low_open else '>='} {low}{what}")
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError(f"{text} must be <= {high}{what}")
+        return v
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE_INT = _number(int, low=1)
+NONNEG_INT = _number(int, low=0)
+NONNEG_FLOAT = _number(float, low=0.0)
+POSITIVE_FLOAT = _number(float, low=0.0, low_open=True)
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="HF directory, model id in the local HF cache, .gguf file; default: the embedded "
@@ -54,17 +94,25 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dtype", default="float32", help="compute dtype (default: float32; bf16 is slow on CPU)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code (off by default)")
+    _add_pickle_arg(p)
+
+
+def _add_pickle_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="load .bin/.pt weights with torch.load(weights_only=True); by default only safetensors "
+                        "and GGUF are read (never unpickled)")
 
 
 def _add_rollout_args(p: argparse.ArgumentParser, default_prompts: int, default_tokens: int) -> None:
     p.add_argument("--prompts", help="prompts file: text (one per line) or JSONL with a 'prompt' field")
-    p.add_argument("--num-prompts", type=int, default=default_prompts,
+    p.add_argument("--num-prompts", type=POSITIVE_INT, default=default_prompts,
                    help=f"use the first N prompts (default: {default_prompts})")
-    p.add_argument("--max-new-tokens", type=int, default=default_tokens,
+    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=default_tokens,
                    help=f"response length cap (default: {default_tokens})")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default: 8)")
+    p.add_argument("--seed", type=NONNEG_INT, default=0, help="sampling seed (default: 0)")
+    p.add_argument("--temperature", type=NONNEG_FLOAT, default=1.0,
+                   help="sampling temperature; 0 is greedy (default: 1.0)")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="sequences per forward (default: 8)")
     p.add_argument("--rollouts", help="reuse rollouts saved in this directory instead of sampling new ones")
 
 
@@ -74,11 +122,27 @@ def _add_run_args(p: argparse.ArgumentParser, scheme: bool = True) -> None:
     _add_rollout_args(p, default_prompts=16, default_tokens=48)
     p.add_argument("--out", required=True, help="output directory")
     if scheme:
-        p.add_argument("--scheme", default="FP8_DYNAMIC", help="FP8, FP8_DYNAMIC or FP8_BLOCK (default: FP8_DYNAMIC)")
+        p.add_argument("--scheme", default="FP8_DYNAMIC", help=f"{_schemes()} (default: FP8_DYNAMIC)")
+
+
+def _schemes() -> str:
+    from .fp8 import PRESETS
+
+    return ", ".join(PRESETS)
+
+
+def _kv_dtypes() -> str:
+    from .fp8 import KV_CACHE_DTYPES
+
+    return ", ".join(KV_CACHE_DTYPES)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fp8probe", description="Per-layer FP8 sensitivity and mismatch-budgeted "
+    from .capacity import GPUS
+    from .fp8 import KV_CACHE_DTYPES
+    from .mismatch import METRICS
+
+    ap = _Parser(prog="fp8probe", description="Per-layer FP8 sensitivity and mismatch-budgeted "
                                  "FP8 recipes for RL / on-policy-distillation students.")
     ap.add_argument("--version", action="version", version=f"fp8probe {__version__}")
     verb = ap.add_mutually_exclusive_group()
@@ -92,13 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--granularity", default="unit", choices=["unit", "group"],
                    help="one row per Linear (unit) or per fused group as vLLM loads it (group)")
     p.add_argument("--no-kv", action="store_true", help="skip the per-layer FP8 KV-cache rows")
-    p.add_argument("--kv-cache-dtype", default="fp8", help="fp8 (e4m3) or fp8_e5m2 for the KV rows (default: fp8)")
+    p.add_argument("--kv-cache-dtype", default="fp8", help=f"KV rows in {_kv_dtypes()} (default: fp8 = e4m3)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep in --out")
 
     p = sub.add_parser("measure", help="whole-model mismatch of one scheme (and FP8 KV) on the rollouts",
                        epilog=EPILOG_MEASURE, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_args(p)
-    p.add_argument("--kv-cache-dtype", default=None, help="also put the KV cache in fp8 / fp8_e5m2")
+    p.add_argument("--kv-cache-dtype", default=None, help=f"also put the KV cache in FP8: {_kv_dtypes()}")
 
     p = sub.add_parser("rollouts", help="sample the student's own rollouts and save them")
     _add_run_args(p, scheme=False)
@@ -106,16 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("recipe", help="pick the FP8 recipe that saves the most under a mismatch budget",
                        epilog=EPILOG_RECIPE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_dir", help="a directory written by `fp8probe sweep`")
-    p.add_argument("--budget", type=float, required=True, help="largest allowed measured mismatch of the recipe")
-    p.add_argument("--metric", default="kl_q_p", help="sensitivity column the budget bounds (default: kl_q_p)")
+    p.add_argument("--budget", type=NONNEG_FLOAT, required=True, help="largest allowed measured mismatch of the recipe")
+    p.add_argument("--metric", default="kl_q_p", choices=METRICS, metavar="METRIC",
+                   help="the metric the budget bounds (default: kl_q_p); one of " + ", ".join(METRICS))
     p.add_argument("--out", required=True, help="output directory for recipe.yaml and recipe.json")
     p.add_argument("--kv-cache-scheme", choices=["fp8"], help="also put the KV cache in FP8 (counts in the budget)")
-    p.add_argument("--keep-first", type=int, default=0, help="keep the first N blocks in BF16")
-    p.add_argument("--keep-last", type=int, default=0, help="keep the last N blocks in BF16")
+    p.add_argument("--keep-first", type=NONNEG_INT, default=0, help="keep the first N blocks in BF16")
+    p.add_argument("--keep-last", type=NONNEG_INT, default=0, help="keep the last N blocks in BF16")
     p.add_argument("--keep", nargs="*", default=[], help="units or groups to keep in BF16")
     p.add_argument("--force", nargs="*", default=[], help="units or groups to put in FP8 regardless")
     p.add_argument("--device", default="cpu")
     p.add_argument("--trust-remote-code", action="store_true")
+    _add_pickle_arg(p)
 
     p = sub.add_parser("export", help="apply a recipe with llm-compressor; write a checkpoint vLLM loads",
                        epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", required=True, help="recipe.yaml")
     p.add_argument("--out", required=True, help="checkpoint directory (must not exist or be empty)")
     p.add_argument("--rollouts", help="calibration data for static input scales / a kv_cache_scheme (a sweep dir)")
-    p.add_argument("--max-model-len", type=int, help="written into vllm.yaml / vllm_args.json")
+    p.add_argument("--max-model-len", type=POSITIVE_INT, help="written into vllm.yaml / vllm_args.json")
     p.add_argument("--trust-remote-code", action="store_true")
+    _add_pickle_arg(p)
 
     p = sub.add_parser("capacity", help="KV-cache tokens and concurrency, BF16 vs FP8, as vLLM accounts them",
                        epilog=EPILOG_CAPACITY, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,23 +200,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: the embedded student")
     p.add_argument("--recipe", help="recipe.yaml written by `fp8probe recipe` (default: every unit in --scheme)")
     p.add_argument("--scheme", default="FP8_DYNAMIC", help="whole-model scheme when no --recipe (default: FP8_DYNAMIC)")
-    p.add_argument("--kv-cache-dtype", default="fp8", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+    p.add_argument("--kv-cache-dtype", default="fp8", choices=["auto", *KV_CACHE_DTYPES],
                    help="the candidate's KV-cache dtype (default: fp8; the baseline is always auto)")
     gpu = p.add_mutually_exclusive_group()
-    gpu.add_argument("--gpu", default="H100", help="GPU preset: H100, H200, A100-40GB, A100-80GB, L40S, B200, RTX4090")
-    gpu.add_argument("--gpu-memory", type=float, help="GPU memory in GiB (instead of --gpu)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--kv-cache-memory", type=int, help="KV-cache bytes per GPU, as vLLM's --kv-cache-memory "
+    gpu.add_argument("--gpu", default="H100", help=f"GPU preset: {', '.join(GPUS)} (default: H100)")
+    gpu.add_argument("--gpu-memory", type=POSITIVE_FLOAT, help="GPU memory in GiB (instead of --gpu)")
+    p.add_argument("--gpu-memory-utilization", type=_number(float, low=0.0, low_open=True, high=1.0), default=0.9)
+    p.add_argument("--kv-cache-memory", type=POSITIVE_INT, help="KV-cache bytes per GPU, as vLLM's --kv-cache-memory "
                    "(skips the memory estimate)")
-    p.add_argument("--max-model-len", type=int, help="default: the config's max_position_embeddings")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=16, help="16 on GPUs, 128 on vLLM's CPU backend")
-    p.add_argument("--reserve-gib", type=float, help="activation + non-torch memory to set aside (default: estimate)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=POSITIVE_INT, help="default: the config's max_position_embeddings")
+    p.add_argument("--tensor-parallel-size", type=POSITIVE_INT, default=1)
+    p.add_argument("--block-size", type=POSITIVE_INT, default=16, help="16 on GPUs, 128 on vLLM's CPU backend")
+    p.add_argument("--reserve-gib", type=NONNEG_FLOAT,
+                   help="activation + non-torch memory to set aside (default: estimate)")
+    p.add_argument("--max-num-batched-tokens", type=POSITIVE_INT, default=8192)
+    p.add_argument("--max-num-seqs", type=POSITIVE_INT, default=256)
     p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                    help="allocate sliding-window layers as full attention, as vLLM does with this flag")
     p.add_argument("--trust-remote-code", action="store_true")
+    _add_pickle_arg(p)
     p.add_argument("--out", help="write DIR/capacity.json")
     p.add_argument("--plot", action="store_true", help="with --out, also DIR/capacity.png")
 
@@ -158,28 +227,71 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+COMMANDS = ("sweep", "measure", "rollouts", "recipe", "export", "capacity", "units")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.command is None:
         ap.print_help()
-        return 2
+        return EXIT_USAGE
     _setup_logging(args)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        return {"sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "units": cmd_units,
-                "capacity": cmd_capacity, "recipe": cmd_recipe, "export": cmd_export}[
-            args.command](args)
+        return globals()[f"cmd_{args.command}"](args)
+    except KeyboardInterrupt as e:
+        where = getattr(e, "resumable_dir", None)
+        tail = (f"finished rows are kept in {where}: rerun the same command with --resume to continue"
+                if where else "nothing was written")
+        return _fail(args, f"interrupted; {tail}", EXIT_INTERRUPTED, show_traceback=False)
     except FP8ProbeError as e:
-        print(f"fp8probe: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("fp8probe: interrupted; rerun with --resume to continue", file=sys.stderr)
-        return 130
+        return _fail(args, _with_resume_hint(str(e), e), EXIT_USAGE)
+    except OSError as e:
+        return _fail(args, _with_resume_hint(_os_error(e), e), EXIT_USAGE)
+    except MemoryError as e:
+        return _fail(args, _with_resume_hint("out of memory; use a smaller --batch-size, fewer prompts or "
+                                             "a machine with more memory", e), EXIT_USAGE)
+    except Exception as e:  # a bug: say so, briefly; --verbose has the traceback
+        msg = str(e).splitlines()[0] if str(e) else ""
+        return _fail(args, _with_resume_hint(
+            f"internal error ({type(e).__name__}: {msg[:300]}); this is a bug in fp8probe: please report it "
+            "with the output of the same command run with --verbose", e), EXIT_INTERNAL)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM stops as cleanly as Ctrl-C: resume state kept, the rest removed
+
+
+def _fail(args, message: str, code: int, show_traceback: bool = True) -> int:
+    if show_traceback and getattr(args, "verbose", False):
+        traceback.print_exc()
+    print(f"fp8probe: error: {message}", file=sys.stderr)
+    return code
+
+
+def _with_resume_hint(message: str, e: BaseException) -> str:
+    where = getattr(e, "resumable_dir", None)
+    if where and "--resume" not in message:
+        return f"{message}; the rows finished so far are kept in {where}: rerun with --resume once fixed"
+    return message
+
+
+def _os_error(e: OSError) -> str:
+    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    if e.errno == errno.ENOSPC:
+        return f"no space left on device{where}; earlier results are intact: free some space and rerun"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"permission denied{where}: {e.strerror}; choose another --out or fix the permissions"
+    return f"{e.strerror or e}{where}; check the path and rerun"
 
 
 def _setup_logging(args) -> None:
     level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("fp8probe").setLevel(level)
     args.progress = not args.quiet
     if not args.verbose:
         import warnings
@@ -199,32 +311,45 @@ def _setup_logging(args) -> None:
 
 
 def _validate_common(args) -> None:
-    """Check everything that can be checked before loading a model, so bad input fails in a second."""
+    """Check everything the arguments and the model's config allow before any output exists, so that bad
+    input fails in seconds and leaves nothing behind."""
     from ._files import check_writable
     from .fp8 import KVCacheScheme, Scheme
     from .rollouts import read_prompts
-    from .student import resolve_source
 
-    if getattr(args, "scheme", None):
-        Scheme.from_name(args.scheme)
+    scheme = Scheme.from_name(args.scheme) if getattr(args, "scheme", None) else None
+    if hasattr(args, "device"):
+        from .student import check_device, parse_dtype
+
+        check_device(args.device)
+        parse_dtype(args.dtype)
     if getattr(args, "kv_cache_dtype", None):
         KVCacheScheme.from_name(args.kv_cache_dtype)
     if getattr(args, "prompts", None):
         read_prompts(args.prompts)
+    rollouts = None
     if getattr(args, "rollouts", None):
         from .rollouts import load_rollouts
 
-        load_rollouts(args.rollouts)
-    if getattr(args, "num_prompts", 1) is not None and getattr(args, "num_prompts", 1) < 1:
-        raise FP8ProbeError("--num-prompts must be at least 1")
-    if getattr(args, "max_new_tokens", 1) < 1:
-        raise FP8ProbeError("--max-new-tokens must be at least 1")
-    if getattr(args, "batch_size", 1) < 1:
-        raise FP8ProbeError("--batch-size must be at least 1")
-    if args.model is not None:
-        resolve_source(args.model)  # a missing path or a broken GGUF fails here
+        rollouts = load_rollouts(args.rollouts)
     if getattr(args, "out", None):
         check_writable(args.out)
+    cfg = _config(args)  # a missing path, a broken GGUF, an unsupported architecture fail here
+    if scheme is not None:
+        from .capacity import meta_model
+        from .student import input_dim, list_units
+
+        scheme.check_input_dims({u.name: input_dim(u) for u in list_units(meta_model(cfg)) if u.quantizable})
+    if rollouts is not None:
+        rollouts.check_fits(cfg, args.rollouts)
+
+
+def _config(args):
+    from .student import check_supported, load_config
+
+    cfg = load_config(args.model, args.trust_remote_code, args.allow_pickle)
+    check_supported(cfg)
+    return cfg
 
 
 def _load(args):
@@ -232,7 +357,8 @@ def _load(args):
 
     t = time.perf_counter()
     log.info("loading %s", args.model or "the embedded student (smollm2-135m)")
-    s = load_student(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    s = load_student(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                     allow_pickle=args.allow_pickle)
     return s, time.perf_counter() - t
 
 
@@ -267,13 +393,15 @@ def _versions() -> dict:
 
 
 def cmd_sweep(args) -> int:
-    from ._files import atomic_write_json, atomic_write_text, output_dir
-    from .sweep import PARTIAL, PARTIAL_SETTINGS, sweep
+    from ._files import atomic_write_text, output_dir
+    from .runs import RUN_FILE, TABLE, write_run
+    from .sweep import PARTIAL, PARTIAL_SETTINGS, check_resume_state, sweep
 
     _validate_common(args)
     out = Path(args.out)
-    if not args.resume and (out / PARTIAL).exists():
-        raise FP8ProbeError(f"{out} holds an unfinished sweep; pass --resume to continue it, or choose another --out")
+    check_resume_state(out, args.resume)
+    if not args.resume and (out / RUN_FILE).exists():
+        raise FP8ProbeError(f"{out} holds a finished sweep already; choose another --out (or delete it first)")
     t0 = time.perf_counter()
     with output_dir(out, keep=("rollouts.safetensors", "rollouts.json")) as out:
         student, t_load = _load(args)
@@ -285,9 +413,8 @@ def cmd_sweep(args) -> int:
                    kv=args.kv_cache_dtype, batch_size=args.batch_size, progress=args.progress, out_dir=out,
                    resume=args.resume)
         t_sweep = time.perf_counter() - t
-        atomic_write_text(out / "sensitivity.csv", df.to_csv(index=False, float_format="%.17g"))
-        run = {
-            "schema_version": 1,
+        atomic_write_text(out / TABLE, df.to_csv(index=False, float_format="%.17g"))
+        write_run(out, {
             "command": "sweep",
             "model": student.name,
             "model_path": student.path,
@@ -308,8 +435,7 @@ def cmd_sweep(args) -> int:
                         "reference": round(df.attrs.get("reference_seconds", 0.0), 3),
                         "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)},
             "versions": _versions(),
-        }
-        atomic_write_json(out / "run.json", run)
+        })
         for f in (PARTIAL, PARTIAL_SETTINGS):
             (out / f).unlink(missing_ok=True)
     _print_sweep_summary(df, out, time.perf_counter() - t0)
@@ -369,22 +495,21 @@ def cmd_recipe(args) -> int:
     from ._files import check_writable, output_dir
     from .recipe import make_recipe
     from .rollouts import load_rollouts
+    from .runs import read_sweep
     from .student import load_student
 
-    sweep_dir = Path(args.sweep_dir)
-    run_file, table = sweep_dir / "run.json", sweep_dir / "sensitivity.csv"
-    if not run_file.is_file() or not table.is_file():
-        raise FP8ProbeError(f"{sweep_dir} is not a finished sweep (no run.json / sensitivity.csv); run `fp8probe sweep`")
-    run = json.loads(run_file.read_text())
-    rollouts = load_rollouts(sweep_dir)
+    run = read_sweep(args.sweep_dir)
+    rollouts = load_rollouts(args.sweep_dir)
     check_writable(args.out)
     t0 = time.perf_counter()
-    student = load_student(None if run["model"] == "smollm2-135m" else run["model_path"], device=args.device,
-                           dtype=run.get("dtype", "float32"), trust_remote_code=args.trust_remote_code)
-    recipe = make_recipe(table, args.budget, student, rollouts, scheme=run["scheme"], metric=args.metric,
+    student = load_student(run.model_source, device=args.device, dtype=run.run.get("dtype", "float32"),
+                           trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
+    run.check_student(student)
+    rollouts.check_fits(student.model.config, f"the rollouts of {args.sweep_dir}")
+    recipe = make_recipe(run.table, args.budget, student, rollouts, scheme=run.run["scheme"], metric=args.metric,
                          kv_cache=args.kv_cache_scheme, keep_first=args.keep_first, keep_last=args.keep_last,
-                         keep=args.keep, force=args.force, batch_size=run.get("batch_size", 8),
-                         sweep_dir=str(sweep_dir.resolve()))
+                         keep=args.keep, force=args.force, batch_size=run.run["batch_size"],
+                         sweep_dir=str(run.directory.resolve()))
     with output_dir(args.out) as out:
         recipe.write(out)
     total = len(recipe.quantized) + len(recipe.kept)
@@ -402,7 +527,7 @@ def cmd_export(args) -> int:
     rollouts = load_rollouts(args.rollouts) if args.rollouts else None
     t0 = time.perf_counter()
     out = export(args.model, args.recipe, args.out, rollouts=rollouts, max_model_len=args.max_model_len,
-                 trust_remote_code=args.trust_remote_code)
+                 trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     print(f"export: compressed-tensors checkpoint in {time.perf_counter() - t0:.0f} s -> {out} "
           f"(vllm serve {out} --config {out / 'vllm.yaml'})")
     return 0
@@ -410,24 +535,29 @@ def cmd_export(args) -> int:
 
 def cmd_capacity(args) -> int:
     from ._files import atomic_write_json, check_writable, output_dir
-    from .capacity import GiB, Precision, capacity, load_config_only, meta_model
+    from .capacity import GiB, Precision, capacity, gpu_bytes, load_config_only, meta_model
     from .fp8 import Scheme
 
-    if args.out:
-        check_writable(args.out)
     if args.plot and not args.out:
         raise FP8ProbeError("--plot needs --out DIR")
-    cfg = load_config_only(args.model, args.trust_remote_code)
+    if args.out:
+        check_writable(args.out)
+    if args.gpu_memory is None and args.kv_cache_memory is None:
+        gpu_bytes(args.gpu)
+    scheme = Scheme.from_name(args.scheme)
+    cfg = load_config_only(args.model, args.trust_remote_code, args.allow_pickle)
+    meta = meta_model(cfg)
     if args.recipe:
         from .recipe import read_recipe_yaml
 
-        precision = read_recipe_yaml(args.recipe).precision(meta_model(cfg))
+        spec = read_recipe_yaml(args.recipe)
+        spec.check_model(meta, args.recipe)
+        precision = spec.precision(meta)
     else:
         from .student import list_units
 
-        precision = Precision(Scheme.from_name(args.scheme),
-                              frozenset(u.name for u in list_units(meta_model(cfg)) if u.quantizable),
-                              Scheme.from_name(args.scheme).static_input)
+        precision = Precision(scheme, frozenset(u.name for u in list_units(meta) if u.quantizable),
+                              scheme.static_input)
     rep = capacity(cfg, precision, kv_cache_dtype=args.kv_cache_dtype, gpu=args.gpu, gpu_memory_gib=args.gpu_memory,
                    gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory=args.kv_cache_memory,
                    max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,

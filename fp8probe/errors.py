@@ -1,7 +1,19 @@
-"""The one exception type that means "the user gave us something we cannot use".
+"""The exceptions that mean "the user gave us something we cannot use", and the CLI's exit codes.
 
-The CLI turns it into a one-line message and exit code 2; library callers can catch it.
+The CLI turns each into one line `fp8probe: error: ...` and an exit code; library callers can catch them.
+
+Exit codes (the README's table):
+
+    0    success
+    1    an internal error: a bug in fp8probe (the line asks for a report; --verbose shows the traceback)
+    2    bad input, a missing optional dependency, or the environment refused (disk full, no permission)
+    130  interrupted (SIGINT / SIGTERM); a sweep keeps its finished rows for --resume
 """
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class FP8ProbeError(Exception):
@@ -9,3 +21,11 @@ class FP8ProbeError(Exception):
 
     The message says what is wrong and what to do instead.
     """
+
+
+class MissingExtra(FP8ProbeError, ImportError):
+    """An optional dependency is not installed; the message names the `pip install` that brings it."""
+
+    def __init__(self, what: str, extra: str):
+        super().__init__(f"{what} needs the optional extra [{extra}]: pip install 'fp8probe[{extra}]'")
+        self.extra = extra

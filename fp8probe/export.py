@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import FP8ProbeError
+from .errors import FP8ProbeError, MissingExtra
 from .recipe import RecipeSpec, read_recipe_yaml
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 def check_vllm_loadable(model, spec: RecipeSpec) -> None:
     """Refuse, naming the units, what vLLM cannot load: split fused groups, mixed experts, bad shapes."""
-    from .student import list_units
+    from .student import input_dim, list_units
 
     units = [u for u in list_units(model) if u.quantizable]
     fp8 = {u.name for u in spec.quantized_units(model)}
@@ -53,6 +53,7 @@ def check_vllm_loadable(model, spec: RecipeSpec) -> None:
         if len(states) > 1:
             raise FP8ProbeError(f"the recipe gives the experts of {u.name} different precisions; vLLM runs all "
                                 "experts of a layer with one scheme")
+    spec.scheme.check_input_dims({u.name: input_dim(u) for u in units if u.name in fp8})
     if spec.scheme.weight.strategy == "block":
         bn, bk = spec.scheme.weight.block
         bad = []
@@ -60,10 +61,8 @@ def check_vllm_loadable(model, spec: RecipeSpec) -> None:
             if us[0].name not in fp8:
                 continue
             for i, u in enumerate(us):
-                out_dim, in_dim = u.shape[-2], u.shape[-1]
-                if in_dim % spec.scheme.input.group_size:
-                    bad.append(f"{u.name} (input dim {in_dim})")
-                elif len(us) > 1 and i < len(us) - 1 and out_dim % bn:
+                out_dim = u.shape[-2]
+                if len(us) > 1 and i < len(us) - 1 and out_dim % bn:
                     bad.append(f"{u.name} (output dim {out_dim} inside the fused {g.rsplit('.', 1)[-1]})")
         if bad:
             raise FP8ProbeError(f"{spec.scheme.name} needs dims in whole blocks of {bk}: {', '.join(bad[:4])}"
@@ -113,35 +112,40 @@ the scheme, and the `ignore` list in recipe.yaml (the units that must stay BF16)
 
 
 def export(model: str | None, recipe: str | Path, out: str | Path, rollouts=None, max_model_len: int | None = None,
-           num_calibration_samples: int = 64, trust_remote_code: bool = False) -> Path:
+           num_calibration_samples: int = 64, trust_remote_code: bool = False, allow_pickle: bool = False) -> Path:
     """Quantize `model` with the recipe via llm-compressor and save a compressed checkpoint to `out`."""
     try:
         from llmcompressor import oneshot
     except ImportError as e:
-        raise FP8ProbeError("export needs llm-compressor: pip install 'fp8probe[export]'") from e
+        raise MissingExtra("fp8probe export (llm-compressor)", "export") from e
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ._files import atomic_write_json, atomic_write_text, check_writable
     from .capacity import meta_model
-    from .student import load_config, resolve_source
+    from .student import check_finite_weights, config_kwargs, load_config, resolve_source
 
     spec = read_recipe_yaml(recipe)
     out = check_writable(out)
     if out.exists() and any(out.iterdir()):
         raise FP8ProbeError(f"{out} exists and is not empty; choose another --out")
-    cfg = load_config(model, trust_remote_code)
-    check_vllm_loadable(meta_model(cfg), spec)
+    cfg = load_config(model, trust_remote_code, allow_pickle)
+    meta = meta_model(cfg)
+    spec.check_model(meta, str(recipe))
+    check_vllm_loadable(meta, spec)
     if needs_calibration(spec) and rollouts is None:
         raise FP8ProbeError("this recipe needs calibration data (static input scales or a kv_cache_scheme): "
                             "pass --rollouts DIR (a sweep directory holds them)")
-    src, kwargs = resolve_source(model)
+    if rollouts is not None:
+        rollouts.check_fits(cfg, "the calibration rollouts")
+    src, kwargs = resolve_source(model, allow_pickle)
     if "gguf_file" in kwargs:
         raise FP8ProbeError("llm-compressor refuses GGUF-quantized models; convert to safetensors first "
                             "(the embedded student is converted automatically)")
     log.info("loading %s in bfloat16 for llm-compressor", model or "the embedded student")
-    tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
+    tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, trust_remote_code=trust_remote_code, **kwargs)
+    check_finite_weights(hf, str(model or src))
     oneshot_kwargs = {}
     if needs_calibration(spec):
         from datasets import Dataset
@@ -155,7 +159,11 @@ def export(model: str | None, recipe: str | Path, out: str | Path, rollouts=None
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
         log.info("llm-compressor oneshot: %s, %d ignored names", spec.scheme.name, len(spec.ignore))
-        oneshot(model=hf, recipe=str(recipe), **oneshot_kwargs)
+        try:
+            oneshot(model=hf, recipe=str(recipe), **oneshot_kwargs)
+        except (ValueError, TypeError, KeyError) as e:  # llm-compressor refusing the recipe or the model
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise FP8ProbeError(f"llm-compressor refused the recipe: {msg[:300]}") from e
         hf.save_pretrained(str(tmp), save_compressed=True)
         tok.save_pretrained(str(tmp))
         shutil.copy(recipe, tmp / "recipe.yaml")

@@ -94,12 +94,27 @@ class Scheme:
         """True when the input scale must be calibrated on data (the FP8 preset)."""
         return not self.input.dynamic
 
+    def check_input_dims(self, dims: dict[str, int]) -> None:
+        """Per-group input quantization needs inputs in whole groups (vLLM's block-FP8 kernels need them
+        too): refuse, naming the units, when a unit's input dim (name -> dim) is not a multiple."""
+        if self.input.strategy != "group":
+            return
+        g = self.input.group_size
+        bad = [f"{n} ({d})" for n, d in dims.items() if d % g]
+        if bad:
+            raise FP8ProbeError(f"{self.name} needs input dims divisible by {g}; not: {', '.join(bad[:5])}"
+                                f"{' ...' if len(bad) > 5 else ''}; use FP8_DYNAMIC or keep these units in BF16")
+
 
 PRESETS: dict[str, Scheme] = {
     "FP8": Scheme("FP8", QuantSpec("tensor"), QuantSpec("tensor", dynamic=False)),
     "FP8_DYNAMIC": Scheme("FP8_DYNAMIC", QuantSpec("channel"), QuantSpec("token", dynamic=True)),
     "FP8_BLOCK": Scheme("FP8_BLOCK", QuantSpec("block"), QuantSpec("group", dynamic=True)),
 }
+
+
+# vLLM's --kv-cache-dtype names of the FP8 KV caches -> our format names
+KV_CACHE_DTYPES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
 
 
 @dataclass(frozen=True)
@@ -129,10 +144,10 @@ class KVCacheScheme:
         if isinstance(name, KVCacheScheme):
             return name
         key = str(name).strip().lower()
-        fmts = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "e4m3": "e4m3", "fp8_e5m2": "e5m2", "e5m2": "e5m2"}
-        if key not in fmts:
-            raise FP8ProbeError(f"unknown KV-cache dtype {name!r}; supported: fp8, fp8_e4m3, fp8_e5m2")
-        return cls(fmt=fmts[key])
+        fmt = KV_CACHE_DTYPES.get(key) or {"e4m3": "e4m3", "e5m2": "e5m2"}.get(key)
+        if fmt is None:
+            raise FP8ProbeError(f"unknown KV-cache dtype {name!r}; supported: {', '.join(KV_CACHE_DTYPES)}")
+        return cls(fmt=fmt)
 
     @property
     def spec(self) -> QuantSpec:

@@ -165,18 +165,11 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
 
 
 def _check_dims(model, linear, experts, scheme: Scheme) -> None:
-    """Per-group input quantization needs whole groups (vLLM's block-FP8 kernels need them too)."""
-    if scheme.input.strategy != "group":
-        return
-    g = scheme.input.group_size
     dims = {n: model.get_submodule(n).in_features for n in linear}
     for n in experts:
         mod = model.get_submodule(n)
         dims[n] = min(mod.gate_up_proj.shape[-1], mod.down_proj.shape[-1])
-    bad = [f"{n} ({d})" for n, d in dims.items() if d % g]
-    if bad:
-        raise FP8ProbeError(f"{scheme.name} needs input dims divisible by {g}; not: {', '.join(bad[:5])}"
-                            f"{' ...' if len(bad) > 5 else ''}; use FP8_DYNAMIC or keep these units in BF16")
+    scheme.check_input_dims(dims)
 
 
 def _input_quant(name: str, scheme: Scheme, calibration: Calibration | None):

@@ -167,6 +167,18 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     missing = [g for g in known if g not in unit_group]
     if missing:
         raise FP8ProbeError(f"the sweep lists groups this model lacks ({missing[0]} ...): was it run on another model?")
+    sizes = {u.name: u.params for u in student.quantizable}
+    sizes.update({g: sum(u.params for u in us) for g, us in student.groups().items()})
+    df = sensitivity if not isinstance(sensitivity, (str, Path)) else None
+    if df is not None and "params" in df.columns:
+        for unit, params in zip(df["unit"], df["params"]):
+            if unit in sizes and int(params) != sizes[unit]:
+                raise FP8ProbeError(f"the sweep gives {unit} {int(params):,} parameters, this model {sizes[unit]:,}: "
+                                    "was it run on another model?")
+    unscored = [g for g in members if g not in known]
+    if unscored:
+        raise FP8ProbeError(f"the sweep scores {len(known)} of this model's {len(members)} fused groups (none for "
+                            f"{unscored[0]}): is it truncated? run the sweep again")
 
     def groups_of(names, what):
         out = set()
@@ -230,6 +242,9 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
             else:
                 hi = mid
     k = lo
+    if k == 0 and not forced and kv_cache is None and n:
+        raise FP8ProbeError(f"no fused group fits the budget: the least sensitive one alone measures {metric} "
+                            f"{measured(1):.3g} > {budget}; raise the budget")
     quantized = {g.group for g in chosen(k)}
     kept = [g.group for g in groups if g.group not in quantized]
     group_units = {g.group: g.units for g in groups}
@@ -275,6 +290,15 @@ class RecipeSpec:
         return [u for u in list_units(model) if u.quantizable and not self.is_ignored(u.name)
                 and not (u.kind == "expert" and self.is_ignored(u.name + ".0.gate_proj"))]
 
+    def check_model(self, model, where: str = "the recipe") -> None:
+        """Refuse a recipe whose ignore list names modules this model lacks: it was made for another model."""
+        names = {n for n, _ in model.named_modules()}
+        foreign = [p for p in self.ignore if not p.startswith("re:") and p != "lm_head" and p not in names]
+        if foreign:
+            raise FP8ProbeError(f"{where} keeps {foreign[0]} in BF16, but this model has no such module"
+                                f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}: it was made for "
+                                "another model; make a recipe from a sweep of this one")
+
     def precision(self, model) -> Precision:
         return Precision(self.scheme, frozenset(u.name for u in self.quantized_units(model)), self.scheme.static_input)
 
@@ -283,10 +307,14 @@ def read_recipe_yaml(path: str | Path) -> RecipeSpec:
     import yaml
 
     p = Path(path)
+    if p.is_dir():
+        raise FP8ProbeError(f"{path} is a directory; pass its recipe.yaml")
     if not p.is_file():
         raise FP8ProbeError(f"no such recipe file: {path}")
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise FP8ProbeError(f"{path} is not a UTF-8 YAML file") from e
     except yaml.YAMLError as e:
         raise FP8ProbeError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from e
     mods = []
@@ -303,9 +331,29 @@ def read_recipe_yaml(path: str | Path) -> RecipeSpec:
     if len(mods) != 1:
         raise FP8ProbeError(f"{path} must hold exactly one QuantizationModifier (found {len(mods)})")
     m = mods[0]
+    unknown = sorted(set(m) - _MODIFIER_KEYS)
+    if unknown:
+        raise FP8ProbeError(f"{path}: unsupported QuantizationModifier key {unknown[0]!r}; fp8probe reads "
+                            f"{', '.join(sorted(_MODIFIER_KEYS))} (write recipes with `fp8probe recipe`)")
     if "scheme" not in m or not isinstance(m["scheme"], str):
         raise FP8ProbeError(f"{path}: the QuantizationModifier needs a preset `scheme` (FP8, FP8_DYNAMIC, FP8_BLOCK)")
     targets = m.get("targets", ["Linear"])
     if targets != ["Linear"]:
         raise FP8ProbeError(f"{path}: only `targets: [Linear]` is supported, got {targets}")
-    return RecipeSpec(Scheme.from_name(m["scheme"]), list(m.get("ignore", [])), targets, m.get("kv_cache_scheme"))
+    ignore = m.get("ignore", [])
+    if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
+        raise FP8ProbeError(f"{path}: `ignore` must be a list of module names, got {ignore!r}")
+    kv = m.get("kv_cache_scheme")
+    if kv is not None and not isinstance(kv, dict):
+        raise FP8ProbeError(f"{path}: `kv_cache_scheme` must be a mapping such as {KV_CACHE_SCHEMES['fp8']}")
+    for p_ in ignore:
+        if p_.startswith("re:"):
+            try:
+                re.compile(p_[3:])
+            except re.error as e:
+                raise FP8ProbeError(f"{path}: ignore pattern {p_!r} is not a valid regular expression ({e})") from e
+    return RecipeSpec(Scheme.from_name(m["scheme"]), list(ignore), targets, kv)
+
+
+# the QuantizationModifier keys fp8probe writes and reads
+_MODIFIER_KEYS = {"targets", "ignore", "scheme", "kv_cache_scheme"}

@@ -20,6 +20,7 @@ import time
 import torch
 from torch import nn
 
+from .errors import FP8ProbeError
 from .hooks import Calibration, record_calibration
 from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, summarize
 from .student import decoder_layers
@@ -55,6 +56,11 @@ class Reference:
         self.calibration: Calibration | None = cal
         # [M, V] fp32 reference log-probs of the rows that predict response tokens
         self.rows = RefRows.from_logp(torch.cat(logps), torch.cat(tokens))
+        if not bool(torch.isfinite(self.rows.logp).all()):
+            bad = int((~torch.isfinite(self.rows.logp).all(-1)).sum())
+            raise FP8ProbeError(f"the reference pass gives NaN/inf log-probabilities at {bad} of {len(self.rows)} "
+                                "response positions: the model overflows in this dtype or its weights are broken; "
+                                "try --dtype float32, or fix the checkpoint")
         self.num_tokens = int(rollouts.attention_mask.sum())
         self.seconds = time.perf_counter() - t0
 

@@ -48,6 +48,22 @@ class Rollouts:
     def num_response_tokens(self) -> int:
         return int(self.response_mask.sum())
 
+    def check_fits(self, config, where: str = "the rollouts") -> None:
+        """Refuse rollouts that this model cannot score: token ids past its vocabulary, sequences past its
+        context (they were sampled from another model, or the file was edited)."""
+        vocab = getattr(config, "vocab_size", None)
+        if vocab is None and hasattr(config, "get_text_config"):
+            vocab = config.get_text_config().vocab_size
+        top = int(self.input_ids.max()) if self.input_ids.numel() else 0
+        if vocab is not None and top >= vocab:
+            raise FP8ProbeError(f"{where} hold token id {top}, past this model's vocabulary of {vocab}: they "
+                                f"come from another model ({self.meta.get('model')}); sample new ones for this model")
+        ctx = context_length(config)
+        longest = int(self.attention_mask.sum(1).max()) if self.num_sequences else 0
+        if ctx and longest > ctx:
+            raise FP8ProbeError(f"{where} hold a sequence of {longest} tokens, longer than this model's context "
+                                f"of {ctx}; sample new ones for this model")
+
     def batches(self, batch_size: int):
         """Row slices of at most batch_size sequences, each trimmed to its longest sequence."""
         for s in range(0, self.num_sequences, batch_size):
@@ -56,9 +72,16 @@ class Rollouts:
             yield (self.input_ids[s:s + batch_size, :t], am[:, :t], self.response_mask[s:s + batch_size, :t])
 
 
+def context_length(config) -> int | None:
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(cfg, "max_position_embeddings", None)
+
+
 def read_prompts(path: str | Path) -> list[str]:
     """Prompts from a text file (one per line) or JSONL (a "prompt", "text" or "messages" field)."""
     p = Path(path)
+    if p.is_dir():
+        raise FP8ProbeError(f"--prompts {path} is a directory; pass a text file (one prompt per line) or JSONL")
     if not p.is_file():
         raise FP8ProbeError(f"no such prompts file: {path}")
     try:
@@ -77,6 +100,11 @@ def read_prompts(path: str | Path) -> list[str]:
             val = rec.get("prompt", rec.get("text", rec.get("messages"))) if isinstance(rec, dict) else rec
             if not val:
                 raise FP8ProbeError(f"{path}:{i} has no 'prompt', 'text' or 'messages' field")
+            if not (isinstance(val, str) or (isinstance(val, list) and all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in val))):
+                raise FP8ProbeError(f"{path}:{i}: a prompt must be a string, or 'messages' a list of "
+                                    "{\"role\": ..., \"content\": ...} objects")
             out.append(val)
         return out
     return [ln.strip() for ln in lines]
@@ -121,6 +149,11 @@ def make_rollouts(
     eos = _eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     encoded = [_encode(tok, p) for p in prompts]
+    ctx = context_length(model.config)
+    for i, ids in enumerate(encoded):
+        if ctx and len(ids) + max_new_tokens > ctx:
+            raise FP8ProbeError(f"prompt {i + 1} is {len(ids)} tokens; with --max-new-tokens {max_new_tokens} that "
+                                f"exceeds the model's context of {ctx}: shorten it or lower --max-new-tokens")
     seqs: list[tuple[list[int], list[int]]] = []
     from tqdm.auto import tqdm
 
@@ -201,11 +234,41 @@ def load_rollouts(directory: str | Path) -> Rollouts:
     try:
         t = load_file(str(d / TENSORS))
         meta = json.loads((d / META).read_text())
-    except (SafetensorError, OSError, json.JSONDecodeError) as e:
+    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FP8ProbeError(f"rollouts in {directory} are unreadable ({e}); create them again") from e
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise FP8ProbeError(f"rollouts in {directory} have schema {meta.get('schema_version')}, expected {SCHEMA_VERSION}")
+    if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
+        got = meta.get("schema_version") if isinstance(meta, dict) else None
+        raise FP8ProbeError(f"rollouts in {directory} have schema {got!r}, this fp8probe reads {SCHEMA_VERSION}; "
+                            "create them again with `fp8probe rollouts`")
     missing = {"input_ids", "attention_mask", "response_mask"} - set(t)
     if missing:
         raise FP8ProbeError(f"rollouts in {directory} lack {', '.join(sorted(missing))}")
-    return Rollouts(t["input_ids"], t["attention_mask"], t["response_mask"], meta)
+    r = Rollouts(t["input_ids"], t["attention_mask"], t["response_mask"], meta)
+    _check_tensors(r, directory)
+    return r
+
+
+def _check_tensors(r: Rollouts, where) -> None:
+    """Shapes, dtypes and masks as save_rollouts writes them; anything else was not written by fp8probe."""
+    def bad(what):
+        raise FP8ProbeError(f"rollouts in {where}: {what}; create them again with `fp8probe rollouts`")
+
+    tensors = {"input_ids": r.input_ids, "attention_mask": r.attention_mask, "response_mask": r.response_mask}
+    for name, x in tensors.items():
+        if x.dtype != torch.int64 or x.ndim != 2:
+            bad(f"{name} must be a 2-D int64 tensor, not {x.ndim}-D {x.dtype}")
+        if x.shape != r.input_ids.shape:
+            bad(f"{name} has shape {tuple(x.shape)}, input_ids {tuple(r.input_ids.shape)}")
+    if r.num_sequences == 0:
+        bad("no sequences")
+    if int(r.input_ids.min()) < 0:
+        bad("negative token ids")
+    for name in ("attention_mask", "response_mask"):
+        if not bool(((tensors[name] == 0) | (tensors[name] == 1)).all()):
+            bad(f"{name} holds values other than 0 and 1")
+    if bool((r.response_mask > r.attention_mask).any()):
+        bad("response tokens outside the attention mask")
+    if r.num_response_tokens == 0:
+        bad("no response tokens")
+    if bool((r.response_mask[:, 0] == 1).any()):
+        bad("a response token at position 0 (nothing predicts it)")

@@ -94,10 +94,25 @@ def _supported_list() -> str:
     return ", ".join(f"{v} ({k})" for k, v in SUPPORTED.items())
 
 
+# config fields fp8probe computes with: each must be a positive integer when present (required: True)
+_CONFIG_INTS = {"num_hidden_layers": True, "hidden_size": True, "num_attention_heads": True, "vocab_size": True,
+                "num_key_value_heads": False, "head_dim": False, "intermediate_size": False,
+                "max_position_embeddings": False, "sliding_window": False}
+
+
 def check_supported(config) -> str:
+    """The config's model_type, if fp8probe supports it and its sizes are sane; a one-line refusal otherwise."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
         raise FP8ProbeError(f"unsupported architecture {model_type!r}; fp8probe supports {_supported_list()}")
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key, required in _CONFIG_INTS.items():
+        v = getattr(cfg, key, None)
+        if v is None and not required:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise FP8ProbeError(f"the model config's {key} is {v!r}; it must be a positive integer: "
+                                "is this a real Hugging Face config.json?")
     return model_type
 
 
@@ -152,6 +167,13 @@ def list_units(model: nn.Module) -> list[Unit]:
     return units
 
 
+def input_dim(unit: Unit) -> int:
+    """The smallest input dim among the unit's GEMMs (experts: gate_up [E, 2I, H] takes H, down takes I)."""
+    if unit.kind == "expert":
+        return min(unit.shape[-1], unit.shape[-2] // 2)
+    return unit.shape[-1]
+
+
 def _unit(name, kind, block, weight, group=None, quantizable=True) -> Unit:
     return Unit(name, kind, block, group or name, weight.numel(), tuple(weight.shape), quantizable)
 
@@ -178,12 +200,20 @@ def _module_path(model: nn.Module, target: nn.Module) -> str:
 # loading
 
 
-def resolve_source(name_or_path: str | None) -> tuple[str, dict]:
-    """Where to load from: (path or id, extra from_pretrained kwargs). Raises on a missing path."""
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def resolve_source(name_or_path: str | None, allow_pickle: bool = False) -> tuple[str, dict]:
+    """Where to load from: (path or id, extra from_pretrained kwargs). Raises on a missing path.
+
+    Weights are read from safetensors or GGUF only: a directory whose weights are pickled (.bin / .pt) is
+    refused unless allow_pickle, and then transformers loads them with torch.load(weights_only=True).
+    """
     from . import embedded
 
+    safe = {"weights_only": True} if allow_pickle else {"use_safetensors": True}
     if name_or_path is None or str(name_or_path).strip().lower() == embedded.NAME:
-        return str(embedded.embedded_student_dir()), {}
+        return str(embedded.embedded_student_dir()), {"use_safetensors": True}
     s = str(name_or_path)
     p = Path(s).expanduser()
     if p.suffix == ".gguf":
@@ -194,12 +224,21 @@ def resolve_source(name_or_path: str | None) -> tuple[str, dict]:
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise FP8ProbeError(f"{s} is not a Hugging Face model directory (no config.json)")
-        return str(p), {}
+        has_safe = any(p.glob("*.safetensors"))
+        pickled = sorted(f.name for f in p.iterdir() if f.suffix in PICKLE_SUFFIXES)
+        if not has_safe and pickled and not allow_pickle:
+            raise FP8ProbeError(f"{s} holds only pickled weights ({pickled[0]}); fp8probe never unpickles by "
+                                "default: convert them to safetensors, or pass --allow-pickle to load them with "
+                                "torch.load(weights_only=True)")
+        return str(p), dict(safe)
+    if p.is_file() and p.suffix in PICKLE_SUFFIXES:
+        raise FP8ProbeError(f"{s} is a pickled checkpoint file; pass the Hugging Face directory that holds it "
+                            "(with its config.json), as safetensors")
     if p.exists():
         raise FP8ProbeError(f"{s} is not a model: pass a Hugging Face directory, a .gguf file or a model id")
     if s.startswith((".", "/", "~")) or s.count("/") > 1 or s.endswith((".json", ".safetensors", ".bin")):
         raise FP8ProbeError(f"no such file or directory: {s}")
-    return s, {"local_files_only": True}  # a model id, offline, from the local HF cache
+    return s, {"local_files_only": True, **safe}  # a model id, offline, from the local HF cache
 
 
 def _check_gguf(p: Path) -> None:
@@ -218,12 +257,17 @@ def _check_gguf(p: Path) -> None:
         raise FP8ProbeError(f"{p} is not a readable GGUF file (truncated or corrupt: {e})") from e
 
 
-def load_config(name_or_path: str | None = None, trust_remote_code: bool = False):
+def config_kwargs(kwargs: dict) -> dict:
+    """What AutoConfig / AutoTokenizer take of resolve_source's kwargs (the weight-format ones are the model's)."""
+    return {k: v for k, v in kwargs.items() if k in ("gguf_file", "local_files_only")}
+
+
+def load_config(name_or_path: str | None = None, trust_remote_code: bool = False, allow_pickle: bool = False):
     from transformers import AutoConfig
 
-    src, kwargs = resolve_source(name_or_path)
+    src, kwargs = resolve_source(name_or_path, allow_pickle)
     try:
-        return AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
+        cfg = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
     except OSError as e:
         if kwargs.get("local_files_only"):
             raise FP8ProbeError(
@@ -231,8 +275,15 @@ def load_config(name_or_path: str | None = None, trust_remote_code: bool = False
                 "download it first or pass a local directory"
             ) from e
         raise FP8ProbeError(f"could not read the model config from {name_or_path}: {e}") from e
-    except ValueError as e:
-        raise FP8ProbeError(f"could not read the model config from {name_or_path}: {e}") from e
+    except Exception as e:  # transformers validates configs with assorted exception types
+        raise FP8ProbeError(f"could not read the model config from {name_or_path}: {one_line(e)}") from e
+    return cfg
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message folded to one line (a dependency's multi-line refusal, shortened)."""
+    text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_student(
@@ -240,18 +291,21 @@ def load_student(
     device: str = "cpu",
     dtype: torch.dtype | str = torch.float32,
     trust_remote_code: bool = False,
+    allow_pickle: bool = False,
 ) -> Student:
     """Load a student: a local HF directory, a model id in the local HF cache, a .gguf file, or
     None / "smollm2-135m" for the embedded default. fp32 on CPU by default (bf16 is ~5x slower there).
+
+    Only safetensors and GGUF weights are read unless allow_pickle; weights holding NaN or inf are refused.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = _dtype(dtype)
-    config = load_config(name_or_path, trust_remote_code)
+    dtype = parse_dtype(dtype)
+    config = load_config(name_or_path, trust_remote_code, allow_pickle)
     model_type = check_supported(config)
-    src, kwargs = resolve_source(name_or_path)
+    src, kwargs = resolve_source(name_or_path, allow_pickle)
     try:
-        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **kwargs)
+        tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
         model = AutoModelForCausalLM.from_pretrained(
             src, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
         )
@@ -259,12 +313,37 @@ def load_student(
         raise FP8ProbeError(f"could not load the model from {name_or_path or src}: {str(e).splitlines()[0]}") from e
     model.to(device).eval()
     model.requires_grad_(False)
+    check_finite_weights(model, str(name_or_path or src))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return Student(model, tok, list_units(model), str(name_or_path or "smollm2-135m"), src, model_type)
 
 
-def _dtype(dtype) -> torch.dtype:
+def check_finite_weights(model: nn.Module, name: str) -> None:
+    """A checkpoint whose weights hold NaN or inf gives meaningless mismatch: report it, do not sweep it."""
+    for pname, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            bad = int((~torch.isfinite(p)).sum())
+            raise FP8ProbeError(f"the weights of {name} hold {bad} NaN/inf values in {pname}; the checkpoint is "
+                                "broken: fix or re-export it before measuring")
+
+
+def check_device(device: str) -> torch.device:
+    """A torch device that exists here; a one-line refusal otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise FP8ProbeError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise FP8ProbeError(f"--device {device}: no CUDA device is available here; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise FP8ProbeError(f"--device {device}: only {torch.cuda.device_count()} CUDA devices here")
+    if dev.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise FP8ProbeError(f"unsupported device {device!r}; use cpu or cuda")
+    return dev
+
+
+def parse_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     table = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import logging
 import math
@@ -203,7 +204,7 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     if out_dir is not None:
         settings = _settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size)
         done = _open_partial(Path(out_dir), settings, resume)
-        writer = _PartialWriter(Path(out_dir) / PARTIAL)
+        writer = _PartialWriter(Path(out_dir), settings)
     if reference is None:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
     todo = [r for r in rows if r.unit not in done]
@@ -235,27 +236,51 @@ def _settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size
     h = hashlib.sha256()
     for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask):
         h.update(t.contiguous().numpy().tobytes())
-    return {"model": student.name, "scheme": scheme.name, "granularity": granularity, "include_kv": include_kv,
+    from . import __version__
+
+    return {"fp8probe_version": __version__, "model": student.name, "scheme": scheme.name, "granularity": granularity, "include_kv": include_kv,
             "kv": {"fmt": kv.fmt, "strategy": kv.strategy, "scale": kv.scale}, "batch_size": batch_size,
             "rollouts_sha256": h.hexdigest(), "dtype": str(next(student.model.parameters()).dtype)}
 
 
-def _open_partial(out: Path, settings: dict, resume: bool) -> dict[str, dict]:
+def check_resume_state(out: Path, resume: bool) -> dict | None:
+    """The settings of the unfinished sweep in `out` (None when there is none), if it can be resumed by this
+    fp8probe; refuses an unfinished sweep without --resume, and one written by another version."""
     part, sfile = out / PARTIAL, out / PARTIAL_SETTINGS
-    if resume and part.exists() and sfile.exists():
+    if not part.exists():
+        return None
+    if not resume:
+        raise FP8ProbeError(f"{out} holds an unfinished sweep; pass --resume to continue it, or choose another --out")
+    from . import __version__
+
+    try:
         old = json.loads(sfile.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FP8ProbeError(f"--resume: {sfile} is missing or unreadable ({e}); start the sweep again in an empty "
+                            "--out") from e
+    if not isinstance(old, dict):
+        raise FP8ProbeError(f"--resume: {sfile} is not a JSON object; start the sweep again in an empty --out")
+    if old.get("fp8probe_version") != __version__:
+        raise FP8ProbeError(f"--resume: the saved sweep in {out} was made by fp8probe "
+                            f"{old.get('fp8probe_version', 'older than 0.1.1')}, this is {__version__}; "
+                            "start a new sweep in another --out")
+    return old
+
+
+def _open_partial(out: Path, settings: dict, resume: bool) -> dict[str, dict]:
+    """Rows already finished in `out` (resume), after checking they were made with the same settings.
+
+    Nothing is written here: the resume state appears with the first finished row (_PartialWriter), so a
+    failure before that row leaves no state behind that would have to be resumed.
+    """
+    old = check_resume_state(out, resume)
+    if old is not None:
         if old != settings:
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
             raise FP8ProbeError(f"--resume: the saved sweep in {out} was run with other settings ({', '.join(diff)}); "
                                 "rerun with the same settings or without --resume")
-        return _read_partial(part)
-    if not resume and part.exists():
-        raise FP8ProbeError(f"{out} holds an unfinished sweep; pass --resume to continue it, or choose another --out")
-    from ._files import atomic_write_json
-
-    atomic_write_json(sfile, settings)
-    if part.exists():
-        part.unlink()
+        return _read_partial(out / PARTIAL)
+    (out / PARTIAL_SETTINGS).unlink(missing_ok=True)
     return {}
 
 
@@ -266,16 +291,23 @@ def _read_partial(path: Path) -> dict[str, dict]:
     if lines and not lines[-1].endswith("\n"):
         lines = lines[:-1]
     done = {}
-    for rec in csv.DictReader(lines):
+    for i, rec in enumerate(csv.DictReader(lines), 2):
         if None in rec or any(rec.get(c) is None for c in COLUMNS):
             continue
-        done[rec["unit"]] = _parse(rec)
+        try:
+            done[rec["unit"]] = _parse(rec)
+        except ValueError as e:
+            raise FP8ProbeError(f"--resume: {path}:{i} is not a row fp8probe wrote ({e}); start the sweep again "
+                                "without --resume in an empty --out") from e
     # rewrite without the cut-off line, so that appends start on a fresh line
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in done.values():
-            w.writerow(_fmt(r))
+    from ._files import atomic_write_text
+
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=COLUMNS)
+    w.writeheader()
+    for r in done.values():
+        w.writerow(_fmt(r))
+    atomic_write_text(path, buf.getvalue())
     return done
 
 
@@ -293,19 +325,30 @@ def _fmt(r: dict) -> dict:
 
 
 class _PartialWriter:
-    """Appends one CSV row at a time and makes it durable (fsync) before the next row starts."""
+    """Appends one CSV row at a time and makes it durable (fsync) before the next row starts.
 
-    def __init__(self, path: Path):
-        new = not path.exists() or path.stat().st_size == 0
-        self.f = open(path, "a", newline="")
-        self.w = csv.DictWriter(self.f, fieldnames=COLUMNS)
-        if new:
-            self.w.writeheader()
+    The file (and the settings it must be resumed with) is created with the first row.
+    """
+
+    def __init__(self, out: Path, settings: dict):
+        self.path, self.settings_path, self.settings = out / PARTIAL, out / PARTIAL_SETTINGS, settings
+        self.f = None
 
     def append(self, row: dict):
+        if self.f is None:
+            from ._files import atomic_write_json
+
+            new = not self.path.exists() or self.path.stat().st_size == 0
+            if new:
+                atomic_write_json(self.settings_path, self.settings)
+            self.f = open(self.path, "a", newline="")
+            self.w = csv.DictWriter(self.f, fieldnames=COLUMNS)
+            if new:
+                self.w.writeheader()
         self.w.writerow(_fmt(row))
         self.f.flush()
         os.fsync(self.f.fileno())
 
     def close(self):
-        self.f.close()
+        if self.f is not None:
+            self.f.close()

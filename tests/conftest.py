@@ -87,3 +87,38 @@ def embedded():
     from fp8probe import load_student
 
     return load_student()
+
+
+class CliResult:
+    def __init__(self, code, out, err):
+        self.code, self.out, self.err = code, out, err
+
+    @property
+    def lines(self) -> list[str]:
+        return [ln for ln in self.err.splitlines() if ln.strip()]
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the fp8probe command line in this process (fast); returns exit code, stdout and stderr."""
+    from fp8probe.cli import main
+
+    def run(*args) -> CliResult:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse usage errors
+            code = e.code
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run
+
+
+def cli_process(*args, **kw):
+    """The command line in a child process (for signals, locks and kills)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "fp8probe.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)

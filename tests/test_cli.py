@@ -38,8 +38,10 @@ def test_missing_path(tmp_path):
 def test_not_a_model(tmp_path):
     (tmp_path / "dir").mkdir()
     _bad(tmp_path, "sweep", tmp_path / "dir", match="not a Hugging Face model directory")
+    (tmp_path / "weights.dat").write_bytes(b"\0" * 100)
+    _bad(tmp_path, "rollouts", tmp_path / "weights.dat", match="not a model")
     (tmp_path / "weights.bin").write_bytes(b"\0" * 100)
-    _bad(tmp_path, "rollouts", tmp_path / "weights.bin", match="not a model")
+    _bad(tmp_path, "rollouts", tmp_path / "weights.bin", match="is a pickled checkpoint file")
 
 
 def test_truncated_gguf(tmp_path):
