@@ -24,8 +24,8 @@ from fp8probe import load_student, make_rollouts
 from fp8probe.capacity import capacity
 from fp8probe.embedded import embedded_student_dir
 from fp8probe.export import export
-from fp8probe.recipe import read_recipe_yaml
-from fp8probe.vllm_check import compare_with_vllm
+from fp8probe.recipe import read_recipe
+from fp8probe.testing.vllm_check import compare_with_vllm
 
 
 def main():
@@ -43,14 +43,14 @@ def main():
             recipe = Path(tmp) / "recipe.yaml"
             recipe.write_text(yaml.safe_dump({"default_stage": {"default_modifiers": {"QuantizationModifier": {
                 "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}))
-        spec = read_recipe_yaml(recipe)
+        spec = read_recipe(recipe)
         ckpt = export(None, recipe, Path(tmp) / "ckpt", max_model_len=8192)
-        units = [u.name for u in spec.quantized_units(student.model)]
+        units = [u.name for u in spec.fp8_units(student.units)]
         rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=1)
-        res = compare_with_vllm(student, rollouts, ckpt, embedded_student_dir(), units, spec.scheme.name)
+        res = compare_with_vllm(student, rollouts, ckpt, embedded_student_dir(), units, spec.scheme)
     cap = capacity(None, kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
                    max_model_len=8192)
-    print(f"{len(units)} units in {spec.scheme.name}; {res['num_tokens']} sampled response tokens")
+    print(f"{len(units)} units in {spec.scheme}; {res['num_tokens']} sampled response tokens")
     print(f"{'':<22}{'k3':>12}{'|dlogp| mean':>14}{'|dlogp| max':>13}{'tok_mult_err':>14}")
     for name, key in (("predicted", "predicted"), ("predicted (W only)", "predicted_weights_only"),
                       ("realised FP8 (vLLM)", "realised_fp8"), ("noise floor BF16", "noise_floor_bf16")):

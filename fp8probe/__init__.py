@@ -1,42 +1,67 @@
 """fp8probe: per-layer FP8 sensitivity, mismatch-budgeted FP8 recipes, and what they buy in KV cache.
 
-Importing the package touches no device and configures no logging; transformers and pandas load
-inside the functions that need them.
+The public API is `__all__`. Names are imported on first use, so that `import fp8probe` (and the CLI's
+`--help`) stays instant: torch, transformers and pandas load only when a function that needs them is
+called. Importing the package touches no device and configures no logging.
 """
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 __version__ = "0.1.1"
 
-from .errors import FP8ProbeError
-from .fp8 import KVCacheScheme, Scheme, fake_quant
-from .measure import measure
-from .mismatch import METRICS, mismatch
-from .rollouts import Rollouts, load_rollouts, make_rollouts, save_rollouts
-from .student import Student, Unit, load_student
-from .sweep import sweep
-from .recipe import Recipe, make_recipe, read_recipe_yaml
-from .capacity import capacity
-from .export import export  # llm-compressor itself is imported on first use
+# public name -> the module that is its one home
+_HOMES = {
+    "FP8ProbeError": "errors",
+    "Scheme": "schemes",
+    "KVCacheScheme": "schemes",
+    "fake_quant": "fp8",
+    "Student": "student",
+    "Unit": "student",
+    "load_student": "student",
+    "Rollouts": "rollouts",
+    "make_rollouts": "rollouts",
+    "save_rollouts": "rollouts",
+    "load_rollouts": "rollouts",
+    "METRICS": "metrics",
+    "mismatch": "mismatch",
+    "Perturbation": "measure",
+    "measure": "measure",
+    "sweep": "sweep",
+    "read_sweep": "runs",
+    "Recipe": "recipe",
+    "make_recipe": "selection",
+    "read_recipe": "recipe",
+    "capacity": "capacity",
+    "export": "export",
+}
 
-__all__ = [
-    "__version__",
-    "FP8ProbeError",
-    "Scheme",
-    "KVCacheScheme",
-    "fake_quant",
-    "Student",
-    "Unit",
-    "load_student",
-    "Rollouts",
-    "make_rollouts",
-    "save_rollouts",
-    "load_rollouts",
-    "METRICS",
-    "mismatch",
-    "sweep",
-    "measure",
-    "Recipe",
-    "make_recipe",
-    "read_recipe_yaml",
-    "export",
-    "capacity",
-]
+__all__ = ["__version__", *_HOMES]
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fp8probe' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_HOMES))
+
+
+class _Package(types.ModuleType):
+    """Keeps `fp8probe.sweep` (and measure, capacity, export, mismatch) the public function: the import system
+    binds a submodule to the package attribute of its name when it is first loaded, which would shadow it."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and _HOMES.get(name) == name:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -46,6 +46,23 @@ def atomic_write_json(path: str | Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+@contextmanager
+def atomic_dir(target: str | Path):
+    """Build a directory under a temporary name beside `target`; on success it is renamed to `target` (which
+    must not exist, or be empty), on failure removed. Yields the temporary path."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    try:
+        yield tmp
+        if target.exists():
+            target.rmdir()  # empty, or this raises and the temporary is removed
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def check_writable(path: str | Path) -> Path:
     """Fail early, in one line, when the output directory cannot be created or written."""
     p = Path(path)

@@ -31,104 +31,30 @@ vocabulary padded to a multiple of 64 and split, norms replicated.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
-
-import torch
 
 from .errors import FP8ProbeError
-from .fp8 import Scheme, num_scales
-
-GiB = 1 << 30
-
-# total device memory as nvidia-smi reports it (MiB)
-GPUS = {
-    "H100": 81559, "H100-80GB": 81559,
-    "H200": 143771,
-    "A100-40GB": 40960,
-    "A100-80GB": 81920, "A100": 81920,
-    "L40S": 46068,
-    "B200": 183359,
-    "RTX4090": 24564, "RTX-4090": 24564,
-}
-
-KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-NON_TORCH_BYTES = GiB // 2
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Which units are FP8, in which scheme (None: everything BF16)."""
-
-    scheme: Scheme | None = None
-    fp8_units: frozenset = frozenset()
-    static_input: bool = False
-
-
-def gpu_bytes(name: str) -> int:
-    key = name.strip().upper().replace(" ", "-").replace("_", "-")
-    key = {k.upper(): k for k in GPUS}.get(key)
-    if key is None:
-        raise FP8ProbeError(f"unknown GPU {name!r}; presets: {', '.join(sorted(set(GPUS)))}; or pass --gpu-memory GiB")
-    return GPUS[key] * (1 << 20)
-
-
-def load_config_only(model: str | None, trust_remote_code: bool = False, allow_pickle: bool = False):
-    """A config from a model dir / id / .gguf, a bare config.json, or a directory holding only one."""
-    from transformers import AutoConfig
-
-    if model is not None:
-        p = Path(model).expanduser()
-        if p.is_file() and p.suffix == ".json":
-            import json
-
-            try:
-                d = json.loads(p.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise FP8ProbeError(f"{model} is not valid JSON ({e}); pass a Hugging Face config.json") from e
-            if not isinstance(d, dict) or "model_type" not in d:
-                raise FP8ProbeError(f"{model} has no model_type; pass a Hugging Face config.json")
-            from .student import one_line
-
-            try:
-                return AutoConfig.for_model(**d)
-            except Exception as e:  # transformers validates configs with assorted exception types
-                raise FP8ProbeError(f"{model} is not a config transformers accepts: {one_line(e)}") from e
-    from .student import load_config
-
-    return load_config(model, trust_remote_code, allow_pickle)
-
-
-def _text_config(cfg):
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
-def meta_model(cfg):
-    """The model built on the meta device: shapes and names, no memory, no weights."""
-    from transformers import AutoModelForCausalLM
-
-    from .student import check_supported
-
-    check_supported(cfg)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(cfg)
-
+from .recipe import Recipe
+from .schemes import num_scales
+from .serving import KV_DTYPE_BYTES, NON_TORCH_BYTES, GiB, Serving
+from .student import kv_geometry, list_units, load_config, meta_model, text_config
 
 def _storage_bytes(cfg) -> int:
+    import torch
+
     dt = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or torch.bfloat16
     if isinstance(dt, str):
         dt = getattr(torch, dt.replace("torch.", ""), torch.bfloat16)
     return torch.empty(0, dtype=dt).element_size()
 
 
-def weight_bytes_per_gpu(model, precision: Precision, tp: int = 1) -> int:
-    """Weight memory one tensor-parallel rank holds in vLLM (see module docstring)."""
-    from .student import list_units
-
-    cfg = _text_config(model.config)
+def weight_bytes_per_gpu(model, recipe=None, tp: int = 1) -> int:
+    """Weight memory one tensor-parallel rank holds in vLLM with `recipe` (None: all BF16); see the docstring."""
+    cfg = text_config(model.config)
     store = _storage_bytes(cfg)
     units = {u.name: u for u in list_units(model)}
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    fp8 = {u.name for u in recipe.fp8_units(list(units.values()))} if recipe is not None else set()
+    scheme = recipe.preset if recipe is not None else None
+    kv_heads = kv_geometry(cfg).num_kv_heads
     kv_rank = max(1, kv_heads // tp) if kv_heads else None
     total = 0.0
     counted = set()
@@ -149,12 +75,11 @@ def weight_bytes_per_gpu(model, precision: Precision, tp: int = 1) -> int:
             if unit is None or unit.kind == "router" or p.ndim < 2:
                 total += n * store  # norms, routers, biases: replicated
                 continue
-            if precision.scheme is not None and name in precision.fp8_units:
-                spec = precision.scheme.weight
+            if name in fp8:
                 mats = p.shape[0] if p.ndim == 3 else 1
-                scales = mats * num_scales(tuple(p.shape[-2:]), spec)
+                scales = mats * num_scales(tuple(p.shape[-2:]), scheme.weight)
                 total += (n * 1 + scales * 4) / shard
-                if precision.static_input and pname in ("weight", "gate_up_proj"):
+                if scheme.static_input and pname in ("weight", "gate_up_proj"):
                     total += 4
             else:
                 total += n * store / shard
@@ -182,13 +107,12 @@ def _layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
 
 def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: bool = True) -> dict:
     """Per-layer page size, groups and bytes per token, as vLLM lays out the KV cache."""
-    cfg = _text_config(cfg)
+    cfg = text_config(cfg)
     if kv_dtype not in KV_DTYPE_BYTES:
         raise FP8ProbeError(f"unknown KV-cache dtype {kv_dtype!r}; supported: {', '.join(KV_DTYPE_BYTES)}")
     dtype_bytes = KV_DTYPE_BYTES[kv_dtype] or _storage_bytes(cfg)
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    geo = kv_geometry(cfg)
+    kv_heads, head_dim = geo.num_kv_heads, geo.head_dim
     kv_rank = max(1, kv_heads // tp)
     page = block_size * kv_rank * 2 * head_dim * dtype_bytes
     types = _layer_attention_types(cfg, hybrid)
@@ -225,55 +149,47 @@ def kv_capacity(layout: dict, kv_memory_bytes: int, max_model_len: int, max_in_f
 
 
 def reserve_estimate(cfg, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> int:
-    cfg = _text_config(cfg)
+    cfg = text_config(cfg)
     inter = getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
     act = max_num_batched_tokens * (2 * inter + 4 * cfg.hidden_size) * 2
     sampler = max_num_seqs * cfg.vocab_size * 4 * 2
     return act + sampler + NON_TORCH_BYTES
 
 
-def capacity(model=None, precision: Precision | None = None, kv_cache_dtype: str = "fp8", gpu: str | None = "H100",
-             gpu_memory_gib: float | None = None, gpu_memory_utilization: float = 0.9,
-             kv_cache_memory: int | None = None, max_model_len: int | None = None, tensor_parallel_size: int = 1,
-             block_size: int = 16, reserve_bytes: int | None = None, max_num_batched_tokens: int = 8192,
-             max_num_seqs: int = 256, hybrid: bool = True, max_in_flight_tokens: int | None = None,
-             trust_remote_code: bool = False) -> dict:
-    """BF16 (auto KV) vs a candidate (FP8 units per `precision`, KV in `kv_cache_dtype`), side by side.
+def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serving | None = None,
+             trust_remote_code: bool = False, **serving_fields) -> dict:
+    """BF16 (auto KV) vs a candidate (the recipe's FP8 units, KV in `kv_cache_dtype`), side by side.
 
-    `model` is anything load_config_only takes, or an already-loaded transformers config.
-    Without `precision`, the candidate puts every quantizable unit in FP8_DYNAMIC.
+    `model` is anything student.load_config takes (a bare config.json too), or a loaded transformers config.
+    Without a recipe, the candidate puts every quantizable unit in FP8_DYNAMIC. vLLM's knobs come as a
+    Serving, or as its fields (gpu="H200", max_model_len=32768, ...).
     """
-    cfg = model if hasattr(model, "model_type") else load_config_only(model, trust_remote_code)
-    tcfg = _text_config(cfg)
-    tp = int(tensor_parallel_size)
-    if tp < 1:
-        raise FP8ProbeError("--tensor-parallel-size must be at least 1")
+    serving = serving or Serving(**serving_fields)
+    cfg = model if hasattr(model, "model_type") else load_config(model, trust_remote_code)
+    tcfg = text_config(cfg)
+    tp = serving.tensor_parallel_size
     if tcfg.num_attention_heads % tp:
         raise FP8ProbeError(f"{tcfg.num_attention_heads} attention heads do not split over {tp} ranks")
-    if not 0 < gpu_memory_utilization <= 1:
-        raise FP8ProbeError("--gpu-memory-utilization must be in (0, 1]")
-    max_len = int(max_model_len or getattr(tcfg, "max_position_embeddings", 0) or 0)
+    max_len = int(serving.max_model_len or getattr(tcfg, "max_position_embeddings", 0) or 0)
     if max_len < 1:
         raise FP8ProbeError("the config has no max_position_embeddings; pass --max-model-len")
     meta = meta_model(cfg)
-    if precision is None:
-        from .student import list_units
-
-        precision = Precision(Scheme.from_name("FP8_DYNAMIC"),
-                              frozenset(u.name for u in list_units(meta) if u.quantizable))
-    in_flight = max_in_flight_tokens if max_in_flight_tokens is not None else max_num_batched_tokens
+    units = list_units(meta)
+    if recipe is None:
+        recipe = Recipe.whole_model(units, "FP8_DYNAMIC")
+    in_flight = serving.max_in_flight_tokens if serving.max_in_flight_tokens is not None \
+        else serving.max_num_batched_tokens
     sides = {}
-    for side, prec, kvd in (("baseline", Precision(), "auto"), ("candidate", precision, kv_cache_dtype)):
-        weights = weight_bytes_per_gpu(meta, prec, tp)
-        layout = kv_layout(tcfg, kvd, tp, block_size, hybrid)
-        if kv_cache_memory is not None:
-            kv_mem = int(kv_cache_memory)
+    for side, rec, kvd in (("baseline", None, "auto"), ("candidate", recipe, kv_cache_dtype)):
+        weights = weight_bytes_per_gpu(meta, rec, tp)
+        layout = kv_layout(tcfg, kvd, tp, serving.block_size, serving.hybrid)
+        if serving.kv_cache_memory is not None:
+            kv_mem = int(serving.kv_cache_memory)
             source = "kv_cache_memory"
         else:
-            total = (gpu_memory_gib * GiB) if gpu_memory_gib is not None else gpu_bytes(gpu or "H100")
-            reserve = reserve_bytes if reserve_bytes is not None else reserve_estimate(tcfg, max_num_batched_tokens,
-                                                                                     max_num_seqs)
-            kv_mem = int(total * gpu_memory_utilization - weights - reserve)
+            reserve = serving.reserve_bytes if serving.reserve_bytes is not None else reserve_estimate(
+                tcfg, serving.max_num_batched_tokens, serving.max_num_seqs)
+            kv_mem = int(serving.total_bytes * serving.gpu_memory_utilization - weights - reserve)
             source = "estimate"
             if kv_mem <= 0:
                 raise FP8ProbeError(f"the {side} weights ({weights / GiB:.1f} GiB per GPU) leave no room for a KV "
@@ -285,15 +201,40 @@ def capacity(model=None, precision: Precision | None = None, kv_cache_dtype: str
             "max_concurrency": cap["max_concurrency"], "kv_cache_dtype": kvd,
             "blocks_per_request": cap["blocks_per_request"], "bytes_per_block": layout["bytes_per_block"],
             "kv_memory_source": source,
-            "fp8_units": len(prec.fp8_units), "scheme": prec.scheme.name if prec.scheme else None,
+            "fp8_units": len(rec.fp8_units(units)) if rec is not None else 0,
+            "scheme": rec.scheme if rec is not None else None,
         }
     b, c = sides["baseline"], sides["candidate"]
+    gpu = serving.gpu
     return {
-        "schema_version": 1, "model_type": tcfg.model_type, "max_model_len": max_len, "block_size": block_size,
+        "schema_version": 1, "model_type": tcfg.model_type, "max_model_len": max_len, "block_size": serving.block_size,
         "tensor_parallel_size": tp,
-        "gpu": None if kv_cache_memory is not None else (f"{gpu_memory_gib} GiB" if gpu_memory_gib else gpu),
-        "gpu_memory_utilization": gpu_memory_utilization,
+        "gpu": None if serving.kv_cache_memory is not None else (
+            f"{serving.gpu_memory_gib} GiB" if serving.gpu_memory_gib else gpu),
+        "gpu_memory_utilization": serving.gpu_memory_utilization,
         "baseline": b, "candidate": c,
         "ratio_kv_tokens": c["kv_tokens"] / b["kv_tokens"] if b["kv_tokens"] else math.inf,
         "ratio_concurrency": c["max_concurrency"] / b["max_concurrency"] if b["max_concurrency"] else math.inf,
     }
+
+
+def format_report(rep: dict) -> str:
+    """The side-by-side table `fp8probe capacity` prints."""
+    b, c = rep["baseline"], rep["candidate"]
+    cand = f"{c['scheme'] or 'BF16'} ({c['fp8_units']} units) + {c['kv_cache_dtype']} KV"
+    where = rep["gpu"] or "--kv-cache-memory"
+    lines = [f"{rep['model_type']}, max_model_len {rep['max_model_len']:,}, block size {rep['block_size']}, "
+             f"TP {rep['tensor_parallel_size']}, {where}",
+             f"{'':<24}{'BF16 + auto KV':>20}{cand:>40}{'ratio':>9}"]
+
+    def row(name, key, fmt, ratio=False):
+        r = f"{c[key] / b[key]:>8.2f}x" if ratio and b[key] else ""
+        lines.append(f"{name:<24}{fmt(b[key]):>20}{fmt(c[key]):>40}{r:>9}")
+
+    row("weights per GPU", "weight_bytes", lambda v: f"{v / GiB:.2f} GiB")
+    row("KV bytes per token", "kv_bytes_per_token", lambda v: f"{v:,}")
+    row("KV memory", "kv_memory_bytes", lambda v: f"{v / GiB:.2f} GiB")
+    row("KV blocks", "num_blocks", lambda v: f"{v:,}")
+    row("KV tokens", "kv_tokens", lambda v: f"{v:,}", ratio=True)
+    row("max concurrency", "max_concurrency", lambda v: f"{v:.2f}x", ratio=True)
+    return "\n".join(lines)

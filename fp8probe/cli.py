@@ -12,15 +12,18 @@ import argparse
 import errno
 import logging
 import math
-import platform
 import signal
 import sys
 import time
 import traceback
 from pathlib import Path
 
+# only modules that import no torch: `fp8probe --help` stays instant; each command imports what it uses
 from . import __version__
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, FP8ProbeError
+from .metrics import METRICS
+from .schemes import KV_CACHE_DTYPES, KV_CACHE_SCHEMES, PRESETS
+from .serving import GPUS
 
 log = logging.getLogger("fp8probe")
 
@@ -126,22 +129,14 @@ def _add_run_args(p: argparse.ArgumentParser, scheme: bool = True) -> None:
 
 
 def _schemes() -> str:
-    from .fp8 import PRESETS
-
     return ", ".join(PRESETS)
 
 
 def _kv_dtypes() -> str:
-    from .fp8 import KV_CACHE_DTYPES
-
     return ", ".join(KV_CACHE_DTYPES)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .capacity import GPUS
-    from .fp8 import KV_CACHE_DTYPES
-    from .mismatch import METRICS
-
     ap = _Parser(prog="fp8probe", description="Per-layer FP8 sensitivity and mismatch-budgeted "
                                  "FP8 recipes for RL / on-policy-distillation students.")
     ap.add_argument("--version", action="version", version=f"fp8probe {__version__}")
@@ -174,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", default="kl_q_p", choices=METRICS, metavar="METRIC",
                    help="the metric the budget bounds (default: kl_q_p); one of " + ", ".join(METRICS))
     p.add_argument("--out", required=True, help="output directory for recipe.yaml and recipe.json")
-    p.add_argument("--kv-cache-scheme", choices=["fp8"], help="also put the KV cache in FP8 (counts in the budget)")
+    p.add_argument("--kv-cache-scheme", choices=list(KV_CACHE_SCHEMES),
+                   help="also put the KV cache in FP8 (counts in the budget)")
     p.add_argument("--keep-first", type=NONNEG_INT, default=0, help="keep the first N blocks in BF16")
     p.add_argument("--keep-last", type=NONNEG_INT, default=0, help="keep the last N blocks in BF16")
     p.add_argument("--keep", nargs="*", default=[], help="units or groups to keep in BF16")
@@ -227,9 +223,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-COMMANDS = ("sweep", "measure", "rollouts", "recipe", "export", "capacity", "units")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -239,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        return globals()[f"cmd_{args.command}"](args)
+        return COMMANDS[args.command](args)
     except KeyboardInterrupt as e:
         where = getattr(e, "resumable_dir", None)
         tail = (f"finished rows are kept in {where}: rerun the same command with --resume to continue"
@@ -310,46 +303,30 @@ def _setup_logging(args) -> None:
 # shared steps
 
 
-def _validate_common(args) -> None:
-    """Check everything the arguments and the model's config allow before any output exists, so that bad
-    input fails in seconds and leaves nothing behind."""
+def _validate(args) -> None:
+    """Everything the arguments and the model's config allow is checked before any output exists, so that
+    bad input fails in seconds and leaves nothing behind."""
     from ._files import check_writable
-    from .fp8 import KVCacheScheme, Scheme
-    from .rollouts import read_prompts
+    from .rollouts import load_rollouts, read_prompts
+    from .schemes import KVCacheScheme, Scheme
+    from .student import check_device, check_scheme, check_supported, load_config, parse_dtype
 
     scheme = Scheme.from_name(args.scheme) if getattr(args, "scheme", None) else None
-    if hasattr(args, "device"):
-        from .student import check_device, parse_dtype
-
-        check_device(args.device)
-        parse_dtype(args.dtype)
+    check_device(args.device)
+    parse_dtype(args.dtype)
     if getattr(args, "kv_cache_dtype", None):
         KVCacheScheme.from_name(args.kv_cache_dtype)
     if getattr(args, "prompts", None):
         read_prompts(args.prompts)
-    rollouts = None
-    if getattr(args, "rollouts", None):
-        from .rollouts import load_rollouts
-
-        rollouts = load_rollouts(args.rollouts)
+    rollouts = load_rollouts(args.rollouts) if getattr(args, "rollouts", None) else None
     if getattr(args, "out", None):
         check_writable(args.out)
-    cfg = _config(args)  # a missing path, a broken GGUF, an unsupported architecture fail here
-    if scheme is not None:
-        from .capacity import meta_model
-        from .student import input_dim, list_units
-
-        scheme.check_input_dims({u.name: input_dim(u) for u in list_units(meta_model(cfg)) if u.quantizable})
-    if rollouts is not None:
-        rollouts.check_fits(cfg, args.rollouts)
-
-
-def _config(args):
-    from .student import check_supported, load_config
-
     cfg = load_config(args.model, args.trust_remote_code, args.allow_pickle)
     check_supported(cfg)
-    return cfg
+    if scheme is not None:
+        check_scheme(cfg, scheme)
+    if rollouts is not None:
+        rollouts.check_fits(cfg, args.rollouts)
 
 
 def _load(args):
@@ -362,7 +339,8 @@ def _load(args):
     return s, time.perf_counter() - t
 
 
-def _rollouts(args, student, out: Path | None, reuse_from: Path | None = None):
+def _rollouts(args, student, out: Path, reuse_from: Path | None = None):
+    """The rollouts: --rollouts DIR, the ones a resumed sweep saved, or new ones; saved into `out`."""
     from .rollouts import load_rollouts, make_rollouts, save_rollouts
 
     t = time.perf_counter()
@@ -375,29 +353,21 @@ def _rollouts(args, student, out: Path | None, reuse_from: Path | None = None):
                           max_new_tokens=args.max_new_tokens, seed=args.seed, temperature=args.temperature,
                           batch_size=args.batch_size, progress=args.progress)
         log.info("sampled %d rollouts, %d response tokens", r.num_sequences, r.num_response_tokens)
-    if out is not None and Path(src or "") != out:
+    if Path(src or "") != out:
         save_rollouts(r, out)
     return r, time.perf_counter() - t
 
 
-def _versions() -> dict:
-    import torch
-    import transformers
-
-    return {"fp8probe": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
-
-
 # ---------------------------------------------------------------------------------------------------
-# commands
+# commands: parse, call the library, print one summary line
 
 
 def cmd_sweep(args) -> int:
-    from ._files import atomic_write_text, output_dir
-    from .runs import RUN_FILE, TABLE, write_run
-    from .sweep import PARTIAL, PARTIAL_SETTINGS, check_resume_state, sweep
+    from ._files import output_dir
+    from .runs import RUN_FILE, check_resume_state, finish_sweep, write_run, write_table
+    from .sweep import summary, sweep
 
-    _validate_common(args)
+    _validate(args)
     out = Path(args.out)
     check_resume_state(out, args.resume)
     if not args.resume and (out / RUN_FILE).exists():
@@ -413,64 +383,40 @@ def cmd_sweep(args) -> int:
                    kv=args.kv_cache_dtype, batch_size=args.batch_size, progress=args.progress, out_dir=out,
                    resume=args.resume)
         t_sweep = time.perf_counter() - t
-        atomic_write_text(out / TABLE, df.to_csv(index=False, float_format="%.17g"))
+        write_table(out, df)
         write_run(out, {
-            "command": "sweep",
-            "model": student.name,
-            "model_path": student.path,
-            "model_type": student.model_type,
-            "scheme": args.scheme.upper(),
-            "granularity": args.granularity,
-            "include_kv": not args.no_kv,
-            "kv_cache_dtype": args.kv_cache_dtype,
-            "seed": rollouts.meta.get("seed"),
-            "device": args.device,
-            "dtype": args.dtype,
-            "batch_size": args.batch_size,
-            "num_sequences": rollouts.num_sequences,
-            "num_tokens": int(rollouts.attention_mask.sum()),
-            "num_response_tokens": rollouts.num_response_tokens,
-            "rows": len(df),
+            "command": "sweep", "model": student.name, "model_path": student.path,
+            "model_type": student.model_type, "scheme": args.scheme.upper(), "granularity": args.granularity,
+            "include_kv": not args.no_kv, "kv_cache_dtype": args.kv_cache_dtype, "seed": rollouts.meta.get("seed"),
+            "device": args.device, "dtype": args.dtype, "batch_size": args.batch_size,
+            "num_sequences": rollouts.num_sequences, "num_tokens": int(rollouts.attention_mask.sum()),
+            "num_response_tokens": rollouts.num_response_tokens, "rows": len(df),
             "seconds": {"load": round(t_load, 3), "rollouts": round(t_roll, 3),
                         "reference": round(df.attrs.get("reference_seconds", 0.0), 3),
                         "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)},
-            "versions": _versions(),
         })
-        for f in (PARTIAL, PARTIAL_SETTINGS):
-            (out / f).unlink(missing_ok=True)
-    _print_sweep_summary(df, out, time.perf_counter() - t0)
+        finish_sweep(out)
+    print(summary(df))
+    print(f"sweep: {len(df)} rows in {time.perf_counter() - t0:.0f} s -> {out / 'sensitivity.csv'}")
     return 0
-
-
-def _print_sweep_summary(df, out: Path, seconds: float) -> None:
-    units = df[df["kind"] != "model"].sort_values("kl_q_p", ascending=False).head(10)
-    cols = ["unit", "kind", "kl_q_p", "k3", "top1_agree", "sqnr_db"]
-    print("\nten most sensitive rows (mean KL(q||p) per response token):")
-    print(units[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    whole = df[df["kind"] == "model"].set_index("unit")
-    for name in ("model.fp8_all", "model.fp8_all_kv"):
-        if name in whole.index:
-            r = whole.loc[name]
-            print(f"{name}: kl_q_p={r.kl_q_p:.3g} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
-                  f"token_mult_prob_error={r.token_mult_prob_error:.5f}")
-    print(f"sweep: {len(df)} rows in {seconds:.0f} s -> {out / 'sensitivity.csv'}")
 
 
 def cmd_measure(args) -> int:
     from ._files import atomic_write_json, output_dir
     from .measure import measure
+    from .runs import versions
 
-    _validate_common(args)
+    _validate(args)
     t0 = time.perf_counter()
     with output_dir(args.out) as out:
         student, _ = _load(args)
         rollouts, _ = _rollouts(args, student, out)
         metrics = measure(student, rollouts, scheme=args.scheme, kv=args.kv_cache_dtype, batch_size=args.batch_size)
-        report = {"schema_version": 1, "command": "measure", "model": student.name, "scheme": args.scheme.upper(),
-                  "kv_cache_dtype": args.kv_cache_dtype, "num_sequences": rollouts.num_sequences,
-                  "num_response_tokens": rollouts.num_response_tokens, "metrics": metrics,
-                  "seconds": round(time.perf_counter() - t0, 3), "versions": _versions()}
-        atomic_write_json(out / "mismatch.json", report)
+        atomic_write_json(out / "mismatch.json", {
+            "schema_version": 1, "command": "measure", "model": student.name, "scheme": args.scheme.upper(),
+            "kv_cache_dtype": args.kv_cache_dtype, "num_sequences": rollouts.num_sequences,
+            "num_response_tokens": rollouts.num_response_tokens, "metrics": metrics,
+            "seconds": round(time.perf_counter() - t0, 3), "versions": versions()})
     what = args.scheme.upper() + (f" + {args.kv_cache_dtype} KV cache" if args.kv_cache_dtype else "")
     print(f"\nwhole-model {what} vs reference on {rollouts.num_response_tokens} response tokens:")
     for k, v in metrics.items():
@@ -482,7 +428,7 @@ def cmd_measure(args) -> int:
 def cmd_rollouts(args) -> int:
     from ._files import output_dir
 
-    _validate_common(args)
+    _validate(args)
     with output_dir(args.out) as out:
         student, _ = _load(args)
         r, secs = _rollouts(args, student, out)
@@ -493,9 +439,9 @@ def cmd_rollouts(args) -> int:
 
 def cmd_recipe(args) -> int:
     from ._files import check_writable, output_dir
-    from .recipe import make_recipe
     from .rollouts import load_rollouts
     from .runs import read_sweep
+    from .selection import make_recipe
     from .student import load_student
 
     run = read_sweep(args.sweep_dir)
@@ -535,38 +481,32 @@ def cmd_export(args) -> int:
 
 def cmd_capacity(args) -> int:
     from ._files import atomic_write_json, check_writable, output_dir
-    from .capacity import GiB, Precision, capacity, gpu_bytes, load_config_only, meta_model
-    from .fp8 import Scheme
+    from .capacity import capacity, format_report
+    from .recipe import Recipe, read_recipe
+    from .serving import GiB, Serving
+    from .student import list_units, load_config, meta_model
 
     if args.plot and not args.out:
         raise FP8ProbeError("--plot needs --out DIR")
     if args.out:
         check_writable(args.out)
-    if args.gpu_memory is None and args.kv_cache_memory is None:
-        gpu_bytes(args.gpu)
-    scheme = Scheme.from_name(args.scheme)
-    cfg = load_config_only(args.model, args.trust_remote_code, args.allow_pickle)
-    meta = meta_model(cfg)
+    serving = Serving(gpu=args.gpu, gpu_memory_gib=args.gpu_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+                      kv_cache_memory=args.kv_cache_memory, max_model_len=args.max_model_len,
+                      tensor_parallel_size=args.tensor_parallel_size, block_size=args.block_size,
+                      reserve_bytes=None if args.reserve_gib is None else int(args.reserve_gib * GiB),
+                      max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                      hybrid=not args.disable_hybrid_kv_cache_manager)
+    cfg = load_config(args.model, args.trust_remote_code, args.allow_pickle)
+    units = list_units(meta_model(cfg))
     if args.recipe:
-        from .recipe import read_recipe_yaml
-
-        spec = read_recipe_yaml(args.recipe)
-        spec.check_model(meta, args.recipe)
-        precision = spec.precision(meta)
+        recipe = read_recipe(args.recipe)
+        recipe.check_model(units, args.recipe)
     else:
-        from .student import list_units
-
-        precision = Precision(scheme, frozenset(u.name for u in list_units(meta) if u.quantizable),
-                              scheme.static_input)
-    rep = capacity(cfg, precision, kv_cache_dtype=args.kv_cache_dtype, gpu=args.gpu, gpu_memory_gib=args.gpu_memory,
-                   gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory=args.kv_cache_memory,
-                   max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size,
-                   block_size=args.block_size, reserve_bytes=None if args.reserve_gib is None else
-                   int(args.reserve_gib * GiB), max_num_batched_tokens=args.max_num_batched_tokens,
-                   max_num_seqs=args.max_num_seqs, hybrid=not args.disable_hybrid_kv_cache_manager)
+        recipe = Recipe.whole_model(units, args.scheme)
+    rep = capacity(cfg, recipe, kv_cache_dtype=args.kv_cache_dtype, serving=serving)
     rep["model"] = args.model or "smollm2-135m"
     rep["recipe"] = args.recipe
-    print(format_capacity(rep))
+    print(format_report(rep))
     if args.out:
         with output_dir(args.out) as out:
             atomic_write_json(out / "capacity.json", rep)
@@ -578,31 +518,8 @@ def cmd_capacity(args) -> int:
     return 0
 
 
-def format_capacity(rep: dict) -> str:
-    from .capacity import GiB
-
-    b, c = rep["baseline"], rep["candidate"]
-    cand = f"{c['scheme'] or 'BF16'} ({c['fp8_units']} units) + {c['kv_cache_dtype']} KV"
-    where = rep["gpu"] or "--kv-cache-memory"
-    lines = [f"{rep['model_type']}, max_model_len {rep['max_model_len']:,}, block size {rep['block_size']}, "
-             f"TP {rep['tensor_parallel_size']}, {where}",
-             f"{'':<24}{'BF16 + auto KV':>20}{cand:>40}{'ratio':>9}"]
-
-    def row(name, key, fmt, ratio=False):
-        r = f"{c[key] / b[key]:>8.2f}x" if ratio and b[key] else ""
-        lines.append(f"{name:<24}{fmt(b[key]):>20}{fmt(c[key]):>40}{r:>9}")
-
-    row("weights per GPU", "weight_bytes", lambda v: f"{v / GiB:.2f} GiB")
-    row("KV bytes per token", "kv_bytes_per_token", lambda v: f"{v:,}")
-    row("KV memory", "kv_memory_bytes", lambda v: f"{v / GiB:.2f} GiB")
-    row("KV blocks", "num_blocks", lambda v: f"{v:,}")
-    row("KV tokens", "kv_tokens", lambda v: f"{v:,}", ratio=True)
-    row("max concurrency", "max_concurrency", lambda v: f"{v:.2f}x", ratio=True)
-    return "\n".join(lines)
-
-
 def cmd_units(args) -> int:
-    _validate_common(args)
+    _validate(args)
     student, _ = _load(args)
     for u in student.units:
         flag = "" if u.quantizable else "  (kept BF16)"
@@ -611,6 +528,10 @@ def cmd_units(args) -> int:
     print(f"units: {len(q)} quantizable in {len(student.groups())} fused groups, "
           f"{sum(u.params for u in q):,} parameters")
     return 0
+
+
+COMMANDS = {"sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "recipe": cmd_recipe,
+            "export": cmd_export, "capacity": cmd_capacity, "units": cmd_units}
 
 
 if __name__ == "__main__":

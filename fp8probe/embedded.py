@@ -20,10 +20,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
+from ._files import atomic_dir
 from .errors import FP8ProbeError
 
 log = logging.getLogger(__name__)
@@ -78,12 +78,13 @@ def embedded_student_dir() -> Path:
         return target
     gguf = embedded_gguf()
     log.info("converting the embedded student to safetensors once (about 30 s)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{NAME}-") as tmp:
-        convert_gguf(gguf, Path(tmp) / "model")
-        if target.exists():  # a concurrent conversion finished first
+    try:
+        with atomic_dir(target) as tmp:
+            convert_gguf(gguf, tmp)
+    except OSError:
+        if (target / "model.safetensors").exists():  # a concurrent conversion finished first
             return target
-        os.replace(Path(tmp) / "model", target)
+        raise
     return target
 
 
@@ -114,6 +115,6 @@ def convert_gguf(gguf: Path, out: Path, eos_token: str | None = EOS_TOKEN) -> No
             tok.pad_token = tok.convert_ids_to_tokens(0)
         model.generation_config.pad_token_id = tok.pad_token_id
         model.config.pad_token_id = tok.pad_token_id
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))

@@ -17,65 +17,22 @@ compressed. Beside it:
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
+import yaml
+
+from ._files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
 from .errors import FP8ProbeError, MissingExtra
-from .recipe import RecipeSpec, read_recipe_yaml
+from .recipe import Recipe, read_recipe
+from .student import check_finite_weights, config_kwargs, list_units, load_config, meta_model, one_line, resolve_source
 
 log = logging.getLogger(__name__)
 
 
-def check_vllm_loadable(model, spec: RecipeSpec) -> None:
-    """Refuse, naming the units, what vLLM cannot load: split fused groups, mixed experts, bad shapes."""
-    from .student import input_dim, list_units
-
-    units = [u for u in list_units(model) if u.quantizable]
-    fp8 = {u.name for u in spec.quantized_units(model)}
-    groups: dict[str, list] = {}
-    for u in units:
-        groups.setdefault(u.group, []).append(u)
-    for g, us in groups.items():
-        states = {u.name in fp8 for u in us}
-        if len(states) > 1:
-            q = [u.name for u in us if u.name in fp8]
-            b = [u.name for u in us if u.name not in fp8]
-            raise FP8ProbeError(f"the recipe splits vLLM's fused {g.rsplit('.', 1)[-1]} of block {us[0].block}: "
-                                f"FP8 {', '.join(q)} but BF16 {', '.join(b)}; keep the whole group in one precision")
-    for u in units:
-        if u.kind != "expert":
-            continue
-        mod = model.get_submodule(u.name)
-        n = mod.gate_up_proj.shape[0]
-        states = {spec.is_ignored(f"{u.name}.{e}.{p}") for e in range(n) for p in ("gate_proj", "up_proj", "down_proj")}
-        if len(states) > 1:
-            raise FP8ProbeError(f"the recipe gives the experts of {u.name} different precisions; vLLM runs all "
-                                "experts of a layer with one scheme")
-    spec.scheme.check_input_dims({u.name: input_dim(u) for u in units if u.name in fp8})
-    if spec.scheme.weight.strategy == "block":
-        bn, bk = spec.scheme.weight.block
-        bad = []
-        for g, us in groups.items():
-            if us[0].name not in fp8:
-                continue
-            for i, u in enumerate(us):
-                out_dim = u.shape[-2]
-                if len(us) > 1 and i < len(us) - 1 and out_dim % bn:
-                    bad.append(f"{u.name} (output dim {out_dim} inside the fused {g.rsplit('.', 1)[-1]})")
-        if bad:
-            raise FP8ProbeError(f"{spec.scheme.name} needs dims in whole blocks of {bk}: {', '.join(bad[:4])}"
-                                f"{' ...' if len(bad) > 4 else ''}; keep these in BF16 or use FP8_DYNAMIC")
-
-
-def needs_calibration(spec: RecipeSpec) -> bool:
-    return spec.scheme.static_input or spec.kv_cache is not None
-
-
-def vllm_args(ckpt: Path, spec: RecipeSpec, max_model_len: int | None) -> dict:
+def vllm_args(ckpt: Path, recipe: Recipe, max_model_len: int | None) -> dict:
     args = {"model": str(ckpt.resolve()), "quantization": "compressed-tensors", "dtype": "bfloat16",
-            "kv_cache_dtype": "fp8" if spec.kv_cache else "auto"}
+            "kv_cache_dtype": "fp8" if recipe.kv_cache_scheme is not None else "auto"}
     if max_model_len:
         args["max_model_len"] = int(max_model_len)
     return args
@@ -121,19 +78,15 @@ def export(model: str | None, recipe: str | Path, out: str | Path, rollouts=None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ._files import atomic_write_json, atomic_write_text, check_writable
-    from .capacity import meta_model
-    from .student import check_finite_weights, config_kwargs, load_config, resolve_source
-
-    spec = read_recipe_yaml(recipe)
+    spec = read_recipe(recipe)
     out = check_writable(out)
     if out.exists() and any(out.iterdir()):
         raise FP8ProbeError(f"{out} exists and is not empty; choose another --out")
     cfg = load_config(model, trust_remote_code, allow_pickle)
-    meta = meta_model(cfg)
-    spec.check_model(meta, str(recipe))
-    check_vllm_loadable(meta, spec)
-    if needs_calibration(spec) and rollouts is None:
+    units = list_units(meta_model(cfg))
+    spec.check_model(units, str(recipe))
+    spec.check_vllm_loadable(units)
+    if spec.needs_calibration and rollouts is None:
         raise FP8ProbeError("this recipe needs calibration data (static input scales or a kv_cache_scheme): "
                             "pass --rollouts DIR (a sweep directory holds them)")
     if rollouts is not None:
@@ -147,7 +100,7 @@ def export(model: str | None, recipe: str | Path, out: str | Path, rollouts=None
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, trust_remote_code=trust_remote_code, **kwargs)
     check_finite_weights(hf, str(model or src))
     oneshot_kwargs = {}
-    if needs_calibration(spec):
+    if spec.needs_calibration:
         from datasets import Dataset
 
         ids, am = rollouts.input_ids, rollouts.attention_mask
@@ -155,33 +108,22 @@ def export(model: str | None, recipe: str | Path, out: str | Path, rollouts=None
                  "attention_mask": [1] * int(am[i].sum())} for i in range(ids.shape[0])][:num_calibration_samples]
         oneshot_kwargs = {"dataset": Dataset.from_list(rows), "num_calibration_samples": len(rows),
                           "max_seq_length": int(am.sum(1).max())}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    try:
-        log.info("llm-compressor oneshot: %s, %d ignored names", spec.scheme.name, len(spec.ignore))
+    with atomic_dir(out) as tmp:
+        log.info("llm-compressor oneshot: %s, %d ignored names", spec.scheme, len(spec.ignore))
         try:
             oneshot(model=hf, recipe=str(recipe), **oneshot_kwargs)
         except (ValueError, TypeError, KeyError) as e:  # llm-compressor refusing the recipe or the model
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise FP8ProbeError(f"llm-compressor refused the recipe: {msg[:300]}") from e
+            raise FP8ProbeError(f"llm-compressor refused the recipe: {one_line(e)}") from e
         hf.save_pretrained(str(tmp), save_compressed=True)
         tok.save_pretrained(str(tmp))
         shutil.copy(recipe, tmp / "recipe.yaml")
         final = out.resolve()
         args = vllm_args(final, spec, max_model_len)
         atomic_write_json(tmp / "vllm_args.json", args)
-        import yaml
-
         serve = {k.replace("_", "-"): v for k, v in args.items() if k != "model"}
         atomic_write_text(tmp / "vllm.yaml", f"# vllm serve {final} --config {final / 'vllm.yaml'}\n"
                           + yaml.safe_dump(serve, sort_keys=False))
         atomic_write_text(tmp / "rollout_snippets.md", _snippets(args))
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

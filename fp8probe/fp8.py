@@ -31,128 +31,12 @@ every other strategy, the results are bit-identical (tests/test_fp8.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from .errors import FP8ProbeError
-
-FP8_FORMATS = {
-    # name: (torch dtype, largest finite value)
-    "e4m3": (torch.float8_e4m3fn, 448.0),
-    "e5m2": (torch.float8_e5m2, 57344.0),
-}
-
-STRATEGIES = ("tensor", "channel", "block", "token", "group", "head")
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """How one tensor (a weight, an input activation, a K or V) is quantized."""
-
-    strategy: str  # one of STRATEGIES
-    dynamic: bool = False  # scales computed per forward from the tensor itself
-    block: tuple[int, int] = (128, 128)  # rows x cols, for strategy="block"
-    group_size: int = 128  # along the last dim, for strategy="group"
-    fmt: str = "e4m3"  # "e4m3" or "e5m2"
-
-    def __post_init__(self):
-        if self.strategy not in STRATEGIES:
-            raise FP8ProbeError(f"unknown strategy {self.strategy!r}; supported: {', '.join(STRATEGIES)}")
-        if self.fmt not in FP8_FORMATS:
-            raise FP8ProbeError(f"unknown FP8 format {self.fmt!r}; supported: {', '.join(FP8_FORMATS)}")
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return FP8_FORMATS[self.fmt][0]
-
-    @property
-    def max(self) -> float:
-        return FP8_FORMATS[self.fmt][1]
-
-
-@dataclass(frozen=True)
-class Scheme:
-    """A weight + input-activation FP8 scheme, as a compressed-tensors preset names it."""
-
-    name: str
-    weight: QuantSpec
-    input: QuantSpec
-
-    @classmethod
-    def from_name(cls, name: "str | Scheme") -> "Scheme":
-        if isinstance(name, Scheme):
-            return name
-        key = str(name).strip().upper()
-        if key not in PRESETS:
-            raise FP8ProbeError(f"unknown scheme {name!r}; supported: {', '.join(PRESETS)}")
-        return PRESETS[key]
-
-    @property
-    def static_input(self) -> bool:
-        """True when the input scale must be calibrated on data (the FP8 preset)."""
-        return not self.input.dynamic
-
-    def check_input_dims(self, dims: dict[str, int]) -> None:
-        """Per-group input quantization needs inputs in whole groups (vLLM's block-FP8 kernels need them
-        too): refuse, naming the units, when a unit's input dim (name -> dim) is not a multiple."""
-        if self.input.strategy != "group":
-            return
-        g = self.input.group_size
-        bad = [f"{n} ({d})" for n, d in dims.items() if d % g]
-        if bad:
-            raise FP8ProbeError(f"{self.name} needs input dims divisible by {g}; not: {', '.join(bad[:5])}"
-                                f"{' ...' if len(bad) > 5 else ''}; use FP8_DYNAMIC or keep these units in BF16")
-
-
-PRESETS: dict[str, Scheme] = {
-    "FP8": Scheme("FP8", QuantSpec("tensor"), QuantSpec("tensor", dynamic=False)),
-    "FP8_DYNAMIC": Scheme("FP8_DYNAMIC", QuantSpec("channel"), QuantSpec("token", dynamic=True)),
-    "FP8_BLOCK": Scheme("FP8_BLOCK", QuantSpec("block"), QuantSpec("group", dynamic=True)),
-}
-
-
-# vLLM's --kv-cache-dtype names of the FP8 KV caches -> our format names
-KV_CACHE_DTYPES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
-
-
-@dataclass(frozen=True)
-class KVCacheScheme:
-    """FP8 KV cache: the format and whether K/V get one scale per layer or one per KV head.
-
-    `scale` is "calibrated" (amax / fmt max over calibration data, what llm-compressor's
-    kv_cache_scheme stores) or "unit" (scale 1.0: what vLLM uses with --kv-cache-dtype fp8 on a
-    checkpoint without KV scales).
-    """
-
-    fmt: str = "e4m3"
-    strategy: str = "tensor"  # "tensor" or "head"
-    scale: str = "calibrated"  # "calibrated" or "unit"
-
-    def __post_init__(self):
-        if self.fmt not in FP8_FORMATS:
-            raise FP8ProbeError(f"unknown KV-cache format {self.fmt!r}; supported: {', '.join(FP8_FORMATS)}")
-        if self.strategy not in ("tensor", "head"):
-            raise FP8ProbeError(f"unknown KV-cache strategy {self.strategy!r}; supported: tensor, head")
-        if self.scale not in ("calibrated", "unit"):
-            raise FP8ProbeError(f"unknown KV-cache scale mode {self.scale!r}; supported: calibrated, unit")
-
-    @classmethod
-    def from_name(cls, name: "str | KVCacheScheme") -> "KVCacheScheme":
-        """Accepts vLLM's --kv-cache-dtype names: fp8, fp8_e4m3, fp8_e5m2."""
-        if isinstance(name, KVCacheScheme):
-            return name
-        key = str(name).strip().lower()
-        fmt = KV_CACHE_DTYPES.get(key) or {"e4m3": "e4m3", "e5m2": "e5m2"}.get(key)
-        if fmt is None:
-            raise FP8ProbeError(f"unknown KV-cache dtype {name!r}; supported: {', '.join(KV_CACHE_DTYPES)}")
-        return cls(fmt=fmt)
-
-    @property
-    def spec(self) -> QuantSpec:
-        return QuantSpec(self.strategy, dynamic=False, fmt=self.fmt)
-
+from .schemes import KVCacheScheme, QuantSpec, Scheme
 
 # ---------------------------------------------------------------------------------------------------
 # scales
@@ -172,7 +56,7 @@ def _blocks(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     return x.reshape(rows // bh, bh, cols // bw, bw).transpose(1, 2)
 
 
-def _amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+def amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """max(|min(x,0)|, |max(x,0)|) reduced as the strategy says, shaped to broadcast against x."""
     a = x.abs()
     s = spec.strategy
@@ -198,8 +82,8 @@ def _amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 
 def compute_scale(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """scale = amax / fmt max in x's dtype, zeros replaced by that dtype's eps (as compressed-tensors)."""
-    amax = _amax(x, spec)
-    scale = amax / torch.tensor(spec.max, dtype=amax.dtype, device=amax.device)
+    top = amax(x, spec)
+    scale = top / torch.tensor(spec.max, dtype=top.dtype, device=top.device)
     eps = torch.tensor(torch.finfo(scale.dtype).eps, dtype=scale.dtype, device=scale.device)
     return torch.where(scale == 0, eps, scale)
 
@@ -293,23 +177,14 @@ def simulate_weight(w: torch.Tensor, scheme: "str | Scheme", storage_dtype: torc
     return dequantize(codes, scale.float(), spec).to(w.dtype)
 
 
-def num_scales(shape: tuple[int, int], spec: QuantSpec) -> int:
-    """How many scales a checkpoint stores for a weight of shape [out, in]."""
-    rows, cols = shape
-    if spec.strategy == "tensor":
-        return 1
-    if spec.strategy == "channel":
-        return rows
-    if spec.strategy == "block":
-        return math.ceil(rows / spec.block[0]) * math.ceil(cols / spec.block[1])
-    raise FP8ProbeError(f"strategy {spec.strategy!r} is not a weight strategy")
-
-
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio in dB, torchao's definition: 20 log10(||ref|| / ||ref - approx||)."""
     ref = ref.float()
-    noise = torch.linalg.vector_norm(ref - approx.float())
-    signal = torch.linalg.vector_norm(ref)
+    return sqnr_db_from_energy(float(ref.pow(2).sum()), float((ref - approx.float()).pow(2).sum()))
+
+
+def sqnr_db_from_energy(signal: float, noise: float) -> float:
+    """The same SQNR from summed energies (sum ref^2, sum (ref - approx)^2), e.g. accumulated over batches."""
     if noise == 0:
-        return float("inf")
-    return float(20 * torch.log10(signal / noise))
+        return math.inf
+    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf

@@ -29,10 +29,12 @@ import torch
 from torch import nn
 
 from .errors import FP8ProbeError
-from .fp8 import KVCacheScheme, QuantSpec, Scheme, compute_scale, dequantize, fake_quant, quantize, quantize_weight
-from .student import _is_experts, decoder_layers, list_units
+from .fp8 import amax, compute_scale, dequantize, fake_quant, quantize, quantize_weight
+from .schemes import KVCacheScheme, QuantSpec, Scheme
+from .student import decoder_layers, fused_groups, is_experts, list_units
 
 STORAGE_DTYPE = torch.bfloat16  # the checkpoint's dtype: scales and codes are computed in it
+_PER_TENSOR = QuantSpec("tensor")  # static input scales and per-tensor KV scales reduce over everything
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -59,11 +61,7 @@ def _checkpoint_codes(model: nn.Module, names: list[str], scheme: Scheme) -> dic
     spec = scheme.weight
     out = {n: _swap(quantize_weight(model.get_submodule(n).weight, scheme, STORAGE_DTYPE)) for n in names}
     if spec.strategy == "tensor":
-        members: dict[str, list[str]] = {}
-        for u in list_units(model):
-            if u.quantizable:
-                members.setdefault(u.group, []).append(u.name)
-        for ns in members.values():
+        for ns in ([u.name for u in us] for us in fused_groups(list_units(model)).values()):
             if len(ns) > 1 and set(ns) <= set(out):
                 # vLLM: one GEMM for the fused group, weights requantized with the largest scale
                 smax = torch.stack([out[n][1] for n in ns]).max().reshape(1)
@@ -126,7 +124,7 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
         raise FP8ProbeError(f"scheme {scheme.name} has static input scales: pass a Calibration from the rollouts")
     handles, restore = [], []
     linear = [n for n in names if isinstance(model.get_submodule(n), nn.Linear)]
-    experts = [n for n in names if _is_experts(model.get_submodule(n))]
+    experts = [n for n in names if is_experts(model.get_submodule(n))]
     other = set(names) - set(linear) - set(experts)
     if other:
         raise FP8ProbeError(f"not quantizable units: {', '.join(sorted(other))}")
@@ -304,24 +302,21 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
     cal = Calibration({}, {}, {})
     handles = []
 
-    def upd(d, key, val):
+    def upd(d, key, x, spec=_PER_TENSOR):
+        val = amax(x.detach(), spec).float().cpu()
         d[key] = val if key not in d else torch.maximum(d[key], val)
 
-    def amax_kv(x):
-        if kv_strategy == "head":
-            return x.detach().abs().amax(dim=(0, 2, 3), keepdim=True).float().cpu()
-        return x.detach().abs().amax().reshape(1).float().cpu()
+    kv_spec = QuantSpec(kv_strategy)
 
     restore = []
     try:
         for n in names:
             mod = model.get_submodule(n)
             if isinstance(mod, nn.Linear):
-                handles.append(mod.register_forward_pre_hook(
-                    lambda m, a, _n=n: upd(cal.input_amax, _n, a[0].detach().abs().amax().reshape(1).float().cpu())))
-            elif _is_experts(mod):
+                handles.append(mod.register_forward_pre_hook(lambda m, a, _n=n: upd(cal.input_amax, _n, a[0])))
+            elif is_experts(mod):
                 def rec(x, which, _n=n):
-                    upd(cal.input_amax, f"{_n}:{which}", x.detach().abs().amax().reshape(1).float().cpu())
+                    upd(cal.input_amax, f"{_n}:{which}", x)
                     return x
 
                 restore.append(mod)
@@ -330,8 +325,8 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
 
         def kv_rec(i):
             def act(k, v):
-                upd(cal.k_amax, i, amax_kv(k))
-                upd(cal.v_amax, i, amax_kv(v))
+                upd(cal.k_amax, i, k, kv_spec)
+                upd(cal.v_amax, i, v, kv_spec)
                 return k, v
             return act
 

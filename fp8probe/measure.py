@@ -1,11 +1,108 @@
-"""Measure one configuration (a set of units in FP8, optionally an FP8 KV cache) on the rollouts."""
+"""One perturbation of the student measured against the reference: the one measurement function.
+
+A `Perturbation` says what the rollout engine does differently from the trainer (units in FP8, an FP8 KV
+cache in some layers); `measure_perturbation` applies it with the hooks (hooks.py), runs the candidate
+pass from the first block it touches (reference.py reuses the prefix), and returns every metric of
+metrics.py, plus the SQNR of the perturbed units' own outputs when asked (torchao's definition, a cheap
+local second view). The sweep measures one perturbation per row; recipes, whole-model checks and the
+comparison with vLLM measure theirs with the same function.
+"""
 
 from __future__ import annotations
 
-from .fp8 import KVCacheScheme, Scheme
-from .mismatch import METRICS
+import contextlib
+from dataclasses import dataclass
+
+from torch import nn
+
+from .fp8 import sqnr_db_from_energy
+from .hooks import quantize_kv, quantize_units
+from .metrics import METRICS
+from .mismatch import summarize
 from .reference import Reference
-from .sweep import Row, measure_row
+from .schemes import KVCacheScheme, Scheme
+from .student import is_experts
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """What differs from the reference: `units` in `scheme`, and the KV cache of `kv_layers` in `kv`."""
+
+    units: tuple[str, ...] = ()
+    scheme: Scheme = Scheme.from_name("FP8_DYNAMIC")
+    kv_layers: tuple[int, ...] = ()
+    kv: KVCacheScheme = KVCacheScheme()
+
+    def start_block(self, student) -> int:
+        """The first decoder block whose output changes: the candidate pass starts there."""
+        blocks = [student.unit(n).block for n in self.units] + list(self.kv_layers)
+        return min(blocks) if blocks else student.model.config.num_hidden_layers - 1
+
+
+class _Energy:
+    """Signal and noise energies summed over every forward, for one SQNR over all of them."""
+
+    def __init__(self):
+        self.signal = 0.0
+        self.noise = 0.0
+
+    def add(self, ref, approx):
+        ref = ref.float()
+        self.signal += float(ref.pow(2).sum())
+        self.noise += float((ref - approx.float()).pow(2).sum())
+
+    def add_kv(self, k, kq, v, vq):
+        self.add(k, kq)
+        self.add(v, vq)
+
+    @property
+    def db(self) -> float:
+        return sqnr_db_from_energy(self.signal, self.noise)
+
+
+@contextlib.contextmanager
+def _observe_outputs(model: nn.Module, names, energy: _Energy):
+    """Compare each named unit's output with what its original weights give on the same input."""
+    handles = []
+    try:
+        for n in names:
+            mod = model.get_submodule(n)
+            if isinstance(mod, nn.Linear):
+                w, b = mod.weight.data, mod.bias
+                box = {}
+                handles.append(mod.register_forward_pre_hook(lambda m, a, box=box: box.__setitem__("x", a[0]),
+                                                             prepend=True))
+                handles.append(mod.register_forward_hook(
+                    lambda m, a, out, box=box, w=w, b=b: energy.add(nn.functional.linear(box.pop("x"), w, b), out)))
+            elif is_experts(mod):
+                handles.append(mod.register_forward_hook(
+                    lambda m, a, out: energy.add(type(m).forward(m, *a), out)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def measure_perturbation(reference: Reference, student, p: Perturbation, start_block: int | None = None,
+                         sqnr: bool = False) -> dict[str, float]:
+    """Every metric of `p` against the reference (METRICS keys), plus "sqnr_db" when `sqnr`: the perturbed
+    units' (or, with no units, the K/V tensors') own outputs against their unperturbed values."""
+    model = student.model
+    energy = _Energy()
+    with contextlib.ExitStack() as stack:
+        if p.units:
+            if sqnr:
+                stack.enter_context(_observe_outputs(model, p.units, energy))
+            stack.enter_context(quantize_units(model, p.units, p.scheme, calibration=reference.calibration))
+        if p.kv_layers:
+            observe_kv = sqnr and not p.units  # a KV row: the SQNR of K and V themselves
+            stack.enter_context(quantize_kv(model, p.kv_layers, p.kv, calibration=reference.calibration,
+                                            observer=energy.add_kv if observe_kv else None))
+        start = p.start_block(student) if start_block is None else start_block
+        out = summarize(reference.candidate_stats(start))
+    if sqnr:
+        out["sqnr_db"] = energy.db
+    return out
 
 
 def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, reference: Reference | None = None,
@@ -17,10 +114,6 @@ def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, refere
     if reference is None:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv_scheme.strategy)
     names = [u.name for u in student.quantizable] if units is None else list(units)
-    blocks = [student.unit(n).block for n in names]
-    n_layers = student.model.config.num_hidden_layers
-    kv_layers = list(range(n_layers)) if kv is not None else []
-    start = 0 if kv_layers else (min(blocks) if blocks else n_layers - 1)
-    row = Row("measure", "model", -1, "model", 0, 0, 0, start, names, kv_layers)
-    result = measure_row(reference, student, row, scheme, kv_scheme)
+    kv_layers = tuple(range(student.model.config.num_hidden_layers)) if kv is not None else ()
+    result = measure_perturbation(reference, student, Perturbation(tuple(names), scheme, kv_layers, kv_scheme))
     return {k: result[k] for k in METRICS}

@@ -28,10 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-METRICS = [
-    "kl_q_p", "kl_p_q", "k1", "k3", "abs_dlogp_mean", "abs_dlogp_max", "token_mult_prob_error",
-    "top1_agree", "kl_p50", "kl_p90", "kl_p99", "kl_p999", "kl_max", "rms_dp",
-]
+from .metrics import METRICS  # the names, zero points and directions are declared in metrics.py
 
 CHUNK_ROWS = 128  # rows per chunk: measured fastest on a 2-core CPU (benchmarks/)
 
@@ -95,27 +92,37 @@ def chunked_token_stats(ref: RefRows, cand_logits_fn, chunk: int = CHUNK_ROWS,
     return {k: torch.cat(v) for k, v in parts.items()}
 
 
+def sampled_token_metrics(logp_ref: torch.Tensor, logp_cand: torch.Tensor) -> dict[str, float]:
+    """The metrics that need only the sampled tokens' log-probs (all a rollout engine's logprobs give, e.g.
+    vLLM's prompt logprobs): k1, k3, |dlog p| mean and max, token_mult_prob_error, rms_dp."""
+    lr, lc = torch.as_tensor(logp_ref).double(), torch.as_tensor(logp_cand).double()
+    r = lr - lc  # log p(y) - log q(y)
+    adl = r.abs()
+    dp = lc.exp() - lr.exp()
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    return {
+        "k1": float(r.mean()),
+        "k3": float((torch.expm1(-r) + r).mean()),
+        "abs_dlogp_mean": float(adl.mean()),
+        "abs_dlogp_max": float(adl.max() if adl.numel() else nan),
+        "token_mult_prob_error": float(adl.exp().mean()),
+        "rms_dp": float(dp.pow(2).mean().sqrt()),
+    }
+
+
 def summarize(stats: dict[str, torch.Tensor]) -> dict[str, float]:
     """The metric dict (METRICS keys) from per-token quantities."""
     kl_qp = stats["kl_q_p"].double()
-    r = (stats["logp_ref"] - stats["logp_cand"]).double()  # log p(y) - log q(y)
-    adl = r.abs()
-    dp = stats["logp_cand"].double().exp() - stats["logp_ref"].double().exp()
     pct = np.percentile(kl_qp.numpy(), [50, 90, 99, 99.9]) if kl_qp.numel() else [float("nan")] * 4
     out = {
-        "kl_q_p": kl_qp.mean(),
-        "kl_p_q": stats["kl_p_q"].double().mean(),
-        "k1": r.mean(),
-        "k3": (torch.expm1(-r) + r).mean(),
-        "abs_dlogp_mean": adl.mean(),
-        "abs_dlogp_max": adl.max() if adl.numel() else torch.tensor(float("nan")),
-        "token_mult_prob_error": adl.exp().mean(),
-        "top1_agree": stats["top1"].double().mean(),
-        "kl_p50": pct[0], "kl_p90": pct[1], "kl_p99": pct[2], "kl_p999": pct[3],
-        "kl_max": kl_qp.max() if kl_qp.numel() else torch.tensor(float("nan")),
-        "rms_dp": dp.pow(2).mean().sqrt(),
+        "kl_q_p": float(kl_qp.mean()),
+        "kl_p_q": float(stats["kl_p_q"].double().mean()),
+        "top1_agree": float(stats["top1"].double().mean()),
+        "kl_p50": float(pct[0]), "kl_p90": float(pct[1]), "kl_p99": float(pct[2]), "kl_p999": float(pct[3]),
+        "kl_max": float(kl_qp.max()) if kl_qp.numel() else float("nan"),
+        **sampled_token_metrics(stats["logp_ref"], stats["logp_cand"]),
     }
-    return {k: float(out[k]) for k in METRICS}
+    return {k: out[k] for k in METRICS}
 
 
 def mismatch(ref_logits: torch.Tensor, cand_logits: torch.Tensor, tokens: torch.Tensor,

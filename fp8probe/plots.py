@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .selection import group_scores, rank_groups
+
 
 def capacity_bars(report: dict, path: str | Path) -> None:
     """Bar chart of KV tokens and max concurrency, BF16 vs the candidate, from a capacity report."""
@@ -63,8 +65,6 @@ def budget_curve(sensitivity, path: str | Path | None = None, metric: str = "kl_
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-
-    from .recipe import group_scores, rank_groups
 
     ranked = rank_groups(group_scores(sensitivity, metric))
     saved = np.cumsum([0] + [g.bytes_saved for g in ranked]) / 2**20

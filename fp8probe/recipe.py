@@ -1,17 +1,24 @@
-"""From a sensitivity table to a mixed-precision FP8 recipe under a mismatch budget, and its files.
+"""The one Recipe type: which units run in FP8 (and in which scheme), with or without an FP8 KV cache.
 
-Selection works on whole fused groups (q/k/v together, gate/up together, all experts of a layer), the
-only splits vLLM can load:
+A recipe is data, written as llm-compressor's own YAML and read back by llm-compressor's recipe parser
+(tests/test_recipe.py):
 
-1. score each group from the sweep (the sum of its units' metric when the sweep was per unit), and rank
-   groups by score per byte saved, cheapest first;
-2. predict a recipe's mismatch as the sum of its groups' scores (per-unit scores do not add up exactly);
-3. measure real combinations with the hooks and bisect over the ranked list for the longest prefix whose
-   *measured* mismatch stays within the budget: a handful of measured passes, not one per group.
+    default_stage:
+      default_modifiers:
+        QuantizationModifier:
+          targets: [Linear]
+          scheme: FP8_DYNAMIC                # a compressed-tensors preset
+          ignore: [lm_head, <units kept in BF16>, ...]
+          kv_cache_scheme: {...}             # optional: an FP8 KV cache with calibrated k/v scales
 
-The recipe is written as llm-compressor's own YAML (a QuantizationModifier with `targets: [Linear]`, the
-scheme, an explicit `ignore` list of module names and an optional `kv_cache_scheme`), parsed back by
-llm-compressor's recipe parser in the tests, and described in recipe.json beside it.
+The ignore list is the recipe's precision per unit: a quantizable unit is in FP8 unless ignored
+(`fp8_units`), by compressed-tensors' rule (exact module names; "re:" patterns match from the start).
+Beside the YAML, recipe.json records how the recipe was chosen (selection.py): budget, metric, predicted
+and measured mismatch, bytes saved, the fused groups kept and quantized, every measured search pass.
+
+`check_vllm_loadable` refuses, naming the units, what vLLM would refuse or silently get wrong: a fused
+group (q/k/v, gate/up) split across precisions, the experts of one layer in different precisions, and
+shapes the scheme cannot take. `check_model` refuses a recipe made for another model.
 """
 
 from __future__ import annotations
@@ -21,40 +28,28 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .capacity import Precision
+from ._files import atomic_write_json, atomic_write_text
 from .errors import FP8ProbeError
-from .fp8 import Scheme
+from .schemes import KV_CACHE_SCHEMES, Scheme
+from .student import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-KV_CACHE_SCHEMES = {
-    # what llm-compressor's QuantizationModifier takes as kv_cache_scheme (vLLM reads k_scale / v_scale)
-    "fp8": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
-}
-
-
-@dataclass
-class GroupScore:
-    group: str
-    units: list[str]
-    block: int
-    score: float
-    bytes_saved: int
-
-    @property
-    def per_byte(self) -> float:
-        return self.score / max(self.bytes_saved, 1)
+MODIFIER_KEYS = {"targets", "ignore", "scheme", "kv_cache_scheme"}  # what fp8probe writes and reads
 
 
 @dataclass
 class Recipe:
-    model: str
-    scheme: str
-    quantized: list[str]  # fused groups in FP8
-    kept: list[str]  # fused groups kept BF16
-    group_units: dict[str, list[str]]
-    kv_cache: str | None = None
+    scheme: str  # a compressed-tensors preset name: FP8, FP8_DYNAMIC, FP8_BLOCK
+    ignore: list[str]  # llm-compressor's ignore list: module names / "re:" patterns kept BF16
+    kv_cache: str | None = None  # a KV_CACHE_SCHEMES key, or None for the model's own KV dtype
+    kv_cache_scheme: dict | None = None  # the kv_cache_scheme mapping as written
+    model: str | None = None
+    # how it was chosen (recipe.json); empty for a recipe read back from its YAML
+    quantized: list[str] = field(default_factory=list)  # fused groups in FP8
+    kept: list[str] = field(default_factory=list)  # fused groups kept BF16
+    group_units: dict[str, list[str]] = field(default_factory=dict)
     budget: float | None = None
     metric: str = "kl_q_p"
     predicted: float | None = None
@@ -64,26 +59,103 @@ class Recipe:
     kept_scores: list[dict] = field(default_factory=list)
     search: list[dict] = field(default_factory=list)
     sweep: str | None = None
-    routers: bool = False  # the model has MoE routers, kept BF16 by a regex
 
-    def ignore(self) -> list[str]:
-        names = ["lm_head"]
-        if self.routers:
-            names.append("re:.*mlp.gate$")
-        for g in self.kept:
-            for u in self.group_units[g]:
-                names.append(_ignore_name(u))
-        return names
+    def __post_init__(self):
+        Scheme.from_name(self.scheme)
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_SCHEMES:
+            raise FP8ProbeError(f"unknown KV-cache scheme {self.kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
+        if self.kv_cache is not None and self.kv_cache_scheme is None:
+            self.kv_cache_scheme = dict(KV_CACHE_SCHEMES[self.kv_cache])
 
-    def quantized_units(self) -> list[str]:
-        return [u for g in self.quantized for u in self.group_units[g]]
+    # ------------------------------------------------------------------------------------------------
+    # building one
+
+    @classmethod
+    def from_groups(cls, units: list[Unit], scheme: str, fp8_groups, **info) -> "Recipe":
+        """FP8 for the given fused groups, BF16 for every other quantizable unit (and lm_head, routers)."""
+        groups = fused_groups(units)
+        keep = [g for g in groups if g not in set(fp8_groups)]
+        ignore = ["lm_head", *(u.name for u in units if u.kind == "router")]
+        for g in keep:
+            ignore += [expert_ignore_pattern(u.name) if u.kind == "expert" else u.name for u in groups[g]]
+        return cls(scheme=Scheme.from_name(scheme).name, ignore=ignore, **info)
+
+    @classmethod
+    def whole_model(cls, units: list[Unit], scheme: str = "FP8_DYNAMIC", kv_cache: str | None = None) -> "Recipe":
+        """Every quantizable unit in FP8: the usual "all but lm_head" rollout setup."""
+        return cls.from_groups(units, scheme, fused_groups(units), kv_cache=kv_cache)
+
+    # ------------------------------------------------------------------------------------------------
+    # precision per unit
+
+    @property
+    def preset(self) -> Scheme:
+        return Scheme.from_name(self.scheme)
+
+    def is_ignored(self, name: str) -> bool:
+        """compressed-tensors' rule for module names: "re:" patterns match from the start, others exactly."""
+        return any(re.match(p[3:], name) if p.startswith("re:") else name == p for p in self.ignore)
+
+    def fp8_units(self, units: list[Unit]) -> list[Unit]:
+        """The quantizable units this recipe puts in FP8 (experts: as llm-compressor names their Linears)."""
+        return [u for u in units if u.quantizable and not self._ignores(u)]
+
+    def _ignores(self, u: Unit) -> bool:
+        if u.kind == "expert":
+            return self.is_ignored(expert_linear_names(u.name, 1)[0])
+        return self.is_ignored(u.name)
+
+    # ------------------------------------------------------------------------------------------------
+    # what vLLM would refuse
+
+    def check_model(self, units: list[Unit], where: str = "the recipe") -> None:
+        """Refuse a recipe whose ignore list names modules this model lacks: it was made for another model."""
+        names = {u.name for u in units}
+        foreign = [p for p in self.ignore if not p.startswith("re:") and p != "lm_head" and p not in names]
+        if foreign:
+            raise FP8ProbeError(f"{where} keeps {foreign[0]} in BF16, but this model has no such module"
+                                f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}: it was made for "
+                                "another model; make a recipe from a sweep of this one")
+
+    def check_vllm_loadable(self, units: list[Unit]) -> None:
+        """Refuse, naming the units, what vLLM cannot load: split fused groups, mixed experts, bad shapes."""
+        groups = fused_groups(units)
+        fp8 = {u.name for u in self.fp8_units(units)}
+        for g, us in groups.items():
+            if len({u.name in fp8 for u in us}) > 1:
+                q = [u.name for u in us if u.name in fp8]
+                b = [u.name for u in us if u.name not in fp8]
+                raise FP8ProbeError(f"the recipe splits vLLM's fused {g.rsplit('.', 1)[-1]} of block {us[0].block}: "
+                                    f"FP8 {', '.join(q)} but BF16 {', '.join(b)}; keep the whole group in one precision")
+        for u in units:
+            if u.kind == "expert" and len({self.is_ignored(n) for n in expert_linear_names(u.name, u.shape[0])}) > 1:
+                raise FP8ProbeError(f"the recipe gives the experts of {u.name} different precisions; vLLM runs all "
+                                    "experts of a layer with one scheme")
+        scheme = self.preset
+        scheme.check_input_dims({u.name: input_dim(u) for u in units if u.name in fp8})
+        if scheme.weight.strategy == "block":
+            bn, bk = scheme.weight.block
+            bad = [f"{u.name} (output dim {u.shape[-2]} inside the fused {g.rsplit('.', 1)[-1]})"
+                   for g, us in groups.items() if us[0].name in fp8
+                   for u in us[:-1] if u.shape[-2] % bn]
+            if bad:
+                raise FP8ProbeError(f"{scheme.name} needs dims in whole blocks of {bk}: {', '.join(bad[:4])}"
+                                    f"{' ...' if len(bad) > 4 else ''}; keep these in BF16 or use FP8_DYNAMIC")
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Static input scales or a kv_cache_scheme are calibrated on data when the checkpoint is made."""
+        return self.preset.static_input or self.kv_cache_scheme is not None
+
+    # ------------------------------------------------------------------------------------------------
+    # files
 
     def to_yaml(self) -> str:
         import yaml
 
-        mod = {"targets": ["Linear"], "ignore": self.ignore(), "scheme": self.scheme}
-        if self.kv_cache:
-            mod["kv_cache_scheme"] = dict(KV_CACHE_SCHEMES[self.kv_cache])
+        mod = {"targets": ["Linear"], "ignore": list(self.ignore), "scheme": self.scheme}
+        if self.kv_cache_scheme is not None:
+            mod["kv_cache_scheme"] = dict(self.kv_cache_scheme)
         doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": mod}}}
         header = (f"# fp8probe recipe for {self.model}: {self.scheme}, {len(self.quantized)} fused groups in FP8, "
                   f"{len(self.kept)} kept BF16\n# budget {self.metric} <= {self.budget}; measured {self.measured}\n")
@@ -100,210 +172,14 @@ class Recipe:
         }
 
     def write(self, out_dir: str | Path) -> None:
-        from ._files import atomic_write_json, atomic_write_text
-
+        """DIR/recipe.yaml (llm-compressor's format) and DIR/recipe.json (how it was chosen)."""
         out = Path(out_dir)
         atomic_write_text(out / "recipe.yaml", self.to_yaml())
         atomic_write_json(out / "recipe.json", self.to_json())
 
 
-def _ignore_name(unit: str) -> str:
-    if unit.endswith(".experts"):  # llm-compressor unpacks experts into Linears named experts.<i>.<proj>
-        return "re:^" + re.escape(unit) + r"\..*"
-    return unit
-
-
-# ---------------------------------------------------------------------------------------------------
-# selection
-
-
-def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[str]] | None = None) -> list[GroupScore]:
-    """One score per fused group from a sensitivity table (per unit or per group).
-
-    `members` maps each group to its unit names (Student.groups()); without it, a per-unit table's rows
-    name the members.
-    """
-    import pandas as pd
-
-    df = sensitivity if isinstance(sensitivity, pd.DataFrame) else pd.read_csv(sensitivity)
-    if metric not in df.columns:
-        raise FP8ProbeError(f"metric {metric!r} is not a column of the sensitivity table")
-    df = df[~df["kind"].isin(["kv", "model"])]
-    if df.empty:
-        raise FP8ProbeError("the sensitivity table has no unit rows")
-    out = []
-    for g, rows in df.groupby("group", sort=False):
-        score = rows[metric].clip(lower=0).sum() if metric != "top1_agree" else (1 - rows[metric]).sum()
-        units = members[g] if members and g in members else list(rows["unit"])
-        out.append(GroupScore(g, units, int(rows["block"].min()), float(score), int(rows["bytes_saved"].sum())))
-    return out
-
-
-def rank_groups(groups: list[GroupScore]) -> list[GroupScore]:
-    """Least sensitive per byte saved first (ties: later blocks first, then name, for a stable order)."""
-    return sorted(groups, key=lambda g: (g.per_byte, -g.block, g.group))
-
-
-def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAMIC", metric: str = "kl_q_p",
-                kv_cache: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
-                reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
-                progress: bool = False) -> Recipe:
-    """The FP8 recipe that saves the most weight bytes while the measured `metric` stays <= budget."""
-    from .measure import measure
-    from .reference import Reference
-
-    scheme = Scheme.from_name(scheme)
-    if budget is None or budget < 0:
-        raise FP8ProbeError("--budget must be a non-negative number")
-    if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
-        raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
-    members = {g: [u.name for u in us] for g, us in student.groups().items()}
-    groups = group_scores(sensitivity, metric, members)
-    known = {g.group for g in groups}
-    # units in a student's own groups, to map unit-level keep/force names to their group
-    unit_group = {u.name: u.group for u in student.quantizable}
-    for u in student.quantizable:
-        unit_group.setdefault(u.group, u.group)
-    missing = [g for g in known if g not in unit_group]
-    if missing:
-        raise FP8ProbeError(f"the sweep lists groups this model lacks ({missing[0]} ...): was it run on another model?")
-    sizes = {u.name: u.params for u in student.quantizable}
-    sizes.update({g: sum(u.params for u in us) for g, us in student.groups().items()})
-    df = sensitivity if not isinstance(sensitivity, (str, Path)) else None
-    if df is not None and "params" in df.columns:
-        for unit, params in zip(df["unit"], df["params"]):
-            if unit in sizes and int(params) != sizes[unit]:
-                raise FP8ProbeError(f"the sweep gives {unit} {int(params):,} parameters, this model {sizes[unit]:,}: "
-                                    "was it run on another model?")
-    unscored = [g for g in members if g not in known]
-    if unscored:
-        raise FP8ProbeError(f"the sweep scores {len(known)} of this model's {len(members)} fused groups (none for "
-                            f"{unscored[0]}): is it truncated? run the sweep again")
-
-    def groups_of(names, what):
-        out = set()
-        for n in names:
-            if n not in unit_group:
-                raise FP8ProbeError(f"--{what} {n}: no such unit or group; see `fp8probe units`")
-            out.add(unit_group[n])
-        return out
-
-    n_blocks = student.model.config.num_hidden_layers
-    keep_set = groups_of(keep, "keep")
-    keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
-    force_set = groups_of(force, "force")
-    both = keep_set & force_set
-    if both:
-        raise FP8ProbeError(f"{sorted(both)[0]} is both kept and forced; choose one")
-    by_name = {g.group: g for g in groups}
-    forced = [by_name[g] for g in sorted(force_set)]
-    ranked = rank_groups([g for g in groups if g.group not in keep_set and g.group not in force_set])
-
-    if reference is None:
-        reference = Reference(student, rollouts, batch_size)
-    memo: dict[int, dict] = {}
-
-    def chosen(k):
-        return forced + ranked[:k]
-
-    def predicted(k):
-        return sum(g.score for g in chosen(k))
-
-    def measured(k):
-        if k not in memo:
-            units = [u for g in chosen(k) for u in g.units]
-            if not units and kv_cache is None:
-                from .mismatch import METRICS
-
-                memo[k] = {m: 1.0 if m in ("top1_agree", "token_mult_prob_error") else 0.0 for m in METRICS}
-            else:
-                memo[k] = measure(student, rollouts, scheme, units=units, kv=kv_cache, reference=reference)
-            log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(chosen(k)),
-                     len(groups), metric, _value(memo[k], metric), predicted(k))
-        return _value(memo[k], metric)
-
-    n = len(ranked)
-    if measured(0) > budget:
-        raise FP8ProbeError(f"even with only the forced groups{' and the FP8 KV cache' if kv_cache else ''} in FP8 "
-                            f"the measured {metric} is {measured(0):.3g} > budget {budget}; raise the budget")
-    lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
-    if measured(n) <= budget:
-        lo = n
-    else:
-        hi = n
-        guess = max((k for k in range(n + 1) if predicted(k) <= budget), default=0)
-        guess = min(max(guess, 1), n - 1) if n > 1 else 0
-        if guess > 0:
-            (lo, hi) = (guess, hi) if measured(guess) <= budget else (lo, guess)
-        while hi - lo > 1 and len(memo) < max_passes:
-            mid = (lo + hi) // 2
-            if measured(mid) <= budget:
-                lo = mid
-            else:
-                hi = mid
-    k = lo
-    if k == 0 and not forced and kv_cache is None and n:
-        raise FP8ProbeError(f"no fused group fits the budget: the least sensitive one alone measures {metric} "
-                            f"{measured(1):.3g} > {budget}; raise the budget")
-    quantized = {g.group for g in chosen(k)}
-    kept = [g.group for g in groups if g.group not in quantized]
-    group_units = {g.group: g.units for g in groups}
-    result = memo[k] if k in memo else {metric: measured(k)}
-    return Recipe(
-        model=student.name, scheme=scheme.name, quantized=[g.group for g in groups if g.group in quantized],
-        kept=kept, group_units=group_units, kv_cache=kv_cache, budget=budget, metric=metric,
-        predicted=predicted(k), measured=_value(result, metric), measured_metrics=result,
-        bytes_saved=sum(by_name[g].bytes_saved for g in quantized),
-        kept_scores=[{"group": g, "score": by_name[g].score, "bytes_saved": by_name[g].bytes_saved,
-                      "reason": "keep" if g in keep_set else "budget"} for g in kept],
-        search=[{"groups_fp8": len(chosen(kk)), "predicted": predicted(kk), "measured": _value(v, metric)}
-                for kk, v in sorted(memo.items())],
-        sweep=sweep_dir, routers=any(u.kind == "router" for u in student.units),
-    )
-
-
-def _value(metrics: dict, metric: str) -> float:
-    v = metrics[metric]
-    return 1 - v if metric == "top1_agree" else v  # a budget bounds disagreement, not agreement
-
-
-# ---------------------------------------------------------------------------------------------------
-# reading recipe.yaml back
-
-
-@dataclass
-class RecipeSpec:
-    """What a recipe.yaml says: scheme, ignore list, KV-cache scheme."""
-
-    scheme: Scheme
-    ignore: list[str]
-    targets: list[str]
-    kv_cache: dict | None
-
-    def is_ignored(self, name: str) -> bool:
-        """compressed-tensors' rule for module names: "re:" patterns match from the start, others exactly."""
-        return any(re.match(p[3:], name) if p.startswith("re:") else name == p for p in self.ignore)
-
-    def quantized_units(self, model) -> list:
-        from .student import list_units
-
-        return [u for u in list_units(model) if u.quantizable and not self.is_ignored(u.name)
-                and not (u.kind == "expert" and self.is_ignored(u.name + ".0.gate_proj"))]
-
-    def check_model(self, model, where: str = "the recipe") -> None:
-        """Refuse a recipe whose ignore list names modules this model lacks: it was made for another model."""
-        names = {n for n, _ in model.named_modules()}
-        foreign = [p for p in self.ignore if not p.startswith("re:") and p != "lm_head" and p not in names]
-        if foreign:
-            raise FP8ProbeError(f"{where} keeps {foreign[0]} in BF16, but this model has no such module"
-                                f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}: it was made for "
-                                "another model; make a recipe from a sweep of this one")
-
-    def precision(self, model) -> Precision:
-        return Precision(self.scheme, frozenset(u.name for u in self.quantized_units(model)), self.scheme.static_input)
-
-
-def read_recipe_yaml(path: str | Path) -> RecipeSpec:
+def read_recipe(path: str | Path) -> Recipe:
+    """A recipe.yaml (fp8probe's, or any llm-compressor recipe of that shape), validated."""
     import yaml
 
     p = Path(path)
@@ -331,10 +207,10 @@ def read_recipe_yaml(path: str | Path) -> RecipeSpec:
     if len(mods) != 1:
         raise FP8ProbeError(f"{path} must hold exactly one QuantizationModifier (found {len(mods)})")
     m = mods[0]
-    unknown = sorted(set(m) - _MODIFIER_KEYS)
+    unknown = sorted(set(m) - MODIFIER_KEYS)
     if unknown:
         raise FP8ProbeError(f"{path}: unsupported QuantizationModifier key {unknown[0]!r}; fp8probe reads "
-                            f"{', '.join(sorted(_MODIFIER_KEYS))} (write recipes with `fp8probe recipe`)")
+                            f"{', '.join(sorted(MODIFIER_KEYS))} (write recipes with `fp8probe recipe`)")
     if "scheme" not in m or not isinstance(m["scheme"], str):
         raise FP8ProbeError(f"{path}: the QuantizationModifier needs a preset `scheme` (FP8, FP8_DYNAMIC, FP8_BLOCK)")
     targets = m.get("targets", ["Linear"])
@@ -343,17 +219,14 @@ def read_recipe_yaml(path: str | Path) -> RecipeSpec:
     ignore = m.get("ignore", [])
     if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
         raise FP8ProbeError(f"{path}: `ignore` must be a list of module names, got {ignore!r}")
+    for pattern in ignore:
+        if pattern.startswith("re:"):
+            try:
+                re.compile(pattern[3:])
+            except re.error as e:
+                raise FP8ProbeError(f"{path}: ignore pattern {pattern!r} is not a valid regular expression ({e})") from e
     kv = m.get("kv_cache_scheme")
     if kv is not None and not isinstance(kv, dict):
         raise FP8ProbeError(f"{path}: `kv_cache_scheme` must be a mapping such as {KV_CACHE_SCHEMES['fp8']}")
-    for p_ in ignore:
-        if p_.startswith("re:"):
-            try:
-                re.compile(p_[3:])
-            except re.error as e:
-                raise FP8ProbeError(f"{path}: ignore pattern {p_!r} is not a valid regular expression ({e})") from e
-    return RecipeSpec(Scheme.from_name(m["scheme"]), list(ignore), targets, kv)
-
-
-# the QuantizationModifier keys fp8probe writes and reads
-_MODIFIER_KEYS = {"targets", "ignore", "scheme", "kv_cache_scheme"}
+    kv_name = next((k for k, v in KV_CACHE_SCHEMES.items() if v == kv), None) if kv is not None else None
+    return Recipe(scheme=Scheme.from_name(m["scheme"]).name, ignore=list(ignore), kv_cache=kv_name, kv_cache_scheme=kv)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from ._files import atomic_write_bytes, atomic_write_json
+from ._files import atomic_write_bytes, atomic_write_json, bar_interval
 from .errors import FP8ProbeError
 from .prompts import BUILTIN_PROMPTS
 
@@ -110,7 +110,7 @@ def read_prompts(path: str | Path) -> list[str]:
     return [ln.strip() for ln in lines]
 
 
-def _encode(tokenizer, prompt) -> list[int]:
+def encode_prompt(tokenizer, prompt) -> list[int]:
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -148,7 +148,7 @@ def make_rollouts(
     device = next(model.parameters()).device
     eos = _eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    encoded = [_encode(tok, p) for p in prompts]
+    encoded = [encode_prompt(tok, p) for p in prompts]
     ctx = context_length(model.config)
     for i, ids in enumerate(encoded):
         if ctx and len(ids) + max_new_tokens > ctx:
@@ -157,9 +157,7 @@ def make_rollouts(
     seqs: list[tuple[list[int], list[int]]] = []
     from tqdm.auto import tqdm
 
-    from ._files import bar_interval as _bar_interval
-
-    bar = tqdm(total=len(encoded), desc="rollouts", unit="prompt", disable=not progress, mininterval=_bar_interval())
+    bar = tqdm(total=len(encoded), desc="rollouts", unit="prompt", disable=not progress, mininterval=bar_interval())
     for bi, s in enumerate(range(0, len(encoded), batch_size)):
         batch = encoded[s:s + batch_size]
         width = max(len(x) for x in batch)

@@ -1,21 +1,39 @@
-"""The sweep directory, as files: `run.json` (what was run) beside `sensitivity.csv` (what was measured).
+"""The sweep directory, as files: what was run, what was measured, and the state a resume needs.
 
     DIR/rollouts.safetensors, DIR/rollouts.json   the rollouts (rollouts.py)
-    DIR/sensitivity.csv                           one row per unit / group / KV layer / whole model
+    DIR/sensitivity.csv                           one row per unit / group / KV layer / whole model (COLUMNS)
     DIR/run.json                                  schema_version, settings, timings, versions
+    DIR/sensitivity.partial.csv                   while a sweep runs: the rows finished so far, fsync'ed
+    DIR/sweep.partial.json                        while a sweep runs: the settings it must be resumed with
 
 `write_run` writes run.json; `read_sweep` is how every consumer reads a finished sweep back, checking
 that the directory was written by this schema of fp8probe and that the table has the columns and types
 it must have, so a truncated, hand-edited or foreign file gets one clear line instead of a traceback.
+`open_partial` and `PartialWriter` are the resume state: rows appended one at a time, durable before the next;
+a killed sweep resumes where it stopped, refusing other settings or another fp8probe version.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import os
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import __version__
+from ._files import atomic_write_json, atomic_write_text
+from .embedded import NAME as EMBEDDED
 from .errors import FP8ProbeError
+from .metrics import METRICS
+
+# the columns of sensitivity.csv, in order
+COLUMNS = ["unit", "kind", "block", "group", "params", "bytes_saved", "kv_bytes_saved_per_token", "sqnr_db", *METRICS]
+PARTIAL = "sensitivity.partial.csv"
+PARTIAL_SETTINGS = "sweep.partial.json"
+_INT_COLUMNS = ("block", "params", "bytes_saved", "kv_bytes_saved_per_token")
 
 RUN_SCHEMA_VERSION = 1
 RUN_FILE = "run.json"
@@ -36,9 +54,7 @@ class SweepRun:
     def model_source(self) -> str | None:
         """What load_student takes to load the swept model again (None: the embedded student, whose path
         is a cache that may have moved)."""
-        from .embedded import NAME
-
-        return None if self.run["model"] == NAME else self.run["model_path"]
+        return None if self.run["model"] == EMBEDDED else self.run["model_path"]
 
 
     def check_student(self, student) -> None:
@@ -50,16 +66,25 @@ class SweepRun:
 
 
 def write_run(out: str | Path, run: dict) -> None:
-    from ._files import atomic_write_json
+    atomic_write_json(Path(out) / RUN_FILE, {"schema_version": RUN_SCHEMA_VERSION, **run, "versions": versions()})
 
-    atomic_write_json(Path(out) / RUN_FILE, {"schema_version": RUN_SCHEMA_VERSION, **run})
+
+def write_table(out: str | Path, df) -> None:
+    """sensitivity.csv: floats with 17 significant digits, so that reading it back gives the same numbers."""
+    atomic_write_text(Path(out) / TABLE, df.to_csv(index=False, float_format="%.17g"))
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    return {"fp8probe": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
 
 
 def read_sweep(directory: str | Path) -> SweepRun:
     """A finished sweep directory, validated; raises FP8ProbeError naming what is wrong and what to do."""
     import pandas as pd
-
-    from .sweep import COLUMNS
 
     d = Path(directory)
     if not d.exists():
@@ -107,3 +132,129 @@ def read_sweep(directory: str | Path) -> SweepRun:
         row = df.index[df[holes[0]].isna()][0] + 2
         raise FP8ProbeError(f"{table}:{row} has no value in {holes[0]!r} (truncated?); run the sweep again")
     return SweepRun(d, run, df[COLUMNS])
+
+
+# ---------------------------------------------------------------------------------------------------
+# resume state
+
+
+def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size) -> dict:
+    """What a resume must match: model, scheme, granularity, KV scheme, batch size, the rollouts' bytes."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask):
+        h.update(t.contiguous().numpy().tobytes())
+    return {"fp8probe_version": __version__, "model": student.name, "scheme": scheme.name, "granularity": granularity, "include_kv": include_kv,
+            "kv": {"fmt": kv.fmt, "strategy": kv.strategy, "scale": kv.scale}, "batch_size": batch_size,
+            "rollouts_sha256": h.hexdigest(), "dtype": str(next(student.model.parameters()).dtype)}
+
+
+def check_resume_state(out: Path, resume: bool) -> dict | None:
+    """The settings of the unfinished sweep in `out` (None when there is none), if it can be resumed by this
+    fp8probe; refuses an unfinished sweep without --resume, and one written by another version."""
+    part, sfile = out / PARTIAL, out / PARTIAL_SETTINGS
+    if not part.exists():
+        return None
+    if not resume:
+        raise FP8ProbeError(f"{out} holds an unfinished sweep; pass --resume to continue it, or choose another --out")
+    try:
+        old = json.loads(sfile.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FP8ProbeError(f"--resume: {sfile} is missing or unreadable ({e}); start the sweep again in an empty "
+                            "--out") from e
+    if not isinstance(old, dict):
+        raise FP8ProbeError(f"--resume: {sfile} is not a JSON object; start the sweep again in an empty --out")
+    if old.get("fp8probe_version") != __version__:
+        raise FP8ProbeError(f"--resume: the saved sweep in {out} was made by fp8probe "
+                            f"{old.get('fp8probe_version', 'older than 0.1.1')}, this is {__version__}; "
+                            "start a new sweep in another --out")
+    return old
+
+
+def open_partial(out: Path, settings: dict, resume: bool) -> dict[str, dict]:
+    """Rows already finished in `out` (resume), after checking they were made with the same settings.
+
+    Nothing is written here: the resume state appears with the first finished row (_PartialWriter), so a
+    failure before that row leaves no state behind that would have to be resumed.
+    """
+    old = check_resume_state(out, resume)
+    if old is not None:
+        if old != settings:
+            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            raise FP8ProbeError(f"--resume: the saved sweep in {out} was run with other settings ({', '.join(diff)}); "
+                                "rerun with the same settings or without --resume")
+        return _read_partial(out / PARTIAL)
+    (out / PARTIAL_SETTINGS).unlink(missing_ok=True)
+    return {}
+
+
+def _read_partial(path: Path) -> dict[str, dict]:
+    """Rows of a partial CSV; a last line cut off by a kill is dropped."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines = lines[:-1]
+    done = {}
+    for i, rec in enumerate(csv.DictReader(lines), 2):
+        if None in rec or any(rec.get(c) is None for c in COLUMNS):
+            continue
+        try:
+            done[rec["unit"]] = _parse(rec)
+        except ValueError as e:
+            raise FP8ProbeError(f"--resume: {path}:{i} is not a row fp8probe wrote ({e}); start the sweep again "
+                                "without --resume in an empty --out") from e
+    # rewrite without the cut-off line, so that appends start on a fresh line
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=COLUMNS)
+    w.writeheader()
+    for r in done.values():
+        w.writerow(_fmt(r))
+    atomic_write_text(path, buf.getvalue())
+    return done
+
+
+def _parse(rec: dict) -> dict:
+    out = {}
+    for c in COLUMNS:
+        v = rec[c]
+        out[c] = v if c in _TEXT_COLUMNS else (int(v) if c in _INT_COLUMNS else float(v))
+    return out
+
+
+def _fmt(r: dict) -> dict:
+    return {c: (repr(float(r[c])) if isinstance(r[c], float) else r[c]) for c in COLUMNS}
+
+
+class PartialWriter:
+    """Appends one CSV row at a time and makes it durable (fsync) before the next row starts.
+
+    The file (and the settings it must be resumed with) is created with the first row.
+    """
+
+    def __init__(self, out: Path, settings: dict):
+        self.path, self.settings_path, self.settings = out / PARTIAL, out / PARTIAL_SETTINGS, settings
+        self.f = None
+
+    def append(self, row: dict):
+        if self.f is None:
+            new = not self.path.exists() or self.path.stat().st_size == 0
+            if new:
+                atomic_write_json(self.settings_path, self.settings)
+            self.f = open(self.path, "a", newline="")
+            self.w = csv.DictWriter(self.f, fieldnames=COLUMNS)
+            if new:
+                self.w.writeheader()
+        self.w.writerow(_fmt(row))
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+    def close(self):
+        if self.f is not None:
+            self.f.close()
+
+
+def finish_sweep(out: str | Path) -> None:
+    """Drop the resume state once sensitivity.csv and run.json are written."""
+    for f in (PARTIAL, PARTIAL_SETTINGS):
+        (Path(out) / f).unlink(missing_ok=True)

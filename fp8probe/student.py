@@ -10,12 +10,14 @@ the name of its group. Embeddings, lm_head and MoE routers are listed too, but s
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from . import embedded
 from .errors import FP8ProbeError
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,8 @@ _KINDS = {
     "gate_up_proj": ("gate_up", "gate_up_proj"),
     "down_proj": ("down", None),
 }
-_ROUTER_NAMES = ("gate", "router")
+ROUTER_NAMES = ("gate", "router")  # leaf names of MoE routers (kept BF16 in every production FP8 setup)
+EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")  # the Linears llm-compressor unpacks each expert into
 
 
 @dataclass(frozen=True)
@@ -78,16 +81,66 @@ class Student:
 
     def groups(self) -> dict[str, list[Unit]]:
         """Fused group name -> its units, in block order."""
-        out: dict[str, list[Unit]] = {}
-        for u in self.quantizable:
-            out.setdefault(u.group, []).append(u)
-        return out
+        return fused_groups(self.units)
 
     def unit(self, name: str) -> Unit:
         for u in self.units:
             if u.name == name:
                 return u
         raise FP8ProbeError(f"no unit named {name!r} in {self.name}; see `fp8probe units` for the list")
+
+
+def fused_groups(units: list[Unit]) -> dict[str, list[Unit]]:
+    """Fused group name (as vLLM loads it) -> its quantizable units, in model order."""
+    out: dict[str, list[Unit]] = {}
+    for u in units:
+        if u.quantizable:
+            out.setdefault(u.group, []).append(u)
+    return out
+
+
+def expert_linear_names(unit: str, num_experts: int) -> list[str]:
+    """The Linear names llm-compressor gives the experts of one experts unit: `<unit>.<e>.<proj>`."""
+    return [f"{unit}.{e}.{p}" for e in range(num_experts) for p in EXPERT_PROJS]
+
+
+def expert_ignore_pattern(unit: str) -> str:
+    """An llm-compressor ignore entry that keeps every expert of one experts unit in BF16."""
+    return "re:^" + re.escape(unit) + r"\..*"
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What the KV cache of one model looks like: per attention layer, K and V of kv_heads x head_dim."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def elements_per_token_layer(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim  # K and V
+
+
+def kv_geometry(config) -> KVGeometry:
+    cfg = text_config(config)
+    heads = cfg.num_attention_heads
+    return KVGeometry(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
+                      getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+
+
+def text_config(config):
+    """The language model's config (multimodal configs nest it)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def meta_model(config):
+    """The model built on the meta device: shapes and names, no memory, no weights."""
+    from transformers import AutoModelForCausalLM
+
+    check_supported(config)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 def _supported_list() -> str:
@@ -105,7 +158,7 @@ def check_supported(config) -> str:
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
         raise FP8ProbeError(f"unsupported architecture {model_type!r}; fp8probe supports {_supported_list()}")
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cfg = text_config(config)
     for key, required in _CONFIG_INTS.items():
         v = getattr(cfg, key, None)
         if v is None and not required:
@@ -143,7 +196,7 @@ def list_units(model: nn.Module) -> list[Unit]:
             name = f"{prefix}.{b}.{sub}"
             leaf = sub.rsplit(".", 1)[-1]
             parent = name.rsplit(".", 1)[0]
-            if _is_experts(mod):
+            if is_experts(mod):
                 params = mod.gate_up_proj.numel() + mod.down_proj.numel()
                 units.append(Unit(name, "expert", b, name, params, tuple(mod.gate_up_proj.shape)))
             elif isinstance(mod, nn.Linear) and not _inside_experts(layer, sub):
@@ -151,11 +204,11 @@ def list_units(model: nn.Module) -> list[Unit]:
                     kind, fused = _KINDS[leaf]
                     group = f"{parent}.{fused}" if fused else name
                     units.append(_unit(name, kind, b, mod.weight, group=group))
-                elif leaf in _ROUTER_NAMES:
+                elif leaf in ROUTER_NAMES:
                     units.append(_unit(name, "router", b, mod.weight, quantizable=False))
                 else:
                     units.append(_unit(name, "other", b, mod.weight))
-            elif leaf in _ROUTER_NAMES and hasattr(mod, "weight") and isinstance(mod.weight, nn.Parameter):
+            elif leaf in ROUTER_NAMES and hasattr(mod, "weight") and isinstance(mod.weight, nn.Parameter):
                 units.append(_unit(name, "router", b, mod.weight, quantizable=False))
     head = model.get_output_embeddings()
     if head is not None and head.weight is not emb.weight:
@@ -174,11 +227,18 @@ def input_dim(unit: Unit) -> int:
     return unit.shape[-1]
 
 
+def check_scheme(config, scheme) -> None:
+    """Refuse, from the config alone, a scheme this model's shapes cannot take (FP8_BLOCK on dims that are not
+    whole groups of 128), before any weight is loaded or any output exists."""
+    units = list_units(meta_model(config))
+    scheme.check_input_dims({u.name: input_dim(u) for u in units if u.quantizable})
+
+
 def _unit(name, kind, block, weight, group=None, quantizable=True) -> Unit:
     return Unit(name, kind, block, group or name, weight.numel(), tuple(weight.shape), quantizable)
 
 
-def _is_experts(mod: nn.Module) -> bool:
+def is_experts(mod: nn.Module) -> bool:
     """transformers >= 5 keeps all experts of a layer in one module with 3-D gate_up_proj / down_proj."""
     gu, dn = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
     return isinstance(gu, nn.Parameter) and isinstance(dn, nn.Parameter) and gu.ndim == 3
@@ -186,7 +246,7 @@ def _is_experts(mod: nn.Module) -> bool:
 
 def _inside_experts(layer: nn.Module, sub: str) -> bool:
     parts = sub.split(".")
-    return any(_is_experts(layer.get_submodule(".".join(parts[:i]))) for i in range(1, len(parts)))
+    return any(is_experts(layer.get_submodule(".".join(parts[:i]))) for i in range(1, len(parts)))
 
 
 def _module_path(model: nn.Module, target: nn.Module) -> str:
@@ -209,8 +269,6 @@ def resolve_source(name_or_path: str | None, allow_pickle: bool = False) -> tupl
     Weights are read from safetensors or GGUF only: a directory whose weights are pickled (.bin / .pt) is
     refused unless allow_pickle, and then transformers loads them with torch.load(weights_only=True).
     """
-    from . import embedded
-
     safe = {"weights_only": True} if allow_pickle else {"use_safetensors": True}
     if name_or_path is None or str(name_or_path).strip().lower() == embedded.NAME:
         return str(embedded.embedded_student_dir()), {"use_safetensors": True}
@@ -263,8 +321,14 @@ def config_kwargs(kwargs: dict) -> dict:
 
 
 def load_config(name_or_path: str | None = None, trust_remote_code: bool = False, allow_pickle: bool = False):
+    """The model config: from a model directory / id / .gguf, a bare config.json, or a directory holding
+    only one (capacity needs nothing else)."""
     from transformers import AutoConfig
 
+    if name_or_path is not None:
+        p = Path(name_or_path).expanduser()
+        if p.is_file() and p.suffix == ".json":
+            return _bare_config(p, AutoConfig)
     src, kwargs = resolve_source(name_or_path, allow_pickle)
     try:
         cfg = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
@@ -278,6 +342,21 @@ def load_config(name_or_path: str | None = None, trust_remote_code: bool = False
     except Exception as e:  # transformers validates configs with assorted exception types
         raise FP8ProbeError(f"could not read the model config from {name_or_path}: {one_line(e)}") from e
     return cfg
+
+
+def _bare_config(p: Path, AutoConfig):
+    import json
+
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FP8ProbeError(f"{p} is not valid JSON ({e}); pass a Hugging Face config.json") from e
+    if not isinstance(d, dict) or "model_type" not in d:
+        raise FP8ProbeError(f"{p} has no model_type; pass a Hugging Face config.json")
+    try:
+        return AutoConfig.for_model(**d)
+    except Exception as e:  # transformers validates configs with assorted exception types
+        raise FP8ProbeError(f"{p} is not a config transformers accepts: {one_line(e)}") from e
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:

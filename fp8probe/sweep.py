@@ -16,34 +16,26 @@ stopped (`resume=True`) and ends with the same table as an uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import io
-import json
 import logging
-import math
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from torch import nn
-
+from ._files import bar_interval
 from .errors import FP8ProbeError
-from .fp8 import KVCacheScheme, Scheme, num_scales
-from .hooks import quantize_kv, quantize_units
-from .mismatch import METRICS, summarize
+from .measure import Perturbation, measure_perturbation
+from .metrics import METRICS, no_mismatch
 from .reference import Reference
-from .student import _is_experts
+from .runs import COLUMNS, PartialWriter, open_partial, sweep_settings
+from .schemes import KVCacheScheme, Scheme, num_scales
+from .student import kv_geometry
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["unit", "kind", "block", "group", "params", "bytes_saved", "kv_bytes_saved_per_token", "sqnr_db", *METRICS]
-PARTIAL = "sensitivity.partial.csv"
-PARTIAL_SETTINGS = "sweep.partial.json"
 
-
-@dataclass
+@dataclass(frozen=True)
 class Row:
+    """One row of sensitivity.csv before it is measured: what it is, what it saves, what it perturbs."""
+
     unit: str
     kind: str
     block: int
@@ -51,51 +43,47 @@ class Row:
     params: int
     bytes_saved: int
     kv_bytes_saved_per_token: int
-    start_block: int
-    members: list[str] = field(default_factory=list)  # unit names to quantize; empty for kv rows
-    kv_layers: list[int] = field(default_factory=list)
+    start_block: int  # where the candidate pass starts (0 for the whole-model rows, the sanity row included)
+    perturbation: Perturbation
 
 
-def plan_rows(student, scheme: Scheme, granularity: str = "unit", include_kv: bool = True) -> list[Row]:
+def plan_rows(student, scheme: Scheme, granularity: str = "unit", include_kv: bool = True,
+              kv: KVCacheScheme = KVCacheScheme()) -> list[Row]:
     """Every row the sweep will measure, in output order (block, then model order; model rows last)."""
     if granularity not in ("unit", "group"):
         raise FP8ProbeError(f"unknown granularity {granularity!r}; supported: unit, group")
     units = student.quantizable
+    geo = kv_geometry(student.model.config)
+    per_tok = geo.elements_per_token_layer  # BF16 -> FP8 KV saves one byte per element
+
+    def fp8(names, kv_layers=()):
+        return Perturbation(tuple(names), scheme, tuple(kv_layers), kv)
+
     rows: list[Row] = []
     if granularity == "unit":
         for u in units:
-            rows.append(Row(u.name, u.kind, u.block, u.group, u.params, _bytes_saved(u, scheme), 0, u.block, [u.name]))
+            rows.append(Row(u.name, u.kind, u.block, u.group, u.params, _bytes_saved(u, scheme), 0, u.block,
+                            fp8([u.name])))
     else:
         for g, us in student.groups().items():
             kind = "_".join(u.kind for u in us) if len(us) > 1 else us[0].kind
             kind = {"q_k_v": "qkv", "gate_up": "gate_up"}.get(kind, kind)
             rows.append(Row(g, kind, us[0].block, g, sum(u.params for u in us),
-                            sum(_bytes_saved(u, scheme) for u in us), 0, us[0].block, [u.name for u in us]))
+                            sum(_bytes_saved(u, scheme) for u in us), 0, us[0].block, fp8([u.name for u in us])))
     if include_kv:
-        cfg = student.model.config
-        per_tok = _kv_bytes_per_token_layer(cfg)
-        n_layers = cfg.num_hidden_layers
-        for i in range(n_layers):
+        for i in range(geo.num_layers):
             name = f"model.layers.{i}.self_attn.kv_cache"
-            rows.append(Row(name, "kv", i, name, 0, 0, per_tok, i, [], [i]))
+            rows.append(Row(name, "kv", i, name, 0, 0, per_tok, i, fp8([], [i])))
     rows.sort(key=lambda r: r.block)  # stable: model order within a block, kv after the block's units
     all_units = [u.name for u in units]
     total_saved = sum(_bytes_saved(u, scheme) for u in units)
     total_params = sum(u.params for u in units)
-    rows.append(Row("model.fp8_all", "model", -1, "model", total_params, total_saved, 0, 0, all_units))
+    rows.append(Row("model.fp8_all", "model", -1, "model", total_params, total_saved, 0, 0, fp8(all_units)))
     if include_kv:
-        n = student.model.config.num_hidden_layers
         rows.append(Row("model.fp8_all_kv", "model", -1, "model", total_params, total_saved,
-                        n * _kv_bytes_per_token_layer(student.model.config), 0, all_units, list(range(n))))
-    rows.append(Row("model.reference", "model", -1, "model", 0, 0, 0, 0, []))
+                        geo.num_layers * per_tok, 0, fp8(all_units, range(geo.num_layers))))
+    rows.append(Row("model.reference", "model", -1, "model", 0, 0, 0, 0, fp8([])))
     return rows
-
-
-def _kv_bytes_per_token_layer(cfg) -> int:
-    """BF16 -> FP8 KV saves one byte per element: K and V, kv_heads x head_dim each."""
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    return 2 * kv_heads * head_dim
 
 
 def _bytes_saved(unit, scheme: Scheme) -> int:
@@ -110,75 +98,10 @@ def _bytes_saved(unit, scheme: Scheme) -> int:
     return unit.params - 2 * scales
 
 
-# ---------------------------------------------------------------------------------------------------
-# SQNR of the perturbed unit's own output (torchao's definition), a cheap local second view
-
-
-class _Energy:
-    def __init__(self):
-        self.signal = 0.0
-        self.noise = 0.0
-
-    def add(self, ref, approx):
-        ref = ref.float()
-        self.signal += float(ref.pow(2).sum())
-        self.noise += float((ref - approx.float()).pow(2).sum())
-
-    @property
-    def db(self) -> float:
-        if self.noise == 0:
-            return math.inf
-        return 10 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
-
-
-@contextlib.contextmanager
-def _observe_outputs(model: nn.Module, names: list[str], energy: _Energy):
-    """Compare each named unit's output with what its original weights give on the same input."""
-    handles = []
-    try:
-        for n in names:
-            mod = model.get_submodule(n)
-            if isinstance(mod, nn.Linear):
-                w, b = mod.weight.data, mod.bias
-                box = {}
-                handles.append(mod.register_forward_pre_hook(lambda m, a, box=box: box.__setitem__("x", a[0]),
-                                                             prepend=True))
-                handles.append(mod.register_forward_hook(
-                    lambda m, a, out, box=box, w=w, b=b: energy.add(nn.functional.linear(box.pop("x"), w, b), out)))
-            elif _is_experts(mod):
-                handles.append(mod.register_forward_hook(
-                    lambda m, a, out: energy.add(type(m).forward(m, *a), out)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _kv_observer(energy: _Energy):
-    def observe(k, kq, v, vq):
-        energy.add(k, kq)
-        energy.add(v, vq)
-    return observe
-
-
-# ---------------------------------------------------------------------------------------------------
-# the sweep
-
-
-def measure_row(ref: Reference, student, row: Row, scheme: Scheme, kv: KVCacheScheme) -> dict:
-    model = student.model
-    energy = _Energy()
-    with contextlib.ExitStack() as stack:
-        if row.members:
-            stack.enter_context(_observe_outputs(model, row.members if row.kind != "model" else [], energy))
-            stack.enter_context(quantize_units(model, row.members, scheme, calibration=ref.calibration))
-        if row.kv_layers:
-            obs = _kv_observer(energy) if row.kind == "kv" else None
-            stack.enter_context(quantize_kv(model, row.kv_layers, kv, calibration=ref.calibration, observer=obs))
-        metrics = summarize(ref.candidate_stats(row.start_block))
+def _row_result(row: Row, metrics: dict) -> dict:
     out = {"unit": row.unit, "kind": row.kind, "block": row.block, "group": row.group, "params": row.params,
            "bytes_saved": row.bytes_saved, "kv_bytes_saved_per_token": row.kv_bytes_saved_per_token,
-           "sqnr_db": energy.db if row.kind != "model" else float("nan")}
+           "sqnr_db": metrics.pop("sqnr_db", float("nan"))}
     out.update(metrics)
     return out
 
@@ -194,29 +117,29 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from ._files import bar_interval as _bar_interval
-
     scheme = Scheme.from_name(scheme)
     kv = KVCacheScheme.from_name(kv)
-    rows = plan_rows(student, scheme, granularity, include_kv)
+    rows = plan_rows(student, scheme, granularity, include_kv, kv)
     done: dict[str, dict] = {}
     writer = None
     if out_dir is not None:
-        settings = _settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size)
-        done = _open_partial(Path(out_dir), settings, resume)
-        writer = _PartialWriter(Path(out_dir), settings)
+        settings = sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size)
+        done = open_partial(Path(out_dir), settings, resume)
+        writer = PartialWriter(Path(out_dir), settings)
     if reference is None:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
     todo = [r for r in rows if r.unit not in done]
-    bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="sweep", unit="row", disable=not progress, mininterval=_bar_interval())
+    bar = tqdm(total=len(rows), initial=len(rows) - len(todo), desc="sweep", unit="row", disable=not progress,
+               mininterval=bar_interval())
     try:
         for row in todo:
             bar.set_postfix_str(row.unit[-32:], refresh=False)
-            result = measure_row(reference, student, row, scheme, kv)
-            if row.kind == "model" and row.unit == "model.reference":
-                bad = {k: v for k, v in result.items() if k in METRICS and k not in ("token_mult_prob_error", "top1_agree") and v != 0}
-                if bad or result["top1_agree"] != 1 or result["token_mult_prob_error"] != 1:
-                    raise RuntimeError(f"reference against itself is not 0: {bad}; this is a bug in fp8probe")
+            metrics = measure_perturbation(reference, student, row.perturbation, row.start_block,
+                                           sqnr=row.kind != "model")
+            result = _row_result(row, metrics)
+            if row.unit == "model.reference" and {k: result[k] for k in METRICS} != no_mismatch():
+                raise RuntimeError(f"the reference against itself is not at the zero point: {result}; "
+                                   "this is a bug in fp8probe")
             done[row.unit] = result
             if writer:
                 writer.append(result)
@@ -230,125 +153,16 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     return df
 
 
-def _settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size) -> dict:
-    import hashlib
-
-    h = hashlib.sha256()
-    for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask):
-        h.update(t.contiguous().numpy().tobytes())
-    from . import __version__
-
-    return {"fp8probe_version": __version__, "model": student.name, "scheme": scheme.name, "granularity": granularity, "include_kv": include_kv,
-            "kv": {"fmt": kv.fmt, "strategy": kv.strategy, "scale": kv.scale}, "batch_size": batch_size,
-            "rollouts_sha256": h.hexdigest(), "dtype": str(next(student.model.parameters()).dtype)}
-
-
-def check_resume_state(out: Path, resume: bool) -> dict | None:
-    """The settings of the unfinished sweep in `out` (None when there is none), if it can be resumed by this
-    fp8probe; refuses an unfinished sweep without --resume, and one written by another version."""
-    part, sfile = out / PARTIAL, out / PARTIAL_SETTINGS
-    if not part.exists():
-        return None
-    if not resume:
-        raise FP8ProbeError(f"{out} holds an unfinished sweep; pass --resume to continue it, or choose another --out")
-    from . import __version__
-
-    try:
-        old = json.loads(sfile.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FP8ProbeError(f"--resume: {sfile} is missing or unreadable ({e}); start the sweep again in an empty "
-                            "--out") from e
-    if not isinstance(old, dict):
-        raise FP8ProbeError(f"--resume: {sfile} is not a JSON object; start the sweep again in an empty --out")
-    if old.get("fp8probe_version") != __version__:
-        raise FP8ProbeError(f"--resume: the saved sweep in {out} was made by fp8probe "
-                            f"{old.get('fp8probe_version', 'older than 0.1.1')}, this is {__version__}; "
-                            "start a new sweep in another --out")
-    return old
-
-
-def _open_partial(out: Path, settings: dict, resume: bool) -> dict[str, dict]:
-    """Rows already finished in `out` (resume), after checking they were made with the same settings.
-
-    Nothing is written here: the resume state appears with the first finished row (_PartialWriter), so a
-    failure before that row leaves no state behind that would have to be resumed.
-    """
-    old = check_resume_state(out, resume)
-    if old is not None:
-        if old != settings:
-            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise FP8ProbeError(f"--resume: the saved sweep in {out} was run with other settings ({', '.join(diff)}); "
-                                "rerun with the same settings or without --resume")
-        return _read_partial(out / PARTIAL)
-    (out / PARTIAL_SETTINGS).unlink(missing_ok=True)
-    return {}
-
-
-def _read_partial(path: Path) -> dict[str, dict]:
-    """Rows of a partial CSV; a last line cut off by a kill is dropped."""
-    text = path.read_text()
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines = lines[:-1]
-    done = {}
-    for i, rec in enumerate(csv.DictReader(lines), 2):
-        if None in rec or any(rec.get(c) is None for c in COLUMNS):
-            continue
-        try:
-            done[rec["unit"]] = _parse(rec)
-        except ValueError as e:
-            raise FP8ProbeError(f"--resume: {path}:{i} is not a row fp8probe wrote ({e}); start the sweep again "
-                                "without --resume in an empty --out") from e
-    # rewrite without the cut-off line, so that appends start on a fresh line
-    from ._files import atomic_write_text
-
-    buf = io.StringIO(newline="")
-    w = csv.DictWriter(buf, fieldnames=COLUMNS)
-    w.writeheader()
-    for r in done.values():
-        w.writerow(_fmt(r))
-    atomic_write_text(path, buf.getvalue())
-    return done
-
-
-def _parse(rec: dict) -> dict:
-    out = {}
-    for c in COLUMNS:
-        v = rec[c]
-        out[c] = v if c in ("unit", "kind", "group") else (int(v) if c in ("block", "params", "bytes_saved",
-                                                                           "kv_bytes_saved_per_token") else float(v))
-    return out
-
-
-def _fmt(r: dict) -> dict:
-    return {c: (repr(float(r[c])) if isinstance(r[c], float) else r[c]) for c in COLUMNS}
-
-
-class _PartialWriter:
-    """Appends one CSV row at a time and makes it durable (fsync) before the next row starts.
-
-    The file (and the settings it must be resumed with) is created with the first row.
-    """
-
-    def __init__(self, out: Path, settings: dict):
-        self.path, self.settings_path, self.settings = out / PARTIAL, out / PARTIAL_SETTINGS, settings
-        self.f = None
-
-    def append(self, row: dict):
-        if self.f is None:
-            from ._files import atomic_write_json
-
-            new = not self.path.exists() or self.path.stat().st_size == 0
-            if new:
-                atomic_write_json(self.settings_path, self.settings)
-            self.f = open(self.path, "a", newline="")
-            self.w = csv.DictWriter(self.f, fieldnames=COLUMNS)
-            if new:
-                self.w.writeheader()
-        self.w.writerow(_fmt(row))
-        self.f.flush()
-        os.fsync(self.f.fileno())
-
-    def close(self):
-        if self.f is not None:
-            self.f.close()
+def summary(df) -> str:
+    """The lines `fp8probe sweep` ends with: the ten most sensitive rows and the whole-model mismatch."""
+    units = df[df["kind"] != "model"].sort_values("kl_q_p", ascending=False).head(10)
+    cols = ["unit", "kind", "kl_q_p", "k3", "top1_agree", "sqnr_db"]
+    lines = ["", "ten most sensitive rows (mean KL(q||p) per response token):",
+             units[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")]
+    whole = df[df["kind"] == "model"].set_index("unit")
+    for name in ("model.fp8_all", "model.fp8_all_kv"):
+        if name in whole.index:
+            r = whole.loc[name]
+            lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
+                         f"token_mult_prob_error={r.token_mult_prob_error:.5f}")
+    return "\n".join(lines)

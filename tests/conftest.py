@@ -48,6 +48,15 @@ def tiny_model(model_type: str, seed: int = 0, **overrides):
     return model.eval().requires_grad_(False)
 
 
+def tiny_student(model_type: str = "llama", **overrides):
+    """A Student around a tiny model of `model_type` (no files, no downloads)."""
+    from fp8probe.student import Student, list_units
+
+    m = tiny_model(model_type, **overrides)
+    return Student(model=m, tokenizer=tiny_tokenizer(), units=list_units(m), name=f"tiny-{model_type}", path="",
+                   model_type=model_type)
+
+
 def tiny_tokenizer():
     """A word-level tokenizer with a chat template, small enough for the tiny models' vocabulary."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -79,6 +88,15 @@ def tiny_dirs(tmp_path_factory):
         tok.save_pretrained(d)
         out[arch] = d
     return out
+
+
+@pytest.fixture(scope="session")
+def deep_tiny_dir(tmp_path_factory):
+    """A deeper tiny model on disk, so that a sweep lasts long enough to be killed or interrupted half way."""
+    d = tmp_path_factory.mktemp("deep") / "llama"
+    tiny_model("llama", num_hidden_layers=16, hidden_size=256, intermediate_size=768).save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    return d
 
 
 @pytest.fixture(scope="session")

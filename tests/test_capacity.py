@@ -11,9 +11,10 @@ import json
 import pytest
 
 from fp8probe import FP8ProbeError
-from fp8probe.capacity import (Precision, capacity, kv_capacity, kv_layout, load_config_only, meta_model,
+from fp8probe.recipe import Recipe
+from fp8probe.student import list_units, load_config, meta_model
+from fp8probe.capacity import (capacity, kv_capacity, kv_layout,
                                weight_bytes_per_gpu)
-from fp8probe.fp8 import Scheme
 
 GiB = 1 << 30
 
@@ -104,13 +105,14 @@ def test_embedded_student_cpu_block_size():
 
 
 def test_embedded_weight_bytes(embedded):
-    meta = meta_model(load_config_only(None))  # the checkpoint's config (bf16), not the fp32-loaded copy
+    meta = meta_model(load_config(None))  # the checkpoint's config (bf16), not the fp32-loaded copy
     # BF16: 134,515,008 parameters (tied embeddings once) x 2 bytes
-    assert weight_bytes_per_gpu(meta, Precision()) == 2 * 134_515_008
+    assert weight_bytes_per_gpu(meta) == 2 * 134_515_008
     # FP8_DYNAMIC on all 210 Linears: 30 x 3,538,944 weights at 1 byte + 30 x 5,184 per-channel fp32 scales;
     # the rest (embeddings 49,152 x 576 + 61 norms x 576) stays 2 bytes:
     # 106,168,320 + 622,080 + 2 x 28,346,688 = 163,483,776
-    fp8 = Precision(Scheme.from_name("FP8_DYNAMIC"), frozenset(u.name for u in embedded.quantizable))
+    fp8 = Recipe.whole_model(embedded.units, "FP8_DYNAMIC")
+    assert len(fp8.fp8_units(list_units(meta))) == 210
     assert weight_bytes_per_gpu(meta, fp8) == 163_483_776
 
 

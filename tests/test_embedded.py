@@ -7,7 +7,7 @@ import sys
 import pandas as pd
 
 from fp8probe.mismatch import METRICS
-from fp8probe.sweep import COLUMNS
+from fp8probe.runs import COLUMNS
 
 
 def test_embedded_sweep_end_to_end(tmp_path):

@@ -13,7 +13,7 @@ from fp8probe.capacity import capacity
 from fp8probe.embedded import embedded_student_dir
 from fp8probe.export import export, read_checkpoint_fp8
 from fp8probe.hooks import simulated_weights
-from fp8probe.recipe import read_recipe_yaml
+from fp8probe.recipe import read_recipe
 from fp8probe.rollouts import make_rollouts
 
 KEPT_BLOCKS = (0, 29)  # a mixed recipe: first and last blocks in BF16, plus block 1's down_proj
@@ -28,8 +28,7 @@ def exported(embedded, tmp_path_factory):
         "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}
     (root / "recipe.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     ckpt = export(None, root / "recipe.yaml", root / "ckpt", max_model_len=8192)
-    spec = read_recipe_yaml(root / "recipe.yaml")
-    return ckpt, [u.name for u in spec.quantized_units(embedded.model)]
+    return ckpt, [u.name for u in read_recipe(root / "recipe.yaml").fp8_units(embedded.units)]
 
 
 def test_checkpoint_files(exported):
@@ -74,7 +73,7 @@ def test_export_refuses_split_group(tmp_path):
 
 @pytest.mark.vllm
 def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path):
-    from fp8probe.vllm_check import compare_with_vllm
+    from fp8probe.testing.vllm_check import compare_with_vllm
 
     ckpt, units = exported
     rollouts = make_rollouts(embedded, num_prompts=8, max_new_tokens=32, seed=1)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from fp8probe import fake_quant
-from fp8probe.fp8 import KVCacheScheme, Scheme, compute_scale, quantize_weight, simulate_weight, sqnr_db
+from fp8probe.fp8 import compute_scale, quantize_weight, simulate_weight, sqnr_db
+from fp8probe.schemes import KVCacheScheme, Scheme
 from fp8probe.errors import FP8ProbeError
 
 ct_scheme = pytest.importorskip("compressed_tensors.quantization.quant_scheme")

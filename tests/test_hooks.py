@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from fp8probe.fp8 import Scheme, dequantize, quantize_weight
+from fp8probe.fp8 import dequantize, quantize_weight
+from fp8probe.schemes import Scheme
 from fp8probe.hooks import add_noise, quantize_kv, quantize_units, record_calibration, simulated_weights
 from fp8probe.student import list_units
 

@@ -4,20 +4,22 @@ import pytest
 import yaml
 
 from fp8probe import FP8ProbeError
-from fp8probe.export import check_vllm_loadable
-from fp8probe.recipe import make_recipe, read_recipe_yaml
+from fp8probe.recipe import read_recipe
 from fp8probe.reference import Reference
 from fp8probe.rollouts import make_rollouts
-from fp8probe.student import Student, list_units
+from fp8probe.selection import make_recipe
 from fp8probe.sweep import sweep
 
-from conftest import tiny_model, tiny_tokenizer
+from conftest import tiny_student
+
+
+def fp8_names(recipe, student) -> list[str]:
+    return [u.name for u in recipe.fp8_units(student.units)]
 
 
 @pytest.fixture(scope="module")
 def setup():
-    m = tiny_model("llama", num_hidden_layers=4)
-    st = Student(m, tiny_tokenizer(), list_units(m), "tiny-llama", "", "llama")
+    st = tiny_student("llama", num_hidden_layers=4)
     r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
     ref = Reference(st, r)
     df = sweep(st, r, reference=ref)
@@ -40,7 +42,7 @@ def test_budgets_hold_and_savings_grow(setup, tmp_path):
         # the measured value is what fp8probe.measure gives for exactly these units
         from fp8probe import measure
 
-        again = measure(st, r, "FP8_DYNAMIC", units=rec.quantized_units(), reference=ref)
+        again = measure(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)
         assert again["kl_q_p"] == pytest.approx(rec.measured, rel=1e-9)
     assert saved[0] <= saved[1] <= saved[2]
     assert saved[2] == df[df.unit == "model.fp8_all"].bytes_saved.iloc[0]
@@ -57,7 +59,7 @@ def test_yaml_parsed_by_llmcompressor(setup, tmp_path):
     (mod,) = parsed.modifiers
     assert type(mod).__name__ == "QuantizationModifier"
     assert mod.scheme == "FP8_DYNAMIC" and mod.targets == ["Linear"]
-    assert mod.ignore == rec.ignore() and "lm_head" in mod.ignore
+    assert mod.ignore == rec.ignore and "lm_head" in mod.ignore
     assert mod.kv_cache_scheme.num_bits == 8 and mod.kv_cache_scheme.type == "float"
     kept_units = [u for g in rec.kept for u in rec.group_units[g]]
     assert set(kept_units) <= set(mod.ignore)
@@ -67,8 +69,9 @@ def test_yaml_parsed_by_llmcompressor(setup, tmp_path):
     meta = json.loads((tmp_path / "recipe.json").read_text())
     for k in ("budget", "metric", "predicted", "measured", "bytes_saved", "kept", "quantized"):
         assert k in meta
-    spec = read_recipe_yaml(tmp_path / "recipe.yaml")
-    assert {u.name for u in spec.quantized_units(st.model)} == set(rec.quantized_units())
+    back = read_recipe(tmp_path / "recipe.yaml")
+    assert fp8_names(back, st) == fp8_names(rec, st)
+    assert back.ignore == rec.ignore and back.kv_cache == "fp8" and back.scheme == rec.scheme
 
 
 def test_split_group_refused(setup, tmp_path):
@@ -79,12 +82,12 @@ def test_split_group_refused(setup, tmp_path):
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(FP8ProbeError, match=r"splits vLLM's fused qkv_proj of block 1: FP8 "
                                             r"model.layers.1.self_attn.q_proj, .*v_proj but BF16 .*k_proj"):
-        check_vllm_loadable(st.model, read_recipe_yaml(tmp_path / "r.yaml"))
+        read_recipe(tmp_path / "r.yaml").check_vllm_loadable(st.units)
     doc["default_stage"]["default_modifiers"]["QuantizationModifier"]["ignore"] = ["lm_head",
                                                                                    "model.layers.2.mlp.up_proj"]
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(FP8ProbeError, match="gate_up_proj of block 2"):
-        check_vllm_loadable(st.model, read_recipe_yaml(tmp_path / "r.yaml"))
+        read_recipe(tmp_path / "r.yaml").check_vllm_loadable(st.units)
 
 
 def test_block_scheme_shapes_refused(embedded, tmp_path):
@@ -94,18 +97,18 @@ def test_block_scheme_shapes_refused(embedded, tmp_path):
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(FP8ProbeError, match=r"FP8_BLOCK needs input dims divisible by 128; not: "
                                             r"model.layers.0.self_attn.q_proj \(576\)"):
-        check_vllm_loadable(embedded.model, read_recipe_yaml(tmp_path / "r.yaml"))
+        read_recipe(tmp_path / "r.yaml").check_vllm_loadable(embedded.units)
 
 
 def test_bad_recipe_files(tmp_path):
     with pytest.raises(FP8ProbeError, match="no such recipe"):
-        read_recipe_yaml(tmp_path / "none.yaml")
+        read_recipe(tmp_path / "none.yaml")
     (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
     with pytest.raises(FP8ProbeError, match="not valid YAML"):
-        read_recipe_yaml(tmp_path / "bad.yaml")
+        read_recipe(tmp_path / "bad.yaml")
     (tmp_path / "x.yaml").write_text("default_stage: {}\n")
     with pytest.raises(FP8ProbeError, match="exactly one QuantizationModifier"):
-        read_recipe_yaml(tmp_path / "x.yaml")
+        read_recipe(tmp_path / "x.yaml")
 
 
 def test_group_granularity_sweep(setup):
@@ -115,31 +118,45 @@ def test_group_granularity_sweep(setup):
     rec = make_recipe(df, whole * 0.3, st, r, reference=ref)
     assert rec.measured <= whole * 0.3 and rec.quantized
     names = {u.name for u in st.quantizable}
-    assert set(rec.quantized_units()) <= names
+    assert set(fp8_names(rec, st)) <= names
 
 
-def test_cli_recipe_then_capacity(tiny_dirs, tmp_path):
+def test_cli_recipe_then_capacity(cli, tiny_dirs, tmp_path):
     import json
-    import subprocess
-    import sys
 
-    def cli(*a):
-        return subprocess.run([sys.executable, "-m", "fp8probe.cli", "-q", *map(str, a)], capture_output=True,
-                              text=True, timeout=600)
+    import pandas as pd
 
-    r = cli("sweep", tiny_dirs["qwen3"], "--out", tmp_path / "s", "--num-prompts", 4, "--max-new-tokens", 8)
-    assert r.returncode == 0, r.stderr
-    whole = [ln for ln in (tmp_path / "s" / "sensitivity.csv").read_text().splitlines()
-             if ln.startswith("model.fp8_all,")][0]
-    budget = float(whole.split(",")[8]) * 0.3  # kl_q_p column
-    r = cli("recipe", tmp_path / "s", "--budget", budget, "--out", tmp_path / "r", "--keep-last", 1)
-    assert r.returncode == 0, r.stderr
+    r = cli("-q", "sweep", tiny_dirs["qwen3"], "--out", tmp_path / "s", "--num-prompts", 4, "--max-new-tokens", 8)
+    assert r.code == 0, r.err
+    table = pd.read_csv(tmp_path / "s" / "sensitivity.csv")
+    budget = float(table.set_index("unit").loc["model.fp8_all", "kl_q_p"]) * 0.3
+    r = cli("-q", "recipe", tmp_path / "s", "--budget", budget, "--out", tmp_path / "r", "--keep-last", 1)
+    assert r.code == 0, r.err
     meta = json.loads((tmp_path / "r" / "recipe.json").read_text())
     assert meta["measured"] <= budget and meta["kept"]
-    assert all(g.startswith("model.layers.2.") for g in meta["kept"] if meta["kept_scores"][0]["reason"] == "keep")
-    r = cli("capacity", tiny_dirs["qwen3"], "--recipe", tmp_path / "r" / "recipe.yaml", "--kv-cache-memory",
+    kept_for_keep = {k["group"] for k in meta["kept_scores"] if k["reason"] == "keep"}
+    last_block = {g for g in meta["group_units"] if g.startswith("model.layers.2.")}  # --keep-last 1 of 3 blocks
+    assert kept_for_keep == last_block and len(last_block) == 4
+    r = cli("-q", "capacity", tiny_dirs["qwen3"], "--recipe", tmp_path / "r" / "recipe.yaml", "--kv-cache-memory",
             1 << 24, "--max-model-len", 256)
-    assert r.returncode == 0, r.stderr
-    assert f"({len([u for g in meta['quantized'] for u in meta['group_units'][g]])} units)" in r.stdout
-    r = cli("recipe", tmp_path / "nowhere", "--budget", 1, "--out", tmp_path / "r2")
-    assert r.returncode == 2 and "no such sweep directory" in r.stderr
+    assert r.code == 0, r.err
+    assert f"({len([u for g in meta['quantized'] for u in meta['group_units'][g]])} units)" in r.out
+    r = cli("-q", "recipe", tmp_path / "nowhere", "--budget", 1, "--out", tmp_path / "r2")
+    assert r.code == 2 and "no such sweep directory" in r.err
+
+
+def test_budget_on_a_metric_whose_zero_point_is_one(setup):
+    """token_mult_prob_error is 1.0 without mismatch: a budget bounds its excess over 1 (0.3 of the whole
+    model's excess here), not the raw value, which no recipe could ever get under."""
+    st, r, ref, df = setup
+    whole = float(df[df.unit == "model.fp8_all"].token_mult_prob_error.iloc[0])
+    budget = 0.3 * (whole - 1)
+    rec = make_recipe(df, budget, st, r, metric="token_mult_prob_error", reference=ref)
+    assert rec.measured == pytest.approx(rec.measured_metrics["token_mult_prob_error"] - 1, abs=1e-15)
+    assert 0 < rec.measured <= budget
+    assert 0 < len(rec.quantized) < len(st.groups())
+    scores = {k["group"]: k["score"] for k in rec.kept_scores}
+    units = df.set_index("unit")
+    for g, s in scores.items():  # group score = sum over its units of (tme - 1)
+        want = sum(max(units.loc[u, "token_mult_prob_error"] - 1, 0) for u in rec.group_units[g])
+        assert s == pytest.approx(want, rel=1e-12)

@@ -15,7 +15,8 @@ from conftest import tiny_model, tiny_tokenizer
 @pytest.fixture(scope="module")
 def student():
     m = tiny_model("llama")
-    return Student(m, tiny_tokenizer(), list_units(m), "tiny-llama", "", "llama")
+    return Student(model=m, tokenizer=tiny_tokenizer(), units=list_units(m), name="tiny-llama", path="",
+                   model_type="llama")
 
 
 def test_masks_and_layout(student):

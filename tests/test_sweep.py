@@ -2,8 +2,6 @@
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pandas as pd
@@ -14,16 +12,13 @@ from fp8probe.hooks import quantize_kv, quantize_units
 from fp8probe.mismatch import METRICS, mismatch, response_logits
 from fp8probe.reference import Reference
 from fp8probe.rollouts import make_rollouts
-from fp8probe.student import Student, list_units
-from fp8probe.sweep import COLUMNS, plan_rows, sweep
-from fp8probe.fp8 import Scheme
+from fp8probe.runs import COLUMNS
+from fp8probe.schemes import Scheme
+from fp8probe.sweep import plan_rows, sweep
 
-from conftest import ARCHS, tiny_model, tiny_tokenizer
+from conftest import ARCHS, cli_process, tiny_student
 
-
-def _student(arch, **kw):
-    m = tiny_model(arch, **kw)
-    return Student(m, tiny_tokenizer(), list_units(m), f"tiny-{arch}", "", arch)
+_student = tiny_student
 
 
 def _naive(student, rollouts, row, ref_cal, scheme, kv="fp8"):
@@ -35,10 +30,11 @@ def _naive(student, rollouts, row, ref_cal, scheme, kv="fp8"):
     with torch.no_grad():
         ref_logits, tokens = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
         with contextlib.ExitStack() as st:
-            if row.members:
-                st.enter_context(quantize_units(m, row.members, scheme, calibration=ref_cal))
-            if row.kv_layers:
-                st.enter_context(quantize_kv(m, row.kv_layers, kv, calibration=ref_cal))
+            p = row.perturbation
+            if p.units:
+                st.enter_context(quantize_units(m, p.units, scheme, calibration=ref_cal))
+            if p.kv_layers:
+                st.enter_context(quantize_kv(m, p.kv_layers, kv, calibration=ref_cal))
             cand, _ = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
     return mismatch(ref_logits, cand, tokens)  # the model's forward already applies any logit softcap
 
@@ -77,21 +73,12 @@ def test_group_granularity_and_bytes():
     assert whole["bytes_saved"] == df[df.kind != "model"]["bytes_saved"].sum()
 
 
-def _cli(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "fp8probe.cli", "-q", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+def _cli(*args):
+    return cli_process("-q", *args)
 
 
-@pytest.fixture(scope="module")
-def slow_tiny(tmp_path_factory):
-    """A deeper tiny model, so that a sweep lasts long enough to be killed half way."""
-    d = tmp_path_factory.mktemp("deep") / "llama"
-    tiny_model("llama", num_hidden_layers=16, hidden_size=256, intermediate_size=768).save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
-
-
-def test_kill_resume_and_determinism(slow_tiny, tmp_path):
+def test_kill_resume_and_determinism(deep_tiny_dir, tmp_path):
+    slow_tiny = deep_tiny_dir
     common = ["--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
     full = tmp_path / "full"
     p = _cli("sweep", slow_tiny, "--out", full, *common)

@@ -13,19 +13,15 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import cli_process, tiny_model, tiny_tokenizer
+from conftest import cli_process
 
 COMMON = ["--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
 SENTINEL = 12345.0
 
 
 @pytest.fixture(scope="module")
-def deep(tmp_path_factory):
-    """A deeper tiny model, so that a sweep lasts long enough to be interrupted half way."""
-    d = tmp_path_factory.mktemp("deep") / "llama"
-    tiny_model("llama", num_hidden_layers=16, hidden_size=256, intermediate_size=768).save_pretrained(d)
-    tiny_tokenizer().save_pretrained(d)
-    return d
+def deep(deep_tiny_dir):
+    return deep_tiny_dir
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +109,11 @@ def test_lock_refuses_a_second_sweep_and_dies_with_its_holder(deep, tmp_path, re
 def test_full_disk_keeps_finished_rows(cli, deep, tmp_path, reference_table, monkeypatch):
     """ENOSPC while appending row 8: one line, exit 2, 7 rows kept; then ENOSPC while writing the final table:
     the partial state survives again; with space back, --resume finishes with the uninterrupted table."""
-    import importlib
-
     import fp8probe._files
-
-    sw = importlib.import_module("fp8probe.sweep")  # the package's `sweep` attribute is the function
+    import fp8probe.runs as runs
 
     out = tmp_path / "run"
-    real_append = sw._PartialWriter.append
+    real_append = runs.PartialWriter.append
     calls = {"n": 0}
 
     def append(self, row):
@@ -129,14 +122,14 @@ def test_full_disk_keeps_finished_rows(cli, deep, tmp_path, reference_table, mon
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
         return real_append(self, row)
 
-    monkeypatch.setattr(sw._PartialWriter, "append", append)
+    monkeypatch.setattr(runs.PartialWriter, "append", append)
     r = cli("-q", "sweep", deep, "--out", out, *COMMON)
     assert r.code == 2 and len(r.lines) == 1, r.err
     assert r.lines[0].startswith("fp8probe: error: no space left on device") and "--resume" in r.lines[0]
     assert "Traceback" not in r.err
     assert len(pd.read_csv(out / "sensitivity.partial.csv")) == 7
     assert not (out / "sensitivity.csv").exists() and not (out / "run.json").exists()
-    monkeypatch.setattr(sw._PartialWriter, "append", real_append)
+    monkeypatch.setattr(runs.PartialWriter, "append", real_append)
 
     real_write = fp8probe._files.atomic_write_bytes
 

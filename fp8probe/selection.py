@@ -1,0 +1,186 @@
+"""Choosing a recipe: from a sensitivity table to the FP8 recipe that saves the most under a mismatch budget.
+
+Selection works on whole fused groups (q/k/v together, gate/up together, all experts of a layer), the only
+splits vLLM can load:
+
+1. score each group from the sweep: the sum of its units' excess mismatch (metrics.excess: the distance
+   from the metric's zero point in the worse direction) when the sweep was per unit, and rank groups by
+   score per byte saved, cheapest first;
+2. predict a recipe's mismatch as the sum of its groups' scores (per-unit scores do not add up exactly);
+3. measure real combinations with the hooks and bisect over the ranked list for the longest prefix whose
+   *measured* mismatch stays within the budget: a handful of measured passes, not one per group.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import FP8ProbeError
+from .measure import measure
+from .metrics import excess, metric as metric_info, no_mismatch
+from .recipe import Recipe
+from .reference import Reference
+from .schemes import KV_CACHE_SCHEMES, Scheme
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupScore:
+    group: str
+    units: list[str]
+    block: int
+    score: float
+    bytes_saved: int
+
+    @property
+    def per_byte(self) -> float:
+        return self.score / max(self.bytes_saved, 1)
+
+
+def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[str]] | None = None) -> list[GroupScore]:
+    """One score per fused group from a sensitivity table (per unit or per group).
+
+    `members` maps each group to its unit names (Student.groups()); without it, a per-unit table's rows
+    name the members.
+    """
+    import pandas as pd
+
+    metric_info(metric)
+    df = sensitivity if isinstance(sensitivity, pd.DataFrame) else pd.read_csv(sensitivity)
+    if metric not in df.columns:
+        raise FP8ProbeError(f"metric {metric!r} is not a column of the sensitivity table")
+    df = df[~df["kind"].isin(["kv", "model"])]
+    if df.empty:
+        raise FP8ProbeError("the sensitivity table has no unit rows")
+    out = []
+    for g, rows in df.groupby("group", sort=False):
+        score = sum(max(excess(metric, float(v)), 0.0) for v in rows[metric])
+        units = members[g] if members and g in members else list(rows["unit"])
+        out.append(GroupScore(g, units, int(rows["block"].min()), float(score), int(rows["bytes_saved"].sum())))
+    return out
+
+
+def rank_groups(groups: list[GroupScore]) -> list[GroupScore]:
+    """Least sensitive per byte saved first (ties: later blocks first, then name, for a stable order)."""
+    return sorted(groups, key=lambda g: (g.per_byte, -g.block, g.group))
+
+
+def _check_table_matches(sensitivity, student, known: set[str], members: dict[str, list[str]]) -> None:
+    """Refuse a table from another model, or one that lost rows."""
+    unit_group = {u.name: u.group for u in student.quantizable}
+    missing = [g for g in known if g not in unit_group and g not in members]
+    if missing:
+        raise FP8ProbeError(f"the sweep lists groups this model lacks ({missing[0]} ...): was it run on another model?")
+    sizes = {u.name: u.params for u in student.quantizable}
+    sizes.update({g: sum(u.params for u in us) for g, us in student.groups().items()})
+    if not isinstance(sensitivity, (str, Path)) and "params" in sensitivity.columns:
+        for unit, params in zip(sensitivity["unit"], sensitivity["params"]):
+            if unit in sizes and int(params) != sizes[unit]:
+                raise FP8ProbeError(f"the sweep gives {unit} {int(params):,} parameters, this model {sizes[unit]:,}: "
+                                    "was it run on another model?")
+    unscored = [g for g in members if g not in known]
+    if unscored:
+        raise FP8ProbeError(f"the sweep scores {len(known)} of this model's {len(members)} fused groups (none for "
+                            f"{unscored[0]}): is it truncated? run the sweep again")
+
+
+def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAMIC", metric: str = "kl_q_p",
+                kv_cache: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
+                reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None) -> Recipe:
+    """The FP8 recipe that saves the most weight bytes while the measured `metric` stays <= budget
+    (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05)."""
+    scheme = Scheme.from_name(scheme)
+    if budget is None or budget < 0:
+        raise FP8ProbeError("--budget must be a non-negative number")
+    if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
+        raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
+    members = {g: [u.name for u in us] for g, us in student.groups().items()}
+    groups = group_scores(sensitivity, metric, members)
+    known = {g.group for g in groups}
+    _check_table_matches(sensitivity, student, known, members)
+    # a student's unit and group names, to map unit-level keep/force names to their group
+    unit_group = {u.name: u.group for u in student.quantizable}
+    for u in student.quantizable:
+        unit_group.setdefault(u.group, u.group)
+
+    def groups_of(names, what):
+        out = set()
+        for n in names:
+            if n not in unit_group:
+                raise FP8ProbeError(f"--{what} {n}: no such unit or group; see `fp8probe units`")
+            out.add(unit_group[n])
+        return out
+
+    n_blocks = student.model.config.num_hidden_layers
+    keep_set = groups_of(keep, "keep")
+    keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
+    force_set = groups_of(force, "force")
+    both = keep_set & force_set
+    if both:
+        raise FP8ProbeError(f"{sorted(both)[0]} is both kept and forced; choose one")
+    by_name = {g.group: g for g in groups}
+    forced = [by_name[g] for g in sorted(force_set)]
+    ranked = rank_groups([g for g in groups if g.group not in keep_set and g.group not in force_set])
+
+    if reference is None:
+        reference = Reference(student, rollouts, batch_size)
+    memo: dict[int, dict] = {}
+
+    def chosen(k):
+        return forced + ranked[:k]
+
+    def predicted(k):
+        return sum(g.score for g in chosen(k))
+
+    def measured(k):
+        if k not in memo:
+            units = [u for g in chosen(k) for u in g.units]
+            if not units and kv_cache is None:
+                memo[k] = no_mismatch()
+            else:
+                memo[k] = measure(student, rollouts, scheme, units=units, kv=kv_cache, reference=reference)
+            log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(chosen(k)),
+                     len(groups), metric, excess(metric, memo[k][metric]), predicted(k))
+        return excess(metric, memo[k][metric])
+
+    n = len(ranked)
+    if measured(0) > budget:
+        raise FP8ProbeError(f"even with only the forced groups{' and the FP8 KV cache' if kv_cache else ''} in FP8 "
+                            f"the measured {metric} is {measured(0):.3g} > budget {budget}; raise the budget")
+    lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
+    if measured(n) <= budget:
+        lo = n
+    else:
+        hi = n
+        guess = max((k for k in range(n + 1) if predicted(k) <= budget), default=0)
+        guess = min(max(guess, 1), n - 1) if n > 1 else 0
+        if guess > 0:
+            (lo, hi) = (guess, hi) if measured(guess) <= budget else (lo, guess)
+        while hi - lo > 1 and len(memo) < max_passes:
+            mid = (lo + hi) // 2
+            if measured(mid) <= budget:
+                lo = mid
+            else:
+                hi = mid
+    k = lo
+    if k == 0 and not forced and kv_cache is None and n:
+        raise FP8ProbeError(f"no fused group fits the budget: the least sensitive one alone measures {metric} "
+                            f"{measured(1):.3g} > {budget}; raise the budget")
+    quantized = {g.group for g in chosen(k)}
+    kept = [g.group for g in groups if g.group not in quantized]
+    result = memo[k] if k in memo else {metric: measured(k)}
+    return Recipe.from_groups(
+        student.units, scheme.name, quantized, model=student.name, kv_cache=kv_cache,
+        quantized=[g.group for g in groups if g.group in quantized], kept=kept,
+        group_units={g.group: g.units for g in groups}, budget=budget, metric=metric,
+        predicted=predicted(k), measured=excess(metric, result[metric]), measured_metrics=result,
+        bytes_saved=sum(by_name[g].bytes_saved for g in quantized),
+        kept_scores=[{"group": g, "score": by_name[g].score, "bytes_saved": by_name[g].bytes_saved,
+                      "reason": "keep" if g in keep_set else "budget"} for g in kept],
+        search=[{"groups_fp8": len(chosen(kk)), "predicted": predicted(kk), "measured": excess(metric, v[metric])}
+                for kk, v in sorted(memo.items())],
+        sweep=sweep_dir,
+    )
