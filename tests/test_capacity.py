@@ -125,25 +125,20 @@ def test_ratio_fp8_weights_and_kv_qwen3_8b_h100():
     assert rep["ratio_kv_tokens"] > 2.0 and rep["ratio_concurrency"] == pytest.approx(rep["ratio_kv_tokens"], rel=1e-3)
 
 
-def test_cli_config_only_and_json(tmp_path):
-    import subprocess
-    import sys
-
+def test_cli_config_only_and_json(cli, tmp_path):
     d = dict(CONFIGS["qwen3-8b"])
     (tmp_path / "config.json").write_text(json.dumps(d))
-    r = subprocess.run([sys.executable, "-m", "fp8probe.cli", "capacity", str(tmp_path / "config.json"), "--gpu",
-                        "H100", "--max-model-len", "32768", "--out", str(tmp_path / "cap"), "--plot"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    r = cli("capacity", tmp_path / "config.json", "--gpu", "H100", "--max-model-len", "32768",
+            "--out", tmp_path / "cap", "--plot")
+    assert r.code == 0, r.err
     rep = json.loads((tmp_path / "cap" / "capacity.json").read_text())
     for side in ("baseline", "candidate"):
         assert {"weight_bytes", "kv_bytes_per_token", "kv_memory_bytes", "num_blocks", "kv_tokens",
                 "max_concurrency"} <= set(rep[side])
     assert rep["ratio_kv_tokens"] > 2 and (tmp_path / "cap" / "capacity.png").stat().st_size > 1000
-    assert "KV tokens" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "fp8probe.cli", "capacity", str(tmp_path), "--gpu", "X999"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "unknown GPU" in r.stderr
+    assert "KV tokens" in r.out
+    r = cli("capacity", tmp_path, "--gpu", "X999")
+    assert r.code == 2 and "unknown GPU" in r.err
 
 
 def test_bad_tp():

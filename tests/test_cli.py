@@ -20,72 +20,75 @@ def test_help_and_version():
     assert r.returncode == 0 and "--resume" in r.stdout and "examples:" in r.stdout
 
 
-def _bad(tmp_path, *args, match):
+def test_bad_input_in_a_real_process(tmp_path, tiny_dirs):
+    """The whole path a user sees: a real process, its stderr, its exit code, nothing left behind (the other
+    bad inputs run in-process: tests/robustness/)."""
     out = tmp_path / "out"
-    r = run(*args, "--out", out) if "--out" not in args else run(*args)
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fp8probe: error:"), r.stderr
-    assert match in lines[0]
-    assert not out.exists()
-    return lines[0]
+    r = run("sweep", tiny_dirs["llama"], "--scheme", "INT4", "--out", out)
+    assert r.returncode == 2 and not out.exists()
+    assert r.stderr.splitlines() == ["fp8probe: error: unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK"]
+    r = run("sweep", tmp_path / "nope" / "model", "--out", out)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "no such file or directory" in r.stderr
 
 
-def test_missing_path(tmp_path):
-    _bad(tmp_path, "sweep", tmp_path / "nope" / "model", match="no such file or directory")
-
-
-def test_not_a_model(tmp_path):
-    (tmp_path / "dir").mkdir()
-    _bad(tmp_path, "sweep", tmp_path / "dir", match="not a Hugging Face model directory")
-    (tmp_path / "weights.dat").write_bytes(b"\0" * 100)
-    _bad(tmp_path, "rollouts", tmp_path / "weights.dat", match="not a model")
-    (tmp_path / "weights.bin").write_bytes(b"\0" * 100)
-    _bad(tmp_path, "rollouts", tmp_path / "weights.bin", match="is a pickled checkpoint file")
-
-
-def test_truncated_gguf(tmp_path):
+def test_truncated_gguf(cli, tmp_path):
     from fp8probe.embedded import embedded_gguf
 
     with open(embedded_gguf(), "rb") as f:
         (tmp_path / "cut.gguf").write_bytes(f.read(500_000))
-    _bad(tmp_path, "sweep", tmp_path / "cut.gguf", match="truncated or corrupt")
-
-
-def test_empty_prompts(tmp_path, tiny_dirs):
-    (tmp_path / "p.txt").write_text("\n\n")
-    _bad(tmp_path, "sweep", tiny_dirs["llama"], "--prompts", tmp_path / "p.txt", match="is empty")
-
-
-def test_unknown_scheme(tmp_path, tiny_dirs):
-    msg = _bad(tmp_path, "sweep", tiny_dirs["llama"], "--scheme", "INT4", match="unknown scheme")
-    assert "FP8, FP8_DYNAMIC, FP8_BLOCK" in msg
-
-
-def test_unwritable_output(tmp_path, tiny_dirs):
-    (tmp_path / "file").write_text("x")
-    r = run("sweep", tiny_dirs["llama"], "--out", tmp_path / "file" / "out")
-    assert r.returncode == 2 and r.stderr.strip().startswith("fp8probe: error: cannot create")
-    assert len(r.stderr.strip().splitlines()) == 1
-
-
-def test_unfinished_sweep_needs_resume(tmp_path, tiny_dirs):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "sensitivity.partial.csv").write_text("unit\n")
-    r = run("sweep", tiny_dirs["llama"], "--out", out)
-    assert r.returncode == 2 and "pass --resume" in r.stderr
+    r = cli("sweep", tmp_path / "cut.gguf", "--out", tmp_path / "out")
+    assert r.code == 2 and len(r.lines) == 1 and "truncated or corrupt" in r.lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "mixtral"])
-def test_measure_and_units_on_tiny(tmp_path, tiny_dirs, arch):
-    r = run("-q", "measure", tiny_dirs[arch], "--out", tmp_path / "m", "--num-prompts", 3, "--max-new-tokens", 5,
+def test_measure_and_units_on_tiny(cli, tmp_path, tiny_dirs, arch):
+    r = cli("-q", "measure", tiny_dirs[arch], "--out", tmp_path / "m", "--num-prompts", 3, "--max-new-tokens", 5,
             "--kv-cache-dtype", "fp8")
-    assert r.returncode == 0, r.stderr
+    assert r.code == 0, r.err
     import json
 
     rep = json.loads((tmp_path / "m" / "mismatch.json").read_text())
     assert rep["metrics"]["kl_q_p"] > 0 and rep["schema_version"] == 1
     assert (tmp_path / "m" / "rollouts.safetensors").exists()
-    r = run("-q", "units", tiny_dirs[arch])
-    assert r.returncode == 0 and "qkv_proj" in r.stdout
+    r = cli("-q", "units", tiny_dirs[arch])
+    assert r.code == 0 and "qkv_proj" in r.out
+
+
+def test_help_imports_no_torch_and_the_api_resolves():
+    """`fp8probe --help` stays instant (no torch); capacity on a config loads none of the measuring modules;
+    every public name resolves to its one home."""
+    code = (
+        "import sys, json\n"
+        "from fp8probe.cli import build_parser\n"
+        "build_parser().format_help()\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('fp8probe'))))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    mods = __import__("json").loads(r.stdout)
+    assert "torch" not in mods, mods
+    code = (
+        "import sys, json\n"
+        "from fp8probe.cli import main\n"
+        "main(['-q', 'capacity', sys.argv[1], '--kv-cache-memory', '1000000', '--max-model-len', '256'])\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('fp8probe', 'pandas', 'matplotlib'))))\n"
+    )
+    import json
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "config.json"
+        cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+                                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                   "vocab_size": 300, "max_position_embeddings": 256}))
+        r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=300)
+    mods = json.loads(r.stdout.strip().splitlines()[-1])
+    for heavy in ("pandas", "matplotlib", "fp8probe.hooks", "fp8probe.reference", "fp8probe.sweep",
+                  "fp8probe.export"):
+        assert heavy not in mods, (heavy, mods)
+    import fp8probe
+
+    for name in fp8probe.__all__:
+        assert getattr(fp8probe, name) is not None, name
+    assert callable(fp8probe.sweep) and callable(fp8probe.measure) and callable(fp8probe.capacity)

@@ -1,8 +1,6 @@
 """The real embedded student, end to end through the CLI, on a small token budget."""
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 
@@ -10,13 +8,11 @@ from fp8probe.mismatch import METRICS
 from fp8probe.runs import COLUMNS
 
 
-def test_embedded_sweep_end_to_end(tmp_path):
+def test_embedded_sweep_end_to_end(cli, tmp_path):
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "fp8probe.cli", "-q", "sweep", "--out", str(out), "--num-prompts", "3",
-                        "--max-new-tokens", "8", "--granularity", "group"], capture_output=True, text=True,
-                       timeout=1200)
-    assert r.returncode == 0, r.stderr
-    assert "ten most sensitive rows" in r.stdout and "model.fp8_all:" in r.stdout
+    r = cli("-q", "sweep", "--out", out, "--num-prompts", 3, "--max-new-tokens", 8, "--granularity", "group")
+    assert r.code == 0, r.err
+    assert "ten most sensitive rows" in r.out and "model.fp8_all:" in r.out
     df = pd.read_csv(out / "sensitivity.csv")
     assert list(df.columns) == COLUMNS
     assert len(df) == 30 * 4 + 30 + 3  # fused groups, KV layers, whole-model rows

@@ -118,13 +118,15 @@ def test_checkpoint_codes_match_compressed_tensors(name):
 
 
 def test_kv_per_head_and_tensor():
-    k = torch.randn(2, 3, 5, 8)
-    k[:, 1] *= 100
+    k = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(0))
+    k[:, 1] *= 1e5  # one loud head: with one scale per tensor the others fall into e4m3's subnormals
     per_head = compute_scale(k, KVCacheScheme(strategy="head").spec)
     assert per_head.shape == (1, 3, 1, 1)
     assert torch.allclose(per_head.flatten(), k.abs().amax(dim=(0, 2, 3)) / 448)
     assert compute_scale(k, KVCacheScheme().spec).item() == pytest.approx(k.abs().max().item() / 448)
-    assert sqnr_db(k, fake_quant(k, KVCacheScheme(strategy="head"))) > sqnr_db(k, fake_quant(k, KVCacheScheme()))
+    quiet = [0, 2]
+    head, tensor = fake_quant(k, KVCacheScheme(strategy="head")), fake_quant(k, KVCacheScheme())
+    assert sqnr_db(k[:, quiet], head[:, quiet]) > sqnr_db(k[:, quiet], tensor[:, quiet]) + 10
 
 
 def test_unknown_scheme_is_clear():
