@@ -20,7 +20,7 @@ from pathlib import Path
 
 # only modules that import no torch: `fp8probe --help` stays instant; each command imports what it uses
 from . import __version__
-from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, FP8ProbeError
+from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, FP8ProbeError, one_line
 from .metrics import METRICS
 from .schemes import KV_CACHE_DTYPES, KV_CACHE_SCHEMES, PRESETS
 from .serving import GPUS
@@ -246,9 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(args, _with_resume_hint("out of memory; use a smaller --batch-size, fewer prompts or "
                                              "a machine with more memory", e), EXIT_USAGE)
     except Exception as e:  # a bug: say so, briefly; --verbose has the traceback
-        msg = str(e).splitlines()[0] if str(e) else ""
         return _fail(args, _with_resume_hint(
-            f"internal error ({type(e).__name__}: {msg[:300]}); this is a bug in fp8probe: please report it "
+            f"internal error ({type(e).__name__}: {one_line(e)}); this is a bug in fp8probe: please report it "
             "with the output of the same command run with --verbose", e), EXIT_INTERNAL)
     finally:
         signal.signal(signal.SIGTERM, previous)

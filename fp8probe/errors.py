@@ -29,3 +29,9 @@ class MissingExtra(FP8ProbeError, ImportError):
     def __init__(self, what: str, extra: str):
         super().__init__(f"{what} needs the optional extra [{extra}]: pip install 'fp8probe[{extra}]'")
         self.extra = extra
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message folded to one line (a dependency's multi-line refusal, shortened)."""
+    text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -23,9 +23,9 @@ from pathlib import Path
 import yaml
 
 from ._files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
-from .errors import FP8ProbeError, MissingExtra
+from .errors import FP8ProbeError, MissingExtra, one_line
 from .recipe import Recipe, read_recipe
-from .student import check_finite_weights, config_kwargs, list_units, load_config, meta_model, one_line, resolve_source
+from .student import check_finite_weights, config_kwargs, list_units, load_config, meta_model, resolve_source
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,14 @@
-"""Load a student model and list its quantizable units with their fused groups as vLLM sees them.
+"""A student model: loading it safely, and the one source of its units, fused groups, experts and KV geometry.
 
 A *unit* is one weight that a recipe can put in FP8: a Linear inside a decoder block, or all experts of
 one MoE layer (transformers stores them as one module holding 3-D weights). vLLM fuses some of them
 (`packed_modules_mapping`): q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj, and every expert of a
 layer shares one scheme. A recipe must keep each such *group* in one precision, so every unit carries
 the name of its group. Embeddings, lm_head and MoE routers are listed too, but stay BF16.
+
+Loading reads safetensors and GGUF only (a pickled checkpoint is refused unless allow_pickle), offline,
+and refuses weights that hold NaN/inf. `load_config` and `meta_model` give the structure without weights
+(a bare config.json is enough), which is how bad input is refused before any output exists.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 from torch import nn
 
 from . import embedded
-from .errors import FP8ProbeError
+from .errors import FP8ProbeError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -357,12 +361,6 @@ def _bare_config(p: Path, AutoConfig):
         return AutoConfig.for_model(**d)
     except Exception as e:  # transformers validates configs with assorted exception types
         raise FP8ProbeError(f"{p} is not a config transformers accepts: {one_line(e)}") from e
-
-
-def one_line(e: BaseException, limit: int = 300) -> str:
-    """An exception's message folded to one line (a dependency's multi-line refusal, shortened)."""
-    text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_student(
