@@ -133,10 +133,18 @@ def cli(capsys):
     return run
 
 
+def _interactive_signals():
+    # as in a terminal: a background CI job inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt; a user's Ctrl-C arrives with the default disposition
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli_process(*args, **kw):
-    """The command line in a child process (for signals, locks and kills)."""
+    """The command line in a child process (for signals, locks and kills), with SIGINT as a terminal has it."""
     import subprocess
     import sys
 
     return subprocess.Popen([sys.executable, "-m", "fp8probe.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_interactive_signals, **kw)
