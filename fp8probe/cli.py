@@ -20,7 +20,7 @@ from pathlib import Path
 
 # only modules that import no torch: `fp8probe --help` stays instant; each command imports what it uses
 from . import __version__
-from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, FP8ProbeError, one_line
+from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_USAGE, FP8ProbeError, one_line
 from .metrics import METRICS
 from .schemes import KV_CACHE_DTYPES, KV_CACHE_SCHEMES, PRESETS
 from .serving import GPUS
@@ -48,6 +48,20 @@ EPILOG_CAPACITY = """examples:
   fp8probe capacity ./Qwen3-8B/config.json --gpu H100 --max-model-len 32768
   fp8probe capacity --recipe runs/recipe/recipe.yaml --kv-cache-memory 1073741824 --block-size 128
   fp8probe capacity ./Llama-3.1-70B --tensor-parallel-size 4 --gpu H200 --out runs/cap --plot
+"""
+
+EPILOG_LADDER = """examples:
+  fp8probe ladder --out runs/ladder --recipe runs/recipe/recipe.yaml --kv-cache-dtype fp8 --combine
+  fp8probe ladder --rollouts runs/smollm2 --stale ckpt/step-100 ckpt/step-200 --out runs/stale
+"""
+
+EPILOG_CHECK = """examples:
+  fp8probe check --budget budget.json --recipe runs/recipe/recipe.yaml --kv-cache-dtype fp8 --out runs/check
+  fp8probe check --budget 1e-3 --metric k3 --stale ckpt/step-99 --rollouts runs/smollm2 --out runs/check
+"""
+
+EPILOG_BUDGET = """examples:
+  fp8probe budget runs.csv --out runs/budget --tolerance 0.01
 """
 
 EPILOG_MEASURE = """examples:
@@ -220,7 +234,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("units", help="list the quantizable units and their fused groups")
     _add_model_args(p)
+
+    p = sub.add_parser("ladder", help="every rollout shortcut on one mismatch scale: noise ruler, recipes, FP8 KV, "
+                       "stale weights, combinations, prefix shift", epilog=EPILOG_LADDER,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_args(p, scheme=False)
+    _add_source_args(p)
+    p.add_argument("--noise", nargs="*", type=POSITIVE_FLOAT, default=None,
+                   help="relative weight-noise levels σ (x each tensor's std); default: 1e-4 3e-4 1e-3 3e-3 1e-2")
+    p.add_argument("--noise-seed", type=NONNEG_INT, default=0)
+    p.add_argument("--combine", action="store_true", help="also measure the recipe, KV and stale sources together")
+    p.add_argument("--no-prefix-shift", action="store_true", help="skip the prefix-shift columns (faster)")
+
+    p = sub.add_parser("check", help="admit or reject a rollout configuration against a mismatch budget "
+                       "(exit 0 admit, 1 reject, 2 error)", epilog=EPILOG_CHECK,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_args(p, scheme=False)
+    _add_source_args(p)
+    p.add_argument("--budget", required=True, help="a number (on --metric) or a budget.json from `fp8probe budget`")
+    p.add_argument("--metric", default="kl_q_p", choices=METRICS, metavar="METRIC",
+                   help="the metric a numeric --budget bounds (default: kl_q_p)")
+
+    p = sub.add_parser("budget", help="the mismatch budget from a table of training runs (quality vs mismatch)",
+                       epilog=EPILOG_BUDGET, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", help="CSV: mismatch, quality[, metric, seed, higher_is_better], one row per run")
+    p.add_argument("--out", required=True, help="output directory for budget.json and budget.png")
+    p.add_argument("--tolerance", type=NONNEG_FLOAT, default=0.01,
+                   help="largest relative quality loss accepted (default: 0.01 = 1 %%)")
+    p.add_argument("--bootstrap", type=NONNEG_INT, default=1000, help="bootstrap resamples for the interval")
+    p.add_argument("--seed", type=NONNEG_INT, default=0)
     return ap
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    """The rollout shortcuts a configuration can combine (ladder and check)."""
+    p.add_argument("--recipe", nargs="*", default=[], help="recipe.yaml file(s): FP8 weights (+ their FP8 KV cache)")
+    p.add_argument("--kv-cache-dtype", nargs="*", default=[], help=f"FP8 KV cache(s): {_kv_dtypes()}")
+    p.add_argument("--stale", nargs="*", default=[], help="other checkpoint(s) of the student as the rollout policy")
+    p.add_argument("--teacher", help="a teacher sharing the student's tokenizer: adds the OPD-signal distortion")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug: say so, briefly; --verbose has the traceback
         return _fail(args, _with_resume_hint(
             f"internal error ({type(e).__name__}: {one_line(e)}); this is a bug in fp8probe: please report it "
-            "with the output of the same command run with --verbose", e), EXIT_INTERNAL)
+            "with the output of the same command run with --verbose", e),
+            EXIT_USAGE if args.command == "check" else EXIT_INTERNAL)  # check's 1 means REJECT
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -313,8 +365,15 @@ def _validate(args) -> None:
     scheme = Scheme.from_name(args.scheme) if getattr(args, "scheme", None) else None
     check_device(args.device)
     parse_dtype(args.dtype)
-    if getattr(args, "kv_cache_dtype", None):
-        KVCacheScheme.from_name(args.kv_cache_dtype)
+    kv = getattr(args, "kv_cache_dtype", None)
+    for name in (kv if isinstance(kv, list) else [kv] if kv else []):
+        KVCacheScheme.from_name(name)
+    for path in getattr(args, "recipe", None) or []:
+        from .recipe import read_recipe
+
+        read_recipe(path)
+    for path in [*(getattr(args, "stale", None) or []), *([args.teacher] if getattr(args, "teacher", None) else [])]:
+        check_supported(load_config(path, args.trust_remote_code, args.allow_pickle))
     if getattr(args, "prompts", None):
         read_prompts(args.prompts)
     rollouts = load_rollouts(args.rollouts) if getattr(args, "rollouts", None) else None
@@ -529,7 +588,122 @@ def cmd_units(args) -> int:
     return 0
 
 
+def _sources(args, student) -> list:
+    """The rollout shortcuts named on the command line, as sources (noise ladders are the ladder's own)."""
+    from . import sources
+    from .recipe import read_recipe
+
+    out = [sources.recipe(student, read_recipe(p), name=f"recipe {p}") for p in args.recipe]
+    out += [sources.kv_cache(student, d) for d in args.kv_cache_dtype]
+    out += [sources.stale(student, c, allow_pickle=args.allow_pickle) for c in args.stale]
+    return out
+
+
+def _teacher(args):
+    from .student import load_student
+
+    if not args.teacher:
+        return None
+    log.info("loading the teacher %s", args.teacher)
+    return load_student(args.teacher, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                        allow_pickle=args.allow_pickle)
+
+
+def cmd_ladder(args) -> int:
+    from ._files import atomic_write_json, atomic_write_text, output_dir
+    from . import sources
+    from .reference import Reference
+    from .runs import versions
+
+    _validate(args)
+    t0 = time.perf_counter()
+    with output_dir(args.out) as out:
+        student, _ = _load(args)
+        teacher = _teacher(args)
+        rollouts, _ = _rollouts(args, student, out)
+        named = _sources(args, student)
+        ladder = [sources.noise(student, s, args.noise_seed) for s in
+                  (sources.DEFAULT_SIGMAS if args.noise is None else args.noise)] + named
+        if args.combine:
+            ladder.append(sources.combine(named))
+        reference = Reference(student, rollouts, args.batch_size)
+        df = sources.ladder(student, rollouts, ladder, reference=reference, progress=args.progress)
+        extra = {}
+        if not args.no_prefix_shift:
+            from .prefix import PrefixShift, prompt_ids
+
+            shift = PrefixShift(student, reference, prompt_ids(student, rollouts), args.max_new_tokens,
+                                seed=args.seed, batch_size=args.batch_size)
+            extra["prefix"] = [shift.measure(s.perturbation) for s in ladder]
+        if teacher is not None:
+            from .opd import OPDSignal
+
+            signal_ = OPDSignal(student, teacher, reference)
+            extra["opd"] = [signal_.measure(s.perturbation) for s in ladder]
+        for rows in extra.values():
+            for key in rows[0]:
+                df[key] = [r[key] for r in rows]
+        atomic_write_text(out / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
+        atomic_write_json(out / "ladder.json", {
+            "schema_version": 1, "command": "ladder", "model": student.name, "teacher": args.teacher,
+            "sources": [{"name": s.name, "kind": s.kind, "parts": list(s.parts)} for s in ladder],
+            "num_sequences": rollouts.num_sequences, "num_response_tokens": rollouts.num_response_tokens,
+            "noise_seed": args.noise_seed, "prefix_seed": args.seed, "seconds": round(time.perf_counter() - t0, 3),
+            "versions": versions()})
+    cols = ["source", "kl_q_p", "k3", "top1_agree", "sum_of_parts"] + (
+        ["diverged", "first_div_mean", "kl_q_p_own"] if "prefix" in extra else []) + (
+        ["mean_abs_reward_delta", "ratio_out_verl"] if "opd" in extra else [])
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(f"ladder: {len(df)} sources in {time.perf_counter() - t0:.0f} s -> {Path(args.out) / 'ladder.csv'}")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from ._files import atomic_write_json, output_dir
+    from . import sources
+    from .admission import check, format_check
+    from .budget import read_budget
+
+    budget = read_budget(args.budget, args.metric)  # a negative, NaN or unreadable budget fails here
+    if not (args.recipe or args.kv_cache_dtype or args.stale):
+        raise FP8ProbeError("nothing to check: give --recipe, --kv-cache-dtype and/or --stale (the rollout "
+                            "configuration)")
+    if len(args.recipe) > 1 or len(args.kv_cache_dtype) > 1 or len(args.stale) > 1:
+        raise FP8ProbeError("check takes one configuration: at most one --recipe, --kv-cache-dtype and --stale "
+                            "(compare several with `fp8probe ladder`)")
+    _validate(args)
+    with output_dir(args.out) as out:
+        student, _ = _load(args)
+        teacher = _teacher(args)
+        rollouts, _ = _rollouts(args, student, out)
+        named = _sources(args, student)
+        config = named[0] if len(named) == 1 else sources.combine(named)
+        report = check(student, rollouts, config, budget, teacher=teacher, prefix_tokens=args.max_new_tokens,
+                       seed=args.seed, batch_size=args.batch_size)
+        atomic_write_json(out / "check.json", report)
+    print(format_check(report))
+    return EXIT_OK if report["verdict"] == "ADMIT" else EXIT_REJECT
+
+
+def cmd_budget(args) -> int:
+    from ._files import atomic_write_json, check_writable, output_dir
+    from .budget import fit_budget
+
+    check_writable(args.out)
+    b = fit_budget(args.runs, tolerance=args.tolerance, bootstrap=args.bootstrap, seed=args.seed)
+    with output_dir(args.out) as out:
+        atomic_write_json(out / "budget.json", b.to_json())
+        from .plots import budget_fit
+
+        budget_fit(b, out / "budget.png")
+    lo, hi = b.interval or (float("nan"), float("nan"))
+    print(f"budget: {b.metric} <= {b.value:.4g} (90 % bootstrap interval {lo:.4g} .. {hi:.4g}) at a relative "
+          f"quality loss <= {b.tolerance:g}, from {len(b.runs)} runs -> {Path(args.out) / 'budget.json'}")
+    return 0
+
+
 COMMANDS = {"sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "recipe": cmd_recipe,
+            "ladder": cmd_ladder, "check": cmd_check, "budget": cmd_budget,
             "export": cmd_export, "capacity": cmd_capacity, "units": cmd_units}
 
 

@@ -8,9 +8,12 @@ Exit codes (the README's table):
     1    an internal error: a bug in fp8probe (the line asks for a report; --verbose shows the traceback)
     2    bad input, a missing optional dependency, or the environment refused (disk full, no permission)
     130  interrupted (SIGINT / SIGTERM); a sweep keeps its finished rows for --resume
+
+`fp8probe check` exits 0 to admit, 1 to reject, 2 on any error (an internal one included).
 """
 
 EXIT_OK = 0
+EXIT_REJECT = 1  # `fp8probe check` only: the configuration exceeds the budget
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

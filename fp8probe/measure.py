@@ -1,7 +1,8 @@
 """One perturbation of the student measured against the reference: the one measurement function.
 
-A `Perturbation` says what the rollout engine does differently from the trainer (units in FP8, an FP8 KV
-cache in some layers); `measure_perturbation` applies it with the hooks (hooks.py), runs the candidate
+A `Perturbation` says what the rollout engine does differently from the trainer: stale weights (another
+checkpoint of the student), weight noise, units in FP8, an FP8 KV cache, or several of these at once,
+applied in that order (the rollout engine quantizes the weights it holds); `measure_perturbation` applies it with the hooks (hooks.py), runs the candidate
 pass from the first block it touches (reference.py reuses the prefix), and returns every metric of
 metrics.py, plus the SQNR of the perturbed units' own outputs when asked (torchao's definition, a cheap
 local second view). The sweep measures one perturbation per row; recipes, whole-model checks and the
@@ -11,12 +12,12 @@ comparison with vLLM measure theirs with the same function.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
 from .fp8 import sqnr_db_from_energy
-from .hooks import quantize_kv, quantize_units
+from .hooks import add_noise, quantize_kv, quantize_units, swap_weights
 from .metrics import METRICS
 from .mismatch import summarize
 from .reference import Reference
@@ -26,16 +27,25 @@ from .student import is_experts
 
 @dataclass(frozen=True)
 class Perturbation:
-    """What differs from the reference: `units` in `scheme`, and the KV cache of `kv_layers` in `kv`."""
+    """What differs from the reference: `units` in `scheme`, the KV cache of `kv_layers` in `kv`, Gaussian
+    noise of `noise` x each tensor's std on `noise_units` (seeded), every weight from `stale` (name -> tensor
+    of another checkpoint of the same model)."""
 
     units: tuple[str, ...] = ()
     scheme: Scheme = Scheme.from_name("FP8_DYNAMIC")
     kv_layers: tuple[int, ...] = ()
     kv: KVCacheScheme = KVCacheScheme()
+    noise: float = 0.0
+    noise_units: tuple[str, ...] = ()
+    noise_seed: int = 0
+    stale: dict | None = field(default=None, compare=False, repr=False)
 
     def start_block(self, student) -> int:
-        """The first decoder block whose output changes: the candidate pass starts there."""
-        blocks = [student.unit(n).block for n in self.units] + list(self.kv_layers)
+        """The first decoder block whose output changes: the candidate pass starts there (-1: embeddings)."""
+        if self.stale is not None:
+            return -1
+        noised = self.noise_units if self.noise else ()
+        blocks = [student.unit(n).block for n in (*self.units, *noised)] + list(self.kv_layers)
         return min(blocks) if blocks else student.model.config.num_hidden_layers - 1
 
 
@@ -83,21 +93,34 @@ def _observe_outputs(model: nn.Module, names, energy: _Energy):
             h.remove()
 
 
+@contextlib.contextmanager
+def apply_perturbation(student, p: Perturbation, calibration=None, energy: _Energy | None = None):
+    """The student as the rollout engine runs it, for the duration: stale weights, then noise, then FP8 units
+    and KV cache (static scales from `calibration`). With `energy`, the perturbed units' (or, with no units,
+    the K/V tensors') outputs are compared with their unperturbed values."""
+    model = student.model
+    with contextlib.ExitStack() as stack:
+        if p.stale is not None:
+            stack.enter_context(swap_weights(model, p.stale))
+        if p.noise:
+            stack.enter_context(add_noise(model, p.noise_units, p.noise, p.noise_seed))
+        if p.units:
+            if energy is not None:
+                stack.enter_context(_observe_outputs(model, p.units, energy))
+            stack.enter_context(quantize_units(model, p.units, p.scheme, calibration=calibration))
+        if p.kv_layers:
+            observe_kv = energy is not None and not p.units  # a KV row: the SQNR of K and V themselves
+            stack.enter_context(quantize_kv(model, p.kv_layers, p.kv, calibration=calibration,
+                                            observer=energy.add_kv if observe_kv else None))
+        yield
+
+
 def measure_perturbation(reference: Reference, student, p: Perturbation, start_block: int | None = None,
                          sqnr: bool = False) -> dict[str, float]:
     """Every metric of `p` against the reference (METRICS keys), plus "sqnr_db" when `sqnr`: the perturbed
     units' (or, with no units, the K/V tensors') own outputs against their unperturbed values."""
-    model = student.model
-    energy = _Energy()
-    with contextlib.ExitStack() as stack:
-        if p.units:
-            if sqnr:
-                stack.enter_context(_observe_outputs(model, p.units, energy))
-            stack.enter_context(quantize_units(model, p.units, p.scheme, calibration=reference.calibration))
-        if p.kv_layers:
-            observe_kv = sqnr and not p.units  # a KV row: the SQNR of K and V themselves
-            stack.enter_context(quantize_kv(model, p.kv_layers, p.kv, calibration=reference.calibration,
-                                            observer=energy.add_kv if observe_kv else None))
+    energy = _Energy() if sqnr else None
+    with apply_perturbation(student, p, reference.calibration, energy):
         start = p.start_block(student) if start_block is None else start_block
         out = summarize(reference.candidate_stats(start))
     if sqnr:

@@ -79,3 +79,34 @@ def budget_curve(sensitivity, path: str | Path | None = None, metric: str = "kl_
         fig.savefig(path, dpi=120)
         plt.close(fig)
     return fig
+
+
+def budget_fit(budget, path: str | Path | None = None):
+    """Quality loss against mismatch for the runs behind a budget, with the budget and the tolerance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    df = pd.DataFrame(budget.runs)
+    higher = str(df.get("higher_is_better", pd.Series(["true"])).iloc[0]).lower() in ("true", "1")
+    base = df[df["mismatch"] == 0]["quality"].mean()
+    loss = ((base - df["quality"]) if higher else (df["quality"] - base)) / abs(base)
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    x = df["mismatch"].where(df["mismatch"] > 0, df["mismatch"][df["mismatch"] > 0].min() / 3)
+    ax.scatter(x, 100 * loss, s=14, label="training runs (mismatch 0 drawn at the left edge)")
+    ax.axhline(100 * budget.tolerance, color="grey", linestyle=":", label=f"tolerance {100 * budget.tolerance:g} %")
+    ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g}")
+    if budget.interval:
+        ax.axvspan(*budget.interval, color="tab:red", alpha=0.12, label="90 % bootstrap interval")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"rollout mismatch ({budget.metric})")
+    ax.set_ylabel("relative quality loss (%)")
+    ax.set_title("mismatch budget from training runs", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig

@@ -83,23 +83,38 @@ class Reference:
         hsel = final_norm(self.model)(final["h"][rows, cols])  # [M_b, H]
         logp = torch.cat([log_softmax32(self._head(hsel[s:s + CHUNK_ROWS]), self.softcap)
                           for s in range(0, hsel.shape[0], CHUNK_ROWS)])
-        return {"inputs": inputs, "rows": rows, "cols": cols, "tokens": tokens, "logp": logp.cpu()}
+        return {"inputs": inputs, "rows": rows, "cols": cols, "tokens": tokens, "logp": logp.cpu(), "ids": ids,
+                "am": am}
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(h)
 
+    def _final_hidden(self, rec) -> torch.Tensor:
+        """The final norm's input from a whole forward, embeddings included (for perturbed embeddings)."""
+        box = {}
+        handle = final_norm(self.model).register_forward_pre_hook(lambda m, a: box.setdefault("h", a[0]))
+        try:
+            self.model.model(input_ids=rec["ids"], attention_mask=rec["am"], use_cache=False)
+        finally:
+            handle.remove()
+        return box["h"]
+
     @torch.no_grad()
     def candidate_stats(self, start_block: int = 0) -> dict[str, torch.Tensor]:
-        """Per-token statistics of the model as it is now (perturbed by the caller) against the reference."""
+        """Per-token statistics of the model as it is now (perturbed by the caller) against the reference.
+
+        start_block -1 runs the whole model from its embeddings (a perturbation that changes them)."""
         parts: dict[str, list] = {}
         offset = 0
         for rec in self.batches:
-            args, kwargs = rec["inputs"][start_block]
-            h = args[0]
-            for i in range(start_block, len(self.layers)):
-                a, kw = rec["inputs"][i]
-                out = self.layers[i](h, *a[1:], **kw)
-                h = out[0] if isinstance(out, tuple) else out
+            if start_block < 0:
+                h = self._final_hidden(rec)
+            else:
+                h = rec["inputs"][start_block][0][0]
+                for i in range(start_block, len(self.layers)):
+                    a, kw = rec["inputs"][i]
+                    out = self.layers[i](h, *a[1:], **kw)
+                    h = out[0] if isinstance(out, tuple) else out
             hsel = final_norm(self.model)(h[rec["rows"], rec["cols"]])
             m = hsel.shape[0]
             st = chunked_token_stats(self.rows.rows(offset, offset + m),

@@ -146,7 +146,7 @@ def make_rollouts(
         raise FP8ProbeError("--max-new-tokens must be at least 1")
     model, tok = student.model, student.tokenizer
     device = next(model.parameters()).device
-    eos = _eos_ids(model, tok)
+    eos = eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     encoded = [encode_prompt(tok, p) for p in prompts]
     ctx = context_length(model.config)
@@ -203,7 +203,7 @@ def make_rollouts(
     return Rollouts(input_ids, attention_mask, response_mask, meta)
 
 
-def _eos_ids(model, tok) -> list[int]:
+def eos_ids(model, tok) -> list[int]:
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
         eos = tok.eos_token_id
