@@ -116,8 +116,11 @@ def _swap(cs):
 
 @contextlib.contextmanager
 def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC",
-                   calibration: Calibration | None = None, weights_only: bool = False):
-    """Put the named units (Linear modules or fused-experts modules) in FP8 for the duration."""
+                   calibration: Calibration | None = None, weights_only: bool = False, just_in_time: bool = True):
+    """Put the named units (Linear modules or fused-experts modules) in FP8 for the duration.
+
+    just_in_time=False dequantizes every weight once on entry (a second copy of the weights in memory),
+    which is faster when the model runs many small forwards, as in token-by-token generation."""
     scheme = Scheme.from_name(scheme)
     names = list(names)
     if scheme.static_input and not weights_only and calibration is None:
@@ -136,9 +139,15 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
         for n, (codes, scale) in _checkpoint_codes(model, linear, scheme).items():
             mod = model.get_submodule(n)
             restore.append((mod.weight, mod.weight.data))
-            handles.append(mod.register_forward_pre_hook(
-                _swap_in_hook(codes, scale, scheme, None if weights_only else _input_quant(n, scheme, calibration))))
-            handles.append(mod.register_forward_hook(_swap_out_hook(mod.weight.data)))
+            quant_input = None if weights_only else _input_quant(n, scheme, calibration)
+            if just_in_time:
+                handles.append(mod.register_forward_pre_hook(_swap_in_hook(codes, scale, scheme, quant_input)))
+                handles.append(mod.register_forward_hook(_swap_out_hook(mod.weight.data)))
+            else:
+                mod.weight.data = dequantize(codes, scale, scheme.weight).to(mod.weight.dtype)
+                if quant_input is not None:
+                    handles.append(mod.register_forward_pre_hook(
+                        lambda m, a, q=quant_input: (q(a[0]),) + tuple(a[1:])))
         for n in experts:
             mod = model.get_submodule(n)
             weights = _simulate_experts(mod, scheme)

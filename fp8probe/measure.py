@@ -94,10 +94,12 @@ def _observe_outputs(model: nn.Module, names, energy: _Energy):
 
 
 @contextlib.contextmanager
-def apply_perturbation(student, p: Perturbation, calibration=None, energy: _Energy | None = None):
+def apply_perturbation(student, p: Perturbation, calibration=None, energy: _Energy | None = None,
+                       many_forwards: bool = False):
     """The student as the rollout engine runs it, for the duration: stale weights, then noise, then FP8 units
     and KV cache (static scales from `calibration`). With `energy`, the perturbed units' (or, with no units,
-    the K/V tensors') outputs are compared with their unperturbed values."""
+    the K/V tensors') outputs are compared with their unperturbed values. `many_forwards` (generation)
+    dequantizes FP8 weights once instead of before every forward."""
     model = student.model
     with contextlib.ExitStack() as stack:
         if p.stale is not None:
@@ -107,7 +109,8 @@ def apply_perturbation(student, p: Perturbation, calibration=None, energy: _Ener
         if p.units:
             if energy is not None:
                 stack.enter_context(_observe_outputs(model, p.units, energy))
-            stack.enter_context(quantize_units(model, p.units, p.scheme, calibration=calibration))
+            stack.enter_context(quantize_units(model, p.units, p.scheme, calibration=calibration,
+                                               just_in_time=not many_forwards))
         if p.kv_layers:
             observe_kv = energy is not None and not p.units  # a KV row: the SQNR of K and V themselves
             stack.enter_context(quantize_kv(model, p.kv_layers, p.kv, calibration=calibration,

@@ -106,11 +106,13 @@ class PrefixShift:
     def __init__(self, student, reference: Reference, prompts: list[list[int]], max_new_tokens: int, seed: int = 0,
                  temperature: float = 1.0, batch_size: int = 8):
         self.student, self.reference, self.prompts = student, reference, prompts
-        self.kw = dict(max_new_tokens=max_new_tokens, seed=seed, temperature=temperature, batch_size=batch_size)
+        # one batch for generation: a token-by-token forward costs little more for 64 sequences than for 8
+        self.kw = dict(max_new_tokens=max_new_tokens, seed=seed, temperature=temperature,
+                       batch_size=max(batch_size, 64))
         self.reference_samples = sample_crn(student, prompts, **self.kw)
 
     def measure(self, p: Perturbation) -> dict[str, float]:
-        with apply_perturbation(self.student, p, self.reference.calibration):
+        with apply_perturbation(self.student, p, self.reference.calibration, many_forwards=True):
             cand = sample_crn(self.student, self.prompts, **self.kw)
         firsts = [first_divergence(a, b) for a, b in zip(self.reference_samples, cand)]
         div = [f for f in firsts if f is not None]

@@ -107,3 +107,25 @@ def test_weights_only_forward_uses_simulated_weights():
     for n in names:
         m.get_submodule(n).weight.data = originals[n]
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8"])
+def test_materialized_weights_equal_just_in_time(scheme):
+    """Dequantizing once on entry (generation) computes exactly what the per-forward swap computes."""
+    from fp8probe.reference import Reference
+    from fp8probe.rollouts import make_rollouts
+
+    from conftest import tiny_student
+
+    st = tiny_student("qwen3")
+    r = make_rollouts(st, num_prompts=3, max_new_tokens=6)
+    cal = Reference(st, r).calibration
+    names = [u.name for u in st.quantizable]
+    ids, am = r.input_ids, r.attention_mask
+    with torch.no_grad():
+        with quantize_units(st.model, names, scheme, calibration=cal):
+            jit = st.model(input_ids=ids, attention_mask=am).logits
+        with quantize_units(st.model, names, scheme, calibration=cal, just_in_time=False):
+            once = st.model(input_ids=ids, attention_mask=am).logits
+        plain = st.model(input_ids=ids, attention_mask=am).logits
+    assert torch.equal(jit, once) and not torch.equal(jit, plain)
