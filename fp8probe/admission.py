@@ -16,6 +16,7 @@ from __future__ import annotations
 from .budget import Budget
 from .measure import measure_perturbation
 from .metrics import excess
+from .opd import OPDSignal
 from .prefix import PrefixShift, prompt_ids
 from .reference import Reference
 from .sources import Source
@@ -35,8 +36,6 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
                         batch_size=batch_size).measure(config.perturbation)
     opd = None
     if teacher is not None:
-        from .opd import OPDSignal
-
         opd = OPDSignal(student, teacher, reference).measure(config.perturbation)
     admit = measured <= budget.value
     return {

@@ -21,6 +21,7 @@ from .metrics import METRICS
 from .recipe import Recipe
 from .reference import Reference
 from .schemes import KVCacheScheme, Scheme
+from .student import load_student
 
 DEFAULT_SIGMAS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
@@ -59,8 +60,6 @@ def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
 
 def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
     """Another checkpoint of the same student as the rollout policy; refuses another architecture or vocabulary."""
-    from .student import load_student
-
     other = load_student(checkpoint, device=str(next(student.model.parameters()).device),
                          dtype=next(student.model.parameters()).dtype, allow_pickle=allow_pickle)
     if other.model_type != student.model_type:
