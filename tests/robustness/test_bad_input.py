@@ -448,3 +448,25 @@ def test_internal_error_asks_for_a_report(cli, tmp_path, tiny_dirs, monkeypatch)
     r = cli("-v", "sweep", tiny_dirs["llama"], "--out", out, *FEW)
     assert r.code == 1 and "Traceback" in r.err and r.lines[-1].startswith("fp8probe: error: internal error")
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# ladder, check, budget
+
+
+def test_bad_ladder_and_check_inputs(cli, tmp_path, tiny_dirs, broken):
+    model, out = tiny_dirs["llama"], tmp_path / "out"
+    cases = [
+        (["ladder", "--noise", "-1"], "argument --noise: -1 must be > 0.0"),
+        (["ladder", "--noise", "nan"], "'nan' is not a finite number"),
+        (["ladder", "--stale", tmp_path / "missing"], "no such file or directory"),
+        (["ladder", "--stale", broken["gpt2"]], "unsupported architecture 'gpt2'"),
+        (["ladder", "--recipe", tmp_path / "none.yaml"], "no such recipe file"),
+        (["ladder", "--kv-cache-dtype", "int8"], "unknown KV-cache dtype 'int8'"),
+        (["ladder", "--teacher", tmp_path / "missing"], "no such file or directory"),
+        (["check", "--budget", "1e-3", "--stale", model, model], "check takes one configuration"),
+        (["check", "--budget", "1e-3", "--kv-cache-dtype", "fp8", "--metric", "kl"], "invalid choice: 'kl'"),
+        (["check", "--budget", "inf", "--kv-cache-dtype", "fp8"], "finite, non-negative"),
+    ]
+    for args, match in cases:
+        check_bad(cli(args[0], model, "--out", out, *args[1:], *FEW), match, out)
