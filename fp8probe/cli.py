@@ -612,7 +612,6 @@ def _teacher(args):
 def cmd_ladder(args) -> int:
     from ._files import atomic_write_json, atomic_write_text, output_dir
     from . import sources
-    from .reference import Reference
     from .runs import versions
 
     _validate(args)
@@ -626,23 +625,9 @@ def cmd_ladder(args) -> int:
                   (sources.DEFAULT_SIGMAS if args.noise is None else args.noise)] + named
         if args.combine:
             ladder.append(sources.combine(named))
-        reference = Reference(student, rollouts, args.batch_size)
-        df = sources.ladder(student, rollouts, ladder, reference=reference, progress=args.progress)
-        extra = {}
-        if not args.no_prefix_shift:
-            from .prefix import PrefixShift, prompt_ids
-
-            shift = PrefixShift(student, reference, prompt_ids(student, rollouts), args.max_new_tokens,
-                                seed=args.seed, batch_size=args.batch_size)
-            extra["prefix"] = [shift.measure(s.perturbation) for s in ladder]
-        if teacher is not None:
-            from .opd import OPDSignal
-
-            signal_ = OPDSignal(student, teacher, reference)
-            extra["opd"] = [signal_.measure(s.perturbation) for s in ladder]
-        for rows in extra.values():
-            for key in rows[0]:
-                df[key] = [r[key] for r in rows]
+        df = sources.ladder(student, rollouts, ladder, batch_size=args.batch_size, progress=args.progress,
+                            prefix_tokens=None if args.no_prefix_shift else args.max_new_tokens,
+                            prefix_seed=args.seed, teacher=teacher)
         atomic_write_text(out / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
         atomic_write_json(out / "ladder.json", {
             "schema_version": 1, "command": "ladder", "model": student.name, "teacher": args.teacher,
@@ -650,9 +635,8 @@ def cmd_ladder(args) -> int:
             "num_sequences": rollouts.num_sequences, "num_response_tokens": rollouts.num_response_tokens,
             "noise_seed": args.noise_seed, "prefix_seed": args.seed, "seconds": round(time.perf_counter() - t0, 3),
             "versions": versions()})
-    cols = ["source", "kl_q_p", "k3", "top1_agree", "sum_of_parts"] + (
-        ["diverged", "first_div_mean", "kl_q_p_own"] if "prefix" in extra else []) + (
-        ["mean_abs_reward_delta", "ratio_out_verl"] if "opd" in extra else [])
+    cols = [c for c in ("source", "kl_q_p", "k3", "top1_agree", "sum_of_parts", "diverged", "first_div_mean",
+                        "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_verl") if c in df.columns]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"ladder: {len(df)} sources in {time.perf_counter() - t0:.0f} s -> {Path(args.out) / 'ladder.csv'}")
     return 0

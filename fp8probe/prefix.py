@@ -20,7 +20,7 @@ import torch
 
 from .measure import Perturbation, apply_perturbation, measure_perturbation
 from .reference import Reference
-from .rollouts import Rollouts, encode_prompt, eos_ids
+from .rollouts import Rollouts, eos_ids
 
 PREFIX_COLUMNS = ["diverged", "first_div_mean", "first_div_p50", "kl_q_p_own", "k3_own"]
 
@@ -127,7 +127,3 @@ class PrefixShift:
                 "first_div_mean": statistics.fmean(div) if div else float("nan"),
                 "first_div_p50": statistics.median(div) if div else float("nan"),
                 "kl_q_p_own": own_metrics["kl_q_p"], "k3_own": own_metrics["k3"]}
-
-
-def encode_prompts(student, prompts) -> list[list[int]]:
-    return [encode_prompt(student.tokenizer, p) for p in prompts]

@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from .errors import FP8ProbeError
 from .measure import Perturbation, measure_perturbation
 from .metrics import METRICS
+from .opd import OPD_COLUMNS, OPDSignal
+from .prefix import PREFIX_COLUMNS, PrefixShift, prompt_ids
 from .recipe import Recipe
 from .reference import Reference
 from .schemes import KVCacheScheme, Scheme
@@ -96,23 +98,34 @@ def combine(sources: list[Source], name: str | None = None) -> Source:
 
 
 def ladder(student, rollouts, sources: list[Source], reference: Reference | None = None, batch_size: int = 8,
-           progress: bool = False):
+           progress: bool = False, prefix_tokens: int | None = None, prefix_seed: int = 0, teacher=None):
     """One row per source with every metric (METRICS), measured on the same rollouts against one reference;
-    a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). Returns a pandas DataFrame."""
+    a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). With `prefix_tokens`, the prefix
+    shift of each source (prefix.PREFIX_COLUMNS); with a `teacher`, its OPD-signal distortion
+    (opd.OPD_COLUMNS). Returns a pandas DataFrame."""
     import pandas as pd
     from tqdm.auto import tqdm
 
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
+    shift = PrefixShift(student, reference, prompt_ids(student, rollouts), prefix_tokens, seed=prefix_seed,
+                        batch_size=batch_size) if prefix_tokens else None
+    opd = OPDSignal(student, teacher, reference) if teacher is not None else None
     rows, by_name = [], {}
     for s in tqdm(sources, desc="ladder", unit="source", disable=not progress):
         m = measure_perturbation(reference, student, s.perturbation)
         by_name[s.name] = m
         parts = [by_name[p]["kl_q_p"] for p in s.parts if p in by_name]
-        rows.append({"source": s.name, "kind": s.kind, "sigma": s.value if s.value is not None else float("nan"),
-                     **{k: m[k] for k in METRICS},
-                     "sum_of_parts": sum(parts) if s.parts and len(parts) == len(s.parts) else float("nan")})
-    return pd.DataFrame(rows, columns=LADDER_COLUMNS)
+        row = {"source": s.name, "kind": s.kind, "sigma": s.value if s.value is not None else float("nan"),
+               **{k: m[k] for k in METRICS},
+               "sum_of_parts": sum(parts) if s.parts and len(parts) == len(s.parts) else float("nan")}
+        if shift is not None:
+            row.update(shift.measure(s.perturbation))
+        if opd is not None:
+            row.update(opd.measure(s.perturbation))
+        rows.append(row)
+    columns = LADDER_COLUMNS + (PREFIX_COLUMNS if shift else []) + (OPD_COLUMNS if opd else [])
+    return pd.DataFrame(rows, columns=columns)
 
 
 LADDER_COLUMNS = ["source", "kind", "sigma", *METRICS, "sum_of_parts"]

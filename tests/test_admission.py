@@ -163,3 +163,16 @@ def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):
     r = cli("check", model, "--budget", 1, "--out", tmp_path / "c3")
     assert r.code == 2 and "nothing to check" in r.lines[0]
     assert math.isfinite(rep["measured"])
+
+
+def test_ladder_command(cli, tmp_path, tiny_dirs):
+    out = tmp_path / "l"
+    r = cli("-q", "ladder", tiny_dirs["llama"], "--out", out, "--num-prompts", 3, "--max-new-tokens", 6,
+            "--noise", 1e-3, 1e-2, "--kv-cache-dtype", "fp8", "--teacher", tiny_dirs["qwen3"])
+    assert r.code == 0, r.err
+    df = pd.read_csv(out / "ladder.csv")
+    assert list(df.source) == ["noise 0.001", "noise 0.01", "kv fp8"]
+    for col in ("kl_q_p", "diverged", "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_openrlhf"):
+        assert col in df.columns and df[col].notna().all(), col
+    meta = json.loads((out / "ladder.json").read_text())
+    assert [s["kind"] for s in meta["sources"]] == ["noise", "noise", "kv"] and meta["schema_version"] == 1
