@@ -69,19 +69,6 @@ def sample_crn(student, prompts: list[list[int]], max_new_tokens: int, seed: int
     return out
 
 
-def _as_rollouts(prompts: list[list[int]], responses: list[list[int]], pad: int) -> Rollouts:
-    t_max = max(len(p) + len(r) for p, r in zip(prompts, responses))
-    n = len(prompts)
-    ids = torch.full((n, t_max), pad, dtype=torch.int64)
-    am = torch.zeros((n, t_max), dtype=torch.int64)
-    rm = torch.zeros((n, t_max), dtype=torch.int64)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
-        am[i, :len(p) + len(r)] = 1
-        rm[i, len(p):len(p) + len(r)] = 1
-    return Rollouts(ids, am, rm, {"source": "prefix-shift samples"})
-
-
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """The first position where two continuations differ (a longer one counts from where the other ended)."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -117,7 +104,8 @@ class PrefixShift:
         firsts = [first_divergence(a, b) for a, b in zip(self.reference_samples, cand)]
         div = [f for f in firsts if f is not None]
         tok = self.student.tokenizer
-        own = _as_rollouts(self.prompts, cand, tok.pad_token_id if tok.pad_token_id is not None else 0)
+        own = Rollouts.from_sequences(self.prompts, cand, tok.pad_token_id if tok.pad_token_id is not None else 0,
+                                      {"source": "prefix-shift samples"})
         own_metrics = {"kl_q_p": 0.0, "k3": 0.0}
         if own.num_response_tokens:
             ref_own = Reference(self.student, own, self.kw["batch_size"])

@@ -48,6 +48,21 @@ class Rollouts:
     def num_response_tokens(self) -> int:
         return int(self.response_mask.sum())
 
+    @classmethod
+    def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad: int,
+                       meta: dict | None = None) -> "Rollouts":
+        """Token tensors from prompt and response ids: prompt + response, right-padded with `pad`."""
+        t_max = max(len(p) + len(r) for p, r in zip(prompts, responses))
+        n = len(prompts)
+        input_ids = torch.full((n, t_max), pad, dtype=torch.int64)
+        attention_mask = torch.zeros((n, t_max), dtype=torch.int64)
+        response_mask = torch.zeros((n, t_max), dtype=torch.int64)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+            attention_mask[i, : len(p) + len(r)] = 1
+            response_mask[i, len(p): len(p) + len(r)] = 1
+        return cls(input_ids, attention_mask, response_mask, dict(meta or {}))
+
     def check_fits(self, config, where: str = "the rollouts") -> None:
         """Refuse rollouts that this model cannot score: token ids past its vocabulary, sequences past its
         context (they were sampled from another model, or the file was edited)."""
@@ -178,16 +193,8 @@ def make_rollouts(
             seqs.append((prompt_ids, resp))
         bar.update(len(batch))
     bar.close()
-    t_max = max(len(p) + len(r) for p, r in seqs)
-    n = len(seqs)
-    input_ids = torch.full((n, t_max), pad, dtype=torch.int64)
-    attention_mask = torch.zeros((n, t_max), dtype=torch.int64)
-    response_mask = torch.zeros((n, t_max), dtype=torch.int64)
-    for i, (p, r) in enumerate(seqs):
-        input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        attention_mask[i, : len(p) + len(r)] = 1
-        response_mask[i, len(p): len(p) + len(r)] = 1
-    meta = {
+    out = Rollouts.from_sequences([p for p, _ in seqs], [resp for _, resp in seqs], pad)
+    out.meta = {
         "schema_version": SCHEMA_VERSION,
         "fp8probe_version": __version__,
         "model": student.name,
@@ -196,11 +203,11 @@ def make_rollouts(
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": 0, "max_new_tokens": max_new_tokens,
                      "batch_size": batch_size, "eos_token_ids": eos},
         "seed": seed,
-        "num_sequences": n,
-        "num_tokens": int(attention_mask.sum()),
-        "num_response_tokens": int(response_mask.sum()),
+        "num_sequences": out.num_sequences,
+        "num_tokens": int(out.attention_mask.sum()),
+        "num_response_tokens": out.num_response_tokens,
     }
-    return Rollouts(input_ids, attention_mask, response_mask, meta)
+    return out
 
 
 def eos_ids(model, tok) -> list[int]:
