@@ -48,14 +48,13 @@ _TEXT_COLUMNS = ("unit", "kind", "group")
 class SweepRun:
     directory: Path
     run: dict  # run.json
-    table: "object"  # pandas DataFrame with sweep.COLUMNS
+    table: "object"  # pandas DataFrame with COLUMNS
 
     @property
     def model_source(self) -> str | None:
         """What load_student takes to load the swept model again (None: the embedded student, whose path
         is a cache that may have moved)."""
         return None if self.run["model"] == EMBEDDED else self.run["model_path"]
-
 
     def check_student(self, student) -> None:
         """Refuse to use this sweep with a model of another architecture than the one it measured."""
@@ -94,7 +93,7 @@ def read_sweep(directory: str | Path) -> SweepRun:
     run_file, table = d / RUN_FILE, d / TABLE
     if not run_file.is_file() or not table.is_file():
         partial = " (it holds an unfinished sweep: finish it with `fp8probe sweep ... --resume`)" if (
-            d / "sensitivity.partial.csv").exists() else ""
+            d / PARTIAL).exists() else ""
         raise FP8ProbeError(f"{directory} is not a finished sweep (no {RUN_FILE} / {TABLE}){partial}; "
                             "run `fp8probe sweep`")
     try:

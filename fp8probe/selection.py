@@ -68,9 +68,9 @@ def rank_groups(groups: list[GroupScore]) -> list[GroupScore]:
     return sorted(groups, key=lambda g: (g.per_byte, -g.block, g.group))
 
 
-def _check_table_matches(sensitivity, student, known: set[str], members: dict[str, list[str]]) -> None:
+def _check_table_matches(sensitivity, student, known: set[str], members: dict[str, list[str]],
+                         unit_group: dict[str, str]) -> None:
     """Refuse a table from another model, or one that lost rows."""
-    unit_group = {u.name: u.group for u in student.quantizable}
     missing = [g for g in known if g not in unit_group and g not in members]
     if missing:
         raise FP8ProbeError(f"the sweep lists groups this model lacks ({missing[0]} ...): was it run on another model?")
@@ -100,11 +100,11 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
     groups = group_scores(sensitivity, metric, members)
     known = {g.group for g in groups}
-    _check_table_matches(sensitivity, student, known, members)
     # a student's unit and group names, to map unit-level keep/force names to their group
     unit_group = {u.name: u.group for u in student.quantizable}
     for u in student.quantizable:
         unit_group.setdefault(u.group, u.group)
+    _check_table_matches(sensitivity, student, known, members, unit_group)
 
     def groups_of(names, what):
         out = set()
