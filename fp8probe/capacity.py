@@ -2,7 +2,8 @@
 
 vLLM sizes its KV cache like this (vllm/v1/core/kv_cache_utils.py):
 
-    page (one block of one layer)  = block_size x kv_heads_per_rank x (head_size_k + head_size_v) x dtype bytes
+    page (one block of one layer)  = block_size x kv_heads_per_rank x ((head_size_k + head_size_v) x dtype bytes
+                                     + 2 x 4 bytes of fp32 scales for the *_per_token_head dtypes)
     layers are grouped by attention type (full / sliding window); hybrid models get groups of equal size
     bytes_per_block                = largest group's layer count x page
     num_blocks                     = available_memory // bytes_per_block
@@ -35,7 +36,7 @@ import math
 from .errors import FP8ProbeError
 from .recipe import Recipe
 from .schemes import num_scales
-from .serving import KV_DTYPE_BYTES, NON_TORCH_BYTES, GiB, Serving
+from .serving import KV_DTYPE_BYTES, KV_SCALE_BYTES, NON_TORCH_BYTES, VLLM_VERSION, GiB, Serving
 from .student import kv_geometry, list_units, load_config, meta_model, text_config
 
 def _storage_bytes(cfg) -> int:
@@ -114,7 +115,8 @@ def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: boo
     geo = kv_geometry(cfg)
     kv_heads, head_dim = geo.num_kv_heads, geo.head_dim
     kv_rank = max(1, kv_heads // tp)
-    page = block_size * kv_rank * 2 * head_dim * dtype_bytes
+    per_head_token = int(2 * head_dim * dtype_bytes) + 2 * KV_SCALE_BYTES.get(kv_dtype, 0)  # K and V of one head
+    page = block_size * kv_rank * per_head_token
     types = _layer_attention_types(cfg, hybrid)
     buckets: dict = {}
     for i, t in enumerate(types):
@@ -129,7 +131,7 @@ def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: boo
         groups += [(t, layers[i::k]) for i in range(k)]
     return {"page_bytes": page, "groups": groups, "group_size": group_size, "block_size": block_size,
             "dtype_bytes": dtype_bytes, "kv_heads_per_rank": kv_rank, "head_dim": head_dim,
-            "bytes_per_token": 2 * len(types) * kv_rank * head_dim * dtype_bytes,
+            "bytes_per_token": len(types) * kv_rank * per_head_token,
             "bytes_per_block": max(len(layers) for _, layers in groups) * page}
 
 
@@ -207,7 +209,7 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
     b, c = sides["baseline"], sides["candidate"]
     gpu = serving.gpu
     return {
-        "schema_version": 1, "model_type": tcfg.model_type, "max_model_len": max_len, "block_size": serving.block_size,
+        "schema_version": 1, "vllm_version": VLLM_VERSION, "model_type": tcfg.model_type, "max_model_len": max_len, "block_size": serving.block_size,
         "tensor_parallel_size": tp,
         "gpu": None if serving.kv_cache_memory is not None else (
             f"{serving.gpu_memory_gib} GiB" if serving.gpu_memory_gib else gpu),
@@ -224,7 +226,7 @@ def format_report(rep: dict) -> str:
     cand = f"{c['scheme'] or 'BF16'} ({c['fp8_units']} units) + {c['kv_cache_dtype']} KV"
     where = rep["gpu"] or "--kv-cache-memory"
     lines = [f"{rep['model_type']}, max_model_len {rep['max_model_len']:,}, block size {rep['block_size']}, "
-             f"TP {rep['tensor_parallel_size']}, {where}",
+             f"TP {rep['tensor_parallel_size']}, {where}; vLLM {rep.get('vllm_version', VLLM_VERSION)} accounting",
              f"{'':<24}{'BF16 + auto KV':>20}{cand:>40}{'ratio':>9}"]
 
     def row(name, key, fmt, ratio=False):

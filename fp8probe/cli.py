@@ -22,7 +22,9 @@ from pathlib import Path
 from . import __version__
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_USAGE, FP8ProbeError, one_line
 from .metrics import METRICS
-from .schemes import KV_CACHE_DTYPES, KV_CACHE_SCHEMES, PRESETS
+from .frameworks import FORMS, TARGETS
+from .schemes import KV_CACHE_DTYPES, KV_CACHE_SCHEMES, SCHEMES
+from .serving import KV_DTYPE_BYTES
 from .serving import GPUS
 
 log = logging.getLogger("fp8probe")
@@ -42,7 +44,10 @@ EPILOG_RECIPE = """examples:
 EPILOG_EXPORT = """examples:
   fp8probe export --recipe runs/recipe-0.01/recipe.yaml --out ckpt/smollm2-fp8
   vllm serve ckpt/smollm2-fp8 --config ckpt/smollm2-fp8/vllm.yaml
-"""
+  fp8probe export --recipe runs/r-*/recipe.yaml --target all --out runs/rollout-configs
+
+targets (what each rollout framework can apply; its file under OUT/frameworks/):
+""" + "\n".join(f"  {t.name:<12} {t.form:<10} {t.how}" for t in TARGETS.values()) + "\n"
 
 EPILOG_CAPACITY = """examples:
   fp8probe capacity ./Qwen3-8B/config.json --gpu H100 --max-model-len 32768
@@ -143,7 +148,7 @@ def _add_run_args(p: argparse.ArgumentParser, scheme: bool = True) -> None:
 
 
 def _schemes() -> str:
-    return ", ".join(PRESETS)
+    return ", ".join(SCHEMES)
 
 
 def _kv_dtypes() -> str:
@@ -189,15 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-last", type=NONNEG_INT, default=0, help="keep the last N blocks in BF16")
     p.add_argument("--keep", nargs="*", default=[], help="units or groups to keep in BF16")
     p.add_argument("--force", nargs="*", default=[], help="units or groups to put in FP8 regardless")
+    p.add_argument("--form", choices=list(FORMS), default=None,
+                   help="the recipes searched: free (default), keywords, first-last (first/last blocks BF16), "
+                        "all (every Linear FP8), none (FP8 KV cache only)")
+    p.add_argument("--target", choices=list(TARGETS), default=None,
+                   help="a rollout framework: its form, FP8 scheme and KV-cache scales (see `fp8probe export`)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--trust-remote-code", action="store_true")
     _add_pickle_arg(p)
 
-    p = sub.add_parser("export", help="apply a recipe with llm-compressor; write a checkpoint vLLM loads",
+    p = sub.add_parser("export", help="write a vLLM checkpoint and each RL framework's rollout config for recipes",
                        epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default=None, help="HF directory or id; default: the embedded student")
-    p.add_argument("--recipe", required=True, help="recipe.yaml")
-    p.add_argument("--out", required=True, help="checkpoint directory (must not exist or be empty)")
+    p.add_argument("--recipe", required=True, nargs="+", help="recipe.yaml file(s); each target takes the one "
+                   "made for it (`fp8probe recipe --target`), else the first it can apply")
+    p.add_argument("--target", nargs="+", default=["vllm"], choices=[*TARGETS, "all"], metavar="TARGET",
+                   help=f"where the rollouts run (default: vllm): {', '.join(TARGETS)}, or all")
+    p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--rollouts", help="calibration data for static input scales / a kv_cache_scheme (a sweep dir)")
     p.add_argument("--max-model-len", type=POSITIVE_INT, help="written into vllm.yaml / vllm_args.json")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -210,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: the embedded student")
     p.add_argument("--recipe", help="recipe.yaml written by `fp8probe recipe` (default: every unit in --scheme)")
     p.add_argument("--scheme", default="FP8_DYNAMIC", help="whole-model scheme when no --recipe (default: FP8_DYNAMIC)")
-    p.add_argument("--kv-cache-dtype", default="fp8", choices=["auto", *KV_CACHE_DTYPES],
+    p.add_argument("--kv-cache-dtype", default="fp8", choices=list(KV_DTYPE_BYTES),
                    help="the candidate's KV-cache dtype (default: fp8; the baseline is always auto)")
     gpu = p.add_mutually_exclusive_group()
     gpu.add_argument("--gpu", default="H100", help=f"GPU preset: {', '.join(GPUS)} (default: H100)")
@@ -503,6 +516,8 @@ def cmd_recipe(args) -> int:
     from .student import load_student
 
     run = read_sweep(args.sweep_dir)
+    target = TARGETS[args.target] if args.target else None
+    form, scheme, kv_scale = _recipe_form(args, target, run.run["scheme"])
     rollouts = load_rollouts(args.sweep_dir)
     check_writable(args.out)
     t0 = time.perf_counter()
@@ -510,18 +525,48 @@ def cmd_recipe(args) -> int:
                            trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     run.check_student(student)
     rollouts.check_fits(student.model.config, f"the rollouts of {args.sweep_dir}")
-    recipe = make_recipe(run.table, args.budget, student, rollouts, scheme=run.run["scheme"], metric=args.metric,
-                         kv_cache=args.kv_cache_scheme, keep_first=args.keep_first, keep_last=args.keep_last,
-                         keep=args.keep, force=args.force, batch_size=run.run["batch_size"],
-                         sweep_dir=str(run.directory.resolve()))
+    try:
+        recipe = make_recipe(run.table, args.budget, student, rollouts, scheme=scheme, metric=args.metric,
+                             kv_cache=args.kv_cache_scheme, keep_first=args.keep_first, keep_last=args.keep_last,
+                             keep=args.keep, force=args.force, batch_size=run.run["batch_size"],
+                             sweep_dir=str(run.directory.resolve()), form=form, kv_scale=kv_scale,
+                             target=target.name if target else None)
+    except FP8ProbeError as e:
+        if target is None:
+            raise
+        raise FP8ProbeError(f"{target.title}: {e}") from e
     with output_dir(args.out) as out:
         recipe.write(out)
     total = len(recipe.quantized) + len(recipe.kept)
-    print(f"recipe: {len(recipe.quantized)}/{total} fused groups in {recipe.scheme}"
-          f"{' + FP8 KV cache' if recipe.kv_cache else ''}; {args.metric} predicted {recipe.predicted:.4g}, "
-          f"measured {recipe.measured:.4g} <= budget {args.budget}; {recipe.bytes_saved / 2**20:.1f} MiB saved; "
-          f"{len(recipe.search)} measured passes in {time.perf_counter() - t0:.0f} s -> {Path(args.out) / 'recipe.yaml'}")
+    print(f"recipe{f' for {target.name}' if target else ''} (form {form}): {len(recipe.quantized)}/{total} fused "
+          f"groups in {recipe.scheme}{' + FP8 KV cache' if recipe.kv_cache else ''}; {args.metric} predicted "
+          f"{recipe.predicted:.4g}, measured {recipe.measured:.4g} <= budget {args.budget}; "
+          f"{recipe.bytes_saved / 2**20:.1f} MiB saved; {len(recipe.search)} measured passes in "
+          f"{time.perf_counter() - t0:.0f} s -> {Path(args.out) / 'recipe.yaml'}")
     return 0
+
+
+# the forms each form can also express (a framework that takes an ignore list can write first-last too)
+_NARROWER = {"free": FORMS, "keywords": FORMS, "first-last": ("first-last", "all", "none"), "all": ("all", "none"),
+             "none": ("none",)}
+
+
+def _recipe_form(args, target, sweep_scheme: str):
+    """(form, scheme, kv_scale) for `fp8probe recipe`, refusing what the target or the sweep cannot give."""
+    form = args.form or (target.form if target else "free")
+    if target is None:
+        return form, sweep_scheme, "calibrated"
+    if form not in _NARROWER[target.form]:
+        raise FP8ProbeError(f"{target.title} cannot apply --form {form} recipes (it takes {target.form}); "
+                            f"use one of: {', '.join(_NARROWER[target.form])}")
+    if args.kv_cache_scheme and target.kv is None:
+        raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop --kv-cache-scheme")
+    scheme = target.scheme or sweep_scheme
+    if form in ("free", "keywords", "first-last") and scheme != sweep_scheme:
+        raise FP8ProbeError(f"{target.title} quantizes with {scheme}, but {args.sweep_dir} was swept with "
+                            f"{sweep_scheme}: run `fp8probe sweep --rollouts {args.sweep_dir} --scheme {scheme} "
+                            f"--out DIR` and make the recipe from DIR")
+    return form, scheme, target.kv_scale
 
 
 def cmd_export(args) -> int:
@@ -530,10 +575,15 @@ def cmd_export(args) -> int:
 
     rollouts = load_rollouts(args.rollouts) if args.rollouts else None
     t0 = time.perf_counter()
-    out = export(args.model, args.recipe, args.out, rollouts=rollouts, max_model_len=args.max_model_len,
-                 trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
-    print(f"export: compressed-tensors checkpoint in {time.perf_counter() - t0:.0f} s -> {out} "
-          f"(vllm serve {out} --config {out / 'vllm.yaml'})")
+    done = export(args.model, args.recipe, args.out, rollouts=rollouts, max_model_len=args.max_model_len,
+                  trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle, targets=args.target)
+    out = done.path
+    for plan in done.plans:
+        print(plan.summary())
+        for w in plan.expression.warnings if plan.expression else []:
+            log.warning("%s", w)
+    print(f"export: {time.perf_counter() - t0:.0f} s -> {out}"
+          + (f" (vllm serve {out} --config {out / 'vllm.yaml'})" if (out / "vllm.yaml").exists() else ""))
     return 0
 
 

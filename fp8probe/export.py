@@ -1,29 +1,35 @@
-"""Apply a recipe with llm-compressor and write a compressed-tensors checkpoint vLLM loads, plus its configs.
+"""Apply recipes where the rollouts run: a compressed-tensors checkpoint vLLM loads, and the config fragment
+each RL framework reads.
 
-    fp8probe export MODEL --recipe recipe.yaml --out CKPT [--rollouts DIR] [--max-model-len L]
+    fp8probe export MODEL --recipe R.yaml [R2.yaml ...] --out OUT [--target vllm verl nemo-rl ... | all]
 
-Before anything is written, the recipe is checked for what vLLM would refuse: a fused group (q/k/v,
-gate/up) split across precisions, experts of one layer with different schemes, and layer shapes the
-scheme cannot take (FP8_BLOCK: inputs in whole groups of 128, merged outputs in whole blocks). Then
-llm-compressor's `oneshot` quantizes a BF16 copy of the model (calibrating on the saved rollouts when
-the scheme has static input scales or the recipe has a kv_cache_scheme), and the checkpoint is saved
-compressed. Beside it:
+Before anything is written, every recipe is checked for what vLLM would refuse (a fused group split across
+precisions, experts of one layer in different schemes, shapes the scheme cannot take) and every target
+is matched with a recipe it can apply (frameworks.express: the one made for it with `fp8probe recipe
+--target`, else the first it can express). A target that can apply none gets one line saying what it
+would do instead; when no target can apply any recipe, nothing is written.
 
-    CKPT/vllm.yaml         arguments for `vllm serve --config CKPT/vllm.yaml`
-    CKPT/vllm_args.json    the same as keyword arguments for vllm.LLM(**args)
-    CKPT/rollout_snippets.md  where the recipe and the KV-cache dtype go in verl, OpenRLHF and slime
+    OUT/                   with --target vllm: the checkpoint (llm-compressor's oneshot on a BF16 copy,
+                           calibrated on --rollouts when the scheme has static input scales or the recipe
+                           has a kv_cache_scheme: k/v scales are then stored in the checkpoint)
+    OUT/vllm.yaml          arguments for `vllm serve OUT --config OUT/vllm.yaml`
+    OUT/vllm_args.json     the same as keyword arguments for vllm.LLM(**args)
+    OUT/frameworks/        one fragment per other target (Hydra overrides, YAML or CLI flags) and README.md:
+                           per target, the recipe it applies (form, measured mismatch) or why it cannot
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from ._files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
 from .errors import FP8ProbeError, MissingExtra, one_line
+from .frameworks import Expression, Inexpressible, Target, express, render, resolve_targets
 from .recipe import Recipe, read_recipe
 from .student import check_finite_weights, config_kwargs, list_units, load_config, meta_model, resolve_source
 
@@ -38,67 +44,122 @@ def vllm_args(ckpt: Path, recipe: Recipe, max_model_len: int | None) -> dict:
     return args
 
 
-def _snippets(args: dict) -> str:
-    kv, path, q = args["kv_cache_dtype"], args["model"], args["quantization"]
-    return f"""# Using this recipe in RL / on-policy-distillation rollouts
+@dataclass
+class TargetPlan:
+    target: Target
+    recipe_path: Path | None = None
+    recipe: Recipe | None = None
+    expression: Expression | None = None
+    reason: str | None = None  # why no recipe can be applied
 
-The authoritative settings are vllm_args.json (vllm.LLM(**args)) and vllm.yaml (vllm serve --config):
-quantization={q}, kv_cache_dtype={kv}, model {path}.
-
-In RL the rollout engine receives the trainer's BF16 weights after every step, so frameworks quantize
-synced weights on the fly rather than loading this checkpoint once. What carries over is the recipe:
-the scheme, and the `ignore` list in recipe.yaml (the units that must stay BF16).
-
-## verl (vLLM rollout)
-    actor_rollout_ref.rollout.name=vllm
-    actor_rollout_ref.rollout.quantization=True            # verl's on-the-fly FP8 rollout
-    actor_rollout_ref.rollout.use_block_quant_rollout=True # only for the FP8_BLOCK scheme
-    +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={kv}
-  verl's FP8 rollout quantizes every Linear; keeping the recipe's ignore list in BF16 needs a patch
-  where it quantizes synced weights.
-
-## OpenRLHF (vLLM engines)
-    --pretrain {path}
-  and pass kv_cache_dtype="{kv}", quantization="{q}" to the vLLM engines it creates
-  (openrlhf/trainer/ray/vllm_engine.py, create_vllm_engines).
-
-## slime
-    --hf-checkpoint {path}
-  with the rollout engine's KV-cache dtype set to {kv}.
-"""
+    def summary(self) -> str:
+        t = self.target
+        if self.expression is None:
+            return f"{t.name}: cannot apply: {self.reason}"
+        r, e = self.recipe, self.expression
+        what = (f"{len(e.fp8)} units in {r.scheme}" if e.fp8 else "BF16 weights") + (" + FP8 KV cache" if e.kv else "")
+        m = f"; measured {r.metric} {r.measured:.4g}" if r.measured is not None else ""
+        return f"{t.name}: {what} (form {r.form}{m}) from {self.recipe_path}"
 
 
-def export(model: str | None, recipe: str | Path, out: str | Path, rollouts=None, max_model_len: int | None = None,
-           num_calibration_samples: int = 64, trust_remote_code: bool = False, allow_pickle: bool = False) -> Path:
-    """Quantize `model` with the recipe via llm-compressor and save a compressed checkpoint to `out`."""
-    try:
-        from llmcompressor import oneshot
-    except ImportError as e:
-        raise MissingExtra("fp8probe export (llm-compressor)", "export") from e
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def plan_targets(targets: list[Target], recipes: list[tuple[Path, Recipe]], units, n_blocks: int) -> list[TargetPlan]:
+    """For each target, the recipe it applies: the one made for it first, else the first it can express."""
+    plans = []
+    for t in targets:
+        ordered = sorted(recipes, key=lambda pr: pr[1].target != t.name)
+        plan = TargetPlan(t)
+        for path, r in ordered:
+            try:
+                e = express(t, r, units, n_blocks)
+            except Inexpressible as err:
+                plan.reason = plan.reason or str(err)
+                continue
+            plan.recipe_path, plan.recipe, plan.expression, plan.reason = path, r, e, None
+            break
+        plans.append(plan)
+    return plans
 
-    spec = read_recipe(recipe)
+
+@dataclass
+class Exported:
+    path: Path  # the output directory (with --target vllm: the checkpoint)
+    plans: list[TargetPlan]
+
+
+def export(model: str | None, recipe, out: str | Path, rollouts=None, max_model_len: int | None = None,
+           num_calibration_samples: int = 64, trust_remote_code: bool = False, allow_pickle: bool = False,
+           targets=("vllm",)) -> Exported:
+    """Write what each target needs to apply the recipe(s) (`recipe`: one path or several) into `out`."""
+    paths = [Path(recipe)] if isinstance(recipe, (str, Path)) else [Path(r) for r in recipe]
+    if not paths:
+        raise FP8ProbeError("give at least one --recipe")
+    targets = resolve_targets(targets)
+    recipes = [(p, read_recipe(p)) for p in paths]
     out = check_writable(out)
     if out.exists() and any(out.iterdir()):
         raise FP8ProbeError(f"{out} exists and is not empty; choose another --out")
     cfg = load_config(model, trust_remote_code, allow_pickle)
     units = list_units(meta_model(cfg))
-    spec.check_model(units, str(recipe))
-    spec.check_vllm_loadable(units)
-    if spec.needs_calibration and rollouts is None:
+    for p, r in recipes:
+        r.check_model(units, str(p))
+        r.check_vllm_loadable(units)
+    plans = plan_targets(targets, recipes, units, int(cfg.num_hidden_layers))
+    usable = [p for p in plans if p.expression is not None]
+    if not usable:
+        raise FP8ProbeError(plans[0].reason if len(plans) == 1 else
+                            "no target can apply these recipes: " + "; ".join(p.reason for p in plans))
+    vllm = next((p for p in usable if p.target.name == "vllm"), None)
+    if vllm is not None and vllm.recipe.needs_calibration and rollouts is None:
         raise FP8ProbeError("this recipe needs calibration data (static input scales or a kv_cache_scheme): "
                             "pass --rollouts DIR (a sweep directory holds them)")
-    if rollouts is not None:
+    if vllm is not None and rollouts is not None:
         rollouts.check_fits(cfg, "the calibration rollouts")
     src, kwargs = resolve_source(model, allow_pickle)
-    if "gguf_file" in kwargs:
+    gguf = "gguf_file" in kwargs
+    if vllm is not None and gguf:
         raise FP8ProbeError("llm-compressor refuses GGUF-quantized models; convert to safetensors first "
                             "(the embedded student is converted automatically)")
-    log.info("loading %s in bfloat16 for llm-compressor", model or "the embedded student")
+    model_path = "MODEL_HF_DIR" if gguf else str(src)
+    with atomic_dir(out) as tmp:
+        final = out.resolve()
+        (tmp / "frameworks").mkdir()
+        if vllm is not None:
+            _write_checkpoint(vllm.recipe_path, vllm.recipe, src, kwargs, tmp, final, rollouts, max_model_len,
+                              num_calibration_samples, trust_remote_code, model or src)
+        lines = ["# Rollout configs written by fp8probe export", "",
+                 f"Model (BF16, as the trainer holds it): {model_path}", ""]
+        for p in plans:
+            lines.append(f"- {p.summary()}")
+            if p.expression is None:
+                continue
+            lines += [f"  - warning: {w}" for w in p.expression.warnings]
+            if p.target.name == "vllm":
+                lines.append(f"  - files: the checkpoint in {final}, vllm.yaml, vllm_args.json")
+                continue
+            files = render(p.expression, model_path, units)
+            for name, text in files.items():
+                atomic_write_text(tmp / "frameworks" / name, text)
+            lines.append(f"  - files: {', '.join('frameworks/' + n for n in files)}")
+        lines += ["", "What each framework can apply, and where this was read:", ""]
+        lines += [f"- {t.name} ({t.title}): form {t.form}; {t.how}. Source: {t.source}" for t in targets]
+        atomic_write_text(tmp / "frameworks" / "README.md", "\n".join(lines) + "\n")
+    return Exported(out, plans)
+
+
+def _write_checkpoint(recipe_path: Path, spec: Recipe, src, kwargs, tmp: Path, final: Path, rollouts,
+                      max_model_len, num_calibration_samples: int, trust_remote_code: bool, name) -> None:
+    """llm-compressor's oneshot on a BF16 copy, saved compressed into tmp, with vLLM's serving arguments."""
+    try:
+        from llmcompressor import oneshot
+    except ImportError as e:
+        raise MissingExtra("fp8probe export --target vllm (llm-compressor)", "export") from e
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("loading %s in bfloat16 for llm-compressor", name)
     tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, trust_remote_code=trust_remote_code, **kwargs)
-    check_finite_weights(hf, str(model or src))
+    check_finite_weights(hf, str(name))
     oneshot_kwargs = {}
     if spec.needs_calibration:
         from datasets import Dataset
@@ -108,23 +169,19 @@ def export(model: str | None, recipe: str | Path, out: str | Path, rollouts=None
                  "attention_mask": [1] * int(am[i].sum())} for i in range(ids.shape[0])][:num_calibration_samples]
         oneshot_kwargs = {"dataset": Dataset.from_list(rows), "num_calibration_samples": len(rows),
                           "max_seq_length": int(am.sum(1).max())}
-    with atomic_dir(out) as tmp:
-        log.info("llm-compressor oneshot: %s, %d ignored names", spec.scheme, len(spec.ignore))
-        try:
-            oneshot(model=hf, recipe=str(recipe), **oneshot_kwargs)
-        except (ValueError, TypeError, KeyError) as e:  # llm-compressor refusing the recipe or the model
-            raise FP8ProbeError(f"llm-compressor refused the recipe: {one_line(e)}") from e
-        hf.save_pretrained(str(tmp), save_compressed=True)
-        tok.save_pretrained(str(tmp))
-        shutil.copy(recipe, tmp / "recipe.yaml")
-        final = out.resolve()
-        args = vllm_args(final, spec, max_model_len)
-        atomic_write_json(tmp / "vllm_args.json", args)
-        serve = {k.replace("_", "-"): v for k, v in args.items() if k != "model"}
-        atomic_write_text(tmp / "vllm.yaml", f"# vllm serve {final} --config {final / 'vllm.yaml'}\n"
-                          + yaml.safe_dump(serve, sort_keys=False))
-        atomic_write_text(tmp / "rollout_snippets.md", _snippets(args))
-    return out
+    log.info("llm-compressor oneshot: %s, %d ignored names", spec.scheme, len(spec.ignore))
+    try:
+        oneshot(model=hf, recipe=str(recipe_path), **oneshot_kwargs)
+    except (ValueError, TypeError, KeyError) as e:  # llm-compressor refusing the recipe or the model
+        raise FP8ProbeError(f"llm-compressor refused the recipe: {one_line(e)}") from e
+    hf.save_pretrained(str(tmp), save_compressed=True)
+    tok.save_pretrained(str(tmp))
+    shutil.copy(recipe_path, tmp / "recipe.yaml")
+    args = vllm_args(final, spec, max_model_len)
+    atomic_write_json(tmp / "vllm_args.json", args)
+    serve = {k.replace("_", "-"): v for k, v in args.items() if k != "model"}
+    atomic_write_text(tmp / "vllm.yaml", f"# vllm serve {final} --config {final / 'vllm.yaml'}\n"
+                      + yaml.safe_dump(serve, sort_keys=False))
 
 
 def read_checkpoint_fp8(ckpt: str | Path) -> dict:

@@ -30,18 +30,19 @@ from pathlib import Path
 
 from ._files import atomic_write_json, atomic_write_text
 from .errors import FP8ProbeError
+from .frameworks import FORMS
 from .schemes import KV_CACHE_SCHEMES, Scheme
 from .student import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-MODIFIER_KEYS = {"targets", "ignore", "scheme", "kv_cache_scheme"}  # what fp8probe writes and reads
+SCHEMA_VERSION = 2  # 2: form, target, kv_scale
+MODIFIER_KEYS = {"targets", "ignore", "scheme", "config_groups", "kv_cache_scheme"}  # what fp8probe writes and reads
 
 
 @dataclass
 class Recipe:
-    scheme: str  # a compressed-tensors preset name: FP8, FP8_DYNAMIC, FP8_BLOCK
+    scheme: str  # a schemes.SCHEMES name: a compressed-tensors preset, or FP8_TENSOR_DYNAMIC (vLLM's online FP8)
     ignore: list[str]  # llm-compressor's ignore list: module names / "re:" patterns kept BF16
     kv_cache: str | None = None  # a KV_CACHE_SCHEMES key, or None for the model's own KV dtype
     kv_cache_scheme: dict | None = None  # the kv_cache_scheme mapping as written
@@ -59,6 +60,9 @@ class Recipe:
     kept_scores: list[dict] = field(default_factory=list)
     search: list[dict] = field(default_factory=list)
     sweep: str | None = None
+    form: str = "free"  # FORMS: the shape of recipe searched (what a framework can express)
+    target: str | None = None  # the rollout framework it was made for (frameworks.TARGETS), if any
+    kv_scale: str = "calibrated"  # FP8 KV-cache scales as measured: "calibrated" (checkpoint) or "unit" (1.0)
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
@@ -153,7 +157,10 @@ class Recipe:
     def to_yaml(self) -> str:
         import yaml
 
-        mod = {"targets": ["Linear"], "ignore": list(self.ignore), "scheme": self.scheme}
+        if self.preset.is_preset:
+            mod = {"targets": ["Linear"], "ignore": list(self.ignore), "scheme": self.scheme}
+        else:  # spelled out; compressed-tensors names config groups group_N (vLLM matches on those names)
+            mod = {"ignore": list(self.ignore), "config_groups": {"group_0": self.preset.config_group()}}
         if self.kv_cache_scheme is not None:
             mod["kv_cache_scheme"] = dict(self.kv_cache_scheme)
         doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": mod}}}
@@ -168,7 +175,7 @@ class Recipe:
             "predicted": self.predicted, "measured": self.measured, "measured_metrics": self.measured_metrics,
             "bytes_saved": self.bytes_saved, "kept": self.kept, "quantized": self.quantized,
             "kept_scores": self.kept_scores, "group_units": self.group_units, "search": self.search,
-            "sweep": self.sweep,
+            "sweep": self.sweep, "form": self.form, "target": self.target, "kv_scale": self.kv_scale,
         }
 
     def write(self, out_dir: str | Path) -> None:
@@ -211,11 +218,7 @@ def read_recipe(path: str | Path) -> Recipe:
     if unknown:
         raise FP8ProbeError(f"{path}: unsupported QuantizationModifier key {unknown[0]!r}; fp8probe reads "
                             f"{', '.join(sorted(MODIFIER_KEYS))} (write recipes with `fp8probe recipe`)")
-    if "scheme" not in m or not isinstance(m["scheme"], str):
-        raise FP8ProbeError(f"{path}: the QuantizationModifier needs a preset `scheme` (FP8, FP8_DYNAMIC, FP8_BLOCK)")
-    targets = m.get("targets", ["Linear"])
-    if targets != ["Linear"]:
-        raise FP8ProbeError(f"{path}: only `targets: [Linear]` is supported, got {targets}")
+    scheme = _scheme_of(m, path)
     ignore = m.get("ignore", [])
     if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
         raise FP8ProbeError(f"{path}: `ignore` must be a list of module names, got {ignore!r}")
@@ -229,4 +232,53 @@ def read_recipe(path: str | Path) -> Recipe:
     if kv is not None and not isinstance(kv, dict):
         raise FP8ProbeError(f"{path}: `kv_cache_scheme` must be a mapping such as {KV_CACHE_SCHEMES['fp8']}")
     kv_name = next((k for k, v in KV_CACHE_SCHEMES.items() if v == kv), None) if kv is not None else None
-    return Recipe(scheme=Scheme.from_name(m["scheme"]).name, ignore=list(ignore), kv_cache=kv_name, kv_cache_scheme=kv)
+    recipe = Recipe(scheme=scheme.name, ignore=list(ignore), kv_cache=kv_name, kv_cache_scheme=kv)
+    _read_info(recipe, p.parent / "recipe.json")
+    return recipe
+
+
+INFO_FIELDS = ("model", "budget", "metric", "predicted", "measured", "bytes_saved", "quantized", "kept", "sweep",
+               "form", "target", "kv_scale")
+
+
+def _read_info(recipe: Recipe, path: Path) -> None:
+    """How the recipe was chosen, from the recipe.json written beside it (when it describes this recipe)."""
+    import json
+
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(info, dict) or info.get("scheme") != recipe.scheme or info.get("kv_cache_scheme") != recipe.kv_cache:
+        return
+    for k in INFO_FIELDS:
+        if k in info and info[k] is not None:
+            setattr(recipe, k, info[k])
+    if recipe.form not in FORMS or recipe.kv_scale not in ("calibrated", "unit"):
+        recipe.form, recipe.kv_scale = "free", "calibrated"
+
+
+def _scheme_of(m: dict, path) -> Scheme:
+    """A preset `scheme:` with `targets: [Linear]`, or exactly one config group over Linear."""
+    if "scheme" in m and "config_groups" in m:
+        raise FP8ProbeError(f"{path}: give either `scheme` or `config_groups`, not both")
+    if "config_groups" in m:
+        groups = m["config_groups"]
+        if not isinstance(groups, dict) or len(groups) != 1:
+            raise FP8ProbeError(f"{path}: fp8probe reads exactly one config group (one scheme for every FP8 Linear)")
+        (group,) = groups.values()
+        if not isinstance(group, dict) or group.get("targets") != ["Linear"]:
+            raise FP8ProbeError(f"{path}: the config group must have `targets: [Linear]`")
+        try:
+            return Scheme.from_specs(group.get("weights"), group.get("input_activations"))
+        except FP8ProbeError as e:
+            raise FP8ProbeError(f"{path}: {e}") from e
+    if "scheme" not in m or not isinstance(m["scheme"], str):
+        raise FP8ProbeError(f"{path}: the QuantizationModifier needs a preset `scheme` (FP8, FP8_DYNAMIC, FP8_BLOCK)")
+    targets = m.get("targets", ["Linear"])
+    if targets != ["Linear"]:
+        raise FP8ProbeError(f"{path}: only `targets: [Linear]` is supported, got {targets}")
+    scheme = Scheme.from_name(m["scheme"])
+    if not scheme.is_preset:
+        raise FP8ProbeError(f"{path}: {scheme.name} is not a compressed-tensors preset; write it as a config group")
+    return scheme

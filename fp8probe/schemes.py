@@ -4,7 +4,12 @@
     FP8           e4m3, one scale per tensor, static    e4m3, one scale per tensor, static (calibrated)
     FP8_DYNAMIC   e4m3, one scale per output channel    e4m3, one scale per token, dynamic
     FP8_BLOCK     e4m3, one scale per 128x128 block     e4m3, one scale per 128 inputs of a token, dynamic
+    FP8_TENSOR_DYNAMIC  e4m3, one scale per tensor      e4m3, one scale per tensor, dynamic
     KV cache      e4m3 (or e5m2), per tensor or per head, after RoPE
+
+The first three are compressed-tensors presets (a recipe names them as `scheme:`). FP8_TENSOR_DYNAMIC is
+what vLLM does with `quantization="fp8"` on a BF16 model (online FP8, as SkyRL's rollout engines run it):
+not a preset, so a recipe spells it out as one config group (recipe.py).
 
 Frozen dataclasses, validated on construction, with `from_name` for the names users type (the CLI's
 choices come from PRESETS and KV_CACHE_DTYPES). This module imports no torch, so that `fp8probe --help`
@@ -71,9 +76,27 @@ class Scheme:
         if isinstance(name, Scheme):
             return name
         key = str(name).strip().upper()
-        if key not in PRESETS:
-            raise FP8ProbeError(f"unknown scheme {name!r}; supported: {', '.join(PRESETS)}")
-        return PRESETS[key]
+        if key not in SCHEMES:
+            raise FP8ProbeError(f"unknown scheme {name!r}; supported: {', '.join(SCHEMES)}")
+        return SCHEMES[key]
+
+    @classmethod
+    def from_specs(cls, weight: dict, input: dict | None) -> "Scheme":
+        """The scheme whose weight and input specs a compressed-tensors config group spells out."""
+        for s in SCHEMES.values():
+            if input is not None and _same(weight, s.weight) and _same(input, s.input):
+                return s
+        raise FP8ProbeError(f"no FP8 scheme has weights {weight} and input activations {input}; supported: "
+                            f"{', '.join(SCHEMES)}")
+
+    @property
+    def is_preset(self) -> bool:
+        """A compressed-tensors preset name (what `scheme:` in an llm-compressor recipe takes)."""
+        return self.name in PRESETS
+
+    def config_group(self) -> dict:
+        """This scheme as one compressed-tensors config group (targets, weights, input_activations)."""
+        return {"targets": ["Linear"], "weights": _spec_dict(self.weight), "input_activations": _spec_dict(self.input)}
 
     @property
     def static_input(self) -> bool:
@@ -97,6 +120,31 @@ PRESETS: dict[str, Scheme] = {
     "FP8_DYNAMIC": Scheme("FP8_DYNAMIC", QuantSpec("channel"), QuantSpec("token", dynamic=True)),
     "FP8_BLOCK": Scheme("FP8_BLOCK", QuantSpec("block"), QuantSpec("group", dynamic=True)),
 }
+# vLLM's online FP8 (quantization="fp8" on a BF16 model): Fp8LinearMethod quantizes each weight (a fused
+# q/k/v or gate/up weight as one tensor) with one scale, and each input with one dynamic scale per forward
+SCHEMES: dict[str, Scheme] = {
+    **PRESETS,
+    "FP8_TENSOR_DYNAMIC": Scheme("FP8_TENSOR_DYNAMIC", QuantSpec("tensor"), QuantSpec("tensor", dynamic=True)),
+}
+
+
+def _spec_dict(spec: QuantSpec) -> dict:
+    """A QuantSpec as compressed-tensors' QuantizationArgs fields."""
+    d = {"num_bits": 8, "type": "float", "strategy": spec.strategy, "dynamic": spec.dynamic, "symmetric": True}
+    if spec.strategy == "block":
+        d["block_structure"] = list(spec.block)
+    if spec.strategy == "group":
+        d["group_size"] = spec.group_size
+    return d
+
+
+_CT_DEFAULTS = {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": False}  # QuantizationArgs defaults
+
+
+def _same(d: dict, spec: QuantSpec) -> bool:
+    if not isinstance(d, dict):
+        return False
+    return all(d.get(k, _CT_DEFAULTS.get(k)) == v for k, v in _spec_dict(spec).items())
 
 
 # vLLM's --kv-cache-dtype names of the FP8 KV caches -> our format names

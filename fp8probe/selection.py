@@ -20,9 +20,10 @@ from pathlib import Path
 from .errors import FP8ProbeError
 from .measure import measure
 from .metrics import excess, metric as metric_info, no_mismatch
+from .frameworks import FORMS
 from .recipe import Recipe
 from .reference import Reference
-from .schemes import KV_CACHE_SCHEMES, Scheme
+from .schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +90,25 @@ def _check_table_matches(sensitivity, student, known: set[str], members: dict[st
 
 def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAMIC", metric: str = "kl_q_p",
                 kv_cache: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
-                reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None) -> Recipe:
-    """The FP8 recipe that saves the most weight bytes while the measured `metric` stays <= budget
-    (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05)."""
+                reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
+                form: str = "free", kv_scale: str = "calibrated", target: str | None = None) -> Recipe:
+    """The FP8 recipe of the given form that saves the most weight bytes while the measured `metric` stays
+    <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05).
+
+    form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
+    BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
+    how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
+    if form not in FORMS:
+        raise FP8ProbeError(f"unknown --form {form!r}; choose from {', '.join(FORMS)}")
     if budget is None or budget < 0:
         raise FP8ProbeError("--budget must be a non-negative number")
     if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
         raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
+    if form in ("all", "none") and (keep or force or keep_first or keep_last):
+        raise FP8ProbeError(f"--form {form} takes no --keep/--force/--keep-first/--keep-last: its recipe is fixed")
+    if form == "none" and kv_cache is None:
+        raise FP8ProbeError("--form none (no FP8 weights) measures the FP8 KV cache alone: add --kv-cache-scheme fp8")
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
     groups = group_scores(sensitivity, metric, members)
     known = {g.group for g in groups}
@@ -116,21 +128,35 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
 
     n_blocks = student.model.config.num_hidden_layers
     keep_set = groups_of(keep, "keep")
-    keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
+    if form != "first-last":
+        keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
     force_set = groups_of(force, "force")
     both = keep_set & force_set
     if both:
         raise FP8ProbeError(f"{sorted(both)[0]} is both kept and forced; choose one")
     by_name = {g.group: g for g in groups}
     forced = [by_name[g] for g in sorted(force_set)]
-    ranked = rank_groups([g for g in groups if g.group not in keep_set and g.group not in force_set])
+    free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
+    # candidates[k]: the groups in FP8, from the fewest (k = 0: the forced ones) to the most
+    if form in ("free", "keywords"):
+        ranked = rank_groups(free)
+        candidates = [ranked[:k] for k in range(len(ranked) + 1)]
+    elif form == "first-last":
+        candidates = _first_last_candidates(free, n_blocks, keep_first, keep_last)
+    elif form == "all":
+        candidates = [[], free]
+    else:
+        candidates = [[]]
+    kv_scheme = None
+    if kv_cache is not None:
+        kv_scheme = KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache).fmt, scale=kv_scale)
 
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
     memo: dict[int, dict] = {}
 
     def chosen(k):
-        return forced + ranked[:k]
+        return forced + candidates[k]
 
     def predicted(k):
         return sum(g.score for g in chosen(k))
@@ -141,34 +167,44 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
             if not units and kv_cache is None:
                 memo[k] = no_mismatch()
             else:
-                memo[k] = measure(student, rollouts, scheme, units=units, kv=kv_cache, reference=reference)
+                memo[k] = measure(student, rollouts, scheme, units=units, kv=kv_scheme, reference=reference)
             log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(chosen(k)),
                      len(groups), metric, excess(metric, memo[k][metric]), predicted(k))
         return excess(metric, memo[k][metric])
 
-    n = len(ranked)
-    if measured(0) > budget:
-        raise FP8ProbeError(f"even with only the forced groups{' and the FP8 KV cache' if kv_cache else ''} in FP8 "
-                            f"the measured {metric} is {measured(0):.3g} > budget {budget}; raise the budget")
-    lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
-    if measured(n) <= budget:
-        lo = n
+    n = len(candidates) - 1
+    if form == "all":
+        if measured(1) > budget:
+            raise FP8ProbeError(f"every Linear in {scheme.name}{' with the FP8 KV cache' if kv_cache else ''} (the "
+                                f"only FP8 recipe of form all) measures {metric} {measured(1):.3g} > budget {budget}; "
+                                "at this budget keep the weights BF16 (--form none for the KV cache alone)")
+        k = 1
     else:
-        hi = n
-        guess = max((k for k in range(n + 1) if predicted(k) <= budget), default=0)
-        guess = min(max(guess, 1), n - 1) if n > 1 else 0
-        if guess > 0:
-            (lo, hi) = (guess, hi) if measured(guess) <= budget else (lo, guess)
-        while hi - lo > 1 and len(memo) < max_passes:
-            mid = (lo + hi) // 2
-            if measured(mid) <= budget:
-                lo = mid
-            else:
-                hi = mid
-    k = lo
-    if k == 0 and not forced and kv_cache is None and n:
-        raise FP8ProbeError(f"no fused group fits the budget: the least sensitive one alone measures {metric} "
-                            f"{measured(1):.3g} > {budget}; raise the budget")
+        if measured(0) > budget:
+            what = "the FP8 KV cache alone" if form == "none" else (
+                f"only the forced groups{' and the FP8 KV cache' if kv_cache else ''} in FP8")
+            raise FP8ProbeError(f"even with {what} the measured {metric} is {measured(0):.3g} > budget {budget}; "
+                                "raise the budget")
+        lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
+        if n == 0 or measured(n) <= budget:
+            lo = n
+        else:
+            hi = n
+            guess = max((k for k in range(n + 1) if predicted(k) <= budget), default=0)
+            guess = min(max(guess, 1), n - 1) if n > 1 else 0
+            if guess > 0:
+                (lo, hi) = (guess, hi) if measured(guess) <= budget else (lo, guess)
+            while hi - lo > 1 and len(memo) < max_passes:
+                mid = (lo + hi) // 2
+                if measured(mid) <= budget:
+                    lo = mid
+                else:
+                    hi = mid
+        k = lo
+        if k == 0 and not forced and kv_cache is None and n:
+            smallest = "the least sensitive group" if form in ("free", "keywords") else "the smallest first-last recipe"
+            raise FP8ProbeError(f"no fused group fits the budget: {smallest} alone measures {metric} "
+                                f"{measured(1):.3g} > {budget}; raise the budget")
     quantized = {g.group for g in chosen(k)}
     kept = [g.group for g in groups if g.group not in quantized]
     result = memo[k] if k in memo else {metric: measured(k)}
@@ -182,5 +218,21 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                       "reason": "keep" if g in keep_set else "budget"} for g in kept],
         search=[{"groups_fp8": len(chosen(kk)), "predicted": predicted(kk), "measured": excess(metric, v[metric])}
                 for kk, v in sorted(memo.items())],
-        sweep=sweep_dir,
+        sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache else "calibrated",
     )
+
+
+def _first_last_candidates(free: list[GroupScore], n_blocks: int, keep_first: int, keep_last: int) -> list:
+    """For each number of FP8 blocks, the split (first N, last M BF16) whose FP8 middle scores least."""
+    out = []
+    for kept in range(n_blocks - keep_first - keep_last, -1, -1):  # from all kept to none kept
+        kept_total = kept + keep_first + keep_last
+        best = None
+        for first in range(keep_first, kept_total - keep_last + 1):
+            last = kept_total - first
+            mid = [g for g in free if first <= g.block < n_blocks - last]
+            score = sum(g.score for g in mid)
+            if best is None or score < best[0]:
+                best = (score, mid)
+        out.append(best[1])
+    return out

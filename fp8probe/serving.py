@@ -22,7 +22,13 @@ GPUS = {
     "RTX4090": 24564, "RTX-4090": 24564,
 }
 
-KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+VLLM_VERSION = "0.32.0"  # the vLLM whose KV-cache accounting capacity.py mirrors
+# vLLM's --kv-cache-dtype -> bytes per K or V element (None: the model's own dtype); vllm/utils/torch_utils.py
+KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+                  "fp8_per_token_head": 1, "int8_per_token_head": 1, "int4_per_token_head": 0.5}
+# per-token-head dtypes also store one fp32 scale per token, KV head and side (K, V) inline with the data
+# (TritonAttentionBackend.customize_spec in vllm/v1/attention/backends/triton_attn.py)
+KV_SCALE_BYTES = {"fp8_per_token_head": 4, "int8_per_token_head": 4, "int4_per_token_head": 4}
 NON_TORCH_BYTES = GiB // 2
 
 

@@ -144,3 +144,45 @@ def test_cli_config_only_and_json(cli, tmp_path):
 def test_bad_tp():
     with pytest.raises(FP8ProbeError, match="do not split"):
         capacity(cfg("qwen3-8b"), tensor_parallel_size=3)
+
+
+def test_per_token_head_kv_dtypes_hand_worked():
+    """fp8/int8_per_token_head: 1 byte per element plus a 4-byte fp32 scale per token, KV head and side.
+    qwen3-1.7b (head_dim 128, 8 KV heads, 28 layers): per token 28 x 8 x (2 x 128 + 8) = 59,136 bytes vs
+    BF16 28 x 8 x 512 = 114,688: 2d/(d+4) = 256/132 = 1.939x the tokens; int4: 28 x 8 x (128 + 8) = 30,464."""
+    c = cfg("qwen3-1.7b")
+    assert kv_layout(c, "fp8_per_token_head")["bytes_per_token"] == 59_136
+    assert kv_layout(c, "int8_per_token_head")["bytes_per_token"] == 59_136
+    assert kv_layout(c, "int4_per_token_head")["bytes_per_token"] == 30_464
+    assert kv_layout(c, "auto")["bytes_per_token"] == 114_688
+    rep = capacity(c, kv_cache_dtype="fp8_per_token_head", kv_cache_memory=8 * GiB, max_model_len=4096)
+    # page 16 x 8 x 264 = 33,792; x 28 layers = 946,176 per block; 8 GiB // that = 9,078 blocks (BF16: 4,681)
+    assert rep["candidate"]["num_blocks"] == 9_078 and rep["baseline"]["num_blocks"] == 4_681
+    assert rep["vllm_version"] == "0.32.0"
+
+
+@pytest.mark.vllm
+def test_page_sizes_match_vllms_own_arithmetic():
+    """vLLM's FullAttentionSpec (+ the Triton backend's per-token-head scale packing) computes the same page."""
+    import subprocess
+
+    from fp8probe.testing.vllm_check import vllm_venv
+
+    code = """
+import json, torch
+from vllm.v1.kv_cache_interface import FullAttentionSpec, get_kv_quant_mode
+from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+out = {}
+for d in ["fp8", "fp8_per_token_head", "int8_per_token_head", "int4_per_token_head", "bfloat16"]:
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=STR_DTYPE_TO_TORCH_DTYPE[d],
+                             kv_quant_mode=get_kv_quant_mode(d))
+    out[d] = TritonAttentionBackend.customize_spec(spec).page_size_bytes
+print(json.dumps(out))
+"""
+    res = subprocess.run([str(vllm_venv()), "-c", code], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    pages = json.loads(res.stdout.strip().splitlines()[-1])
+    c = cfg("qwen3-1.7b")  # 8 KV heads of 128, block size 16
+    for d, page in pages.items():
+        assert kv_layout(c, d, block_size=16)["page_bytes"] == page, d

@@ -27,7 +27,7 @@ def exported(embedded, tmp_path_factory):
     doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
         "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}
     (root / "recipe.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    ckpt = export(None, root / "recipe.yaml", root / "ckpt", max_model_len=8192)
+    ckpt = export(None, root / "recipe.yaml", root / "ckpt", max_model_len=8192).path
     return ckpt, [u.name for u in read_recipe(root / "recipe.yaml").fp8_units(embedded.units)]
 
 
@@ -43,7 +43,7 @@ def test_checkpoint_files(exported):
     assert args["max_model_len"] == 8192
     serve = yaml.safe_load((ckpt / "vllm.yaml").read_text())
     assert serve["quantization"] == "compressed-tensors" and serve["max-model-len"] == 8192
-    assert "verl" in (ckpt / "rollout_snippets.md").read_text()
+    assert "vllm: 195 units in FP8_DYNAMIC" in (ckpt / "frameworks" / "README.md").read_text()
 
 
 def test_same_codes_as_checkpoint(embedded, exported):

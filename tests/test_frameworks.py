@@ -1,0 +1,333 @@
+"""Rollout-framework targets: every key we write exists in the framework itself, and each framework applies
+exactly the recipe (its own matching rules, not ours, decide which modules stay BF16).
+
+verl, OpenRLHF, TRL and SkyRL: their released wheels (`pip download --no-deps`, cached, never installed);
+we read their shipped default config, argument parser or config dataclasses. NeMo-RL and slime have no real
+PyPI release: their keys were read from their repositories at the commits in tests/data/framework_keys.json.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import tiny_student
+from fp8probe.frameworks import TARGETS, Inexpressible, express, render
+from fp8probe.recipe import Recipe
+
+RELEASES = {"verl": "verl==0.9.1", "openrlhf": "openrlhf==0.11.2", "trl": "trl==1.16.0", "skyrl": "skyrl==0.3.0"}
+PINNED = json.loads((Path(__file__).parent / "data" / "framework_keys.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def released() -> dict[str, Path]:
+    """name -> the unpacked released wheel (downloaded once into the user's cache)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fp8probe" / "frameworks"
+    out = {}
+    for name, spec in RELEASES.items():
+        d = root / spec.replace("==", "-")
+        if not (d / ".done").exists():
+            wheels = d / "wheel"
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:",
+                            spec, "-d", str(wheels)], check=True, timeout=600)
+            (whl,) = wheels.glob("*.whl")
+            with zipfile.ZipFile(whl) as z:
+                z.extractall(d / "src")
+            (d / ".done").touch()
+        out[name] = d / "src"
+    return out
+
+
+def _find(root: Path, rel: str) -> Path:
+    hits = [p for p in root.rglob(Path(rel).name) if p.as_posix().endswith(rel)]
+    assert hits, f"{rel} not in {root}"
+    return hits[0]
+
+
+# ----------------------------------------------------------------------------------------------------
+# recipes and what we render for them
+
+@pytest.fixture(scope="module")
+def student():
+    return tiny_student("llama", num_key_value_heads=4, num_hidden_layers=4)
+
+
+def _recipe(student, scheme, kept_blocks=(), kept_groups=(), kv=None, **info):
+    groups = student.groups()
+    fp8 = [g for g, us in groups.items() if us[0].block not in kept_blocks and g not in kept_groups]
+    return Recipe.from_groups(student.units, scheme, fp8, kv_cache=kv, **info)
+
+
+def _files(student, target, recipe):
+    e = express(TARGETS[target], recipe, student.units, 4)
+    return e, render(e, "/models/student", student.units)
+
+
+@pytest.fixture(scope="module")
+def rendered(student):
+    """target -> its files, each for a recipe that target can apply (with an FP8 KV cache where it takes one)."""
+    mid = "model.layers.1.mlp.gate_up_proj"
+    block = _recipe(student, "FP8_BLOCK", kept_blocks=(0, 3), kept_groups=(mid,), kv="fp8")
+    out = {"verl-sglang": _files(student, "verl-sglang", block)[1],
+           "nemo-rl": _files(student, "nemo-rl", block)[1],
+           "verl": _files(student, "verl", _recipe(student, "FP8_BLOCK", kv="fp8"))[1],
+           "slime": _files(student, "slime", _recipe(student, "FP8_BLOCK", kv="fp8"))[1],
+           "skyrl": _files(student, "skyrl", _recipe(student, "FP8_TENSOR_DYNAMIC", kv="fp8"))[1],
+           "trl": _files(student, "trl", _recipe(student, "FP8_DYNAMIC", kept_blocks=range(4), kv="fp8"))[1],
+           "openrlhf": _files(student, "openrlhf", _recipe(student, "FP8_DYNAMIC", kept_blocks=range(4)))[1]}
+    return out
+
+
+def hydra_overrides(text: str) -> dict[str, str]:
+    """key -> value of the Hydra/OmegaConf overrides in a rendered shell fragment."""
+    body = [ln.rstrip("\\ ").strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    out = {}
+    for tok in shlex.split(" ".join(body[1:])):  # body[0] is the command
+        key, value = tok.split("=", 1)
+        out[key] = value
+    return out
+
+
+def cli_flags(text: str) -> dict[str, str | None]:
+    """flag -> value (None for a switch) of the last command in a rendered shell fragment."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    start = max(i for i, ln in enumerate(lines) if not ln.startswith(" "))  # the last command
+    body = " ".join(ln.rstrip("\\ ").strip() for ln in lines[start:])
+    toks = shlex.split(body)
+    out, i = {}, 0
+    while i < len(toks):
+        if toks[i].startswith("--"):
+            nxt = toks[i + 1] if i + 1 < len(toks) and not toks[i + 1].startswith("--") else None
+            out[toks[i]] = nxt
+            i += 2 if nxt is not None else 1
+        else:
+            i += 1
+    return out
+
+
+def yaml_keys(doc, prefix="") -> dict[str, object]:
+    out = {}
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            out.update(yaml_keys(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# the keys exist in the frameworks
+
+
+def _verl_has(cfg: dict, key: str) -> bool:
+    """Hydra: `a.b=v` needs a.b in the config; `+a.b.c=v` needs a.b.c absent under an existing mapping."""
+    add = key.startswith("+")
+    parts = key.lstrip("+").split(".")
+    node = cfg
+    for i, p in enumerate(parts):
+        if not isinstance(node, dict):
+            return False
+        if p not in node:
+            return add and i > 0  # `+` creates what is missing below an existing mapping
+        node = node[p]
+    return not add  # `+` on an existing key is an error in Hydra
+
+
+@pytest.mark.parametrize("target", ["verl", "verl-sglang"])
+def test_verl_keys_exist(released, rendered, target):
+    root = released["verl"]
+    cfg = yaml.safe_load(_find(root, "verl/trainer/config/_generated_ppo_trainer.yaml").read_text())
+    (text,) = rendered[target].values()
+    overrides = hydra_overrides(text)
+    assert len(overrides) >= 5
+    for key in overrides:
+        assert _verl_has(cfg, key), key
+    assert overrides["actor_rollout_ref.rollout.quantization"] == "fp8"
+    assert re.search(r'_SUPPORTED_QUANTIZATION = \[[^\]]*"fp8"', _find(
+        root, "verl/workers/rollout/vllm_rollout/vllm_async_server.py").read_text())
+    assert 'rollout_is="token"' in _find(root, "verl/trainer/config/algorithm.py").read_text()
+    main_ppo = _find(root, "verl/trainer/main_ppo.py").read_text()
+    assert 'ray_init_kwargs.get("runtime_env"' in main_ppo  # our env var reaches every Ray actor
+    if target == "verl-sglang":
+        assert "SGLANG_FP8_IGNORED_LAYERS" in _find(root, "verl/utils/sglang/sglang_fp8_utils.py").read_text()
+
+
+def _argparse_flags(path: Path) -> dict[str, list | None]:
+    """flag -> its choices, from every add_argument call in a file."""
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            choices = next((ast.literal_eval(k.value) for k in node.keywords if k.arg == "choices"), None)
+            for a in node.args:
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
+                    out[a.value] = choices
+    return out
+
+
+def test_openrlhf_flags_exist(released, rendered):
+    known = _argparse_flags(_find(released["openrlhf"], "openrlhf/cli/train_ppo_ray.py"))
+    flags = cli_flags(rendered["openrlhf"]["openrlhf.sh"])
+    assert len(flags) == 4
+    for flag, value in flags.items():
+        assert flag in known, flag
+        if known[flag] is not None:
+            assert value in known[flag], (flag, value)
+    engine = _find(released["openrlhf"], "openrlhf/trainer/ray/vllm_engine.py").read_text()
+    assert '"dtype": "bfloat16"' in engine and "kv_cache_dtype" not in engine  # why it takes no FP8
+
+
+def _dataclass_fields(path: Path) -> dict[str, dict[str, str]]:
+    """class -> field -> annotation source, for every class in a file."""
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            out[node.name] = {s.target.id: ast.unparse(s.annotation) for s in node.body
+                              if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    return out
+
+
+def test_trl_fields_exist(released, rendered):
+    root = released["trl"]
+    serve = _dataclass_fields(_find(root, "trl/scripts/vllm_serve.py"))["ScriptArguments"]
+    flags = cli_flags(rendered["trl"]["trl.sh"])
+    assert set(flags) == {"--model", "--kv_cache_dtype"}
+    for flag in flags:
+        assert flag[2:] in serve, flag
+    grpo_src = _find(root, "trl/trainer/grpo_config.py")
+    grpo = _dataclass_fields(grpo_src)["GRPOConfig"]
+    cfg = yaml.safe_load(rendered["trl"]["trl_grpo_config.yaml"])
+    for k in cfg:
+        assert k in grpo, k
+    assert f"'{cfg['vllm_importance_sampling_mode']}'" in grpo_src.read_text()
+
+
+def test_skyrl_keys_exist(released, rendered):
+    classes = _dataclass_fields(_find(released["skyrl"], "skyrl/train/config/config.py"))
+    overrides = hydra_overrides(rendered["skyrl"]["skyrl.sh"])
+    assert len(overrides) == 4 and not any(k.startswith("+") for k in overrides)  # SkyRL refuses "+"
+    for key in overrides:
+        cls, parts = "SkyRLTrainConfig", key.split(".")
+        for i, p in enumerate(parts):
+            assert p in classes[cls], key
+            ann = classes[cls][p]
+            if ann.startswith("Dict["):  # engine_init_kwargs: any vLLM engine argument below
+                assert i == len(parts) - 2, key
+                break
+            cls = re.sub(r"^Optional\[(.*)\]$", r"\1", ann)
+            if i < len(parts) - 1:
+                assert cls in classes, (key, cls)
+
+
+def test_nemo_rl_keys_pinned(rendered):
+    pinned = PINNED["nemo-rl"]["read"]
+    known = {k for r in pinned for k in r["keys"]}
+    values = {k: v for r in pinned for k, v in r.get("values", {}).items()}
+    keys = yaml_keys(yaml.safe_load(rendered["nemo-rl"]["nemo-rl.yaml"]))
+    assert len(keys) == 8
+    for k, v in keys.items():
+        assert k in known, k
+        if k in values:
+            assert v in values[k], (k, v)
+
+
+def test_slime_flags_pinned(rendered):
+    pinned = PINNED["slime"]["read"]
+    known = {k for r in pinned for k in r["keys"]}
+    values = {k: v for r in pinned for k, v in r.get("values", {}).items()}
+    text = rendered["slime"]["slime.sh"]
+    convert = shlex.split(next(ln for ln in text.splitlines() if ln.startswith("python tools/convert_hf_to_fp8.py")))
+    flags = {**cli_flags(text), **{t: None for t in convert if t.startswith("--")}}
+    assert {"--hf-checkpoint", "--sglang-kv-cache-dtype", "--use-tis", "--tis-clip", "--strategy"} <= set(flags)
+    for flag, value in cli_flags(text).items():
+        assert flag in known, flag
+        if flag in values:
+            assert value in values[flag], (flag, value)
+    for flag in flags:
+        assert flag in known, flag
+
+
+# ----------------------------------------------------------------------------------------------------
+# the framework applies exactly the recipe
+
+
+def _verl_matcher(released):
+    """verl's own `_matches_ignored_layer` (SGLang path), lifted from its source without importing verl."""
+    src = _find(released["verl"], "verl/utils/sglang/sglang_fp8_utils.py").read_text()
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "_matches_ignored_layer")
+    scope = {"re": re}
+    exec(compile(ast.Module([fn], []), "sglang_fp8_utils", "exec"), scope)
+    return scope["_matches_ignored_layer"]
+
+
+def test_verl_sglang_ignores_exactly_the_kept_modules(released, student, rendered):
+    matches = _verl_matcher(released)
+    env = next(k for k in hydra_overrides(rendered["verl-sglang"]["verl-sglang.sh"]) if "IGNORED_LAYERS" in k)
+    ignored = hydra_overrides(rendered["verl-sglang"]["verl-sglang.sh"])[env].strip('"').split(",")
+    recipe = _recipe(student, "FP8_BLOCK", kept_blocks=(0, 3), kept_groups=("model.layers.1.mlp.gate_up_proj",))
+    fp8 = {u.name for u in recipe.fp8_units(student.units)}
+    for u in student.quantizable:
+        kept_by_verl = any(matches(u.name + ".weight", layer) for layer in ignored)
+        assert kept_by_verl == (u.name not in fp8), u.name
+
+
+def test_nemo_rl_keywords_select_exactly_the_kept_modules(student, rendered):
+    """NeMo-RL keeps a module BF16 when it is in the first/last blocks or a keyword is a substring of its name."""
+    cfg = yaml.safe_load(rendered["nemo-rl"]["nemo-rl.yaml"])["policy"]["generation"]["vllm_cfg"]
+    assert (cfg["num_first_layers_in_bf16"], cfg["num_last_layers_in_bf16"]) == (1, 1)
+    recipe = _recipe(student, "FP8_BLOCK", kept_blocks=(0, 3), kept_groups=("model.layers.1.mlp.gate_up_proj",))
+    fp8 = {u.name for u in recipe.fp8_units(student.units)}
+    for u in student.quantizable:
+        edge = u.block < cfg["num_first_layers_in_bf16"] or u.block >= 4 - cfg["num_last_layers_in_bf16"]
+        kept = edge or any(k in u.name for k in cfg.get("quantization_ignored_layer_kws", []))
+        assert kept == (u.name not in fp8), u.name
+
+
+def test_recipe_ignore_list_as_compressed_tensors_matches_it():
+    """The ignore list (exact names, anchored escaped `re:` patterns for experts) as compressed-tensors matches it."""
+    from compressed_tensors.utils.match import is_match
+
+    moe = tiny_student("qwen3_moe")
+    kept = [g for g, us in moe.groups().items() if us[0].kind == "expert"][:1] + ["model.layers.1.mlp.gate_up_proj"]
+    recipe = Recipe.from_groups(moe.units, "FP8_DYNAMIC", [g for g in moe.groups() if g not in kept])
+    assert any(p.startswith("re:^") for p in recipe.ignore)
+    fp8 = {u.name for u in recipe.fp8_units(moe.units)}
+    for name, mod in moe.model.named_modules():
+        if type(mod).__name__ != "Linear":
+            continue
+        quantized = is_match(name, mod, ["Linear"], ignore=recipe.ignore)
+        expert = re.sub(r"\.\d+\.(gate|up|down)_proj$", "", name)
+        ours = name in fp8 or (expert in fp8 and expert != name)
+        assert quantized == ours, name
+
+
+# ----------------------------------------------------------------------------------------------------
+# what cannot be applied is refused, saying what the framework would do
+
+
+def test_refusals_say_what_the_framework_would_do(student):
+    free = _recipe(student, "FP8_BLOCK", kept_blocks=(0,), kept_groups=("model.layers.1.mlp.gate_up_proj",))
+    with pytest.raises(Inexpressible, match=r"would quantize the recipe's 5 kept groups too"):
+        express(TARGETS["verl"], free, student.units, 4)
+    with pytest.raises(Inexpressible, match=r"would run the recipe's \d+ FP8 units in BF16"):
+        express(TARGETS["openrlhf"], free, student.units, 4)
+    with pytest.raises(Inexpressible, match=r"quantizes with FP8_BLOCK, this recipe is FP8_DYNAMIC.*--target nemo-rl"):
+        express(TARGETS["nemo-rl"], _recipe(student, "FP8_DYNAMIC"), student.units, 4)
+    with pytest.raises(Inexpressible, match="keeps only whole leading/trailing blocks"):
+        express(TARGETS["nemo-rl"].__class__(**{**TARGETS["nemo-rl"].__dict__, "form": "first-last"}), free,
+                student.units, 4)
+    with pytest.raises(Inexpressible, match="no FP8 KV-cache setting"):
+        express(TARGETS["openrlhf"], _recipe(student, "FP8_DYNAMIC", kept_blocks=range(4), kv="fp8"), student.units, 4)
+    e = express(TARGETS["verl"], _recipe(student, "FP8_BLOCK", kv="fp8"), student.units, 4)
+    assert e.warnings and "k/v scales 1.0" in e.warnings[0]
+    e = express(TARGETS["verl"], _recipe(student, "FP8_BLOCK", kv="fp8", kv_scale="unit"), student.units, 4)
+    assert not e.warnings
