@@ -395,7 +395,7 @@ def _validate(args) -> None:
     cfg = load_config(args.model, args.trust_remote_code, args.allow_pickle)
     check_supported(cfg)
     if scheme is not None:
-        check_scheme(cfg, scheme)
+        check_scheme(cfg, scheme, partial=args.command == "sweep")
     if rollouts is not None:
         rollouts.check_fits(cfg, args.rollouts)
 

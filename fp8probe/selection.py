@@ -9,6 +9,13 @@ splits vLLM can load:
 2. predict a recipe's mismatch as the sum of its groups' scores (per-unit scores do not add up exactly);
 3. measure real combinations with the hooks and bisect over the ranked list for the longest prefix whose
    *measured* mismatch stays within the budget: a handful of measured passes, not one per group.
+
+Forms (frameworks.FORMS) restrict the candidates to what a rollout framework can apply: "free" and
+"keywords" rank every group; "first-last" takes, for each number of FP8 blocks, the split (first N, last M
+blocks BF16) whose FP8 middle scores least, and bisects over that count; "all" is one candidate (every
+group), "none" none (the FP8 KV cache alone). Groups whose shapes the scheme cannot take
+(student.scheme_blockers) are never candidates. The KV cache is measured as the engine scales it:
+calibrated scales (a checkpoint) or 1.0 (engines that quantize online).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from .frameworks import FORMS
 from .recipe import Recipe
 from .reference import Reference
 from .schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
+from .student import scheme_blockers
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +118,13 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     if form == "none" and kv_cache is None:
         raise FP8ProbeError("--form none (no FP8 weights) measures the FP8 KV cache alone: add --kv-cache-scheme fp8")
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
-    groups = group_scores(sensitivity, metric, members)
-    known = {g.group for g in groups}
+    blocked = scheme_blockers(student.quantizable, scheme)  # shapes the scheme cannot take: always BF16
+    if form == "all" and blocked:
+        g, why = next(iter(blocked.items()))
+        raise FP8ProbeError(f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused groups "
+                            f"({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run on it")
+    groups = [g for g in group_scores(sensitivity, metric, members) if g.group not in blocked]
+    known = {g.group for g in groups} | set(blocked)
     # a student's unit and group names, to map unit-level keep/force names to their group
     unit_group = {u.name: u.group for u in student.quantizable}
     for u in student.quantizable:
@@ -131,6 +144,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     if form != "first-last":
         keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
     force_set = groups_of(force, "force")
+    for g in sorted(force_set & set(blocked)):
+        raise FP8ProbeError(f"--force {g}: {scheme.name} cannot quantize it ({blocked[g]})")
     both = keep_set & force_set
     if both:
         raise FP8ProbeError(f"{sorted(both)[0]} is both kept and forced; choose one")
@@ -206,16 +221,18 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
             raise FP8ProbeError(f"no fused group fits the budget: {smallest} alone measures {metric} "
                                 f"{measured(1):.3g} > {budget}; raise the budget")
     quantized = {g.group for g in chosen(k)}
-    kept = [g.group for g in groups if g.group not in quantized]
+    kept = [g.group for g in groups if g.group not in quantized] + list(blocked)
     result = memo[k] if k in memo else {metric: measured(k)}
     return Recipe.from_groups(
         student.units, scheme.name, quantized, model=student.name, kv_cache=kv_cache,
         quantized=[g.group for g in groups if g.group in quantized], kept=kept,
-        group_units={g.group: g.units for g in groups}, budget=budget, metric=metric,
+        group_units={**{g.group: g.units for g in groups}, **{g: members[g] for g in blocked}},
+        budget=budget, metric=metric,
         predicted=predicted(k), measured=excess(metric, result[metric]), measured_metrics=result,
         bytes_saved=sum(by_name[g].bytes_saved for g in quantized),
         kept_scores=[{"group": g, "score": by_name[g].score, "bytes_saved": by_name[g].bytes_saved,
-                      "reason": "keep" if g in keep_set else "budget"} for g in kept],
+                      "reason": "keep" if g in keep_set else "budget"} for g in kept if g in by_name]
+        + [{"group": g, "score": None, "bytes_saved": 0, "reason": f"{scheme.name}: {why}"} for g, why in blocked.items()],
         search=[{"groups_fp8": len(chosen(kk)), "predicted": predicted(kk), "measured": excess(metric, v[metric])}
                 for kk, v in sorted(memo.items())],
         sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache else "calibrated",

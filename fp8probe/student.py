@@ -231,11 +231,41 @@ def input_dim(unit: Unit) -> int:
     return unit.shape[-1]
 
 
-def check_scheme(config, scheme) -> None:
+def scheme_blockers(units: list[Unit], scheme) -> dict[str, str]:
+    """fused group -> why `scheme` cannot quantize it, for the groups whose shapes its kernels refuse.
+
+    FP8_BLOCK (as vLLM's block-FP8 kernels): each input dim in whole groups of 128 (per-token-group activation
+    quantization), and in a fused group (q/k/v, gate/up) every output but the last in whole 128-row blocks.
+    Other schemes take every shape."""
+    out = {}
+    g_in = scheme.input.group_size if scheme.input.strategy == "group" else None
+    bn = scheme.weight.block[0] if scheme.weight.strategy == "block" else None
+    for g, us in fused_groups(units).items():
+        bad = [f"{u.name.rsplit('.', 1)[-1]} input dim {input_dim(u)}" for u in us if g_in and input_dim(u) % g_in]
+        bad += [f"{u.name.rsplit('.', 1)[-1]} output dim {u.shape[-2]} (fused)" for u in us[:-1] if bn and u.shape[-2] % bn]
+        if bad:
+            out[g] = f"{bad[0]} not a multiple of {g_in or bn}"
+    return out
+
+
+def check_scheme(config, scheme, partial: bool = False) -> dict[str, str]:
     """Refuse, from the config alone, a scheme this model's shapes cannot take (FP8_BLOCK on dims that are not
-    whole groups of 128), before any weight is loaded or any output exists."""
-    units = list_units(meta_model(config))
-    scheme.check_input_dims({u.name: input_dim(u) for u in units if u.quantizable})
+    whole groups of 128), before any weight is loaded or any output exists. With partial=True (a sweep) only
+    a scheme that can take no group at all is refused; returns the fused groups it cannot take (not swept,
+    BF16 in every recipe), after a warning naming them."""
+    units = [u for u in list_units(meta_model(config)) if u.quantizable]
+    blocked = scheme_blockers(units, scheme)
+    groups = fused_groups(units)
+    if blocked and (not partial or len(blocked) == len(groups)):
+        scheme.check_input_dims({u.name: input_dim(u) for u in units})
+        g, why = next(iter(blocked.items()))
+        raise FP8ProbeError(f"{scheme.name} cannot quantize {'any' if partial else len(blocked)} of this model's "
+                            f"fused groups ({g}: {why}); use FP8_DYNAMIC")
+    if blocked:
+        g, why = next(iter(blocked.items()))
+        log.warning("%s cannot quantize %d of this model's %d fused groups (%s: %s); they are not swept and stay "
+                    "BF16 in every recipe", scheme.name, len(blocked), len(groups), g, why)
+    return blocked
 
 
 def _unit(name, kind, block, weight, group=None, quantizable=True) -> Unit:

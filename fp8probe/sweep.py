@@ -7,6 +7,9 @@ b..L-1 plus the lm_head on response positions, not a whole forward. Rows:
     one per unit (granularity="unit") or per fused group ("group"), kind q/k/v/o/gate/up/down/expert/...
     one per attention layer, kind "kv": that layer's KV cache in FP8 (include_kv=True)
     model.fp8_all        kind "model": every unit in FP8 (the usual "all but lm_head" recipe)
+
+Units whose shapes the scheme's kernels refuse (student.scheme_blockers: FP8_BLOCK on dims that are not
+whole groups of 128) get no row and are left out of the model rows: they stay BF16 in every recipe.
     model.fp8_all_kv     kind "model": the same plus an FP8 KV cache in every layer (include_kv=True)
     model.reference      kind "model": the reference against itself; exactly 0 or the sweep is broken
 
@@ -27,7 +30,7 @@ from .metrics import METRICS, no_mismatch
 from .reference import Reference
 from .runs import COLUMNS, PartialWriter, open_partial, sweep_settings
 from .schemes import KVCacheScheme, Scheme, num_scales
-from .student import kv_geometry
+from .student import kv_geometry, scheme_blockers
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,8 @@ def plan_rows(student, scheme: Scheme, granularity: str = "unit", include_kv: bo
     """Every row the sweep will measure, in output order (block, then model order; model rows last)."""
     if granularity not in ("unit", "group"):
         raise FP8ProbeError(f"unknown granularity {granularity!r}; supported: unit, group")
-    units = student.quantizable
+    blocked = scheme_blockers(student.quantizable, scheme)  # shapes the scheme's kernels refuse: not swept
+    units = [u for u in student.quantizable if u.group not in blocked]
     geo = kv_geometry(student.model.config)
     per_tok = geo.elements_per_token_layer  # BF16 -> FP8 KV saves one byte per element
 
@@ -66,6 +70,8 @@ def plan_rows(student, scheme: Scheme, granularity: str = "unit", include_kv: bo
                             fp8([u.name])))
     else:
         for g, us in student.groups().items():
+            if g in blocked:
+                continue
             kind = "_".join(u.kind for u in us) if len(us) > 1 else us[0].kind
             kind = {"q_k_v": "qkv", "gate_up": "gate_up"}.get(kind, kind)
             rows.append(Row(g, kind, us[0].block, g, sum(u.params for u in us),

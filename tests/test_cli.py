@@ -26,7 +26,7 @@ def test_bad_input_in_a_real_process(tmp_path, tiny_dirs):
     out = tmp_path / "out"
     r = run("sweep", tiny_dirs["llama"], "--scheme", "INT4", "--out", out)
     assert r.returncode == 2 and not out.exists()
-    assert r.stderr.splitlines() == ["fp8probe: error: unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK"]
+    assert r.stderr.splitlines() == ["fp8probe: error: unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK, FP8_TENSOR_DYNAMIC"]
     r = run("sweep", tmp_path / "nope" / "model", "--out", out)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "no such file or directory" in r.stderr
 

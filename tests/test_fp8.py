@@ -130,6 +130,6 @@ def test_kv_per_head_and_tensor():
 
 
 def test_unknown_scheme_is_clear():
-    with pytest.raises(FP8ProbeError, match="supported: FP8, FP8_DYNAMIC, FP8_BLOCK"):
+    with pytest.raises(FP8ProbeError, match="supported: FP8, FP8_DYNAMIC, FP8_BLOCK, FP8_TENSOR_DYNAMIC"):
         fake_quant(torch.zeros(2, 2), "int4")
     assert Scheme.from_name("fp8_dynamic") is Scheme.from_name("FP8_DYNAMIC")

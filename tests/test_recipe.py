@@ -160,3 +160,56 @@ def test_budget_on_a_metric_whose_zero_point_is_one(setup):
     for g, s in scores.items():  # group score = sum over its units of (tme - 1)
         want = sum(max(units.loc[u, "token_mult_prob_error"] - 1, 0) for u in rec.group_units[g])
         assert s == pytest.approx(want, rel=1e-12)
+
+
+def test_first_last_form_keeps_whole_edge_blocks_and_is_the_best_split(setup):
+    """--form first-last: the kept set is exactly the first N and last M blocks; no other split with as many
+    FP8 blocks scores less (the sweep's prediction), and the measured value is what measure() gives."""
+    st, r, ref, df = setup
+    whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
+    rec = make_recipe(df, whole * 0.5, st, r, reference=ref, form="first-last")
+    assert rec.measured <= whole * 0.5 and rec.form == "first-last"
+    blocks = {st.unit(u).block for u in fp8_names(rec, st)}
+    lo, hi = min(blocks), max(blocks)
+    assert blocks == set(range(lo, hi + 1))  # a contiguous middle: whole leading and trailing blocks BF16
+    from fp8probe import measure
+
+    assert measure(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)["kl_q_p"] == \
+        pytest.approx(rec.measured, rel=1e-9)
+    units = df[~df.kind.isin(["kv", "model"])]
+    score = {b: float(units[units.block == b].kl_q_p.clip(lower=0).sum()) for b in range(4)}
+    width = hi - lo + 1
+    best = min(sum(score[b] for b in range(s, s + width)) for s in range(0, 4 - width + 1))
+    assert sum(score[b] for b in blocks) == pytest.approx(best)
+    free = make_recipe(df, whole * 0.5, st, r, reference=ref)
+    assert free.bytes_saved >= rec.bytes_saved  # the framework's limitation costs bytes, never saves them
+
+
+def test_all_and_none_forms(setup):
+    st, r, ref, df = setup
+    whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
+    rec = make_recipe(df, whole * 1.01, st, r, reference=ref, form="all")
+    assert rec.kept == [] and rec.measured == pytest.approx(whole, rel=1e-9)
+    with pytest.raises(FP8ProbeError, match=r"every Linear in FP8_DYNAMIC .* measures kl_q_p .* > budget"):
+        make_recipe(df, whole * 0.5, st, r, reference=ref, form="all")
+    kv_only = make_recipe(df, 1.0, st, r, reference=ref, form="none", kv_cache="fp8", kv_scale="unit")
+    assert kv_only.quantized == [] and kv_only.kv_scale == "unit" and kv_only.measured > 0
+    from fp8probe import measure
+    from fp8probe.schemes import KVCacheScheme
+
+    unit = measure(st, r, units=[], kv=KVCacheScheme(scale="unit"), reference=ref)["kl_q_p"]
+    calibrated = measure(st, r, units=[], kv="fp8", reference=ref)["kl_q_p"]
+    assert kv_only.measured == pytest.approx(unit, rel=1e-9) and unit != calibrated
+    with pytest.raises(FP8ProbeError, match="--form none .* add --kv-cache-scheme fp8"):
+        make_recipe(df, 1.0, st, r, reference=ref, form="none")
+
+
+def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
+    """SmolLM2 (hidden 576): FP8_BLOCK can take only down_proj (input 1536); the others stay BF16 with reason."""
+    from fp8probe.student import scheme_blockers
+    from fp8probe.schemes import Scheme
+
+    blocked = scheme_blockers(embedded.quantizable, Scheme.from_name("FP8_BLOCK"))
+    assert len(blocked) == 90 and not any(g.endswith("down_proj") for g in blocked)
+    assert blocked["model.layers.0.self_attn.qkv_proj"] == "q_proj input dim 576 not a multiple of 128"
+    assert scheme_blockers(embedded.quantizable, Scheme.from_name("FP8_DYNAMIC")) == {}

@@ -210,7 +210,7 @@ def test_bad_rollouts(cli, tmp_path, tiny_dirs, finished):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--scheme", "INT4"], "unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK"),
+    (["--scheme", "INT4"], "unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK, FP8_TENSOR_DYNAMIC"),
     (["--kv-cache-dtype", "int8"], "unknown KV-cache dtype 'int8'; supported: fp8, fp8_e4m3, fp8_e5m2"),
     (["--num-prompts", 0], "argument --num-prompts: 0 must be >= 1"),
     (["--max-new-tokens", -3], "argument --max-new-tokens: -3 must be >= 1"),
@@ -228,14 +228,21 @@ def test_bad_sweep_arguments(cli, tmp_path, tiny_dirs, args, match):
     check_bad(cli("sweep", tiny_dirs["llama"], "--out", out, *args), match, out)
 
 
-def test_block_scheme_refused_before_any_output(cli, tmp_path, broken):
-    """Hidden size 96 is not whole groups of 128: refused from the config, before any file exists (it used to
-    fail inside the hooks, leaving resume state that could never be resumed)."""
+def test_block_scheme_refused_before_any_output(cli, tmp_path, broken, caplog):
+    """Hidden size 96 is not whole groups of 128: a whole-model measure is refused from the config, before any
+    file exists (it used to fail inside the hooks, leaving resume state that could never be resumed); a sweep
+    sweeps the groups the scheme can take (down_proj, input 256) and says which it leaves BF16."""
     out = tmp_path / "out"
-    msg = check_bad(cli("sweep", broken["hidden96"], "--out", out, "--scheme", "FP8_BLOCK", *FEW),
+    msg = check_bad(cli("measure", broken["hidden96"], "--out", out, "--scheme", "fp8_block", *FEW),
                     "FP8_BLOCK needs input dims divisible by 128", out)
     assert "model.layers.0.self_attn.q_proj (96)" in msg and "use FP8_DYNAMIC" in msg
-    check_bad(cli("measure", broken["hidden96"], "--out", out, "--scheme", "fp8_block", *FEW), "divisible by 128", out)
+    r = cli("sweep", broken["hidden96"], "--out", out, "--scheme", "FP8_BLOCK", "--no-kv", *FEW)
+    assert r.code == 0
+    assert "FP8_BLOCK cannot quantize 9 of this model's 12 fused groups" in caplog.text
+    import pandas as pd
+
+    table = pd.read_csv(out / "sensitivity.csv")
+    assert set(table[table.kind != "model"].kind) == {"down"}
 
 
 def test_output_paths(cli, tmp_path, tiny_dirs, finished):

@@ -1,0 +1,114 @@
+"""What each RL framework can apply on the embedded student at one budget: the README's framework table.
+
+    python benchmarks/frameworks.py [--sweep runs/smollm2] [--budget 0.008] [--out runs/frameworks]
+
+Needs the README quick start's sweep (FP8_DYNAMIC, its rollouts). Makes an FP8_BLOCK sweep of the same
+rollouts (the scheme verl, NeMo-RL and slime quantize with), then for every target the best recipe that
+target can express under the budget (`fp8probe recipe --target`), each measured on the same rollouts
+against the same reference, and one `fp8probe export --target all` of all of them. Where a target cannot
+apply any FP8 recipe at this budget, the table says why and what the one recipe it can express measures.
+About 5 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from fp8probe import FP8ProbeError, load_rollouts, load_student, measure
+from fp8probe.cli import main as cli
+from fp8probe.export import export
+from fp8probe.frameworks import TARGETS
+from fp8probe.reference import Reference
+from fp8probe.runs import read_sweep
+from fp8probe.schemes import KVCacheScheme, Scheme
+from fp8probe.selection import make_recipe
+from fp8probe.student import scheme_blockers
+
+KEYS = {
+    "vllm": "`vllm serve CKPT --config CKPT/vllm.yaml` (compressed-tensors checkpoint)",
+    "verl": "`actor_rollout_ref.rollout.quantization=fp8`, `+…engine_kwargs.vllm.kv_cache_dtype`, "
+            "`algorithm.rollout_correction.rollout_is=token`",
+    "verl-sglang": "the same with `rollout.name=sglang` + `SGLANG_FP8_IGNORED_LAYERS` (Ray runtime env)",
+    "nemo-rl": "`policy.generation.vllm_cfg.{precision, kv_cache_dtype, num_first_layers_in_bf16, "
+               "num_last_layers_in_bf16, quantization_ignored_layer_kws}`, `loss_fn.truncated_importance_sampling_*`",
+    "slime": "`tools/convert_hf_to_fp8.py --strategy block`, `--sglang-kv-cache-dtype`, `--use-tis --tis-clip`",
+    "openrlhf": "`--algo.advantage.is_correction_{level,mode,threshold}` (no FP8 option)",
+    "trl": "`trl vllm-serve --kv_cache_dtype fp8`, `vllm_importance_sampling_*`",
+    "skyrl": "`generator.inference_engine.engine_init_kwargs.{quantization,kv_cache_dtype}`, "
+             "`trainer.algorithm.off_policy_correction.*`",
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", default="runs/smollm2")
+    ap.add_argument("--budget", type=float, default=0.008)
+    ap.add_argument("--out", default="runs/frameworks")
+    args = ap.parse_args()
+    out, t0 = Path(args.out), time.perf_counter()
+    block_dir = out / "sweep-fp8-block"
+    if not (block_dir / "sensitivity.csv").exists():
+        code = cli(["-q", "sweep", "--rollouts", args.sweep, "--scheme", "FP8_BLOCK", "--no-kv", "--out", str(block_dir)])
+        assert code == 0, "the FP8_BLOCK sweep failed"
+    runs = {"FP8_DYNAMIC": read_sweep(args.sweep), "FP8_BLOCK": read_sweep(block_dir)}
+    student = load_student()
+    rollouts = load_rollouts(args.sweep)
+    reference = Reference(student, rollouts)
+    rows, made = [], []
+    plan = [("vllm", "free"), ("vllm", "first-last")] + [(t, None) for t in TARGETS if t != "vllm"]
+    for name, form in plan:
+        target = TARGETS[name]
+        form = form or target.form
+        scheme = target.scheme or "FP8_DYNAMIC"
+        run = runs.get(scheme, runs["FP8_DYNAMIC"])
+        kv = "fp8" if form == "none" and target.kv else None
+        label = f"{name} ({form})" if name == "vllm" else name
+        if not target.weights and kv is None:
+            rows.append((label, form, "-", "BF16 only: no FP8 weights or KV cache reach its engine", ""))
+            continue
+        d = out / "recipes" / (name if name != "vllm" else f"vllm-{form}")
+        try:
+            rec = make_recipe(run.table, args.budget, student, rollouts, scheme=scheme, kv_cache=kv, form=form,
+                              kv_scale=target.kv_scale, target=name if form == target.form else None,
+                              batch_size=run.run["batch_size"], reference=reference, sweep_dir=str(run.directory))
+        except FP8ProbeError as e:
+            rows.append((label, form, scheme if target.weights else "-", _why(student, rollouts, reference, target,
+                                                                               scheme, e), ""))
+            continue
+        rec.write(d)
+        made.append(d / "recipe.yaml")
+        what = (f"{len(rec.quantized)}/{len(rec.quantized) + len(rec.kept)} groups FP8, "
+                f"{rec.bytes_saved / 2**20:.1f} MiB saved" if rec.quantized else "BF16 weights") + \
+            (" + FP8 KV (scales 1.0)" if rec.kv_cache and rec.kv_scale == "unit" else "")
+        rows.append((label, form, scheme if rec.quantized else "-", what, f"{rec.measured:.4g}"))
+    exported = export(None, made, out / "export", targets=["all"], rollouts=rollouts)
+    print(f"| framework | can apply | FP8 scheme | best recipe at kl_q_p <= {args.budget} | measured kl_q_p | keys |")
+    print("|---|---|---|---|---|---|")
+    for label, form, scheme, what, measured in rows:
+        print(f"| {label} | {form} | {scheme} | {what} | {measured} | {KEYS[label.split(' ')[0]]} |")
+    print()
+    for p in exported.plans:
+        print(f"- {p.summary().replace(str(out) + '/', '')}")
+    print(f"\nall in {time.perf_counter() - t0:.0f} s; configs in {exported.path}/frameworks/")
+
+
+def _why(student, rollouts, reference, target, scheme, err) -> str:
+    """Why no recipe of the target's form fits, with what its one recipe measures when it can run at all."""
+    blocked = scheme_blockers(student.quantizable, Scheme.from_name(scheme))
+    if target.form == "all" and blocked:
+        g, why = next(iter(blocked.items()))
+        return (f"none: {scheme} cannot take {len(blocked)} of {len(student.groups())} groups ({why}); "
+                "vLLM refuses the model")
+    if target.form == "all":
+        m = measure(student, rollouts, scheme, reference=reference)["kl_q_p"]
+        return f"none at this budget: every Linear in {scheme} measures {m:.4g}"
+    if target.form == "none":
+        m = measure(student, rollouts, units=[], kv=KVCacheScheme(scale="unit"), reference=reference)["kl_q_p"]
+        return f"none at this budget: its FP8 KV cache (scales 1.0) alone measures {m:.4g}"
+    return f"none: {err}"
+
+
+if __name__ == "__main__":
+    main()
