@@ -64,7 +64,7 @@ def main():
         scheme = target.scheme or "FP8_DYNAMIC"
         run = runs.get(scheme, runs["FP8_DYNAMIC"])
         kv = "fp8" if form == "none" and target.kv else None
-        label = f"{name} ({form})" if name == "vllm" else name
+        label = ("vllm" if form == "free" else "vllm, first/last blocks only") if name == "vllm" else name
         if not target.weights and kv is None:
             rows.append((label, form, "-", "BF16 only: no FP8 weights or KV cache reach its engine", ""))
             continue
@@ -87,7 +87,7 @@ def main():
     print(f"| framework | can apply | FP8 scheme | best recipe at kl_q_p <= {args.budget} | measured kl_q_p | keys |")
     print("|---|---|---|---|---|---|")
     for label, form, scheme, what, measured in rows:
-        print(f"| {label} | {form} | {scheme} | {what} | {measured} | {KEYS[label.split(' ')[0]]} |")
+        print(f"| {label} | {form} | {scheme} | {what} | {measured} | {KEYS[label.split(' ')[0].rstrip(',')]} |")
     print()
     for p in exported.plans:
         print(f"- {p.summary().replace(str(out) + '/', '')}")
@@ -100,7 +100,7 @@ def _why(student, rollouts, reference, target, scheme, err) -> str:
     if target.form == "all" and blocked:
         g, why = next(iter(blocked.items()))
         return (f"none: {scheme} cannot take {len(blocked)} of {len(student.groups())} groups ({why}); "
-                "vLLM refuses the model")
+                "the engine refuses the model")
     if target.form == "all":
         m = measure(student, rollouts, scheme, reference=reference)["kl_q_p"]
         return f"none at this budget: every Linear in {scheme} measures {m:.4g}"

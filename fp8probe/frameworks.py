@@ -21,6 +21,7 @@ config fragment in the framework's own format.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -142,6 +143,14 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
     t = target.title
     if fp8 and not target.weights:
         raise Inexpressible(f"{t}: {target.how}; it would run the recipe's {len(fp8)} FP8 units in BF16")
+    if fp8 and target.form == "all":
+        from .student import scheme_blockers
+
+        blocked = scheme_blockers([u for u in units if u.quantizable], Scheme.from_name(target.scheme))
+        if blocked:
+            g, why = next(iter(blocked.items()))
+            raise Inexpressible(f"{t} puts every Linear in {target.scheme}, which cannot take {len(blocked)} of this "
+                                f"model's {len(groups)} fused groups ({g}: {why}): its block-FP8 kernels would refuse the model")
     if fp8 and target.scheme and Scheme.from_name(recipe.scheme).name != target.scheme:
         raise Inexpressible(f"{t} quantizes with {target.scheme}, this recipe is {recipe.scheme}: make one with "
                             f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with --scheme "
@@ -179,13 +188,28 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
 # the config fragments
 
 
-def _keyword_check(keywords: list[str], units: list[Unit]) -> None:
-    """NeMo-RL matches keywords as substrings of module names: each must select only its own module."""
+def ignore_keywords(kept: list[str], units: list[Unit], bf16: set[str] | None = None) -> list[str]:
+    """Short ignore entries for the kept modules: NeMo-RL's quantization_ignored_layer_kws (a module stays BF16
+    when a keyword is a substring of its name) and verl's SGLang ignore list (a dot-bounded part of it). A per-block suffix ("mlp.down_proj") stands for
+    every module it matches when all of them are BF16 anyway (`bf16`: kept here or in the first/last blocks);
+    the rest are named in full. The matches cover the kept set and stay inside `bf16` (checked)."""
     names = [u.name for u in units]
-    for k in keywords:
-        hits = [n for n in names if k in n]
-        if hits != [k]:
-            raise FP8ProbeError(f"internal: keyword {k} would also match {[h for h in hits if h != k][:2]}")
+    want, out, covered = set(kept), [], set()
+    allowed = set(bf16 or ()) | want
+    for n in kept:
+        m = re.match(r"^.*\.layers\.\d+\.(.+)$", n)
+        suffix = m.group(1) if m else None
+        hits = {x for x in names if suffix and suffix in x}
+        if suffix and suffix not in out and hits <= allowed and n not in covered:
+            out.append(suffix)
+            covered |= hits
+    for n in kept:
+        if n not in covered:
+            out.append(n)
+            covered |= {x for x in names if n in x}
+    if not want <= covered <= allowed:
+        raise FP8ProbeError(f"internal: keywords would also keep {sorted(covered - allowed)[:2]} in BF16")
+    return out
 
 
 def render(e: Expression, model_path: str, units: list[Unit]) -> dict[str, str]:
@@ -204,7 +228,8 @@ def render(e: Expression, model_path: str, units: list[Unit]) -> dict[str, str]:
         lines = ["actor_rollout_ref.rollout.name=sglang"]
         if e.fp8:
             lines.append("actor_rollout_ref.rollout.quantization=fp8")
-            ignored = [n for g in e.kept_groups for n in _group_names(g, units)]
+            bf16 = {u.name for u in units if u.quantizable and u.name not in set(e.fp8)}
+            ignored = ignore_keywords([n for g in e.kept_groups for n in _group_names(g, units)], units, bf16)
             if ignored:  # a quoted Hydra string: commas would otherwise make a sweep
                 lines.append(shlex.quote("+ray_kwargs.ray_init.runtime_env.env_vars.SGLANG_FP8_IGNORED_LAYERS="
                                          f'"{",".join(ignored)}"'))
@@ -213,12 +238,12 @@ def render(e: Expression, model_path: str, units: list[Unit]) -> dict[str, str]:
         lines += _verl_correction()
         return {"verl-sglang.sh": head + _hydra("python3 -m verl.trainer.main_ppo", lines)}
     if t.name == "nemo-rl":
-        _keyword_check(e.keywords, units)
         vllm_cfg = {"precision": "fp8" if e.fp8 else "bfloat16", "kv_cache_dtype": e.kv or "auto"}
         if e.fp8:
             vllm_cfg.update(num_first_layers_in_bf16=e.first, num_last_layers_in_bf16=e.last)
         if e.keywords:
-            vllm_cfg["quantization_ignored_layer_kws"] = e.keywords
+            bf16 = {u.name for u in units if u.quantizable and u.name not in set(e.fp8)}
+            vllm_cfg["quantization_ignored_layer_kws"] = ignore_keywords(e.keywords, units, bf16)
         doc = {"policy": {"generation": {"vllm_cfg": vllm_cfg}},
                "loss_fn": {"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "tis",
                            "truncated_importance_sampling_ratio": IS_CLIP}}

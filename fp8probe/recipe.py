@@ -181,6 +181,7 @@ class Recipe:
     def write(self, out_dir: str | Path) -> None:
         """DIR/recipe.yaml (llm-compressor's format) and DIR/recipe.json (how it was chosen)."""
         out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "recipe.yaml", self.to_yaml())
         atomic_write_json(out / "recipe.json", self.to_json())
 

@@ -280,11 +280,19 @@ def test_verl_sglang_ignores_exactly_the_kept_modules(released, student, rendere
         assert kept_by_verl == (u.name not in fp8), u.name
 
 
-def test_nemo_rl_keywords_select_exactly_the_kept_modules(student, rendered):
+@pytest.mark.parametrize("kept_groups,keywords", [
+    (["model.layers.1.mlp.gate_up_proj"], ["model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj"]),
+    # every o_proj kept: one suffix keyword stands for all of them (layers 1 and 2 outside the edge blocks)
+    ([f"model.layers.{b}.self_attn.o_proj" for b in range(4)] + ["model.layers.2.mlp.down_proj"],
+     ["self_attn.o_proj", "model.layers.2.mlp.down_proj"]),
+])
+def test_nemo_rl_keywords_select_exactly_the_kept_modules(student, kept_groups, keywords):
     """NeMo-RL keeps a module BF16 when it is in the first/last blocks or a keyword is a substring of its name."""
-    cfg = yaml.safe_load(rendered["nemo-rl"]["nemo-rl.yaml"])["policy"]["generation"]["vllm_cfg"]
+    recipe = _recipe(student, "FP8_BLOCK", kept_blocks=(0, 3), kept_groups=kept_groups)
+    e, files = _files(student, "nemo-rl", recipe)
+    cfg = yaml.safe_load(files["nemo-rl.yaml"])["policy"]["generation"]["vllm_cfg"]
     assert (cfg["num_first_layers_in_bf16"], cfg["num_last_layers_in_bf16"]) == (1, 1)
-    recipe = _recipe(student, "FP8_BLOCK", kept_blocks=(0, 3), kept_groups=("model.layers.1.mlp.gate_up_proj",))
+    assert cfg["quantization_ignored_layer_kws"] == keywords
     fp8 = {u.name for u in recipe.fp8_units(student.units)}
     for u in student.quantizable:
         edge = u.block < cfg["num_first_layers_in_bf16"] or u.block >= 4 - cfg["num_last_layers_in_bf16"]
