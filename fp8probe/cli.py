@@ -22,7 +22,7 @@ from pathlib import Path
 from . import __version__
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_USAGE, FP8ProbeError, one_line
 from .metrics import METRICS
-from .frameworks import FORMS, TARGETS
+from .frameworks import FORMS, TARGETS, recipe_form
 from .schemes import KV_CACHE_DTYPES, KV_CACHE_SCHEMES, SCHEMES
 from .serving import KV_DTYPE_BYTES
 from .serving import GPUS
@@ -517,7 +517,7 @@ def cmd_recipe(args) -> int:
 
     run = read_sweep(args.sweep_dir)
     target = TARGETS[args.target] if args.target else None
-    form, scheme, kv_scale = _recipe_form(args, target, run.run["scheme"])
+    form, scheme, kv_scale = recipe_form(target, args.form, args.kv_cache_scheme, run.run["scheme"], args.sweep_dir)
     rollouts = load_rollouts(args.sweep_dir)
     check_writable(args.out)
     t0 = time.perf_counter()
@@ -544,29 +544,6 @@ def cmd_recipe(args) -> int:
           f"{recipe.bytes_saved / 2**20:.1f} MiB saved; {len(recipe.search)} measured passes in "
           f"{time.perf_counter() - t0:.0f} s -> {Path(args.out) / 'recipe.yaml'}")
     return 0
-
-
-# the forms each form can also express (a framework that takes an ignore list can write first-last too)
-_NARROWER = {"free": FORMS, "keywords": FORMS, "first-last": ("first-last", "all", "none"), "all": ("all", "none"),
-             "none": ("none",)}
-
-
-def _recipe_form(args, target, sweep_scheme: str):
-    """(form, scheme, kv_scale) for `fp8probe recipe`, refusing what the target or the sweep cannot give."""
-    form = args.form or (target.form if target else "free")
-    if target is None:
-        return form, sweep_scheme, "calibrated"
-    if form not in _NARROWER[target.form]:
-        raise FP8ProbeError(f"{target.title} cannot apply --form {form} recipes (it takes {target.form}); "
-                            f"use one of: {', '.join(_NARROWER[target.form])}")
-    if args.kv_cache_scheme and target.kv is None:
-        raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop --kv-cache-scheme")
-    scheme = target.scheme or sweep_scheme
-    if form in ("free", "keywords", "first-last") and scheme != sweep_scheme:
-        raise FP8ProbeError(f"{target.title} quantizes with {scheme}, but {args.sweep_dir} was swept with "
-                            f"{sweep_scheme}: run `fp8probe sweep --rollouts {args.sweep_dir} --scheme {scheme} "
-                            f"--out DIR` and make the recipe from DIR")
-    return form, scheme, target.kv_scale
 
 
 def cmd_export(args) -> int:

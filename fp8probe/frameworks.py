@@ -100,6 +100,30 @@ def resolve_targets(names) -> list[Target]:
     return out
 
 
+# the forms a framework of each form can also express (one that takes an ignore list can write first-last too)
+NARROWER = {"free": FORMS, "keywords": FORMS, "first-last": ("first-last", "all", "none"), "all": ("all", "none"),
+            "none": ("none",)}
+
+
+def recipe_form(target: Target | None, form: str | None, kv_cache: str | None, sweep_scheme: str,
+                sweep_dir="SWEEP") -> tuple[str, str, str]:
+    """(form, scheme, kv_scale) of the recipe search for `target`, refusing what it or the sweep cannot give."""
+    form = form or (target.form if target else "free")
+    if target is None:
+        return form, sweep_scheme, "calibrated"
+    if form not in NARROWER[target.form]:
+        raise FP8ProbeError(f"{target.title} cannot apply --form {form} recipes (it takes {target.form}); "
+                            f"use one of: {', '.join(NARROWER[target.form])}")
+    if kv_cache and target.kv is None:
+        raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop --kv-cache-scheme")
+    scheme = target.scheme or sweep_scheme
+    if form in ("free", "keywords", "first-last") and scheme != sweep_scheme:
+        raise FP8ProbeError(f"{target.title} quantizes with {scheme}, but {sweep_dir} was swept with {sweep_scheme}: "
+                            f"run `fp8probe sweep --rollouts {sweep_dir} --scheme {scheme} --out DIR` and make the "
+                            "recipe from DIR")
+    return form, scheme, target.kv_scale
+
+
 # ----------------------------------------------------------------------------------------------------
 # what a recipe looks like to a framework
 

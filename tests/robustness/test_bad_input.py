@@ -312,6 +312,13 @@ def test_bad_sweep_dirs(cli, tmp_path, finished):
     (["--budget", "0.1", "--keep", "model.layers.99.mlp"], "--keep model.layers.99.mlp: no such unit or group"),
     (["--budget", "0.1", "--keep-first", "-1"], "argument --keep-first: -1 must be >= 0"),
     (["--budget", "1e-30"], "raise the budget"),
+    (["--budget", "0.1", "--target", "trl"], "measures the FP8 KV cache alone: add --kv-cache-scheme fp8"),
+    (["--budget", "0.1", "--target", "openrlhf", "--kv-cache-scheme", "fp8"], "has no FP8 KV-cache setting"),
+    (["--budget", "0.1", "--target", "verl", "--form", "free"], "cannot apply --form free recipes (it takes all); use one of: all, none"),
+    (["--budget", "0.1", "--target", "nemo-rl"], "was swept with FP8_DYNAMIC: run `fp8probe sweep --rollouts "),
+    (["--budget", "0.1", "--target", "slurm"], "argument --target: invalid choice: 'slurm'"),
+    (["--budget", "0.1", "--form", "some"], "argument --form: invalid choice: 'some'"),
+    (["--budget", "0.1", "--form", "all", "--keep-first", "1"], "--form all takes no --keep"),
 ])
 def test_bad_recipe_arguments(cli, tmp_path, finished, args, match):
     out = tmp_path / "out"
@@ -364,6 +371,18 @@ def test_bad_recipes_for_export(cli, tmp_path, tiny_dirs, finished):
     check_bad(cli("export", model, "--recipe", finished / "recipe" / "recipe.yaml", "--out", out),
               "exists and is not empty")
     assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_export_targets_that_cannot_apply_the_recipe(cli, tmp_path, tiny_dirs, finished):
+    """A target that cannot apply any given recipe: one line saying what it would do; nothing written."""
+    model, out, recipe = tiny_dirs["llama"], tmp_path / "out", finished / "recipe" / "recipe.yaml"
+    check_bad(cli("export", model, "--recipe", recipe, "--out", out, "--target", "openrlhf"),
+              "BF16 only: no quantization or kv_cache_dtype reaches its vLLM engines; it would run the recipe's", out)
+    check_bad(cli("export", model, "--recipe", recipe, "--out", out, "--target", "verl", "trl"),
+              "no target can apply these recipes: verl (vLLM rollout) puts every Linear in FP8_BLOCK, which cannot "
+              "take 3 of this model's 12 fused groups", out)
+    check_bad(cli("export", model, "--recipe", recipe, "--out", out, "--target", "kubeflow"),
+              "argument --target: invalid choice: 'kubeflow'", out)
 
 
 def test_missing_export_extra(cli, tmp_path, tiny_dirs, finished, monkeypatch):
