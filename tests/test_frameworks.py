@@ -339,3 +339,40 @@ def test_refusals_say_what_the_framework_would_do(student):
     assert e.warnings and "k/v scales 1.0" in e.warnings[0]
     e = express(TARGETS["verl"], _recipe(student, "FP8_BLOCK", kv="fp8", kv_scale="unit"), student.units, 4)
     assert not e.warnings
+
+
+def test_export_all_targets_on_a_tiny_model(tmp_path):
+    """One export, every target: the vLLM checkpoint (config groups named group_N, calibrated k/v scales for the
+    FP8 KV cache) and one fragment per framework that can apply one of the recipes, the others explained."""
+    pytest.importorskip("llmcompressor")
+    from safetensors import safe_open
+
+    from conftest import tiny_model, tiny_tokenizer
+    from fp8probe.export import export
+    from fp8probe.rollouts import make_rollouts
+
+    model_dir = tmp_path / "model"
+    tiny_model("llama", num_key_value_heads=4, num_hidden_layers=4).save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    st = tiny_student("llama", num_key_value_heads=4, num_hidden_layers=4)
+    recipes = {"block": _recipe(st, "FP8_BLOCK", kept_blocks=(0,), kv="fp8"),
+               "online": _recipe(st, "FP8_TENSOR_DYNAMIC", kv="fp8", kv_scale="unit", target="skyrl")}
+    paths = []
+    for name, r in recipes.items():
+        r.write(tmp_path / name)
+        paths.append(tmp_path / name / "recipe.yaml")
+    done = export(str(model_dir), paths, tmp_path / "out", targets=["all"], rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6))
+    ckpt = done.path
+    qc = json.loads((ckpt / "config.json").read_text())["quantization_config"]
+    assert list(qc["config_groups"]) == ["group_0"] and qc["kv_cache_scheme"]["strategy"] == "tensor"
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        scales = {k for k in f.keys() if k.endswith(("k_scale", "v_scale"))}
+    assert scales == {f"model.layers.{i}.self_attn.{kv}_scale" for i in range(4) for kv in "kv"}
+    summary = {p.target.name: p for p in done.plans}
+    assert summary["skyrl"].recipe_path == paths[1]  # the recipe made for it
+    assert summary["vllm"].recipe_path == paths[0] and summary["nemo-rl"].recipe_path == paths[0]
+    assert summary["verl"].expression is None and "kept groups too" in summary["verl"].reason
+    files = sorted(p.name for p in (ckpt / "frameworks").iterdir())
+    assert files == ["README.md", "nemo-rl.yaml", "skyrl.sh", "verl-sglang.sh"]  # verl, slime: all or nothing
+    readme = (ckpt / "frameworks" / "README.md").read_text()
+    assert all(f"{t}: cannot apply" in readme for t in ("verl", "slime", "openrlhf", "trl"))
