@@ -184,7 +184,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("recipe", help="pick the FP8 recipe that saves the most under a mismatch budget",
                        epilog=EPILOG_RECIPE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_dir", help="a directory written by `fp8probe sweep`")
-    p.add_argument("--budget", type=NONNEG_FLOAT, required=True, help="largest allowed measured mismatch of the recipe")
+    goal = p.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--budget", type=NONNEG_FLOAT, help="largest allowed measured mismatch of the recipe "
+                      "(the recipe saves the most bytes within it)")
+    goal.add_argument("--min-bytes-saved", type=NONNEG_INT, metavar="BYTES",
+                      help="instead of a budget: save at least this many weight bytes, with the least mismatch")
+    goal.add_argument("--effective-bits", type=_number(float, low=8.0, high=16.0), metavar="B",
+                      help="instead of a budget: at most B bits per weight of the quantizable Linears (BF16 16, FP8 8; "
+                           "as ModelOpt's auto_quantize counts them), with the least mismatch")
+    goal.add_argument("--fp8-share", type=_number(float, low=0.0, high=1.0), metavar="F",
+                      help="instead of a budget: at least this fraction of the quantizable Linear weights in FP8")
+    p.add_argument("--refine", type=NONNEG_INT, default=8, metavar="PASSES",
+                   help="measured passes that refine a free recipe with interactions (default: 8; 0: off)")
     p.add_argument("--metric", default="kl_q_p", choices=METRICS, metavar="METRIC",
                    help="the metric the budget bounds (default: kl_q_p); one of " + ", ".join(METRICS))
     p.add_argument("--out", required=True, help="output directory for recipe.yaml and recipe.json")
@@ -512,7 +523,7 @@ def cmd_recipe(args) -> int:
     from ._files import check_writable, output_dir
     from .rollouts import load_rollouts
     from .runs import read_sweep
-    from .selection import make_recipe
+    from .selection import MemoryTarget, make_recipe
     from .student import load_student
 
     run = read_sweep(args.sweep_dir)
@@ -525,12 +536,16 @@ def cmd_recipe(args) -> int:
                            trust_remote_code=args.trust_remote_code, allow_pickle=args.allow_pickle)
     run.check_student(student)
     rollouts.check_fits(student.model.config, f"the rollouts of {args.sweep_dir}")
+    memory = None
+    for kind in ("min_bytes_saved", "effective_bits", "fp8_share"):
+        if getattr(args, kind) is not None:
+            memory = MemoryTarget(kind.replace("min_", ""), getattr(args, kind))
     try:
         recipe = make_recipe(run.table, args.budget, student, rollouts, scheme=scheme, metric=args.metric,
                              kv_cache=args.kv_cache_scheme, keep_first=args.keep_first, keep_last=args.keep_last,
                              keep=args.keep, force=args.force, batch_size=run.run["batch_size"],
                              sweep_dir=str(run.directory.resolve()), form=form, kv_scale=kv_scale,
-                             target=target.name if target else None)
+                             target=target.name if target else None, memory=memory, refine_passes=args.refine)
     except FP8ProbeError as e:
         if target is None:
             raise
@@ -538,10 +553,11 @@ def cmd_recipe(args) -> int:
     with output_dir(args.out) as out:
         recipe.write(out)
     total = len(recipe.quantized) + len(recipe.kept)
+    goal = f"<= budget {args.budget}" if args.budget is not None else f"(memory target {memory.kind} {memory.given})"
     print(f"recipe{f' for {target.name}' if target else ''} (form {form}): {len(recipe.quantized)}/{total} fused "
           f"groups in {recipe.scheme}{' + FP8 KV cache' if recipe.kv_cache else ''}; {args.metric} predicted "
-          f"{recipe.predicted:.4g}, measured {recipe.measured:.4g} <= budget {args.budget}; "
-          f"{recipe.bytes_saved / 2**20:.1f} MiB saved; {len(recipe.search)} measured passes in "
+          f"{recipe.predicted:.4g}, measured {recipe.measured:.4g} {goal}; {recipe.bytes_saved / 2**20:.1f} MiB saved, "
+          f"{recipe.effective_bits:.2f} effective bits; {len(recipe.search)} measured passes in "
           f"{time.perf_counter() - t0:.0f} s -> {Path(args.out) / 'recipe.yaml'}")
     return 0
 

@@ -36,7 +36,7 @@ from .student import Unit, expert_ignore_pattern, expert_linear_names, fused_gro
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: form, target, kv_scale
+SCHEMA_VERSION = 2  # 2: form, target, kv_scale, memory_target, fp8_share, effective_bits; search moves
 MODIFIER_KEYS = {"targets", "ignore", "scheme", "config_groups", "kv_cache_scheme"}  # what fp8probe writes and reads
 
 
@@ -63,6 +63,9 @@ class Recipe:
     form: str = "free"  # FORMS: the shape of recipe searched (what a framework can express)
     target: str | None = None  # the rollout framework it was made for (frameworks.TARGETS), if any
     kv_scale: str = "calibrated"  # FP8 KV-cache scales as measured: "calibrated" (checkpoint) or "unit" (1.0)
+    memory_target: dict | None = None  # {"kind", "value"} when chosen under a memory target instead of a budget
+    fp8_share: float | None = None  # FP8 weights / weights of the quantizable Linears (selection.MemoryTarget)
+    effective_bits: float | None = None  # 16 - 8 x fp8_share
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
@@ -165,8 +168,13 @@ class Recipe:
             mod["kv_cache_scheme"] = dict(self.kv_cache_scheme)
         doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": mod}}}
         header = (f"# fp8probe recipe for {self.model}: {self.scheme}, {len(self.quantized)} fused groups in FP8, "
-                  f"{len(self.kept)} kept BF16\n# budget {self.metric} <= {self.budget}; measured {self.measured}\n")
+                  f"{len(self.kept)} kept BF16\n# {self._constraint()}; measured {self.metric} {self.measured}\n")
         return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+
+    def _constraint(self) -> str:
+        if self.memory_target:
+            return f"memory target {self.memory_target['kind']} >= {self.memory_target['value']}"
+        return f"budget {self.metric} <= {self.budget}"
 
     def to_json(self) -> dict:
         return {
@@ -176,6 +184,7 @@ class Recipe:
             "bytes_saved": self.bytes_saved, "kept": self.kept, "quantized": self.quantized,
             "kept_scores": self.kept_scores, "group_units": self.group_units, "search": self.search,
             "sweep": self.sweep, "form": self.form, "target": self.target, "kv_scale": self.kv_scale,
+            "memory_target": self.memory_target, "fp8_share": self.fp8_share, "effective_bits": self.effective_bits,
         }
 
     def write(self, out_dir: str | Path) -> None:
@@ -239,7 +248,7 @@ def read_recipe(path: str | Path) -> Recipe:
 
 
 INFO_FIELDS = ("model", "budget", "metric", "predicted", "measured", "bytes_saved", "quantized", "kept", "sweep",
-               "form", "target", "kv_scale")
+               "form", "target", "kv_scale", "memory_target", "fp8_share", "effective_bits")
 
 
 def _read_info(recipe: Recipe, path: Path) -> None:

@@ -30,6 +30,7 @@ from .metrics import excess, metric as metric_info, no_mismatch
 from .frameworks import FORMS
 from .recipe import Recipe
 from .reference import Reference
+from .refine import refine
 from .schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
 from .student import scheme_blockers
 
@@ -43,6 +44,7 @@ class GroupScore:
     block: int
     score: float
     bytes_saved: int
+    params: int = 0  # weights in the group (what effective bits and the FP8 share count)
 
     @property
     def per_byte(self) -> float:
@@ -68,7 +70,8 @@ def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[st
     for g, rows in df.groupby("group", sort=False):
         score = sum(max(excess(metric, float(v)), 0.0) for v in rows[metric])
         units = members[g] if members and g in members else list(rows["unit"])
-        out.append(GroupScore(g, units, int(rows["block"].min()), float(score), int(rows["bytes_saved"].sum())))
+        out.append(GroupScore(g, units, int(rows["block"].min()), float(score), int(rows["bytes_saved"].sum()),
+                              int(rows["params"].sum()) if "params" in rows else 0))
     return out
 
 
@@ -96,12 +99,52 @@ def _check_table_matches(sensitivity, student, known: set[str], members: dict[st
                             f"{unscored[0]}): is it truncated? run the sweep again")
 
 
+@dataclass(frozen=True)
+class MemoryTarget:
+    """What a recipe must at least save, in one of the three ways a user says it.
+
+    bytes_saved: weight bytes (BF16 -> FP8, less the scales the checkpoint adds), as `bytes_saved` in the
+    sweep; effective_bits / fp8_share: over the weights of the quantizable Linear layers only (the decoder
+    blocks' attention and MLP projections, experts included; not lm_head, embeddings, norms or MoE routers),
+    with BF16 = 16 bits and FP8 = 8 bits and scales not counted, as ModelOpt's auto_quantize counts them:
+    effective_bits = 16 - 8 x fp8_share.
+    """
+
+    kind: str  # "bytes_saved", "effective_bits" or "fp8_share"
+    given: float
+
+    def __post_init__(self):
+        lo, hi = {"bytes_saved": (0, float("inf")), "effective_bits": (8, 16), "fp8_share": (0, 1)}[self.kind]
+        if not lo <= self.given <= hi:
+            flag = "--" + self.kind.replace("_", "-").replace("bytes-saved", "min-bytes-saved")
+            raise FP8ProbeError(f"{flag} {self.given} is outside [{lo}, {hi}]")
+
+    def amount(self, quantizable_params: int) -> float:
+        """The least value() a recipe must reach."""
+        if self.kind == "bytes_saved":
+            return self.given
+        share = self.given if self.kind == "fp8_share" else (16 - self.given) / 8
+        return share * quantizable_params
+
+    def value(self, groups) -> float:
+        return sum(g.bytes_saved for g in groups) if self.kind == "bytes_saved" else sum(g.params for g in groups)
+
+    def describe(self, amount: float) -> str:
+        return f"{amount / 2**20:.1f} MiB saved" if self.kind == "bytes_saved" else f"{amount:,.0f} FP8 weights"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "value": self.given}
+
+
 def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAMIC", metric: str = "kl_q_p",
                 kv_cache: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
                 reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
-                form: str = "free", kv_scale: str = "calibrated", target: str | None = None) -> Recipe:
+                form: str = "free", kv_scale: str = "calibrated", target: str | None = None,
+                memory: MemoryTarget | None = None, refine_passes: int = 0) -> Recipe:
     """The FP8 recipe of the given form that saves the most weight bytes while the measured `metric` stays
-    <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05).
+    <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
+    or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
+    that much. refine_passes > 0 refines a free recipe with that many more measured passes (refine.py).
 
     form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
@@ -109,7 +152,10 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     scheme = Scheme.from_name(scheme)
     if form not in FORMS:
         raise FP8ProbeError(f"unknown --form {form!r}; choose from {', '.join(FORMS)}")
-    if budget is None or budget < 0:
+    if (budget is None) == (memory is None):
+        raise FP8ProbeError("give exactly one of a mismatch budget (--budget) or a memory target "
+                            "(--min-bytes-saved, --effective-bits, --fp8-share)")
+    if budget is not None and budget < 0:
         raise FP8ProbeError("--budget must be a non-negative number")
     if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
         raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
@@ -188,7 +234,18 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         return excess(metric, memo[k][metric])
 
     n = len(candidates) - 1
-    if form == "all":
+    quantizable_params = sum(u.params for u in student.quantizable)
+    if memory is not None:
+        need = memory.amount(quantizable_params)
+        have = [memory.value(chosen(k)) for k in range(n + 1)]
+        k = next((k for k in range(n + 1) if have[k] >= need), None)
+        if k is None:
+            raise FP8ProbeError(f"{memory.describe(need)} is more than {'this form' if form != 'free' else 'FP8'} can "
+                                f"reach on this model: at most {memory.describe(have[-1])} ({len(chosen(n))} of "
+                                f"{len(members)} fused groups{', the others cannot take ' + scheme.name if blocked else ''}"
+                                "); lower the target")
+        measured(k)
+    elif form == "all":
         if measured(1) > budget:
             raise FP8ProbeError(f"every Linear in {scheme.name}{' with the FP8 KV cache' if kv_cache else ''} (the "
                                 f"only FP8 recipe of form all) measures {metric} {measured(1):.3g} > budget {budget}; "
@@ -220,22 +277,40 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
             smallest = "the least sensitive group" if form in ("free", "keywords") else "the smallest first-last recipe"
             raise FP8ProbeError(f"no fused group fits the budget: {smallest} alone measures {metric} "
                                 f"{measured(1):.3g} > {budget}; raise the budget")
-    quantized = {g.group for g in chosen(k)}
+    final, result = chosen(k), (memo[k] if k in memo else {metric: measured(k)})
+    refined = None
+    if refine_passes > 0 and form in ("free", "keywords"):
+        def measure_groups(gs):
+            units = [u for g in gs for u in g.units]
+            res = no_mismatch() if not units and kv_cache is None else \
+                measure(student, rollouts, scheme, units=units, kv=kv_scheme, reference=reference)
+            return excess(metric, res[metric]), res
+
+        refined = refine(final, free, forced, measure_groups, refine_passes, budget=budget,
+                         min_value=None if memory is None else memory.amount(quantizable_params),
+                         value=memory.value if memory is not None else (lambda gs: sum(g.bytes_saved for g in gs)),
+                         start_measured=(excess(metric, result[metric]), result))
+        final, result = refined.groups, refined.metrics
+    quantized = {g.group for g in final}
     kept = [g.group for g in groups if g.group not in quantized] + list(blocked)
-    result = memo[k] if k in memo else {metric: measured(k)}
+    fp8_params = sum(g.params for g in final)
     return Recipe.from_groups(
         student.units, scheme.name, quantized, model=student.name, kv_cache=kv_cache,
         quantized=[g.group for g in groups if g.group in quantized], kept=kept,
         group_units={**{g.group: g.units for g in groups}, **{g: members[g] for g in blocked}},
         budget=budget, metric=metric,
-        predicted=predicted(k), measured=excess(metric, result[metric]), measured_metrics=result,
-        bytes_saved=sum(by_name[g].bytes_saved for g in quantized),
+        predicted=sum(g.score for g in final), measured=excess(metric, result[metric]), measured_metrics=result,
+        bytes_saved=sum(g.bytes_saved for g in final),
         kept_scores=[{"group": g, "score": by_name[g].score, "bytes_saved": by_name[g].bytes_saved,
                       "reason": "keep" if g in keep_set else "budget"} for g in kept if g in by_name]
         + [{"group": g, "score": None, "bytes_saved": 0, "reason": f"{scheme.name}: {why}"} for g, why in blocked.items()],
-        search=[{"groups_fp8": len(chosen(kk)), "predicted": predicted(kk), "measured": excess(metric, v[metric])}
-                for kk, v in sorted(memo.items())],
+        search=[{"move": "prefix", "groups_fp8": len(chosen(kk)), "bytes_saved": sum(g.bytes_saved for g in chosen(kk)),
+                 "predicted": predicted(kk), "measured": excess(metric, v[metric])} for kk, v in sorted(memo.items())]
+        + (refined.log if refined is not None else []),
         sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache else "calibrated",
+        memory_target=memory.to_json() if memory is not None else None,
+        fp8_share=fp8_params / quantizable_params if quantizable_params else 0.0,
+        effective_bits=16 - 8 * fp8_params / quantizable_params if quantizable_params else 16.0,
     )
 
 

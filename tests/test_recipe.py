@@ -213,3 +213,55 @@ def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
     assert len(blocked) == 90 and not any(g.endswith("down_proj") for g in blocked)
     assert blocked["model.layers.0.self_attn.qkv_proj"] == "q_proj input dim 576 not a multiple of 128"
     assert scheme_blockers(embedded.quantizable, Scheme.from_name("FP8_DYNAMIC")) == {}
+
+
+def test_memory_targets(setup):
+    """--min-bytes-saved / --effective-bits / --fp8-share: the cheapest prefix that reaches the target, measured;
+    effective bits over the quantizable Linears' weights (16 - 8 x FP8 share), scales not counted."""
+    from fp8probe.selection import MemoryTarget
+
+    st, r, ref, df = setup
+    total = sum(u.params for u in st.quantizable)
+    half = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5))
+    fp8 = sum(st.unit(n).params for n in fp8_names(half, st))
+    assert fp8 / total >= 0.5 and half.fp8_share == pytest.approx(fp8 / total)
+    assert half.effective_bits == pytest.approx(16 - 8 * fp8 / total) and half.budget is None
+    bits = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("effective_bits", 12.0))
+    assert bits.quantized == half.quantized  # 12 effective bits is a 50 % FP8 share
+    need = half.bytes_saved + 1
+    more = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("bytes_saved", need))
+    assert more.bytes_saved >= need and more.memory_target == {"kind": "bytes_saved", "value": need}
+    from fp8probe import measure
+
+    assert measure(st, r, "FP8_DYNAMIC", units=fp8_names(more, st), reference=ref)["kl_q_p"] == \
+        pytest.approx(more.measured, rel=1e-9)
+    everything = int(df[df.unit == "model.fp8_all"].bytes_saved.iloc[0])
+    with pytest.raises(FP8ProbeError, match=r"is more than FP8 can reach on this model: at most .* lower the target"):
+        make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("bytes_saved", everything + 1))
+    with pytest.raises(FP8ProbeError, match="exactly one of a mismatch budget"):
+        make_recipe(df, 0.1, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5))
+    with pytest.raises(FP8ProbeError, match=r"--effective-bits 7.0 is outside \[8, 16\]"):
+        MemoryTarget("effective_bits", 7.0)
+
+
+@pytest.mark.parametrize("mode", ["memory", "budget"])
+def test_refinement_never_worse_than_its_start(setup, mode):
+    """The refined recipe is measured at least as good as the prefix recipe it starts from, every pass it
+    measured is in the search log, and its reported value is what measure() gives for its units."""
+    from fp8probe import measure
+    from fp8probe.selection import MemoryTarget
+
+    st, r, ref, df = setup
+    whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
+    kw = dict(memory=MemoryTarget("fp8_share", 0.6)) if mode == "memory" else {}
+    budget = None if mode == "memory" else whole * 0.4
+    plain = make_recipe(df, budget, st, r, reference=ref, **kw)
+    refined = make_recipe(df, budget, st, r, reference=ref, refine_passes=10, **kw)
+    moves = [e for e in refined.search if e["move"] != "prefix"]
+    assert 0 < len(moves) <= 10 and all("predicted" in e and "measured" in e for e in moves)
+    if mode == "memory":
+        assert refined.measured <= plain.measured and refined.fp8_share >= 0.6
+    else:
+        assert refined.bytes_saved >= plain.bytes_saved and refined.measured <= budget
+    again = measure(st, r, "FP8_DYNAMIC", units=fp8_names(refined, st), reference=ref)["kl_q_p"]
+    assert again == pytest.approx(refined.measured, rel=1e-9)

@@ -319,6 +319,12 @@ def test_bad_sweep_dirs(cli, tmp_path, finished):
     (["--budget", "0.1", "--target", "slurm"], "argument --target: invalid choice: 'slurm'"),
     (["--budget", "0.1", "--form", "some"], "argument --form: invalid choice: 'some'"),
     (["--budget", "0.1", "--form", "all", "--keep-first", "1"], "--form all takes no --keep"),
+    (["--effective-bits", "20"], "argument --effective-bits: 20 must be <= 16.0"),
+    (["--fp8-share", "-0.5"], "argument --fp8-share: -0.5 must be >= 0.0"),
+    (["--budget", "0.1", "--fp8-share", "0.5"], "argument --fp8-share: not allowed with argument --budget"),
+    ([], "one of the arguments --budget --min-bytes-saved --effective-bits --fp8-share is required"),
+    (["--min-bytes-saved", "999999999999"], "is more than FP8 can reach on this model: at most"),
+    (["--budget", "0.1", "--refine", "-2"], "argument --refine: -2 must be >= 0"),
 ])
 def test_bad_recipe_arguments(cli, tmp_path, finished, args, match):
     out = tmp_path / "out"
