@@ -1,0 +1,50 @@
+"""Run NVIDIA ModelOpt's auto_quantize on a student; runs inside ModelOpt's own venv (see vs_modelopt.py).
+
+    python modelopt_worker.py MODEL_DIR TOKENS.pt METHOD EFFECTIVE_BITS OUT.json
+
+TOKENS.pt holds the rollouts (input_ids, attention_mask, response_mask) as fp8probe sampled them. Candidates:
+FP8_DEFAULT_CFG (per-tensor FP8 weights and inputs, max-calibrated) or no quantization, lm_head disabled, at
+EFFECTIVE_BITS. The gradient method's loss is the cross-entropy of the student's own sampled response
+tokens (the same tokens the KL method compares logits on). Writes the modules it put in FP8 and its time.
+"""
+
+import json
+import sys
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import modelopt.torch.quantization as mtq
+
+
+def main():
+    model_dir, tokens, method, bits, out = sys.argv[1:6]
+    torch.manual_seed(0)
+    data = torch.load(tokens)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    n, bs = data["input_ids"].shape[0], 8
+    batches = [{k: data[k][i:i + bs] for k in ("input_ids", "attention_mask", "response_mask")} for i in range(0, n, bs)]
+
+    def forward_step(m, batch):
+        return m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+    def loss_func(logits, batch):
+        mask = batch["response_mask"][:, 1:].bool()
+        return torch.nn.functional.cross_entropy(logits[:, :-1][mask].float(), batch["input_ids"][:, 1:][mask])
+
+    kw = {"loss_func": loss_func} if method == "gradient" else {}
+    t = time.perf_counter()
+    model, state = mtq.auto_quantize(model, constraints={"effective_bits": float(bits)},
+                                     quantization_formats=[mtq.FP8_DEFAULT_CFG], data_loader=batches,
+                                     forward_step=forward_step, disabled_layers=["*lm_head*"],
+                                     num_calib_steps=len(batches), num_score_steps=len(batches), method=method, **kw)
+    seconds = time.perf_counter() - t
+    fp8 = sorted(name for name, mod in model.named_modules()
+                 if hasattr(mod, "weight_quantizer") and getattr(mod.weight_quantizer, "is_enabled", False))
+    with open(out, "w") as f:
+        json.dump({"method": method, "effective_bits": float(bits), "fp8_modules": fp8, "seconds": seconds}, f)
+
+
+if __name__ == "__main__":
+    main()
