@@ -23,7 +23,7 @@ from fp8probe.frameworks import TARGETS
 from fp8probe.reference import Reference
 from fp8probe.runs import read_sweep
 from fp8probe.schemes import KVCacheScheme, Scheme
-from fp8probe.selection import make_recipe
+from fp8probe.selection import DEFAULT_REFINE_PASSES, make_recipe
 from fp8probe.student import scheme_blockers
 
 KEYS = {
@@ -72,7 +72,8 @@ def main():
         try:
             rec = make_recipe(run.table, args.budget, student, rollouts, scheme=scheme, kv_cache=kv, form=form,
                               kv_scale=target.kv_scale, target=name if form == target.form else None,
-                              batch_size=run.run["batch_size"], reference=reference, sweep_dir=str(run.directory))
+                              batch_size=run.run["batch_size"], reference=reference, sweep_dir=str(run.directory),
+                              refine_passes=DEFAULT_REFINE_PASSES)
         except FP8ProbeError as e:
             rows.append((label, form, scheme if target.weights else "-", _why(student, rollouts, reference, target,
                                                                                scheme, e), ""))

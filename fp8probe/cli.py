@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "as ModelOpt's auto_quantize counts them), with the least mismatch")
     goal.add_argument("--fp8-share", type=_number(float, low=0.0, high=1.0), metavar="F",
                       help="instead of a budget: at least this fraction of the quantizable Linear weights in FP8")
-    p.add_argument("--refine", type=NONNEG_INT, default=8, metavar="PASSES",
+    p.add_argument("--refine", type=NONNEG_INT, default=8, metavar="PASSES",  # selection.DEFAULT_REFINE_PASSES
                    help="measured passes that refine a free recipe with interactions (default: 8; 0: off)")
     p.add_argument("--metric", default="kl_q_p", choices=METRICS, metavar="METRIC",
                    help="the metric the budget bounds (default: kl_q_p); one of " + ", ".join(METRICS))

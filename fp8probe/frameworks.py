@@ -174,14 +174,16 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
         if blocked:
             g, why = next(iter(blocked.items()))
             raise Inexpressible(f"{t} puts every Linear in {target.scheme}, which cannot take {len(blocked)} of this "
-                                f"model's {len(groups)} fused groups ({g}: {why}): its block-FP8 kernels would refuse the model")
+                                f"model's {len(groups)} fused groups ({g}: {why}): its block-FP8 kernels would "
+                                "refuse the model")
     if fp8 and target.scheme and Scheme.from_name(recipe.scheme).name != target.scheme:
         raise Inexpressible(f"{t} quantizes with {target.scheme}, this recipe is {recipe.scheme}: make one with "
                             f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with --scheme "
                             f"{target.scheme})")
     if fp8 and target.form == "all" and kept:
         raise Inexpressible(f"{t} cannot keep layers in BF16 ({target.how}): it would quantize the recipe's "
-                            f"{len(kept)} kept groups too; make one with `fp8probe recipe SWEEP --target {target.name}`")
+                            f"{len(kept)} kept groups too; make one with "
+                            f"`fp8probe recipe SWEEP --target {target.name}`")
     if not fp8 and target.form == "all" and recipe.kv_cache is None:
         raise Inexpressible(f"{t}: the recipe has no FP8 units; run BF16 rollouts (nothing to configure)")
     kept_blocks = {u.block for g in kept for u in groups[g]}
@@ -214,9 +216,10 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
 
 def ignore_keywords(kept: list[str], units: list[Unit], bf16: set[str] | None = None) -> list[str]:
     """Short ignore entries for the kept modules: NeMo-RL's quantization_ignored_layer_kws (a module stays BF16
-    when a keyword is a substring of its name) and verl's SGLang ignore list (a dot-bounded part of it). A per-block suffix ("mlp.down_proj") stands for
-    every module it matches when all of them are BF16 anyway (`bf16`: kept here or in the first/last blocks);
-    the rest are named in full. The matches cover the kept set and stay inside `bf16` (checked)."""
+    when a keyword is a substring of its name) and verl's SGLang ignore list (a dot-bounded part of it). A
+    per-block suffix ("mlp.down_proj") stands for every module it matches when all of them are BF16 anyway
+    (`bf16`: kept here or in the first/last blocks); the rest are named in full. The matches cover the kept
+    set and stay inside `bf16` (checked)."""
     names = [u.name for u in units]
     want, out, covered = set(kept), [], set()
     allowed = set(bf16 or ()) | want

@@ -99,6 +99,9 @@ def _check_table_matches(sensitivity, student, known: set[str], members: dict[st
                             f"{unscored[0]}): is it truncated? run the sweep again")
 
 
+DEFAULT_REFINE_PASSES = 8  # `fp8probe recipe --refine`: measured passes spent on interactions after the selection
+
+
 @dataclass(frozen=True)
 class MemoryTarget:
     """What a recipe must at least save, in one of the three ways a user says it.

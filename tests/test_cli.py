@@ -92,3 +92,11 @@ def test_help_imports_no_torch_and_the_api_resolves():
     for name in fp8probe.__all__:
         assert getattr(fp8probe, name) is not None, name
     assert callable(fp8probe.sweep) and callable(fp8probe.measure) and callable(fp8probe.capacity)
+
+
+def test_recipe_refine_default_is_the_library_default():
+    from fp8probe.cli import build_parser
+    from fp8probe.selection import DEFAULT_REFINE_PASSES
+
+    args = build_parser().parse_args(["recipe", "SWEEP", "--budget", "0.1", "--out", "X"])
+    assert args.refine == DEFAULT_REFINE_PASSES
