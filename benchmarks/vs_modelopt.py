@@ -30,7 +30,7 @@ from fp8probe.cli import main as cli
 from fp8probe.embedded import embedded_student_dir
 from fp8probe.reference import Reference
 from fp8probe.runs import read_sweep
-from fp8probe.selection import MemoryTarget, group_scores, make_recipe
+from fp8probe.selection import MemoryTarget, group_scores, linear_params, make_recipe
 
 VENV = Path.home() / ".cache" / "fp8probe" / "modelopt-venv"
 WORKER = Path(__file__).with_name("modelopt_worker.py")
@@ -85,7 +85,7 @@ def main():
     def evaluate(units):
         return measure(student, rollouts, "FP8", units=units, reference=reference)["kl_q_p"]
 
-    total = sum(u.params for u in student.quantizable)
+    total = linear_params(student)  # effective bits as ModelOpt counts them: every Linear, lm_head included
     print(f"embedded student, {rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens; "
           f"FP8 per-tensor (FP8_DEFAULT_CFG / scheme FP8); one evaluator: mean per-token KL(q||p)")
     print(f"{'recipe':<34}{'groups FP8':>11}{'MiB saved':>11}{'eff. bits':>10}{'KL(q||p)':>11}{'time s':>9}")

@@ -190,10 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     goal.add_argument("--min-bytes-saved", type=NONNEG_INT, metavar="BYTES",
                       help="instead of a budget: save at least this many weight bytes, with the least mismatch")
     goal.add_argument("--effective-bits", type=_number(float, low=8.0, high=16.0), metavar="B",
-                      help="instead of a budget: at most B bits per weight of the quantizable Linears (BF16 16, FP8 8; "
-                           "as ModelOpt's auto_quantize counts them), with the least mismatch")
+                      help="instead of a budget: at most B bits per weight of every Linear, lm_head included (BF16 16, "
+                           "FP8 8; as ModelOpt's auto_quantize counts them), with the least mismatch")
     goal.add_argument("--fp8-share", type=_number(float, low=0.0, high=1.0), metavar="F",
-                      help="instead of a budget: at least this fraction of the quantizable Linear weights in FP8")
+                      help="instead of a budget: at least this fraction of every Linear's weights in FP8 (lm_head, "
+                           "which stays BF16, included)")
     p.add_argument("--refine", type=NONNEG_INT, default=8, metavar="PASSES",  # selection.DEFAULT_REFINE_PASSES
                    help="measured passes that refine a free recipe with interactions (default: 8; 0: off)")
     p.add_argument("--metric", default="kl_q_p", choices=METRICS, metavar="METRIC",

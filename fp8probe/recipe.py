@@ -64,7 +64,7 @@ class Recipe:
     target: str | None = None  # the rollout framework it was made for (frameworks.TARGETS), if any
     kv_scale: str = "calibrated"  # FP8 KV-cache scales as measured: "calibrated" (checkpoint) or "unit" (1.0)
     memory_target: dict | None = None  # {"kind", "value"} when chosen under a memory target instead of a budget
-    fp8_share: float | None = None  # FP8 weights / weights of the quantizable Linears (selection.MemoryTarget)
+    fp8_share: float | None = None  # FP8 weights / weights of every Linear, lm_head included (selection.MemoryTarget)
     effective_bits: float | None = None  # 16 - 8 x fp8_share
 
     def __post_init__(self):

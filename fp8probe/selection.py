@@ -21,6 +21,7 @@ calibrated scales (a checkpoint) or 1.0 (engines that quantize online).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +100,13 @@ def _check_table_matches(sensitivity, student, known: set[str], members: dict[st
                             f"{unscored[0]}): is it truncated? run the sweep again")
 
 
+def linear_params(student) -> int:
+    """The weights effective bits and the FP8 share count (MemoryTarget): every Linear, lm_head and routers too
+    (lm_head at its full size even when tied to the embeddings, as ModelOpt's cost model counts it)."""
+    return sum(u.params for u in student.quantizable) + sum(
+        math.prod(u.shape) for u in student.units if u.kind in ("lm_head", "router"))
+
+
 DEFAULT_REFINE_PASSES = 8  # `fp8probe recipe --refine`: measured passes spent on interactions after the selection
 
 
@@ -107,10 +115,10 @@ class MemoryTarget:
     """What a recipe must at least save, in one of the three ways a user says it.
 
     bytes_saved: weight bytes (BF16 -> FP8, less the scales the checkpoint adds), as `bytes_saved` in the
-    sweep; effective_bits / fp8_share: over the weights of the quantizable Linear layers only (the decoder
-    blocks' attention and MLP projections, experts included; not lm_head, embeddings, norms or MoE routers),
-    with BF16 = 16 bits and FP8 = 8 bits and scales not counted, as ModelOpt's auto_quantize counts them:
-    effective_bits = 16 - 8 x fp8_share.
+    sweep; effective_bits / fp8_share: over the weights of every Linear layer, as ModelOpt's auto_quantize
+    counts them (its default "weight" cost model): the decoder blocks' attention and MLP projections
+    (experts included) and also lm_head and MoE routers, which fp8probe always keeps BF16; not embeddings
+    or norms. BF16 = 16 bits, FP8 = 8 bits, scales not counted: effective_bits = 16 - 8 x fp8_share.
     """
 
     kind: str  # "bytes_saved", "effective_bits" or "fp8_share"
@@ -237,7 +245,7 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         return excess(metric, memo[k][metric])
 
     n = len(candidates) - 1
-    quantizable_params = sum(u.params for u in student.quantizable)
+    quantizable_params = linear_params(student)
     if memory is not None:
         need = memory.amount(quantizable_params)
         have = [memory.value(chosen(k)) for k in range(n + 1)]

@@ -217,11 +217,11 @@ def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
 
 def test_memory_targets(setup):
     """--min-bytes-saved / --effective-bits / --fp8-share: the cheapest prefix that reaches the target, measured;
-    effective bits over the quantizable Linears' weights (16 - 8 x FP8 share), scales not counted."""
+    effective bits over every Linear's weights, lm_head included as ModelOpt counts it (16 - 8 x FP8 share)."""
     from fp8probe.selection import MemoryTarget
 
     st, r, ref, df = setup
-    total = sum(u.params for u in st.quantizable)
+    total = sum(u.params for u in st.quantizable) + st.model.lm_head.weight.numel()
     half = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5))
     fp8 = sum(st.unit(n).params for n in fp8_names(half, st))
     assert fp8 / total >= 0.5 and half.fp8_share == pytest.approx(fp8 / total)
