@@ -135,6 +135,7 @@ class Expression:
     target: Target
     fp8: list[str]  # quantizable units in FP8
     kept_groups: list[str]  # fused groups kept BF16
+    kept_units: list[str]  # their modules
     first: int = 0  # leading blocks entirely BF16
     last: int = 0  # trailing blocks entirely BF16
     keywords: list[str] = field(default_factory=list)  # kept modules outside those blocks
@@ -199,7 +200,8 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
         if target.kv is None:
             raise Inexpressible(f"{t} has no FP8 KV-cache setting ({target.how}); it would keep the KV cache BF16")
         kv = target.kv
-    e = Expression(target, fp8, kept, first, last, [u.name for g in rest for u in groups[g]], kv)
+    e = Expression(target, fp8, kept, [u.name for g in kept for u in groups[g]], first, last,
+                   [u.name for g in rest for u in groups[g]], kv)
     if kv and recipe.kv_scale == "calibrated" and target.kv_scale == "unit":
         e.warnings.append(f"{t} runs the FP8 KV cache with k/v scales 1.0 (it drops calibrated scales); this "
                           f"recipe's KV mismatch was measured with calibrated scales: remake it with --target "
@@ -255,8 +257,7 @@ def render(e: Expression, model_path: str, units: list[Unit]) -> dict[str, str]:
         lines = ["actor_rollout_ref.rollout.name=sglang"]
         if e.fp8:
             lines.append("actor_rollout_ref.rollout.quantization=fp8")
-            bf16 = {u.name for u in units if u.quantizable and u.name not in set(e.fp8)}
-            ignored = ignore_keywords([n for g in e.kept_groups for n in _group_names(g, units)], units, bf16)
+            ignored = ignore_keywords(e.kept_units, units)
             if ignored:  # a quoted Hydra string: commas would otherwise make a sweep
                 lines.append(shlex.quote("+ray_kwargs.ray_init.runtime_env.env_vars.SGLANG_FP8_IGNORED_LAYERS="
                                          f'"{",".join(ignored)}"'))
@@ -269,8 +270,7 @@ def render(e: Expression, model_path: str, units: list[Unit]) -> dict[str, str]:
         if e.fp8:
             vllm_cfg.update(num_first_layers_in_bf16=e.first, num_last_layers_in_bf16=e.last)
         if e.keywords:
-            bf16 = {u.name for u in units if u.quantizable and u.name not in set(e.fp8)}
-            vllm_cfg["quantization_ignored_layer_kws"] = ignore_keywords(e.keywords, units, bf16)
+            vllm_cfg["quantization_ignored_layer_kws"] = ignore_keywords(e.keywords, units, set(e.kept_units))
         doc = {"policy": {"generation": {"vllm_cfg": vllm_cfg}},
                "loss_fn": {"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "tis",
                            "truncated_importance_sampling_ratio": IS_CLIP}}
@@ -313,12 +313,6 @@ def render(e: Expression, model_path: str, units: list[Unit]) -> dict[str, str]:
                   f"trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high={IS_CLIP}"]
         return {"skyrl.sh": head + _hydra("python3 -m skyrl.train.entrypoints.main_base", lines)}
     raise FP8ProbeError(f"internal: no renderer for target {t.name}")
-
-
-def _group_names(group: str, units: list[Unit]) -> list[str]:
-    from .student import fused_groups
-
-    return [u.name for u in fused_groups(units)[group]]
 
 
 def _verl_correction() -> list[str]:

@@ -32,7 +32,7 @@ from ._files import atomic_write_json, atomic_write_text
 from .errors import FP8ProbeError
 from .frameworks import FORMS
 from .schemes import KV_CACHE_SCHEMES, Scheme
-from .student import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim
+from .student import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim, scheme_blockers
 
 log = logging.getLogger(__name__)
 
@@ -140,14 +140,10 @@ class Recipe:
                                     "experts of a layer with one scheme")
         scheme = self.preset
         scheme.check_input_dims({u.name: input_dim(u) for u in units if u.name in fp8})
-        if scheme.weight.strategy == "block":
-            bn, bk = scheme.weight.block
-            bad = [f"{u.name} (output dim {u.shape[-2]} inside the fused {g.rsplit('.', 1)[-1]})"
-                   for g, us in groups.items() if us[0].name in fp8
-                   for u in us[:-1] if u.shape[-2] % bn]
-            if bad:
-                raise FP8ProbeError(f"{scheme.name} needs dims in whole blocks of {bk}: {', '.join(bad[:4])}"
-                                    f"{' ...' if len(bad) > 4 else ''}; keep these in BF16 or use FP8_DYNAMIC")
+        bad = [f"{g} ({why})" for g, why in scheme_blockers([u for u in units if u.name in fp8], scheme).items()]
+        if bad:  # what is left after the input dims: fused outputs that are not whole blocks
+            raise FP8ProbeError(f"{scheme.name} cannot take these shapes: {', '.join(bad[:4])}"
+                                f"{' ...' if len(bad) > 4 else ''}; keep these in BF16 or use FP8_DYNAMIC")
 
     @property
     def needs_calibration(self) -> bool:

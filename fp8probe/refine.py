@@ -63,8 +63,8 @@ def refine(start: list, pool: list, forced: list, measure_groups, passes: int, *
         m, met = measure_groups(groups)
         seen[key] = (m, met)
         pred = m_cur + sum(g.score for g in groups if g not in cur) - sum(g.score for g in cur if g not in groups)
-        out.log.append({"move": move, "groups_fp8": len(groups), "bytes_saved": value(groups) if memory else
-                        sum(g.bytes_saved for g in groups), "predicted": pred, "measured": m})
+        out.log.append({"move": move, "groups_fp8": len(groups), "bytes_saved": sum(g.bytes_saved for g in groups),
+                        "predicted": pred, "measured": m})
         log.info("refine: %s -> %.4g (predicted %.4g)", move, m, pred)
         return m, met
 

@@ -130,12 +130,12 @@ class MemoryTarget:
             flag = "--" + self.kind.replace("_", "-").replace("bytes-saved", "min-bytes-saved")
             raise FP8ProbeError(f"{flag} {self.given} is outside [{lo}, {hi}]")
 
-    def amount(self, quantizable_params: int) -> float:
-        """The least value() a recipe must reach."""
+    def amount(self, linear_weights: int) -> float:
+        """The least value() a recipe must reach (linear_weights: linear_params(student))."""
         if self.kind == "bytes_saved":
             return self.given
         share = self.given if self.kind == "fp8_share" else (16 - self.given) / 8
-        return share * quantizable_params
+        return share * linear_weights
 
     def value(self, groups) -> float:
         return sum(g.bytes_saved for g in groups) if self.kind == "bytes_saved" else sum(g.params for g in groups)
@@ -201,7 +201,9 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     if form != "first-last":
         keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
     force_set = groups_of(force, "force")
-    for g in sorted(force_set & set(blocked)):
+    unquantizable = sorted(force_set & set(blocked))
+    if unquantizable:
+        g = unquantizable[0]
         raise FP8ProbeError(f"--force {g}: {scheme.name} cannot quantize it ({blocked[g]})")
     both = keep_set & force_set
     if both:
@@ -233,21 +235,24 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     def predicted(k):
         return sum(g.score for g in chosen(k))
 
+    def measure_groups(gs) -> tuple[float, dict]:
+        """One measured pass of these groups in FP8 (+ the KV cache): (the metric's excess, every metric)."""
+        units = [u for g in gs for u in g.units]
+        res = no_mismatch() if not units and kv_cache is None else \
+            measure(student, rollouts, scheme, units=units, kv=kv_scheme, reference=reference)
+        return excess(metric, res[metric]), res
+
     def measured(k):
         if k not in memo:
-            units = [u for g in chosen(k) for u in g.units]
-            if not units and kv_cache is None:
-                memo[k] = no_mismatch()
-            else:
-                memo[k] = measure(student, rollouts, scheme, units=units, kv=kv_scheme, reference=reference)
+            memo[k] = measure_groups(chosen(k))[1]
             log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(chosen(k)),
                      len(groups), metric, excess(metric, memo[k][metric]), predicted(k))
         return excess(metric, memo[k][metric])
 
     n = len(candidates) - 1
-    quantizable_params = linear_params(student)
+    weights = linear_params(student)  # what effective bits and the FP8 share count
     if memory is not None:
-        need = memory.amount(quantizable_params)
+        need = memory.amount(weights)
         have = [memory.value(chosen(k)) for k in range(n + 1)]
         k = next((k for k in range(n + 1) if have[k] >= need), None)
         if k is None:
@@ -291,16 +296,9 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     final, result = chosen(k), (memo[k] if k in memo else {metric: measured(k)})
     refined = None
     if refine_passes > 0 and form in ("free", "keywords"):
-        def measure_groups(gs):
-            units = [u for g in gs for u in g.units]
-            res = no_mismatch() if not units and kv_cache is None else \
-                measure(student, rollouts, scheme, units=units, kv=kv_scheme, reference=reference)
-            return excess(metric, res[metric]), res
-
-        refined = refine(final, free, forced, measure_groups, refine_passes, budget=budget,
-                         min_value=None if memory is None else memory.amount(quantizable_params),
-                         value=memory.value if memory is not None else (lambda gs: sum(g.bytes_saved for g in gs)),
-                         start_measured=(excess(metric, result[metric]), result))
+        goal = dict(budget=budget) if memory is None else dict(min_value=memory.amount(weights), value=memory.value)
+        refined = refine(final, free, forced, measure_groups, refine_passes,
+                         start_measured=(excess(metric, result[metric]), result), **goal)
         final, result = refined.groups, refined.metrics
     quantized = {g.group for g in final}
     kept = [g.group for g in groups if g.group not in quantized] + list(blocked)
@@ -320,8 +318,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         + (refined.log if refined is not None else []),
         sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache else "calibrated",
         memory_target=memory.to_json() if memory is not None else None,
-        fp8_share=fp8_params / quantizable_params if quantizable_params else 0.0,
-        effective_bits=16 - 8 * fp8_params / quantizable_params if quantizable_params else 16.0,
+        fp8_share=fp8_params / weights if weights else 0.0,
+        effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
 
 

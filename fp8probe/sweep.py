@@ -7,11 +7,11 @@ b..L-1 plus the lm_head on response positions, not a whole forward. Rows:
     one per unit (granularity="unit") or per fused group ("group"), kind q/k/v/o/gate/up/down/expert/...
     one per attention layer, kind "kv": that layer's KV cache in FP8 (include_kv=True)
     model.fp8_all        kind "model": every unit in FP8 (the usual "all but lm_head" recipe)
+    model.fp8_all_kv     kind "model": the same plus an FP8 KV cache in every layer (include_kv=True)
+    model.reference      kind "model": the reference against itself; exactly 0 or the sweep is broken
 
 Units whose shapes the scheme's kernels refuse (student.scheme_blockers: FP8_BLOCK on dims that are not
 whole groups of 128) get no row and are left out of the model rows: they stay BF16 in every recipe.
-    model.fp8_all_kv     kind "model": the same plus an FP8 KV cache in every layer (include_kv=True)
-    model.reference      kind "model": the reference against itself; exactly 0 or the sweep is broken
 
 Results are appended to sensitivity.partial.csv after each row, so a killed sweep resumes where it
 stopped (`resume=True`) and ends with the same table as an uninterrupted one.

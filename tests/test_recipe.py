@@ -265,3 +265,13 @@ def test_refinement_never_worse_than_its_start(setup, mode):
         assert refined.bytes_saved >= plain.bytes_saved and refined.measured <= budget
     again = measure(st, r, "FP8_DYNAMIC", units=fp8_names(refined, st), reference=ref)["kl_q_p"]
     assert again == pytest.approx(refined.measured, rel=1e-9)
+
+
+def test_block_scheme_fused_outputs_refused():
+    """A fused q/k/v whose k_proj has 64 outputs cannot be one FP8_BLOCK GEMM: named, with what to do."""
+    st = tiny_student("llama")  # hidden 128 (inputs fit), 2 KV heads of 32: k/v outputs 64
+    from fp8probe.recipe import Recipe
+
+    with pytest.raises(FP8ProbeError, match=r"FP8_BLOCK cannot take these shapes: model.layers.0.self_attn.qkv_proj "
+                                            r"\(k_proj output dim 64 \(fused\) not a multiple of 128\)"):
+        Recipe.whole_model(st.units, "FP8_BLOCK").check_vllm_loadable(st.units)
