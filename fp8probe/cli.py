@@ -22,6 +22,7 @@ from pathlib import Path
 from . import __version__
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_USAGE, FP8ProbeError, one_line
 from .metrics import METRICS
+from .runs import METHODS
 from .frameworks import FORMS, TARGETS, recipe_form
 from .schemes import KV_CACHE_DTYPES, KV_CACHE_SCHEMES, SCHEMES
 from .serving import KV_DTYPE_BYTES
@@ -113,7 +114,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="HF directory, model id in the local HF cache, .gguf file; default: the embedded "
                         "SmolLM2-135M-Instruct")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N, or auto (the model "
+                   "spread over this machine's GPUs, Accelerate's device_map)")
     p.add_argument("--dtype", default="float32", help="compute dtype (default: float32; bf16 is slow on CPU)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code (off by default)")
     _add_pickle_arg(p)
@@ -172,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-kv", action="store_true", help="skip the per-layer FP8 KV-cache rows")
     p.add_argument("--kv-cache-dtype", default="fp8", help=f"KV rows in {_kv_dtypes()} (default: fp8 = e4m3)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep in --out")
+    p.add_argument("--method", default="exact", choices=list(METHODS),
+                   help="exact: measure every row (default); fisher: estimate every row from one pass with backward "
+                        "(fast); auto: estimate, then measure the --top-k highest, --controls others and the "
+                        "whole model exactly")
+    p.add_argument("--top-k", type=NONNEG_INT, default=24, help="--method auto: rows measured exactly (default: 24)")
+    p.add_argument("--controls", type=NONNEG_INT, default=8,
+                   help="--method auto: random other rows measured exactly, as a check (default: 8)")
+    p.add_argument("--fisher-samples", type=POSITIVE_INT, default=1,
+                   help="label draws per position for the estimate, one backward each (default: 1)")
+    p.add_argument("--compare", metavar="EXACT_DIR",
+                   help="an exact sweep of the same rollouts: write agreement.json (automatic with --rollouts of one)")
+    p.add_argument("--agreement-budget", type=NONNEG_FLOAT, metavar="X",
+                   help="kl_q_p budget of the agreement's recipes (default: half the whole-model FP8 mismatch)")
 
     p = sub.add_parser("measure", help="whole-model mismatch of one scheme (and FP8 KV) on the rollouts",
                        epilog=EPILOG_MEASURE, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -445,41 +460,91 @@ def _rollouts(args, student, out: Path, reuse_from: Path | None = None):
 # commands: parse, call the library, print one summary line
 
 
+def _exact_run(args):
+    """The exact sweep a fast one is compared with: --compare, or --rollouts when it names a finished exact sweep."""
+    from .runs import RUN_FILE, read_sweep
+
+    if args.compare:
+        return read_sweep(args.compare)
+    if args.rollouts and (Path(args.rollouts) / RUN_FILE).exists():
+        run = read_sweep(args.rollouts)
+        if (run.table["method"] == "exact").all():
+            return run
+    return None
+
+
+def _check_memory(args, rollouts) -> None:
+    """Refuse a sweep that would not fit in memory, before loading (rollouts None: sized from the arguments, with
+    prompts of up to 256 tokens) and again once the rollouts are known."""
+    from .memory import check_fits, estimate
+    from .rollouts import load_rollouts
+    from .student import load_config, parse_dtype
+
+    if rollouts is None and args.rollouts:
+        rollouts = load_rollouts(args.rollouts)
+    if rollouts is not None:
+        n, t, m = rollouts.num_sequences, rollouts.input_ids.shape[1], rollouts.num_response_tokens
+    else:
+        n, t = args.num_prompts, 256 + args.max_new_tokens
+        m = n * args.max_new_tokens
+    cfg = load_config(args.model, args.trust_remote_code, args.allow_pickle)
+    nbytes = parse_dtype(args.dtype).itemsize
+    check_fits(estimate(cfg, nbytes, args.method, args.batch_size, n, t, m), args.device)
+
+
 def cmd_sweep(args) -> int:
-    from ._files import output_dir
+    from ._files import atomic_write_json, output_dir
+    from .agreement import AGREEMENT_FILE, agreement, check_comparable, describe
     from .runs import RUN_FILE, check_resume_state, finish_sweep, write_run, write_table
-    from .sweep import summary, sweep
+    from .sweep import Method, summary, sweep
 
     _validate(args)
     out = Path(args.out)
     check_resume_state(out, args.resume)
     if not args.resume and (out / RUN_FILE).exists():
         raise FP8ProbeError(f"{out} holds a finished sweep already; choose another --out (or delete it first)")
+    method = Method(args.method, top_k=args.top_k, controls=args.controls, samples=args.fisher_samples,
+                    seed=args.seed)
+    exact_run = _exact_run(args) if args.method != "exact" else None
+    _check_memory(args, None)
     t0 = time.perf_counter()
     with output_dir(out, keep=("rollouts.safetensors", "rollouts.json")) as out:
         student, t_load = _load(args)
         rollouts, t_roll = _rollouts(args, student, out, reuse_from=out if args.resume else None)
-        log.info("reference pass and sweep (%s, %s granularity%s)", args.scheme.upper(), args.granularity,
-                 "" if args.no_kv else ", KV rows")
+        _check_memory(args, rollouts)
+        if exact_run is not None:
+            check_comparable(exact_run, args.scheme, args.granularity, not args.no_kv, args.kv_cache_dtype, rollouts)
+        log.info("%s (%s, %s granularity%s)", {"exact": "reference pass and sweep", "fisher": "fast estimate",
+                                               "auto": "reference pass, fast estimate, exact top rows"}[args.method],
+                 args.scheme.upper(), args.granularity, "" if args.no_kv else ", KV rows")
         t = time.perf_counter()
         df = sweep(student, rollouts, scheme=args.scheme, granularity=args.granularity, include_kv=not args.no_kv,
                    kv=args.kv_cache_dtype, batch_size=args.batch_size, progress=args.progress, out_dir=out,
-                   resume=args.resume)
+                   resume=args.resume, method=method)
         t_sweep = time.perf_counter() - t
+        agree = None
+        if exact_run is not None:
+            log.info("agreement with the exact sweep in %s (two recipes, measured)", exact_run.directory)
+            agree = agreement(df, exact_run.table, student, rollouts, args.scheme, args.batch_size,
+                              budget=args.agreement_budget)
+            atomic_write_json(out / AGREEMENT_FILE, {**agree, "exact_sweep": str(exact_run.directory)})
         write_table(out, df)
         write_run(out, {
             "command": "sweep", "model": student.name, "model_path": student.path,
             "model_type": student.model_type, "scheme": args.scheme.upper(), "granularity": args.granularity,
             "include_kv": not args.no_kv, "kv_cache_dtype": args.kv_cache_dtype, "seed": rollouts.meta.get("seed"),
+            "method": method.settings(), "exact_rows": int((df["method"] == "exact").sum()),
             "device": args.device, "dtype": args.dtype, "batch_size": args.batch_size,
             "num_sequences": rollouts.num_sequences, "num_tokens": int(rollouts.attention_mask.sum()),
             "num_response_tokens": rollouts.num_response_tokens, "rows": len(df),
             "seconds": {"load": round(t_load, 3), "rollouts": round(t_roll, 3),
-                        "reference": round(df.attrs.get("reference_seconds", 0.0), 3),
+                        **{k: round(v, 3) for k, v in df.attrs["seconds"].items()},
                         "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)},
         })
         finish_sweep(out)
     print(summary(df))
+    if agree is not None:
+        print(describe(agree))
     print(f"sweep: {len(df)} rows in {time.perf_counter() - t0:.0f} s -> {out / 'sensitivity.csv'}")
     return 0
 

@@ -135,8 +135,12 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
     try:
         # FP8 codes (1 byte per weight) are kept for the duration; each weight is dequantized just before
         # its module runs and dropped right after, so that a whole-model recipe costs 1 byte per weight
-        # extra instead of a second fp32 copy of the model
-        for n, (codes, scale) in _checkpoint_codes(model, linear, scheme).items():
+        # extra instead of a second fp32 copy of the model. Above LAZY_CODES_BYTES of codes (a big student's
+        # whole-model rows on one GPU) not even the codes are kept: each forward quantizes its weight again.
+        lazy = just_in_time and sum(_weight_bytes(model, n) // model.get_submodule(n).weight.element_size()
+                                    for n in linear) > LAZY_CODES_BYTES
+        codes_of = _lazy_codes(model, linear, scheme) if lazy else _checkpoint_codes(model, linear, scheme)
+        for n, (codes, scale) in codes_of.items():
             mod = model.get_submodule(n)
             restore.append((mod.weight, mod.weight.data))
             quant_input = None if weights_only else _input_quant(n, scheme, calibration)
@@ -185,9 +189,24 @@ def _input_quant(name: str, scheme: Scheme, calibration: Calibration | None):
     return lambda x: fake_quant(x, spec, scale=scale)
 
 
+LAZY_CODES_BYTES = 4 * 2**30  # quantize_units keeps FP8 codes up to this many bytes, and requantizes per forward above
+
+
+def _lazy_codes(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, tuple]:
+    """Like _checkpoint_codes, but each entry is (fn, None): fn() quantizes that weight now (with its fused
+    group, for per-tensor scales), so that nothing is held between forwards."""
+    members = {n: [n] for n in names}
+    for us in fused_groups(list_units(model)).values():
+        ns = [u.name for u in us]
+        if len(ns) > 1 and set(ns) <= set(names):
+            members.update({n: ns for n in ns})
+    return {n: ((lambda n=n: _checkpoint_codes(model, members[n], scheme)[n]), None) for n in names}
+
+
 def _swap_in_hook(codes, scale, scheme: Scheme, quant_input):
     def hook(module, args):
-        module.weight.data = dequantize(codes, scale, scheme.weight).to(module.weight.dtype)
+        c, s = codes() if scale is None else (codes, scale)
+        module.weight.data = dequantize(c, s, scheme.weight).to(module.weight.dtype)
         if quant_input is not None:
             return (quant_input(args[0]),) + tuple(args[1:])
         return None
@@ -200,6 +219,85 @@ def _swap_out_hook(original):
         module.weight.data = original
 
     return hook
+
+
+def fp8_forwards(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC",
+                 calibration: Calibration | None = None, fused: bool = True) -> dict[str, object]:
+    """For each named unit, a function of that module's forward arguments giving the output it would have in
+    FP8 (weights as vLLM holds them, inputs quantized as the scheme does), computed without changing the model.
+
+    Up to DEQUANTIZED_CACHE_BYTES of weights, the FP8 weights are made once and kept (fastest); above it, each
+    call quantizes and dequantizes its unit's weight again (the same numbers, no memory held between calls),
+    so that a 32B student's estimate needs no second copy of the model.
+    The fast sensitivity estimate (fisher.py) takes a unit's perturbation y_fp8 - y from these. fused=False
+    quantizes each unit as if it were the only one in FP8 (a per-tensor scale of its own, as a one-unit row of
+    the sweep does) instead of sharing the largest scale over a fused group, as vLLM does for a whole group."""
+    scheme = Scheme.from_name(scheme)
+    names = list(names)
+    if scheme.static_input and calibration is None:
+        raise FP8ProbeError(f"scheme {scheme.name} has static input scales: pass a Calibration from the rollouts")
+    linear = [n for n in names if isinstance(model.get_submodule(n), nn.Linear)]
+    experts = [n for n in names if is_experts(model.get_submodule(n))]
+    other = set(names) - set(linear) - set(experts)
+    if other:
+        raise FP8ProbeError(f"not quantizable units: {', '.join(sorted(other))}")
+    _check_dims(model, linear, experts, scheme)
+    out = {}
+    members = {n: [n] for n in linear}
+    if fused:
+        for us in fused_groups(list_units(model)).values():
+            ns = [u.name for u in us]
+            if set(ns) <= set(linear):
+                members.update({n: ns for n in ns})
+    keep = sum(_weight_bytes(model, n) for n in names) <= DEQUANTIZED_CACHE_BYTES
+    last: dict = {}  # q/k/v (and gate/up) see the same input: quantize it once (dynamic schemes)
+
+    def weight_of(n):
+        """The FP8 weight of n in the model's dtype: kept from the start (small models) or made at each call."""
+        mod = model.get_submodule(n)
+
+        def make():
+            codes, scale = _checkpoint_codes(model, members[n], scheme)[n]
+            return dequantize(codes, scale, scheme.weight).to(mod.weight.dtype)
+
+        if keep:
+            w = make()
+            return lambda: w
+        return make
+
+    for n in linear:
+        mod = model.get_submodule(n)
+        quant_input = _input_quant(n, scheme, calibration)
+
+        def forward(x, *_, weight=weight_of(n), mod=mod, quant_input=quant_input):
+            if scheme.static_input or last.get("x") is not x:
+                last.update(x=x, xq=quant_input(x))
+            return nn.functional.linear(last["xq"], weight(), mod.bias)
+
+        out[n] = forward
+    for n in experts:
+        mod = model.get_submodule(n)
+
+        def quant_in(x, which, _n=n):
+            scale = calibration.input_scale(f"{_n}:{which}", scheme.input) if scheme.static_input else None
+            return fake_quant(x, scheme.input, scale=scale)
+
+        if keep:
+            weights = _simulate_experts(mod, scheme)
+            out[n] = _expert_forward(mod, quant_in, weights)
+        else:
+            def lazy(*args, _mod=mod, _q=quant_in):
+                return _expert_forward(_mod, _q, _simulate_experts(_mod, scheme))(*args)
+
+            out[n] = lazy
+    return out
+
+
+def _weight_bytes(model: nn.Module, name: str) -> int:
+    return sum(w.numel() * w.element_size() for w in _weights_of(model, name))
+
+
+DEQUANTIZED_CACHE_BYTES = 2**30  # fp8_forwards keeps FP8 weights dequantized up to this; above, makes them per call
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -271,6 +369,24 @@ def _route_attention(model: nn.Module, actions: dict[int, object]):
 
 
 @contextlib.contextmanager
+def observe_kv(model: nn.Module, fn, layers=None):
+    """fn(layer, k, v) -> (k, v) sees (and may replace) each attention layer's K (after RoPE) and V, where
+    vLLM stores them, for the duration; all layers when `layers` is None."""
+    idx = list(_attention_modules(model)) if layers is None else list(layers)
+    with _route_attention(model, {i: (lambda k, v, _i=i: fn(_i, k, v)) for i in idx}):
+        yield
+
+
+def kv_scales(kv: KVCacheScheme, layer: int, calibration: Calibration | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (k, v) scales the engine uses for one layer: 1.0 (online engines) or calibrated on the rollouts."""
+    if kv.scale == "unit":
+        return torch.ones(1), torch.ones(1)
+    if calibration is None or layer not in calibration.k_amax:
+        raise FP8ProbeError("a calibrated FP8 KV cache needs a Calibration from the rollouts")
+    return compute_scale(calibration.k_amax[layer], kv.spec), compute_scale(calibration.v_amax[layer], kv.spec)
+
+
+@contextlib.contextmanager
 def quantize_kv(model: nn.Module, layers=None, kv: "str | KVCacheScheme" = "fp8",
                 calibration: Calibration | None = None, observer=None):
     """FP8 KV cache for the given attention layers (all when None).
@@ -282,13 +398,7 @@ def quantize_kv(model: nn.Module, layers=None, kv: "str | KVCacheScheme" = "fp8"
     idx = list(_attention_modules(model)) if layers is None else list(layers)
     actions = {}
     for i in idx:
-        if kv.scale == "unit":
-            ks = vs = torch.ones(1)
-        else:
-            if calibration is None or i not in calibration.k_amax:
-                raise FP8ProbeError("a calibrated FP8 KV cache needs a Calibration from the rollouts")
-            ks = compute_scale(calibration.k_amax[i], spec)
-            vs = compute_scale(calibration.v_amax[i], spec)
+        ks, vs = kv_scales(kv, i, calibration)
 
         def act(k, v, ks=ks, vs=vs):
             kq, vq = fake_quant(k, spec, scale=ks.to(k.device)), fake_quant(v, spec, scale=vs.to(v.device))

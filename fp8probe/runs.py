@@ -29,8 +29,12 @@ from .embedded import NAME as EMBEDDED
 from .errors import FP8ProbeError
 from .metrics import METRICS
 
-# the columns of sensitivity.csv, in order
-COLUMNS = ["unit", "kind", "block", "group", "params", "bytes_saved", "kv_bytes_saved_per_token", "sqnr_db", *METRICS]
+# the columns of sensitivity.csv, in order. `method`: "exact" (measured against the reference) or "fisher" (the
+# fast estimate, fisher.py: only kl_q_p holds a number, the estimate; the other metrics are empty); kl_fisher:
+# the fast estimate wherever one was made (--method fisher or auto), empty after an exact-only sweep
+COLUMNS = ["unit", "kind", "block", "group", "params", "bytes_saved", "kv_bytes_saved_per_token", "method", "sqnr_db",
+           *METRICS, "kl_fisher"]
+METHODS = ("exact", "fisher", "auto")
 PARTIAL = "sensitivity.partial.csv"
 PARTIAL_SETTINGS = "sweep.partial.json"
 _INT_COLUMNS = ("block", "params", "bytes_saved", "kv_bytes_saved_per_token")
@@ -41,7 +45,7 @@ TABLE = "sensitivity.csv"
 
 # run.json keys a consumer relies on, with their JSON types
 _RUN_KEYS = {"schema_version": int, "model": str, "model_path": str, "scheme": str, "batch_size": int}
-_TEXT_COLUMNS = ("unit", "kind", "group")
+_TEXT_COLUMNS = ("unit", "kind", "group", "method")
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,9 @@ def read_sweep(directory: str | Path) -> SweepRun:
         df = pd.read_csv(table, dtype={c: str for c in _TEXT_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise FP8ProbeError(f"{table} is not a readable CSV ({str(e).splitlines()[0]}); run the sweep again") from e
+    if "method" not in df.columns:  # written before the fast estimate existed: every row was measured
+        df["method"] = "exact"
+        df["kl_fisher"] = float("nan")
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise FP8ProbeError(f"{table} lacks the columns {', '.join(missing[:5])}; it was not written by this "
@@ -125,11 +132,19 @@ def read_sweep(directory: str | Path) -> SweepRun:
         raise FP8ProbeError(f"{table}: column {bad[0]!r} holds values that are not numbers; run the sweep again")
     if df[list(_TEXT_COLUMNS)].isna().any().any():
         raise FP8ProbeError(f"{table} has rows without a unit, kind or group (truncated?); run the sweep again")
-    # every value is a number except sqnr_db, which is NaN on whole-model rows by definition
-    holes = [c for c in numeric if c != "sqnr_db" and df[c].isna().any()]
-    if holes:
-        row = df.index[df[holes[0]].isna()][0] + 2
-        raise FP8ProbeError(f"{table}:{row} has no value in {holes[0]!r} (truncated?); run the sweep again")
+    bad_method = sorted(set(df["method"]) - {"exact", "fisher"})
+    if bad_method:
+        raise FP8ProbeError(f"{table}: unknown method {bad_method[0]!r} (exact or fisher); run the sweep again")
+    # every value is a number except sqnr_db (NaN on whole-model rows by definition), kl_fisher (NaN where no
+    # estimate was made) and, on rows of the fast estimate, every metric but kl_q_p
+    estimated = df["method"] == "fisher"
+    for c in numeric:
+        if c in ("sqnr_db", "kl_fisher"):
+            continue
+        holes = df[c].isna() & ~(estimated & (c in METRICS) & (c != "kl_q_p"))
+        if holes.any():
+            row = df.index[holes][0] + 2
+            raise FP8ProbeError(f"{table}:{row} has no value in {c!r} (truncated?); run the sweep again")
     return SweepRun(d, run, df[COLUMNS])
 
 
@@ -137,8 +152,9 @@ def read_sweep(directory: str | Path) -> SweepRun:
 # resume state
 
 
-def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size) -> dict:
-    """What a resume must match: model, scheme, granularity, KV scheme, batch size, the rollouts' bytes."""
+def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size, method: dict | None = None) -> dict:
+    """What a resume must match: model, scheme, granularity, KV scheme, batch size, the rollouts' bytes, and the
+    method with its settings (estimator, label draws, seed, exact rows of --method auto)."""
     import hashlib
 
     h = hashlib.sha256()
@@ -146,7 +162,8 @@ def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch
         h.update(t.contiguous().numpy().tobytes())
     return {"fp8probe_version": __version__, "model": student.name, "scheme": scheme.name, "granularity": granularity, "include_kv": include_kv,
             "kv": {"fmt": kv.fmt, "strategy": kv.strategy, "scale": kv.scale}, "batch_size": batch_size,
-            "rollouts_sha256": h.hexdigest(), "dtype": str(next(student.model.parameters()).dtype)}
+            "rollouts_sha256": h.hexdigest(), "dtype": str(next(student.model.parameters()).dtype),
+            "method": method or {"method": "exact"}}
 
 
 def check_resume_state(out: Path, resume: bool) -> dict | None:
@@ -217,7 +234,7 @@ def _parse(rec: dict) -> dict:
     out = {}
     for c in COLUMNS:
         v = rec[c]
-        out[c] = v if c in _TEXT_COLUMNS else (int(v) if c in _INT_COLUMNS else float(v))
+        out[c] = v if c in _TEXT_COLUMNS else (int(v) if c in _INT_COLUMNS else float(v or "nan"))
     return out
 
 

@@ -25,7 +25,7 @@ def test_embedded_sweep_end_to_end(cli, tmp_path):
     assert set(df.kind) == {"qkv", "o", "gate_up", "down", "kv", "model"}
     run = json.loads((out / "run.json").read_text())
     assert run["model_type"] == "llama" and run["num_sequences"] == 3 and run["rows"] == len(df)
-    assert set(run["seconds"]) == {"load", "rollouts", "reference", "sweep", "total"}
+    assert set(run["seconds"]) == {"load", "rollouts", "reference", "exact", "sweep", "total"}
     assert not (out / "sensitivity.partial.csv").exists()
     meta = json.loads((out / "rollouts.json").read_text())
     assert meta["sampling"]["eos_token_ids"] == [2]

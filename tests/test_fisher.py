@@ -1,0 +1,208 @@
+"""The fast estimate: its quadratic form against a brute-force one, its ranking against the exact sweep, --method
+auto's exact rows against the exact sweep, agreement.json, resume."""
+
+import json
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from fp8probe.errors import FP8ProbeError
+from fp8probe.fisher import fisher_rows, spearman, top_overlap
+from fp8probe.hooks import quantize_units
+from fp8probe.mismatch import response_logits
+from fp8probe.rollouts import make_rollouts
+from fp8probe.runs import read_sweep
+from fp8probe.schemes import Scheme
+from fp8probe.selection import make_recipe
+from fp8probe.sweep import Method, plan_rows, sweep
+
+from conftest import tiny_student
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    s = tiny_student("llama", num_hidden_layers=4)
+    r = make_rollouts(s, num_prompts=8, max_new_tokens=24, seed=0)
+    return s, r, sweep(s, r)
+
+
+def _units(rows):
+    return [r.unit for r in rows if r.kind != "model"]
+
+
+def test_quadratic_form_matches_brute_force(tiny):
+    """With many label draws, the sequence estimator converges to ½ Σ_t Δz_tᵀ (diag p_t − p_t p_tᵀ) Δz_t, the
+    Fisher quadratic form computed here from two whole forwards (BF16 and that unit in FP8, through
+    quantize_units, not the estimate's own code) — the second-order term of the KL the exact sweep measures."""
+    s, r, _ = tiny
+    rows = [x for x in plan_rows(s, Scheme.from_name("FP8_DYNAMIC")) if x.unit in (
+        "model.layers.1.mlp.down_proj", "model.layers.3.self_attn.v_proj")]
+    est = fisher_rows(s, r, rows, samples=256, seed=1).column("sequence")
+    m = s.model
+    ids, am, resp = r.input_ids, r.attention_mask, r.response_mask
+    for row in rows:
+        with torch.no_grad():
+            z, _ = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
+            with quantize_units(m, row.perturbation.units, "FP8_DYNAMIC"):
+                zq, _ = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
+        p = torch.softmax(z.double(), -1)
+        dz = (zq - z).double()
+        quad = 0.5 * ((p * dz * dz).sum(-1) - (p * dz).sum(-1) ** 2).mean()
+        # 256 draws: the Monte-Carlo error of the mean of squares is ~sqrt(2/256) ~ 9%
+        assert est[row.unit] == pytest.approx(float(quad), rel=0.25), row.unit
+
+
+def test_estimate_ranks_like_the_exact_sweep(tiny):
+    s, r, exact = tiny
+    rows = plan_rows(s, Scheme.from_name("FP8_DYNAMIC"))
+    fr = fisher_rows(s, r, rows)
+    ex = dict(zip(exact.unit, exact.kl_q_p))
+    est = fr.column()
+    units = _units(rows)
+    assert spearman([est[u] for u in units], [ex[u] for u in units]) >= 0.9
+    assert top_overlap({u: est[u] for u in units}, {u: ex[u] for u in units}) >= 7
+    # the same scale as kl_q_p, not just the same order
+    ratio = np.median([est[u] / ex[u] for u in units])
+    assert 0.6 < ratio < 1.4
+    # the perturbed outputs' SQNR is the exact sweep's (which takes it with its own observer)
+    sq = dict(zip(exact.unit, exact.sqnr_db))
+    for u in units:
+        assert fr.sqnr_db[u] == pytest.approx(sq[u], abs=1e-3)
+
+
+def test_estimate_is_seeded_and_draws_matter(tiny):
+    s, r, _ = tiny
+    rows = plan_rows(s, Scheme.from_name("FP8_DYNAMIC"))[:6]
+    a = fisher_rows(s, r, rows, seed=3).column()
+    b = fisher_rows(s, r, rows, seed=3).column()
+    c = fisher_rows(s, r, rows, seed=4).column()
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gemma2"])
+def test_estimate_other_architectures(arch):
+    """Experts (one unit holding every expert) and a logit softcap."""
+    s = tiny_student(arch, num_hidden_layers=2)
+    r = make_rollouts(s, num_prompts=6, max_new_tokens=16, seed=0)
+    df = sweep(s, r, method="fisher")
+    assert (df["method"] == "fisher").all()
+    units = df[df["kind"] != "model"]
+    assert (units["kl_q_p"] > 0).all() and units["kl_q_p"].notna().all()
+    exact = sweep(s, r)
+    rho = spearman(units["kl_q_p"], exact[exact["kind"] != "model"]["kl_q_p"])
+    assert rho >= 0.8, rho
+
+
+def test_auto_measures_the_top_rows_exactly(tiny, tmp_path):
+    s, r, exact = tiny
+    method = Method("auto", top_k=6, controls=3)
+    df = sweep(s, r, method=method, out_dir=tmp_path)
+    units = df[df["kind"] != "model"]
+    measured = units[units["method"] == "exact"]
+    assert len(measured) == 9
+    assert (df[df["kind"] == "model"]["method"] == "exact").all()
+    # the six highest estimates are among the exact rows, with the exact sweep's numbers to the bit
+    top = units.sort_values("kl_fisher", ascending=False).head(6)["unit"]
+    assert set(top) <= set(measured["unit"])
+    ex = exact.set_index("unit")
+    for _, row in measured.iterrows():
+        assert row["kl_q_p"] == ex.loc[row["unit"], "kl_q_p"]
+        assert row["k3"] == ex.loc[row["unit"], "k3"]
+    est = units[units["method"] == "fisher"]
+    assert est["k3"].isna().all() and est["kl_q_p"].notna().all()
+    assert (est["kl_q_p"] == est["kl_fisher"]).all()
+    assert units["kl_fisher"].notna().all()
+    # a recipe reads it; a metric the estimate does not give is refused
+    recipe = make_recipe(df, float(ex.loc["model.fp8_all", "kl_q_p"]) / 2, s, r, refine_passes=0)
+    assert recipe.quantized
+    with pytest.raises(FP8ProbeError, match="only kl_q_p"):
+        make_recipe(df, 1.0, s, r, metric="k3")
+
+
+def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path):
+    exact = tmp_path / "exact"
+    common = ["--num-prompts", "4", "--max-new-tokens", "10"]
+    assert cli("sweep", deep_tiny_dir, "--out", exact, *common).code == 0
+    fast = tmp_path / "fast"
+    res = cli("sweep", deep_tiny_dir, "--out", fast, "--rollouts", exact, "--method", "fisher")
+    assert res.code == 0, res.err
+    assert "agreement with the exact sweep" in res.out
+    a = json.loads((fast / "agreement.json").read_text())
+    t_exact = read_sweep(exact).table
+    t_fast = read_sweep(fast).table
+    units = t_fast["kind"] != "model"
+    assert a["spearman"] == pytest.approx(spearman(t_fast[units]["kl_q_p"], t_exact[units]["kl_q_p"]))
+    assert a["rows"] == int(units.sum())
+    for side in ("exact", "fast"):
+        assert a["recipes"][side]["measured_kl_q_p"] <= a["budget"]["value"]
+    assert a["recipes"]["same"] == (a["recipes"]["exact"]["quantized"] == a["recipes"]["fast"]["quantized"])
+    run = json.loads((fast / "run.json").read_text())
+    assert run["method"]["method"] == "fisher" and run["exact_rows"] == 0 and run["seconds"]["fisher"] > 0
+    # other rollouts cannot be compared
+    other = tmp_path / "other"
+    res = cli("sweep", deep_tiny_dir, "--out", other, "--compare", exact, "--method", "fisher", "--seed", "7", *common)
+    assert res.code == 2 and "rollouts differ" in res.err
+    assert not other.exists() or not any(other.iterdir())
+
+
+def test_auto_resumes_after_kill(deep_tiny_dir, tmp_path):
+    """Killed while measuring its exact rows, --method auto resumes to the table of an uninterrupted run."""
+    import os
+    import signal
+    import time
+
+    from conftest import cli_process
+
+    common = ["-q", "sweep", deep_tiny_dir, "--num-prompts", "6", "--max-new-tokens", "12", "--method", "auto",
+              "--top-k", "30", "--controls", "4"]
+    full = tmp_path / "full"
+    assert cli_process(*common, "--out", full).wait(timeout=600) == 0
+    n_rows = len(pd.read_csv(full / "sensitivity.csv"))
+    n_fisher = int((pd.read_csv(full / "sensitivity.csv")["method"] == "fisher").sum())
+    killed = tmp_path / "killed"
+    p = cli_process(*common, "--out", killed)
+    partial = killed / "sensitivity.partial.csv"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if partial.exists() and partial.read_text().count("\n") >= n_fisher + 6:
+            break
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGKILL)
+    assert p.wait() == -signal.SIGKILL
+    n_done = partial.read_text().count("\n") - 1
+    assert n_fisher < n_done < n_rows, "the sweep finished before it could be killed"
+    p = cli_process(*common, "--out", killed, "--resume")
+    assert p.wait(timeout=600) == 0, p.stderr.read()
+    assert (killed / "sensitivity.csv").read_bytes() == (full / "sensitivity.csv").read_bytes()
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8"])
+def test_big_model_paths_give_the_same_numbers(tiny, monkeypatch, scheme):
+    """Above the memory thresholds (a big student on one GPU) weights are requantized per call instead of kept:
+    the estimate and the whole-model rows must not change by a bit."""
+    import fp8probe.hooks as hooks
+    from fp8probe.measure import measure
+
+    s, r, _ = tiny
+    rows = plan_rows(s, Scheme.from_name(scheme))
+    kept = fisher_rows(s, r, rows, scheme, fused=True)
+    whole = measure(s, r, scheme)
+    monkeypatch.setattr(hooks, "DEQUANTIZED_CACHE_BYTES", 0)
+    monkeypatch.setattr(hooks, "LAZY_CODES_BYTES", 0)
+    lazy = fisher_rows(s, r, rows, scheme, fused=True)
+    assert lazy.estimates == kept.estimates
+    assert str(lazy.sqnr_db) == str(kept.sqnr_db)  # NaN on the whole-model rows
+    assert measure(s, r, scheme) == whole
+
+
+def test_moe_big_model_path(monkeypatch):
+    import fp8probe.hooks as hooks
+
+    s = tiny_student("qwen3_moe", num_hidden_layers=2)
+    r = make_rollouts(s, num_prompts=4, max_new_tokens=8, seed=0)
+    rows = plan_rows(s, Scheme.from_name("FP8_DYNAMIC"))
+    kept = fisher_rows(s, r, rows)
+    monkeypatch.setattr(hooks, "DEQUANTIZED_CACHE_BYTES", 0)
+    assert fisher_rows(s, r, rows).estimates == kept.estimates
