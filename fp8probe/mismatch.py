@@ -56,6 +56,10 @@ class RefRows:
     def rows(self, s: int, e: int) -> "RefRows":
         return RefRows(self.logp[s:e], self.top1[s:e], self.tokens[s:e])
 
+    def to(self, device) -> "RefRows":
+        """On the candidate's device (the reference is kept on the host: 150k-vocabulary rows add up)."""
+        return RefRows(self.logp.to(device), self.top1.to(device), self.tokens.to(device))
+
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
@@ -86,7 +90,8 @@ def chunked_token_stats(ref: RefRows, cand_logits_fn, chunk: int = CHUNK_ROWS,
     parts: dict[str, list[torch.Tensor]] = {}
     for s in range(0, len(ref), chunk):
         e = min(s + chunk, len(ref))
-        st = token_stats(ref.rows(s, e), log_softmax32(cand_logits_fn(s, e), softcap))
+        cand = log_softmax32(cand_logits_fn(s, e), softcap)
+        st = token_stats(ref.rows(s, e).to(cand.device), cand)
         for k, v in st.items():
             parts.setdefault(k, []).append(v.cpu())
     return {k: torch.cat(v) for k, v in parts.items()}

@@ -413,12 +413,15 @@ def load_student(
     src, kwargs = resolve_source(name_or_path, allow_pickle)
     try:
         tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
+        spread = {"device_map": "auto"} if device == "auto" else {}
         model = AutoModelForCausalLM.from_pretrained(
-            src, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
+            src, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs, **spread
         )
     except (OSError, ValueError, RuntimeError) as e:
         raise FP8ProbeError(f"could not load the model from {name_or_path or src}: {str(e).splitlines()[0]}") from e
-    model.to(device).eval()
+    if device != "auto":
+        model.to(device)
+    model.eval()
     model.requires_grad_(False)
     check_finite_weights(model, str(name_or_path or src))
     if tok.pad_token is None:
@@ -437,6 +440,11 @@ def check_finite_weights(model: nn.Module, name: str) -> None:
 
 def check_device(device: str) -> torch.device:
     """A torch device that exists here; a one-line refusal otherwise."""
+    if device == "auto":  # Accelerate's device_map: the model spread over this machine's GPUs
+        if not torch.cuda.is_available():
+            raise FP8ProbeError("--device auto spreads the model over CUDA GPUs, and none is available here; use "
+                                "--device cpu")
+        return torch.device("cuda", 0)
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as e:
