@@ -1,8 +1,9 @@
 """What each RL framework can apply on the embedded student at one budget: the README's framework table.
 
-    python benchmarks/frameworks.py [--sweep runs/smollm2] [--budget 0.008] [--out runs/frameworks]
+    python benchmarks/frameworks.py [--sweep runs/smollm2-exact] [--budget 0.008] [--out runs/frameworks]
 
-Needs the README quick start's sweep (FP8_DYNAMIC, its rollouts). Makes an FP8_BLOCK sweep of the same
+Needs an exact sweep of the embedded student (`fp8probe sweep --out runs/smollm2-exact`: FP8_DYNAMIC, the
+quick start's rollouts, every row measured; about 8 minutes). Makes an FP8_BLOCK sweep of the same
 rollouts (the scheme verl, NeMo-RL and slime quantize with), then for every target the best recipe that
 target can express under the budget (`fp8probe recipe --target`), each measured on the same rollouts
 against the same reference, and one `fp8probe export --target all` of all of them. Where a target cannot
@@ -43,7 +44,7 @@ KEYS = {
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sweep", default="runs/smollm2")
+    ap.add_argument("--sweep", default="runs/smollm2-exact")
     ap.add_argument("--budget", type=float, default=0.008)
     ap.add_argument("--out", default="runs/frameworks")
     args = ap.parse_args()

@@ -1,6 +1,6 @@
 """fp8probe against NVIDIA ModelOpt's auto_quantize, at equal bytes saved, with one evaluator.
 
-    python benchmarks/vs_modelopt.py [--sweep runs/smollm2] [--effective-bits 12] [--refine 16]
+    python benchmarks/vs_modelopt.py [--sweep runs/smollm2-exact] [--effective-bits 12] [--refine 16]
 
 1. ModelOpt, in its own venv (~/.cache/fp8probe/modelopt-venv, made on first use: nvidia-modelopt with a
    transformers it accepts, on the CPU torch wheel), runs auto_quantize on the embedded student with the
@@ -49,7 +49,8 @@ def modelopt_python() -> Path:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sweep", default="runs/smollm2", help="a sweep dir of the embedded student (its rollouts)")
+    ap.add_argument("--sweep", default="runs/smollm2-exact",
+                    help="a sweep dir of the embedded student (its rollouts; `fp8probe sweep --out runs/smollm2-exact`)")
     ap.add_argument("--effective-bits", type=float, default=12.0)
     ap.add_argument("--refine", type=int, default=16)
     ap.add_argument("--out", default="runs/vs-modelopt")

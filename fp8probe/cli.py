@@ -181,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=NONNEG_INT, default=24, help="--method auto: rows measured exactly (default: 24)")
     p.add_argument("--controls", type=NONNEG_INT, default=8,
                    help="--method auto: random other rows measured exactly, as a check (default: 8)")
-    p.add_argument("--fisher-samples", type=POSITIVE_INT, default=1,
-                   help="label draws per position for the estimate, one backward each (default: 1)")
+    p.add_argument("--fisher-samples", type=POSITIVE_INT, default=2,  # fisher.DEFAULT_SAMPLES
+                   help="label draws per position for the estimate, one backward each (default: 2)")
     p.add_argument("--compare", metavar="EXACT_DIR",
                    help="an exact sweep of the same rollouts: write agreement.json (automatic with --rollouts of one)")
     p.add_argument("--agreement-budget", type=NONNEG_FLOAT, metavar="X",

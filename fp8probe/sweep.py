@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ._files import bar_interval
 from .errors import FP8ProbeError
-from .fisher import DEFAULT_ESTIMATOR, ESTIMATORS, fisher_rows
+from .fisher import DEFAULT_ESTIMATOR, DEFAULT_SAMPLES, ESTIMATORS, fisher_rows
 from .measure import Perturbation, measure_perturbation
 from .metrics import METRICS, no_mismatch
 from .reference import Reference
@@ -124,7 +124,7 @@ class Method:
     name: str = "exact"
     top_k: int = 24
     controls: int = 8
-    samples: int = 1
+    samples: int = DEFAULT_SAMPLES
     estimator: str = DEFAULT_ESTIMATOR
     seed: int = 0
 
@@ -248,6 +248,9 @@ def summary(df) -> str:
     for name in ("model.fp8_all", "model.fp8_all_kv"):
         if name in whole.index:
             r = whole.loc[name]
+            if r.method == "fisher":
+                lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g} (the fast estimate; `fp8probe measure` measures it)")
+                continue
             lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
                          f"token_mult_prob_error={r.token_mult_prob_error:.5f}")
     return "\n".join(lines)
