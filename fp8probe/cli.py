@@ -303,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest relative quality loss accepted (default: 0.01 = 1 %%)")
     p.add_argument("--bootstrap", type=NONNEG_INT, default=1000, help="bootstrap resamples for the interval")
     p.add_argument("--seed", type=NONNEG_INT, default=0)
+
+    p = sub.add_parser("plot", help="every figure a run directory's files allow (sweep, recipes, capacity, ladder)")
+    p.add_argument("run_dir", help="a directory written by fp8probe (a sweep, with recipes, capacity or a ladder "
+                                   "in it or below it)")
+    p.add_argument("--out", help="where the figures go (default: RUN_DIR/plots)")
+    p.add_argument("--format", default="png", choices=["png", "svg"], help="image format (default: png)")
     return ap
 
 
@@ -795,7 +801,17 @@ def cmd_budget(args) -> int:
     return 0
 
 
-COMMANDS = {"sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "recipe": cmd_recipe,
+def cmd_plot(args) -> int:
+    from .plots import plot_run
+
+    written = plot_run(args.run_dir, args.out, args.format)
+    for name, path in written.items():
+        log.info("%s -> %s", name, path)
+    print(f"plot: {len(written)} figures ({', '.join(written)}) -> {next(iter(written.values())).parent}")
+    return 0
+
+
+COMMANDS = {"plot": cmd_plot, "sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "recipe": cmd_recipe,
             "ladder": cmd_ladder, "check": cmd_check, "budget": cmd_budget,
             "export": cmd_export, "capacity": cmd_capacity, "units": cmd_units}
 

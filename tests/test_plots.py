@@ -1,6 +1,9 @@
-"""The figures render from a sensitivity table alone."""
+"""The figures render from the files fp8probe writes; `fp8probe plot` draws every one a run directory allows."""
+
+import json
 
 import pandas as pd
+import pytest
 
 from fp8probe.plots import budget_curve, capacity_bars, sensitivity_heatmap
 
@@ -29,3 +32,63 @@ def test_figures(tmp_path):
                    "max_model_len": 8192, "model_type": "llama", "ratio_kv_tokens": 1.0}, tmp_path / "c.png")
     for f in ("h.png", "b.png", "c.png"):
         assert (tmp_path / f).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_dirs):
+    """A tiny model's run directory with everything fp8probe plots: an auto sweep, two recipes of it, a capacity
+    report and a ladder with the budget it was checked against."""
+    from fp8probe.cli import main
+
+    d = tmp_path_factory.mktemp("plotrun") / "run"
+    model = str(tiny_dirs["llama"])
+    assert main(["-q", "sweep", model, "--out", str(d), "--method", "auto", "--top-k", "6", "--controls", "3",
+                 "--num-prompts", "4", "--max-new-tokens", "10"]) == 0
+    whole = float(pd.read_csv(d / "sensitivity.csv").set_index("unit").loc["model.fp8_all", "kl_q_p"])
+    for frac in (0.2, 0.5):
+        assert main(["-q", "recipe", str(d), "--budget", str(whole * frac), "--refine", "2",
+                     "--out", str(d / f"recipe-{frac}")]) == 0
+    assert main(["-q", "capacity", model, "--recipe", str(d / "recipe-0.5" / "recipe.yaml"), "--kv-cache-dtype", "fp8",
+                 "--out", str(d / "recipe-0.5")]) == 0
+    assert main(["-q", "ladder", model, "--rollouts", str(d), "--out", str(d / "ladder"), "--noise", "0.01", "0.03",
+                 "--recipe", str(d / "recipe-0.5" / "recipe.yaml"), "--kv-cache-dtype", "fp8",
+                 "--no-prefix-shift"]) == 0
+    (d / "ladder" / "budget.json").write_text(json.dumps({"value": whole * 0.5, "metric": "kl_q_p"}))
+    return d
+
+
+def test_plot_command_draws_every_figure(cli, run_dir, tmp_path):
+    out = tmp_path / "figs"
+    res = cli("plot", run_dir, "--out", out)
+    assert res.code == 0, res.err
+    names = {p.stem for p in out.iterdir()}
+    assert names == {"sensitivity_by_block", "sensitivity_heatmap", "token_kl", "frontier", "fast_vs_exact",
+                     "capacity-recipe-0.5", "ladder-ladder"}
+    for p in out.iterdir():
+        assert p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 10_000
+    svg = tmp_path / "svg"
+    assert cli("plot", run_dir, "--out", svg, "--format", "svg").code == 0
+    assert all(p.suffix == ".svg" and b"<svg" in p.read_bytes()[:400] for p in svg.iterdir())
+
+
+def test_frontier_shows_every_recipe_search(run_dir):
+    """The measured points drawn are the recipes' own search entries, one star per chosen recipe."""
+    from fp8probe.plots import frontier, recipes_of
+    from fp8probe.runs import read_sweep
+
+    recipes = recipes_of(run_dir)
+    assert sorted(r["_name"] for r in recipes) == ["recipe-0.2", "recipe-0.5"]
+    fig = frontier(read_sweep(run_dir).table, recipes)
+    ax = fig.axes[0]
+    drawn = sum(len(c.get_offsets()) for c in ax.collections)
+    measured = sum(1 for r in recipes for e in r["search"] if e.get("bytes_saved") and e["measured"] > 0)
+    assert drawn == measured + len(recipes)
+    budgets = sorted(line.get_ydata()[0] for line in ax.lines[1:])
+    assert budgets == pytest.approx(sorted(r["budget"] for r in recipes))
+
+
+def test_plot_refuses_what_it_cannot_draw(cli, tmp_path):
+    res = cli("plot", tmp_path)
+    assert res.code == 2 and "holds none of the files" in res.err and len(res.lines) == 1
+    res = cli("plot", tmp_path / "missing")
+    assert res.code == 2 and "no such run directory" in res.err

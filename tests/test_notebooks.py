@@ -1,0 +1,48 @@
+"""The notebooks run, top to bottom, on a small sweep of the embedded student, and are committed without outputs."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def test_committed_without_outputs():
+    assert {p.name for p in NOTEBOOKS} == {"sensitivity.ipynb", "recipe_explorer.ipynb"}
+    for p in NOTEBOOKS:
+        nb = json.loads(p.read_text())
+        assert nb["cells"][0]["cell_type"] == "markdown", f"{p.name} opens with what it shows"
+        for c in nb["cells"]:
+            if c["cell_type"] == "code":
+                assert c["outputs"] == [] and c["execution_count"] is None, f"{p.name} holds outputs"
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    from fp8probe.cli import main
+
+    d = tmp_path_factory.mktemp("nb") / "run"
+    assert main(["-q", "sweep", "--out", str(d), "--method", "auto", "--num-prompts", "2", "--max-new-tokens", "8"]) == 0
+    return d
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs(path, small_run, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("FP8PROBE_RUN", str(small_run))
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {}))
+    assert images >= {"sensitivity.ipynb": 4, "recipe_explorer.ipynb": 2}[path.name]
+    if path.name == "recipe_explorer.ipynb":  # it measured a recipe with the CLI and read its capacity
+        (recipe,) = small_run.glob("recipe-*/recipe.json")
+        assert json.loads(recipe.read_text())["measured"] is not None
+        assert (recipe.parent / "capacity.json").exists()
+    os.environ.pop("FP8PROBE_RUN", None)
