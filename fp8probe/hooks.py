@@ -126,12 +126,7 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
     if scheme.static_input and not weights_only and calibration is None:
         raise FP8ProbeError(f"scheme {scheme.name} has static input scales: pass a Calibration from the rollouts")
     handles, restore = [], []
-    linear = [n for n in names if isinstance(model.get_submodule(n), nn.Linear)]
-    experts = [n for n in names if is_experts(model.get_submodule(n))]
-    other = set(names) - set(linear) - set(experts)
-    if other:
-        raise FP8ProbeError(f"not quantizable units: {', '.join(sorted(other))}")
-    _check_dims(model, linear, experts, scheme)
+    linear, experts = _split_units(model, names, scheme)
     try:
         # FP8 codes (1 byte per weight) are kept for the duration; each weight is dequantized just before
         # its module runs and dropped right after, so that a whole-model recipe costs 1 byte per weight
@@ -175,6 +170,17 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
                 obj.data = val
 
 
+def _split_units(model: nn.Module, names: list[str], scheme: Scheme) -> tuple[list[str], list[str]]:
+    """(Linear units, fused-experts units) of `names`; refuses anything else and dims the scheme cannot take."""
+    linear = [n for n in names if isinstance(model.get_submodule(n), nn.Linear)]
+    experts = [n for n in names if is_experts(model.get_submodule(n))]
+    other = set(names) - set(linear) - set(experts)
+    if other:
+        raise FP8ProbeError(f"not quantizable units: {', '.join(sorted(other))}")
+    _check_dims(model, linear, experts, scheme)
+    return linear, experts
+
+
 def _check_dims(model, linear, experts, scheme: Scheme) -> None:
     dims = {n: model.get_submodule(n).in_features for n in linear}
     for n in experts:
@@ -195,12 +201,19 @@ LAZY_CODES_BYTES = 4 * 2**30  # quantize_units keeps FP8 codes up to this many b
 def _lazy_codes(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, tuple]:
     """Like _checkpoint_codes, but each entry is (fn, None): fn() quantizes that weight now (with its fused
     group, for per-tensor scales), so that nothing is held between forwards."""
+    members = _fused_members(model, names)
+    return {n: ((lambda n=n: _checkpoint_codes(model, members[n], scheme)[n]), None) for n in names}
+
+
+def _fused_members(model: nn.Module, names: list[str]) -> dict[str, list[str]]:
+    """Each name -> the names quantized with it: its whole fused group when every member is among `names`
+    (vLLM's shared per-tensor scale), else itself alone."""
     members = {n: [n] for n in names}
     for us in fused_groups(list_units(model)).values():
         ns = [u.name for u in us]
         if len(ns) > 1 and set(ns) <= set(names):
             members.update({n: ns for n in ns})
-    return {n: ((lambda n=n: _checkpoint_codes(model, members[n], scheme)[n]), None) for n in names}
+    return members
 
 
 def _swap_in_hook(codes, scale, scheme: Scheme, quant_input):
@@ -236,19 +249,9 @@ def fp8_forwards(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC"
     names = list(names)
     if scheme.static_input and calibration is None:
         raise FP8ProbeError(f"scheme {scheme.name} has static input scales: pass a Calibration from the rollouts")
-    linear = [n for n in names if isinstance(model.get_submodule(n), nn.Linear)]
-    experts = [n for n in names if is_experts(model.get_submodule(n))]
-    other = set(names) - set(linear) - set(experts)
-    if other:
-        raise FP8ProbeError(f"not quantizable units: {', '.join(sorted(other))}")
-    _check_dims(model, linear, experts, scheme)
+    linear, experts = _split_units(model, names, scheme)
     out = {}
-    members = {n: [n] for n in linear}
-    if fused:
-        for us in fused_groups(list_units(model)).values():
-            ns = [u.name for u in us]
-            if set(ns) <= set(linear):
-                members.update({n: ns for n in ns})
+    members = _fused_members(model, linear) if fused else {n: [n] for n in linear}
     keep = sum(_weight_bytes(model, n) for n in names) <= DEQUANTIZED_CACHE_BYTES
     last: dict = {}  # q/k/v (and gate/up) see the same input: quantize it once (dynamic schemes)
 
