@@ -25,6 +25,19 @@ AGREEMENT_FILE = "agreement.json"
 AGREEMENT_SCHEMA_VERSION = 1
 
 
+def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str) -> str | None:
+    """Why an exact sweep cannot be compared with this one (None when it can, rollouts aside)."""
+    r = exact_run.run
+    if (exact_run.table["method"] != "exact").any():
+        return "that sweep is not exact (run with --method exact)"
+    theirs = (r["scheme"], r.get("granularity"), r.get("include_kv"), r.get("kv_cache_dtype"))
+    ours = (scheme.upper(), granularity, include_kv, kv_cache_dtype)
+    if theirs != ours:
+        return (f"it swept scheme/granularity/KV rows/KV dtype {theirs}, this sweep {ours}; compare sweeps with the "
+                "same settings")
+    return None
+
+
 def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str,
                      rollouts) -> None:
     """Refuse an exact sweep that measured something else than this one, or other rollouts."""
@@ -32,14 +45,9 @@ def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool,
 
     from .rollouts import load_rollouts
 
-    r = exact_run.run
-    if (exact_run.table["method"] != "exact").any():
-        raise FP8ProbeError(f"--compare {exact_run.directory}: that sweep is not exact (run with --method exact)")
-    theirs = (r["scheme"], r.get("granularity"), r.get("include_kv"), r.get("kv_cache_dtype"))
-    ours = (scheme.upper(), granularity, include_kv, kv_cache_dtype)
-    if theirs != ours:
-        raise FP8ProbeError(f"--compare {exact_run.directory}: it swept scheme/granularity/KV rows/KV dtype {theirs}, "
-                            f"this sweep {ours}; compare sweeps with the same settings")
+    why = settings_differ(exact_run, scheme, granularity, include_kv, kv_cache_dtype)
+    if why:
+        raise FP8ProbeError(f"--compare {exact_run.directory}: {why}")
     other = load_rollouts(exact_run.directory)
     same = all(torch.equal(getattr(other, t), getattr(rollouts, t))
                for t in ("input_ids", "attention_mask", "response_mask"))

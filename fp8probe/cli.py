@@ -467,15 +467,19 @@ def _rollouts(args, student, out: Path, reuse_from: Path | None = None):
 
 
 def _exact_run(args):
-    """The exact sweep a fast one is compared with: --compare, or --rollouts when it names a finished exact sweep."""
+    """The exact sweep a fast one is compared with: --compare (refused when it measured something else), or
+    --rollouts when it names a finished exact sweep of the same settings (else the rollouts are only reused)."""
+    from .agreement import settings_differ
     from .runs import RUN_FILE, read_sweep
 
     if args.compare:
         return read_sweep(args.compare)
     if args.rollouts and (Path(args.rollouts) / RUN_FILE).exists():
         run = read_sweep(args.rollouts)
-        if (run.table["method"] == "exact").all():
+        why = settings_differ(run, args.scheme, args.granularity, not args.no_kv, args.kv_cache_dtype)
+        if why is None:
             return run
+        log.info("not compared with the sweep in %s: %s", args.rollouts, why)
     return None
 
 

@@ -140,6 +140,14 @@ def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path):
     assert a["recipes"]["same"] == (a["recipes"]["exact"]["quantized"] == a["recipes"]["fast"]["quantized"])
     run = json.loads((fast / "run.json").read_text())
     assert run["method"]["method"] == "fisher" and run["exact_rows"] == 0 and run["seconds"]["fisher"] > 0
+    # reusing an exact sweep's rollouts with other settings only reuses them; --compare refuses it
+    grouped = tmp_path / "grouped"
+    res = cli("sweep", deep_tiny_dir, "--out", grouped, "--rollouts", exact, "--method", "fisher", "--granularity", "group")
+    assert res.code == 0, res.err
+    assert not (grouped / "agreement.json").exists() and "agreement" not in res.out
+    res = cli("sweep", deep_tiny_dir, "--out", tmp_path / "g2", "--compare", exact, "--rollouts", exact,
+              "--method", "fisher", "--granularity", "group")
+    assert res.code == 2 and "same settings" in res.err
     # other rollouts cannot be compared
     other = tmp_path / "other"
     res = cli("sweep", deep_tiny_dir, "--out", other, "--compare", exact, "--method", "fisher", "--seed", "7", *common)
