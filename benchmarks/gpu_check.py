@@ -99,10 +99,7 @@ def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) ->
     out["spearman"] = spearman([e[u] for u in units], [ex[u] for u in units])
     out["top10_overlap"] = top_overlap({u: e[u] for u in units}, {u: ex[u] for u in units})
     out["fp8_all_kl_q_p"] = ex["model.fp8_all"]
-    del student, ref, df
-    if cuda:
-        torch.cuda.empty_cache()
-    return out
+    return out  # the model and its records go with this frame, before the next size is built
 
 
 def vllm_kv(out_dir: Path) -> dict:
@@ -174,6 +171,8 @@ def main() -> None:
                "date": time.strftime("%Y-%m-%d"), "models": []}
     for size in args.sizes:
         res = check(size, args.device, args.num_prompts, args.max_new_tokens, args.batch_size)
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
         results["models"].append(res)
         print(json.dumps(res), flush=True)
         (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
