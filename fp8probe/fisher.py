@@ -120,7 +120,6 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
     defer = calibration is None and bool(kv_layers) and kv.scale == "calibrated"
     forwards = fp8_forwards(model, units, scheme, calibration, fused=fused)
     scales = {} if defer else {i: kv_scales(kv, i, calibration) for i in kv_layers}
-    kv_set = set(kv_layers)
     kv_amax = Calibration({}, {}, {})
     kv_spec = QuantSpec(kv.strategy)
 
@@ -159,8 +158,6 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
         return fwd
 
     def kv_hook(i, k, v):
-        if i not in kv_set:
-            return k, v
         if defer:
             for d, t in ((kv_amax.k_amax, k), (kv_amax.v_amax, v)):
                 a = amax(t.detach(), kv_spec).float().cpu()
@@ -189,7 +186,7 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
         for p in model.parameters():
             p.requires_grad_(False)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(observe_kv(model, kv_hook))
+            stack.enter_context(observe_kv(model, kv_hook, kv_layers))
             stack.enter_context(torch.enable_grad())
             for ids, am, resp in batches:
                 ids, am = ids.to(device), am.to(device)

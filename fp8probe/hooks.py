@@ -132,8 +132,7 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
         # its module runs and dropped right after, so that a whole-model recipe costs 1 byte per weight
         # extra instead of a second fp32 copy of the model. Above LAZY_CODES_BYTES of codes (a big student's
         # whole-model rows on one GPU) not even the codes are kept: each forward quantizes its weight again.
-        lazy = just_in_time and sum(_weight_bytes(model, n) // model.get_submodule(n).weight.element_size()
-                                    for n in linear) > LAZY_CODES_BYTES
+        lazy = just_in_time and sum(model.get_submodule(n).weight.numel() for n in linear) > LAZY_CODES_BYTES
         codes_of = _lazy_codes(model, linear, scheme) if lazy else _checkpoint_codes(model, linear, scheme)
         for n, (codes, scale) in codes_of.items():
             mod = model.get_submodule(n)

@@ -58,31 +58,17 @@ def sensitivity_heatmap(sensitivity, path: str | Path | None = None, metric: str
     ax.set_title(f"sensitivity of each unit in FP8: log10 {metric} (mean per response token)", fontsize=10)
     fig.colorbar(im, ax=ax, label=f"log10 {metric}")
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-    return fig
+    return _save(fig, path)
 
 
-def budget_curve(sensitivity, path: str | Path | None = None, metric: str = "kl_q_p"):
-    """Predicted mismatch (sum of group scores) against weight bytes saved, along the recipe ranking."""
+def predicted_frontier(sensitivity, metric: str = "kl_q_p"):
+    """(weight MiB saved, predicted mismatch) after each fused group along the recipe ranking, from (0, 0): the
+    sum of group scores that `fp8probe recipe` starts its measured search from."""
     import numpy as np
-
-    plt = _plt()
 
     ranked = rank_groups(group_scores(sensitivity, metric))
     saved = np.cumsum([0] + [g.bytes_saved for g in ranked]) / 2**20
-    pred = np.cumsum([0] + [g.score for g in ranked])
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(pred, saved, marker=".", markersize=3)
-    ax.set_xscale("symlog", linthresh=max(pred[1], 1e-9))
-    ax.set_xlabel(f"predicted {metric} (sum of group scores)")
-    ax.set_ylabel("weight MiB saved")
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-    return fig
+    return saved, np.cumsum([0] + [g.score for g in ranked])
 
 
 def budget_fit(budget, path: str | Path | None = None):
@@ -108,10 +94,7 @@ def budget_fit(budget, path: str | Path | None = None):
     ax.set_title("mismatch budget from training runs", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-    return fig
+    return _save(fig, path)
 
 
 def _plt():
@@ -157,12 +140,8 @@ def sensitivity_by_block(df, path: str | Path | None = None, metric: str = "kl_q
 def frontier(df, recipes: list[dict], path: str | Path | None = None, metric: str = "kl_q_p"):
     """Weight bytes saved against mismatch: predicted (sum of group scores along the ranking) and every measured
     point of the recipe searches, each chosen recipe marked, its budget as a line."""
-    import numpy as np
-
     plt = _plt()
-    ranked = rank_groups(group_scores(df, metric))
-    saved = np.cumsum([0] + [g.bytes_saved for g in ranked]) / 2**20
-    pred = np.cumsum([0] + [g.score for g in ranked])
+    saved, pred = predicted_frontier(df, metric)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(saved[1:], pred[1:], color="grey", linewidth=1.2, label="predicted: sum of group scores, ranked")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -8,7 +8,7 @@ b..L-1 plus the lm_head on response positions, not a whole forward. Rows:
     one per attention layer, kind "kv": that layer's KV cache in FP8 (include_kv=True)
     model.fp8_all        kind "model": every unit in FP8 (the usual "all but lm_head" recipe)
     model.fp8_all_kv     kind "model": the same plus an FP8 KV cache in every layer (include_kv=True)
-    model.reference      kind "model": the reference against itself; exactly 0 or the sweep is broken
+    model.reference      kind "model": the reference against itself; 0 (within fp32 rounding) or the sweep is broken
 
 Units whose shapes the scheme's kernels refuse (student.scheme_blockers: FP8_BLOCK on dims that are not
 whole groups of 128) get no row and are left out of the model rows: they stay BF16 in every recipe.
@@ -149,7 +149,7 @@ def exact_rows(rows: list[Row], estimates: dict[str, float], method: Method) -> 
     import random
 
     units = [r.unit for r in rows if r.kind != "model"]
-    ranked = sorted(units, key=lambda u: (-estimates[u], units.index(u)))
+    ranked = sorted(units, key=lambda u: -estimates[u])  # stable: ties keep model order
     top = ranked[:method.top_k]
     rest = ranked[method.top_k:]
     controls = random.Random(method.seed).sample(rest, min(method.controls, len(rest)))

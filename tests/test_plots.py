@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from fp8probe.plots import budget_curve, capacity_bars, sensitivity_heatmap
+from fp8probe.plots import capacity_bars, frontier, sensitivity_heatmap
 
 
 def _table():
@@ -26,7 +26,7 @@ def _table():
 
 def test_figures(tmp_path):
     sensitivity_heatmap(_table(), tmp_path / "h.png")
-    budget_curve(_table(), tmp_path / "b.png")
+    frontier(_table(), [], tmp_path / "b.png")  # the prediction alone
     side = {"kv_tokens": 100, "max_concurrency": 1.5, "scheme": "FP8_DYNAMIC", "kv_cache_dtype": "fp8"}
     capacity_bars({"baseline": dict(side, scheme=None, kv_cache_dtype="auto"), "candidate": side,
                    "max_model_len": 8192, "model_type": "llama", "ratio_kv_tokens": 1.0}, tmp_path / "c.png")
