@@ -70,6 +70,15 @@ EPILOG_BUDGET = """examples:
   fp8probe budget runs.csv --out runs/budget --tolerance 0.01
 """
 
+EPILOG_CALIBRATE = """examples:
+  fp8probe calibrate --out runs/calibrate            # the demo pair: embedded SmolLM2 teaching its pruned copy
+  fp8probe calibrate --out runs/calibrate --resume   # continue a killed calibration
+  fp8probe calibrate --teacher ./Qwen3-8B --student ./Qwen3-1.7B --levels 0 0.003 0.01 fp8 kv stale:2 \\
+      --out runs/cal --mark runs/recipe/recipe.json runs/ladder/ladder.csv
+
+levels: """ + "a number: weight noise sigma (x each tensor's std; 0: no mismatch); fp8[:SCHEME]: every unit in FP8 "\
+    "(default FP8_DYNAMIC); kv[:DTYPE]: FP8 KV cache, scale 1.0; stale:K: rollouts from the weights of K updates ago\n"
+
 EPILOG_MEASURE = """examples:
   fp8probe measure --out runs/whole                 # whole-model FP8_DYNAMIC on the embedded student
   fp8probe measure --rollouts runs/smollm2 --kv-cache-dtype fp8 --out runs/whole_kv
@@ -303,6 +312,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest relative quality loss accepted (default: 0.01 = 1 %%)")
     p.add_argument("--bootstrap", type=NONNEG_INT, default=1000, help="bootstrap resamples for the interval")
     p.add_argument("--seed", type=NONNEG_INT, default=0)
+
+    p = sub.add_parser("calibrate", help="calibrate the mismatch budget with short on-policy distillation runs "
+                       "(TRL) at a ladder of rollout mismatch", epilog=EPILOG_CALIBRATE,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--teacher", default=None, help="the teacher: HF directory, .gguf file, model id in the local HF "
+                   "cache; default: the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--student", default="pruned", help="the student (same tokenizer as the teacher), or pruned[:K]: "
+                   "the teacher depth-pruned to every K-th decoder block, initialised from its weights (default: "
+                   "pruned, K=2)")
+    p.add_argument("--out", required=True, help="run directory (runs/, runs.csv, budget.json, calibration.png)")
+    p.add_argument("--levels", nargs="+", default=None, metavar="LEVEL",
+                   help="rollout mismatch levels (see below); default: 0 0.003 0.01 0.03 0.1 (weight noise)")
+    p.add_argument("--seeds", type=POSITIVE_INT, default=2, help="runs per level (default: 2)")
+    p.add_argument("--steps", type=POSITIVE_INT, default=30, help="optimizer steps per run (default: 30)")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="prompts per step (default: 8)")
+    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=32, help="completion length (default: 32)")
+    p.add_argument("--learning-rate", type=POSITIVE_FLOAT, default=2e-5, help="AdamW, constant (default: 2e-5)")
+    p.add_argument("--eval-every", type=POSITIVE_INT, default=10, help="held-out evaluation interval (default: 10)")
+    p.add_argument("--eval-samples", type=POSITIVE_INT, default=2,
+                   help="responses sampled per held-out prompt (default: 2)")
+    p.add_argument("--prompts", help="prompts file (text or JSONL); every 5th is held out; default: the built-in 40")
+    p.add_argument("--tolerance", type=NONNEG_FLOAT, default=None,
+                   help="largest relative rise of the held-out reverse KL accepted (default: 0.05)")
+    p.add_argument("--mark", nargs="*", default=[], metavar="FILE",
+                   help="configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
+                        "sensitivity.csv (whole-model rows)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--resume", action="store_true", help="continue a killed calibration in --out")
 
     p = sub.add_parser("plot", help="every figure a run directory's files allow (sweep, recipes, capacity, ladder)")
     p.add_argument("run_dir", help="a directory written by fp8probe (a sweep, with recipes, capacity or a ladder "
@@ -805,6 +842,46 @@ def cmd_budget(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from ._files import check_writable, output_dir
+    from .calibrate import DEFAULT_LEVELS, DEFAULT_TOLERANCE, Settings, calibrate, check_resume, parse_level, \
+        read_marks, split_prompts
+    from .opd_train import TrainSettings, require_trl
+    from .prompts import BUILTIN_PROMPTS
+    from .rollouts import read_prompts
+
+    require_trl()
+    levels = tuple(args.levels or DEFAULT_LEVELS)
+    names = [parse_level(x).name for x in levels]
+    if len(set(names)) != len(names):
+        raise FP8ProbeError(f"--levels names a level twice ({', '.join(names)})")
+    read_marks(args.mark)
+    train = TrainSettings(steps=args.steps, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                          learning_rate=args.learning_rate, eval_every=args.eval_every, eval_samples=args.eval_samples)
+    train.check()
+    prompts = read_prompts(args.prompts) if args.prompts else list(BUILTIN_PROMPTS)
+    tr, held = split_prompts(prompts)
+    settings = Settings(args.teacher, args.student, levels, args.seeds, train, tuple(tr), tuple(held))
+    out = check_writable(args.out)
+    check_resume(out, settings, args.resume)
+    t0 = time.perf_counter()
+    tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
+    with output_dir(out, keep=("runs",)) as out:
+        res = calibrate(settings, out, device=args.device, progress=args.progress, tolerance=tolerance,
+                        marks=args.mark, log=log.info)
+    df, b = res["runs"], res["budget"]
+    means = df.groupby("level", sort=False).agg(mismatch=("mismatch", "first"), quality=("quality", "mean"))
+    print(f"calibrate: {len(df)} OPD runs ({len(means)} levels x {args.seeds} seeds) in "
+          f"{time.perf_counter() - t0:.0f} s -> {out}")
+    for level, r in means.iterrows():
+        print(f"  level {level:<10} mismatch kl_q_p {r['mismatch']:.4g}   held-out reverse KL {r['quality']:.4f}")
+    if b is not None:
+        lo, hi = b.interval or (float("nan"), float("nan"))
+        print(f"budget: kl_q_p <= {b.value:.4g} (90 % bootstrap interval {lo:.4g} .. {hi:.4g}) at a relative "
+              f"quality loss <= {b.tolerance:g} -> {out / 'budget.json'}")
+    return 0
+
+
 def cmd_plot(args) -> int:
     from .plots import plot_run
 
@@ -815,7 +892,7 @@ def cmd_plot(args) -> int:
     return 0
 
 
-COMMANDS = {"plot": cmd_plot, "sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "recipe": cmd_recipe,
+COMMANDS = {"calibrate": cmd_calibrate, "plot": cmd_plot, "sweep": cmd_sweep, "measure": cmd_measure, "rollouts": cmd_rollouts, "recipe": cmd_recipe,
             "ladder": cmd_ladder, "check": cmd_check, "budget": cmd_budget,
             "export": cmd_export, "capacity": cmd_capacity, "units": cmd_units}
 

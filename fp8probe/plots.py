@@ -347,3 +347,56 @@ def _budget_beside(f: Path) -> float | None:
             if isinstance(value, (int, float)):
                 return float(value)
     return None
+
+
+def calibration_plot(runs, path: str | Path | None = None, budget=None, marks=(), quality: str = "quality",
+                     curves: dict | None = None):
+    """Left: each OPD run's final quality against its measured rollout mismatch (symlog x: level 0 at 0), the
+    level means joined, the fitted budget and configurations measured elsewhere marked on the same axis.
+    Right: held-out quality along training, one line per level (mean over seeds), from eval.csv files."""
+    import pandas as pd
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(11, 4.2) if curves else (6, 4.2), squeeze=False)
+    ax = axes[0][0]
+    means = runs.groupby("mismatch", sort=True)["quality"].agg(["mean", "min", "max"])
+    ax.scatter(runs["mismatch_run"], runs["quality"], s=16, color="tab:blue", alpha=0.6, label="run (its own mismatch)")
+    ax.errorbar(means.index, means["mean"], yerr=[means["mean"] - means["min"], means["max"] - means["mean"]],
+                color="tab:blue", marker="o", capsize=3, label="level mean over seeds")
+    start = runs["quality_start"].mean()
+    ax.axhline(start, color="grey", linestyle="--", linewidth=1, label=f"before training {start:.3f}")
+    positive = [v for v in [*runs["mismatch_run"], *(m for _, m in marks)] if v > 0]
+    ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1e-4)
+    ax.set_xlim(left=0)
+    if budget is not None:
+        ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g} (tolerance {100 * budget.tolerance:g} %)")
+    ymax = max(runs["quality"].max(), start)
+    for i, (label, value) in enumerate(marks):
+        inside = budget is None or value <= budget.value
+        ax.axvline(value, color="tab:green" if inside else "tab:orange", linestyle=":", linewidth=1)
+        ax.annotate(label, (value, ymax), rotation=90, fontsize=7, va="top", ha="right",
+                    xytext=(-2, -4 - 0 * i), textcoords="offset points")
+    ax.set_xlabel("measured rollout mismatch, mean per-token KL(q‖p)")
+    ax.set_ylabel(quality if len(quality) < 40 else "held-out reverse KL to the teacher")
+    ax.set_title("OPD quality vs rollout mismatch (lower is better)", fontsize=10)
+    ax.legend(fontsize=7, loc="center left")
+    if curves:
+        ax2 = axes[0][1]
+        by_level: dict = {}
+        for (level, seed), f in curves.items():
+            if Path(f).exists():
+                by_level.setdefault(level, []).append(pd.read_csv(f).set_index("step")["reverse_kl"])
+        cmap = plt.get_cmap("viridis")
+        order = list(dict.fromkeys(runs.sort_values("mismatch")["level"]))
+        for i, level in enumerate(order):
+            if level in by_level:
+                mean = pd.concat(by_level[level], axis=1).mean(axis=1)
+                m = runs[runs["level"] == level]["mismatch"].iloc[0]
+                ax2.plot(mean.index, mean.values, marker=".", color=cmap(i / max(len(order) - 1, 1)),
+                         label=f"level {level} (KL {m:.2g})")
+        ax2.set_xlabel("training step")
+        ax2.set_ylabel("held-out reverse KL to the teacher")
+        ax2.set_title("learning curves (mean over seeds)", fontsize=10)
+        ax2.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)

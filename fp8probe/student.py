@@ -466,3 +466,34 @@ def parse_dtype(dtype) -> torch.dtype:
     if str(dtype).lower() not in table:
         raise FP8ProbeError(f"unknown dtype {dtype!r}; supported: float32, bfloat16, float16")
     return table[str(dtype).lower()]
+
+
+def depth_pruned(model: nn.Module, every: int = 2) -> nn.Module:
+    """A depth-pruned copy of `model`, initialised from its weights (Minitron-style): decoder blocks 0, every,
+    2·every, ... kept, the embeddings, final norm and head copied; the rest dropped. The teacher is untouched."""
+    import copy
+
+    if every < 2:
+        raise FP8ProbeError("a depth-pruned student keeps every k-th block for k >= 2")
+    n = len(decoder_layers(model))
+    keep = list(range(0, n, every))
+    if len(keep) == n:
+        raise FP8ProbeError(f"the teacher has {n} decoder block(s): too few to prune")
+    pruned = copy.deepcopy(model)
+    layers = decoder_layers(pruned)
+    kept = nn.ModuleList([layers[i] for i in keep])
+    pruned.model.layers = kept
+    for j, layer in enumerate(kept):  # the KV cache is indexed by the attention's layer_idx
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and hasattr(attn, "layer_idx"):
+            attn.layer_idx = j
+    cfg = pruned.config
+    text = text_config(cfg)
+    text.num_hidden_layers = len(keep)
+    for key in ("layer_types", "mlp_only_layers"):
+        val = getattr(text, key, None)
+        if isinstance(val, list) and key == "layer_types" and len(val) == n:
+            text.layer_types = [val[i] for i in keep]
+        elif isinstance(val, list) and key == "mlp_only_layers":
+            text.mlp_only_layers = [keep.index(i) for i in val if i in keep]
+    return pruned

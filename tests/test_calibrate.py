@@ -1,0 +1,146 @@
+"""fp8probe calibrate: OPD runs (TRL) whose rollouts come from a perturbed copy of the student, on a tiny pair.
+
+The tiny pair: a 4-block llama teacher (random weights) and its depth-pruned copy (blocks 0 and 2). A few
+steps each: the same code as the demo, at a size CI runs in seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import tiny_model, tiny_tokenizer
+
+pytest.importorskip("trl")
+
+from fp8probe.calibrate import Level, Settings, parse_level, run_dir, train_one  # noqa: E402
+from fp8probe.errors import FP8ProbeError  # noqa: E402
+from fp8probe.opd_train import TrainSettings, opd_config, prompt_dataset, trainable_student  # noqa: E402
+from fp8probe.prompts import BUILTIN_PROMPTS  # noqa: E402
+from fp8probe.student import Student, depth_pruned, list_units  # noqa: E402
+
+TRAIN = TrainSettings(steps=3, batch_size=4, max_new_tokens=6, learning_rate=1e-3, eval_every=1, eval_samples=1)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tok = tiny_tokenizer()
+    m = tiny_model("llama", num_hidden_layers=4)
+    teacher = Student(m, tok, list_units(m), "tiny-teacher", "", "llama")
+    pm = depth_pruned(m, 2)
+    return teacher, Student(pm, tok, list_units(pm), "pruned", "", "llama")
+
+
+def _settings(levels=("0",), steps=TRAIN.steps):
+    train = BUILTIN_PROMPTS[:8]
+    held = BUILTIN_PROMPTS[8:10]
+    return Settings(None, "pruned", tuple(levels), 1, TrainSettings(**{**TRAIN.__dict__, "steps": steps}),
+                    tuple(train), tuple(held))
+
+
+def test_depth_pruned_keeps_every_other_block_with_the_teachers_weights(pair):
+    teacher, student = pair
+    t, s = teacher.model, student.model
+    assert s.config.num_hidden_layers == 2 and t.config.num_hidden_layers == 4
+    for j, i in enumerate([0, 2]):
+        assert torch.equal(s.model.layers[j].mlp.down_proj.weight, t.model.layers[i].mlp.down_proj.weight)
+        assert s.model.layers[j].self_attn.layer_idx == j
+    assert torch.equal(s.model.embed_tokens.weight, t.model.embed_tokens.weight)
+    # a copy: training the student leaves the teacher alone
+    assert s.model.layers[0].mlp.down_proj.weight.data_ptr() != t.model.layers[0].mlp.down_proj.weight.data_ptr()
+    # the pruned model generates with a KV cache (layer_idx renumbered): same tokens as without a cache
+    ids = torch.tensor([[1, 5, 9, 12]])
+    a = s.generate(ids, max_new_tokens=5, do_sample=False, use_cache=True, pad_token_id=0)
+    b = s.generate(ids, max_new_tokens=5, do_sample=False, use_cache=False, pad_token_id=0)
+    assert torch.equal(a, b)
+
+
+def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair, tmp_path):
+    """Level 0 (with fp8probe's evaluation and callbacks) trains exactly as plain DistillationTrainer: same seed,
+    same losses. A noise level's first loss differs, though its weights at step 1 are the same: its rollouts came
+    from the perturbed copy."""
+    from trl import DistillationTrainer
+
+    teacher, student = pair
+    s = _settings(("0", "0.3"))
+    zero = train_one(teacher, student, Level("none"), 0, s, tmp_path)
+    plain_model = trainable_student(copy.deepcopy(student.model), student.tokenizer, "plain").model
+    plain = DistillationTrainer(model=plain_model, teacher_model=teacher.model,
+                                args=opd_config(s.train, 0, str(tmp_path / "plain")),
+                                train_dataset=prompt_dataset(list(s.train_prompts)), processing_class=student.tokenizer)
+    plain.train()
+    plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
+    assert len(plain_losses) == TRAIN.steps
+    assert zero["losses"] == plain_losses
+    noisy = train_one(teacher, student, parse_level("0.3"), 0, s, tmp_path)
+    assert noisy["losses"][0] != zero["losses"][0]
+    # the held-out evaluation is seeded: both runs start from the same student and score it the same
+    assert zero["quality_start"] == noisy["quality_start"]
+
+
+def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
+    teacher, student = pair
+    s = _settings(("0.05", "0.2", "0.8"), steps=2)
+    got = [train_one(teacher, student, parse_level(x), 0, s, tmp_path)["mismatch"]["kl_q_p"] for x in s.levels]
+    assert 0 < got[0] < got[1] < got[2]
+    steps = pd.read_csv(run_dir(tmp_path, parse_level("0.2"), 0) / "steps.csv")
+    assert list(steps["step"]) == [1, 2] and (steps["kl_q_p"] > 0).all() and (steps["k3"] > 0).all()
+    stale = train_one(teacher, student, parse_level("stale:1"), 0, s, tmp_path)
+    st = pd.read_csv(run_dir(tmp_path, parse_level("stale:1"), 0) / "steps.csv")
+    # step 1: no update yet, the engine holds the trainer's weights; step 2: one update behind
+    assert st["kl_q_p"].iloc[0] == 0 and st["kl_q_p"].iloc[1] > 0 and stale["mismatch"]["kl_q_p"] > 0
+
+
+def test_levels_parse_and_refuse():
+    assert parse_level("0") == Level("none") and parse_level("0.01") == Level("noise", 0.01)
+    assert parse_level("fp8").scheme == "FP8_DYNAMIC" and parse_level("kv").scheme == "fp8"
+    assert parse_level("stale:3") == Level("stale", 3.0)
+    for bad in ("-1", "nan", "fp8:FP8", "stale:0", "kv:int4", "hot"):
+        with pytest.raises(FP8ProbeError):
+            parse_level(bad)
+
+
+def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
+    from fp8probe.budget import fit_budget
+
+    out = tmp_path / "cal"
+
+    def args(steps=2):
+        return ["calibrate", "--teacher", tiny_dirs["llama"], "--out", out, "--seeds", "1", "--steps", steps,
+                "--batch-size", "4", "--max-new-tokens", "5", "--eval-every", "1", "--eval-samples", "1"]
+
+    common = args()
+    r = cli(*common, "--levels", "0", "0.2")
+    assert r.code == 0, r.err
+    runs = pd.read_csv(out / "runs.csv", dtype={"level": str})
+    assert list(runs["level"]) == ["0", "0.2"] and runs["mismatch"].iloc[0] == 0
+    assert runs["mismatch"].iloc[1] > 0 and not runs["higher_is_better"].any()
+    # the table is what `fp8probe budget` reads, and gives the budget calibrate wrote
+    b = json.loads((out / "budget.json").read_text())
+    assert fit_budget(out / "runs.csv", tolerance=b["tolerance"]).value == b["value"]
+    assert (out / "calibration.png").stat().st_size > 0 and (out / "calibrate.json").exists()
+    assert not (out / "calibrate.partial.json").exists()
+    # the same directory again: refused without --resume; with it, only the new level trains
+    assert cli(*common, "--levels", "0", "0.2").code == 2
+    before = (run_dir(out, parse_level("0.2"), 0) / "run.json").stat().st_mtime_ns
+    r = cli(*common, "--levels", "0", "0.2", "0.5", "--resume")
+    assert r.code == 0, r.err
+    assert (run_dir(out, parse_level("0.2"), 0) / "run.json").stat().st_mtime_ns == before
+    assert len(pd.read_csv(out / "runs.csv")) == 3
+    # other training settings are refused on resume
+    r = cli(*args(steps=3), "--levels", "0", "--resume")
+    assert r.code == 2 and "another train" in r.err
+
+
+def test_cli_refusals_are_one_line(tmp_path, cli, monkeypatch):
+    r = cli("calibrate", "--out", tmp_path / "a", "--levels", "0", "hot")
+    assert r.code == 2 and len(r.lines) == 1 and "not a level" in r.err and not (tmp_path / "a").exists()
+    r = cli("calibrate", "--out", tmp_path / "b", "--mark", tmp_path / "nothing.txt")
+    assert r.code == 2 and len(r.lines) == 1 and not (tmp_path / "b").exists()
+    monkeypatch.setitem(__import__("sys").modules, "trl", None)
+    r = cli("calibrate", "--out", tmp_path / "c")
+    assert r.code == 2 and len(r.lines) == 1 and "pip install 'fp8probe[calibrate]'" in r.err
