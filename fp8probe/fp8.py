@@ -180,7 +180,16 @@ def simulate_weight(w: torch.Tensor, scheme: "str | Scheme", storage_dtype: torc
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio in dB, torchao's definition: 20 log10(||ref|| / ||ref - approx||)."""
     ref = ref.float()
-    return sqnr_db_from_energy(float(ref.pow(2).sum()), float((ref - approx.float()).pow(2).sum()))
+    return sqnr_db_from_energy(energy(ref), energy(ref - approx.float()))
+
+
+def energy(x: torch.Tensor) -> float:
+    """sum(x^2), the same to the bit whatever the thread count: each row is reduced in float64 by one thread
+    and the rows are added exactly (math.fsum), so a sweep spread over workers with fewer threads each writes
+    the same SQNR as one process."""
+    x = x.double()
+    rows = x.pow(2).reshape(-1, x.shape[-1]).sum(-1) if x.ndim else x.pow(2).reshape(1)
+    return math.fsum(rows.tolist())
 
 
 def sqnr_db_from_energy(signal: float, noise: float) -> float:

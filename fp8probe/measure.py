@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .fp8 import sqnr_db_from_energy
+from .fp8 import energy, sqnr_db_from_energy
 from .hooks import add_noise, quantize_kv, quantize_units, swap_weights
 from .metrics import METRICS
 from .mismatch import summarize
@@ -58,8 +58,8 @@ class _Energy:
 
     def add(self, ref, approx):
         ref = ref.float()
-        self.signal += float(ref.pow(2).sum())
-        self.noise += float((ref - approx.float()).pow(2).sum())
+        self.signal += energy(ref)
+        self.noise += energy(ref - approx.float())
 
     def add_kv(self, k, kq, v, vq):
         self.add(k, kq)
