@@ -9,6 +9,7 @@ is validated before anything is created, and a failed command leaves no half-wri
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import math
@@ -196,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an exact sweep of the same rollouts: write agreement.json (automatic with --rollouts of one)")
     p.add_argument("--agreement-budget", type=NONNEG_FLOAT, metavar="X",
                    help="kl_q_p budget of the agreement's recipes (default: half the whole-model FP8 mismatch)")
+    p.add_argument("--workers", type=POSITIVE_INT, default=1,
+                   help="Ray workers measuring the rows, one replica of the student each (its own GPU with "
+                        "--device cuda, else a share of the CPU threads); default 1: this process alone. Needs "
+                        "pip install 'fp8probe[ray]'")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="join this Ray cluster (left running) instead of starting a local instance")
+    p.add_argument("--threads-per-worker", type=POSITIVE_INT, metavar="T",
+                   help="CPU threads per worker (default: this machine's cores / --workers)")
 
     p = sub.add_parser("measure", help="whole-model mismatch of one scheme (and FP8 KV) on the rollouts",
                        epilog=EPILOG_MEASURE, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -334,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="responses sampled per held-out prompt (default: 2)")
     p.add_argument("--prompts", help="prompts file (text or JSONL); every 5th is held out; default: the built-in 40")
     p.add_argument("--tolerance", type=NONNEG_FLOAT, default=None,
-                   help="largest relative rise of the held-out reverse KL accepted (default: 0.05)")
+                   help="largest relative rise of the held-out reverse KL accepted (default: how far the "
+                        "mismatch-free runs land apart by their seeds alone, at least 0.01)")
     p.add_argument("--mark", nargs="*", default=[], metavar="FILE",
                    help="configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
                         "sensitivity.csv (whole-model rows)")
@@ -546,6 +556,7 @@ def cmd_sweep(args) -> int:
     from .sweep import Method, summary, sweep
 
     _validate(args)
+    cluster = _cluster(args)
     out = Path(args.out)
     check_resume_state(out, args.resume)
     if not args.resume and (out / RUN_FILE).exists():
@@ -565,9 +576,11 @@ def cmd_sweep(args) -> int:
                                                "auto": "reference pass, fast estimate, exact top rows"}[args.method],
                  args.scheme.upper(), args.granularity, "" if args.no_kv else ", KV rows")
         t = time.perf_counter()
-        df = sweep(student, rollouts, scheme=args.scheme, granularity=args.granularity, include_kv=not args.no_kv,
-                   kv=args.kv_cache_dtype, batch_size=args.batch_size, progress=args.progress, out_dir=out,
-                   resume=args.resume, method=method)
+        with _row_workers(args, cluster) as executor:
+            df = sweep(student, rollouts, scheme=args.scheme, granularity=args.granularity,
+                       include_kv=not args.no_kv, kv=args.kv_cache_dtype, batch_size=args.batch_size,
+                       progress=args.progress, out_dir=out, resume=args.resume, method=method,
+                       rows_executor=executor)
         t_sweep = time.perf_counter() - t
         agree = None
         if exact_run is not None:
@@ -581,6 +594,7 @@ def cmd_sweep(args) -> int:
             "model_type": student.model_type, "scheme": args.scheme.upper(), "granularity": args.granularity,
             "include_kv": not args.no_kv, "kv_cache_dtype": args.kv_cache_dtype, "seed": rollouts.meta.get("seed"),
             "method": method.settings(), "exact_rows": int((df["method"] == "exact").sum()),
+            "workers": executor.stats if executor is not None else {"workers": 1},
             "device": args.device, "dtype": args.dtype, "batch_size": args.batch_size,
             "num_sequences": rollouts.num_sequences, "num_tokens": int(rollouts.attention_mask.sum()),
             "num_response_tokens": rollouts.num_response_tokens, "rows": len(df),
@@ -594,6 +608,41 @@ def cmd_sweep(args) -> int:
         print(describe(agree))
     print(f"sweep: {len(df)} rows in {time.perf_counter() - t0:.0f} s -> {out / 'sensitivity.csv'}")
     return 0
+
+
+def _cluster(args):
+    """The Ray workers a sweep asked for (None: this process alone), checked before any output exists."""
+    if args.workers == 1 and not args.ray_address:
+        if args.threads_per_worker:
+            raise FP8ProbeError("--threads-per-worker needs --workers N (N > 1) or --ray-address")
+        return None
+    from .scaleout import Cluster, require_ray
+
+    require_ray()
+    if args.device == "auto":
+        raise FP8ProbeError("--workers with --device auto: each worker holds its own replica; use --device cuda "
+                            "(one GPU per worker)")
+    return Cluster(args.workers, args.ray_address, args.threads_per_worker, gpus=args.device.startswith("cuda"))
+
+
+@contextlib.contextmanager
+def _row_workers(args, cluster):
+    if cluster is None:
+        yield None
+        return
+    from .scaleout import RayRows, ray_session
+
+    load = {"name_or_path": args.model, "device": "cuda" if cluster.gpus else args.device, "dtype": args.dtype,
+            "trust_remote_code": args.trust_remote_code, "allow_pickle": args.allow_pickle}
+    log.info("rows measured by %d Ray worker(s)%s", cluster.workers,
+             f" on the cluster at {cluster.address}" if cluster.address else
+             f" ({cluster.threads_per_worker()} CPU threads each)" if not cluster.gpus else " (one GPU each)")
+    with ray_session(cluster):
+        executor = RayRows(cluster, load)
+        try:
+            yield executor
+        finally:
+            executor.close()
 
 
 def cmd_measure(args) -> int:
@@ -844,8 +893,8 @@ def cmd_budget(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from ._files import check_writable, output_dir
-    from .calibrate import DEFAULT_LEVELS, DEFAULT_TOLERANCE, Settings, calibrate, check_resume, parse_level, \
-        read_marks, split_prompts
+    from .calibrate import DEFAULT_LEVELS, Settings, calibrate, check_resume, parse_level, read_marks, \
+        split_prompts
     from .opd_train import TrainSettings, require_trl
     from .prompts import BUILTIN_PROMPTS
     from .rollouts import read_prompts
@@ -865,9 +914,8 @@ def cmd_calibrate(args) -> int:
     out = check_writable(args.out)
     check_resume(out, settings, args.resume)
     t0 = time.perf_counter()
-    tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
     with output_dir(out, keep=("runs",)) as out:
-        res = calibrate(settings, out, device=args.device, progress=args.progress, tolerance=tolerance,
+        res = calibrate(settings, out, device=args.device, progress=args.progress, tolerance=args.tolerance,
                         marks=args.mark, log=log.info)
     df, b = res["runs"], res["budget"]
     means = df.groupby("level", sort=False).agg(mismatch=("mismatch", "first"), quality=("quality", "mean"))

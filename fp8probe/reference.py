@@ -127,3 +127,50 @@ class Reference:
 
     def measure(self, start_block: int = 0) -> dict[str, float]:
         return summarize(self.candidate_stats(start_block))
+
+    # shipping the reference to another process (scaleout.py): everything but the model travels
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["model"] = state["layers"] = None
+        return state
+
+    def bind(self, student) -> "Reference":
+        """This reference for another replica of the same student (a worker's): its model, its device."""
+        ref = object.__new__(Reference)
+        ref.__dict__.update(self.__dict__)
+        ref.model = student.model
+        ref.layers = decoder_layers(student.model)
+        ref.device = next(student.model.parameters()).device
+        if self.batches and len(ref.layers) != len(self.batches[0]["inputs"]):
+            raise FP8ProbeError("the worker's student has another number of blocks than the driver's")
+        ref.batches = [_to(rec, ref.device) for rec in self.batches]
+        return ref
+
+    def nbytes(self) -> int:
+        """Bytes of tensors a worker receives: recorded block inputs, reference log-probs, rollouts."""
+        seen: dict[int, int] = {}
+        _count(self.batches, seen)
+        _count([self.rows.logp, self.rows.top1, self.rows.tokens], seen)
+        return sum(seen.values())
+
+
+def _to(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
+
+
+def _count(obj, seen: dict) -> None:
+    if isinstance(obj, torch.Tensor):
+        seen[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _count(v, seen)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _count(v, seen)

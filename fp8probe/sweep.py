@@ -158,12 +158,15 @@ def exact_rows(rows: list[Row], estimates: dict[str, float], method: Method) -> 
 
 def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", include_kv: bool = True,
           kv="fp8", batch_size: int = 8, progress: bool = False, out_dir: str | Path | None = None,
-          resume: bool = False, reference: Reference | None = None, method: Method | str = "exact"):
+          resume: bool = False, reference: Reference | None = None, method: Method | str = "exact",
+          rows_executor=None):
     """Score every row of plan_rows() by `method`; returns a pandas DataFrame with COLUMNS.
 
     With out_dir, each finished row is appended to out_dir/sensitivity.partial.csv; with resume=True,
     rows already there are not measured again (the settings must match). The fast estimate itself is not
-    saved there: one pass, repeated on resume with the same seed.
+    saved there: one pass, repeated on resume with the same seed. `rows_executor(reference, rows)`, when
+    given, measures the exact rows elsewhere and yields (row, metrics) in any order (scaleout.RayRows);
+    by default they are measured here, in plan order.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -202,11 +205,14 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     t_exact = time.perf_counter()
     bar = tqdm(total=len(exact), initial=len(exact) - len(todo), desc="sweep", unit="row",
                disable=not progress or not todo, mininterval=bar_interval())
+    measured = (rows_executor(reference, todo) if rows_executor is not None and todo else
+                ((row, measure_perturbation(reference, student, row.perturbation, row.start_block,
+                                            sqnr=row.kind != "model")) for row in todo))
     try:
-        for row in todo:
+        for row, metrics in measured:
+            if row.unit in done:  # a re-run shard's row that already arrived: written once
+                continue
             bar.set_postfix_str(row.unit[-32:], refresh=False)
-            metrics = measure_perturbation(reference, student, row.perturbation, row.start_block,
-                                           sqnr=row.kind != "model")
             result = _row_result(row, metrics, "exact", estimates.get(row.unit, float("nan")))
             if row.unit == "model.reference" and not _at_zero(result):
                 raise RuntimeError(f"the reference against itself is not at the zero point: {result}; "
