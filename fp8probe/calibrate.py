@@ -36,7 +36,7 @@ from .opd_train import TrainSettings
 
 SCHEMA_VERSION = 1
 DEFAULT_LEVELS = ("0", "0.003", "0.01", "0.03", "0.1")
-DEFAULT_TOLERANCE = 0.05
+MIN_TOLERANCE = 0.01  # the tolerance when the mismatch-free runs agree closer than this (or there is one)
 RUN_COLUMNS = ["level", "kind", "value", "seed", "metric", "mismatch", "mismatch_run", "k3", "quality",
                "higher_is_better", "quality_start", "teacher_logp", "teacher_logp_start", "steps",
                "rollout_tokens", "seconds"]
@@ -293,9 +293,20 @@ def load_pair(teacher_path: str | None, student_spec: str, device: str = "cpu"):
     return teacher, student
 
 
-def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool = True, tolerance: float = 0.01,
-              marks=(), log=None) -> dict:
-    """Every level x seed run (finished ones kept), then runs.csv, budget.json and calibration.png."""
+def seed_tolerance(df) -> float:
+    """The default tolerance: the relative range (max - min) / mean of the mismatch-free runs' quality, i.e. how
+    far two runs without any mismatch land apart by their seeds alone (at least MIN_TOLERANCE). A level is
+    admitted when its fitted loss stays within what the seeds alone produce."""
+    q = df[df["mismatch"] == 0]["quality"]
+    if len(q) < 2 or q.mean() == 0:
+        return MIN_TOLERANCE
+    return max(MIN_TOLERANCE, float((q.max() - q.min()) / abs(q.mean())))
+
+
+def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool = True,
+              tolerance: float | None = None, marks=(), log=None) -> dict:
+    """Every level x seed run (finished ones kept), then runs.csv, budget.json and calibration.png. Without a
+    `tolerance`, the seeds' own spread at level 0 (seed_tolerance)."""
     from tqdm.auto import tqdm
 
     from ._files import atomic_write_json, atomic_write_text
@@ -331,6 +342,8 @@ def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool
     atomic_write_text(out / "runs.csv", df.to_csv(index=False))
     budget = None
     if (df["mismatch"] == 0).any() and df["mismatch"].nunique() > 1:
+        if tolerance is None:
+            tolerance = seed_tolerance(df)
         budget = fit_budget(df[["level", "seed", "metric", "mismatch", "quality", "higher_is_better"]],
                             tolerance=tolerance)
         budget = type(budget)(**{**budget.__dict__, "source": f"fp8probe calibrate: {len(df)} OPD runs in {out}"})

@@ -369,7 +369,7 @@ def calibration_plot(runs, path: str | Path | None = None, budget=None, marks=()
     ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1e-4)
     ax.set_xlim(left=0)
     if budget is not None:
-        ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g} (tolerance {100 * budget.tolerance:g} %)")
+        ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g} (tolerance {100 * budget.tolerance:.3g} %)")
     ymax = max(runs["quality"].max(), start)
     for i, (label, value) in enumerate(marks):
         inside = budget is None or value <= budget.value
