@@ -616,9 +616,10 @@ def _cluster(args):
         if args.threads_per_worker:
             raise FP8ProbeError("--threads-per-worker needs --workers N (N > 1) or --ray-address")
         return None
-    from .scaleout import Cluster, require_ray
+    from .scaleout import Cluster, check_address, require_ray
 
     require_ray()
+    check_address(args.ray_address)
     if args.device == "auto":
         raise FP8ProbeError("--workers with --device auto: each worker holds its own replica; use --device cuda "
                             "(one GPU per worker)")

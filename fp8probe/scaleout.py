@@ -65,6 +65,25 @@ class Cluster:
         return self.threads or max(1, (os.cpu_count() or 1) // self.workers)
 
 
+def check_address(address: str | None, timeout: float = 5.0) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) address must accept a connection: Ray itself retries a wrong one for
+    minutes. `auto` (the cluster this machine belongs to, found by Ray) is left to Ray."""
+    import socket
+
+    if not address or address == "auto":
+        return
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise FP8ProbeError(f"--ray-address {address}: give HOST:PORT of the Ray head (e.g. 10.0.0.1:6379), "
+                            "ray://HOST:PORT, or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise FP8ProbeError(f"--ray-address {address}: nothing answers there ({e.strerror or e}); start the cluster "
+                            "(`ray start --head`) or check the address (`ray status` on the head node)") from e
+
+
 @contextlib.contextmanager
 def ray_session(cluster: Cluster):
     """Ray, initialised: a local instance started (and stopped on exit) without an address; with one, the

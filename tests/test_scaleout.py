@@ -113,8 +113,50 @@ def test_shards_cover_every_row_once():
         assert [x for s in got for x in s] == rows and all(0 < len(s) <= 8 for s in got)
 
 
+def test_an_address_nobody_answers_is_refused_in_one_line(tiny_dirs, tmp_path, cli):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2", "--ray-address", f"127.0.0.1:{port}")
+    assert r.code == 2 and len(r.lines) == 1 and "nothing answers" in r.err and not (tmp_path / "x").exists()
+    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2", "--ray-address", "headnode")
+    assert r.code == 2 and len(r.lines) == 1 and "HOST:PORT" in r.err
+
+
 def test_without_ray_one_line_names_the_extra(tiny_dirs, tmp_path, cli, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2")
     assert r.code == 2 and len(r.lines) == 1 and "pip install 'fp8probe[ray]'" in r.err
     assert not (tmp_path / "x").exists()
+
+
+def test_joins_an_existing_cluster_and_leaves_it_running(tiny_dirs, single, tmp_path):
+    """--ray-address joins a running cluster (here a local head started with `ray start`) and leaves it up."""
+    import socket
+
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import secrets
+
+    # Ray >= 2.59 authenticates clients of a cluster with a token: the same one for the head and for fp8probe
+    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    up = subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                         "--disable-usage-stats"], capture_output=True, text=True, timeout=120, env=env)
+    assert up.returncode == 0, up.stderr
+    try:
+        out = tmp_path / "joined"
+        r = subprocess.run([sys.executable, "-m", "fp8probe.cli", "-q", "sweep", str(tiny_dirs["llama"]), "--out",
+                            str(out), "--rollouts", str(single), "--workers", "2", "--threads-per-worker", "1",
+                            "--ray-address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=300,
+                           env=env)
+        assert r.returncode == 0, r.stderr
+        assert (out / "sensitivity.csv").read_bytes() == (single / "sensitivity.csv").read_bytes()
+        status = subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{port}"], capture_output=True, text=True,
+                                timeout=60, env=env)
+        assert status.returncode == 0, "the cluster fp8probe joined is gone"
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=env)
