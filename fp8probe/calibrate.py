@@ -117,7 +117,14 @@ def perturbation_maker(level: Level, student, seed: int):
     if level.kind == "noise":
         return lambda step: Perturbation(noise=level.value, noise_units=units, noise_seed=seed * 1_000_003 + step)
     if level.kind == "fp8":
+        from .student import scheme_blockers
+
         scheme = Scheme.from_name(level.scheme)
+        blocked = scheme_blockers(student.quantizable, scheme)  # groups its kernels refuse stay BF16, as in a sweep
+        units = tuple(u.name for u in student.quantizable if u.group not in blocked)
+        if not units:
+            raise FP8ProbeError(f"--levels {level.name}: {level.scheme} fits none of the student's units "
+                                f"({next(iter(blocked.values()))}); use fp8 (FP8_DYNAMIC)")
         return lambda step: Perturbation(units=units, scheme=scheme)
     if level.kind == "kv":
         from dataclasses import replace
@@ -315,6 +322,8 @@ def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool
     levels = [parse_level(x) for x in settings.levels]
     todo = [(lv, s) for lv in levels for s in range(settings.seeds)]
     teacher, initial = load_pair(settings.teacher, settings.student, device)
+    for lv in levels:  # a level the student cannot take is refused before any run starts
+        perturbation_maker(lv, initial, 0)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / PARTIAL, settings.to_json())
     results = []

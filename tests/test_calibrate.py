@@ -93,6 +93,20 @@ def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
     st = pd.read_csv(run_dir(tmp_path, parse_level("stale:1"), 0) / "steps.csv")
     # step 1: no update yet, the engine holds the trainer's weights; step 2: one update behind
     assert st["kl_q_p"].iloc[0] == 0 and st["kl_q_p"].iloc[1] > 0 and stale["mismatch"]["kl_q_p"] > 0
+    # the rollout engine's FP8 weights and FP8 KV cache (scale 1.0) as levels: measured, above zero
+    for name in ("fp8", "kv"):
+        assert train_one(teacher, student, parse_level(name), 0, s, tmp_path)["mismatch"]["kl_q_p"] > 0
+
+
+def test_a_level_the_student_cannot_take_is_refused(tmp_path):
+    """FP8_BLOCK on dims that are not whole 128-groups: refused (calibrate checks every level before any run)."""
+    from fp8probe.calibrate import perturbation_maker
+
+    m = tiny_model("llama", hidden_size=96, intermediate_size=192)
+    narrow = Student(m, tiny_tokenizer(), list_units(m), "narrow", "", "llama")
+    with pytest.raises(FP8ProbeError, match="FP8_BLOCK fits none"):
+        perturbation_maker(parse_level("fp8:FP8_BLOCK"), narrow, 0)
+    assert perturbation_maker(parse_level("fp8"), narrow, 0)(1).units
 
 
 def test_levels_parse_and_refuse():
@@ -144,3 +158,29 @@ def test_cli_refusals_are_one_line(tmp_path, cli, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "trl", None)
     r = cli("calibrate", "--out", tmp_path / "c")
     assert r.code == 2 and len(r.lines) == 1 and "pip install 'fp8probe[calibrate]'" in r.err
+
+
+def test_interrupted_calibration_keeps_finished_runs_and_resumes(tiny_dirs, tmp_path):
+    """Ctrl-C half way: exit 130, the finished runs and the resume state stay; --resume trains only the rest."""
+    import signal
+    import time
+
+    from conftest import cli_process
+
+    out = tmp_path / "cal"
+    common = ["calibrate", "--teacher", tiny_dirs["llama"], "--out", out, "--seeds", "1", "--steps", "3",
+              "--batch-size", "4", "--max-new-tokens", "5", "--eval-every", "1", "--eval-samples", "1",
+              "--levels", "0", "0.1", "0.2", "0.4"]
+    p = cli_process(*common)
+    first = run_dir(out, parse_level("0"), 0) / "run.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None and not first.exists():
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=120) == 130, p.stderr.read()
+    assert first.exists() and (out / "calibrate.partial.json").exists() and not (out / "runs.csv").exists()
+    before = first.stat().st_mtime_ns
+    p = cli_process(*common, "--resume")
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    assert first.stat().st_mtime_ns == before and len(pd.read_csv(out / "runs.csv")) == 4
+    assert not (out / "calibrate.partial.json").exists()
