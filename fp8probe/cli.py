@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_MEASURE, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_args(p)
     p.add_argument("--kv-cache-dtype", default=None, help=f"also put the KV cache in FP8: {_kv_dtypes()}")
+    p.add_argument("--engine", default="sim", choices=["sim", "vllm-cuda", "vllm-cpu"],
+                   help="sim: FP8 units inside the reference-dtype model, as the sweep measures (default); "
+                        "vllm-cuda / vllm-cpu: the whole model as vLLM 0.32 runs it (bf16, its FP8 arithmetic; "
+                        "FP8_DYNAMIC, no FP8 KV cache)")
 
     p = sub.add_parser("rollouts", help="sample the student's own rollouts and save them")
     _add_run_args(p, scheme=False)
@@ -652,17 +656,29 @@ def cmd_measure(args) -> int:
     from .runs import versions
 
     _validate(args)
+    if args.engine != "sim":
+        from .engines import check_profiled
+
+        check_profiled(args.scheme.upper(), args.kv_cache_dtype)
     t0 = time.perf_counter()
     with output_dir(args.out) as out:
         student, _ = _load(args)
         rollouts, _ = _rollouts(args, student, out)
-        metrics = measure(student, rollouts, scheme=args.scheme, kv=args.kv_cache_dtype, batch_size=args.batch_size)
+        if args.engine == "sim":
+            metrics = measure(student, rollouts, scheme=args.scheme, kv=args.kv_cache_dtype,
+                              batch_size=args.batch_size)
+        else:
+            from .engines import measure_engine
+
+            metrics = measure_engine(student, rollouts, [u.name for u in student.quantizable], args.scheme.upper(),
+                                     args.engine, batch_size=args.batch_size)
         atomic_write_json(out / "mismatch.json", {
             "schema_version": 1, "command": "measure", "model": student.name, "scheme": args.scheme.upper(),
-            "kv_cache_dtype": args.kv_cache_dtype, "num_sequences": rollouts.num_sequences,
+            "engine": args.engine, "kv_cache_dtype": args.kv_cache_dtype, "num_sequences": rollouts.num_sequences,
             "num_response_tokens": rollouts.num_response_tokens, "metrics": metrics,
             "seconds": round(time.perf_counter() - t0, 3), "versions": versions()})
     what = args.scheme.upper() + (f" + {args.kv_cache_dtype} KV cache" if args.kv_cache_dtype else "")
+    what += "" if args.engine == "sim" else f" as {args.engine} runs it"
     print(f"\nwhole-model {what} vs reference on {rollouts.num_response_tokens} response tokens:")
     for k, v in metrics.items():
         print(f"  {k:<22} {v:.6g}")

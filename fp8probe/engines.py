@@ -117,3 +117,33 @@ def response_logp(model, rollouts, batch_size: int = 8) -> tuple[torch.Tensor, t
         rows.append(log_softmax32(r, soft))
         toks.append(t)
     return torch.cat(rows), torch.cat(toks)
+
+
+def check_profiled(scheme, kv=None) -> None:
+    """One line for what no profile covers yet (before any output exists)."""
+    from .schemes import Scheme
+
+    if Scheme.from_name(scheme).name != "FP8_DYNAMIC":
+        raise FP8ProbeError(f"--engine profiles cover FP8_DYNAMIC; {scheme} is not profiled yet: use --engine sim")
+    if kv:
+        raise FP8ProbeError("--engine profiles do not cover the FP8 KV cache yet: use --engine sim for "
+                            "--kv-cache-dtype")
+
+
+def measure_engine(student, rollouts, units, scheme="FP8_DYNAMIC", profile: EngineProfile | str = "vllm-cpu",
+                   reference=None, batch_size: int = 8) -> dict[str, float]:
+    """Every metric of `units` in FP8 as the engine runs them (the whole model in its dtype) against the fp32
+    reference (the trainer): the same scale as measure.measure, through the engine profile."""
+    from .metrics import METRICS
+    from .mismatch import summarize, token_stats
+    from .reference import Reference
+
+    check_profiled(scheme)
+    if reference is None:
+        reference = Reference(student, rollouts, batch_size, calibrate=False)
+    with engine_model(student, units, scheme, profile) as m:
+        rows, toks = response_logp(m, rollouts, batch_size)
+    if not torch.equal(toks, reference.rows.tokens):
+        raise FP8ProbeError("the engine pass and the reference disagree on the response tokens; this is a bug")
+    out = summarize(token_stats(reference.rows, rows))
+    return {k: out[k] for k in METRICS}

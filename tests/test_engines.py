@@ -90,3 +90,21 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
           f"(diff {sim_mean:+.4f} [{slo:+.4f}, {shi:+.4f}])")
     assert lo <= 0 <= hi
     assert abs(prof_mean) < abs(sim_mean)
+
+
+def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
+    """`fp8probe measure --engine vllm-cpu`: the whole model through the profile, on the sweep's scale; the
+    bf16 engine is not the fp32 simulation; what no profile covers is refused in one line before any output."""
+    import json
+
+    common = ["-q", "measure", tiny_dirs["llama"], "--num-prompts", 3, "--max-new-tokens", 6]
+    assert cli(*common, "--out", tmp_path / "sim").code == 0
+    r = cli(*common, "--out", tmp_path / "eng", "--engine", "vllm-cpu", "--rollouts", tmp_path / "sim")
+    assert r.code == 0, r.err
+    sim = json.loads((tmp_path / "sim" / "mismatch.json").read_text())
+    eng = json.loads((tmp_path / "eng" / "mismatch.json").read_text())
+    assert eng["engine"] == "vllm-cpu" and sim["engine"] == "sim"
+    assert eng["metrics"]["kl_q_p"] > 0 and eng["metrics"]["kl_q_p"] != sim["metrics"]["kl_q_p"]
+    for bad in (["--scheme", "FP8"], ["--kv-cache-dtype", "fp8"]):
+        r = cli(*common, "--out", tmp_path / "x", "--engine", "vllm-cpu", *bad)
+        assert r.code == 2 and len(r.lines) == 1 and "use --engine sim" in r.err and not (tmp_path / "x").exists()
