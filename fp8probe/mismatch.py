@@ -151,3 +151,21 @@ def response_logits(logits: torch.Tensor, input_ids: torch.Tensor, response_mask
     """From full logits [N, T, V]: the predicting rows [M, V] and their sampled tokens [M]."""
     rows, cols = response_positions(response_mask)
     return logits[rows, cols], input_ids[rows, cols + 1]
+
+
+TAIL_FLOOR = 1e-6  # a tail mass below this is the rounding of an fp32-normalized distribution, not mass
+
+
+def kl_lower_bound_topk(top_ids: torch.Tensor, top_logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """A lower bound of KL(q‖p) per row when only q's K most likely tokens are known (an engine's top-K
+    logprobs) and p in full: the K tokens exactly, the rest of the vocabulary pooled into one bin. Pooling
+    never raises a KL (log-sum inequality), so the bound is <= the full KL, equal when the tail is empty.
+    top_ids, top_logq: [M, K]; logp: [M, V] (fp32 log-probabilities of the reference)."""
+    q = top_logq.double().exp()
+    lp = logp.double().gather(-1, top_ids)
+    head = (q * (top_logq.double() - lp)).sum(-1)
+    q_tail = 1 - q.sum(-1)
+    q_tail = torch.where(q_tail > TAIL_FLOOR, q_tail, torch.zeros_like(q_tail))  # below fp32 rounding: no tail
+    p_tail = (1 - lp.exp().sum(-1)).clamp_min(1e-300)
+    tail = torch.where(q_tail > 0, q_tail * (q_tail.clamp_min(1e-300).log() - p_tail.log()), torch.zeros_like(q_tail))
+    return (head + tail).clamp_min(0)

@@ -108,3 +108,19 @@ def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
     for bad in (["--scheme", "FP8"], ["--kv-cache-dtype", "fp8"]):
         r = cli(*common, "--out", tmp_path / "x", "--engine", "vllm-cpu", *bad)
         assert r.code == 2 and len(r.lines) == 1 and "use --engine sim" in r.err and not (tmp_path / "x").exists()
+
+
+def test_topk_kl_bound_never_exceeds_the_full_kl():
+    """Pooling q's tail into one bin never raises KL(q||p): the top-K bound is <= the full KL, equal at K = V."""
+    from fp8probe.mismatch import kl_lower_bound_topk, token_stats, RefRows
+
+    g = torch.Generator().manual_seed(0)
+    logp = torch.log_softmax(torch.randn(64, 50, generator=g) * 2, -1)
+    logq = torch.log_softmax(logp + torch.randn(64, 50, generator=g) * 0.5, -1)
+    full = token_stats(RefRows.from_logp(logp, torch.zeros(64, dtype=torch.long)), logq)["kl_q_p"].double()
+    for k in (1, 5, 20):
+        top, ids = logq.topk(k, -1)
+        bound = kl_lower_bound_topk(ids, top, logp)
+        assert (bound <= full + 1e-6).all() and (bound >= 0).all()
+    top, ids = logq.topk(50, -1)
+    assert torch.allclose(kl_lower_bound_topk(ids, top, logp), full, atol=1e-6)

@@ -3,8 +3,9 @@
     python vllm_worker.py SPEC.json
 
 SPEC: {"model": dir, "max_model_len": int, "out": path, "generate": [[ids]...] (greedy), "score": [[ids]...]
-(prompt logprobs of every token), "engine_kwargs": {...}}. Writes {"generated": [...], "prompt_logprobs":
-[[logprob or null per position]...]} to SPEC["out"]. vLLM's own log lines (the KV-cache size among them)
+(prompt logprobs of every token), "prompt_topk": K (optional: also the K most likely tokens per position),
+"engine_kwargs": {...}}. Writes {"generated": [...], "prompt_logprobs": [[logprob or null per position]...],
+"prompt_topk": [[{token: logprob} or null per position]...]} to SPEC["out"]. vLLM's own log lines (the KV-cache size among them)
 go to stderr, where the caller reads them.
 """
 
@@ -26,12 +27,20 @@ def main():
                            SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0))
         out["generated"] = [r.outputs[0].text for r in res]
     if spec.get("score"):
+        k = int(spec.get("prompt_topk", 0))
         res = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["score"]],
-                           SamplingParams(max_tokens=1, prompt_logprobs=0))
+                           SamplingParams(max_tokens=1, prompt_logprobs=k))
         out["prompt_logprobs"] = [
             [None if d is None else d[tok].logprob for d, tok in zip(r.prompt_logprobs, ids)]
             for r, ids in zip(res, spec["score"])
         ]
+        if k:
+            # the K highest by rank (the sampled token is added to each dict too, with its own rank)
+            out["prompt_topk"] = [
+                [None if d is None else {str(t): lp.logprob for t, lp in d.items() if lp.rank is not None
+                                         and lp.rank <= k} for d in r.prompt_logprobs]
+                for r in res
+            ]
     with open(spec["out"], "w") as f:
         json.dump(out, f)
         f.flush()
