@@ -37,11 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TOPK = 20  # vLLM's default max_logprobs
 
 
-def _seq_index(rollouts) -> torch.Tensor:
-    rows, _ = torch.nonzero(rollouts.response_mask[:, 1:], as_tuple=True)
-    return rows
-
-
 def _boot(values: np.ndarray, seq: np.ndarray, fn, n: int, rng) -> tuple[float, float, float]:
     """fn over tokens, and its 90 % interval resampling whole sequences."""
     groups = [np.flatnonzero(seq == s) for s in np.unique(seq)]
@@ -75,7 +70,7 @@ def main() -> None:
     from fp8probe.engines import engine_model, response_logp
     from fp8probe.export import export
     from fp8probe.hooks import quantize_units
-    from fp8probe.mismatch import kl_lower_bound_topk, token_stats
+    from fp8probe.mismatch import kl_lower_bound_topk, response_positions, token_stats
     from fp8probe.recipe import read_recipe
     from fp8probe.reference import Reference
     from fp8probe.testing.vllm_check import run_vllm
@@ -86,7 +81,7 @@ def main() -> None:
     ref = Reference(student, rollouts, calibrate=False)
     tok = ref.rows.tokens
     logp_ref = ref.rows.logp.gather(-1, tok[:, None]).squeeze(-1).double().numpy()
-    seq = _seq_index(rollouts).numpy()
+    seq = response_positions(rollouts.response_mask)[0].numpy()  # each token's sequence
     seqs = [rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist()
             for i in range(rollouts.num_sequences)]
     rng = np.random.default_rng(0)

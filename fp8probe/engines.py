@@ -104,19 +104,13 @@ def engine_model(student, units, scheme="FP8_DYNAMIC", profile: EngineProfile | 
         del model
 
 
-@torch.no_grad()
 def response_logp(model, rollouts, batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 log-probabilities [M, V] at the positions that predict the response tokens, and those tokens [M]."""
-    from .mismatch import log_softmax32, response_logits
+    from .mismatch import log_softmax32
+    from .reference import response_rows
 
-    rows, toks = [], []
-    soft = getattr(model.config, "final_logit_softcapping", None)
-    for ids, am, resp in rollouts.batches(batch_size):
-        logits = model(input_ids=ids, attention_mask=am, use_cache=False).logits
-        r, t = response_logits(logits, ids, resp)
-        rows.append(log_softmax32(r, soft))
-        toks.append(t)
-    return torch.cat(rows), torch.cat(toks)
+    rows, toks = response_rows(model, rollouts, batch_size)
+    return log_softmax32(rows, getattr(model.config, "final_logit_softcapping", None)), toks
 
 
 def check_profiled(scheme, kv=None) -> None:

@@ -29,7 +29,8 @@ import torch
 
 from .errors import FP8ProbeError
 from .measure import Perturbation, apply_perturbation
-from .mismatch import mismatch, response_logits
+from .mismatch import mismatch
+from .reference import response_rows
 from .rollouts import Rollouts, make_rollouts
 from .student import Student, list_units
 
@@ -115,12 +116,8 @@ def _sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad
     return Rollouts.from_sequences([list(p) for p in prompt_ids], [list(c) for c in completion_ids], pad)
 
 
-@torch.no_grad()
 def _logits(model, r: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
-    dev = next(model.parameters()).device
-    out = model(input_ids=r.input_ids.to(dev), attention_mask=r.attention_mask.to(dev), use_cache=False).logits
-    rows, toks = response_logits(out, r.input_ids.to(dev), r.response_mask.to(dev))
-    return rows.float(), toks
+    return response_rows(model, r, batch_size=r.num_sequences)  # one batch: the generation's own
 
 
 def rollout_mismatch(student: Student, p: Perturbation, r: Rollouts) -> dict[str, float]:

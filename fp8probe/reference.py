@@ -22,7 +22,7 @@ from torch import nn
 
 from .errors import FP8ProbeError
 from .hooks import Calibration, record_calibration
-from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, summarize
+from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, response_logits, summarize
 from .student import decoder_layers
 
 
@@ -153,6 +153,20 @@ class Reference:
         _count(self.batches, seen)
         _count([self.rows.logp, self.rows.top1, self.rows.tokens], seen)
         return sum(seen.values())
+
+
+@torch.no_grad()
+def response_rows(model, rollouts, batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """A plain forward of `model` (as it is now) over the rollouts: the fp32 logits [M, V] of the positions that
+    predict the response tokens and those tokens [M], in the reference's row order."""
+    dev = next(model.parameters()).device
+    rows, toks = [], []
+    for ids, am, resp in rollouts.batches(batch_size):
+        ids, am, resp = ids.to(dev), am.to(dev), resp.to(dev)
+        r, t = response_logits(model(input_ids=ids, attention_mask=am, use_cache=False).logits, ids, resp)
+        rows.append(r.float())
+        toks.append(t)
+    return torch.cat(rows), torch.cat(toks)
 
 
 def _to(obj, device):

@@ -35,7 +35,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .errors import FP8ProbeError
+from .errors import FP8ProbeError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +128,9 @@ class SweepWorker:
         return os.getpid()
 
     def measure(self, rows) -> list[dict]:
-        from .measure import measure_perturbation
+        from .sweep import measure_row
 
-        return [measure_perturbation(self.reference, self.student, r.perturbation, r.start_block,
-                                     sqnr=r.kind != "model") for r in rows]
+        return [measure_row(self.reference, self.student, r) for r in rows]
 
 
 def shards(rows: list, workers: int) -> list[list]:
@@ -208,9 +207,6 @@ class RayRows:
                 ray.kill(a)
         self.actors = []
 
-
-def one_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 # ---------------------------------------------------------------------------------------------------

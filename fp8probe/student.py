@@ -490,10 +490,8 @@ def depth_pruned(model: nn.Module, every: int = 2) -> nn.Module:
     cfg = pruned.config
     text = text_config(cfg)
     text.num_hidden_layers = len(keep)
-    for key in ("layer_types", "mlp_only_layers"):
-        val = getattr(text, key, None)
-        if isinstance(val, list) and key == "layer_types" and len(val) == n:
-            text.layer_types = [val[i] for i in keep]
-        elif isinstance(val, list) and key == "mlp_only_layers":
-            text.mlp_only_layers = [keep.index(i) for i in val if i in keep]
+    if isinstance(getattr(text, "layer_types", None), list) and len(text.layer_types) == n:
+        text.layer_types = [text.layer_types[i] for i in keep]
+    if isinstance(getattr(text, "mlp_only_layers", None), list):  # block indices: renumbered
+        text.mlp_only_layers = [keep.index(i) for i in text.mlp_only_layers if i in keep]
     return pruned

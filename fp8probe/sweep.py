@@ -106,6 +106,11 @@ def _bytes_saved(unit, scheme: Scheme) -> int:
     return unit.params - 2 * scales
 
 
+def measure_row(reference: Reference, student, row: Row) -> dict:
+    """The metrics of one planned row (with its unit's SQNR; whole-model rows have none): here or on a worker."""
+    return measure_perturbation(reference, student, row.perturbation, row.start_block, sqnr=row.kind != "model")
+
+
 def _row_result(row: Row, metrics: dict, method: str = "exact", kl_fisher: float = float("nan")) -> dict:
     out = {"unit": row.unit, "kind": row.kind, "block": row.block, "group": row.group, "params": row.params,
            "bytes_saved": row.bytes_saved, "kv_bytes_saved_per_token": row.kv_bytes_saved_per_token,
@@ -206,8 +211,7 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     bar = tqdm(total=len(exact), initial=len(exact) - len(todo), desc="sweep", unit="row",
                disable=not progress or not todo, mininterval=bar_interval())
     measured = (rows_executor(reference, todo) if rows_executor is not None and todo else
-                ((row, measure_perturbation(reference, student, row.perturbation, row.start_block,
-                                            sqnr=row.kind != "model")) for row in todo))
+                ((row, measure_row(reference, student, row)) for row in todo))
     try:
         for row, metrics in measured:
             if row.unit in done:  # a re-run shard's row that already arrived: written once

@@ -57,6 +57,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
 
     from fp8probe.export import export
     from fp8probe.hooks import quantize_units
+    from fp8probe.mismatch import response_positions
     from fp8probe.recipe import read_recipe
     from fp8probe.reference import Reference
     from fp8probe.rollouts import make_rollouts
@@ -65,7 +66,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     recipe = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m" / "kl_q_p-0.002" / "recipe.yaml"
     r = make_rollouts(embedded, num_prompts=40, max_new_tokens=24, seed=2)
     seqs = [r.input_ids[i, : int(r.attention_mask[i].sum())].tolist() for i in range(r.num_sequences)]
-    seq = torch.nonzero(r.response_mask[:, 1:], as_tuple=True)[0].numpy()
+    seq = response_positions(r.response_mask)[0].numpy()  # each token's sequence
     ref = Reference(embedded, r, calibrate=False)
     lp_ref = ref.rows.logp.gather(-1, ref.rows.tokens[:, None]).squeeze(-1).double().numpy()
 
