@@ -210,10 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_MEASURE, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_args(p)
     p.add_argument("--kv-cache-dtype", default=None, help=f"also put the KV cache in FP8: {_kv_dtypes()}")
-    p.add_argument("--engine", default="sim", choices=["sim", "vllm-cuda", "vllm-cpu"],
-                   help="sim: FP8 units inside the reference-dtype model, as the sweep measures (default); "
-                        "vllm-cuda / vllm-cpu: the whole model as vLLM 0.32 runs it (bf16, its FP8 arithmetic; "
-                        "FP8_DYNAMIC, no FP8 KV cache)")
+    p.add_argument("--engine", default="vllm-cuda", choices=["vllm-cuda", "vllm-cpu", "sim"],
+                   help="vllm-cuda (default: what rollouts run on): the whole model as vLLM 0.32 runs it on a "
+                        "Hopper GPU (bf16, its FP8 GEMMs, FlashAttention 3's FP8 KV cache with its FP8 query); "
+                        "vllm-cpu: as vLLM-CPU runs it (FP8_DYNAMIC, FP8; no FP8 KV cache); sim: FP8 units "
+                        "inside the reference-dtype model, as the sweep measures")
 
     p = sub.add_parser("rollouts", help="sample the student's own rollouts and save them")
     _add_run_args(p, scheme=False)
@@ -659,7 +660,7 @@ def cmd_measure(args) -> int:
     if args.engine != "sim":
         from .engines import check_profiled
 
-        check_profiled(args.scheme.upper(), args.kv_cache_dtype)
+        check_profiled(args.engine, args.scheme.upper(), args.kv_cache_dtype)
     t0 = time.perf_counter()
     with output_dir(args.out) as out:
         student, _ = _load(args)
@@ -671,7 +672,7 @@ def cmd_measure(args) -> int:
             from .engines import measure_engine
 
             metrics = measure_engine(student, rollouts, [u.name for u in student.quantizable], args.scheme.upper(),
-                                     args.engine, batch_size=args.batch_size)
+                                     args.engine, kv=args.kv_cache_dtype, batch_size=args.batch_size)
         atomic_write_json(out / "mismatch.json", {
             "schema_version": 1, "command": "measure", "model": student.name, "scheme": args.scheme.upper(),
             "engine": args.engine, "kv_cache_dtype": args.kv_cache_dtype, "num_sequences": rollouts.num_sequences,

@@ -320,9 +320,13 @@ _ROUTED: set[str] = set()  # implementation names wrapped right now (nesting is 
 
 
 def _kv_attention_for(original):
-    """Attention that fake-quantizes K/V of flagged layers, then calls the model's own implementation."""
+    """Attention that fake-quantizes K/V of flagged layers, then calls the model's own implementation (or,
+    for a layer flagged with a whole attention function, calls that instead)."""
 
     def attention(module, query, key, value, attention_mask, **kwargs):
+        whole = getattr(module, "_fp8probe_attention", None)
+        if whole is not None:
+            return whole(module, query, key, value, attention_mask, **kwargs)
         action = getattr(module, "_fp8probe_kv", None)
         if action is not None:
             key, value = action(key, value)
@@ -333,8 +337,9 @@ def _kv_attention_for(original):
 
 
 @contextlib.contextmanager
-def _route_attention(model: nn.Module, actions: dict[int, object]):
-    """Send K/V of the layers in `actions` (layer index -> fn(k, v) -> (k, v)) through those functions.
+def _route_attention(model: nn.Module, actions: dict[int, object], attr: str = "_fp8probe_kv"):
+    """Send K/V of the layers in `actions` (layer index -> fn(k, v) -> (k, v)) through those functions; with
+    attr="_fp8probe_attention", the actions are whole attention functions (module, q, k, v, mask, **kw).
 
     The model's attention modules look their function up by name in transformers' ALL_ATTENTION_FUNCTIONS
     on every call (the module's own eager function when the name is "eager" and nothing is registered).
@@ -356,7 +361,7 @@ def _route_attention(model: nn.Module, actions: dict[int, object]):
             local[impl] = _kv_attention_for(original)
         for i, m in attn.items():
             if i in actions:
-                m._fp8probe_kv = actions[i]
+                setattr(m, attr, actions[i])
         yield
     finally:
         for impl in impls:
@@ -366,8 +371,8 @@ def _route_attention(model: nn.Module, actions: dict[int, object]):
                 local[impl] = saved[impl]
             _ROUTED.discard(impl)
         for m in attn.values():
-            if hasattr(m, "_fp8probe_kv"):
-                del m._fp8probe_kv
+            if hasattr(m, attr):
+                delattr(m, attr)
 
 
 @contextlib.contextmanager
@@ -376,6 +381,15 @@ def observe_kv(model: nn.Module, fn, layers=None):
     vLLM stores them, for the duration; all layers when `layers` is None."""
     idx = list(_attention_modules(model)) if layers is None else list(layers)
     with _route_attention(model, {i: (lambda k, v, _i=i: fn(_i, k, v)) for i in idx}):
+        yield
+
+
+@contextlib.contextmanager
+def attention_override(model: nn.Module, fn, layers=None):
+    """fn(module, query, key, value, attention_mask, **kwargs) -> (output [B, T, H, D], weights) computes the
+    attention of the given layers (all when None) instead of the model's implementation, for the duration."""
+    idx = list(_attention_modules(model)) if layers is None else list(layers)
+    with _route_attention(model, {i: fn for i in idx}, attr="_fp8probe_attention"):
         yield
 
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_student
-from fp8probe.engines import MIN_SCALE, engine_model, quantize_activation, response_logp
+from fp8probe.engines import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention, quantize_activation,
+                               quantize_activation_groups, quantize_activation_static, response_logp)
+from fp8probe.schemes import Scheme
 
 
 def test_activation_quantization_by_hand():
@@ -21,6 +23,105 @@ def test_activation_quantization_by_hand():
     # beyond the format: saturated, never inf or NaN
     big, _ = quantize_activation(torch.tensor([[1.0, 1e4]]))
     assert big.float().tolist() == [[0.04296875, 448.0]]  # 1 / (1e4 / 448) = 0.0448 -> 1.375 * 2**-5
+
+
+def test_static_and_block_linears_by_hand():
+    """FP8 (static): codes = e4m3(x * (1 / input_scale)), fp32 GEMM, * scales, bf16. FP8_BLOCK: one scale per 128
+    values of a token, x / scale, the GEMM summed per 128-block with both scales."""
+    e4 = torch.float8_e4m3fn
+    lin = _fp8_linear(torch.tensor([[1.0, 2.0]]).to(e4), torch.tensor(0.5), None, torch.bfloat16, Scheme.from_name("FP8"),
+                      input_scale=torch.tensor(0.01))
+    # 0.1 / 0.01 = 10 (exact in e4m3), 0.33 / 0.01 = 33 -> 32 (step 4 in [32, 64)); (10 + 64) * 0.01 * 0.5 = 0.37
+    assert lin(torch.tensor([[0.1, 0.33]])).item() == torch.tensor(0.37, dtype=torch.bfloat16).item()
+    assert quantize_activation_static(torch.tensor([1000.0, 3.3]), torch.tensor(1.0)).float().tolist() == [448.0, 3.25]
+    # a token whose second group is 100x smaller than its first keeps its precision there
+    x = torch.cat([torch.full((1, 128), 4.0), torch.full((1, 128), 0.03)], dim=1)
+    x[0, 0] = 448.0
+    codes, scales = quantize_activation_groups(x)
+    assert scales.tolist() == [[1.0, pytest.approx(0.03 / 448)]] and codes[0, 128:].float().unique().tolist() == [448.0]
+    w = torch.cat([torch.full((1, 128), 1.0), torch.full((1, 128), 2.0)], dim=1).to(e4)
+    blk = _fp8_linear(w, torch.tensor([[0.5, 0.25]]), torch.tensor([1.0]), torch.float32, Scheme.from_name("FP8_BLOCK"))
+    want = (448 + 127 * 4) * 0.5 + 128 * 0.03 * 0.5 + 1.0  # = x . (codes * block scales) + bias
+    assert blk(x).item() == pytest.approx(want, rel=1e-5)
+
+
+def test_fp8_kv_attention_by_hand():
+    """FlashAttention 3 over an FP8 KV cache: P = exp2(S log2 e - (max - 8)) is cast to e4m3 for P.V while the row
+    sum keeps fp32 P. One query, two keys, S log2 e = [0, 0.5]: P = [2**7.5, 256] = [181.02, 256]; e4m3 turns
+    181.02 into 176 (step 16 in [128, 256)), so the first output is 176 / 437.02 = 0.4027 where exact softmax
+    attention gives 181.02 / 437.02 = 0.4142."""
+    import math
+
+    q = torch.tensor([[[[1.0, 0.0]]]], dtype=torch.bfloat16)
+    k = torch.tensor([[[[0.0, 0.0], [1.0, 0.0]]]], dtype=torch.bfloat16)
+    v = torch.tensor([[[[1.0, 0.0], [0.0, 3.0]]]], dtype=torch.bfloat16)
+    keep = torch.ones(1, 1, 1, 2, dtype=torch.bool)
+    one = torch.tensor(1.0)
+    out = fp8_kv_attention(q, k, v, keep, 0.5 * math.log(2), one, one, one)
+    p0, total = 2 ** 7.5, 2 ** 7.5 + 256
+    assert out.shape == (1, 1, 1, 2)
+    assert out[0, 0, 0, 0].item() == torch.tensor(176 / total, dtype=torch.bfloat16).item()
+    assert out[0, 0, 0, 1].item() == torch.tensor(768 / total, dtype=torch.bfloat16).item()
+    assert abs(out[0, 0, 0, 0].item() - p0 / total) > 0.01
+    # the query shares K's scale (vLLM, no q_scale in the checkpoint): beyond 448 * k_scale it saturates
+    big = fp8_kv_attention(q * 1000, k, v, keep, 0.5 * math.log(2), one, one, one)
+    sat = fp8_kv_attention(q * 448, k, v, keep, 0.5 * math.log(2), one, one, one)
+    assert torch.equal(big, sat)
+    # an additive float mask and a boolean one are the same mask; a fully masked (padding) row gives 0, not NaN
+    add = torch.tensor([[[[0.0, torch.finfo(torch.float32).min]]]])
+    assert torch.equal(fp8_kv_attention(q, k, v, add, 1.0, one, one, one),
+                       fp8_kv_attention(q, k, v, torch.tensor([[[[True, False]]]]), 1.0, one, one, one))
+    none = fp8_kv_attention(q, k, v, torch.zeros(1, 1, 1, 2, dtype=torch.bool), 1.0, one, one, one)
+    assert torch.equal(none, torch.zeros_like(none))
+
+
+def test_fp8_kv_profile_in_the_model(monkeypatch):
+    """Every layer's attention goes through the FP8 KV path; padding does not leak into a sequence (the batch of
+    three left-padded rollouts gives each sequence what it gets alone); with no FP8 KV, the bf16 model."""
+    import fp8probe.engines as engines
+    from fp8probe.reference import Reference
+    from fp8probe.rollouts import make_rollouts
+
+    s = tiny_student("llama")
+    r = make_rollouts(s, num_prompts=3, max_new_tokens=6, seed=0)
+    cal = Reference(s, r).calibration
+    calls, original = [], engines.fp8_kv_attention
+    monkeypatch.setattr(engines, "fp8_kv_attention", lambda *a: calls.append(a[-2].item()) or original(*a))
+    with engine_model(s, [], profile="vllm-cuda", kv="fp8", calibration=cal) as m:
+        batched, _ = response_logp(m, r, batch_size=3)
+        n = len(calls)
+        alone, _ = response_logp(m, r, batch_size=1)
+    layers = s.model.config.num_hidden_layers
+    assert n == layers and calls[:layers] == [pytest.approx(float(cal.k_amax[i]) / 448) for i in range(layers)]
+    assert torch.isfinite(batched).all() and (batched - alone).abs().max() < 0.05
+    with engine_model(s, [], profile="vllm-cuda") as m:
+        plain, _ = response_logp(m, r)
+    assert (plain - batched).abs().max() > 1e-3
+
+
+def test_experts_profile_is_the_linear_profile_per_expert():
+    """A token routed to one expert with weight 1: the experts profile gives what vLLM's Linear steps give for
+    gate_up, SiLU(gate) * up in fp32 from the bf16 halves, then down (the same arithmetic, another code path);
+    with two experts, the routing weights multiply in fp32 before the bf16 cast and the results add."""
+    from fp8probe.engines import _fp8_experts
+    from fp8probe.fp8 import quantize_weight
+
+    s = tiny_student("mixtral")
+    mod = __import__("copy").deepcopy(s.model.get_submodule("model.layers.0.mlp.experts")).to(torch.bfloat16)
+    scheme = Scheme.from_name("FP8_DYNAMIC")
+    fwd = _fp8_experts(mod, scheme, torch.bfloat16)
+    x = torch.randn(1, mod.gate_up_proj.shape[-1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+
+    def by_linear(e):
+        gu = _fp8_linear(*quantize_weight(mod.gate_up_proj[e], scheme), None, torch.bfloat16, scheme)(x)
+        gate, up = gu.float().chunk(2, dim=-1)
+        h = (gate * torch.sigmoid(gate) * up).to(torch.bfloat16)
+        return _fp8_linear(*quantize_weight(mod.down_proj[e], scheme), None, torch.bfloat16, scheme)(h)
+
+    one = fwd(x, torch.tensor([[1]]), torch.tensor([[1.0]]))
+    assert torch.equal(one, by_linear(1))
+    two = fwd(x, torch.tensor([[0, 2]]), torch.tensor([[0.75, 0.25]]))
+    assert torch.allclose(two.float(), 0.75 * by_linear(0).float() + 0.25 * by_linear(2).float(), rtol=2e-2, atol=1e-3)
 
 
 def test_no_fp8_unit_is_the_bf16_model():
@@ -99,16 +200,25 @@ def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
     import json
 
     common = ["-q", "measure", tiny_dirs["llama"], "--num-prompts", 3, "--max-new-tokens", 6]
-    assert cli(*common, "--out", tmp_path / "sim").code == 0
+    assert cli(*common, "--out", tmp_path / "sim", "--engine", "sim").code == 0
     r = cli(*common, "--out", tmp_path / "eng", "--engine", "vllm-cpu", "--rollouts", tmp_path / "sim")
     assert r.code == 0, r.err
-    sim = json.loads((tmp_path / "sim" / "mismatch.json").read_text())
-    eng = json.loads((tmp_path / "eng" / "mismatch.json").read_text())
-    assert eng["engine"] == "vllm-cpu" and sim["engine"] == "sim"
+    r = cli(*common, "--out", tmp_path / "kv", "--kv-cache-dtype", "fp8", "--rollouts", tmp_path / "sim")
+    assert r.code == 0, r.err  # the default: vllm-cuda, FP8 KV cache included
+    sim, eng, kv = (json.loads((tmp_path / d / "mismatch.json").read_text()) for d in ("sim", "eng", "kv"))
+    assert eng["engine"] == "vllm-cpu" and sim["engine"] == "sim" and kv["engine"] == "vllm-cuda"
     assert eng["metrics"]["kl_q_p"] > 0 and eng["metrics"]["kl_q_p"] != sim["metrics"]["kl_q_p"]
-    for bad in (["--scheme", "FP8"], ["--kv-cache-dtype", "fp8"]):
-        r = cli(*common, "--out", tmp_path / "x", "--engine", "vllm-cpu", *bad)
-        assert r.code == 2 and len(r.lines) == 1 and "use --engine sim" in r.err and not (tmp_path / "x").exists()
+    assert kv["metrics"]["kl_q_p"] > eng["metrics"]["kl_q_p"]
+    from fp8probe.engines import check_profiled
+    from fp8probe.errors import FP8ProbeError
+
+    with pytest.raises(FP8ProbeError, match="AMX"):
+        check_profiled("vllm-cpu", "FP8_BLOCK")
+    for engine, bad, why in (("vllm-cpu", ["--kv-cache-dtype", "fp8"], "AVX-512"),
+                             ("vllm-cuda", ["--kv-cache-dtype", "fp8_e5m2"], "e4m3")):
+        r = cli(*common, "--out", tmp_path / "x", "--engine", engine, *bad)
+        assert r.code == 2 and len(r.lines) == 1 and "use --engine sim" in r.err and why in r.err
+        assert not (tmp_path / "x").exists()
 
 
 def test_topk_kl_bound_never_exceeds_the_full_kl():
