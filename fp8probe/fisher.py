@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from ._files import bar_interval
 from .fp8 import amax, fake_quant, sqnr_db_from_energy
-from .hooks import Calibration, fp8_forwards, kv_scales, observe_kv, record_calibration
+from .hooks import Calibration, fp8_forwards, kv_scales, observe_kv, record_calibration, without_padding
 from .mismatch import CHUNK_ROWS, log_softmax32
 from .schemes import KVCacheScheme, QuantSpec, Scheme
 
@@ -90,6 +90,7 @@ def _calibrate(student, rollouts, names, kv_strategy: str, batch_size: int) -> C
     device = next(model.parameters()).device
     with torch.no_grad(), record_calibration(model, names, kv_strategy) as cal:
         for ids, am, _ in rollouts.batches(batch_size):
+            cal.valid = am.to(device).bool()
             model.model(input_ids=ids.to(device), attention_mask=am.to(device), use_cache=False)
     return cal
 
@@ -130,7 +131,7 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
     gen = torch.Generator().manual_seed(seed)
     softcap = getattr(model.config, "final_logit_softcapping", None) or None
     head = model.get_output_embeddings()
-    shape: list = [None]  # [B, S] of the running batch (expert outputs are flattened over tokens)
+    shape: list = [None, None]  # [B, S] of the running batch (expert outputs are flattened over tokens), its mask
     first_draw = [True]  # energies are counted once per batch, not once per label draw
     kept: dict[str, torch.Tensor] = {}  # δ per unit for the batch's later label draws
 
@@ -160,7 +161,7 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
     def kv_hook(i, k, v):
         if defer:
             for d, t in ((kv_amax.k_amax, k), (kv_amax.v_amax, v)):
-                a = amax(t.detach(), kv_spec).float().cpu()
+                a = amax(without_padding(t.detach(), shape[1], "kv"), kv_spec).float().cpu()
                 d[i] = a if i not in d else torch.maximum(d[i], a)
         for t, side in ((k, 0), (v, 1)):
             def on_grad(g, t=t.detach(), side=side):
@@ -190,7 +191,7 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
             stack.enter_context(torch.enable_grad())
             for ids, am, resp in batches:
                 ids, am = ids.to(device), am.to(device)
-                shape[0] = tuple(ids.shape)
+                shape[0], shape[1] = tuple(ids.shape), am.bool()
                 h = model.model(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
                 rows_b, cols_b = torch.nonzero(resp[:, 1:], as_tuple=True)
                 hsel = h[rows_b.to(device), cols_b.to(device)]

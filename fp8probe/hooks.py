@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -43,11 +43,15 @@ _PER_TENSOR = QuantSpec("tensor")  # static input scales and per-tensor KV scale
 
 @dataclass
 class Calibration:
-    """Static scales measured on the rollouts: input amax per module (and per expert input), KV amax per layer."""
+    """Static scales measured on the rollouts: input amax per module (and per expert input), KV amax per layer.
+
+    `valid` ([B, T] bool, set by whoever runs the batches while recording) marks the batch's real tokens: the
+    left padding of a batch is not calibration data (llm-compressor calibrates on each sequence alone)."""
 
     input_amax: dict[str, torch.Tensor]
     k_amax: dict[int, torch.Tensor]
     v_amax: dict[int, torch.Tensor]
+    valid: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     def input_scale(self, key: str, spec: QuantSpec) -> torch.Tensor:
         if key not in self.input_amax:
@@ -78,8 +82,28 @@ def simulated_weights(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYN
             for n, (c, s) in _checkpoint_codes(model, list(names), scheme).items()}
 
 
+def without_padding(x: torch.Tensor, valid: torch.Tensor | None, kind: str = "tokens", rows=None) -> torch.Tensor:
+    """The real-token part of x, given the batch's `valid` mask [B, T]: hidden states [B, T, ...] or flattened
+    [B*T, ...] (`rows`: the flattened tokens x holds, for an expert's routed tokens), or K/V [B, H, T, D]
+    ("kv": returned as [1, H, N, D]). Unchanged when there is no mask or x does not line up with it."""
+    if valid is None:
+        return x
+    if kind == "kv":
+        if x.ndim != 4 or (x.shape[0], x.shape[2]) != tuple(valid.shape):
+            return x
+        return x.transpose(1, 2)[valid].transpose(0, 1).unsqueeze(0)
+    if rows is not None:
+        return x[valid.reshape(-1)[rows]]
+    if x.ndim >= 3 and tuple(x.shape[:2]) == tuple(valid.shape):
+        return x[valid]
+    if x.shape[0] == valid.numel():
+        return x[valid.reshape(-1)]
+    return x
+
+
 def _expert_forward(mod: nn.Module, quant_in, weights):
-    """A forward for transformers' fused-experts modules with FP8 weights and quantized expert inputs."""
+    """A forward for transformers' fused-experts modules with FP8 weights and quantized expert inputs;
+    quant_in(x, which, rows) with `rows` the flattened token indices x holds (None: every token)."""
     gate_up, down = weights
 
     def forward(hidden_states, top_k_index, top_k_weights):
@@ -87,12 +111,12 @@ def _expert_forward(mod: nn.Module, quant_in, weights):
         with torch.no_grad():
             mask = torch.nn.functional.one_hot(top_k_index, num_classes=mod.num_experts).permute(2, 1, 0)
             hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-        x_all = quant_in(hidden_states, "experts_in")
+        x_all = quant_in(hidden_states, "experts_in", None)
         for e in hit:
             e = e[0]
             pos, tok = torch.where(mask[e])
             gate, up = nn.functional.linear(x_all[tok], gate_up[e]).chunk(2, dim=-1)
-            h = quant_in(mod.act_fn(gate) * up, "experts_mid")
+            h = quant_in(mod.act_fn(gate) * up, "experts_mid", tok)
             h = nn.functional.linear(h, down[e]) * top_k_weights[tok, pos, None]
             final.index_add_(0, tok, h.to(final.dtype))
         return final
@@ -150,7 +174,7 @@ def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMI
             mod = model.get_submodule(n)
             weights = _simulate_experts(mod, scheme)
 
-            def quant_in(x, which, _n=n):
+            def quant_in(x, which, rows=None, _n=n):
                 if weights_only:
                     return x
                 scale = calibration.input_scale(f"{_n}:{which}", scheme.input) if scheme.static_input else None
@@ -280,7 +304,7 @@ def fp8_forwards(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC"
     for n in experts:
         mod = model.get_submodule(n)
 
-        def quant_in(x, which, _n=n):
+        def quant_in(x, which, rows=None, _n=n):
             scale = calibration.input_scale(f"{_n}:{which}", scheme.input) if scheme.static_input else None
             return fake_quant(x, scheme.input, scale=scale)
 
@@ -437,8 +461,11 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
     cal = Calibration({}, {}, {})
     handles = []
 
-    def upd(d, key, x, spec=_PER_TENSOR):
-        val = amax(x.detach(), spec).float().cpu()
+    def upd(d, key, x, spec=_PER_TENSOR, kind="tokens", rows=None):
+        x = without_padding(x.detach(), cal.valid, kind, rows)
+        if x.numel() == 0:
+            return
+        val = amax(x, spec).float().cpu()
         d[key] = val if key not in d else torch.maximum(d[key], val)
 
     kv_spec = QuantSpec(kv_strategy)
@@ -450,8 +477,8 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
             if isinstance(mod, nn.Linear):
                 handles.append(mod.register_forward_pre_hook(lambda m, a, _n=n: upd(cal.input_amax, _n, a[0])))
             elif is_experts(mod):
-                def rec(x, which, _n=n):
-                    upd(cal.input_amax, f"{_n}:{which}", x)
+                def rec(x, which, rows=None, _n=n):
+                    upd(cal.input_amax, f"{_n}:{which}", x, rows=rows)
                     return x
 
                 restore.append(mod)
@@ -460,14 +487,15 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
 
         def kv_rec(i):
             def act(k, v):
-                upd(cal.k_amax, i, k, kv_spec)
-                upd(cal.v_amax, i, v, kv_spec)
+                upd(cal.k_amax, i, k, kv_spec, "kv")
+                upd(cal.v_amax, i, v, kv_spec, "kv")
                 return k, v
             return act
 
         with _route_attention(model, {i: kv_rec(i) for i in _attention_modules(model)}):
             yield cal
     finally:
+        cal.valid = None
         for h in handles:
             h.remove()
         for m in restore:

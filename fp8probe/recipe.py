@@ -31,7 +31,7 @@ from pathlib import Path
 from ._files import atomic_write_json, atomic_write_text
 from .errors import FP8ProbeError
 from .frameworks import FORMS
-from .schemes import KV_CACHE_SCHEMES, Scheme
+from .schemes import KV_CACHE_SCHEMES, Scheme, kv_cache_name
 from .student import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim, scheme_blockers
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class Recipe:
     def to_yaml(self) -> str:
         import yaml
 
-        if self.preset.is_preset:
+        if self.preset.is_preset and not self.preset.static_input:
             mod = {"targets": ["Linear"], "ignore": list(self.ignore), "scheme": self.scheme}
         else:  # spelled out; compressed-tensors names config groups group_N (vLLM matches on those names)
             mod = {"ignore": list(self.ignore), "config_groups": {"group_0": self.preset.config_group()}}
@@ -237,7 +237,7 @@ def read_recipe(path: str | Path) -> Recipe:
     kv = m.get("kv_cache_scheme")
     if kv is not None and not isinstance(kv, dict):
         raise FP8ProbeError(f"{path}: `kv_cache_scheme` must be a mapping such as {KV_CACHE_SCHEMES['fp8']}")
-    kv_name = next((k for k, v in KV_CACHE_SCHEMES.items() if v == kv), None) if kv is not None else None
+    kv_name = kv_cache_name(kv) if kv is not None else None
     recipe = Recipe(scheme=scheme.name, ignore=list(ignore), kv_cache=kv_name, kv_cache_scheme=kv)
     _read_info(recipe, p.parent / "recipe.json")
     return recipe

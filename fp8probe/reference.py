@@ -49,6 +49,8 @@ class Reference:
         cal_ctx = record_calibration(self.model, names, kv_strategy) if calibrate else contextlib.nullcontext()
         with torch.no_grad(), cal_ctx as cal:
             for ids, am, resp in rollouts.batches(batch_size):
+                if cal is not None:
+                    cal.valid = am.to(self.device).bool()
                 rec = self._record_pass(ids.to(self.device), am.to(self.device), resp)
                 logps.append(rec.pop("logp"))
                 tokens.append(rec["tokens"])

@@ -95,8 +95,10 @@ class Scheme:
         return self.name in PRESETS
 
     def config_group(self) -> dict:
-        """This scheme as one compressed-tensors config group (targets, weights, input_activations)."""
-        return {"targets": ["Linear"], "weights": _spec_dict(self.weight), "input_activations": _spec_dict(self.input)}
+        """This scheme as one compressed-tensors config group (targets, weights, input_activations); a static
+        input scale calibrated as fp8probe measures it (STATIC_OBSERVER)."""
+        inputs = _spec_dict(self.input) | ({"observer": STATIC_OBSERVER} if self.static_input else {})
+        return {"targets": ["Linear"], "weights": _spec_dict(self.weight), "input_activations": inputs}
 
     @property
     def static_input(self) -> bool:
@@ -150,11 +152,23 @@ def _same(d: dict, spec: QuantSpec) -> bool:
 # vLLM's --kv-cache-dtype names of the FP8 KV caches -> our format names
 KV_CACHE_DTYPES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
 
+# llm-compressor's observer for static scales: "static_minmax" = the amax over all calibration data, which is what
+# fp8probe measures with. Its default ("minmax") is a moving average over the calibration samples (constant 0.01),
+# which ends up below that amax: up to a third below on the embedded student's K/V scales.
+STATIC_OBSERVER = "static_minmax"
+
 # a recipe's KV-cache scheme: what llm-compressor's QuantizationModifier takes as kv_cache_scheme
 # (calibrated per-tensor k/v scales, which vLLM reads as k_scale / v_scale)
 KV_CACHE_SCHEMES = {
-    "fp8": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
+    "fp8": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True,
+            "observer": STATIC_OBSERVER},
 }
+
+
+def kv_cache_name(d: dict) -> str | None:
+    """The KV_CACHE_SCHEMES name of a kv_cache_scheme mapping, whichever observer calibrates it."""
+    strip = lambda m: {k: v for k, v in m.items() if k not in ("observer", "observer_kwargs")}  # noqa: E731
+    return next((k for k, v in KV_CACHE_SCHEMES.items() if strip(v) == strip(d)), None)
 
 
 @dataclass(frozen=True)
