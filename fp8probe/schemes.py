@@ -153,8 +153,10 @@ def _same(d: dict, spec: QuantSpec) -> bool:
 KV_CACHE_DTYPES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
 
 # llm-compressor's observer for static scales: "static_minmax" = the amax over all calibration data, which is what
-# fp8probe measures with. Its default ("minmax") is a moving average over the calibration samples (constant 0.01),
-# which ends up below that amax: up to a third below on the embedded student's K/V scales.
+# fp8probe measures with. Its default ("minmax") is a moving average over the calibration samples (constant 0.01)
+# that ends up below that amax. Measured on the embedded student (16 rollouts): with the default, the checkpoint's
+# static input scales were up to 80 % below fp8probe's (median 6.6 %) and its k/v scales up to 35 % below; with
+# static_minmax, within -2.3 % .. +5.3 % and -1.1 % .. +1.3 % (median 0: llm-compressor calibrates a bf16 copy).
 STATIC_OBSERVER = "static_minmax"
 
 # a recipe's KV-cache scheme: what llm-compressor's QuantizationModifier takes as kv_cache_scheme
