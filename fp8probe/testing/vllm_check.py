@@ -56,16 +56,19 @@ def vllm_venv(create: bool = True) -> Path:
 
 
 def run_vllm(model: str | Path, max_model_len: int, generate=None, score=None, kv_space_gib: int = 1,
-             engine_kwargs: dict | None = None, timeout: int = 1200, prompt_topk: int = 0) -> dict:
-    """Run the worker in the vLLM venv; returns its results plus the parsed KV-cache log lines and the log."""
-    py = vllm_venv()
+             engine_kwargs: dict | None = None, timeout: int = 1200, prompt_topk: int = 0, cuda: bool = False) -> dict:
+    """Run the worker in the vLLM venv (CPU backend), or with `cuda` in this Python's own vLLM on the GPU;
+    returns its results plus the parsed KV-cache log lines and the log."""
+    py = sys.executable if cuda else vllm_venv()
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"model": str(model), "max_model_len": int(max_model_len), "out": str(Path(tmp) / "out.json"),
                 "generate": generate or [], "score": score or [], "engine_kwargs": engine_kwargs or {},
                 "prompt_topk": int(prompt_topk)}
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-        env.update(VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_TARGET_DEVICE="cpu", TOKENIZERS_PARALLELISM="false")
+        env.update(TOKENIZERS_PARALLELISM="false")
+        if not cuda:
+            env.update(VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_TARGET_DEVICE="cpu")
         # vLLM forks an engine process that can outlive the worker (and hold its pipes): log to a file,
         # run the worker in its own session, and end the whole session once the worker is done
         log_path = Path(tmp) / "vllm.log"
