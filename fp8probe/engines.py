@@ -271,18 +271,17 @@ def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale,
 
 @contextlib.contextmanager
 def _fp8_kv_attention(model, kv, calibration):
-    from .hooks import attention_override, kv_scales
+    from .hooks import _attention_modules, attention_override, kv_scales
 
     if getattr(model.config, "attn_logit_softcapping", None):
         raise FP8ProbeError("the FP8 KV-cache profile does not cover attention logit soft-capping; use --engine sim")
     scales = {}
+    for i, mod in _attention_modules(model).items():
+        ks, vs = (s.reshape(()).to(torch.float32) for s in kv_scales(kv, i, calibration))
+        scales[id(mod)] = (ks, ks, vs)  # vLLM: q_scale = k_scale when the checkpoint stores none
 
     def attention(module, query, key, value, attention_mask, scaling=None, **_):
-        i = module.layer_idx
-        if i not in scales:
-            ks, vs = (s.reshape(()).to(torch.float32) for s in kv_scales(kv, i, calibration))
-            scales[i] = (ks, ks, vs)  # vLLM: q_scale = k_scale when the checkpoint stores none
-        q_s, k_s, v_s = scales[i]
+        q_s, k_s, v_s = scales[id(module)]
         scaling = module.scaling if scaling is None else scaling
         return fp8_kv_attention(query, key, value, attention_mask, scaling, q_s, k_s, v_s), None
 

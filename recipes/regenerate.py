@@ -51,8 +51,8 @@ def main() -> None:
             fp8probe("recipe", str(sweep), "--budget", b, "--out", str(out))
     fp8probe("plot", str(sweep), "--out", str(sweep / "plots"))
 
-    if DEST.exists():
-        shutil.rmtree(DEST)
+    for old in [DEST / "plots", *DEST.glob("kl_q_p-*")]:  # what this script writes; calibration/ is calibrate's
+        shutil.rmtree(old, ignore_errors=True)
     (DEST / "plots").mkdir(parents=True)
     for name in ("sensitivity.csv", "run.json", "rollouts.json"):
         shutil.copy(sweep / name, DEST / name)
