@@ -236,10 +236,12 @@ def _fp8_experts(mod, scheme, out_dtype, calibration=None, name=""):
 # attention with an FP8 KV cache (FlashAttention 3, Hopper)
 
 
-def _keep_mask(attention_mask, b: int, tq: int, tk: int, device) -> torch.Tensor:
-    """The model's mask as booleans [B or 1, H or 1, Tq, Tk] (True: attend); None is upper-left causal."""
+def _keep_mask(attention_mask, tq: int, tk: int, device) -> torch.Tensor:
+    """The model's mask as booleans [B or 1, H or 1, Tq, Tk] (True: attend). None is what transformers' SDPA
+    path makes of it: causal (upper-left) for several queries, every key for one (a decoding step)."""
     if attention_mask is None:
-        return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()[None, None]
+        return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()[None, None] if tq > 1 else \
+            torch.ones(1, 1, tq, tk, dtype=torch.bool, device=device)
     if attention_mask.dtype == torch.bool:
         return attention_mask[..., :tk]
     return attention_mask[..., :tk] > torch.finfo(attention_mask.dtype).min / 2  # additive: 0 or the dtype's min
@@ -255,10 +257,10 @@ def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale,
     groups = query.shape[1] // key.shape[1]
     kc, vc = kc.repeat_interleave(groups, dim=1), vc.repeat_interleave(groups, dim=1)
     tq, tk = query.shape[2], key.shape[2]
-    if attention_mask is None and tk > tq:  # transformers' SDPA path crops the keys the same way
+    if attention_mask is None and tk > tq > 1:  # transformers' SDPA path crops the keys the same way
         kc, vc, tk = kc[:, :, :tq], vc[:, :, :tq], tq
     s = qc @ kc.transpose(-1, -2)  # fp32 accumulation of exact e4m3 products
-    s = s.masked_fill(~_keep_mask(attention_mask, s.shape[0], tq, tk, s.device), float("-inf"))
+    s = s.masked_fill(~_keep_mask(attention_mask, tq, tk, s.device), float("-inf"))
     c = torch.tensor(float(scaling * math.log2(math.e)), dtype=f32) * (q_scale.to(f32) * k_scale.to(f32))
     m = s.amax(dim=-1, keepdim=True)
     m_scaled = torch.where(m == float("-inf"), torch.zeros_like(m), m * c - MAX_OFFSET)

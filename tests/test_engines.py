@@ -73,6 +73,13 @@ def test_fp8_kv_attention_by_hand():
                        fp8_kv_attention(q, k, v, torch.tensor([[[[True, False]]]]), 1.0, one, one, one))
     none = fp8_kv_attention(q, k, v, torch.zeros(1, 1, 1, 2, dtype=torch.bool), 1.0, one, one, one)
     assert torch.equal(none, torch.zeros_like(none))
+    # no mask (transformers' SDPA path): one query (a decoding step) sees every key; several queries are causal
+    assert torch.equal(fp8_kv_attention(q, k, v, None, 1.0, one, one, one), fp8_kv_attention(q, k, v, keep, 1.0, one,
+                                                                                                one, one))
+    q2 = q.expand(1, 1, 2, 2)
+    causal = torch.tensor([[[[True, False], [True, True]]]])
+    assert torch.equal(fp8_kv_attention(q2, k, v, None, 1.0, one, one, one),
+                       fp8_kv_attention(q2, k, v, causal, 1.0, one, one, one))
 
 
 def test_fp8_kv_profile_in_the_model(monkeypatch):
