@@ -14,7 +14,7 @@ two continuations of the prompts and one pass on the candidate's own samples.
 from __future__ import annotations
 
 from .budget import Budget
-from .measure import measure_perturbation
+from .measure import measure_candidate
 from .metrics import excess
 from .opd import OPDSignal
 from .prefix import PrefixShift, prompt_ids
@@ -25,21 +25,24 @@ SCHEMA_VERSION = 1
 
 
 def check(student, rollouts, config: Source, budget: Budget, teacher=None, reference: Reference | None = None,
-          prefix_tokens: int | None = None, seed: int = 0, batch_size: int = 8) -> dict:
-    """The verdict and everything behind it, as check.json holds it."""
+          prefix_tokens: int | None = None, seed: int = 0, batch_size: int = 8, engine: str = "sim") -> dict:
+    """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
+    ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
+    engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda")."""
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
-    metrics = measure_perturbation(reference, student, config.perturbation)
+    metrics = measure_candidate(reference, student, rollouts, config.perturbation, engine, batch_size)
     measured = excess(budget.metric, metrics[budget.metric])
     tokens = prefix_tokens or int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32))
     shift = PrefixShift(student, reference, prompt_ids(student, rollouts), tokens, seed=seed,
-                        batch_size=batch_size).measure(config.perturbation)
+                        batch_size=batch_size, engine=engine).measure(config.perturbation)
     opd = None
     if teacher is not None:
-        opd = OPDSignal(student, teacher, reference).measure(config.perturbation)
+        opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
     admit = measured <= budget.value
     return {
         "schema_version": SCHEMA_VERSION, "verdict": "ADMIT" if admit else "REJECT", "configuration": config.name,
+        "engine": engine,
         "metric": budget.metric, "measured": measured, "budget": budget.value,
         "margin": budget.value - measured, "budget_calibrated": budget.calibrated, "budget_source": budget.source,
         "budget_interval": budget.interval, "metrics": metrics, "prefix_shift": shift, "opd_signal": opd,
@@ -48,7 +51,9 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
 
 
 def format_check(report: dict) -> str:
-    lines = [f"{report['verdict']}: {report['configuration']}: {report['metric']} {report['measured']:.4g} "
+    engine = report.get("engine", "sim")
+    as_run = "" if engine == "sim" else f" as {engine} runs it"
+    lines = [f"{report['verdict']}: {report['configuration']}{as_run}: {report['metric']} {report['measured']:.4g} "
              f"{'<=' if report['verdict'] == 'ADMIT' else '>'} budget {report['budget']:.4g} "
              f"(margin {report['margin']:+.3g}; budget {'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}"
              f": {report['budget_source']})"]

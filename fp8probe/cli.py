@@ -317,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", required=True, help="a number (on --metric) or a budget.json from `fp8probe budget`")
     p.add_argument("--metric", default="kl_q_p", choices=METRICS, metavar="METRIC",
                    help="the metric a numeric --budget bounds (default: kl_q_p)")
+    p.add_argument("--engine", default="sim", choices=["sim", "vllm-cuda", "vllm-cpu"],
+                   help="sim (default: the configuration in the reference-dtype model, as recipes and budgets are "
+                        "measured); vllm-cuda / vllm-cpu: every figure as vLLM 0.32 computes it (see `measure`)")
 
     p = sub.add_parser("budget", help="the mismatch budget from a table of training runs (quality vs mismatch)",
                        epilog=EPILOG_BUDGET, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -665,14 +668,8 @@ def cmd_measure(args) -> int:
     with output_dir(args.out) as out:
         student, _ = _load(args)
         rollouts, _ = _rollouts(args, student, out)
-        if args.engine == "sim":
-            metrics = measure(student, rollouts, scheme=args.scheme, kv=args.kv_cache_dtype,
-                              batch_size=args.batch_size)
-        else:
-            from .engines import measure_engine
-
-            metrics = measure_engine(student, rollouts, [u.name for u in student.quantizable], args.scheme.upper(),
-                                     args.engine, kv=args.kv_cache_dtype, batch_size=args.batch_size)
+        metrics = measure(student, rollouts, scheme=args.scheme, kv=args.kv_cache_dtype, batch_size=args.batch_size,
+                          engine=args.engine)
         atomic_write_json(out / "mismatch.json", {
             "schema_version": 1, "command": "measure", "model": student.name, "scheme": args.scheme.upper(),
             "engine": args.engine, "kv_cache_dtype": args.kv_cache_dtype, "num_sequences": rollouts.num_sequences,
@@ -879,6 +876,13 @@ def cmd_check(args) -> int:
         raise FP8ProbeError("check takes one configuration: at most one --recipe, --kv-cache-dtype and --stale "
                             "(compare several with `fp8probe ladder`)")
     _validate(args)
+    if args.engine != "sim":
+        from .engines import check_profiled
+        from .recipe import read_recipe
+
+        rec = read_recipe(args.recipe[0]) if args.recipe else None
+        kv = args.kv_cache_dtype[0] if args.kv_cache_dtype else ("fp8" if rec and rec.kv_cache_scheme else None)
+        check_profiled(args.engine, rec.scheme if rec else "FP8_DYNAMIC", kv)
     with output_dir(args.out) as out:
         student, _ = _load(args)
         teacher = _teacher(args)
@@ -886,7 +890,7 @@ def cmd_check(args) -> int:
         named = _sources(args, student)
         config = named[0] if len(named) == 1 else sources.combine(named)
         report = check(student, rollouts, config, budget, teacher=teacher, prefix_tokens=args.max_new_tokens,
-                       seed=args.seed, batch_size=args.batch_size)
+                       seed=args.seed, batch_size=args.batch_size, engine=args.engine)
         atomic_write_json(out / "check.json", report)
     print(format_check(report))
     return EXIT_OK if report["verdict"] == "ADMIT" else EXIT_REJECT

@@ -272,13 +272,15 @@ def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale,
 
 
 @contextlib.contextmanager
-def _fp8_kv_attention(model, kv, calibration):
+def _fp8_kv_attention(model, kv, calibration, layers=None):
     from .hooks import _attention_modules, attention_override, kv_scales
 
     if getattr(model.config, "attn_logit_softcapping", None):
         raise FP8ProbeError("the FP8 KV-cache profile does not cover attention logit soft-capping; use --engine sim")
     scales = {}
     for i, mod in _attention_modules(model).items():
+        if layers is not None and i not in layers:
+            continue
         ks, vs = (s.reshape(()).to(torch.float32) for s in kv_scales(kv, i, calibration))
         scales[id(mod)] = (ks, ks, vs)  # vLLM: q_scale = k_scale when the checkpoint stores none
 
@@ -287,7 +289,7 @@ def _fp8_kv_attention(model, kv, calibration):
         scaling = module.scaling if scaling is None else scaling
         return fp8_kv_attention(query, key, value, attention_mask, scaling, q_s, k_s, v_s), None
 
-    with attention_override(model, attention):
+    with attention_override(model, attention, layers):
         yield
 
 
@@ -297,10 +299,11 @@ def _fp8_kv_attention(model, kv, calibration):
 
 @contextlib.contextmanager
 def engine_model(student, units, scheme="FP8_DYNAMIC", profile: "EngineProfile | str" = "vllm-cpu", kv=None,
-                 calibration=None):
+                 calibration=None, kv_layers=None):
     """A copy of the student as the engine runs it: the engine dtype everywhere, `units` as vLLM's FP8 Linears
     (codes and scales from the student's own weights, as the exported checkpoint holds them; static input
-    scales from `calibration`), and with `kv` the FP8 KV cache (k/v scales from `calibration` or 1.0)."""
+    scales from `calibration`), and with `kv` the FP8 KV cache of `kv_layers` (all when None; k/v scales from
+    `calibration` or 1.0)."""
     from .hooks import _checkpoint_codes
     from .schemes import KVCacheScheme, Scheme
 
@@ -327,7 +330,7 @@ def engine_model(student, units, scheme="FP8_DYNAMIC", profile: "EngineProfile |
         mod = model.get_submodule(name)
         mod.forward = _fp8_experts(mod, scheme, profile.dtype, calibration, name)
     try:
-        with _fp8_kv_attention(model, kv, calibration) if kv is not None else contextlib.nullcontext():
+        with _fp8_kv_attention(model, kv, calibration, kv_layers) if kv is not None else contextlib.nullcontext():
             yield model
     finally:
         del model
@@ -340,25 +343,3 @@ def response_logp(model, rollouts, batch_size: int = 8) -> tuple[torch.Tensor, t
 
     rows, toks = response_rows(model, rollouts, batch_size)
     return log_softmax32(rows, getattr(model.config, "final_logit_softcapping", None)), toks
-
-
-def measure_engine(student, rollouts, units, scheme="FP8_DYNAMIC", profile: "EngineProfile | str" = "vllm-cuda",
-                   kv=None, reference=None, batch_size: int = 8) -> dict[str, float]:
-    """Every metric of `units` in FP8 (and the FP8 KV cache `kv` in every layer) as the engine runs them, the
-    whole model in its dtype, against the fp32 reference (the trainer): the scale of measure.measure."""
-    from .metrics import METRICS
-    from .mismatch import summarize, token_stats
-    from .reference import Reference
-    from .schemes import KVCacheScheme, Scheme
-
-    check_profiled(profile, scheme, kv)
-    kv_scheme = KVCacheScheme.from_name(kv) if kv is not None else KVCacheScheme()
-    if reference is None:
-        calibrate = Scheme.from_name(scheme).static_input or (kv is not None and kv_scheme.scale == "calibrated")
-        reference = Reference(student, rollouts, batch_size, calibrate=calibrate, kv_strategy=kv_scheme.strategy)
-    with engine_model(student, units, scheme, profile, kv, reference.calibration) as m:
-        rows, toks = response_logp(m, rollouts, batch_size)
-    if not torch.equal(toks, reference.rows.tokens):
-        raise FP8ProbeError("the engine pass and the reference disagree on the response tokens; this is a bug")
-    out = summarize(token_stats(reference.rows, rows))
-    return {k: out[k] for k in METRICS}

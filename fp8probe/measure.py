@@ -131,15 +131,54 @@ def measure_perturbation(reference: Reference, student, p: Perturbation, start_b
     return out
 
 
+@contextlib.contextmanager
+def candidate_model(student, p: Perturbation, calibration=None, engine: str = "sim", many_forwards: bool = False):
+    """The rollout engine's model under `p`, for the duration. "sim": the student itself under the hooks
+    (apply_perturbation). An engine profile (engines.py): stale weights and noise applied to the student, then
+    the engine's bf16 copy of it with p's FP8 units and FP8 KV layers as vLLM computes them."""
+    if engine == "sim":
+        with apply_perturbation(student, p, calibration, many_forwards=many_forwards):
+            yield student.model
+        return
+    from dataclasses import replace
+
+    from .engines import engine_model
+
+    with apply_perturbation(student, replace(p, units=(), kv_layers=())), \
+            engine_model(student, p.units, p.scheme, engine, p.kv if p.kv_layers else None, calibration,
+                         kv_layers=p.kv_layers) as m:
+        yield m
+
+
+def measure_candidate(reference: Reference, student, rollouts, p: Perturbation, engine: str = "sim",
+                      batch_size: int = 8) -> dict[str, float]:
+    """Every metric of `p` against the reference, through `engine`: the sim reuses the reference's prefix
+    (measure_perturbation); a profile runs its whole copy of the model over the rollouts."""
+    if engine == "sim":
+        return measure_perturbation(reference, student, p)
+    from .engines import response_logp
+    from .mismatch import token_stats
+
+    with candidate_model(student, p, reference.calibration, engine) as m:
+        rows, _ = response_logp(m, rollouts, batch_size)
+    return summarize(token_stats(reference.rows, rows))
+
+
 def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, reference: Reference | None = None,
-            batch_size: int = 8) -> dict[str, float]:
+            batch_size: int = 8, engine: str = "sim") -> dict[str, float]:
     """Mismatch metrics of `units` (names; all quantizable units when None) in `scheme`, plus an FP8 KV
-    cache in every layer when `kv` is given ("fp8", "fp8_e5m2" or a KVCacheScheme), against the reference."""
+    cache in every layer when `kv` is given ("fp8", "fp8_e5m2" or a KVCacheScheme), against the reference;
+    computed as `engine` does ("sim", or an engines.py profile: "vllm-cuda", "vllm-cpu")."""
     scheme = Scheme.from_name(scheme)
     kv_scheme = KVCacheScheme.from_name(kv) if kv is not None else KVCacheScheme()
+    if engine != "sim":
+        from .engines import check_profiled
+
+        check_profiled(engine, scheme.name, kv_scheme if kv is not None else None)
     if reference is None:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv_scheme.strategy)
     names = [u.name for u in student.quantizable] if units is None else list(units)
     kv_layers = tuple(range(student.model.config.num_hidden_layers)) if kv is not None else ()
-    result = measure_perturbation(reference, student, Perturbation(tuple(names), scheme, kv_layers, kv_scheme))
+    p = Perturbation(tuple(names), scheme, kv_layers, kv_scheme)
+    result = measure_candidate(reference, student, rollouts, p, engine, batch_size)
     return {k: result[k] for k in METRICS}

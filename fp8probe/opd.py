@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .errors import FP8ProbeError
-from .measure import Perturbation, apply_perturbation
+from .measure import Perturbation, candidate_model
 from .mismatch import CHUNK_ROWS, log_softmax32
 from .reference import Reference
 
@@ -58,16 +58,16 @@ def sequence_index(reference: Reference) -> torch.Tensor:
 class OPDSignal:
     """The teacher's log-probs on the reference rollouts (computed once), and each source's distortion."""
 
-    def __init__(self, student, teacher, reference: Reference):
+    def __init__(self, student, teacher, reference: Reference, engine: str = "sim"):
         check_teacher(student, teacher)
-        self.student, self.reference = student, reference
+        self.student, self.reference, self.engine = student, reference, engine
         self.logp_teacher = token_logp(teacher.model, reference).double()
         self.logp_ref = reference.rows.logp.gather(-1, reference.rows.tokens[:, None]).squeeze(-1).double()
         self.seq = sequence_index(reference)
 
     def measure(self, p: Perturbation) -> dict[str, float]:
-        with apply_perturbation(self.student, p, self.reference.calibration):
-            logp_q = token_logp(self.student.model, self.reference).double()
+        with candidate_model(self.student, p, self.reference.calibration, self.engine) as m:
+            logp_q = token_logp(m, self.reference).double()
         r_p, r_q = self.logp_teacher - self.logp_ref, self.logp_teacher - logp_q
         n_seq = int(self.seq.max()) + 1 if self.seq.numel() else 0
         rkl = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, self.seq, (logp_q - self.logp_ref))

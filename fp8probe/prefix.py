@@ -15,10 +15,11 @@ policies alone. Reported per source:
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import torch
 
-from .measure import Perturbation, apply_perturbation, measure_perturbation
+from .measure import Perturbation, candidate_model, measure_candidate
 from .reference import Reference
 from .rollouts import Rollouts, eos_ids
 
@@ -91,16 +92,16 @@ class PrefixShift:
     """Reference continuations (sampled once) and the prefix shift of any perturbation against them."""
 
     def __init__(self, student, reference: Reference, prompts: list[list[int]], max_new_tokens: int, seed: int = 0,
-                 temperature: float = 1.0, batch_size: int = 8):
-        self.student, self.reference, self.prompts = student, reference, prompts
+                 temperature: float = 1.0, batch_size: int = 8, engine: str = "sim"):
+        self.student, self.reference, self.prompts, self.engine = student, reference, prompts, engine
         # one batch for generation: a token-by-token forward costs little more for 64 sequences than for 8
         self.kw = dict(max_new_tokens=max_new_tokens, seed=seed, temperature=temperature,
                        batch_size=max(batch_size, 64))
         self.reference_samples = sample_crn(student, prompts, **self.kw)
 
     def measure(self, p: Perturbation) -> dict[str, float]:
-        with apply_perturbation(self.student, p, self.reference.calibration, many_forwards=True):
-            cand = sample_crn(self.student, self.prompts, **self.kw)
+        with candidate_model(self.student, p, self.reference.calibration, self.engine, many_forwards=True) as m:
+            cand = sample_crn(replace(self.student, model=m), self.prompts, **self.kw)
         firsts = [first_divergence(a, b) for a, b in zip(self.reference_samples, cand)]
         div = [f for f in firsts if f is not None]
         tok = self.student.tokenizer
@@ -110,7 +111,7 @@ class PrefixShift:
         if own.num_response_tokens:
             ref_own = Reference(self.student, own, self.kw["batch_size"])
             ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
-            own_metrics = measure_perturbation(ref_own, self.student, p)
+            own_metrics = measure_candidate(ref_own, self.student, own, p, self.engine, self.kw["batch_size"])
         return {"diverged": len(div) / len(firsts),
                 "first_div_mean": statistics.fmean(div) if div else float("nan"),
                 "first_div_p50": statistics.median(div) if div else float("nan"),

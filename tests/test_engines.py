@@ -248,3 +248,44 @@ def test_topk_kl_bound_never_exceeds_the_full_kl():
         assert (bound <= full + 1e-6).all() and (bound >= 0).all()
     top, ids = logq.topk(50, -1)
     assert torch.allclose(kl_lower_bound_topk(ids, top, logp), full, atol=1e-6)
+
+
+def test_fp8_kv_profile_decodes_as_it_prefills():
+    """Token-by-token decoding through the FP8 KV profile (a KV cache, one query per step, no mask for a single
+    sequence) gives the logits of one full forward over the same tokens: every step attends to every key so far."""
+    from fp8probe.reference import Reference
+    from fp8probe.rollouts import make_rollouts
+
+    s = tiny_student("llama")
+    r = make_rollouts(s, num_prompts=2, max_new_tokens=6, seed=0)
+    cal = Reference(s, r).calibration
+    ids = r.input_ids[:1, : int(r.attention_mask[0].sum())]
+    with engine_model(s, [], profile="vllm-cuda", kv="fp8", calibration=cal) as m, torch.no_grad():
+        full = m(input_ids=ids).logits[0].float()
+        out = m(input_ids=ids[:, :-3], use_cache=True)
+        steps = [out.logits[0, -1].float()]
+        for t in range(ids.shape[1] - 3, ids.shape[1]):
+            out = m(input_ids=ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits[0, -1].float())
+    want = full[ids.shape[1] - 4:]
+    got = torch.stack(steps)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()  # bf16 arithmetic in other shapes, nothing more
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_check_through_the_engine(cli, tiny_dirs, tmp_path):
+    """`fp8probe check --engine vllm-cuda`: the measured figure, the prefix shift and the own-sample mismatch come
+    from the engine's copy (the FP8 KV cache as FlashAttention 3 runs it), not the simulation; what the profile
+    does not cover is refused before any output."""
+    import json
+
+    common = [tiny_dirs["llama"], "--kv-cache-dtype", "fp8", "--budget", 1, "--num-prompts", 3, "--max-new-tokens", 6]
+    assert cli("-q", "check", *common, "--out", tmp_path / "sim").code == 0
+    r = cli("-q", "check", *common, "--out", tmp_path / "eng", "--engine", "vllm-cuda", "--rollouts", tmp_path / "sim")
+    assert r.code == 0 and "as vllm-cuda runs it" in r.out, r.err
+    sim, eng = (json.loads((tmp_path / d / "check.json").read_text()) for d in ("sim", "eng"))
+    assert sim["engine"] == "sim" and eng["engine"] == "vllm-cuda"
+    assert eng["measured"] > sim["measured"] > 0
+    assert eng["prefix_shift"]["kl_q_p_own"] != sim["prefix_shift"]["kl_q_p_own"]
+    r = cli("check", *common, "--out", tmp_path / "x", "--engine", "vllm-cpu")
+    assert r.code == 2 and len(r.lines) == 1 and "AVX-512" in r.err and not (tmp_path / "x").exists()
