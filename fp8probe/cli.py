@@ -65,6 +65,7 @@ EPILOG_LADDER = """examples:
 EPILOG_CHECK = """examples:
   fp8probe check --budget budget.json --recipe runs/recipe/recipe.yaml --kv-cache-dtype fp8 --out runs/check
   fp8probe check --budget 1e-3 --metric k3 --stale ckpt/step-99 --rollouts runs/smollm2 --out runs/check
+  fp8probe check --budget budget.json --recipe runs/recipe/recipe.yaml --engine vllm-cuda --out runs/check_cuda
 """
 
 EPILOG_BUDGET = """examples:
@@ -81,8 +82,9 @@ levels: """ + "a number: weight noise sigma (x each tensor's std; 0: no mismatch
     "(default FP8_DYNAMIC); kv[:DTYPE]: FP8 KV cache, scale 1.0; stale:K: rollouts from the weights of K updates ago\n"
 
 EPILOG_MEASURE = """examples:
-  fp8probe measure --out runs/whole                 # whole-model FP8_DYNAMIC on the embedded student
+  fp8probe measure --out runs/whole                 # whole-model FP8_DYNAMIC as vLLM runs it on a Hopper GPU
   fp8probe measure --rollouts runs/smollm2 --kv-cache-dtype fp8 --out runs/whole_kv
+  fp8probe measure --rollouts runs/smollm2 --engine sim --out runs/whole_sim   # the sweep's simulation
 """
 
 
