@@ -317,15 +317,15 @@ def engine_model(student, units, scheme="FP8_DYNAMIC", profile: "EngineProfile |
             raise FP8ProbeError("static input scales and a calibrated KV cache need a Calibration from the rollouts")
     linear = [n for n in units if isinstance(student.model.get_submodule(n), torch.nn.Linear)]
     experts = [n for n in units if n not in linear]
+    if experts and not profile.experts:
+        raise FP8ProbeError(f"--engine {profile.name} does not cover FP8 experts ({WHY_NOT[(profile.name, 'experts')]}): "
+                            "use --engine sim")
     codes = _checkpoint_codes(student.model, linear, scheme)
     model = copy.deepcopy(student.model).to(profile.dtype)
     for name, (c, s) in codes.items():
         mod = model.get_submodule(name)
         x_scale = calibration.input_scale(name, scheme.input) if scheme.static_input else None
         mod.forward = _fp8_linear(c, s, mod.bias, profile.dtype, scheme, x_scale)
-    if experts and not profile.experts:
-        raise FP8ProbeError(f"--engine {profile.name} does not cover FP8 experts ({WHY_NOT[(profile.name, 'experts')]}): "
-                            "use --engine sim")
     for name in experts:
         mod = model.get_submodule(name)
         mod.forward = _fp8_experts(mod, scheme, profile.dtype, calibration, name)
