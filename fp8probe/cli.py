@@ -319,9 +319,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", required=True, help="a number (on --metric) or a budget.json from `fp8probe budget`")
     p.add_argument("--metric", default="kl_q_p", choices=METRICS, metavar="METRIC",
                    help="the metric a numeric --budget bounds (default: kl_q_p)")
-    p.add_argument("--engine", default="sim", choices=["sim", "vllm-cuda", "vllm-cpu"],
-                   help="sim (default: the configuration in the reference-dtype model, as recipes and budgets are "
-                        "measured); vllm-cuda / vllm-cpu: every figure as vLLM 0.32 computes it (see `measure`)")
 
     p = sub.add_parser("budget", help="the mismatch budget from a table of training runs (quality vs mismatch)",
                        epilog=EPILOG_BUDGET, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -375,6 +372,23 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", nargs="*", default=[], help=f"FP8 KV cache(s): {_kv_dtypes()}")
     p.add_argument("--stale", nargs="*", default=[], help="other checkpoint(s) of the student as the rollout policy")
     p.add_argument("--teacher", help="a teacher sharing the student's tokenizer: adds the OPD-signal distortion")
+    p.add_argument("--engine", default="sim", choices=["sim", "vllm-cuda", "vllm-cpu"],
+                   help="sim (default: every shortcut in the reference-dtype model, as recipes and budgets are "
+                        "measured); vllm-cuda / vllm-cpu: every figure as vLLM 0.32 computes it (see `measure`)")
+
+
+def _check_engine(args) -> None:
+    """Refuse, before any output, a shortcut the --engine profile does not cover."""
+    if args.engine == "sim":
+        return
+    from .engines import check_profiled
+    from .recipe import read_recipe
+
+    for path in args.recipe:
+        rec = read_recipe(path)
+        check_profiled(args.engine, rec.scheme, "fp8" if rec.kv_cache_scheme else None)
+    for kv in args.kv_cache_dtype:
+        check_profiled(args.engine, "FP8_DYNAMIC", kv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -837,6 +851,7 @@ def cmd_ladder(args) -> int:
     from .runs import versions
 
     _validate(args)
+    _check_engine(args)
     t0 = time.perf_counter()
     with output_dir(args.out) as out:
         student, _ = _load(args)
@@ -847,12 +862,15 @@ def cmd_ladder(args) -> int:
                   (sources.DEFAULT_SIGMAS if args.noise is None else args.noise)] + named
         if args.combine:
             ladder.append(sources.combine(named))
+        if args.engine != "sim":  # what the engine's own arithmetic costs with no shortcut at all
+            ladder.insert(0, sources.Source(f"{args.engine} alone", "engine", sources.Perturbation()))
         df = sources.ladder(student, rollouts, ladder, batch_size=args.batch_size, progress=args.progress,
                             prefix_tokens=None if args.no_prefix_shift else args.max_new_tokens,
-                            prefix_seed=args.seed, teacher=teacher)
+                            prefix_seed=args.seed, teacher=teacher, engine=args.engine)
         atomic_write_text(out / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
         atomic_write_json(out / "ladder.json", {
             "schema_version": 1, "command": "ladder", "model": student.name, "teacher": args.teacher,
+            "engine": args.engine,
             "sources": [{"name": s.name, "kind": s.kind, "parts": list(s.parts)} for s in ladder],
             "num_sequences": rollouts.num_sequences, "num_response_tokens": rollouts.num_response_tokens,
             "noise_seed": args.noise_seed, "prefix_seed": args.seed, "seconds": round(time.perf_counter() - t0, 3),
@@ -878,13 +896,7 @@ def cmd_check(args) -> int:
         raise FP8ProbeError("check takes one configuration: at most one --recipe, --kv-cache-dtype and --stale "
                             "(compare several with `fp8probe ladder`)")
     _validate(args)
-    if args.engine != "sim":
-        from .engines import check_profiled
-        from .recipe import read_recipe
-
-        rec = read_recipe(args.recipe[0]) if args.recipe else None
-        kv = args.kv_cache_dtype[0] if args.kv_cache_dtype else ("fp8" if rec and rec.kv_cache_scheme else None)
-        check_profiled(args.engine, rec.scheme if rec else "FP8_DYNAMIC", kv)
+    _check_engine(args)
     with output_dir(args.out) as out:
         student, _ = _load(args)
         teacher = _teacher(args)

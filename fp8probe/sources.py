@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .errors import FP8ProbeError
-from .measure import Perturbation, measure_perturbation
+from .measure import Perturbation, measure_candidate
 from .metrics import METRICS
 from .opd import OPD_COLUMNS, OPDSignal
 from .prefix import PREFIX_COLUMNS, PrefixShift, prompt_ids
@@ -31,7 +31,7 @@ DEFAULT_SIGMAS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 @dataclass(frozen=True)
 class Source:
     name: str  # the row label
-    kind: str  # recipe | kv | stale | noise | combination
+    kind: str  # recipe | kv | stale | noise | combination | engine (the engine alone: no shortcut)
     perturbation: Perturbation
     parts: tuple[str, ...] = ()  # a combination's sources
     value: float | None = None  # noise: σ
@@ -98,22 +98,23 @@ def combine(sources: list[Source], name: str | None = None) -> Source:
 
 
 def ladder(student, rollouts, sources: list[Source], reference: Reference | None = None, batch_size: int = 8,
-           progress: bool = False, prefix_tokens: int | None = None, prefix_seed: int = 0, teacher=None):
+           progress: bool = False, prefix_tokens: int | None = None, prefix_seed: int = 0, teacher=None,
+           engine: str = "sim"):
     """One row per source with every metric (METRICS), measured on the same rollouts against one reference;
     a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). With `prefix_tokens`, the prefix
     shift of each source (prefix.PREFIX_COLUMNS); with a `teacher`, its OPD-signal distortion
-    (opd.OPD_COLUMNS). Returns a pandas DataFrame."""
+    (opd.OPD_COLUMNS); every figure as `engine` computes it (measure.candidate_model). Returns a DataFrame."""
     import pandas as pd
     from tqdm.auto import tqdm
 
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
     shift = PrefixShift(student, reference, prompt_ids(student, rollouts), prefix_tokens, seed=prefix_seed,
-                        batch_size=batch_size) if prefix_tokens else None
-    opd = OPDSignal(student, teacher, reference) if teacher is not None else None
+                        batch_size=batch_size, engine=engine) if prefix_tokens else None
+    opd = OPDSignal(student, teacher, reference, engine) if teacher is not None else None
     rows, by_name = [], {}
     for s in tqdm(sources, desc="ladder", unit="source", disable=not progress):
-        m = measure_perturbation(reference, student, s.perturbation)
+        m = measure_candidate(reference, student, rollouts, s.perturbation, engine, batch_size)
         by_name[s.name] = m
         parts = [by_name[p]["kl_q_p"] for p in s.parts if p in by_name]
         row = {"source": s.name, "kind": s.kind, "sigma": s.value if s.value is not None else float("nan"),

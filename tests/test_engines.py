@@ -289,3 +289,22 @@ def test_check_through_the_engine(cli, tiny_dirs, tmp_path):
     assert eng["prefix_shift"]["kl_q_p_own"] != sim["prefix_shift"]["kl_q_p_own"]
     r = cli("check", *common, "--out", tmp_path / "x", "--engine", "vllm-cpu")
     assert r.code == 2 and len(r.lines) == 1 and "AVX-512" in r.err and not (tmp_path / "x").exists()
+
+
+def test_ladder_through_the_engine(cli, tiny_dirs, tmp_path):
+    """`fp8probe ladder --engine vllm-cuda`: a first row for the engine alone (its bf16 arithmetic, no shortcut),
+    every source measured through the profile: the FP8 KV row above the engine-alone row and above the simulated one."""
+    import json
+
+    import pandas as pd
+
+    common = [tiny_dirs["llama"], "--noise", 1e-3, "--kv-cache-dtype", "fp8", "--num-prompts", 3,
+              "--max-new-tokens", 6, "--no-prefix-shift"]
+    assert cli("-q", "ladder", *common, "--out", tmp_path / "sim").code == 0
+    r = cli("-q", "ladder", *common, "--out", tmp_path / "eng", "--engine", "vllm-cuda", "--rollouts", tmp_path / "sim")
+    assert r.code == 0, r.err
+    sim, eng = (pd.read_csv(tmp_path / d / "ladder.csv").set_index("source") for d in ("sim", "eng"))
+    assert list(eng.index) == ["vllm-cuda alone", "noise 0.001", "kv fp8"] and "vllm-cuda alone" not in sim.index
+    assert eng.loc["kv fp8", "kl_q_p"] > eng.loc["vllm-cuda alone", "kl_q_p"] > 0
+    assert eng.loc["kv fp8", "kl_q_p"] > sim.loc["kv fp8", "kl_q_p"]
+    assert json.loads((tmp_path / "eng" / "ladder.json").read_text())["engine"] == "vllm-cuda"
