@@ -247,11 +247,15 @@ def _keep_mask(attention_mask, tq: int, tk: int, device) -> torch.Tensor:
     return attention_mask[..., :tk] > torch.finfo(attention_mask.dtype).min / 2  # additive: 0 or the dtype's min
 
 
-def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale, k_scale, v_scale):
+def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale, k_scale, v_scale,
+                     fp8_query: bool = True, fp8_probs: bool = True):
     """Attention over an FP8 KV cache as FlashAttention 3 computes it (see the module docstring). query
-    [B, H, Tq, D], key/value [B, Hkv, Tk, D] in the engine dtype; returns [B, Tq, H, D] in that dtype."""
+    [B, H, Tq, D], key/value [B, Hkv, Tk, D] in the engine dtype; returns [B, Tq, H, D] in that dtype.
+    fp8_query / fp8_probs False leave the query / P unrounded (what each step costs: benchmarks/kv_steps.py)."""
     f32 = torch.float32
-    qc = quantize_activation_static(query, q_scale).to(f32)
+    if not fp8_query:
+        query, q_scale = query.to(f32), torch.ones((), dtype=f32)
+    qc = quantize_activation_static(query, q_scale).to(f32) if fp8_query else query
     kc = (key.to(f32) / k_scale.to(f32)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(f32)
     vc = (value.to(f32) / v_scale.to(f32)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(f32)
     groups = query.shape[1] // key.shape[1]
@@ -266,9 +270,9 @@ def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale,
     m_scaled = torch.where(m == float("-inf"), torch.zeros_like(m), m * c - MAX_OFFSET)
     p = torch.exp2(s * c - m_scaled)  # in [0, 256]; masked keys give 0
     row_sum = p.sum(dim=-1, keepdim=True)
-    o = p.to(torch.float8_e4m3fn).to(f32) @ vc
+    o = (p.to(torch.float8_e4m3fn).to(f32) if fp8_probs else p) @ vc
     inv = torch.where(row_sum == 0, torch.zeros_like(row_sum), row_sum.reciprocal())
-    return (o * (inv * v_scale.to(f32))).to(query.dtype).transpose(1, 2).contiguous()
+    return (o * (inv * v_scale.to(f32))).to(value.dtype).transpose(1, 2).contiguous()
 
 
 @contextlib.contextmanager
