@@ -50,6 +50,10 @@ from dataclasses import dataclass
 import torch
 
 from .errors import FP8ProbeError
+from .fp8 import quantize
+from .schemes import QuantSpec
+
+_PER_TENSOR = QuantSpec("tensor")
 
 FP8_MAX = 448.0
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # vLLM's _FP8_MIN_SCALING_FACTOR
@@ -143,9 +147,9 @@ def quantize_activation_groups(x: torch.Tensor, group: int = 128) -> tuple[torch
     t, k = x.shape
     if k % group:
         raise FP8ProbeError(f"block FP8 needs input width divisible by {group}, got {k}")
-    g = x.to(torch.float32).reshape(t, k // group, group)
-    scale = g.abs().amax(dim=-1, keepdim=True).clamp(min=GROUP_EPS) / FP8_MAX
-    return (g / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(t, k), scale.squeeze(-1)
+    x32 = x.to(torch.float32)
+    scale = x32.reshape(t, k // group, group).abs().amax(dim=-1).clamp(min=GROUP_EPS) / FP8_MAX
+    return quantize(x32, scale, QuantSpec("group", group_size=group)), scale
 
 
 def _block_gemm(xc, xs, wc, ws, block: int = 128) -> torch.Tensor:
@@ -256,8 +260,9 @@ def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale,
     if not fp8_query:
         query, q_scale = query.to(f32), torch.ones((), dtype=f32)
     qc = quantize_activation_static(query, q_scale).to(f32) if fp8_query else query
-    kc = (key.to(f32) / k_scale.to(f32)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(f32)
-    vc = (value.to(f32) / v_scale.to(f32)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(f32)
+    # reshape_and_cache: x / scale, saturated to e4m3 (fp8.quantize, per tensor)
+    kc = quantize(key.to(f32), k_scale.to(f32), _PER_TENSOR).to(f32)
+    vc = quantize(value.to(f32), v_scale.to(f32), _PER_TENSOR).to(f32)
     groups = query.shape[1] // key.shape[1]
     kc, vc = kc.repeat_interleave(groups, dim=1), vc.repeat_interleave(groups, dim=1)
     tq, tk = query.shape[2], key.shape[2]
