@@ -131,7 +131,7 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
     gen = torch.Generator().manual_seed(seed)
     softcap = getattr(model.config, "final_logit_softcapping", None) or None
     head = model.get_output_embeddings()
-    shape: list = [None, None]  # [B, S] of the running batch (expert outputs are flattened over tokens), its mask
+    batch_mask: list = [None]  # the running batch's attention mask [B, S] (expert outputs are flattened over tokens)
     first_draw = [True]  # energies are counted once per batch, not once per label draw
     kept: dict[str, torch.Tensor] = {}  # δ per unit for the batch's later label draws
 
@@ -150,7 +150,7 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
                         if samples > 1:
                             kept[name] = delta
                     gd = g.float() * delta
-                    draws[-1].add(name, gd.sum(-1).reshape(shape[0]), _sumsq(gd))
+                    draws[-1].add(name, gd.sum(-1).reshape(batch_mask[0].shape), _sumsq(gd))
                     if first_draw[0]:
                         energy.energy(name, y, delta)
 
@@ -161,7 +161,7 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
     def kv_hook(i, k, v):
         if defer:
             for d, t in ((kv_amax.k_amax, k), (kv_amax.v_amax, v)):
-                a = amax(without_padding(t.detach(), shape[1], "kv"), kv_spec).float().cpu()
+                a = amax(without_padding(t.detach(), batch_mask[0], "kv"), kv_spec).float().cpu()
                 d[i] = a if i not in d else torch.maximum(d[i], a)
         for t, side in ((k, 0), (v, 1)):
             def on_grad(g, t=t.detach(), side=side):
@@ -191,7 +191,7 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
             stack.enter_context(torch.enable_grad())
             for ids, am, resp in batches:
                 ids, am = ids.to(device), am.to(device)
-                shape[0], shape[1] = tuple(ids.shape), am.bool()
+                batch_mask[0] = am.bool()
                 h = model.model(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
                 rows_b, cols_b = torch.nonzero(resp[:, 1:], as_tuple=True)
                 hsel = h[rows_b.to(device), cols_b.to(device)]
