@@ -148,3 +148,43 @@ def cli_process(*args, **kw):
 
     return subprocess.Popen([sys.executable, "-m", "fp8probe.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_interactive_signals, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the suite's gates: a skip fails the run, a vLLM test is a slow one
+
+# A skipped test did not run, and CI must not stay green through it. Every skip fails the session unless its
+# test is listed here (node id prefix -> the reason it may skip). Empty: no test may skip.
+ALLOWED_SKIPS: dict[str, str] = {}
+_SKIPPED: list[tuple[str, str]] = []
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("vllm") and not item.get_closest_marker("slow"):
+            raise pytest.UsageError(f"{item.nodeid} is marked vllm but not slow: mark it slow too")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED.append((report.nodeid, reason))
+
+
+def _unexpected_skips() -> list[tuple[str, str]]:
+    return [(n, r) for n, r in _SKIPPED if not any(n.startswith(k) for k in ALLOWED_SKIPS)]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unexpected_skips() and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    bad = _unexpected_skips()
+    if bad:
+        terminalreporter.section("skips that were not expected (they fail the run)", sep="=", red=True)
+        for nodeid, reason in bad:
+            terminalreporter.write_line(f"{nodeid}: {reason}")
+        terminalreporter.write_line("fix what made them skip, or list them with their reason in tests/conftest.py "
+                                    "ALLOWED_SKIPS")

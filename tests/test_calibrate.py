@@ -14,14 +14,13 @@ import pytest
 import torch
 
 from conftest import tiny_model, tiny_tokenizer
+from fp8probe.calibrate import Level, Settings, parse_level, run_dir, train_one
+from fp8probe.errors import FP8ProbeError
+from fp8probe.opd_train import TrainSettings, opd_config, prompt_dataset, trainable_student
+from fp8probe.prompts import BUILTIN_PROMPTS
+from fp8probe.student import Student, depth_pruned, list_units
 
-pytest.importorskip("trl")
-
-from fp8probe.calibrate import Level, Settings, parse_level, run_dir, train_one  # noqa: E402
-from fp8probe.errors import FP8ProbeError  # noqa: E402
-from fp8probe.opd_train import TrainSettings, opd_config, prompt_dataset, trainable_student  # noqa: E402
-from fp8probe.prompts import BUILTIN_PROMPTS  # noqa: E402
-from fp8probe.student import Student, depth_pruned, list_units  # noqa: E402
+pytestmark = pytest.mark.slow  # TRL training runs
 
 TRAIN = TrainSettings(steps=3, batch_size=4, max_new_tokens=6, learning_rate=1e-3, eval_every=1, eval_samples=1)
 

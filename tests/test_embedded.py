@@ -3,9 +3,12 @@
 import json
 
 import pandas as pd
+import pytest
 
 from fp8probe.mismatch import METRICS
 from fp8probe.runs import COLUMNS
+
+pytestmark = pytest.mark.slow  # the real embedded student
 
 
 def test_embedded_sweep_end_to_end(cli, tmp_path):

@@ -16,6 +16,8 @@ from fp8probe.hooks import simulated_weights
 from fp8probe.recipe import read_recipe
 from fp8probe.rollouts import make_rollouts
 
+pytestmark = pytest.mark.slow  # the real embedded student, llm-compressor and vLLM
+
 KEPT_BLOCKS = (0, 29)  # a mixed recipe: first and last blocks in BF16, plus block 1's down_proj
 
 

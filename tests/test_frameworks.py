@@ -344,7 +344,6 @@ def test_refusals_say_what_the_framework_would_do(student):
 def test_export_all_targets_on_a_tiny_model(tmp_path):
     """One export, every target: the vLLM checkpoint (config groups named group_N, calibrated k/v scales for the
     FP8 KV cache) and one fragment per framework that can apply one of the recipes, the others explained."""
-    pytest.importorskip("llmcompressor")
     from safetensors import safe_open
 
     from conftest import tiny_model, tiny_tokenizer

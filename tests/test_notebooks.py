@@ -28,9 +28,10 @@ def small_run(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow  # a sweep of the real embedded student
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path, small_run, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
+    import nbformat
     from nbclient import NotebookClient
 
     monkeypatch.setenv("FP8PROBE_RUN", str(small_run))

@@ -7,12 +7,11 @@ import math
 import pytest
 import torch
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from fp8probe.fp8 import compute_scale, fake_quant  # noqa: E402
-from fp8probe.schemes import QuantSpec  # noqa: E402
+from fp8probe.fp8 import compute_scale, fake_quant
+from fp8probe.schemes import QuantSpec
 from fp8probe.mismatch import METRICS, mismatch  # noqa: E402
 
 # finite fp32 values, subnormals included; |x| <= 2^116 (8e34) keeps 448 x (amax / 448) representable in fp32

@@ -90,6 +90,7 @@ def test_split_group_refused(setup, tmp_path):
         read_recipe(tmp_path / "r.yaml").check_vllm_loadable(st.units)
 
 
+@pytest.mark.slow  # the real embedded student
 def test_block_scheme_shapes_refused(embedded, tmp_path):
     """SmolLM2's q_proj (576 outputs) cannot be a whole-block member of a fused FP8_BLOCK qkv_proj."""
     doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
@@ -204,6 +205,7 @@ def test_all_and_none_forms(setup):
         make_recipe(df, 1.0, st, r, reference=ref, form="none")
 
 
+@pytest.mark.slow  # the real embedded student
 def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
     """SmolLM2 (hidden 576): FP8_BLOCK can take only down_proj (input 1536); the others stay BF16 with reason."""
     from fp8probe.student import scheme_blockers

@@ -55,6 +55,7 @@ def test_load_tiny_dir(tiny_dirs, arch):
     assert len(s.groups()) >= 9
 
 
+@pytest.mark.slow  # the real embedded student
 def test_embedded_student(embedded):
     q = embedded.quantizable
     assert len(q) == 30 * 7
