@@ -68,13 +68,22 @@ class OPDSignal:
     def measure(self, p: Perturbation) -> dict[str, float]:
         with candidate_model(self.student, p, self.reference.calibration, self.engine) as m:
             logp_q = token_logp(m, self.reference).double()
-        r_p, r_q = self.logp_teacher - self.logp_ref, self.logp_teacher - logp_q
-        n_seq = int(self.seq.max()) + 1 if self.seq.numel() else 0
-        rkl = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, self.seq, (logp_q - self.logp_ref))
-        ratio = (self.logp_ref - logp_q).exp()
-        corr = torch.corrcoef(torch.stack([r_p, r_q]))[0, 1] if r_p.numel() > 1 else torch.tensor(float("nan"))
-        lo, hi = OPENRLHF_RANGE
-        return {"mean_abs_reward_delta": float((r_q - r_p).abs().mean()), "reward_corr": float(corr),
-                "seq_rkl_delta": float(rkl.mean()) if n_seq else float("nan"),
-                "ratio_out_verl": float((ratio > VERL_TRUNCATION).double().mean()),
-                "ratio_out_openrlhf": float(((ratio < lo) | (ratio > hi)).double().mean())}
+        return distortion(self.logp_teacher, self.logp_ref, logp_q, self.seq)
+
+
+def distortion(logp_teacher: torch.Tensor, logp_p: torch.Tensor, logp_q: torch.Tensor,
+               seq: torch.Tensor) -> dict[str, float]:
+    """OPD_COLUMNS from per-token log-probabilities of the sampled tokens [M] (the teacher's, the trainer's p, the
+    rollout engine's q) and the sequence each token belongs to [M] (0 .. N-1)."""
+    logp_teacher, logp_p, logp_q = (torch.as_tensor(x, dtype=torch.float64) for x in (logp_teacher, logp_p, logp_q))
+    seq = torch.as_tensor(seq, dtype=torch.int64)
+    r_p, r_q = logp_teacher - logp_p, logp_teacher - logp_q
+    n_seq = int(seq.max()) + 1 if seq.numel() else 0
+    rkl = torch.zeros(n_seq, dtype=torch.float64).index_add_(0, seq, logp_q - logp_p)
+    ratio = (logp_p - logp_q).exp()  # pi_train / pi_rollout
+    corr = torch.corrcoef(torch.stack([r_p, r_q]))[0, 1] if r_p.numel() > 1 else torch.tensor(float("nan"))
+    lo, hi = OPENRLHF_RANGE
+    return {"mean_abs_reward_delta": float((r_q - r_p).abs().mean()), "reward_corr": float(corr),
+            "seq_rkl_delta": float(rkl.mean()) if n_seq else float("nan"),
+            "ratio_out_verl": float((ratio > VERL_TRUNCATION).double().mean()),
+            "ratio_out_openrlhf": float(((ratio < lo) | (ratio > hi)).double().mean())}
