@@ -78,6 +78,15 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def divergence(reference: list[list[int]], candidate: list[list[int]]) -> dict[str, float]:
+    """diverged, first_div_mean, first_div_p50 of two sets of continuations of the same prompts."""
+    firsts = [first_divergence(a, b) for a, b in zip(reference, candidate, strict=True)]
+    div = [f for f in firsts if f is not None]
+    return {"diverged": len(div) / len(firsts),
+            "first_div_mean": statistics.fmean(div) if div else float("nan"),
+            "first_div_p50": statistics.median(div) if div else float("nan")}
+
+
 def prompt_ids(student, rollouts: Rollouts) -> list[list[int]]:
     """The prompts of saved rollouts, as token ids (what precedes each sequence's first response token)."""
     out = []
@@ -102,8 +111,7 @@ class PrefixShift:
     def measure(self, p: Perturbation) -> dict[str, float]:
         with candidate_model(self.student, p, self.reference.calibration, self.engine, many_forwards=True) as m:
             cand = sample_crn(replace(self.student, model=m), self.prompts, **self.kw)
-        firsts = [first_divergence(a, b) for a, b in zip(self.reference_samples, cand)]
-        div = [f for f in firsts if f is not None]
+        out = divergence(self.reference_samples, cand)
         tok = self.student.tokenizer
         own = Rollouts.from_sequences(self.prompts, cand, tok.pad_token_id if tok.pad_token_id is not None else 0,
                                       {"source": "prefix-shift samples"})
@@ -112,7 +120,4 @@ class PrefixShift:
             ref_own = Reference(self.student, own, self.kw["batch_size"])
             ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
             own_metrics = measure_candidate(ref_own, self.student, own, p, self.engine, self.kw["batch_size"])
-        return {"diverged": len(div) / len(firsts),
-                "first_div_mean": statistics.fmean(div) if div else float("nan"),
-                "first_div_p50": statistics.median(div) if div else float("nan"),
-                "kl_q_p_own": own_metrics["kl_q_p"], "k3_own": own_metrics["k3"]}
+        return {**out, "kl_q_p_own": own_metrics["kl_q_p"], "k3_own": own_metrics["k3"]}

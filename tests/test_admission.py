@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from fp8probe import sources
-from fp8probe.budget import fit_budget, read_budget
 from fp8probe.errors import FP8ProbeError
-from fp8probe.measure import Perturbation
+from fp8probe.measure import Perturbation, apply_perturbation, measure_perturbation
+from fp8probe.metrics import METRICS
+from fp8probe.mismatch import mismatch, response_logits
 from fp8probe.opd import OPDSignal
-from fp8probe.prefix import PrefixShift, prompt_ids
+from fp8probe.prefix import PrefixShift, divergence, prompt_ids, sample_crn
+from fp8probe.rollouts import Rollouts
 from fp8probe.recipe import Recipe
 from fp8probe.reference import Reference
 from fp8probe.rollouts import make_rollouts
@@ -59,6 +61,72 @@ def test_prefix_shift_zero_when_identical_and_grows_with_sigma(setup):
     assert div == sorted(div) and div[-1] > 0
 
 
+def test_prefix_divergence_by_hand():
+    """Four continuations of the same prompts: the third token differs; identical; one continues past the other's
+    end (differs where the shorter stopped, 2); the first token differs. 3 of 4 diverge, first at 2, 2, 0."""
+    ref = [[1, 2, 3, 4], [5, 6, 7], [8, 9], [1, 1, 1, 1]]
+    cand = [[1, 2, 9, 4], [5, 6, 7], [8, 9, 10], [2, 1, 1, 1]]
+    assert divergence(ref, cand) == {"diverged": 0.75, "first_div_mean": pytest.approx(4 / 3), "first_div_p50": 2}
+    same = divergence(ref, ref)
+    assert same["diverged"] == 0 and math.isnan(same["first_div_mean"]) and math.isnan(same["first_div_p50"])
+
+
+def test_prefix_shift_measures_the_candidates_own_samples(setup):
+    """With noise the candidate writes other text: what it reports equals a hand count over its continuations
+    (sampled here with the same common random numbers), and kl_q_p_own equals a naive full forward of both
+    policies over those continuations."""
+    st, r, ref = setup
+    prompts = prompt_ids(st, r)
+    shift = PrefixShift(st, ref, prompts, max_new_tokens=10, seed=4)
+    p = sources.noise(st, 3e-2).perturbation
+    got = shift.measure(p)
+    with apply_perturbation(st, p, many_forwards=True):
+        cand = sample_crn(st, prompts, max_new_tokens=10, seed=4, batch_size=64)
+    firsts = []
+    for a, b in zip(shift.reference_samples, cand):
+        same = 0
+        while same < min(len(a), len(b)) and a[same] == b[same]:
+            same += 1
+        firsts.append(None if a == b else same)
+    div = [f for f in firsts if f is not None]
+    assert 0 < len(div) < len(firsts), "the noise should move some continuations, not all"
+    assert got["diverged"] == len(div) / len(firsts) and got["first_div_mean"] == pytest.approx(sum(div) / len(div))
+    own = Rollouts.from_sequences(prompts, cand, st.tokenizer.pad_token_id)
+    ids, am, resp = own.input_ids, own.attention_mask, own.response_mask
+    with torch.no_grad():
+        ref_logits, tokens = response_logits(st.model(input_ids=ids, attention_mask=am).logits, ids, resp)
+        with apply_perturbation(st, p):
+            cand_logits, _ = response_logits(st.model(input_ids=ids, attention_mask=am).logits, ids, resp)
+    naive = mismatch(ref_logits, cand_logits, tokens)
+    assert got["kl_q_p_own"] > 0 and got["kl_q_p_own"] == pytest.approx(naive["kl_q_p"], rel=1e-4)
+    assert got["k3_own"] == pytest.approx(naive["k3"], rel=1e-3)
+
+
+def test_stale_in_one_tensor_is_noise_on_that_tensor(setup, tmp_path):
+    """A checkpoint that differs from the student in exactly one weight, by the noise that add_noise draws for it,
+    measures what that noise measures: the stale path (every weight swapped, the whole model from its embeddings)
+    and the noise path (one unit noised, from its block on) agree on every metric."""
+    from fp8probe.hooks import add_noise
+
+    st, r, ref = setup
+    unit, sigma, seed = "model.layers.1.mlp.down_proj", 0.05, 7
+    with add_noise(st.model, [unit], sigma, seed):
+        noised = st.model.get_submodule(unit).weight.detach().clone()
+    m = tiny_model("llama")  # the student's weights (same seed)
+    with torch.no_grad():
+        m.get_submodule(unit).weight.copy_(noised)
+    m.save_pretrained(tmp_path / "step")
+    tiny_tokenizer().save_pretrained(tmp_path / "step")
+    src = sources.stale(st, str(tmp_path / "step"))
+    differs = [n for n, w in st.model.named_parameters() if not torch.equal(w, src.perturbation.stale[n])]
+    assert differs == [f"{unit}.weight"]
+    stale = measure_perturbation(ref, st, src.perturbation)
+    noise = measure_perturbation(ref, st, Perturbation(noise=sigma, noise_units=(unit,), noise_seed=seed))
+    assert stale["kl_q_p"] > 1e-5
+    for k in METRICS:
+        assert stale[k] == pytest.approx(noise[k], rel=1e-4, abs=1e-9), k
+
+
 def test_stale_checkpoint(setup, tmp_path, tiny_dirs):
     st, r, ref = setup
     m = tiny_model("llama")
@@ -95,47 +163,6 @@ def test_opd_signal(setup, tiny_dirs):
     other.tokenizer.add_tokens(["zzz-extra"])
     with pytest.raises(FP8ProbeError, match="shared tokenizer"):
         OPDSignal(st, other, ref)
-
-
-def _runs(threshold_index=3, levels=(0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2), seeds=3):
-    """Synthetic training runs: quality flat (within 0.2 %) up to levels[threshold_index], then falling."""
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for i, lv in enumerate(levels):
-        drop = 0.0 if i <= threshold_index else 0.05 * (i - threshold_index)
-        for s in range(seeds):
-            noise = float(torch.rand(1, generator=g)) * 0.002 - 0.001
-            rows.append({"mismatch": lv, "quality": 0.80 * (1 - drop) * (1 + noise), "seed": s, "metric": "k3"})
-    return pd.DataFrame(rows)
-
-
-def test_budget_recovers_a_known_threshold(tmp_path):
-    runs = _runs()
-    b = fit_budget(runs, tolerance=0.01, bootstrap=300)
-    assert b.value == 1e-3 and b.metric == "k3" and b.calibrated
-    assert b.interval[0] <= 1e-3 <= b.interval[1]
-    assert fit_budget(_runs(threshold_index=1), bootstrap=50).value == 1e-4
-    # lower is better: the same runs with quality turned into a loss
-    inv = runs.assign(quality=1.0 - runs.quality, higher_is_better="false")
-    assert fit_budget(inv, tolerance=0.05, bootstrap=0).value >= 1e-3
-
-
-def test_budget_command_and_bad_tables(cli, tmp_path):
-    _runs().to_csv(tmp_path / "runs.csv", index=False)
-    r = cli("-q", "budget", tmp_path / "runs.csv", "--out", tmp_path / "b", "--bootstrap", 200)
-    assert r.code == 0, r.err
-    d = json.loads((tmp_path / "b" / "budget.json").read_text())
-    assert d["value"] == 1e-3 and d["metric"] == "k3" and d["schema_version"] == 1
-    assert (tmp_path / "b" / "budget.png").stat().st_size > 1000
-    assert read_budget(str(tmp_path / "b" / "budget.json")).value == 1e-3
-    pd.DataFrame({"mismatch": [1e-3], "quality": [0.5]}).to_csv(tmp_path / "noclean.csv", index=False)
-    pd.DataFrame({"mismatch": [0, "x"], "quality": [0.5, 0.4]}).to_csv(tmp_path / "typed.csv", index=False)
-    pd.DataFrame({"level": [0], "quality": [0.5]}).to_csv(tmp_path / "cols.csv", index=False)
-    for name, match in [("noclean.csv", "no mismatch-free run"), ("typed.csv", "must hold finite numbers"),
-                        ("cols.csv", "lacks the column(s) mismatch"), ("none.csv", "no such runs table")]:
-        r = cli("budget", tmp_path / name, "--out", tmp_path / "x")
-        assert r.code == 2 and len(r.lines) == 1 and match in r.lines[0], r.err
-        assert not (tmp_path / "x").exists()
 
 
 def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):

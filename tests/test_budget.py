@@ -1,0 +1,80 @@
+"""The mismatch budget from training runs (budget.fit_budget): a known threshold, both directions of quality."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from fp8probe.budget import fit_budget, read_budget
+
+LEVELS = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+
+
+def _runs(threshold_index=3, levels=LEVELS, seeds=3):
+    """Synthetic training runs: quality flat (within 0.2 %) up to levels[threshold_index], then falling 5 % per
+    level."""
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i, lv in enumerate(levels):
+        drop = 0.0 if i <= threshold_index else 0.05 * (i - threshold_index)
+        for s in range(seeds):
+            noise = float(torch.rand(1, generator=g)) * 0.002 - 0.001
+            rows.append({"mismatch": lv, "quality": 0.80 * (1 - drop) * (1 + noise), "seed": s, "metric": "k3"})
+    return pd.DataFrame(rows)
+
+
+def test_budget_recovers_a_known_threshold():
+    runs = _runs()
+    b = fit_budget(runs, tolerance=0.01, bootstrap=300)
+    assert b.value == 1e-3 and b.metric == "k3" and b.calibrated
+    assert b.interval[0] <= 1e-3 <= b.interval[1]
+    assert fit_budget(_runs(threshold_index=1), bootstrap=50).value == 1e-4
+
+
+def test_lower_is_better_and_the_direction_decides():
+    """A loss-like quality (lower is better, as `calibrate` writes its held-out reverse KL): 1 - quality is 0.2
+    up to 1e-3 (within +-0.4 %), then 0.24 (+20 %) and 0.28 (+40 %). At a 5 % tolerance the budget is exactly
+    1e-3. Read the other way round the rises would be improvements and every level would pass: 1e-2."""
+    inv = _runs().assign(quality=lambda d: 1.0 - d.quality)
+    lower = fit_budget(inv.assign(higher_is_better="false"), tolerance=0.05, bootstrap=0)
+    assert lower.value == 1e-3
+    assert fit_budget(inv.assign(higher_is_better="true"), tolerance=0.05, bootstrap=0).value == 1e-2
+    assert fit_budget(inv.assign(higher_is_better=False), tolerance=0.05, bootstrap=0).value == 1e-3  # a bool column
+    assert fit_budget(inv, tolerance=0.05, bootstrap=0).value == 1e-2  # the default: higher is better
+
+
+def test_calibrate_runs_table_is_read_lower_is_better():
+    """calibrate.runs_table's rows (quality: held-out reverse KL) fit to the level where the KL starts rising."""
+    from fp8probe.calibrate import runs_table
+
+    def result(level, value, seed, kl):
+        return {"level": level, "kind": "noise" if value else "none", "value": value, "seed": seed,
+                "mismatch": {"kl_q_p": value, "k3": value, "tokens": 100}, "steps": 30, "seconds": 1.0,
+                "quality_start": {"reverse_kl": 6.0, "teacher_logp": -3.0},
+                "quality_end": {"reverse_kl": kl, "teacher_logp": -2.0}}
+
+    results = [result("0", 0.0, s, 1.40 + 0.002 * s) for s in range(2)]
+    results += [result("0.01", 0.01, s, 1.405 + 0.002 * s) for s in range(2)]  # +0.4 %
+    results += [result("0.1", 0.1, s, 1.60 + 0.002 * s) for s in range(2)]  # +14 %: worse
+    df = runs_table(results)
+    assert set(df["higher_is_better"]) == {False}
+    assert fit_budget(df[["mismatch", "quality", "higher_is_better"]], tolerance=0.02, bootstrap=0).value == 0.01
+
+
+def test_budget_command_and_bad_tables(cli, tmp_path):
+    _runs().to_csv(tmp_path / "runs.csv", index=False)
+    r = cli("-q", "budget", tmp_path / "runs.csv", "--out", tmp_path / "b", "--bootstrap", 200)
+    assert r.code == 0, r.err
+    d = json.loads((tmp_path / "b" / "budget.json").read_text())
+    assert d["value"] == 1e-3 and d["metric"] == "k3" and d["schema_version"] == 1
+    assert (tmp_path / "b" / "budget.png").stat().st_size > 1000
+    assert read_budget(str(tmp_path / "b" / "budget.json")).value == 1e-3
+    pd.DataFrame({"mismatch": [1e-3], "quality": [0.5]}).to_csv(tmp_path / "noclean.csv", index=False)
+    pd.DataFrame({"mismatch": [0, "x"], "quality": [0.5, 0.4]}).to_csv(tmp_path / "typed.csv", index=False)
+    pd.DataFrame({"level": [0], "quality": [0.5]}).to_csv(tmp_path / "cols.csv", index=False)
+    for name, match in [("noclean.csv", "no mismatch-free run"), ("typed.csv", "must hold finite numbers"),
+                        ("cols.csv", "lacks the column(s) mismatch"), ("none.csv", "no such runs table")]:
+        r = cli("budget", tmp_path / name, "--out", tmp_path / "x")
+        assert r.code == 2 and len(r.lines) == 1 and match in r.lines[0], r.err
+        assert not (tmp_path / "x").exists()
