@@ -8,7 +8,8 @@ import torch
 
 from conftest import tiny_student
 from fp8probe.engines import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention, quantize_activation,
-                               quantize_activation_groups, quantize_activation_static, response_logp)
+                               quantize_activation_groups, quantize_activation_static, quantize_activation_tensor,
+                               response_logp)
 from fp8probe.schemes import Scheme
 
 
@@ -23,6 +24,23 @@ def test_activation_quantization_by_hand():
     # beyond the format: saturated, never inf or NaN
     big, _ = quantize_activation(torch.tensor([[1.0, 1e4]]))
     assert big.float().tolist() == [[0.04296875, 448.0]]  # 1 / (1e4 / 448) = 0.0448 -> 1.375 * 2**-5
+
+
+def test_per_tensor_dynamic_by_hand():
+    """FP8_TENSOR_DYNAMIC (vLLM's online quantization="fp8"): one fp32 scale over every token of the call, amax /
+    448 with vLLM's floor; codes by reciprocal-multiply. bf16 -3.3 is -3.296875, / 2 -> 1.6484 -> e4m3 1.625;
+    bf16 0.3 is 0.30078, / 2 -> 0.1504 -> 0.15625 (step 1/64 in [1/8, 1/4))."""
+    x = torch.tensor([[896.0, 1.0, -3.3], [0.3, 2.0, 0.0]], dtype=torch.bfloat16)
+    codes, scale = quantize_activation_tensor(x)
+    assert scale.dtype == torch.float32 and scale.tolist() == [[2.0]]
+    assert codes.float().tolist() == [[448.0, 0.5, -1.625], [0.15625, 1.0, 0.0]]
+    assert quantize_activation_tensor(torch.zeros(2, 3))[1].item() == pytest.approx(MIN_SCALE)
+    # the Linear: codes @ weight codes in fp32, * 2 * the weight's one scale, bf16 out
+    e4 = torch.float8_e4m3fn
+    w = torch.tensor([[1.0, 2.0, 0.5]]).to(e4)
+    lin = _fp8_linear(w, torch.tensor(0.25), None, torch.bfloat16, Scheme.from_name("FP8_TENSOR_DYNAMIC"))
+    want = [(448 + 1.0 - 0.8125) * 2 * 0.25, (0.15625 + 2.0) * 2 * 0.25]
+    assert lin(x).float().flatten().tolist() == [torch.tensor(v, dtype=torch.bfloat16).item() for v in want]
 
 
 def test_static_and_block_linears_by_hand():
@@ -154,6 +172,7 @@ def paired_interval(a: np.ndarray, b: np.ndarray, seq: np.ndarray, n: int = 2000
     return float(d.mean()), *np.quantile(draws, [0.05, 0.95])
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     """The shipped tight recipe (23 units in FP8_DYNAMIC), where the engine's bf16 arithmetic matters most:

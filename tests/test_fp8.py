@@ -8,10 +8,10 @@ from fp8probe.fp8 import compute_scale, quantize_weight, simulate_weight, sqnr_d
 from fp8probe.schemes import KVCacheScheme, Scheme
 from fp8probe.errors import FP8ProbeError
 
-ct_scheme = pytest.importorskip("compressed_tensors.quantization.quant_scheme")
-from compressed_tensors.quantization import fake_quantize, quantize  # noqa: E402
-from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp  # noqa: E402
-from llmcompressor.observers import Observer  # noqa: E402
+import compressed_tensors.quantization.quant_scheme as ct_scheme
+from compressed_tensors.quantization import fake_quantize, quantize
+from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+from llmcompressor.observers import Observer
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -54,13 +54,32 @@ def test_weight_matches_compressed_tensors(name, dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["FP8_DYNAMIC", "FP8_BLOCK"])
+@pytest.mark.parametrize("name", ["FP8_DYNAMIC", "FP8_BLOCK", "FP8_TENSOR_DYNAMIC"])
 def test_dynamic_input_matches_compressed_tensors(name, dtype):
     x = _nasty((3, 17, 512), dtype, seed=1)  # [batch, seq, hidden]
-    args = _ct_args(name, "input")
+    if name in ct_scheme.PRESET_SCHEMES:
+        args = _ct_args(name, "input")
+    else:  # vLLM's online FP8 is no preset: its input spelled out as compressed-tensors arguments
+        from compressed_tensors.quantization import QuantizationArgs
+
+        args = QuantizationArgs(**Scheme.from_name(name).config_group()["input_activations"])
+        assert (args.strategy, args.dynamic) == ("tensor", True)
     scale, zp = compute_dynamic_scales_and_zp(x, args, module=None)
     expected = fake_quantize(x, scale, zp, args)
     assert torch.equal(fake_quant(x, name, "input"), expected)
+
+
+def test_per_tensor_dynamic_by_hand():
+    """FP8_TENSOR_DYNAMIC (vLLM's quantization="fp8"): one scale for the whole input, amax / 448, recomputed for
+    every input; weights one scale per tensor. amax 896 -> scale 2: 3.3 / 2 = 1.65 -> e4m3 1.625 (step 1/8 in
+    [1, 2)) -> 3.25; 0.3 / 2 = 0.15 -> 0.15625 (step 1/64 in [1/8, 1/4)) -> 0.3125; the zero stays 0."""
+    x = torch.tensor([[896.0, 1.0, -3.3], [0.3, 2.0, 0.0]])
+    assert fake_quant(x, "FP8_TENSOR_DYNAMIC", "input").tolist() == [[896.0, 1.0, -3.25], [0.3125, 2.0, 0.0]]
+    half = fake_quant(x / 2, "FP8_TENSOR_DYNAMIC", "input")  # a new input: a new scale (1), the same codes
+    assert torch.equal(half, fake_quant(x, "FP8_TENSOR_DYNAMIC", "input") / 2)
+    s = Scheme.from_name("FP8_TENSOR_DYNAMIC")
+    assert (s.weight.strategy, s.input.strategy, s.input.dynamic, s.static_input) == ("tensor", "tensor", True, False)
+    assert torch.equal(fake_quant(x, s, "weight"), fake_quant(x, "FP8", "weight"))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

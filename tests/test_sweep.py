@@ -40,7 +40,7 @@ def _naive(student, rollouts, row, ref_cal, scheme, kv="fp8"):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8"])
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8", "FP8_TENSOR_DYNAMIC"])
 def test_prefix_reuse_equals_naive_forward(arch, scheme):
     student = _student(arch)
     r = make_rollouts(student, num_prompts=5, max_new_tokens=8, batch_size=8)
