@@ -36,10 +36,30 @@ def test_masks_and_layout(student):
                                          add_generation_prompt=True, tokenize=True)
         prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
         assert ids[:start].tolist() == list(prompt)
-        eos = (ids[start:length] == 2).nonzero()
-        if len(eos):  # an EOS is sampled at most once, and ends the response
-            assert int(eos[0]) == length - start - 1
+        assert (ids[start:length - 1] != 2).all()  # an EOS, if sampled, only at the end
     assert r.num_response_tokens == int(r.response_mask.sum())
+
+
+def test_eos_ends_a_response():
+    """With the EOS logit raised by 4.5 (about one step in six), most responses end on a sampled EOS: it is kept as
+    the response's last token, nothing follows it, and the others run to --max-new-tokens."""
+    import torch
+
+    m = tiny_model("llama")
+    bias = torch.zeros(m.config.vocab_size)
+    bias[2] = 4.5
+    m.lm_head.register_forward_hook(lambda mod, args, out: out + bias)
+    st = Student(model=m, tokenizer=tiny_tokenizer(), units=list_units(m), name="eos", path="", model_type="llama")
+    r = make_rollouts(st, num_prompts=8, max_new_tokens=12, seed=0)
+    ended = 0
+    for i in range(r.num_sequences):
+        resp = r.input_ids[i][r.response_mask[i].bool()]
+        eos = (resp == 2).nonzero().flatten().tolist()
+        assert eos in ([], [len(resp) - 1])  # at most one, and last
+        assert eos or len(resp) == 12
+        assert int(r.attention_mask[i].sum()) == int(r.response_mask[i].nonzero()[-1]) + 1  # nothing after it
+        ended += bool(eos)
+    assert ended >= 4, f"only {ended} of 8 responses sampled an EOS"
 
 
 def test_same_seed_same_tokens(student):

@@ -11,14 +11,14 @@ import time
 import pandas as pd
 import pytest
 
-pytest.importorskip("ray")
+from fp8probe.reference import Reference
+from fp8probe.rollouts import load_rollouts
+from fp8probe.runs import write_table
+from fp8probe.scaleout import Cluster, CostModel, RayRows, ray_session, shards
+from fp8probe.student import load_student
+from fp8probe.sweep import sweep
 
-from fp8probe.reference import Reference  # noqa: E402
-from fp8probe.rollouts import load_rollouts  # noqa: E402
-from fp8probe.runs import write_table  # noqa: E402
-from fp8probe.scaleout import Cluster, RayRows, ray_session, shards  # noqa: E402
-from fp8probe.student import load_student  # noqa: E402
-from fp8probe.sweep import sweep  # noqa: E402
+ray_workers = pytest.mark.slow  # starts Ray and its workers
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,7 @@ def single(tiny_dirs, tmp_path_factory):
     return out
 
 
+@ray_workers
 def test_two_workers_write_the_single_process_table_byte_for_byte(tiny_dirs, single, tmp_path, cli):
     out = tmp_path / "ray"
     r = cli("-q", "sweep", tiny_dirs["llama"], "--out", out, "--rollouts", single, "--workers", "2",
@@ -54,6 +55,7 @@ class KillOne(RayRows):
         yield from it
 
 
+@ray_workers
 def test_a_killed_worker_loses_no_row_and_duplicates_none(tiny_dirs, single, tmp_path):
     import ray
 
@@ -79,6 +81,7 @@ def test_a_killed_worker_loses_no_row_and_duplicates_none(tiny_dirs, single, tmp
     assert (tmp_path / "sensitivity.csv").read_bytes() == (single / "sensitivity.csv").read_bytes()
 
 
+@ray_workers
 def test_a_killed_driver_resumes_with_workers(deep_tiny_dir, tmp_path):
     """SIGKILL the driver of a 2-worker sweep half way (its local Ray instance with it); --resume with workers
     ends with the table of an uninterrupted single-process sweep."""
@@ -132,6 +135,7 @@ def test_without_ray_one_line_names_the_extra(tiny_dirs, tmp_path, cli, monkeypa
     assert not (tmp_path / "x").exists()
 
 
+@ray_workers
 def test_joins_an_existing_cluster_and_leaves_it_running(tiny_dirs, single, tmp_path):
     """--ray-address joins a running cluster (here a local head started with `ray start`) and leaves it up."""
     import socket
@@ -160,3 +164,19 @@ def test_joins_an_existing_cluster_and_leaves_it_running(tiny_dirs, single, tmp_
         assert status.returncode == 0, "the cluster fp8probe joined is gone"
     finally:
         subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=env)
+
+
+def test_cost_model_by_hand():
+    """T(N) = start + transfer + max(sum of row costs / N, the slowest shard); a row from block b costs
+    (L - b) t_block + t_head. L = 4, t_block 1 s, t_head 0.5 s, rows from blocks 0, 1, 2, 3 and a whole-model row
+    (-1, from block 0): 4.5 + 3.5 + 2.5 + 1.5 + 4.5 = 16.5 s. Start 3 s, 1 GB at 5 GB/s: 0.2 s.
+    1 worker: shards of 2 rows, the slowest 8.0 s; 16.5 / 1 -> 19.7 s. 2 workers: shards of one row; 8.25 > 4.5
+    -> 11.45 s. 10 workers: 1.65 < the slowest shard 4.5 -> 7.7 s."""
+    cm = CostModel(t_block=1.0, t_head=0.5, start=3.0, transfer_bytes=10**9)
+    blocks = [0, 1, 2, 3, -1]
+    assert [cm.row_seconds(b, 4) for b in blocks] == [4.5, 3.5, 2.5, 1.5, 4.5]
+    assert [len(s) for s in shards(blocks, 1)] == [2, 2, 1] and [len(s) for s in shards(blocks, 2)] == [1] * 5
+    assert cm.seconds(blocks, 4, 1) == pytest.approx(19.7)
+    assert cm.seconds(blocks, 4, 2) == pytest.approx(11.45)
+    assert cm.seconds(blocks, 4, 10) == pytest.approx(7.7)
+    assert CostModel(t_block=1.0, t_head=0.5).seconds(blocks, 4, 2) == pytest.approx(8.25)  # no start, no transfer
