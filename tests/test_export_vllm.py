@@ -19,6 +19,7 @@ from fp8probe.rollouts import make_rollouts
 pytestmark = pytest.mark.slow  # the real embedded student, llm-compressor and vLLM
 
 KEPT_BLOCKS = (0, 29)  # a mixed recipe: first and last blocks in BF16, plus block 1's down_proj
+GREEDY_GAP = {"bf16": 0.5, "fp8": 1.5}  # nats; measured 0.098 (bf16: a near-tie, then "L'Étoile, ...") and 0.0
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,11 @@ def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path):
     rollouts = make_rollouts(embedded, num_prompts=8, max_new_tokens=32, seed=1)
     res = compare_with_vllm(embedded, rollouts, ckpt, embedded_student_dir(), units, "FP8_DYNAMIC")
     print(json.dumps({k: v for k, v in res.items()}, indent=1))
-    # the model still answers
+    # the model still answers: vLLM's greedy tokens are, at every step, within GREEDY_GAP nats of what the fp32
+    # reference itself ranks best in that context (an exact text would compare greedy decoding across machines,
+    # where a near-tie can go either way; a broken checkpoint's tokens sit nats below the best)
     for side in ("bf16", "fp8"):
-        assert "Paris" in res["vllm"][side]["answer"], res["vllm"][side]["answer"]
+        assert res["vllm"][side]["greedy_gap"] <= GREEDY_GAP[side], (side, res["vllm"][side])
     # KV-cache size equals fp8probe's accounting for the same bytes (1 GiB, CPU block size 128)
     cap = capacity(None, kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
                    max_model_len=8192)

@@ -2,6 +2,7 @@
 
 import importlib.util
 
+import pytest
 import torch
 
 from fp8probe.testing.vllm_check import SITE
@@ -32,3 +33,21 @@ def test_emulated_scaled_mm_is_torchs_own_up_to_summation_order():
         tol = 576 * 448 ** 2 * float(sa * sb) * 2 ** -23
         assert (got.double() - exact).abs().max() <= tol and (want.double() - exact).abs().max() <= tol
         assert torch.allclose(got, want, rtol=1e-5, atol=tol)
+
+
+def test_greedy_gap():
+    """0 for the model's own greedy continuation; a token the model rates low shows as its distance to the best."""
+    from conftest import tiny_model
+    from fp8probe.testing.vllm_check import greedy_gap
+
+    m = tiny_model("llama")
+    prompt = [1, 5, 9, 13]
+    out = m.generate(input_ids=torch.tensor([prompt]), do_sample=False, max_new_tokens=6, pad_token_id=0)
+    own = out[0, len(prompt):].tolist()
+    assert greedy_gap(m, prompt, own) == 0.0
+    with torch.no_grad():
+        logp = torch.log_softmax(m(input_ids=torch.tensor([prompt + own[:2]])).logits[0, -1], -1)
+    worst = int(logp.argmin())
+    bad = own[:2] + [worst] + own[3:]
+    assert greedy_gap(m, prompt, bad) == pytest.approx(float(logp.max() - logp[worst]), rel=1e-5)
+    assert greedy_gap(m, prompt, []) == 0.0

@@ -128,6 +128,20 @@ def parse_kv_lines(log: str) -> dict:
             "concurrency_len": int(c.group(1).replace(",", "")) if c else None}
 
 
+@torch.no_grad()
+def greedy_gap(model, prompt: list[int], generated: list[int]) -> float:
+    """How far an engine's greedy continuation strays from `model`'s own choices: the largest, over the generated
+    tokens, of max_v log p(v) - log p(token) under `model` in the engine's own context (0: every token was the
+    model's argmax too). Where two tokens nearly tie, another engine's rounding may pick the other one; a broken
+    checkpoint picks tokens the model rates nats below its best."""
+    if not generated:
+        return 0.0
+    ids = torch.tensor([prompt + generated], device=next(model.parameters()).device)
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1].float(), -1)
+    tok = torch.tensor(generated, device=logp.device)
+    return float((logp.max(-1).values - logp.gather(-1, tok[:, None]).squeeze(-1)).max())
+
+
 def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path, quantized_units, scheme: str,
                       max_model_len: int = 8192, kv_space_gib: int = 1, prompt: str = "What is the capital of France?"):
     """Predicted (fp8probe) vs realised (vLLM) mismatch of a recipe on the rollouts, and the vLLM-BF16 noise floor.
@@ -151,8 +165,11 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path,
         for i, lp in enumerate(res["prompt_logprobs"]):
             resp = rollouts.response_mask[i]
             logp += [lp[t] for t in range(1, len(lp)) if resp[t]]
-        out[name] = {"metrics": sampled_token_metrics(ref_tok_logp, torch.tensor(logp, dtype=torch.float64)), "kv_cache_tokens": res["kv_cache_tokens"],
-                     "max_concurrency": res["max_concurrency"], "answer": res["generated"][0]}
+        out[name] = {"metrics": sampled_token_metrics(ref_tok_logp, torch.tensor(logp, dtype=torch.float64)),
+                     "kv_cache_tokens": res["kv_cache_tokens"], "max_concurrency": res["max_concurrency"],
+                     "answer": res["generated"][0], "greedy_gap": greedy_gap(student.model, chat[0],
+                                                                             res["generated_ids"][0]),
+                     "scaled_mm": res["scaled_mm"]}
     keys = list(out["fp8"]["metrics"])
     return {"predicted": {k: predicted[k] for k in keys}, "predicted_weights_only": {k: weights_only[k] for k in keys},
             "realised_fp8": out["fp8"]["metrics"], "noise_floor_bf16": out["bf16"]["metrics"],

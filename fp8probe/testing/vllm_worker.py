@@ -4,7 +4,7 @@
 
 SPEC: {"model": dir, "max_model_len": int, "out": path, "generate": [[ids]...] (greedy), "score": [[ids]...]
 (prompt logprobs of every token), "prompt_topk": K (optional: also the K most likely tokens per position),
-"engine_kwargs": {...}}. Writes {"generated": [...], "prompt_logprobs": [[logprob or null per position]...],
+"engine_kwargs": {...}}. Writes {"generated": [...], "generated_ids": [[ids]...], "prompt_logprobs": [[logprob or null per position]...],
 "prompt_topk": [[{token: logprob} or null per position]...]} to SPEC["out"]. vLLM's own log lines (the KV-cache size among them)
 go to stderr, where the caller reads them.
 """
@@ -26,6 +26,7 @@ def main():
         res = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["generate"]],
                            SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0))
         out["generated"] = [r.outputs[0].text for r in res]
+        out["generated_ids"] = [list(r.outputs[0].token_ids) for r in res]
     if spec.get("score"):
         k = int(spec.get("prompt_topk", 0))
         res = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["score"]],
