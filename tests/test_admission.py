@@ -203,3 +203,21 @@ def test_ladder_command(cli, tmp_path, tiny_dirs):
         assert col in df.columns and df[col].notna().all(), col
     meta = json.loads((out / "ladder.json").read_text())
     assert [s["kind"] for s in meta["sources"]] == ["noise", "noise", "kv"] and meta["schema_version"] == 1
+
+
+def test_check_with_a_teacher_end_to_end(cli, tmp_path, tiny_dirs):
+    """`fp8probe check --teacher`: the OPD signal lands in check.json and in the printed verdict; its reward change
+    is the sampled-token |dlog p| of the same check (the teacher cancels token by token), its shares are shares."""
+    model = tiny_dirs["llama"]
+    out = tmp_path / "c"
+    r = cli("-q", "check", model, "--budget", 1.0, "--kv-cache-dtype", "fp8", "--teacher", tiny_dirs["qwen3"],
+            "--num-prompts", 3, "--max-new-tokens", 6, "--out", out)
+    assert r.code == 0 and r.out.startswith("ADMIT"), (r.code, r.out, r.err)
+    rep = json.loads((out / "check.json").read_text())
+    o = rep["opd_signal"]
+    assert set(o) == {"mean_abs_reward_delta", "reward_corr", "seq_rkl_delta", "ratio_out_verl", "ratio_out_openrlhf"}
+    assert o["mean_abs_reward_delta"] > 0
+    assert o["mean_abs_reward_delta"] == pytest.approx(rep["metrics"]["abs_dlogp_mean"], rel=1e-4)
+    assert 0 <= o["ratio_out_verl"] <= 1 and 0 <= o["ratio_out_openrlhf"] <= 1 and -1 <= o["reward_corr"] <= 1
+    line = next(ln for ln in r.out.splitlines() if ln.startswith("OPD signal:"))
+    assert f"{o['mean_abs_reward_delta']:.4g}" in line and f"{o['seq_rkl_delta']:+.4g}" in line

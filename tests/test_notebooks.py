@@ -42,8 +42,37 @@ def test_notebook_runs(path, small_run, monkeypatch):
     assert not errors
     images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {}))
     assert images >= {"sensitivity.ipynb": 4, "recipe_explorer.ipynb": 2}[path.name]
+    if path.name == "sensitivity.ipynb":  # what it computed is what the run's table holds
+        import numpy as np
+        import pandas as pd
+
+        df = pd.read_csv(small_run / "sensitivity.csv")
+        top = df[df.kind != "model"].sort_values("kl_q_p", ascending=False).unit.iloc[0]
+        shown = next(o["data"]["text/plain"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
+                     if "text/plain" in o.get("data", {}) and "sqnr_db" in o["data"]["text/plain"])
+        assert shown.splitlines()[1].split()[1] == top  # the first row of the most-sensitive display
+        units = df[~df.kind.isin(["model", "kv"])]
+        text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+        rho = float(text.split("Spearman rank correlation, -SQNR vs kl_q_p:")[1].split()[0])
+        assert rho == pytest.approx(np.corrcoef(_ranks(units["kl_q_p"]), _ranks(-units["sqnr_db"]))[0, 1], abs=5e-4)
     if path.name == "recipe_explorer.ipynb":  # it measured a recipe with the CLI and read its capacity
         (recipe,) = small_run.glob("recipe-*/recipe.json")
         assert json.loads(recipe.read_text())["measured"] is not None
         assert (recipe.parent / "capacity.json").exists()
     os.environ.pop("FP8PROBE_RUN", None)
+
+
+def _ranks(values) -> list[float]:
+    """Average ranks (1-based; ties share the mean of their positions), for Spearman's rho by hand."""
+    vals = list(values)
+    order = sorted(range(len(vals)), key=lambda i: vals[i])
+    ranks = [0.0] * len(vals)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and vals[order[j + 1]] == vals[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks

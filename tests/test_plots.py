@@ -68,7 +68,21 @@ def test_plot_command_draws_every_figure(cli, run_dir, tmp_path):
         assert p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 10_000
     svg = tmp_path / "svg"
     assert cli("plot", run_dir, "--out", svg, "--format", "svg").code == 0
+    assert sorted(p.stem for p in svg.iterdir()) == sorted(names)  # every figure again, as SVG
     assert all(p.suffix == ".svg" and b"<svg" in p.read_bytes()[:400] for p in svg.iterdir())
+
+
+def test_heatmap_shows_the_tables_numbers():
+    """The heatmap's cells are log10 of the table's kl_q_p, summed per (kind, block), kinds in plotting order."""
+    import numpy as np
+
+    df = _table()
+    fig = sensitivity_heatmap(df)
+    cells = np.asarray(fig.axes[0].images[0].get_array())
+    kinds = ["q", "k", "v", "o", "gate", "up", "down", "kv"]
+    want = [[np.log10(df[(df.kind == k) & (df.block == b)].kl_q_p.sum()) for b in range(3)] for k in kinds]
+    assert cells.shape == (8, 3) and np.allclose(cells, want, rtol=0, atol=1e-12)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == kinds
 
 
 def test_frontier_shows_every_recipe_search(run_dir):
@@ -80,9 +94,12 @@ def test_frontier_shows_every_recipe_search(run_dir):
     assert sorted(r["_name"] for r in recipes) == ["recipe-0.2", "recipe-0.5"]
     fig = frontier(read_sweep(run_dir).table, recipes)
     ax = fig.axes[0]
-    drawn = sum(len(c.get_offsets()) for c in ax.collections)
-    measured = sum(1 for r in recipes for e in r["search"] if e.get("bytes_saved") and e["measured"] > 0)
-    assert drawn == measured + len(recipes)
+    drawn = sorted(tuple(map(float, xy)) for c in ax.collections for xy in c.get_offsets())
+    want = [(e["bytes_saved"] / 2**20, e["measured"]) for r in recipes for e in r["search"]
+            if e.get("bytes_saved") and e["measured"] > 0]
+    want += [(r["bytes_saved"] / 2**20, r["measured"]) for r in recipes]  # the chosen ones, as stars
+    assert len(drawn) == len(want)
+    assert [v for xy in drawn for v in xy] == pytest.approx([v for xy in sorted(want) for v in xy], rel=1e-12)
     budgets = sorted(line.get_ydata()[0] for line in ax.lines[1:])
     assert budgets == pytest.approx(sorted(r["budget"] for r in recipes))
 
