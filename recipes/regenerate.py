@@ -6,7 +6,7 @@
    reused when SWEEP already holds a finished exact sweep);
 2. `fp8probe recipe SWEEP --budget B` for B = 0.002, 0.008, 0.02 (kl_q_p; default refinement), into SWEEP;
 3. `fp8probe plot SWEEP` (sensitivity, heatmap, per-token KL, the frontier with the three searches);
-4. copies into recipes/smollm2-135m/: sensitivity.csv, run.json, plots/*.png, kl_q_p-B/recipe.{yaml,json}
+4. copies into recipes/smollm2-135m/: sensitivity.csv, run.json, the rollouts, plots/*.png, kl_q_p-B/recipe.{yaml,json}
    (recipe.json's `sweep` made relative: "..", the directory that holds the copied table), and writes
    recipes/smollm2-135m/README.md with the table of the three recipes.
 
@@ -54,7 +54,7 @@ def main() -> None:
     for old in [DEST / "plots", *DEST.glob("kl_q_p-*")]:  # what this script writes; calibration/ is calibrate's
         shutil.rmtree(old, ignore_errors=True)
     (DEST / "plots").mkdir(parents=True)
-    for name in ("sensitivity.csv", "run.json", "rollouts.json"):
+    for name in ("sensitivity.csv", "run.json", "rollouts.json", "rollouts.safetensors"):
         shutil.copy(sweep / name, DEST / name)
     for png in sorted((sweep / "plots").glob("*.png")):
         shutil.copy(png, DEST / "plots" / png.name)
