@@ -201,6 +201,19 @@ def test_ladder_command(cli, tmp_path, tiny_dirs):
     assert list(df.source) == ["noise 0.001", "noise 0.01", "kv fp8"]
     for col in ("kl_q_p", "diverged", "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_openrlhf"):
         assert col in df.columns and df[col].notna().all(), col
+    # each row is its source measured on the saved rollouts (re-measured here), the teacher cancels per token
+    from fp8probe.rollouts import load_rollouts
+    from fp8probe.student import load_student
+
+    st = load_student(str(tiny_dirs["llama"]))
+    r = load_rollouts(out)
+    ref = Reference(st, r)
+    again = [measure_perturbation(ref, st, s.perturbation)
+             for s in (sources.noise(st, 1e-3), sources.noise(st, 1e-2), sources.kv_cache(st, "fp8"))]
+    assert list(df.kl_q_p) == pytest.approx([m["kl_q_p"] for m in again], rel=1e-6)
+    assert list(df.k3) == pytest.approx([m["k3"] for m in again], rel=1e-5, abs=1e-12)
+    assert df.kl_q_p.iloc[0] < df.kl_q_p.iloc[1]
+    assert list(df.mean_abs_reward_delta) == pytest.approx(list(df.abs_dlogp_mean), rel=1e-4)
     meta = json.loads((out / "ladder.json").read_text())
     assert [s["kind"] for s in meta["sources"]] == ["noise", "noise", "kv"] and meta["schema_version"] == 1
 
