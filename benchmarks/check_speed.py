@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from fp8probe import load_student, make_rollouts, sources
-from fp8probe.admission import check
-from fp8probe.budget import default_budget
-from fp8probe.recipe import read_recipe
-from fp8probe.reference import Reference
+from fp8probe.apps.admission import check
+from fp8probe.recipe.budget import default_budget
+from fp8probe.recipe.recipe import read_recipe
+from fp8probe.measurement.reference import Reference
 
 MEDIUM = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m" / "kl_q_p-0.008" / "recipe.yaml"
 

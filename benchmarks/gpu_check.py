@@ -3,7 +3,7 @@
 For Qwen3-style students built from their configs with random weights, in BF16 on the GPU (the reference
 in BF16 as the trainer runs it, statistics in fp32) — 1.7B and 8B by default — and their own sampled rollouts:
 
-    memory estimate (fp8probe.memory) before the run, and the measured peak (torch.cuda.max_memory_allocated)
+    memory estimate (fp8probe.sweeps.memory) before the run, and the measured peak (torch.cuda.max_memory_allocated)
     the reference pass, the fast estimate (--method fisher) and the exact sweep: seconds, seconds per row
     Spearman rho and top-10 overlap of the estimate against the exact sweep
 
@@ -34,7 +34,7 @@ SIZES = {  # the shapes of Qwen/Qwen3-1.7B and Qwen/Qwen3-8B (their config.json)
 def build(size: str, device: str):
     import transformers as tf
 
-    from fp8probe.student import Student, list_units
+    from fp8probe.model.student import Student, list_units
 
     cfg = tf.Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
                          rope_theta=1_000_000, eos_token_id=151645, pad_token_id=151643, **SIZES[size])
@@ -48,7 +48,7 @@ def build(size: str, device: str):
 
 def rollouts_of(student, num: int, prompt_len: int, new_tokens: int):
     """The student's own sampled responses to random prompts (no tokenizer needed)."""
-    from fp8probe.rollouts import Rollouts
+    from fp8probe.model.rollouts import Rollouts
 
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 150000, (num, prompt_len), generator=g)
@@ -63,11 +63,12 @@ def rollouts_of(student, num: int, prompt_len: int, new_tokens: int):
 
 
 def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) -> dict:
-    from fp8probe.fisher import fisher_rows, spearman, top_overlap
-    from fp8probe.memory import estimate
-    from fp8probe.reference import Reference
-    from fp8probe.schemes import Scheme
-    from fp8probe.sweep import plan_rows, sweep
+    from fp8probe.core.stats import spearman, top_overlap
+from fp8probe.measurement.fisher import fisher_rows
+    from fp8probe.sweeps.memory import estimate
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.core.schemes import Scheme
+    from fp8probe.sweeps.sweep import plan_rows, sweep
 
     student, cfg = build(size, device)
     r = rollouts_of(student, num, 64, new_tokens)
@@ -112,13 +113,13 @@ def vllm_kv(out_dir: Path) -> dict:
     import sys
     import tempfile
 
-    from fp8probe.embedded import NAME, cache_dir
-    from fp8probe.measure import Perturbation, measure_perturbation
-    from fp8probe.mismatch import sampled_token_metrics
-    from fp8probe.reference import Reference
-    from fp8probe.rollouts import make_rollouts
-    from fp8probe.schemes import KVCacheScheme
-    from fp8probe.student import load_student
+    from fp8probe.model.embedded import NAME, cache_dir
+    from fp8probe.measurement.measure import Perturbation, measure_perturbation
+    from fp8probe.measurement.mismatch import sampled_token_metrics
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
+    from fp8probe.core.schemes import KVCacheScheme
+    from fp8probe.model.student import load_student
 
     if importlib.util.find_spec("vllm") is None:
         return {"skipped": "vLLM is not installed in this Python (pip install vllm, its CUDA build)"}

@@ -14,7 +14,7 @@ PYTHONPATH=. "$PY" benchmarks/gpu_check.py --out "$out" "$@"
 # The vllm-cuda engine profile against vLLM on this GPU (recipes, all-FP8 dynamic and static, the FP8 KV cache with
 # scale 1.0 and with calibrated scales): needs vLLM's CUDA build and llm-compressor in this Python, and the embedded
 # student in fp8probe's cache. Results: OUT/engine_fidelity.json and the table on stdout.
-if PYTHONPATH=. "$PY" -c "import vllm, llmcompressor, fp8probe.embedded as e; assert (e.cache_dir() / e.NAME / 'config.json').exists()" 2>/dev/null; then
+if PYTHONPATH=. "$PY" -c "import vllm, llmcompressor, fp8probe.model.embedded as e; assert (e.cache_dir() / e.NAME / 'config.json').exists()" 2>/dev/null; then
   PYTHONPATH=. "$PY" benchmarks/engine_fidelity.py --engine vllm-cuda --json "$out/engine_fidelity.json"
 else
   echo "gpu_check: engine profile vllm-cuda not checked (needs vllm and llmcompressor in $PY and the embedded student cached)"

@@ -27,11 +27,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
 
-    import fp8probe.engines as engines
+    import fp8probe.measurement.engines as engines
     from fp8probe import load_student, make_rollouts
-    from fp8probe.measure import measure
-    from fp8probe.reference import Reference
-    from fp8probe.rollouts import load_rollouts
+    from fp8probe.measurement.measure import measure
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import load_rollouts
 
     t0 = time.perf_counter()
     student = load_student()

@@ -32,8 +32,8 @@ ASSUMED_MFU = 0.5
 
 def _estimate_32b(workers: int = 8) -> str:
     """The worked estimate: a Qwen2.5-32B-shaped student, 16 x 560 tokens (512 response), BF16, H100s."""
-    from fp8probe.memory import estimate
-    from fp8probe.scaleout import CostModel
+    from fp8probe.sweeps.memory import estimate
+    from fp8probe.sweeps.scaleout import CostModel
     from transformers import Qwen2Config
 
     cfg = Qwen2Config(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
@@ -59,7 +59,7 @@ def _estimate_32b(workers: int = 8) -> str:
     return (f"32B estimate: {len(starts)} rows, t_block {t_block * 1e3:.1f} ms, t_head {t_head * 1e3:.1f} ms "
             f"(FLOPs at {ASSUMED_MFU:.0%} of {H100_BF16_DENSE / 1e12:.0f} TFLOP/s), weights {weights / 2**30:.0f} GiB, "
             f"reference {transfer / 2**30:.1f} GiB per worker; 1 H100: {one / 60:.1f} min; {workers} H100s: "
-            f"{n / 60:.1f} min ({one / n:.1f}x); per-GPU memory (fp8probe.memory) {mem.device / 2**30:.1f} GiB")
+            f"{n / 60:.1f} min ({one / n:.1f}x); per-GPU memory (fp8probe.sweeps.memory) {mem.device / 2**30:.1f} GiB")
 
 
 def main() -> None:
@@ -73,13 +73,13 @@ def main() -> None:
         print(_estimate_32b())
         return
 
-    from fp8probe.reference import Reference
-    from fp8probe.rollouts import make_rollouts
-    from fp8probe.runs import write_table
-    from fp8probe.scaleout import Cluster, CostModel, RayRows, block_costs, ray_session
-    from fp8probe.student import load_student
-    from fp8probe.sweep import plan_rows, sweep
-    from fp8probe.schemes import Scheme
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
+    from fp8probe.sweeps.files import write_table
+    from fp8probe.sweeps.scaleout import Cluster, CostModel, RayRows, block_costs, ray_session
+    from fp8probe.model.student import load_student
+    from fp8probe.sweeps.sweep import plan_rows, sweep
+    from fp8probe.core.schemes import Scheme
 
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)

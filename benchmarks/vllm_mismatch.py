@@ -21,10 +21,10 @@ from pathlib import Path
 import yaml
 
 from fp8probe import load_student, make_rollouts
-from fp8probe.capacity import capacity
-from fp8probe.embedded import embedded_student_dir
-from fp8probe.export import export
-from fp8probe.recipe import read_recipe
+from fp8probe.deploy.capacity import capacity
+from fp8probe.model.embedded import embedded_student_dir
+from fp8probe.deploy.export import export
+from fp8probe.recipe.recipe import read_recipe
 from fp8probe.testing.vllm_check import compare_with_vllm
 
 

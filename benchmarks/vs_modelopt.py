@@ -9,7 +9,7 @@
 2. fp8probe sweeps the same rollouts with the same kind of FP8 (scheme FP8: per-tensor weights and static
    per-tensor inputs calibrated on the rollouts, as FP8_DEFAULT_CFG is), per fused group, then chooses a
    recipe that saves at least the bytes of each ModelOpt recipe (`recipe --min-bytes-saved`), refined.
-3. One evaluator for every recipe: fp8probe.measure with scheme FP8 on the same tokens against the same
+3. One evaluator for every recipe: fp8probe.measurement.measure with scheme FP8 on the same tokens against the same
    reference: mean per-token KL(q||p). Printed: each recipe's KL, fp8probe's KL / ModelOpt's, wall times.
 """
 
@@ -26,10 +26,10 @@ import torch
 
 from fp8probe import load_rollouts, load_student, measure
 from fp8probe.cli import main as cli
-from fp8probe.embedded import embedded_student_dir
-from fp8probe.reference import Reference
-from fp8probe.runs import read_sweep
-from fp8probe.selection import MemoryTarget, group_scores, linear_params, make_recipe
+from fp8probe.model.embedded import embedded_student_dir
+from fp8probe.measurement.reference import Reference
+from fp8probe.sweeps.files import read_sweep
+from fp8probe.recipe.selection import MemoryTarget, group_scores, linear_params, make_recipe
 
 VENV = Path.home() / ".cache" / "fp8probe" / "modelopt-venv"
 WORKER = Path(__file__).with_name("modelopt_worker.py")

@@ -8,35 +8,33 @@ called. Importing the package touches no device and configures no logging.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 __version__ = "0.1.1"
 
-# public name -> the module that is its one home
+# public name -> the module that is its one home (below this package)
 _HOMES = {
-    "FP8ProbeError": "errors",
-    "Scheme": "schemes",
-    "KVCacheScheme": "schemes",
-    "fake_quant": "fp8",
-    "Student": "student",
-    "Unit": "student",
-    "load_student": "student",
-    "Rollouts": "rollouts",
-    "make_rollouts": "rollouts",
-    "save_rollouts": "rollouts",
-    "load_rollouts": "rollouts",
-    "METRICS": "metrics",
-    "mismatch": "mismatch",
-    "Perturbation": "measure",
-    "measure": "measure",
-    "sweep": "sweep",
-    "read_sweep": "runs",
-    "Recipe": "recipe",
-    "make_recipe": "selection",
-    "read_recipe": "recipe",
-    "capacity": "capacity",
-    "export": "export",
+    "FP8ProbeError": "core.errors",
+    "Scheme": "core.schemes",
+    "KVCacheScheme": "core.schemes",
+    "fake_quant": "core.numerics",
+    "Student": "model.student",
+    "Unit": "model.student",
+    "load_student": "model.student",
+    "Rollouts": "model.rollouts",
+    "make_rollouts": "model.rollouts",
+    "save_rollouts": "model.rollouts",
+    "load_rollouts": "model.rollouts",
+    "METRICS": "core.metrics",
+    "mismatch": "measurement.mismatch",
+    "Perturbation": "measurement.measure",
+    "measure": "measurement.measure",
+    "sweep": "sweeps.sweep",
+    "read_sweep": "sweeps.files",
+    "Recipe": "recipe.recipe",
+    "make_recipe": "recipe.selection",
+    "read_recipe": "recipe.recipe",
+    "capacity": "deploy.capacity",
+    "export": "deploy.export",
 }
 
 __all__ = ["__version__", *_HOMES]
@@ -52,16 +50,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_HOMES))
-
-
-class _Package(types.ModuleType):
-    """Keeps `fp8probe.sweep` (and measure, capacity, export, mismatch) the public function: the import system
-    binds a submodule to the package attribute of its name when it is first loaded, which would shadow it."""
-
-    def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and _HOMES.get(name) == name:
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -50,7 +50,7 @@ def tiny_model(model_type: str, seed: int = 0, **overrides):
 
 def tiny_student(model_type: str = "llama", **overrides):
     """A Student around a tiny model of `model_type` (no files, no downloads)."""
-    from fp8probe.student import Student, list_units
+    from fp8probe.model.student import Student, list_units
 
     m = tiny_model(model_type, **overrides)
     return Student(model=m, tokenizer=tiny_tokenizer(), units=list_units(m), name=f"tiny-{model_type}", path="",
@@ -62,7 +62,7 @@ def tiny_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from fp8probe.prompts import BUILTIN_PROMPTS
+    from fp8probe.model.prompts import BUILTIN_PROMPTS
 
     words = sorted({w for p in BUILTIN_PROMPTS for w in p.lower().split()})
     specials = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>", "user", "assistant", "\n"]

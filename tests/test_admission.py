@@ -9,17 +9,17 @@ import pandas as pd
 import pytest
 import torch
 
-from fp8probe import sources
-from fp8probe.errors import FP8ProbeError
-from fp8probe.measure import Perturbation, apply_perturbation, measure_perturbation
-from fp8probe.metrics import METRICS
-from fp8probe.mismatch import mismatch, response_logits
-from fp8probe.opd import OPDSignal
-from fp8probe.prefix import PrefixShift, divergence, prompt_ids, sample_crn
-from fp8probe.rollouts import Rollouts
-from fp8probe.recipe import Recipe
-from fp8probe.reference import Reference
-from fp8probe.rollouts import make_rollouts
+from fp8probe.apps import sources
+from fp8probe.core.errors import FP8ProbeError
+from fp8probe.measurement.measure import Perturbation, apply_perturbation, measure_perturbation
+from fp8probe.core.metrics import METRICS
+from fp8probe.measurement.mismatch import mismatch, response_logits
+from fp8probe.measurement.opd import OPDSignal
+from fp8probe.measurement.prefix import PrefixShift, divergence, prompt_ids, sample_crn
+from fp8probe.model.rollouts import Rollouts
+from fp8probe.recipe.recipe import Recipe
+from fp8probe.measurement.reference import Reference
+from fp8probe.model.rollouts import make_rollouts
 
 from conftest import tiny_model, tiny_student, tiny_tokenizer
 
@@ -106,7 +106,7 @@ def test_stale_in_one_tensor_is_noise_on_that_tensor(setup, tmp_path):
     """A checkpoint that differs from the student in exactly one weight, by the noise that add_noise draws for it,
     measures what that noise measures: the stale path (every weight swapped, the whole model from its embeddings)
     and the noise path (one unit noised, from its block on) agree on every metric."""
-    from fp8probe.hooks import add_noise
+    from fp8probe.measurement.hooks import add_noise
 
     st, r, ref = setup
     unit, sigma, seed = "model.layers.1.mlp.down_proj", 0.05, 7
@@ -143,7 +143,7 @@ def test_stale_checkpoint(setup, tmp_path, tiny_dirs):
 
 
 def test_opd_signal(setup, tiny_dirs):
-    from fp8probe.student import load_student
+    from fp8probe.model.student import load_student
 
     st, r, ref = setup
     teacher = load_student(str(tiny_dirs["qwen3"]))  # another architecture, the same tokenizer
@@ -153,7 +153,7 @@ def test_opd_signal(setup, tiny_dirs):
     assert zero["ratio_out_verl"] == 0 and zero["ratio_out_openrlhf"] == 0
     p = sources.noise(st, 0.05).perturbation
     got = opd.measure(p)
-    from fp8probe.measure import measure_perturbation
+    from fp8probe.measurement.measure import measure_perturbation
 
     # the teacher term cancels token by token: |Δ reward| is the sampled-token |Δ log p| of the same source
     assert got["mean_abs_reward_delta"] == pytest.approx(measure_perturbation(ref, st, p)["abs_dlogp_mean"], rel=1e-5)
@@ -202,8 +202,8 @@ def test_ladder_command(cli, tmp_path, tiny_dirs):
     for col in ("kl_q_p", "diverged", "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_openrlhf"):
         assert col in df.columns and df[col].notna().all(), col
     # each row is its source measured on the saved rollouts (re-measured here), the teacher cancels per token
-    from fp8probe.rollouts import load_rollouts
-    from fp8probe.student import load_student
+    from fp8probe.model.rollouts import load_rollouts
+    from fp8probe.model.student import load_student
 
     st = load_student(str(tiny_dirs["llama"]))
     r = load_rollouts(out)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from fp8probe.budget import fit_budget, read_budget
+from fp8probe.recipe.budget import fit_budget, read_budget
 
 LEVELS = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
@@ -46,7 +46,7 @@ def test_lower_is_better_and_the_direction_decides():
 
 def test_calibrate_runs_table_is_read_lower_is_better():
     """calibrate.runs_table's rows (quality: held-out reverse KL) fit to the level where the KL starts rising."""
-    from fp8probe.calibrate import runs_table
+    from fp8probe.apps.calibrate import runs_table
 
     def result(level, value, seed, kl):
         return {"level": level, "kind": "noise" if value else "none", "value": value, "seed": seed,

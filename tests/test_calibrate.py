@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from conftest import tiny_model, tiny_tokenizer
-from fp8probe.calibrate import Level, Settings, parse_level, run_dir, train_one
-from fp8probe.errors import FP8ProbeError
-from fp8probe.opd_train import TrainSettings, opd_config, prompt_dataset, trainable_student
-from fp8probe.prompts import BUILTIN_PROMPTS
-from fp8probe.student import Student, depth_pruned, list_units
+from fp8probe.apps.calibrate import Level, Settings, parse_level, run_dir, train_one
+from fp8probe.core.errors import FP8ProbeError
+from fp8probe.apps.opd_train import TrainSettings, opd_config, prompt_dataset, trainable_student
+from fp8probe.model.prompts import BUILTIN_PROMPTS
+from fp8probe.model.student import Student, depth_pruned, list_units
 
 pytestmark = pytest.mark.slow  # TRL training runs
 
@@ -99,7 +99,7 @@ def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
 
 def test_a_level_the_student_cannot_take_is_refused(tmp_path):
     """FP8_BLOCK on dims that are not whole 128-groups: refused (calibrate checks every level before any run)."""
-    from fp8probe.calibrate import perturbation_maker
+    from fp8probe.apps.calibrate import perturbation_maker
 
     m = tiny_model("llama", hidden_size=96, intermediate_size=192)
     narrow = Student(m, tiny_tokenizer(), list_units(m), "narrow", "", "llama")
@@ -118,7 +118,7 @@ def test_levels_parse_and_refuse():
 
 
 def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
-    from fp8probe.budget import fit_budget
+    from fp8probe.recipe.budget import fit_budget
 
     out = tmp_path / "cal"
 

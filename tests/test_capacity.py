@@ -11,9 +11,9 @@ import json
 import pytest
 
 from fp8probe import FP8ProbeError
-from fp8probe.recipe import Recipe
-from fp8probe.student import list_units, load_config, meta_model
-from fp8probe.capacity import (capacity, kv_capacity, kv_layout,
+from fp8probe.recipe.recipe import Recipe
+from fp8probe.model.student import list_units, load_config, meta_model
+from fp8probe.deploy.capacity import (capacity, kv_capacity, kv_layout,
                                weight_bytes_per_gpu)
 
 GiB = 1 << 30

@@ -32,7 +32,7 @@ def test_bad_input_in_a_real_process(tmp_path, tiny_dirs):
 
 
 def test_truncated_gguf(cli, tmp_path):
-    from fp8probe.embedded import embedded_gguf
+    from fp8probe.model.embedded import embedded_gguf
 
     with open(embedded_gguf(), "rb") as f:
         (tmp_path / "cut.gguf").write_bytes(f.read(500_000))
@@ -60,7 +60,7 @@ def test_help_imports_no_torch_and_the_api_resolves():
     every public name resolves to its one home."""
     code = (
         "import sys, json\n"
-        "from fp8probe.cli import build_parser\n"
+        "from fp8probe.cli.main import build_parser\n"
         "build_parser().format_help()\n"
         "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('fp8probe'))))\n"
     )
@@ -84,19 +84,19 @@ def test_help_imports_no_torch_and_the_api_resolves():
                                    "vocab_size": 300, "max_position_embeddings": 256}))
         r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=300)
     mods = json.loads(r.stdout.strip().splitlines()[-1])
-    for heavy in ("pandas", "matplotlib", "fp8probe.hooks", "fp8probe.reference", "fp8probe.sweep",
-                  "fp8probe.export"):
+    for heavy in ("pandas", "matplotlib", "fp8probe.measurement.hooks", "fp8probe.measurement.reference", "fp8probe.sweeps.sweep",
+                  "fp8probe.deploy.export"):
         assert heavy not in mods, (heavy, mods)
     import fp8probe
 
     for name in fp8probe.__all__:
         assert getattr(fp8probe, name) is not None, name
-    assert callable(fp8probe.sweep) and callable(fp8probe.measure) and callable(fp8probe.capacity)
+    assert callable(fp8probe.sweep) and callable(fp8probe.measure) and callable(fp8probe.capacity)  # functions, not modules
 
 
 def test_recipe_refine_default_is_the_library_default():
-    from fp8probe.cli import build_parser
-    from fp8probe.selection import DEFAULT_REFINE_PASSES
+    from fp8probe.cli.main import build_parser
+    from fp8probe.recipe.selection import DEFAULT_REFINE_PASSES
 
     args = build_parser().parse_args(["recipe", "SWEEP", "--budget", "0.1", "--out", "X"])
     assert args.refine == DEFAULT_REFINE_PASSES

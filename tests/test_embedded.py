@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from fp8probe.mismatch import METRICS
-from fp8probe.runs import COLUMNS
+from fp8probe.measurement.mismatch import METRICS
+from fp8probe.sweeps.files import COLUMNS
 
 pytestmark = pytest.mark.slow  # the real embedded student
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import tiny_student
-from fp8probe.engines import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention, quantize_activation,
+from fp8probe.measurement.engines import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention, quantize_activation,
                                quantize_activation_groups, quantize_activation_static, quantize_activation_tensor,
                                response_logp)
-from fp8probe.schemes import Scheme
+from fp8probe.core.schemes import Scheme
 
 
 def test_activation_quantization_by_hand():
@@ -103,9 +103,9 @@ def test_fp8_kv_attention_by_hand():
 def test_fp8_kv_profile_in_the_model(monkeypatch):
     """Every layer's attention goes through the FP8 KV path; padding does not leak into a sequence (the batch of
     three left-padded rollouts gives each sequence what it gets alone); with no FP8 KV, the bf16 model."""
-    import fp8probe.engines as engines
-    from fp8probe.reference import Reference
-    from fp8probe.rollouts import make_rollouts
+    import fp8probe.measurement.engines as engines
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
 
     s = tiny_student("llama")
     r = make_rollouts(s, num_prompts=3, max_new_tokens=6, seed=0)
@@ -128,8 +128,8 @@ def test_experts_profile_is_the_linear_profile_per_expert():
     """A token routed to one expert with weight 1: the experts profile gives what vLLM's Linear steps give for
     gate_up, SiLU(gate) * up in fp32 from the bf16 halves, then down (the same arithmetic, another code path);
     with two experts, the routing weights multiply in fp32 before the bf16 cast and the results add."""
-    from fp8probe.engines import _fp8_experts
-    from fp8probe.fp8 import quantize_weight
+    from fp8probe.measurement.engines import _fp8_experts
+    from fp8probe.core.numerics import quantize_weight
 
     s = tiny_student("mixtral")
     mod = __import__("copy").deepcopy(s.model.get_submodule("model.layers.0.mlp.experts")).to(torch.bfloat16)
@@ -151,7 +151,7 @@ def test_experts_profile_is_the_linear_profile_per_expert():
 
 def test_no_fp8_unit_is_the_bf16_model():
     s = tiny_student("llama")
-    from fp8probe.rollouts import make_rollouts
+    from fp8probe.model.rollouts import make_rollouts
 
     r = make_rollouts(s, num_prompts=3, max_new_tokens=6, seed=0)
     with engine_model(s, []) as m:
@@ -190,12 +190,12 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     import tempfile
     from pathlib import Path
 
-    from fp8probe.export import export
-    from fp8probe.hooks import quantize_units
-    from fp8probe.mismatch import response_positions
-    from fp8probe.recipe import read_recipe
-    from fp8probe.reference import Reference
-    from fp8probe.rollouts import make_rollouts
+    from fp8probe.deploy.export import export
+    from fp8probe.measurement.hooks import quantize_units
+    from fp8probe.measurement.mismatch import response_positions
+    from fp8probe.recipe.recipe import read_recipe
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
     from fp8probe.testing.vllm_check import run_vllm
 
     recipe = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m" / "kl_q_p-0.002" / "recipe.yaml"
@@ -246,8 +246,8 @@ def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
     assert eng["engine"] == "vllm-cpu" and sim["engine"] == "sim" and kv["engine"] == "vllm-cuda"
     assert eng["metrics"]["kl_q_p"] > 0 and eng["metrics"]["kl_q_p"] != sim["metrics"]["kl_q_p"]
     assert kv["metrics"]["kl_q_p"] > eng["metrics"]["kl_q_p"]
-    from fp8probe.engines import check_profiled
-    from fp8probe.errors import FP8ProbeError
+    from fp8probe.measurement.engines import check_profiled
+    from fp8probe.core.errors import FP8ProbeError
 
     with pytest.raises(FP8ProbeError, match="AMX"):
         check_profiled("vllm-cpu", "FP8_BLOCK")
@@ -266,7 +266,7 @@ def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
 
 def test_topk_kl_bound_never_exceeds_the_full_kl():
     """Pooling q's tail into one bin never raises KL(q||p): the top-K bound is <= the full KL, equal at K = V."""
-    from fp8probe.mismatch import kl_lower_bound_topk, token_stats, RefRows
+    from fp8probe.measurement.mismatch import kl_lower_bound_topk, token_stats, RefRows
 
     g = torch.Generator().manual_seed(0)
     logp = torch.log_softmax(torch.randn(64, 50, generator=g) * 2, -1)
@@ -283,8 +283,8 @@ def test_topk_kl_bound_never_exceeds_the_full_kl():
 def test_fp8_kv_profile_decodes_as_it_prefills():
     """Token-by-token decoding through the FP8 KV profile (a KV cache, one query per step, no mask for a single
     sequence) gives the logits of one full forward over the same tokens: every step attends to every key so far."""
-    from fp8probe.reference import Reference
-    from fp8probe.rollouts import make_rollouts
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
 
     s = tiny_student("llama")
     r = make_rollouts(s, num_prompts=2, max_new_tokens=6, seed=0)

@@ -9,12 +9,12 @@ import pytest
 import torch
 import yaml
 
-from fp8probe.capacity import capacity
-from fp8probe.embedded import embedded_student_dir
-from fp8probe.export import export, read_checkpoint_fp8
-from fp8probe.hooks import simulated_weights
-from fp8probe.recipe import read_recipe
-from fp8probe.rollouts import make_rollouts
+from fp8probe.deploy.capacity import capacity
+from fp8probe.model.embedded import embedded_student_dir
+from fp8probe.deploy.export import export, read_checkpoint_fp8
+from fp8probe.measurement.hooks import simulated_weights
+from fp8probe.recipe.recipe import read_recipe
+from fp8probe.model.rollouts import make_rollouts
 
 pytestmark = pytest.mark.slow  # the real embedded student, llm-compressor and vLLM
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from fp8probe import fake_quant
-from fp8probe.fp8 import compute_scale, quantize_weight, simulate_weight, sqnr_db
-from fp8probe.schemes import KVCacheScheme, Scheme
-from fp8probe.errors import FP8ProbeError
+from fp8probe.core.numerics import compute_scale, quantize_weight, simulate_weight, sqnr_db
+from fp8probe.core.schemes import KVCacheScheme, Scheme
+from fp8probe.core.errors import FP8ProbeError
 
 import compressed_tensors.quantization.quant_scheme as ct_scheme
 from compressed_tensors.quantization import fake_quantize, quantize

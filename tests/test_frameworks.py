@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from conftest import tiny_student
-from fp8probe.frameworks import TARGETS, Inexpressible, express, render
-from fp8probe.recipe import Recipe
+from fp8probe.deploy.frameworks import TARGETS, Inexpressible, express, render
+from fp8probe.recipe.recipe import Recipe
 
 RELEASES = {"verl": "verl==0.9.1", "openrlhf": "openrlhf==0.11.2", "trl": "trl==1.16.0", "skyrl": "skyrl==0.3.0"}
 PINNED = json.loads((Path(__file__).parent / "data" / "framework_keys.json").read_text())
@@ -347,8 +347,8 @@ def test_export_all_targets_on_a_tiny_model(tmp_path):
     from safetensors import safe_open
 
     from conftest import tiny_model, tiny_tokenizer
-    from fp8probe.export import export
-    from fp8probe.rollouts import make_rollouts
+    from fp8probe.deploy.export import export
+    from fp8probe.model.rollouts import make_rollouts
 
     model_dir = tmp_path / "model"
     tiny_model("llama", num_key_value_heads=4, num_hidden_layers=4).save_pretrained(model_dir)

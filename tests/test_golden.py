@@ -42,8 +42,8 @@ import pytest
 import yaml
 
 from conftest import tiny_model, tiny_tokenizer
-from fp8probe.metrics import METRICS
-from fp8probe.selection import group_scores, rank_groups
+from fp8probe.core.metrics import METRICS
+from fp8probe.recipe.selection import group_scores, rank_groups
 
 pytestmark = pytest.mark.committed
 

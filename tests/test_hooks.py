@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from fp8probe.fp8 import dequantize, quantize_weight
-from fp8probe.schemes import Scheme
-from fp8probe.hooks import add_noise, quantize_kv, quantize_units, record_calibration, simulated_weights
-from fp8probe.student import list_units
+from fp8probe.core.numerics import dequantize, quantize_weight
+from fp8probe.core.schemes import Scheme
+from fp8probe.measurement.hooks import add_noise, quantize_kv, quantize_units, record_calibration, simulated_weights
+from fp8probe.model.student import list_units
 
 from conftest import tiny_model, tiny_student
 
@@ -112,8 +112,8 @@ def test_weights_only_forward_uses_simulated_weights():
 @pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8"])
 def test_materialized_weights_equal_just_in_time(scheme):
     """Dequantizing once on entry (generation) computes exactly what the per-forward swap computes."""
-    from fp8probe.reference import Reference
-    from fp8probe.rollouts import make_rollouts
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
 
     from conftest import tiny_student
 
@@ -136,8 +136,8 @@ def test_calibration_ignores_left_padding(arch):
     """Static input scales and K/V scales come from the rollouts' real tokens: a batch of left-padded rollouts
     calibrates exactly as each rollout alone (as llm-compressor calibrates, one sequence at a time). The padding
     positions do carry other values (recorded without the mask, llama's V amax grows), so the test can tell."""
-    from fp8probe.reference import Reference
-    from fp8probe.rollouts import make_rollouts
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
 
     s = tiny_student(arch)
     r = make_rollouts(s, num_prompts=4, max_new_tokens=8, seed=0)

@@ -5,8 +5,8 @@ import json
 import pytest
 import transformers as tf
 
-from fp8probe.errors import FP8ProbeError
-from fp8probe.memory import GIB, check_fits, estimate
+from fp8probe.core.errors import FP8ProbeError
+from fp8probe.sweeps.memory import GIB, check_fits, estimate
 
 # Qwen3-32B's shape (config.json of Qwen/Qwen3-32B): 64 blocks, hidden 5120, 151,936-token vocabulary
 QWEN3_32B = dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fp8probe.mismatch import METRICS, mismatch, response_logits
+from fp8probe.measurement.mismatch import METRICS, mismatch, response_logits
 
 
 def _logits(*probs):

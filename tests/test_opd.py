@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fp8probe.opd import OPENRLHF_RANGE, VERL_TRUNCATION, distortion
+from fp8probe.measurement.opd import OPENRLHF_RANGE, VERL_TRUNCATION, distortion
 
 # pi_train / pi_rollout = p / q per token, and the sequence of each token; none sits on a boundary
 RATIOS = [0.4, 1.0, 2.5, 6.0, 0.3, 1.99, 2.01, 4.99, 5.01, 0.49, 0.51, 1.2]

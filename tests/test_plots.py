@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from fp8probe.plots import capacity_bars, frontier, sensitivity_heatmap
+from fp8probe.plots.figures import capacity_bars, frontier, sensitivity_heatmap
 
 
 def _table():
@@ -87,8 +87,8 @@ def test_heatmap_shows_the_tables_numbers():
 
 def test_frontier_shows_every_recipe_search(run_dir):
     """The measured points drawn are the recipes' own search entries, one star per chosen recipe."""
-    from fp8probe.plots import frontier, recipes_of
-    from fp8probe.runs import read_sweep
+    from fp8probe.plots.figures import frontier, recipes_of
+    from fp8probe.sweeps.files import read_sweep
 
     recipes = recipes_of(run_dir)
     assert sorted(r["_name"] for r in recipes) == ["recipe-0.2", "recipe-0.5"]

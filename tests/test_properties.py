@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fp8probe.fp8 import compute_scale, fake_quant
-from fp8probe.schemes import QuantSpec
-from fp8probe.mismatch import METRICS, mismatch  # noqa: E402
+from fp8probe.core.numerics import compute_scale, fake_quant
+from fp8probe.core.schemes import QuantSpec
+from fp8probe.measurement.mismatch import METRICS, mismatch  # noqa: E402
 
 # finite fp32 values, subnormals included; |x| <= 2^116 (8e34) keeps 448 x (amax / 448) representable in fp32
 values = st.floats(min_value=-(2.0 ** 116), max_value=2.0 ** 116, allow_nan=False, allow_infinity=False, width=32)

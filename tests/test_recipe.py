@@ -4,11 +4,11 @@ import pytest
 import yaml
 
 from fp8probe import FP8ProbeError
-from fp8probe.recipe import read_recipe
-from fp8probe.reference import Reference
-from fp8probe.rollouts import make_rollouts
-from fp8probe.selection import make_recipe
-from fp8probe.sweep import sweep
+from fp8probe.recipe.recipe import read_recipe
+from fp8probe.measurement.reference import Reference
+from fp8probe.model.rollouts import make_rollouts
+from fp8probe.recipe.selection import make_recipe
+from fp8probe.sweeps.sweep import sweep
 
 from conftest import tiny_student
 
@@ -39,7 +39,7 @@ def test_budgets_hold_and_savings_grow(setup, tmp_path):
         for g in rec.kept:  # whole fused groups only
             assert sorted(rec.group_units[g]) == sorted(u.name for u in groups[g])
         saved.append(rec.bytes_saved)
-        # the measured value is what fp8probe.measure gives for exactly these units
+        # the measured value is what fp8probe.measurement.measure gives for exactly these units
         from fp8probe import measure
 
         again = measure(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)
@@ -196,7 +196,7 @@ def test_all_and_none_forms(setup):
     kv_only = make_recipe(df, 1.0, st, r, reference=ref, form="none", kv_cache="fp8", kv_scale="unit")
     assert kv_only.quantized == [] and kv_only.kv_scale == "unit" and kv_only.measured > 0
     from fp8probe import measure
-    from fp8probe.schemes import KVCacheScheme
+    from fp8probe.core.schemes import KVCacheScheme
 
     unit = measure(st, r, units=[], kv=KVCacheScheme(scale="unit"), reference=ref)["kl_q_p"]
     calibrated = measure(st, r, units=[], kv="fp8", reference=ref)["kl_q_p"]
@@ -208,8 +208,8 @@ def test_all_and_none_forms(setup):
 @pytest.mark.slow  # the real embedded student
 def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
     """SmolLM2 (hidden 576): FP8_BLOCK can take only down_proj (input 1536); the others stay BF16 with reason."""
-    from fp8probe.student import scheme_blockers
-    from fp8probe.schemes import Scheme
+    from fp8probe.model.student import scheme_blockers
+    from fp8probe.core.schemes import Scheme
 
     blocked = scheme_blockers(embedded.quantizable, Scheme.from_name("FP8_BLOCK"))
     assert len(blocked) == 90 and not any(g.endswith("down_proj") for g in blocked)
@@ -220,7 +220,7 @@ def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
 def test_memory_targets(setup):
     """--min-bytes-saved / --effective-bits / --fp8-share: the cheapest prefix that reaches the target, measured;
     effective bits over every Linear's weights, lm_head included as ModelOpt counts it (16 - 8 x FP8 share)."""
-    from fp8probe.selection import MemoryTarget
+    from fp8probe.recipe.selection import MemoryTarget
 
     st, r, ref, df = setup
     total = sum(u.params for u in st.quantizable) + st.model.lm_head.weight.numel()
@@ -251,7 +251,7 @@ def test_refinement_never_worse_than_its_start(setup, mode):
     """The refined recipe is measured at least as good as the prefix recipe it starts from, every pass it
     measured is in the search log, and its reported value is what measure() gives for its units."""
     from fp8probe import measure
-    from fp8probe.selection import MemoryTarget
+    from fp8probe.recipe.selection import MemoryTarget
 
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
@@ -272,7 +272,7 @@ def test_refinement_never_worse_than_its_start(setup, mode):
 def test_block_scheme_fused_outputs_refused():
     """A fused q/k/v whose k_proj has 64 outputs cannot be one FP8_BLOCK GEMM: named, with what to do."""
     st = tiny_student("llama")  # hidden 128 (inputs fit), 2 KV heads of 32: k/v outputs 64
-    from fp8probe.recipe import Recipe
+    from fp8probe.recipe.recipe import Recipe
 
     with pytest.raises(FP8ProbeError, match=r"FP8_BLOCK cannot take these shapes: model.layers.0.self_attn.qkv_proj "
                                             r"\(k_proj output dim 64 \(fused\) not a multiple of 128\)"):

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from fp8probe.refine import refine
-from fp8probe.selection import GroupScore, rank_groups
+from fp8probe.recipe.refine import refine
+from fp8probe.recipe.selection import GroupScore, rank_groups
 
 # five groups of 10-12 bytes; A and B interact: together they cost 3.0 more than their single scores
 SCORES = {"A": (1.0, 10), "B": (1.05, 10), "C": (1.5, 10), "D": (2.0, 10), "E": (1.6, 12)}

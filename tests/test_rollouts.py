@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fp8probe import FP8ProbeError
-from fp8probe.rollouts import load_rollouts, make_rollouts, read_prompts, save_rollouts
-from fp8probe.student import Student, list_units
+from fp8probe.model.rollouts import load_rollouts, make_rollouts, read_prompts, save_rollouts
+from fp8probe.model.student import Student, list_units
 
 from conftest import tiny_model, tiny_tokenizer
 

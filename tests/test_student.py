@@ -3,7 +3,7 @@
 import pytest
 
 from fp8probe import FP8ProbeError, load_student
-from fp8probe.student import list_units
+from fp8probe.model.student import list_units
 
 from conftest import ARCHS, tiny_model
 
@@ -89,7 +89,7 @@ def test_bad_inputs(tmp_path):
 
 
 def test_truncated_gguf(tmp_path):
-    from fp8probe.embedded import embedded_gguf
+    from fp8probe.model.embedded import embedded_gguf
 
     src = embedded_gguf()
     cut = tmp_path / "cut.gguf"

@@ -8,13 +8,13 @@ import pandas as pd
 import pytest
 import torch
 
-from fp8probe.hooks import quantize_kv, quantize_units
-from fp8probe.mismatch import METRICS, mismatch, response_logits
-from fp8probe.reference import Reference
-from fp8probe.rollouts import make_rollouts
-from fp8probe.runs import COLUMNS
-from fp8probe.schemes import Scheme
-from fp8probe.sweep import plan_rows, sweep
+from fp8probe.measurement.hooks import quantize_kv, quantize_units
+from fp8probe.measurement.mismatch import METRICS, mismatch, response_logits
+from fp8probe.measurement.reference import Reference
+from fp8probe.model.rollouts import make_rollouts
+from fp8probe.sweeps.files import COLUMNS
+from fp8probe.core.schemes import Scheme
+from fp8probe.sweeps.sweep import plan_rows, sweep
 
 from conftest import ARCHS, cli_process, tiny_student
 

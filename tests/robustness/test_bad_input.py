@@ -472,7 +472,7 @@ def test_internal_error_asks_for_a_report(cli, tmp_path, tiny_dirs, monkeypatch)
     def boom(*a, **k):
         raise ZeroDivisionError("injected")
 
-    monkeypatch.setattr(importlib.import_module("fp8probe.sweep"), "plan_rows", boom)
+    monkeypatch.setattr(importlib.import_module("fp8probe.sweeps.sweep"), "plan_rows", boom)
     out = tmp_path / "out"
     msg = check_bad(cli("-q", "sweep", tiny_dirs["llama"], "--out", out, *FEW), "internal error (ZeroDivisionError: "
                     "injected)", out, code=1)

@@ -109,8 +109,8 @@ def test_lock_refuses_a_second_sweep_and_dies_with_its_holder(deep, tmp_path, re
 def test_full_disk_keeps_finished_rows(cli, deep, tmp_path, reference_table, monkeypatch):
     """ENOSPC while appending row 8: one line, exit 2, 7 rows kept; then ENOSPC while writing the final table:
     the partial state survives again; with space back, --resume finishes with the uninterrupted table."""
-    import fp8probe._files
-    import fp8probe.runs as runs
+    import fp8probe.core.files
+    import fp8probe.sweeps.files as runs
 
     out = tmp_path / "run"
     real_append = runs.PartialWriter.append
@@ -131,26 +131,26 @@ def test_full_disk_keeps_finished_rows(cli, deep, tmp_path, reference_table, mon
     assert not (out / "sensitivity.csv").exists() and not (out / "run.json").exists()
     monkeypatch.setattr(runs.PartialWriter, "append", real_append)
 
-    real_write = fp8probe._files.atomic_write_bytes
+    real_write = fp8probe.core.files.atomic_write_bytes
 
     def full_for_table(path, data):
         if str(path).endswith("sensitivity.csv"):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real_write(path, data)
 
-    monkeypatch.setattr(fp8probe._files, "atomic_write_bytes", full_for_table)
+    monkeypatch.setattr(fp8probe.core.files, "atomic_write_bytes", full_for_table)
     r = cli("-q", "sweep", deep, "--out", out, "--resume", *COMMON)
     assert r.code == 2 and "no space left on device" in r.lines[0], r.err
     rows = pd.read_csv(out / "sensitivity.partial.csv")
     assert len(rows) == len(pd.read_csv(pd.io.common.BytesIO(reference_table)))  # every row is safe
     assert not (out / "sensitivity.csv").exists()
-    monkeypatch.setattr(fp8probe._files, "atomic_write_bytes", real_write)
+    monkeypatch.setattr(fp8probe.core.files, "atomic_write_bytes", real_write)
     unit = _plant_sentinel(out / "sensitivity.partial.csv")
     _resume_and_compare(deep, out, reference_table, unit)
 
 
 def test_atomic_write_keeps_the_old_file_on_a_full_disk(tmp_path, monkeypatch):
-    from fp8probe._files import atomic_write_text
+    from fp8probe.core.files import atomic_write_text
 
     target = tmp_path / "run.json"
     atomic_write_text(target, "old\n")

@@ -1,0 +1,193 @@
+"""On-policy distillation runs whose rollouts come from a perturbed copy of the student (TRL underneath).
+
+TRL's `DistillationTrainer` (trl >= 1.16) is the trainer: the student samples its own completions to the
+prompts, and the loss is the per-token divergence to the teacher over the full vocabulary on them
+(`beta=1.0`: reverse KL, the OPD objective). One method is overridden: `_generate_single_turn`, where TRL
+calls `model.generate` on the unwrapped student when vLLM is off (trl/trainer/distillation_trainer.py,
+trl 1.16.0). There the student is put, for the duration of the generation only, in the state a rollout engine
+would hold it in (`measure.apply_perturbation`: weight noise, FP8 units, an FP8 KV cache, stale weights;
+restored exactly on exit), so that the rollouts come from q while the loss and its gradient are taken on the
+unperturbed student p, as in a real system whose rollout engine differs from its trainer.
+
+Right after each generation the mismatch is measured on those very rollouts, on fp8probe's one scale
+(mismatch.py: mean per-token KL(q‖p) over the full vocabulary, k3 on the sampled tokens, ...), from one
+forward of each policy over the prompts and completions. Held-out quality (`heldout_quality`): the student
+samples responses to held-out prompts with a fixed seed, and the mean per-token reverse KL to the teacher
+(full vocabulary) and the teacher's mean log-likelihood of the sampled tokens are taken on them. Both the
+measurement and the evaluation leave the global random state as they found it, so a run at level zero trains
+exactly as plain TRL OPD does (same seed, same losses; tested).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..core.errors import FP8ProbeError
+from ..measurement.measure import Perturbation, apply_perturbation
+from ..measurement.mismatch import mismatch
+from ..measurement.reference import response_rows
+from ..model.rollouts import Rollouts, make_rollouts
+from ..model.student import Student, list_units
+
+TRL_MIN = "1.16"
+INSTALL_HINT = "pip install 'fp8probe[calibrate]'"
+
+
+def require_trl():
+    """TRL's DistillationTrainer and DistillationConfig, or one line naming the extra to install."""
+    try:
+        import trl
+        from trl import DistillationConfig, DistillationTrainer
+    except ImportError as e:
+        raise FP8ProbeError(f"fp8probe calibrate trains with TRL's DistillationTrainer (trl >= {TRL_MIN}), which "
+                            f"is not installed: {INSTALL_HINT}") from e
+    major, minor = (int(x) for x in trl.__version__.split(".")[:2])
+    if (major, minor) < tuple(int(x) for x in TRL_MIN.split(".")):
+        raise FP8ProbeError(f"trl {trl.__version__} lacks the stable DistillationTrainer; upgrade: {INSTALL_HINT}")
+    return DistillationTrainer, DistillationConfig
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """One run's training settings (shared by every level and seed of a calibration)."""
+
+    steps: int = 30
+    batch_size: int = 8  # prompts per step, one completion each
+    max_new_tokens: int = 32
+    learning_rate: float = 2e-5
+    temperature: float = 1.0
+    eval_every: int = 10
+    eval_samples: int = 2  # completions per held-out prompt
+    eval_seed: int = 1234
+
+    def check(self) -> None:
+        for name in ("steps", "batch_size", "max_new_tokens", "eval_every", "eval_samples"):
+            if getattr(self, name) < 1:
+                raise FP8ProbeError(f"--{name.replace('_', '-')} must be at least 1")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise FP8ProbeError("--learning-rate must be a positive number")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise FP8ProbeError("--temperature must be a positive number (OPD samples its rollouts)")
+
+
+def opd_config(settings: TrainSettings, seed: int, output_dir: str, device: str = "cpu"):
+    """TRL's DistillationConfig for one run: on-policy, reverse KL (beta=1), constant learning rate, no
+    checkpoints or reporting (the run directory is fp8probe's)."""
+    _, DistillationConfig = require_trl()
+    return DistillationConfig(
+        output_dir=output_dir, max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        max_completion_length=settings.max_new_tokens, beta=1.0, temperature=settings.temperature, top_k=0,
+        top_p=1.0, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=seed,
+        data_seed=seed, use_cpu=device == "cpu", bf16=False, fp16=False, dataloader_num_workers=0,
+    )
+
+
+def prompt_dataset(prompts: list[str]):
+    """TRL's conversational prompt dataset (the trainer applies the chat template)."""
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
+
+
+class Perturber:
+    """The rollout engine's state of the student at each step: `make(step)` gives the Perturbation; stale
+    levels keep the last `stale` steps' weights (the engine lags behind the trainer by that many updates)."""
+
+    def __init__(self, model, make, stale: int = 0):
+        self.model, self.make, self.stale = model, make, stale
+        self.history: collections.deque = collections.deque(maxlen=stale + 1) if stale else None
+
+    def at(self, step: int) -> Perturbation:
+        p = self.make(step)
+        if self.history is not None:
+            self.history.append({n: t.detach().clone() for n, t in self.model.named_parameters()})
+            # the oldest kept: the weights of `stale` updates ago (fewer at the start, as an async run begins)
+            p = replace(p, stale=self.history[0])
+        return p
+
+
+def _sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad: int) -> Rollouts:
+    return Rollouts.from_sequences([list(p) for p in prompt_ids], [list(c) for c in completion_ids], pad)
+
+
+def _logits(model, r: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
+    return response_rows(model, r, batch_size=r.num_sequences)  # one batch: the generation's own
+
+
+def rollout_mismatch(student: Student, p: Perturbation, r: Rollouts) -> dict[str, float]:
+    """Every metric between the unperturbed student (p) and its perturbed copy (q) on rollouts r."""
+    with contextlib.ExitStack() as stack:
+        if student.model.training:
+            student.model.eval()
+            stack.callback(student.model.train)
+        ref, toks = _logits(student.model, r)
+        with apply_perturbation(student, p, many_forwards=True):
+            cand, _ = _logits(student.model, r)
+    return mismatch(ref, cand, toks)
+
+
+def make_trainer(student: Student, teacher, train_prompts: list[str], settings: TrainSettings, seed: int,
+                 output_dir: str, perturber: Perturber | None = None, callbacks=(), device: str = "cpu"):
+    """A DistillationTrainer for one run; with a `perturber`, rollouts come from the perturbed student and
+    each step's mismatch lands in `trainer.rollout_mismatch` (one dict per generation)."""
+    DistillationTrainer, _ = require_trl()
+    args = opd_config(settings, seed, output_dir, device)
+
+    class PerturbedRolloutTrainer(DistillationTrainer):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, has_tool_images=False):
+            if perturber is None:
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, has_tool_images)
+            p = perturber.at(self.state.global_step)
+            with apply_perturbation(student, p, many_forwards=True):
+                completions = super()._generate_single_turn(prompt_ids, images, multimodal_fields, has_tool_images)
+            with torch.random.fork_rng(devices=[]):
+                seqs = _sequences(prompt_ids, completions, student.tokenizer.pad_token_id)
+                self.rollout_mismatch.append({"step": self.state.global_step + 1,
+                                              "tokens": seqs.num_response_tokens,
+                                              **rollout_mismatch(student, p, seqs)})
+            return completions
+
+    trainer = PerturbedRolloutTrainer(model=student.model, teacher_model=teacher.model, args=args,
+                                      train_dataset=prompt_dataset(train_prompts), processing_class=student.tokenizer,
+                                      callbacks=list(callbacks))
+    trainer.rollout_mismatch = []
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # fp8probe's progress bar and run files say it
+    return trainer
+
+
+@torch.no_grad()
+def heldout_quality(student: Student, teacher: Student, prompts: list[str], settings: TrainSettings) -> dict:
+    """The student's mean per-token reverse KL to the teacher (full vocabulary) and the teacher's mean
+    log-likelihood, on responses the student samples to the held-out prompts (fixed seed; the global random
+    state is left as it was)."""
+    model = student.model
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            r = make_rollouts(student, prompts=[p for p in prompts for _ in range(settings.eval_samples)],
+                              max_new_tokens=settings.max_new_tokens, seed=settings.eval_seed,
+                              temperature=settings.temperature, batch_size=settings.batch_size)
+            s_logits, toks = _logits(model, r)
+            t_logits, _ = _logits(teacher.model, r)
+        m = mismatch(t_logits, s_logits, toks)  # q = the student, p = the teacher: kl_q_p is reverse KL
+        t_logp = torch.log_softmax(t_logits.float(), -1).gather(-1, toks[:, None]).mean()
+    finally:
+        model.train(was_training)
+    return {"reverse_kl": m["kl_q_p"], "forward_kl": m["kl_p_q"], "teacher_logp": float(t_logp),
+            "tokens": r.num_response_tokens}
+
+
+def trainable_student(model, tokenizer, name: str) -> Student:
+    """A Student around a model being trained (gradients on)."""
+    model.requires_grad_(True)
+    return Student(model=model, tokenizer=tokenizer, units=list_units(model), name=name, path="",
+                   model_type=model.config.model_type)

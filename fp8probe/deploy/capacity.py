@@ -1,0 +1,243 @@
+"""KV-cache capacity, exact to vLLM's own accounting (V1 engine, vLLM 0.32), from a model config alone.
+
+vLLM sizes its KV cache like this (vllm/v1/core/kv_cache_utils.py):
+
+    page (one block of one layer)  = block_size x kv_heads_per_rank x ((head_size_k + head_size_v) x dtype bytes
+                                     + 2 x 4 bytes of fp32 scales for the *_per_token_head dtypes)
+    layers are grouped by attention type (full / sliding window); hybrid models get groups of equal size
+    bytes_per_block                = largest group's layer count x page
+    num_blocks                     = available_memory // bytes_per_block
+    blocks a request needs         = sum over groups: full -> ceil(max_model_len / block_size);
+                                     sliding window W -> ceil(min(W - 1 + in_flight, max_model_len) / block_size) + 1
+    max_concurrency                = num_blocks / blocks a request needs
+    KV cache size (tokens)         = int(max_concurrency x max_model_len)   (printed as "KV cache size: N tokens")
+
+available_memory is --kv-cache-memory bytes when given (VLLM_CPU_KVCACHE_SPACE GiB on the CPU backend);
+otherwise total x gpu_memory_utilization - weights - reserve, where fp8probe's reserve estimate is
+
+    activations  max_num_batched_tokens x (2 x intermediate + 4 x hidden) x 2 bytes   (the widest transient
+                 of a decoder block during vLLM's profiling run)
+    sampler      max_num_seqs x vocab x 4 bytes x 2                                    (fp32 logits + probs)
+    non-torch    0.5 GiB                                                              (CUDA context, NCCL, cuBLAS)
+
+an estimate (vLLM profiles it); override it with reserve_bytes / --reserve-gib, or pass the exact KV bytes.
+
+Weight bytes per GPU: FP8 units 1 byte per weight plus their fp32 scales as vLLM holds them (per tensor,
+per output channel or per 128x128 block; one more per module for a static input scale), BF16 units 2
+bytes, everything else (embeddings, lm_head, norms, routers) as stored, tied embeddings once; Linear
+weights split over tensor-parallel ranks (K/V heads replicated when there are fewer than ranks), the
+vocabulary padded to a multiple of 64 and split, norms replicated.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..core.errors import FP8ProbeError
+from ..recipe.recipe import Recipe
+from ..core.schemes import num_scales
+from .serving import KV_DTYPE_BYTES, KV_SCALE_BYTES, NON_TORCH_BYTES, VLLM_VERSION, GiB, Serving
+from ..model.student import kv_geometry, list_units, load_config, meta_model, text_config
+
+def _storage_bytes(cfg) -> int:
+    import torch
+
+    dt = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or torch.bfloat16
+    if isinstance(dt, str):
+        dt = getattr(torch, dt.replace("torch.", ""), torch.bfloat16)
+    return torch.empty(0, dtype=dt).element_size()
+
+
+def weight_bytes_per_gpu(model, recipe=None, tp: int = 1) -> int:
+    """Weight memory one tensor-parallel rank holds in vLLM with `recipe` (None: all BF16); see the docstring."""
+    cfg = text_config(model.config)
+    store = _storage_bytes(cfg)
+    units = {u.name: u for u in list_units(model)}
+    fp8 = {u.name for u in recipe.fp8_units(list(units.values()))} if recipe is not None else set()
+    scheme = recipe.preset if recipe is not None else None
+    kv_heads = kv_geometry(cfg).num_kv_heads
+    kv_rank = max(1, kv_heads // tp) if kv_heads else None
+    total = 0.0
+    counted = set()
+    for name, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in counted:
+                continue  # tied embeddings: once
+            counted.add(id(p))
+            unit = units.get(name)
+            n = p.numel()
+            if unit is not None and unit.kind in ("embed", "lm_head"):
+                padded = math.ceil(cfg.vocab_size / 64) * 64
+                total += padded * p.shape[1] * store / tp
+                continue
+            shard = tp
+            if unit is not None and unit.kind in ("k", "v") and kv_heads:
+                shard = kv_heads / kv_rank  # K/V heads are replicated when tp > kv_heads
+            if unit is None or unit.kind == "router" or p.ndim < 2:
+                total += n * store  # norms, routers, biases: replicated
+                continue
+            if name in fp8:
+                mats = p.shape[0] if p.ndim == 3 else 1
+                scales = mats * num_scales(tuple(p.shape[-2:]), scheme.weight)
+                total += (n * 1 + scales * 4) / shard
+                if scheme.static_input and pname in ("weight", "gate_up_proj"):
+                    total += 4
+            else:
+                total += n * store / shard
+    return int(total)
+
+
+def _layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
+    """Per layer: None for full attention, or the sliding window size as vLLM will use it."""
+    n = cfg.num_hidden_layers
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        out = [window if t == "sliding_attention" else None for t in types]
+        if any(t not in ("sliding_attention", "full_attention") for t in types):
+            raise FP8ProbeError(f"layer types {sorted(set(types))} are not supported by the capacity model; "
+                                "pass --kv-cache-memory and read vLLM's own log line")
+    elif window and getattr(cfg, "use_sliding_window", True):
+        out = [window] * n
+    else:
+        out = [None] * n
+    if not hybrid:  # --disable-hybrid-kv-cache-manager: sliding layers are allocated as full attention
+        out = [None] * n
+    return out
+
+
+def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: bool = True) -> dict:
+    """Per-layer page size, groups and bytes per token, as vLLM lays out the KV cache."""
+    cfg = text_config(cfg)
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise FP8ProbeError(f"unknown KV-cache dtype {kv_dtype!r}; supported: {', '.join(KV_DTYPE_BYTES)}")
+    dtype_bytes = KV_DTYPE_BYTES[kv_dtype] or _storage_bytes(cfg)
+    geo = kv_geometry(cfg)
+    kv_heads, head_dim = geo.num_kv_heads, geo.head_dim
+    kv_rank = max(1, kv_heads // tp)
+    per_head_token = int(2 * head_dim * dtype_bytes) + 2 * KV_SCALE_BYTES.get(kv_dtype, 0)  # K and V of one head
+    page = block_size * kv_rank * per_head_token
+    types = _layer_attention_types(cfg, hybrid)
+    buckets: dict = {}
+    for i, t in enumerate(types):
+        buckets.setdefault(t, []).append(i)
+    sizes = [len(v) for v in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < group_size * 1.5:
+        group_size = max(sizes)
+    groups = []  # (window or None, layer indices)
+    for t, layers in buckets.items():
+        k = math.ceil(len(layers) / group_size)
+        groups += [(t, layers[i::k]) for i in range(k)]
+    return {"page_bytes": page, "groups": groups, "group_size": group_size, "block_size": block_size,
+            "dtype_bytes": dtype_bytes, "kv_heads_per_rank": kv_rank, "head_dim": head_dim,
+            "bytes_per_token": len(types) * kv_rank * per_head_token,
+            "bytes_per_block": max(len(layers) for _, layers in groups) * page}
+
+
+def kv_capacity(layout: dict, kv_memory_bytes: int, max_model_len: int, max_in_flight_tokens: int = 8192) -> dict:
+    """Blocks, tokens and concurrency for a KV memory budget (vLLM's get_kv_cache_capacity)."""
+    bs = layout["block_size"]
+    num_blocks = max(0, int(kv_memory_bytes) // layout["bytes_per_block"])
+    per_request = 0
+    for window, _ in layout["groups"]:
+        if window is None:
+            per_request += math.ceil(max_model_len / bs)
+        else:
+            per_request += math.ceil(min(window - 1 + max_in_flight_tokens, max_model_len) / bs) + 1
+    conc = num_blocks / per_request
+    return {"num_blocks": num_blocks, "blocks_per_request": per_request, "max_concurrency": conc,
+            "kv_tokens": int(conc * max_model_len)}
+
+
+def reserve_estimate(cfg, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> int:
+    cfg = text_config(cfg)
+    inter = getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size
+    act = max_num_batched_tokens * (2 * inter + 4 * cfg.hidden_size) * 2
+    sampler = max_num_seqs * cfg.vocab_size * 4 * 2
+    return act + sampler + NON_TORCH_BYTES
+
+
+def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serving | None = None,
+             trust_remote_code: bool = False, **serving_fields) -> dict:
+    """BF16 (auto KV) vs a candidate (the recipe's FP8 units, KV in `kv_cache_dtype`), side by side.
+
+    `model` is anything student.load_config takes (a bare config.json too), or a loaded transformers config.
+    Without a recipe, the candidate puts every quantizable unit in FP8_DYNAMIC. vLLM's knobs come as a
+    Serving, or as its fields (gpu="H200", max_model_len=32768, ...).
+    """
+    serving = serving or Serving(**serving_fields)
+    cfg = model if hasattr(model, "model_type") else load_config(model, trust_remote_code)
+    tcfg = text_config(cfg)
+    tp = serving.tensor_parallel_size
+    if tcfg.num_attention_heads % tp:
+        raise FP8ProbeError(f"{tcfg.num_attention_heads} attention heads do not split over {tp} ranks")
+    max_len = int(serving.max_model_len or getattr(tcfg, "max_position_embeddings", 0) or 0)
+    if max_len < 1:
+        raise FP8ProbeError("the config has no max_position_embeddings; pass --max-model-len")
+    meta = meta_model(cfg)
+    units = list_units(meta)
+    if recipe is None:
+        recipe = Recipe.whole_model(units, "FP8_DYNAMIC")
+    in_flight = serving.max_in_flight_tokens if serving.max_in_flight_tokens is not None \
+        else serving.max_num_batched_tokens
+    sides = {}
+    for side, rec, kvd in (("baseline", None, "auto"), ("candidate", recipe, kv_cache_dtype)):
+        weights = weight_bytes_per_gpu(meta, rec, tp)
+        layout = kv_layout(tcfg, kvd, tp, serving.block_size, serving.hybrid)
+        if serving.kv_cache_memory is not None:
+            kv_mem = int(serving.kv_cache_memory)
+            source = "kv_cache_memory"
+        else:
+            reserve = serving.reserve_bytes if serving.reserve_bytes is not None else reserve_estimate(
+                tcfg, serving.max_num_batched_tokens, serving.max_num_seqs)
+            kv_mem = int(serving.total_bytes * serving.gpu_memory_utilization - weights - reserve)
+            source = "estimate"
+            if kv_mem <= 0:
+                raise FP8ProbeError(f"the {side} weights ({weights / GiB:.1f} GiB per GPU) leave no room for a KV "
+                                    "cache; use more GPUs (--tensor-parallel-size) or a larger --gpu-memory")
+        cap = kv_capacity(layout, kv_mem, max_len, in_flight)
+        sides[side] = {
+            "weight_bytes": weights, "kv_bytes_per_token": layout["bytes_per_token"], "kv_memory_bytes": kv_mem,
+            "num_blocks": cap["num_blocks"], "kv_tokens": cap["kv_tokens"],
+            "max_concurrency": cap["max_concurrency"], "kv_cache_dtype": kvd,
+            "blocks_per_request": cap["blocks_per_request"], "bytes_per_block": layout["bytes_per_block"],
+            "kv_memory_source": source,
+            "fp8_units": len(rec.fp8_units(units)) if rec is not None else 0,
+            "scheme": rec.scheme if rec is not None else None,
+        }
+    b, c = sides["baseline"], sides["candidate"]
+    gpu = serving.gpu
+    return {
+        "schema_version": 1, "vllm_version": VLLM_VERSION, "model_type": tcfg.model_type, "max_model_len": max_len,
+        "block_size": serving.block_size,
+        "tensor_parallel_size": tp,
+        "gpu": None if serving.kv_cache_memory is not None else (
+            f"{serving.gpu_memory_gib} GiB" if serving.gpu_memory_gib else gpu),
+        "gpu_memory_utilization": serving.gpu_memory_utilization,
+        "baseline": b, "candidate": c,
+        "ratio_kv_tokens": c["kv_tokens"] / b["kv_tokens"] if b["kv_tokens"] else math.inf,
+        "ratio_concurrency": c["max_concurrency"] / b["max_concurrency"] if b["max_concurrency"] else math.inf,
+    }
+
+
+def format_report(rep: dict) -> str:
+    """The side-by-side table `fp8probe capacity` prints."""
+    b, c = rep["baseline"], rep["candidate"]
+    cand = f"{c['scheme'] or 'BF16'} ({c['fp8_units']} units) + {c['kv_cache_dtype']} KV"
+    where = rep["gpu"] or "--kv-cache-memory"
+    lines = [f"{rep['model_type']}, max_model_len {rep['max_model_len']:,}, block size {rep['block_size']}, "
+             f"TP {rep['tensor_parallel_size']}, {where}; vLLM {rep.get('vllm_version', VLLM_VERSION)} accounting",
+             f"{'':<24}{'BF16 + auto KV':>20}{cand:>40}{'ratio':>9}"]
+
+    def row(name, key, fmt, ratio=False):
+        r = f"{c[key] / b[key]:>8.2f}x" if ratio and b[key] else ""
+        lines.append(f"{name:<24}{fmt(b[key]):>20}{fmt(c[key]):>40}{r:>9}")
+
+    row("weights per GPU", "weight_bytes", lambda v: f"{v / GiB:.2f} GiB")
+    row("KV bytes per token", "kv_bytes_per_token", lambda v: f"{v:,}")
+    row("KV memory", "kv_memory_bytes", lambda v: f"{v / GiB:.2f} GiB")
+    row("KV blocks", "num_blocks", lambda v: f"{v:,}")
+    row("KV tokens", "kv_tokens", lambda v: f"{v:,}", ratio=True)
+    row("max concurrency", "max_concurrency", lambda v: f"{v:.2f}x", ratio=True)
+    return "\n".join(lines)

@@ -1,0 +1,343 @@
+"""What each RL framework's rollout engine can apply, and the exact config fragment it reads.
+
+Most RL frameworks do not load an FP8 checkpoint once: they re-quantize the trainer's BF16 weights at
+every weight sync, with their own fixed scheme, and take only a few knobs. So a recipe reaches a rollout
+only in the *form* its framework can express (recipe.FORMS):
+
+    free        any set of fused groups in BF16 (an ignore list of module names)
+    keywords    NeMo-RL: first/last N blocks in BF16 plus substring keywords; keywords that are whole
+                module names select single groups, so any free recipe is expressible
+    first-last  the first N and last M decoder blocks in BF16, the rest in FP8
+    all         every Linear in FP8 (lm_head, embeddings and MoE routers stay BF16)
+    none        no FP8 weights (BF16 rollouts); an FP8 KV cache only where the framework takes one
+
+Each Target below was read from the framework's own source; `source` names the file and the released
+version (PyPI) or the commit. tests/test_frameworks.py checks every key we write against those packages'
+shipped configs and argument parsers (verl, OpenRLHF, TRL, SkyRL) or against the key lists read from the
+repositories at a pinned commit (NeMo-RL, slime: no real PyPI release). `express` refuses, in one line
+that says what the framework would do instead, a recipe the framework cannot apply; `render` writes the
+config fragment in the framework's own format.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..core.errors import FP8ProbeError
+from ..core.schemes import Scheme
+from ..recipe.forms import FORMS
+
+if TYPE_CHECKING:  # kept light: `fp8probe --help` lists the targets without importing torch
+    from ..recipe.recipe import Recipe
+    from ..model.student import Unit
+
+
+# importance-sampling truncation every framework defaults to (token-level TIS, ratio clipped at 2)
+IS_CLIP = 2.0
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    title: str
+    form: str  # recipe.FORMS: what its rollout engine can express
+    scheme: str | None  # the scheme its engine quantizes weights with; None: any (vllm) or no FP8 weights
+    kv: str | None  # the FP8 KV-cache dtype name it takes, or None: it has no FP8 KV-cache setting
+    kv_scale: str  # the k/v scales its engine uses: "calibrated" or "unit" (1.0)
+    fmt: str  # the file it reads: "yaml", "hydra" (overrides), "cli" (flags), "checkpoint"
+    source: str  # where this was read
+    how: str  # how it applies FP8 (one line)
+
+    @property
+    def weights(self) -> bool:
+        return self.form != "none"
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in [
+    Target("vllm", "vLLM (compressed-tensors checkpoint)", "free", None, "fp8", "calibrated", "checkpoint",
+           "vllm 0.32 (vllm/model_executor/layers/quantization/compressed_tensors)",
+           "loads the exported checkpoint: any recipe vLLM can load, k/v scales from the checkpoint"),
+    Target("verl", "verl (vLLM rollout)", "all", "FP8_BLOCK", "fp8", "unit", "hydra",
+           "verl==0.9.1 verl/workers/rollout/vllm_rollout/vllm_async_server.py (FP8_BLOCK_QUANT_KWARGS)",
+           "re-quantizes every Linear of the synced BF16 weights in 128x128 blocks; keeps only MoE routers "
+           "(mlp.gate) in BF16; KV scales 1.0"),
+    Target("verl-sglang", "verl (SGLang rollout)", "free", "FP8_BLOCK", "fp8_e4m3", "unit", "hydra",
+           "verl==0.9.1 verl/utils/sglang/sglang_fp8_utils.py (get_sglang_fp8_ignored_layers)",
+           "128x128 blocks; honours an ignore list (SGLANG_FP8_IGNORED_LAYERS) at start-up and weight sync"),
+    Target("nemo-rl", "NeMo-RL (vLLM generation)", "keywords", "FP8_BLOCK", "fp8", "calibrated", "yaml",
+           "NVIDIA-NeMo/RL@00fa128513dc nemo_rl/models/generation/vllm/quantization/fp8.py (init_fp8)",
+           "128x128 blocks; first/last blocks and substring keywords in BF16; calibrates K/V scales itself"),
+    Target("slime", "slime (SGLang rollout)", "all", "FP8_BLOCK", "fp8_e4m3", "unit", "cli",
+           "THUDM/slime@002fa9d6bac4 slime/utils/arguments.py, tools/convert_hf_to_fp8.py",
+           "serves a block-FP8 checkpoint; its weight sync re-quantizes a fixed list of Linear layers and never "
+           "reads modules_to_not_convert"),
+    Target("openrlhf", "OpenRLHF (vLLM engines)", "none", None, None, "unit", "cli",
+           "openrlhf==0.11.2 openrlhf/trainer/ray/vllm_engine.py (create_vllm_engines: dtype='bfloat16')",
+           "BF16 only: no quantization or kv_cache_dtype reaches its vLLM engines"),
+    Target("trl", "TRL (trl vllm-serve)", "none", None, "fp8", "unit", "cli",
+           "trl==1.16.0 trl/scripts/vllm_serve.py (kv_cache_dtype), trl/trainer/grpo_config.py",
+           "FP8 KV cache only (vllm-serve has no quantization option; weights synced in BF16)"),
+    Target("skyrl", "SkyRL (vLLM engines)", "all", "FP8_TENSOR_DYNAMIC", "fp8", "unit", "hydra",
+           "skyrl==0.3.0 skyrl/train/config/config.py (InferenceEngineConfig.engine_init_kwargs)",
+           "vLLM online FP8 (quantization=fp8): every Linear, per-tensor scales; KV scales 1.0"),
+]}
+
+
+def resolve_targets(names) -> list[Target]:
+    """`--target` values: names, or "all" for every target."""
+    names = list(names) or ["vllm"]
+    if "all" in names:
+        return list(TARGETS.values())
+    out = []
+    for n in names:
+        if n not in TARGETS:
+            raise FP8ProbeError(f"unknown --target {n!r}; choose from {', '.join(TARGETS)} or all")
+        if TARGETS[n] not in out:
+            out.append(TARGETS[n])
+    return out
+
+
+# the forms a framework of each form can also express (one that takes an ignore list can write first-last too)
+NARROWER = {"free": FORMS, "keywords": FORMS, "first-last": ("first-last", "all", "none"), "all": ("all", "none"),
+            "none": ("none",)}
+
+
+def recipe_form(target: Target | None, form: str | None, kv_cache: str | None, sweep_scheme: str,
+                sweep_dir="SWEEP") -> tuple[str, str, str]:
+    """(form, scheme, kv_scale) of the recipe search for `target`, refusing what it or the sweep cannot give."""
+    form = form or (target.form if target else "free")
+    if target is None:
+        return form, sweep_scheme, "calibrated"
+    if form not in NARROWER[target.form]:
+        raise FP8ProbeError(f"{target.title} cannot apply --form {form} recipes (it takes {target.form}); "
+                            f"use one of: {', '.join(NARROWER[target.form])}")
+    if kv_cache and target.kv is None:
+        raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop --kv-cache-scheme")
+    scheme = target.scheme or sweep_scheme
+    if form in ("free", "keywords", "first-last") and scheme != sweep_scheme:
+        raise FP8ProbeError(f"{target.title} quantizes with {scheme}, but {sweep_dir} was swept with {sweep_scheme}: "
+                            f"run `fp8probe sweep --rollouts {sweep_dir} --scheme {scheme} --out DIR` and make the "
+                            "recipe from DIR")
+    return form, scheme, target.kv_scale
+
+
+# ----------------------------------------------------------------------------------------------------
+# what a recipe looks like to a framework
+
+
+@dataclass
+class Expression:
+    """A recipe in a framework's terms."""
+
+    target: Target
+    fp8: list[str]  # quantizable units in FP8
+    kept_groups: list[str]  # fused groups kept BF16
+    kept_units: list[str]  # their modules
+    first: int = 0  # leading blocks entirely BF16
+    last: int = 0  # trailing blocks entirely BF16
+    keywords: list[str] = field(default_factory=list)  # kept modules outside those blocks
+    kv: str | None = None  # the framework's FP8 KV dtype, when the recipe has an FP8 KV cache
+    warnings: list[str] = field(default_factory=list)
+
+
+class Inexpressible(FP8ProbeError):
+    """The framework cannot apply the recipe; the message says what it would do instead."""
+
+
+def _edge_blocks(kept_blocks: set[int], n_blocks: int) -> tuple[int, int]:
+    first = 0
+    while first < n_blocks and first in kept_blocks:
+        first += 1
+    last = 0
+    while last < n_blocks - first and (n_blocks - 1 - last) in kept_blocks:
+        last += 1
+    return first, last
+
+
+def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) -> Expression:
+    """The recipe as `target` can apply it, or Inexpressible with what the framework would do instead."""
+    from ..model.student import fused_groups
+
+    groups = fused_groups(units)
+    fp8 = [u.name for u in recipe.fp8_units(units)]
+    fp8_set = set(fp8)
+    kept = [g for g, us in groups.items() if us[0].name not in fp8_set]
+    t = target.title
+    if fp8 and not target.weights:
+        raise Inexpressible(f"{t}: {target.how}; it would run the recipe's {len(fp8)} FP8 units in BF16")
+    if fp8 and target.form == "all":
+        from ..model.student import scheme_blockers
+
+        blocked = scheme_blockers([u for u in units if u.quantizable], Scheme.from_name(target.scheme))
+        if blocked:
+            g, why = next(iter(blocked.items()))
+            raise Inexpressible(f"{t} puts every Linear in {target.scheme}, which cannot take {len(blocked)} of this "
+                                f"model's {len(groups)} fused groups ({g}: {why}): its block-FP8 kernels would "
+                                "refuse the model")
+    if fp8 and target.scheme and Scheme.from_name(recipe.scheme).name != target.scheme:
+        raise Inexpressible(f"{t} quantizes with {target.scheme}, this recipe is {recipe.scheme}: make one with "
+                            f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with --scheme "
+                            f"{target.scheme})")
+    if fp8 and target.form == "all" and kept:
+        raise Inexpressible(f"{t} cannot keep layers in BF16 ({target.how}): it would quantize the recipe's "
+                            f"{len(kept)} kept groups too; make one with "
+                            f"`fp8probe recipe SWEEP --target {target.name}`")
+    if not fp8 and target.form == "all" and recipe.kv_cache is None:
+        raise Inexpressible(f"{t}: the recipe has no FP8 units; run BF16 rollouts (nothing to configure)")
+    kept_blocks = {u.block for g in kept for u in groups[g]}
+    full = {b for b in kept_blocks if all(u.name not in fp8_set for u in units if u.quantizable and u.block == b)}
+    first, last = _edge_blocks(full, n_blocks) if fp8 else (0, 0)
+    edge = set(range(first)) | set(range(n_blocks - last, n_blocks))
+    rest = [g for g in kept if groups[g][0].block not in edge]
+    if fp8 and target.form == "first-last" and rest:
+        raise Inexpressible(f"{t} keeps only whole leading/trailing blocks in BF16; this recipe also keeps "
+                            f"{rest[0]} (and {len(rest) - 1} more): make one with `--form first-last`")
+    kv = None
+    if recipe.kv_cache is not None:
+        if target.kv is None:
+            raise Inexpressible(f"{t} has no FP8 KV-cache setting ({target.how}); it would keep the KV cache BF16")
+        kv = target.kv
+    e = Expression(target, fp8, kept, [u.name for g in kept for u in groups[g]], first, last,
+                   [u.name for g in rest for u in groups[g]], kv)
+    if kv and recipe.kv_scale == "calibrated" and target.kv_scale == "unit":
+        e.warnings.append(f"{t} runs the FP8 KV cache with k/v scales 1.0 (it drops calibrated scales); this "
+                          f"recipe's KV mismatch was measured with calibrated scales: remake it with --target "
+                          f"{target.name} to measure what the engine does")
+    if target.name == "nemo-rl" and kv and not fp8:
+        raise Inexpressible(f"{t} takes kv_cache_dtype fp8 only together with precision fp8 (init_fp8 refuses "
+                            "an FP8 KV cache over BF16 weights)")
+    return e
+
+
+# ----------------------------------------------------------------------------------------------------
+# the config fragments
+
+
+def ignore_keywords(kept: list[str], units: list[Unit], bf16: set[str] | None = None) -> list[str]:
+    """Short ignore entries for the kept modules: NeMo-RL's quantization_ignored_layer_kws (a module stays BF16
+    when a keyword is a substring of its name) and verl's SGLang ignore list (a dot-bounded part of it). A
+    per-block suffix ("mlp.down_proj") stands for every module it matches when all of them are BF16 anyway
+    (`bf16`: kept here or in the first/last blocks); the rest are named in full. The matches cover the kept
+    set and stay inside `bf16` (checked)."""
+    names = [u.name for u in units]
+    want, out, covered = set(kept), [], set()
+    allowed = set(bf16 or ()) | want
+    for n in kept:
+        m = re.match(r"^.*\.layers\.\d+\.(.+)$", n)
+        suffix = m.group(1) if m else None
+        hits = {x for x in names if suffix and suffix in x}
+        if suffix and suffix not in out and hits <= allowed and n not in covered:
+            out.append(suffix)
+            covered |= hits
+    for n in kept:
+        if n not in covered:
+            out.append(n)
+            covered |= {x for x in names if n in x}
+    if not want <= covered <= allowed:
+        raise FP8ProbeError(f"internal: keywords would also keep {sorted(covered - allowed)[:2]} in BF16")
+    return out
+
+
+def render(e: Expression, model_path: str, units: list[Unit]) -> dict[str, str]:
+    """File name -> text: the fragment the framework reads, with its mismatch-correction keys."""
+    t = e.target
+    head = f"# fp8probe: {t.title}. {t.how}.\n# Read from {t.source}.\n"
+    if t.name == "verl":
+        lines = ["actor_rollout_ref.rollout.name=vllm"]
+        if e.fp8:
+            lines.append("actor_rollout_ref.rollout.quantization=fp8")
+        if e.kv:
+            lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={e.kv}")
+        lines += _verl_correction()
+        return {"verl.sh": head + _hydra("python3 -m verl.trainer.main_ppo", lines)}
+    if t.name == "verl-sglang":
+        lines = ["actor_rollout_ref.rollout.name=sglang"]
+        if e.fp8:
+            lines.append("actor_rollout_ref.rollout.quantization=fp8")
+            ignored = ignore_keywords(e.kept_units, units)
+            if ignored:  # a quoted Hydra string: commas would otherwise make a sweep
+                lines.append(shlex.quote("+ray_kwargs.ray_init.runtime_env.env_vars.SGLANG_FP8_IGNORED_LAYERS="
+                                         f'"{",".join(ignored)}"'))
+        if e.kv:
+            lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.sglang.kv_cache_dtype={e.kv}")
+        lines += _verl_correction()
+        return {"verl-sglang.sh": head + _hydra("python3 -m verl.trainer.main_ppo", lines)}
+    if t.name == "nemo-rl":
+        vllm_cfg = {"precision": "fp8" if e.fp8 else "bfloat16", "kv_cache_dtype": e.kv or "auto"}
+        if e.fp8:
+            vllm_cfg.update(num_first_layers_in_bf16=e.first, num_last_layers_in_bf16=e.last)
+        if e.keywords:
+            vllm_cfg["quantization_ignored_layer_kws"] = ignore_keywords(e.keywords, units, set(e.kept_units))
+        doc = {"policy": {"generation": {"vllm_cfg": vllm_cfg}},
+               "loss_fn": {"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "tis",
+                           "truncated_importance_sampling_ratio": IS_CLIP}}
+        return {"nemo-rl.yaml": head + _yaml(doc)}
+    if t.name == "slime":
+        flags = []
+        if e.fp8:
+            flags += ["--hf-checkpoint", "MODEL_FP8"]
+        else:
+            flags += ["--hf-checkpoint", model_path]
+        if e.kv:
+            flags += ["--sglang-kv-cache-dtype", e.kv]
+        flags += ["--use-tis", "--tis-clip", str(IS_CLIP), "--get-mismatch-metrics",
+                  "--use-opd", "--opd-type", "sglang", "--opd-kl-coef", "1.0"]
+        pre = ""
+        if e.fp8:
+            pre = ("# 1. the block-FP8 checkpoint slime serves (run in slime's repository):\n"
+                   f"python tools/convert_hf_to_fp8.py --model-dir {shlex.quote(model_path)} --save-dir MODEL_FP8 "
+                   "--strategy block --block-size 128 128\n# 2. the training command's rollout flags:\n")
+        return {"slime.sh": head + pre + _cli("python3 train.py", flags)}
+    if t.name == "openrlhf":
+        flags = ["--actor.model_name_or_path", model_path, "--algo.advantage.is_correction_level", "token",
+                 "--algo.advantage.is_correction_mode", "clip", "--algo.advantage.is_correction_threshold",
+                 str(IS_CLIP)]
+        return {"openrlhf.sh": head + _cli("python3 -m openrlhf.cli.train_ppo_ray", flags)}
+    if t.name == "trl":
+        flags = ["--model", model_path] + (["--kv_cache_dtype", e.kv] if e.kv else [])
+        grpo = {"use_vllm": True, "vllm_mode": "server", "vllm_importance_sampling_correction": True,
+                "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": IS_CLIP}
+        return {"trl.sh": head + _cli("trl vllm-serve", flags),
+                "trl_grpo_config.yaml": head + "# GRPOConfig fields (TRL's DistillationConfig has no IS-correction "
+                "field)\n" + _yaml(grpo)}
+    if t.name == "skyrl":
+        lines = []
+        if e.fp8:
+            lines.append("generator.inference_engine.engine_init_kwargs.quantization=fp8")
+        if e.kv:
+            lines.append(f"generator.inference_engine.engine_init_kwargs.kv_cache_dtype={e.kv}")
+        lines += ["trainer.algorithm.off_policy_correction.tis_ratio_type=token",
+                  f"trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high={IS_CLIP}"]
+        return {"skyrl.sh": head + _hydra("python3 -m skyrl.train.entrypoints.main_base", lines)}
+    raise FP8ProbeError(f"internal: no renderer for target {t.name}")
+
+
+def _verl_correction() -> list[str]:
+    return ["actor_rollout_ref.rollout.calculate_log_probs=True",
+            "algorithm.rollout_correction.rollout_is=token",
+            f"algorithm.rollout_correction.rollout_is_threshold={IS_CLIP}"]
+
+
+def _hydra(cmd: str, lines: list[str]) -> str:
+    return cmd + " \\\n" + " \\\n".join(f"    {x}" for x in lines) + "\n"
+
+
+def _cli(cmd: str, flags: list[str]) -> str:
+    parts, i = [], 0
+    while i < len(flags):
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            parts.append(f"{flags[i]} {shlex.quote(flags[i + 1])}")
+            i += 2
+        else:
+            parts.append(flags[i])
+            i += 1
+    return cmd + " \\\n" + " \\\n".join(f"    {p}" for p in parts) + "\n"
+
+
+def _yaml(doc: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)

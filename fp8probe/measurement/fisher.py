@@ -1,0 +1,270 @@
+"""The fast sensitivity estimate: every row of the sweep scored from one pass with backward.
+
+For a small perturbation δ of a unit's output y (δ = y_fp8 − y, the same FP8 arithmetic the exact sweep
+applies: weights as vLLM holds them, inputs quantized per token / group / static scale), the mismatch of
+the next-token distribution p_t it causes is, to second order,
+
+    KL(q_t ‖ p_t) ≈ KL(p_t ‖ q_t) ≈ ½ E_{ŷ ~ p_t}[ (∇_δ log p_t(ŷ) · δ)² ]          (the Fisher quadratic form)
+
+The expectation is over labels ŷ sampled from the student itself (the model's own Fisher, not the data's
+empirical one). One backward pass of Σ_t log p_t(ŷ_t), with one sampled ŷ_t per response-predicting
+position, gives the gradient g of every unit's output at every position at once; each unit's dot product
+d[b, s] = g[b, s] · δ[b, s] is taken in a tensor hook as the gradient arrives (δ is computed there from the
+unit's saved input, once per batch: no copy of the model). Four estimators of the sum of the per-token KLs
+come out of the same passes, divided by the number of response tokens and label draws so that they sit on
+the scale of the exact sweep's `kl_q_p` column (mean per response token):
+
+    sequence   ½ Σ_b (Σ_s D[b, s])²             unbiased for the whole quadratic form, but the cross terms
+                                                between label positions (zero in expectation) make one draw
+                                                noisy
+    window     ½ Σ_b Σ_w (Σ_{s in w} D[b, s])²  the sum over windows of WINDOW positions: keeps the cross
+                                                terms between nearby positions, drops the distant ones (the
+                                                default: the best Spearman and top-10 overlap per second on the
+                                                embedded student and the tiny models, benchmarks/fast_vs_exact.py)
+    position   ½ Σ_b Σ_s D[b, s]²               the window of one position
+    element    ½ Σ g² δ²                        the diagonal (ModelOpt auto_quantize's gradient score)
+
+where D = Σ d over what the row perturbs (a fused group's units, a layer's K and V after RoPE, every unit
+for the whole-model rows), so a row's estimate is not the sum of its members'. More label draws
+(`samples`, two by default) average the noise away at one backward pass each; δ is kept for the batch's
+later draws instead of recomputed. The lm_head and log-softmax run in chunks of rows (mismatch.CHUNK_ROWS)
+with their own backward into a detached copy of the final hidden states, so a 150k vocabulary never holds
+more than one chunk of logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+from ..core.progress import bar_interval
+from ..core.numerics import amax, fake_quant, sqnr_db_from_energy
+from .hooks import Calibration, fp8_forwards, kv_scales, observe_kv, record_calibration, without_padding
+from .mismatch import CHUNK_ROWS, log_softmax32
+from ..core.schemes import KVCacheScheme, QuantSpec, Scheme
+
+ESTIMATORS = ("window", "sequence", "position", "element")
+DEFAULT_ESTIMATOR = "window"
+WINDOW = 16  # positions per window of the window estimator
+DEFAULT_SAMPLES = 2  # label draws per position
+
+
+@dataclass
+class FisherResult:
+    """Per row (by its unit name): the estimate of each estimator (mean per response token) and the SQNR of
+    the perturbed outputs; `seconds` includes the calibration pass when one was needed."""
+
+    estimates: dict[str, dict[str, float]]  # estimator -> row -> estimate
+    sqnr_db: dict[str, float]
+    num_tokens: int
+    seconds: float
+    calibration_seconds: float = 0.0
+
+    def column(self, estimator: str = DEFAULT_ESTIMATOR) -> dict[str, float]:
+        return self.estimates[estimator]
+
+
+class _Sums:
+    """Per-batch dot products per perturbed thing, and the energies for the SQNR."""
+
+    def __init__(self):
+        self.d: dict[str, torch.Tensor] = {}  # key -> [B, S] g·δ per position (this batch, this label draw)
+        self.elem: dict[str, float] = {}  # key -> Σ g²δ² (this batch, this label draw)
+        self.signal: dict[str, float] = {}
+        self.noise: dict[str, float] = {}
+
+    def add(self, key, d, elem):
+        self.d[key] = self.d[key] + d if key in self.d else d
+        self.elem[key] = self.elem.get(key, 0.0) + elem
+
+    def energy(self, key, y, delta):
+        self.signal[key] = self.signal.get(key, 0.0) + _sumsq(y.float())
+        self.noise[key] = self.noise.get(key, 0.0) + _sumsq(delta)
+
+
+def _calibrate(student, rollouts, names, kv_strategy: str, batch_size: int) -> Calibration:
+    """Static input scales and K/V amax from a forward pass over the rollouts (no lm_head)."""
+    model = student.model
+    device = next(model.parameters()).device
+    with torch.no_grad(), record_calibration(model, names, kv_strategy) as cal:
+        for ids, am, _ in rollouts.batches(batch_size):
+            cal.valid = am.to(device).bool()
+            model.model(input_ids=ids.to(device), attention_mask=am.to(device), use_cache=False)
+    return cal
+
+
+def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC", kv: KVCacheScheme = KVCacheScheme(),
+                batch_size: int = 8, calibration: Calibration | None = None, samples: int = DEFAULT_SAMPLES, seed: int = 0,
+                fused: bool = False, progress: bool = False) -> FisherResult:
+    """The estimates of every row of sweep.plan_rows (anything with `.unit` and `.perturbation`).
+
+    `samples` label draws per position (each one more backward pass); `seed` makes the draws repeatable.
+    Static input scales need a Calibration: `calibration`, or one more forward over the rollouts first. A
+    calibrated KV cache without one is scored at the end: K, V and their gradients wait on the CPU (in the
+    model's dtype) until the pass has seen every batch and the K/V amax is known, which costs memory
+    instead of a second forward. `fused`: quantize a fused group's units with their shared per-tensor scale
+    (group rows) instead of each unit alone (unit rows); only the per-tensor FP8 scheme differs."""
+    from tqdm.auto import tqdm
+
+    scheme = Scheme.from_name(scheme)
+    model = student.model
+    device = next(model.parameters()).device
+    t0 = time.perf_counter()
+    units = sorted({u for r in rows for u in r.perturbation.units})
+    kv_layers = sorted({i for r in rows for i in r.perturbation.kv_layers})
+    cal_seconds = 0.0
+    if calibration is None and scheme.static_input and units:
+        calibration = _calibrate(student, rollouts, units, kv.strategy, batch_size)
+        cal_seconds = time.perf_counter() - t0
+    defer = calibration is None and bool(kv_layers) and kv.scale == "calibrated"
+    forwards = fp8_forwards(model, units, scheme, calibration, fused=fused)
+    scales = {} if defer else {i: kv_scales(kv, i, calibration) for i in kv_layers}
+    kv_amax = Calibration({}, {}, {})
+    kv_spec = QuantSpec(kv.strategy)
+
+    energy = _Sums()  # SQNR energies, once per batch
+    draws: list[_Sums] = []  # per batch and label draw: the dot products, kept until every row is formed
+    deferred: list[tuple] = []  # (draw index, layer, side, K or V, its gradient) waiting for the KV scales
+    num_tokens = 0
+    gen = torch.Generator().manual_seed(seed)
+    softcap = getattr(model.config, "final_logit_softcapping", None) or None
+    head = model.get_output_embeddings()
+    batch_mask: list = [None]  # the running batch's attention mask [B, S] (expert outputs are flattened over tokens)
+    first_draw = [True]  # energies are counted once per batch, not once per label draw
+    kept: dict[str, torch.Tensor] = {}  # δ per unit for the batch's later label draws
+
+    def unit_hook(name):
+        fn = forwards[name]
+
+        def fwd(mod, args, out):
+            x = args  # not detached: q/k/v share one input object, whose quantization fp8_forwards caches
+            y = out.detach()
+
+            def on_grad(g):
+                with torch.no_grad():
+                    delta = kept.get(name)
+                    if delta is None:
+                        delta = fn(*x).float() - y.float()
+                        if samples > 1:
+                            kept[name] = delta
+                    gd = g.float() * delta
+                    draws[-1].add(name, gd.sum(-1).reshape(batch_mask[0].shape), _sumsq(gd))
+                    if first_draw[0]:
+                        energy.energy(name, y, delta)
+
+            out.register_hook(on_grad)
+
+        return fwd
+
+    def kv_hook(i, k, v):
+        if defer:
+            for d, t in ((kv_amax.k_amax, k), (kv_amax.v_amax, v)):
+                a = amax(without_padding(t.detach(), batch_mask[0], "kv"), kv_spec).float().cpu()
+                d[i] = a if i not in d else torch.maximum(d[i], a)
+        for t, side in ((k, 0), (v, 1)):
+            def on_grad(g, t=t.detach(), side=side):
+                with torch.no_grad():
+                    if defer:
+                        deferred.append((len(draws) - 1, i, side, t.cpu(), g.cpu()))
+                    else:
+                        _kv_dot(draws[-1], energy if first_draw[0] else None, i, t, g, scales[i][side], kv.spec)
+
+            t.register_hook(on_grad)
+        return k, v
+
+    def leaf(mod, args, out):  # the graph starts at the embeddings: no parameter needs a gradient
+        return out.detach().requires_grad_(True)
+
+    handles = [model.get_input_embeddings().register_forward_hook(leaf)]
+    handles += [model.get_submodule(n).register_forward_hook(unit_hook(n)) for n in units]
+    batches = list(rollouts.batches(batch_size))
+    bar = tqdm(total=len(batches) * samples, desc="fisher", unit="pass", disable=not progress,
+               mininterval=bar_interval())
+    grads = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(observe_kv(model, kv_hook, kv_layers))
+            stack.enter_context(torch.enable_grad())
+            for ids, am, resp in batches:
+                ids, am = ids.to(device), am.to(device)
+                batch_mask[0] = am.bool()
+                h = model.model(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+                rows_b, cols_b = torch.nonzero(resp[:, 1:], as_tuple=True)
+                hsel = h[rows_b.to(device), cols_b.to(device)]
+                num_tokens += hsel.shape[0]
+                for draw in range(samples):
+                    first_draw[0] = draw == 0
+                    draws.append(_Sums())
+                    hl = hsel.detach().requires_grad_(True)
+                    for s in range(0, hl.shape[0], CHUNK_ROWS):
+                        logp = log_softmax32(head(hl[s:s + CHUNK_ROWS]), softcap)
+                        labels = _sample(logp.detach(), gen)
+                        logp.gather(-1, labels).sum().backward()
+                    if hl.grad is not None:  # a batch with no response tokens has nothing to score
+                        hsel.backward(hl.grad, retain_graph=draw < samples - 1)
+                    bar.update(1)
+                kept.clear()
+    finally:
+        bar.close()
+        for hd in handles:
+            hd.remove()
+        for p, g in zip(model.parameters(), grads):
+            p.requires_grad_(g)
+    if defer:  # the KV rows, now that the calibrated scales are known
+        scales = {i: kv_scales(kv, i, kv_amax) for i in kv_layers}
+        for n, i, side, t, g in deferred:
+            first = n % samples == 0
+            _kv_dot(draws[n], energy if first else None, i, t, g, scales[i][side], kv.spec)
+    totals = {e: {r.unit: 0.0 for r in rows} for e in ESTIMATORS}
+    for sums in draws:
+        _accumulate(rows, sums, totals)
+    norm = 0.5 / max(num_tokens, 1) / samples
+    estimates = {e: {r: v * norm for r, v in col.items()} for e, col in totals.items()}
+    sqnr = {}
+    for r in rows:
+        keys = [*r.perturbation.units, *(f"kv:{i}" for i in r.perturbation.kv_layers)]
+        sig = sum(energy.signal.get(k, 0.0) for k in keys)
+        noi = sum(energy.noise.get(k, 0.0) for k in keys)
+        sqnr[r.unit] = sqnr_db_from_energy(sig, noi) if keys else float("nan")
+    return FisherResult(estimates, sqnr, num_tokens, time.perf_counter() - t0, cal_seconds)
+
+
+def _kv_dot(sums: _Sums, energy: _Sums | None, layer: int, t, g, scale, spec) -> None:
+    """One side (K or V, [B, H, S, D]) of a layer's KV row: g·δ per position, and its energies."""
+    delta = fake_quant(t, spec, scale=scale.to(t.device)).float() - t.float()
+    gd = g.float() * delta
+    sums.add(f"kv:{layer}", gd.sum((1, 3)), _sumsq(gd))
+    if energy is not None:
+        energy.energy(f"kv:{layer}", t, delta)
+
+
+def _sumsq(x: torch.Tensor) -> float:
+    """Σ x² without an x² temporary."""
+    flat = x.reshape(-1)
+    return float(torch.dot(flat, flat))
+
+
+def _sample(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One label per row drawn from exp(logp) by inverting its CDF with one seeded uniform per row ([M, 1])."""
+    cdf = logp.exp().cumsum(-1)
+    u = torch.rand(logp.shape[0], 1, generator=gen).to(logp.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).clamp_max(logp.shape[-1] - 1)
+
+
+def _accumulate(rows, sums: _Sums, totals) -> None:
+    """Add one batch's (one label draw's) squares to every row's three estimators."""
+    for r in rows:
+        keys = [*r.perturbation.units, *(f"kv:{i}" for i in r.perturbation.kv_layers)]
+        keys = [k for k in keys if k in sums.d]
+        if not keys:
+            continue
+        d = sums.d[keys[0]] if len(keys) == 1 else torch.stack([sums.d[k] for k in keys]).sum(0)
+        totals["position"][r.unit] += float(d.pow(2).sum())
+        windows = torch.nn.functional.pad(d, (0, (-d.shape[1]) % WINDOW)).reshape(d.shape[0], -1, WINDOW).sum(-1)
+        totals["window"][r.unit] += float(windows.pow(2).sum())
+        totals["sequence"][r.unit] += float(d.sum(1).pow(2).sum())
+        totals["element"][r.unit] += sum(sums.elem[k] for k in keys)

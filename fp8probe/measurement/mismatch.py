@@ -1,0 +1,171 @@
+"""Training-inference mismatch on one scale: metrics between reference and candidate logits on the same tokens.
+
+p is the reference (the BF16 trainer), q the candidate (the rollout engine: FP8 weights, FP8 KV, ...).
+Every metric is taken over the distributions that predict response tokens: the logits at position t-1
+for a response token at t. The names are used everywhere (API keys, CSV columns):
+
+    kl_q_p              mean over tokens of KL(q || p) over the full vocabulary   (primary)
+    kl_p_q              mean of KL(p || q)
+    k1, k3              sampled-token estimators of KL(p || q): the tokens were sampled from the BF16
+                        student p, so with r = log p(y) - log q(y):  k1 = r,  k3 = exp(-r) - 1 + r
+                        (Schulman's k1/k3; verl and slime log the same pair with the rollout engine as
+                        the sampler)
+    abs_dlogp_mean/max  |log q(y) - log p(y)| on the sampled token
+    token_mult_prob_error  mean exp(|log q(y) - log p(y)|)   (NeMo-RL's name; 1.0 means no mismatch)
+    top1_agree          fraction of positions where argmax p == argmax q
+    kl_p50 .. kl_max    percentiles of the per-token KL(q || p) (as llama.cpp's KL-divergence mode
+                        prints them), linear interpolation
+    rms_dp              sqrt(mean((q(y) - p(y))^2)) on the sampled token
+
+All log-softmaxes run in fp32 and in chunks of rows, so 49k-vocabulary logits for thousands of tokens
+never sit in memory twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..core.metrics import METRICS  # the names, zero points and directions are declared in metrics.py
+
+CHUNK_ROWS = 128  # rows per chunk: measured fastest on a 2-core CPU (benchmarks/)
+
+
+def log_softmax32(logits: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+    x = logits.float()
+    if softcap:
+        x = torch.tanh(x / softcap) * softcap
+    return torch.log_softmax(x, dim=-1)
+
+
+@dataclass
+class RefRows:
+    """Reference quantities that every candidate is compared with, computed once per row (token)."""
+
+    logp: torch.Tensor  # [M, V] fp32 log p (p itself is recomputed per chunk: as fast, and half the memory)
+    top1: torch.Tensor  # [M] argmax p
+    tokens: torch.Tensor  # [M] sampled tokens
+
+    @classmethod
+    def from_logp(cls, logp: torch.Tensor, tokens: torch.Tensor) -> "RefRows":
+        logp = logp.float()
+        return cls(logp, logp.argmax(-1), tokens)
+
+    def rows(self, s: int, e: int) -> "RefRows":
+        return RefRows(self.logp[s:e], self.top1[s:e], self.tokens[s:e])
+
+    def to(self, device) -> "RefRows":
+        """On the candidate's device (the reference is kept on the host: 150k-vocabulary rows add up)."""
+        return RefRows(self.logp.to(device), self.top1.to(device), self.tokens.to(device))
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def token_stats(ref: RefRows, cand_logp: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-token quantities for reference rows and candidate log-probabilities [M, V].
+
+    d = log q - log p is formed first and then reduced, so that KLs of 1e-8 survive fp32; the two
+    reductions are fused multiply-adds (vecdot) with no [M, V] temporary.
+    """
+    q = cand_logp.float()
+    d = q - ref.logp
+    kl_q_p = torch.linalg.vecdot(q.exp(), d)
+    kl_p_q = -torch.linalg.vecdot(ref.logp.exp(), d)
+    tok = ref.tokens[:, None]
+    return {
+        "kl_q_p": kl_q_p.clamp_min(0),  # rounding can give -1e-12 for equal rows
+        "kl_p_q": kl_p_q.clamp_min(0),
+        "logp_ref": ref.logp.gather(-1, tok).squeeze(-1),
+        "logp_cand": q.gather(-1, tok).squeeze(-1),
+        "top1": q.argmax(-1) == ref.top1,
+    }
+
+
+def chunked_token_stats(ref: RefRows, cand_logits_fn, chunk: int = CHUNK_ROWS,
+                        softcap: float | None = None) -> dict[str, torch.Tensor]:
+    """token_stats over row chunks; cand_logits_fn(start, end) returns the candidate logits of those rows."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for s in range(0, len(ref), chunk):
+        e = min(s + chunk, len(ref))
+        cand = log_softmax32(cand_logits_fn(s, e), softcap)
+        st = token_stats(ref.rows(s, e).to(cand.device), cand)
+        for k, v in st.items():
+            parts.setdefault(k, []).append(v.cpu())
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+def sampled_token_metrics(logp_ref: torch.Tensor, logp_cand: torch.Tensor) -> dict[str, float]:
+    """The metrics that need only the sampled tokens' log-probs (all a rollout engine's logprobs give, e.g.
+    vLLM's prompt logprobs): k1, k3, |dlog p| mean and max, token_mult_prob_error, rms_dp."""
+    lr, lc = torch.as_tensor(logp_ref).double(), torch.as_tensor(logp_cand).double()
+    r = lr - lc  # log p(y) - log q(y)
+    adl = r.abs()
+    dp = lc.exp() - lr.exp()
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    return {
+        "k1": float(r.mean()),
+        "k3": float((torch.expm1(-r) + r).mean()),
+        "abs_dlogp_mean": float(adl.mean()),
+        "abs_dlogp_max": float(adl.max() if adl.numel() else nan),
+        "token_mult_prob_error": float(adl.exp().mean()),
+        "rms_dp": float(dp.pow(2).mean().sqrt()),
+    }
+
+
+def summarize(stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The metric dict (METRICS keys) from per-token quantities."""
+    kl_qp = stats["kl_q_p"].double()
+    pct = np.percentile(kl_qp.numpy(), [50, 90, 99, 99.9]) if kl_qp.numel() else [float("nan")] * 4
+    out = {
+        "kl_q_p": float(kl_qp.mean()),
+        "kl_p_q": float(stats["kl_p_q"].double().mean()),
+        "top1_agree": float(stats["top1"].double().mean()),
+        "kl_p50": float(pct[0]), "kl_p90": float(pct[1]), "kl_p99": float(pct[2]), "kl_p999": float(pct[3]),
+        "kl_max": float(kl_qp.max()) if kl_qp.numel() else float("nan"),
+        **sampled_token_metrics(stats["logp_ref"], stats["logp_cand"]),
+    }
+    return {k: out[k] for k in METRICS}
+
+
+def mismatch(ref_logits: torch.Tensor, cand_logits: torch.Tensor, tokens: torch.Tensor,
+             chunk: int = CHUNK_ROWS) -> dict[str, float]:
+    """All metrics between reference and candidate logits [M, V] that predict the sampled tokens [M]."""
+    if ref_logits.shape != cand_logits.shape or ref_logits.shape[0] != tokens.shape[0]:
+        raise ValueError(f"shape mismatch: ref {tuple(ref_logits.shape)}, cand {tuple(cand_logits.shape)}, "
+                         f"tokens {tuple(tokens.shape)}")
+    ref = RefRows.from_logp(torch.cat([log_softmax32(ref_logits[s:s + chunk]) for s in range(0, len(tokens), chunk)]),
+                            tokens)
+    return summarize(chunked_token_stats(ref, lambda s, e: cand_logits[s:e], chunk))
+
+
+def response_positions(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, col) of the logits that predict each response token: a token at t is predicted at t-1."""
+    rows, cols = torch.nonzero(response_mask[:, 1:], as_tuple=True)
+    return rows, cols
+
+
+def response_logits(logits: torch.Tensor, input_ids: torch.Tensor, response_mask: torch.Tensor):
+    """From full logits [N, T, V]: the predicting rows [M, V] and their sampled tokens [M]."""
+    rows, cols = response_positions(response_mask)
+    return logits[rows, cols], input_ids[rows, cols + 1]
+
+
+TAIL_FLOOR = 1e-6  # a tail mass below this is the rounding of an fp32-normalized distribution, not mass
+
+
+def kl_lower_bound_topk(top_ids: torch.Tensor, top_logq: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """A lower bound of KL(q‖p) per row when only q's K most likely tokens are known (an engine's top-K
+    logprobs) and p in full: the K tokens exactly, the rest of the vocabulary pooled into one bin. Pooling
+    never raises a KL (log-sum inequality), so the bound is <= the full KL, equal when the tail is empty.
+    top_ids, top_logq: [M, K]; logp: [M, V] (fp32 log-probabilities of the reference)."""
+    q = top_logq.double().exp()
+    lp = logp.double().gather(-1, top_ids)
+    head = (q * (top_logq.double() - lp)).sum(-1)
+    q_tail = 1 - q.sum(-1)
+    q_tail = torch.where(q_tail > TAIL_FLOOR, q_tail, torch.zeros_like(q_tail))  # below fp32 rounding: no tail
+    p_tail = (1 - lp.exp().sum(-1)).clamp_min(1e-300)
+    tail = torch.where(q_tail > 0, q_tail * (q_tail.clamp_min(1e-300).log() - p_tail.log()), torch.zeros_like(q_tail))
+    return (head + tail).clamp_min(0)

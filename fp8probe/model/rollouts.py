@@ -1,0 +1,280 @@
+"""The student's own rollouts: prompts -> sampled responses, as token tensors saved once and reused.
+
+Every later measurement scores the same tokens, so they are sampled once from the BF16 (here: fp32)
+student, like RL rollouts (temperature 1.0, no top-k / top-p by default), with a fixed seed, and saved:
+
+    rollouts.safetensors   input_ids [N, T] int64      prompt + response, right-padded with pad_token_id
+                           attention_mask [N, T] int64  1 on real tokens
+                           response_mask [N, T] int64   1 where input_ids[i, t] is a sampled response token
+                                                        (the closing EOS included when it was sampled)
+    rollouts.json          schema_version, model, prompts, sampling settings, seed, token counts
+
+No pickle anywhere: safetensors and JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..core.files import atomic_write_bytes, atomic_write_json
+from ..core.progress import bar_interval
+from ..core.errors import FP8ProbeError
+from .prompts import BUILTIN_PROMPTS
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+TENSORS = "rollouts.safetensors"
+META = "rollouts.json"
+
+
+@dataclass
+class Rollouts:
+    input_ids: torch.Tensor  # [N, T] int64
+    attention_mask: torch.Tensor  # [N, T] int64
+    response_mask: torch.Tensor  # [N, T] int64
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    @classmethod
+    def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad: int,
+                       meta: dict | None = None) -> "Rollouts":
+        """Token tensors from prompt and response ids: prompt + response, right-padded with `pad`."""
+        t_max = max(len(p) + len(r) for p, r in zip(prompts, responses))
+        n = len(prompts)
+        input_ids = torch.full((n, t_max), pad, dtype=torch.int64)
+        attention_mask = torch.zeros((n, t_max), dtype=torch.int64)
+        response_mask = torch.zeros((n, t_max), dtype=torch.int64)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+            attention_mask[i, : len(p) + len(r)] = 1
+            response_mask[i, len(p): len(p) + len(r)] = 1
+        return cls(input_ids, attention_mask, response_mask, dict(meta or {}))
+
+    def check_fits(self, config, where: str = "the rollouts") -> None:
+        """Refuse rollouts that this model cannot score: token ids past its vocabulary, sequences past its
+        context (they were sampled from another model, or the file was edited)."""
+        vocab = getattr(config, "vocab_size", None)
+        if vocab is None and hasattr(config, "get_text_config"):
+            vocab = config.get_text_config().vocab_size
+        top = int(self.input_ids.max()) if self.input_ids.numel() else 0
+        if vocab is not None and top >= vocab:
+            raise FP8ProbeError(f"{where} hold token id {top}, past this model's vocabulary of {vocab}: they "
+                                f"come from another model ({self.meta.get('model')}); sample new ones for this model")
+        ctx = context_length(config)
+        longest = int(self.attention_mask.sum(1).max()) if self.num_sequences else 0
+        if ctx and longest > ctx:
+            raise FP8ProbeError(f"{where} hold a sequence of {longest} tokens, longer than this model's context "
+                                f"of {ctx}; sample new ones for this model")
+
+    def batches(self, batch_size: int):
+        """Row slices of at most batch_size sequences, each trimmed to its longest sequence."""
+        for s in range(0, self.num_sequences, batch_size):
+            am = self.attention_mask[s:s + batch_size]
+            t = int(am.sum(1).max())
+            yield (self.input_ids[s:s + batch_size, :t], am[:, :t], self.response_mask[s:s + batch_size, :t])
+
+
+def context_length(config) -> int | None:
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from a text file (one per line) or JSONL (a "prompt", "text" or "messages" field)."""
+    p = Path(path)
+    if p.is_dir():
+        raise FP8ProbeError(f"--prompts {path} is a directory; pass a text file (one prompt per line) or JSONL")
+    if not p.is_file():
+        raise FP8ProbeError(f"no such prompts file: {path}")
+    try:
+        lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except UnicodeDecodeError as e:
+        raise FP8ProbeError(f"{path} is not a UTF-8 text or JSONL prompts file") from e
+    if not lines:
+        raise FP8ProbeError(f"prompts file {path} is empty: give one prompt per line, or JSONL with a 'prompt' field")
+    if p.suffix == ".jsonl":
+        out = []
+        for i, ln in enumerate(lines, 1):
+            try:
+                rec = json.loads(ln)
+            except json.JSONDecodeError as e:
+                raise FP8ProbeError(f"{path}:{i} is not valid JSON ({e.msg})") from e
+            val = rec.get("prompt", rec.get("text", rec.get("messages"))) if isinstance(rec, dict) else rec
+            if not val:
+                raise FP8ProbeError(f"{path}:{i} has no 'prompt', 'text' or 'messages' field")
+            if not (isinstance(val, str) or (isinstance(val, list) and all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in val))):
+                raise FP8ProbeError(f"{path}:{i}: a prompt must be a string, or 'messages' a list of "
+                                    "{\"role\": ..., \"content\": ...} objects")
+            out.append(val)
+        return out
+    return [ln.strip() for ln in lines]
+
+
+def encode_prompt(tokenizer, prompt) -> list[int]:
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        return list(ids)
+    text = "\n".join(m["content"] for m in messages)
+    return tokenizer(text)["input_ids"]
+
+
+@torch.no_grad()
+def make_rollouts(
+    student,
+    prompts: list | str | Path | None = None,
+    num_prompts: int | None = None,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> Rollouts:
+    """Sample the student's responses to the prompts (built-in ones by default)."""
+    if isinstance(prompts, (str, Path)):
+        prompts = read_prompts(prompts)
+    prompts = list(BUILTIN_PROMPTS if prompts is None else prompts)
+    if num_prompts is not None:
+        if num_prompts < 1:
+            raise FP8ProbeError("--num-prompts must be at least 1")
+        prompts = prompts[:num_prompts]
+    if not prompts:
+        raise FP8ProbeError("no prompts given: pass a prompts file with at least one prompt")
+    if max_new_tokens < 1:
+        raise FP8ProbeError("--max-new-tokens must be at least 1")
+    model, tok = student.model, student.tokenizer
+    device = next(model.parameters()).device
+    eos = eos_ids(model, tok)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    encoded = [encode_prompt(tok, p) for p in prompts]
+    ctx = context_length(model.config)
+    for i, ids in enumerate(encoded):
+        if ctx and len(ids) + max_new_tokens > ctx:
+            raise FP8ProbeError(f"prompt {i + 1} is {len(ids)} tokens; with --max-new-tokens {max_new_tokens} that "
+                                f"exceeds the model's context of {ctx}: shorten it or lower --max-new-tokens")
+    seqs: list[tuple[list[int], list[int]]] = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(encoded), desc="rollouts", unit="prompt", disable=not progress, mininterval=bar_interval())
+    for bi, s in enumerate(range(0, len(encoded), batch_size)):
+        batch = encoded[s:s + batch_size]
+        width = max(len(x) for x in batch)
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch], device=device)  # left-padded
+        am = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=device)
+        gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + bi)
+        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+        out = model.generate(
+            input_ids=ids, attention_mask=am, do_sample=temperature > 0, temperature=temperature if temperature > 0
+            else None, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
+        )
+        for row, prompt_ids in enumerate(batch):
+            resp = out[row, width:].tolist()
+            for i, t in enumerate(resp):
+                if t in eos:
+                    resp = resp[: i + 1]
+                    break
+            seqs.append((prompt_ids, resp))
+        bar.update(len(batch))
+    bar.close()
+    out = Rollouts.from_sequences([p for p, _ in seqs], [resp for _, resp in seqs], pad)
+    out.meta = {
+        "schema_version": SCHEMA_VERSION,
+        "fp8probe_version": __version__,
+        "model": student.name,
+        "model_path": student.path,
+        "prompts": prompts,
+        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": 0, "max_new_tokens": max_new_tokens,
+                     "batch_size": batch_size, "eos_token_ids": eos},
+        "seed": seed,
+        "num_sequences": out.num_sequences,
+        "num_tokens": int(out.attention_mask.sum()),
+        "num_response_tokens": out.num_response_tokens,
+    }
+    return out
+
+
+def eos_ids(model, tok) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tok.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos]
+    return [int(e) for e in eos if e is not None]
+
+
+def save_rollouts(r: Rollouts, out_dir: str | Path) -> None:
+    from safetensors.torch import save
+
+    out = Path(out_dir)
+    data = save({"input_ids": r.input_ids.contiguous(), "attention_mask": r.attention_mask.contiguous(),
+                 "response_mask": r.response_mask.contiguous()}, metadata={"schema_version": str(SCHEMA_VERSION)})
+    atomic_write_bytes(out / TENSORS, data)
+    atomic_write_json(out / META, r.meta)
+
+
+def load_rollouts(directory: str | Path) -> Rollouts:
+    """Rollouts saved by save_rollouts (or `fp8probe rollouts` / `fp8probe sweep`)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    if not (d / TENSORS).is_file() or not (d / META).is_file():
+        raise FP8ProbeError(f"{directory} holds no rollouts ({TENSORS} and {META}); create them with `fp8probe rollouts`")
+    try:
+        t = load_file(str(d / TENSORS))
+        meta = json.loads((d / META).read_text())
+    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise FP8ProbeError(f"rollouts in {directory} are unreadable ({e}); create them again") from e
+    if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
+        got = meta.get("schema_version") if isinstance(meta, dict) else None
+        raise FP8ProbeError(f"rollouts in {directory} have schema {got!r}, this fp8probe reads {SCHEMA_VERSION}; "
+                            "create them again with `fp8probe rollouts`")
+    missing = {"input_ids", "attention_mask", "response_mask"} - set(t)
+    if missing:
+        raise FP8ProbeError(f"rollouts in {directory} lack {', '.join(sorted(missing))}")
+    r = Rollouts(t["input_ids"], t["attention_mask"], t["response_mask"], meta)
+    _check_tensors(r, directory)
+    return r
+
+
+def _check_tensors(r: Rollouts, where) -> None:
+    """Shapes, dtypes and masks as save_rollouts writes them; anything else was not written by fp8probe."""
+    def bad(what):
+        raise FP8ProbeError(f"rollouts in {where}: {what}; create them again with `fp8probe rollouts`")
+
+    tensors = {"input_ids": r.input_ids, "attention_mask": r.attention_mask, "response_mask": r.response_mask}
+    for name, x in tensors.items():
+        if x.dtype != torch.int64 or x.ndim != 2:
+            bad(f"{name} must be a 2-D int64 tensor, not {x.ndim}-D {x.dtype}")
+        if x.shape != r.input_ids.shape:
+            bad(f"{name} has shape {tuple(x.shape)}, input_ids {tuple(r.input_ids.shape)}")
+    if r.num_sequences == 0:
+        bad("no sequences")
+    if int(r.input_ids.min()) < 0:
+        bad("negative token ids")
+    for name in ("attention_mask", "response_mask"):
+        if not bool(((tensors[name] == 0) | (tensors[name] == 1)).all()):
+            bad(f"{name} holds values other than 0 and 1")
+    if bool((r.response_mask > r.attention_mask).any()):
+        bad("response tokens outside the attention mask")
+    if r.num_response_tokens == 0:
+        bad("no response tokens")
+    if bool((r.response_mask[:, 0] == 1).any()):
+        bad("a response token at position 0 (nothing predicts it)")

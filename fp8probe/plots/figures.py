@@ -1,0 +1,402 @@
+"""matplotlib figures for the files fp8probe writes (headless: the Agg backend), and `plot_run`, which draws
+every figure a run directory's files allow (`fp8probe plot RUN_DIR`).
+
+Each figure function takes the data a file holds (a sensitivity table, recipe.json dicts, capacity.json, a
+ladder table) and an optional path; it returns the figure, so a notebook shows it inline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..recipe.selection import group_scores, rank_groups
+
+KIND_ORDER = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "expert", "kv")
+KIND_LABEL = {"kv": "KV cache", "expert": "experts"}
+
+
+def capacity_bars(report: dict, path: str | Path | None = None):
+    """Bar chart of KV tokens and max concurrency, BF16 vs the candidate, from a capacity report."""
+    plt = _plt()
+
+    b, c = report["baseline"], report["candidate"]
+    labels = ["BF16, auto KV", f"{c['scheme'] or 'BF16'}, {c['kv_cache_dtype']} KV"]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    for ax, key, title in ((axes[0], "kv_tokens", "KV-cache tokens"),
+                           (axes[1], "max_concurrency", f"max concurrency at {report['max_model_len']:,} tokens")):
+        vals = [b[key], c[key]]
+        bars = ax.bar(labels, vals, color=["#888888", "#2b7bba"])
+        ax.set_title(title, fontsize=10)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if key == "kv_tokens" else f"{v:.2f}x" for v in vals], fontsize=8)
+        ax.tick_params(axis="x", labelsize=8)
+        ax.margins(y=0.15)
+    fig.suptitle(f"{report['model_type']}: x{report['ratio_kv_tokens']:.2f} KV tokens "
+                 f"({report.get('gpu') or 'fixed KV memory'}, vLLM's accounting)", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def sensitivity_heatmap(sensitivity, path: str | Path | None = None, metric: str = "kl_q_p"):
+    """Blocks x unit kinds, colour = log10(metric), from a sensitivity.csv (or its DataFrame)."""
+    import numpy as np
+    import pandas as pd
+
+    plt = _plt()
+
+    df = sensitivity if isinstance(sensitivity, pd.DataFrame) else pd.read_csv(sensitivity)
+    df = df[df["kind"] != "model"]
+    table = df.pivot_table(index="kind", columns="block", values=metric, aggfunc="sum")
+    order = [k for k in KIND_ORDER if k in table.index]
+    table = table.loc[order]
+    fig, ax = plt.subplots(figsize=(max(6, 0.28 * table.shape[1]), 0.4 * len(order) + 1.2))
+    im = ax.imshow(np.log10(table.clip(lower=1e-12)), aspect="auto", cmap="viridis")
+    ax.set_yticks(range(len(order)), order)
+    ax.set_xticks(range(table.shape[1]), table.columns, fontsize=7)
+    ax.set_xlabel("decoder block")
+    ax.set_ylabel("unit kind")
+    ax.set_title(f"sensitivity of each unit in FP8: log10 {metric} (mean per response token)", fontsize=10)
+    fig.colorbar(im, ax=ax, label=f"log10 {metric}")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def predicted_frontier(sensitivity, metric: str = "kl_q_p"):
+    """(weight MiB saved, predicted mismatch) after each fused group along the recipe ranking, from (0, 0): the
+    sum of group scores that `fp8probe recipe` starts its measured search from."""
+    import numpy as np
+
+    ranked = rank_groups(group_scores(sensitivity, metric))
+    saved = np.cumsum([0] + [g.bytes_saved for g in ranked]) / 2**20
+    return saved, np.cumsum([0] + [g.score for g in ranked])
+
+
+def budget_fit(budget, path: str | Path | None = None):
+    """Quality loss against mismatch for the runs behind a budget, with the budget and the tolerance."""
+    import pandas as pd
+
+    plt = _plt()
+
+    df = pd.DataFrame(budget.runs)
+    higher = str(df.get("higher_is_better", pd.Series(["true"])).iloc[0]).lower() in ("true", "1")
+    base = df[df["mismatch"] == 0]["quality"].mean()
+    loss = ((base - df["quality"]) if higher else (df["quality"] - base)) / abs(base)
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    x = df["mismatch"].where(df["mismatch"] > 0, df["mismatch"][df["mismatch"] > 0].min() / 3)
+    ax.scatter(x, 100 * loss, s=14, label="training runs (mismatch 0 drawn at the left edge)")
+    ax.axhline(100 * budget.tolerance, color="grey", linestyle=":", label=f"tolerance {100 * budget.tolerance:g} %")
+    ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g}")
+    if budget.interval:
+        ax.axvspan(*budget.interval, color="tab:red", alpha=0.12, label="90 % bootstrap interval")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"rollout mismatch ({budget.metric})")
+    ax.set_ylabel("relative quality loss (%)")
+    ax.set_title("mismatch budget from training runs", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _plt():
+    """pyplot, headless (Agg) unless a notebook's inline backend is active (then its figures show inline)."""
+    import matplotlib
+
+    if "inline" not in matplotlib.get_backend():
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path):
+    if path is not None:
+        fig.savefig(path, dpi=120)
+        _plt().close(fig)
+    return fig
+
+
+def sensitivity_by_block(df, path: str | Path | None = None, metric: str = "kl_q_p"):
+    """One line per unit kind across the blocks (log scale), the whole model in FP8 as a reference line."""
+    plt = _plt()
+    units = df[df["kind"] != "model"]
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for kind in [k for k in KIND_ORDER if k in set(units["kind"])]:
+        rows = units[units["kind"] == kind].groupby("block")[metric].sum()
+        ax.plot(rows.index, rows.clip(lower=1e-12), marker="o", markersize=3, linewidth=1.2,
+                linestyle="--" if kind == "kv" else "-", label=KIND_LABEL.get(kind, kind))
+    whole = df[df["unit"] == "model.fp8_all"]
+    if len(whole):
+        ax.axhline(float(whole[metric].iloc[0]), color="black", linestyle=":", linewidth=1,
+                   label="every unit in FP8 (model.fp8_all)")
+    ax.set_yscale("log")
+    ax.set_xlabel("decoder block")
+    ax.set_ylabel(f"{metric} (mean per response token)")
+    ax.set_title("sensitivity by block: one unit (or one layer's KV cache) in FP8 at a time", fontsize=10)
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def frontier(df, recipes: list[dict], path: str | Path | None = None, metric: str = "kl_q_p"):
+    """Weight bytes saved against mismatch: predicted (sum of group scores along the ranking) and every measured
+    point of the recipe searches, each chosen recipe marked, its budget as a line."""
+    plt = _plt()
+    saved, pred = predicted_frontier(df, metric)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(saved[1:], pred[1:], color="grey", linewidth=1.2, label="predicted: sum of group scores, ranked")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, r in enumerate(recipes):
+        c = colors[i % len(colors)]
+        pts = [(e["bytes_saved"] / 2**20, e["measured"]) for e in r.get("search", [])
+               if e.get("bytes_saved") and e.get("measured") is not None and e["measured"] > 0]
+        name = r.get("_name", f"recipe {i + 1}")
+        if pts:
+            ax.scatter(*zip(*pts), s=12, color=c, alpha=0.6, label=f"{name}: measured passes")
+        if r.get("measured") and r.get("bytes_saved"):
+            ax.scatter([r["bytes_saved"] / 2**20], [r["measured"]], s=120, marker="*", color=c, edgecolor="black",
+                       zorder=5, label=f"{name}: chosen ({r['bytes_saved'] / 2**20:.1f} MiB, {r['measured']:.3g})")
+        if r.get("budget") is not None:
+            ax.axhline(r["budget"], color=c, linestyle="--", linewidth=1, label=f"{name}: budget {r['budget']:g}")
+    ax.set_yscale("log")
+    ax.set_xlabel("weight MiB saved (BF16 -> FP8)")
+    ax.set_ylabel(f"{metric} (mean per response token)")
+    ax.set_title("budget frontier: what each MiB costs in mismatch", fontsize=10)
+    ax.legend(fontsize=6.5, loc="lower right")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def token_kl(df, path: str | Path | None = None, top: int = 8):
+    """The per-token KL(q||p) distribution (p50, p90, p99, max) of the most sensitive measured units and of the
+    whole model in FP8: is a unit's mismatch spread thin or a few tokens' worth?"""
+    import numpy as np
+
+    plt = _plt()
+    exact = df[df["method"] == "exact"] if "method" in df.columns else df
+    units = exact[exact["kind"] != "model"].sort_values("kl_q_p", ascending=False).head(top)
+    rows = list(units.itertuples())
+    rows += list(exact[exact["unit"] == "model.fp8_all"].itertuples())
+    stats = [("kl_p50", "p50"), ("kl_p90", "p90"), ("kl_p99", "p99"), ("kl_max", "max")]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = np.arange(len(rows))
+    w = 0.2
+    for j, (col, label) in enumerate(stats):
+        vals = [max(getattr(r, col), 1e-12) for r in rows]
+        ax.bar(x + (j - 1.5) * w, vals, w, label=label)
+    names = [r.unit.replace("model.layers.", "L").replace("self_attn.", "").replace("mlp.", "") for r in rows]
+    ax.set_xticks(x, names, rotation=35, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("per-token KL(q||p)")
+    ax.set_title("per-token KL distribution: most sensitive units vs every unit in FP8", fontsize=10)
+    ax.legend(fontsize=7, title="over response tokens", title_fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def fast_vs_exact(estimate: dict, exact: dict, path: str | Path | None = None, rho: float | None = None):
+    """The fast estimate against the exact value, one point per row, log-log with the diagonal."""
+    import numpy as np
+
+    from ..core.stats import spearman
+
+    plt = _plt()
+    keys = [k for k in estimate if k in exact and estimate[k] > 0 and exact[k] > 0]
+    if rho is None:
+        rho = spearman([estimate[k] for k in keys], [exact[k] for k in keys])
+    e = np.array([exact[k] for k in keys])
+    f = np.array([estimate[k] for k in keys])
+    fig, ax = plt.subplots(figsize=(5, 4.6))
+    kv = np.array(["kv_cache" in k for k in keys])
+    ax.scatter(e[~kv], f[~kv], s=12, label="units")
+    if kv.any():
+        ax.scatter(e[kv], f[kv], s=12, marker="s", label="KV-cache layers")
+    lo, hi = min(e.min(), f.min()), max(e.max(), f.max())
+    ax.plot([lo, hi], [lo, hi], color="grey", linestyle=":", label="estimate = exact")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("exact kl_q_p (measured)")
+    ax.set_ylabel("fast estimate (fisher)")
+    ax.set_title(f"fast vs exact: Spearman rho = {rho:.3f} over {len(keys)} rows", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def ladder_plot(df, path: str | Path | None = None, metric: str = "kl_q_p", budget: float | None = None):
+    """Every rollout shortcut on one mismatch scale (noise ladder, recipes, KV cache, staleness), the budget line."""
+    plt = _plt()
+    d = df.sort_values(metric)
+    colors = {"noise": "#999999", "recipe": "#2b7bba", "kv": "#e08214", "stale": "#7b3294", "combination": "#1a9850"}
+    fig, ax = plt.subplots(figsize=(7, 0.32 * len(d) + 1.4))
+    ax.barh(range(len(d)), d[metric].clip(lower=1e-12), color=[colors.get(k, "#444444") for k in d["kind"]])
+    ax.set_yticks(range(len(d)), [_short_source(x) for x in d["source"]], fontsize=7)
+    ax.set_ylabel("rollout shortcut")
+    if budget is not None:
+        ax.axvline(budget, color="tab:red", linestyle="--", label=f"budget {budget:.3g}")
+        ax.legend(fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"{metric} (mean per response token)")
+    ax.set_title("the mismatch ladder: every rollout shortcut on one scale", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _short_source(name: str) -> str:
+    """"recipe runs/x/kl_q_p-0.008/recipe.yaml" -> "recipe kl_q_p-0.008": the directory names the recipe."""
+    parts = name.split(" ", 1)
+    if len(parts) == 2 and parts[1].endswith(".yaml"):
+        p = Path(parts[1])
+        return f"{parts[0]} {p.parent.name if p.name == 'recipe.yaml' and p.parent.name else p.stem}"
+    return name
+
+
+# ---------------------------------------------------------------------------------------------------
+# every figure a run directory allows
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png") -> dict[str, Path]:
+    """Draw every figure the files in run_dir (and the directories below it) allow; returns name -> file.
+
+    sensitivity.csv: by block, heatmap, per-token KL; + recipe.json files: the budget frontier; kl_fisher
+    next to exact rows (--method auto) or agreement.json with its exact sweep: fast vs exact; capacity.json: KV
+    capacity; ladder.csv (+ check.json or budget.json beside it): the mismatch ladder."""
+    import pandas as pd
+
+    from ..core.errors import FP8ProbeError
+    from ..sweeps.files import read_sweep
+
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise FP8ProbeError(f"no such run directory: {run_dir}")
+    out = Path(out) if out is not None else d / "plots"
+    todo = []  # (name, fn(path))
+    if (d / "sensitivity.csv").exists():
+        df = read_sweep(d).table
+        todo += [("sensitivity_by_block", lambda p: sensitivity_by_block(df, p)),
+                 ("sensitivity_heatmap", lambda p: sensitivity_heatmap(df, p))]
+        if (df["method"] == "exact").any():
+            todo.append(("token_kl", lambda p: token_kl(df, p)))
+        recipes = recipes_of(d)
+        if recipes:
+            todo.append(("frontier", lambda p: frontier(df, recipes, p)))
+        pair = fast_exact_pair(d, df)
+        if pair:
+            todo.append(("fast_vs_exact", lambda p: fast_vs_exact(*pair, p)))
+    for cap in sorted(d.rglob("capacity.json")):
+        report = json.loads(cap.read_text())
+        todo.append((_name("capacity", cap, d), lambda p, r=report: capacity_bars(r, p)))
+    for lad in sorted(d.rglob("ladder.csv")):
+        table = pd.read_csv(lad)
+        todo.append((_name("ladder", lad, d), lambda p, t=table, b=_budget_beside(lad): ladder_plot(t, p, budget=b)))
+    if not todo:
+        raise FP8ProbeError(f"{run_dir} holds none of the files fp8probe plots (sensitivity.csv, recipe.json, "
+                            "capacity.json, ladder.csv); pass a directory written by fp8probe")
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for name, fn in todo:
+        path = out / f"{name}.{fmt}"
+        fn(path)
+        written[name] = path
+    return written
+
+
+def _name(stem: str, f: Path, root: Path) -> str:
+    rel = f.parent.relative_to(root)
+    return stem if str(rel) == "." else f"{stem}-{'-'.join(rel.parts)}"
+
+
+def recipes_of(d: Path) -> list[dict]:
+    """recipe.json files below the run directory made from its sweep, named by their directory."""
+    out = []
+    for f in sorted(d.rglob("recipe.json")):
+        r = json.loads(f.read_text())
+        sweep = r.get("sweep")  # absolute, or relative to the recipe's directory (shipped recipes)
+        if sweep and (f.parent / sweep).resolve() != d.resolve():
+            continue
+        r["_name"] = f.parent.name if f.parent != d else "recipe"
+        out.append(r)
+    return out
+
+
+def fast_exact_pair(d: Path, df):
+    """(estimate, exact) by row, when the run has both: exact rows of --method auto, or agreement.json's exact sweep."""
+    import math
+
+    from ..sweeps.files import read_sweep
+
+    agreement = d / "agreement.json"
+    if agreement.exists():
+        other = Path(json.loads(agreement.read_text()).get("exact_sweep", ""))
+        if (other / "sensitivity.csv").exists():
+            ex = read_sweep(other).table
+            units = df[df["kind"] != "model"]
+            return dict(zip(units["unit"], units["kl_fisher"])), dict(zip(ex["unit"], ex["kl_q_p"]))
+    both = df[(df["method"] == "exact") & (df["kind"] != "model")]
+    both = both[[not math.isnan(v) for v in both["kl_fisher"]]]
+    if len(both) >= 3:
+        return dict(zip(both["unit"], both["kl_fisher"])), dict(zip(both["unit"], both["kl_q_p"]))
+    return None
+
+
+def _budget_beside(f: Path) -> float | None:
+    for name in ("check.json", "budget.json"):
+        p = f.parent / name
+        if p.exists():
+            b = json.loads(p.read_text())
+            value = b.get("budget", b.get("value"))
+            if isinstance(value, (int, float)):
+                return float(value)
+    return None
+
+
+def calibration_plot(runs, path: str | Path | None = None, budget=None, marks=(), quality: str = "quality",
+                     curves: dict | None = None):
+    """Left: each OPD run's final quality against its measured rollout mismatch (symlog x: level 0 at 0), the
+    level means joined, the fitted budget and configurations measured elsewhere marked on the same axis.
+    Right: held-out quality along training, one line per level (mean over seeds), from eval.csv files."""
+    import pandas as pd
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(11, 4.2) if curves else (6, 4.2), squeeze=False)
+    ax = axes[0][0]
+    means = runs.groupby("mismatch", sort=True)["quality"].agg(["mean", "min", "max"])
+    ax.scatter(runs["mismatch_run"], runs["quality"], s=16, color="tab:blue", alpha=0.6, label="run (its own mismatch)")
+    ax.errorbar(means.index, means["mean"], yerr=[means["mean"] - means["min"], means["max"] - means["mean"]],
+                color="tab:blue", marker="o", capsize=3, label="level mean over seeds")
+    start = runs["quality_start"].mean()
+    ax.axhline(start, color="grey", linestyle="--", linewidth=1, label=f"before training {start:.3f}")
+    positive = [v for v in [*runs["mismatch_run"], *(m for _, m in marks)] if v > 0]
+    ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1e-4)
+    ax.set_xlim(left=0)
+    if budget is not None:
+        ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g} (tolerance {100 * budget.tolerance:.3g} %)")
+    ymax = max(runs["quality"].max(), start)
+    for i, (label, value) in enumerate(marks):
+        inside = budget is None or value <= budget.value
+        ax.axvline(value, color="tab:green" if inside else "tab:orange", linestyle=":", linewidth=1)
+        ax.annotate(label, (value, ymax), rotation=90, fontsize=7, va="top", ha="right",
+                    xytext=(-2, -4 - 0 * i), textcoords="offset points")
+    ax.set_xlabel("measured rollout mismatch, mean per-token KL(q‖p)")
+    ax.set_ylabel(quality if len(quality) < 40 else "held-out reverse KL to the teacher")
+    ax.set_title("OPD quality vs rollout mismatch (lower is better)", fontsize=10)
+    ax.legend(fontsize=7, loc="center left")
+    if curves:
+        ax2 = axes[0][1]
+        by_level: dict = {}
+        for (level, seed), f in curves.items():
+            if Path(f).exists():
+                by_level.setdefault(level, []).append(pd.read_csv(f).set_index("step")["reverse_kl"])
+        cmap = plt.get_cmap("viridis")
+        order = list(dict.fromkeys(runs.sort_values("mismatch")["level"]))
+        for i, level in enumerate(order):
+            if level in by_level:
+                mean = pd.concat(by_level[level], axis=1).mean(axis=1)
+                m = runs[runs["level"] == level]["mismatch"].iloc[0]
+                ax2.plot(mean.index, mean.values, marker=".", color=cmap(i / max(len(order) - 1, 1)),
+                         label=f"level {level} (KL {m:.2g})")
+        ax2.set_xlabel("training step")
+        ax2.set_ylabel("held-out reverse KL to the teacher")
+        ax2.set_title("learning curves (mean over seeds)", fontsize=10)
+        ax2.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)

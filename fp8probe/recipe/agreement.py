@@ -1,0 +1,110 @@
+"""How far the fast estimate agrees with the exact sweep on the user's own model: agreement.json.
+
+Written by a `--method fisher` or `--method auto` sweep whenever an exact sweep of the same rollouts exists
+(`--rollouts EXACT_DIR` or `--compare EXACT_DIR`):
+
+    rows              unit / group / KV rows scored by both
+    spearman          Spearman's ρ between the fast estimate (kl_fisher) and the exact kl_q_p
+    top10_overlap     how many of the fast estimate's ten most sensitive rows are among the exact ten
+    scale             median of estimate / exact over the rows (1.0: the same numbers, not just the same order)
+    recipes           under one budget on kl_q_p, the recipe chosen from each table (no refinement), both
+                      measured: whether they are the same, their measured kl_q_p and the bytes they save
+
+The budget defaults to half the exact whole-model FP8 mismatch (model.fp8_all), so that the choice is
+neither everything nor nothing on any model.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..core.errors import FP8ProbeError
+from ..core.stats import spearman, top_overlap
+
+AGREEMENT_FILE = "agreement.json"
+AGREEMENT_SCHEMA_VERSION = 1
+
+
+def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str) -> str | None:
+    """Why an exact sweep cannot be compared with this one (None when it can, rollouts aside)."""
+    r = exact_run.run
+    if (exact_run.table["method"] != "exact").any():
+        return "that sweep is not exact (run with --method exact)"
+    theirs = (r["scheme"], r.get("granularity"), r.get("include_kv"), r.get("kv_cache_dtype"))
+    ours = (scheme.upper(), granularity, include_kv, kv_cache_dtype)
+    if theirs != ours:
+        return (f"it swept scheme/granularity/KV rows/KV dtype {theirs}, this sweep {ours}; compare sweeps with the "
+                "same settings")
+    return None
+
+
+def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str,
+                     rollouts) -> None:
+    """Refuse an exact sweep that measured something else than this one, or other rollouts."""
+    import torch
+
+    from ..model.rollouts import load_rollouts
+
+    why = settings_differ(exact_run, scheme, granularity, include_kv, kv_cache_dtype)
+    if why:
+        raise FP8ProbeError(f"--compare {exact_run.directory}: {why}")
+    other = load_rollouts(exact_run.directory)
+    same = all(torch.equal(getattr(other, t), getattr(rollouts, t))
+               for t in ("input_ids", "attention_mask", "response_mask"))
+    if not same:
+        raise FP8ProbeError(f"--compare {exact_run.directory}: its rollouts differ from this sweep's; pass "
+                            f"--rollouts {exact_run.directory} so that both score the same tokens")
+
+
+def agreement(fast_df, exact_df, student, rollouts, scheme: str, batch_size: int = 8, budget: float | None = None,
+              reference=None, progress: bool = False) -> dict:
+    """The figures of agreement.json (see the module docstring)."""
+    from ..measurement.reference import Reference
+    from ..core.schemes import KVCacheScheme
+    from .selection import make_recipe
+
+    exact = exact_df.set_index("unit")
+    fast = fast_df.set_index("unit")
+    units = [u for u in fast.index if fast.loc[u, "kind"] != "model" and u in exact.index]
+    est = {u: float(fast.loc[u, "kl_fisher"]) for u in units}
+    ex = {u: float(exact.loc[u, "kl_q_p"]) for u in units}
+    if not units or any(math.isnan(v) for v in est.values()):
+        raise FP8ProbeError("the fast table has no estimate for every row it shares with the exact sweep")
+    ratios = sorted(est[u] / ex[u] for u in units if ex[u] > 0)
+    whole = float(exact.loc["model.fp8_all", "kl_q_p"])
+    if budget is None:
+        budget = whole / 2
+    if reference is None:
+        reference = Reference(student, rollouts, batch_size, kv_strategy=KVCacheScheme().strategy)
+    recipes = {}
+    for name, table in (("exact", exact_df), ("fast", fast_df)):
+        try:
+            r = make_recipe(table, budget, student, rollouts, scheme=scheme, reference=reference,
+                            batch_size=batch_size, refine_passes=0)
+            recipes[name] = {"fp8_groups": len(r.quantized), "measured_kl_q_p": r.measured,
+                             "predicted_kl_q_p": r.predicted, "bytes_saved": r.bytes_saved,
+                             "quantized": sorted(r.quantized)}
+        except FP8ProbeError as e:  # e.g. nothing fits the budget: say so instead of failing the sweep
+            recipes[name] = {"error": str(e)}
+    same = "quantized" in recipes["exact"] and recipes["exact"].get("quantized") == recipes["fast"].get("quantized")
+    return {
+        "schema_version": AGREEMENT_SCHEMA_VERSION,
+        "rows": len(units),
+        "spearman": spearman([est[u] for u in units], [ex[u] for u in units]),
+        "top10_overlap": top_overlap(est, ex, 10),
+        "scale": ratios[len(ratios) // 2] if ratios else float("nan"),
+        "budget": {"metric": "kl_q_p", "value": budget, "whole_model_exact": whole},
+        "recipes": {**recipes, "same": bool(same)},
+    }
+
+
+def describe(a: dict) -> str:
+    """The line a sweep prints about its agreement with the exact sweep."""
+    rec = a["recipes"]
+    line = (f"agreement with the exact sweep over {a['rows']} rows: Spearman {a['spearman']:.3f}, top-10 overlap "
+            f"{a['top10_overlap']}/10, estimate/exact median {a['scale']:.2f}")
+    if "measured_kl_q_p" in rec["exact"] and "measured_kl_q_p" in rec["fast"]:
+        line += (f"; recipes at kl_q_p <= {a['budget']['value']:.3g}: {'the same' if rec['same'] else 'different'} "
+                 f"({rec['fast']['fp8_groups']} vs {rec['exact']['fp8_groups']} groups in FP8, measured "
+                 f"{rec['fast']['measured_kl_q_p']:.3g} vs {rec['exact']['measured_kl_q_p']:.3g})")
+    return line

@@ -1,0 +1,342 @@
+"""Choosing a recipe: from a sensitivity table to the FP8 recipe that saves the most under a mismatch budget.
+
+Selection works on whole fused groups (q/k/v together, gate/up together, all experts of a layer), the only
+splits vLLM can load:
+
+1. score each group from the sweep: the sum of its units' excess mismatch (metrics.excess: the distance
+   from the metric's zero point in the worse direction) when the sweep was per unit, and rank groups by
+   score per byte saved, cheapest first;
+2. predict a recipe's mismatch as the sum of its groups' scores (per-unit scores do not add up exactly);
+3. measure real combinations with the hooks and bisect over the ranked list for the longest prefix whose
+   *measured* mismatch stays within the budget: a handful of measured passes, not one per group.
+
+Forms (forms.FORMS) restrict the candidates to what a rollout framework can apply: "free" and
+"keywords" rank every group; "first-last" takes, for each number of FP8 blocks, the split (first N, last M
+blocks BF16) whose FP8 middle scores least, and bisects over that count; "all" is one candidate (every
+group), "none" none (the FP8 KV cache alone). Groups whose shapes the scheme cannot take
+(student.scheme_blockers) are never candidates. The KV cache is measured as the engine scales it:
+calibrated scales (a checkpoint) or 1.0 (engines that quantize online).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import FP8ProbeError
+from ..measurement.measure import measure
+from ..core.metrics import excess, metric as metric_info, no_mismatch
+from .forms import FORMS
+from .recipe import Recipe
+from ..measurement.reference import Reference
+from .refine import refine
+from ..core.schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
+from ..model.student import scheme_blockers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupScore:
+    group: str
+    units: list[str]
+    block: int
+    score: float
+    bytes_saved: int
+    params: int = 0  # weights in the group (what effective bits and the FP8 share count)
+
+    @property
+    def per_byte(self) -> float:
+        return self.score / max(self.bytes_saved, 1)
+
+
+def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[str]] | None = None) -> list[GroupScore]:
+    """One score per fused group from a sensitivity table (per unit or per group).
+
+    `members` maps each group to its unit names (Student.groups()); without it, a per-unit table's rows
+    name the members.
+    """
+    import pandas as pd
+
+    metric_info(metric)
+    df = sensitivity if isinstance(sensitivity, pd.DataFrame) else pd.read_csv(sensitivity)
+    if metric not in df.columns:
+        raise FP8ProbeError(f"metric {metric!r} is not a column of the sensitivity table")
+    df = df[~df["kind"].isin(["kv", "model"])]
+    if df.empty:
+        raise FP8ProbeError("the sensitivity table has no unit rows")
+    if df[metric].isna().any():
+        raise FP8ProbeError(f"the sweep's rows of the fast estimate (method fisher) hold only kl_q_p, not {metric}: "
+                            "use --metric kl_q_p, or a sweep run with --method exact")
+    out = []
+    for g, rows in df.groupby("group", sort=False):
+        score = sum(max(excess(metric, float(v)), 0.0) for v in rows[metric])
+        units = members[g] if members and g in members else list(rows["unit"])
+        out.append(GroupScore(g, units, int(rows["block"].min()), float(score), int(rows["bytes_saved"].sum()),
+                              int(rows["params"].sum()) if "params" in rows else 0))
+    return out
+
+
+def rank_groups(groups: list[GroupScore]) -> list[GroupScore]:
+    """Least sensitive per byte saved first (ties: later blocks first, then name, for a stable order)."""
+    return sorted(groups, key=lambda g: (g.per_byte, -g.block, g.group))
+
+
+def _check_table_matches(sensitivity, student, known: set[str], members: dict[str, list[str]],
+                         unit_group: dict[str, str]) -> None:
+    """Refuse a table from another model, or one that lost rows."""
+    missing = [g for g in known if g not in unit_group and g not in members]
+    if missing:
+        raise FP8ProbeError(f"the sweep lists groups this model lacks ({missing[0]} ...): was it run on another model?")
+    sizes = {u.name: u.params for u in student.quantizable}
+    sizes.update({g: sum(u.params for u in us) for g, us in student.groups().items()})
+    if not isinstance(sensitivity, (str, Path)) and "params" in sensitivity.columns:
+        for unit, params in zip(sensitivity["unit"], sensitivity["params"]):
+            if unit in sizes and int(params) != sizes[unit]:
+                raise FP8ProbeError(f"the sweep gives {unit} {int(params):,} parameters, this model {sizes[unit]:,}: "
+                                    "was it run on another model?")
+    unscored = [g for g in members if g not in known]
+    if unscored:
+        raise FP8ProbeError(f"the sweep scores {len(known)} of this model's {len(members)} fused groups (none for "
+                            f"{unscored[0]}): is it truncated? run the sweep again")
+
+
+def linear_params(student) -> int:
+    """The weights effective bits and the FP8 share count (MemoryTarget): every Linear, lm_head and routers too
+    (lm_head at its full size even when tied to the embeddings, as ModelOpt's cost model counts it)."""
+    return sum(u.params for u in student.quantizable) + sum(
+        math.prod(u.shape) for u in student.units if u.kind in ("lm_head", "router"))
+
+
+DEFAULT_REFINE_PASSES = 8  # `fp8probe recipe --refine`: measured passes spent on interactions after the selection
+
+
+@dataclass(frozen=True)
+class MemoryTarget:
+    """What a recipe must at least save, in one of the three ways a user says it.
+
+    bytes_saved: weight bytes (BF16 -> FP8, less the scales the checkpoint adds), as `bytes_saved` in the
+    sweep; effective_bits / fp8_share: over the weights of every Linear layer, as ModelOpt's auto_quantize
+    counts them (its default "weight" cost model): the decoder blocks' attention and MLP projections
+    (experts included) and also lm_head and MoE routers, which fp8probe always keeps BF16; not embeddings
+    or norms. BF16 = 16 bits, FP8 = 8 bits, scales not counted: effective_bits = 16 - 8 x fp8_share.
+    """
+
+    kind: str  # "bytes_saved", "effective_bits" or "fp8_share"
+    given: float
+
+    def __post_init__(self):
+        lo, hi = {"bytes_saved": (0, float("inf")), "effective_bits": (8, 16), "fp8_share": (0, 1)}[self.kind]
+        if not lo <= self.given <= hi:
+            flag = "--" + self.kind.replace("_", "-").replace("bytes-saved", "min-bytes-saved")
+            raise FP8ProbeError(f"{flag} {self.given} is outside [{lo}, {hi}]")
+
+    def amount(self, linear_weights: int) -> float:
+        """The least value() a recipe must reach (linear_weights: linear_params(student))."""
+        if self.kind == "bytes_saved":
+            return self.given
+        share = self.given if self.kind == "fp8_share" else (16 - self.given) / 8
+        return share * linear_weights
+
+    def value(self, groups) -> float:
+        return sum(g.bytes_saved for g in groups) if self.kind == "bytes_saved" else sum(g.params for g in groups)
+
+    def describe(self, amount: float) -> str:
+        return f"{amount / 2**20:.1f} MiB saved" if self.kind == "bytes_saved" else f"{amount:,.0f} FP8 weights"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "value": self.given}
+
+
+def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAMIC", metric: str = "kl_q_p",
+                kv_cache: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
+                reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
+                form: str = "free", kv_scale: str = "calibrated", target: str | None = None,
+                memory: MemoryTarget | None = None, refine_passes: int = 0) -> Recipe:
+    """The FP8 recipe of the given form that saves the most weight bytes while the measured `metric` stays
+    <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
+    or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
+    that much. refine_passes > 0 refines a free recipe with that many more measured passes (refine.py).
+
+    form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
+    BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
+    how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
+    scheme = Scheme.from_name(scheme)
+    if form not in FORMS:
+        raise FP8ProbeError(f"unknown --form {form!r}; choose from {', '.join(FORMS)}")
+    if (budget is None) == (memory is None):
+        raise FP8ProbeError("give exactly one of a mismatch budget (--budget) or a memory target "
+                            "(--min-bytes-saved, --effective-bits, --fp8-share)")
+    if budget is not None and budget < 0:
+        raise FP8ProbeError("--budget must be a non-negative number")
+    if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
+        raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
+    if form in ("all", "none") and (keep or force or keep_first or keep_last):
+        raise FP8ProbeError(f"--form {form} takes no --keep/--force/--keep-first/--keep-last: its recipe is fixed")
+    if form == "none" and kv_cache is None:
+        raise FP8ProbeError("--form none (no FP8 weights) measures the FP8 KV cache alone: add --kv-cache-scheme fp8")
+    members = {g: [u.name for u in us] for g, us in student.groups().items()}
+    blocked = scheme_blockers(student.quantizable, scheme)  # shapes the scheme cannot take: always BF16
+    if form == "all" and blocked:
+        g, why = next(iter(blocked.items()))
+        raise FP8ProbeError(f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused groups "
+                            f"({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run on it")
+    groups = [g for g in group_scores(sensitivity, metric, members) if g.group not in blocked]
+    known = {g.group for g in groups} | set(blocked)
+    # a student's unit and group names, to map unit-level keep/force names to their group
+    unit_group = {u.name: u.group for u in student.quantizable}
+    for u in student.quantizable:
+        unit_group.setdefault(u.group, u.group)
+    _check_table_matches(sensitivity, student, known, members, unit_group)
+
+    def groups_of(names, what):
+        out = set()
+        for n in names:
+            if n not in unit_group:
+                raise FP8ProbeError(f"--{what} {n}: no such unit or group; see `fp8probe units`")
+            out.add(unit_group[n])
+        return out
+
+    n_blocks = student.model.config.num_hidden_layers
+    keep_set = groups_of(keep, "keep")
+    if form != "first-last":
+        keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
+    force_set = groups_of(force, "force")
+    unquantizable = sorted(force_set & set(blocked))
+    if unquantizable:
+        g = unquantizable[0]
+        raise FP8ProbeError(f"--force {g}: {scheme.name} cannot quantize it ({blocked[g]})")
+    both = keep_set & force_set
+    if both:
+        raise FP8ProbeError(f"{sorted(both)[0]} is both kept and forced; choose one")
+    by_name = {g.group: g for g in groups}
+    forced = [by_name[g] for g in sorted(force_set)]
+    free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
+    # candidates[k]: the groups in FP8, from the fewest (k = 0: the forced ones) to the most
+    if form in ("free", "keywords"):
+        ranked = rank_groups(free)
+        candidates = [ranked[:k] for k in range(len(ranked) + 1)]
+    elif form == "first-last":
+        candidates = _first_last_candidates(free, n_blocks, keep_first, keep_last)
+    elif form == "all":
+        candidates = [[], free]
+    else:
+        candidates = [[]]
+    kv_scheme = None
+    if kv_cache is not None:
+        kv_scheme = KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache).fmt, scale=kv_scale)
+
+    if reference is None:
+        reference = Reference(student, rollouts, batch_size)
+    memo: dict[int, dict] = {}
+
+    def chosen(k):
+        return forced + candidates[k]
+
+    def predicted(k):
+        return sum(g.score for g in chosen(k))
+
+    def measure_groups(gs) -> tuple[float, dict]:
+        """One measured pass of these groups in FP8 (+ the KV cache): (the metric's excess, every metric)."""
+        units = [u for g in gs for u in g.units]
+        res = no_mismatch() if not units and kv_cache is None else \
+            measure(student, rollouts, scheme, units=units, kv=kv_scheme, reference=reference)
+        return excess(metric, res[metric]), res
+
+    def measured(k):
+        if k not in memo:
+            memo[k] = measure_groups(chosen(k))[1]
+            log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(chosen(k)),
+                     len(groups), metric, excess(metric, memo[k][metric]), predicted(k))
+        return excess(metric, memo[k][metric])
+
+    n = len(candidates) - 1
+    weights = linear_params(student)  # what effective bits and the FP8 share count
+    if memory is not None:
+        need = memory.amount(weights)
+        have = [memory.value(chosen(k)) for k in range(n + 1)]
+        k = next((k for k in range(n + 1) if have[k] >= need), None)
+        if k is None:
+            raise FP8ProbeError(f"{memory.describe(need)} is more than {'this form' if form != 'free' else 'FP8'} can "
+                                f"reach on this model: at most {memory.describe(have[-1])} ({len(chosen(n))} of "
+                                f"{len(members)} fused groups{', the others cannot take ' + scheme.name if blocked else ''}"
+                                "); lower the target")
+        measured(k)
+    elif form == "all":
+        if measured(1) > budget:
+            raise FP8ProbeError(f"every Linear in {scheme.name}{' with the FP8 KV cache' if kv_cache else ''} (the "
+                                f"only FP8 recipe of form all) measures {metric} {measured(1):.3g} > budget {budget}; "
+                                "at this budget keep the weights BF16 (--form none for the KV cache alone)")
+        k = 1
+    else:
+        if measured(0) > budget:
+            what = "the FP8 KV cache alone" if form == "none" else (
+                f"only the forced groups{' and the FP8 KV cache' if kv_cache else ''} in FP8")
+            raise FP8ProbeError(f"even with {what} the measured {metric} is {measured(0):.3g} > budget {budget}; "
+                                "raise the budget")
+        lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
+        if n == 0 or measured(n) <= budget:
+            lo = n
+        else:
+            hi = n
+            guess = max((k for k in range(n + 1) if predicted(k) <= budget), default=0)
+            guess = min(max(guess, 1), n - 1) if n > 1 else 0
+            if guess > 0:
+                (lo, hi) = (guess, hi) if measured(guess) <= budget else (lo, guess)
+            while hi - lo > 1 and len(memo) < max_passes:
+                mid = (lo + hi) // 2
+                if measured(mid) <= budget:
+                    lo = mid
+                else:
+                    hi = mid
+        k = lo
+        if k == 0 and not forced and kv_cache is None and n:
+            smallest = "the least sensitive group" if form in ("free", "keywords") else "the smallest first-last recipe"
+            raise FP8ProbeError(f"no fused group fits the budget: {smallest} alone measures {metric} "
+                                f"{measured(1):.3g} > {budget}; raise the budget")
+    final, result = chosen(k), (memo[k] if k in memo else {metric: measured(k)})
+    refined = None
+    if refine_passes > 0 and form in ("free", "keywords"):
+        goal = dict(budget=budget) if memory is None else dict(min_value=memory.amount(weights), value=memory.value)
+        refined = refine(final, free, forced, measure_groups, refine_passes,
+                         start_measured=(excess(metric, result[metric]), result), **goal)
+        final, result = refined.groups, refined.metrics
+    quantized = {g.group for g in final}
+    kept = [g.group for g in groups if g.group not in quantized] + list(blocked)
+    fp8_params = sum(g.params for g in final)
+    return Recipe.from_groups(
+        student.units, scheme.name, quantized, model=student.name, kv_cache=kv_cache,
+        quantized=[g.group for g in groups if g.group in quantized], kept=kept,
+        group_units={**{g.group: g.units for g in groups}, **{g: members[g] for g in blocked}},
+        budget=budget, metric=metric,
+        predicted=sum(g.score for g in final), measured=excess(metric, result[metric]), measured_metrics=result,
+        bytes_saved=sum(g.bytes_saved for g in final),
+        kept_scores=[{"group": g, "score": by_name[g].score, "bytes_saved": by_name[g].bytes_saved,
+                      "reason": "keep" if g in keep_set else "budget"} for g in kept if g in by_name]
+        + [{"group": g, "score": None, "bytes_saved": 0, "reason": f"{scheme.name}: {why}"} for g, why in blocked.items()],
+        search=[{"move": "prefix", "groups_fp8": len(chosen(kk)), "bytes_saved": sum(g.bytes_saved for g in chosen(kk)),
+                 "predicted": predicted(kk), "measured": excess(metric, v[metric])} for kk, v in sorted(memo.items())]
+        + (refined.log if refined is not None else []),
+        sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache else "calibrated",
+        memory_target=memory.to_json() if memory is not None else None,
+        fp8_share=fp8_params / weights if weights else 0.0,
+        effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
+    )
+
+
+def _first_last_candidates(free: list[GroupScore], n_blocks: int, keep_first: int, keep_last: int) -> list:
+    """For each number of FP8 blocks, the split (first N, last M BF16) whose FP8 middle scores least."""
+    out = []
+    for kept in range(n_blocks - keep_first - keep_last, -1, -1):  # from all kept to none kept
+        kept_total = kept + keep_first + keep_last
+        best = None
+        for first in range(keep_first, kept_total - keep_last + 1):
+            last = kept_total - first
+            mid = [g for g in free if first <= g.block < n_blocks - last]
+            score = sum(g.score for g in mid)
+            if best is None or score < best[0]:
+                best = (score, mid)
+        out.append(best[1])
+    return out

@@ -1,0 +1,266 @@
+"""The one-unit-at-a-time sweep: put one unit (or fused group, or one layer's KV cache) in FP8, score it.
+
+For every row the mismatch metrics of mismatch.py are measured on the student's own rollouts against
+the reference pass, reusing the reference's prefix (reference.py): a unit in block b costs the blocks
+b..L-1 plus the lm_head on response positions, not a whole forward. Rows:
+
+    one per unit (granularity="unit") or per fused group ("group"), kind q/k/v/o/gate/up/down/expert/...
+    one per attention layer, kind "kv": that layer's KV cache in FP8 (include_kv=True)
+    model.fp8_all        kind "model": every unit in FP8 (the usual "all but lm_head" recipe)
+    model.fp8_all_kv     kind "model": the same plus an FP8 KV cache in every layer (include_kv=True)
+    model.reference      kind "model": the reference against itself; 0 (within fp32 rounding) or the sweep is broken
+
+Units whose shapes the scheme's kernels refuse (student.scheme_blockers: FP8_BLOCK on dims that are not
+whole groups of 128) get no row and are left out of the model rows: they stay BF16 in every recipe.
+
+Results are appended to sensitivity.partial.csv after each row, so a killed sweep resumes where it
+stopped (`resume=True`) and ends with the same table as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.progress import bar_interval
+from ..core.errors import FP8ProbeError
+from ..measurement.fisher import DEFAULT_ESTIMATOR, DEFAULT_SAMPLES, ESTIMATORS, fisher_rows
+from ..measurement.measure import Perturbation, measure_perturbation
+from ..core.metrics import METRICS, no_mismatch
+from ..measurement.reference import Reference
+from .files import COLUMNS, METHODS, PartialWriter, open_partial, sweep_settings
+from ..core.schemes import KVCacheScheme, Scheme, num_scales
+from ..model.student import kv_geometry, scheme_blockers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of sensitivity.csv before it is measured: what it is, what it saves, what it perturbs."""
+
+    unit: str
+    kind: str
+    block: int
+    group: str
+    params: int
+    bytes_saved: int
+    kv_bytes_saved_per_token: int
+    start_block: int  # where the candidate pass starts (0 for the whole-model rows, the sanity row included)
+    perturbation: Perturbation
+
+
+def plan_rows(student, scheme: Scheme, granularity: str = "unit", include_kv: bool = True,
+              kv: KVCacheScheme = KVCacheScheme()) -> list[Row]:
+    """Every row the sweep will measure, in output order (block, then model order; model rows last)."""
+    if granularity not in ("unit", "group"):
+        raise FP8ProbeError(f"unknown granularity {granularity!r}; supported: unit, group")
+    blocked = scheme_blockers(student.quantizable, scheme)  # shapes the scheme's kernels refuse: not swept
+    units = [u for u in student.quantizable if u.group not in blocked]
+    geo = kv_geometry(student.model.config)
+    per_tok = geo.elements_per_token_layer  # BF16 -> FP8 KV saves one byte per element
+
+    def fp8(names, kv_layers=()):
+        return Perturbation(tuple(names), scheme, tuple(kv_layers), kv)
+
+    rows: list[Row] = []
+    if granularity == "unit":
+        for u in units:
+            rows.append(Row(u.name, u.kind, u.block, u.group, u.params, _bytes_saved(u, scheme), 0, u.block,
+                            fp8([u.name])))
+    else:
+        for g, us in student.groups().items():
+            if g in blocked:
+                continue
+            kind = "_".join(u.kind for u in us) if len(us) > 1 else us[0].kind
+            kind = {"q_k_v": "qkv", "gate_up": "gate_up"}.get(kind, kind)
+            rows.append(Row(g, kind, us[0].block, g, sum(u.params for u in us),
+                            sum(_bytes_saved(u, scheme) for u in us), 0, us[0].block, fp8([u.name for u in us])))
+    if include_kv:
+        for i in range(geo.num_layers):
+            name = f"model.layers.{i}.self_attn.kv_cache"
+            rows.append(Row(name, "kv", i, name, 0, 0, per_tok, i, fp8([], [i])))
+    rows.sort(key=lambda r: r.block)  # stable: model order within a block, kv after the block's units
+    all_units = [u.name for u in units]
+    total_saved = sum(_bytes_saved(u, scheme) for u in units)
+    total_params = sum(u.params for u in units)
+    rows.append(Row("model.fp8_all", "model", -1, "model", total_params, total_saved, 0, 0, fp8(all_units)))
+    if include_kv:
+        rows.append(Row("model.fp8_all_kv", "model", -1, "model", total_params, total_saved,
+                        geo.num_layers * per_tok, 0, fp8(all_units, range(geo.num_layers))))
+    rows.append(Row("model.reference", "model", -1, "model", 0, 0, 0, 0, fp8([])))
+    return rows
+
+
+def _bytes_saved(unit, scheme: Scheme) -> int:
+    """BF16 (2 bytes) -> FP8 (1 byte) per weight, minus the BF16 scales the checkpoint adds."""
+    shape = unit.shape
+    mats = shape[0] if len(shape) == 3 else 1
+    if unit.kind == "expert":  # gate_up [E, 2I, H] and down [E, H, I]
+        e, two_i, h = shape
+        scales = e * (num_scales((two_i, h), scheme.weight) + num_scales((h, two_i // 2), scheme.weight))
+    else:
+        scales = mats * num_scales(shape[-2:], scheme.weight)
+    return unit.params - 2 * scales
+
+
+def measure_row(reference: Reference, student, row: Row) -> dict:
+    """The metrics of one planned row (with its unit's SQNR; whole-model rows have none): here or on a worker."""
+    return measure_perturbation(reference, student, row.perturbation, row.start_block, sqnr=row.kind != "model")
+
+
+def _row_result(row: Row, metrics: dict, method: str = "exact", kl_fisher: float = float("nan")) -> dict:
+    out = {"unit": row.unit, "kind": row.kind, "block": row.block, "group": row.group, "params": row.params,
+           "bytes_saved": row.bytes_saved, "kv_bytes_saved_per_token": row.kv_bytes_saved_per_token,
+           "method": method, "sqnr_db": metrics.pop("sqnr_db", float("nan"))}
+    out.update(metrics)
+    out["kl_fisher"] = kl_fisher
+    return out
+
+
+@dataclass(frozen=True)
+class Method:
+    """How the rows are scored: "exact" (every row measured), "fisher" (every row estimated from one pass with
+    backward, fisher.py) or "auto" (estimated, then the `top_k` highest estimates, `controls` other rows drawn
+    at random and the whole-model rows measured exactly). `seed` draws the Fisher labels and the controls."""
+
+    name: str = "exact"
+    top_k: int = 24
+    controls: int = 8
+    samples: int = DEFAULT_SAMPLES
+    estimator: str = DEFAULT_ESTIMATOR
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.name not in METHODS:
+            raise FP8ProbeError(f"unknown method {self.name!r}; supported: {', '.join(METHODS)}")
+        if self.estimator not in ESTIMATORS:
+            raise FP8ProbeError(f"unknown estimator {self.estimator!r}; supported: {', '.join(ESTIMATORS)}")
+
+    def settings(self) -> dict:
+        if self.name == "exact":
+            return {"method": "exact"}
+        out = {"method": self.name, "samples": self.samples, "estimator": self.estimator, "seed": self.seed}
+        if self.name == "auto":
+            out.update(top_k=self.top_k, controls=self.controls)
+        return out
+
+
+def exact_rows(rows: list[Row], estimates: dict[str, float], method: Method) -> set[str]:
+    """The rows --method auto measures exactly: the whole-model rows, the `top_k` highest estimates and
+    `controls` of the others drawn at random (seeded), which show how far the estimate holds below the top."""
+    import random
+
+    units = [r.unit for r in rows if r.kind != "model"]
+    ranked = sorted(units, key=lambda u: -estimates[u])  # stable: ties keep model order
+    top = ranked[:method.top_k]
+    rest = ranked[method.top_k:]
+    controls = random.Random(method.seed).sample(rest, min(method.controls, len(rest)))
+    return {*top, *controls, *(r.unit for r in rows if r.kind == "model")}
+
+
+def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", include_kv: bool = True,
+          kv="fp8", batch_size: int = 8, progress: bool = False, out_dir: str | Path | None = None,
+          resume: bool = False, reference: Reference | None = None, method: Method | str = "exact",
+          rows_executor=None):
+    """Score every row of plan_rows() by `method`; returns a pandas DataFrame with COLUMNS.
+
+    With out_dir, each finished row is appended to out_dir/sensitivity.partial.csv; with resume=True,
+    rows already there are not measured again (the settings must match). The fast estimate itself is not
+    saved there: one pass, repeated on resume with the same seed. `rows_executor(reference, rows)`, when
+    given, measures the exact rows elsewhere and yields (row, metrics) in any order (scaleout.RayRows);
+    by default they are measured here, in plan order.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    scheme = Scheme.from_name(scheme)
+    kv = KVCacheScheme.from_name(kv)
+    method = Method(method) if isinstance(method, str) else method
+    rows = plan_rows(student, scheme, granularity, include_kv, kv)
+    done: dict[str, dict] = {}
+    writer = None
+    if out_dir is not None:
+        settings = sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size,
+                                  method.settings())
+        done = open_partial(Path(out_dir), settings, resume)
+        writer = PartialWriter(Path(out_dir), settings)
+    if reference is None and method.name != "fisher":
+        reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
+    seconds = {"reference": reference.seconds if reference is not None else 0.0}
+    estimates: dict[str, float] = {}
+    exact = {r.unit for r in rows}
+    if method.name != "exact":
+        fr = fisher_rows(student, rollouts, rows, scheme, kv, batch_size,
+                         calibration=reference.calibration if reference is not None else None,
+                         samples=method.samples, seed=method.seed, fused=granularity == "group", progress=progress)
+        estimates = fr.column(method.estimator)
+        seconds["fisher"] = fr.seconds
+        exact = exact_rows(rows, estimates, method) if method.name == "auto" else set()
+        for row in rows:
+            if row.unit not in exact and row.unit not in done:
+                metrics = {m: float("nan") for m in METRICS}
+                metrics.update(kl_q_p=estimates[row.unit], sqnr_db=fr.sqnr_db[row.unit])
+                done[row.unit] = _row_result(row, metrics, "fisher", estimates[row.unit])
+                if writer:
+                    writer.append(done[row.unit])
+    todo = [r for r in rows if r.unit not in done]
+    t_exact = time.perf_counter()
+    bar = tqdm(total=len(exact), initial=len(exact) - len(todo), desc="sweep", unit="row",
+               disable=not progress or not todo, mininterval=bar_interval())
+    measured = (rows_executor(reference, todo) if rows_executor is not None and todo else
+                ((row, measure_row(reference, student, row)) for row in todo))
+    try:
+        for row, metrics in measured:
+            if row.unit in done:  # a re-run shard's row that already arrived: written once
+                continue
+            bar.set_postfix_str(row.unit[-32:], refresh=False)
+            result = _row_result(row, metrics, "exact", estimates.get(row.unit, float("nan")))
+            if row.unit == "model.reference" and not _at_zero(result):
+                raise RuntimeError(f"the reference against itself is not at the zero point: {result}; "
+                                   "this is a bug in fp8probe")
+            done[row.unit] = result
+            if writer:
+                writer.append(result)
+            bar.update(1)
+    finally:
+        bar.close()
+        if writer:
+            writer.close()
+    seconds["exact"] = time.perf_counter() - t_exact
+    df = pd.DataFrame([done[r.unit] for r in rows], columns=COLUMNS)
+    df.attrs["seconds"] = seconds
+    return df
+
+
+SANITY_TOLERANCE = 1e-5  # the sanity row's largest excess: fp32 GEMMs on CPU can round differently by alignment
+
+
+def _at_zero(result: dict) -> bool:
+    """The sanity row is at every metric's zero point: exactly, or within fp32 rounding (SANITY_TOLERANCE), which
+    the same GEMM on a differently aligned copy of an input can give; a broken prefix reuse gives 1e-3 and more."""
+    return all(abs(result[k] - v) <= SANITY_TOLERANCE for k, v in no_mismatch().items())
+
+
+def summary(df) -> str:
+    """The lines `fp8probe sweep` ends with: the ten most sensitive rows and the whole-model mismatch."""
+    units = df[df["kind"] != "model"].sort_values("kl_q_p", ascending=False).head(10)
+    cols = ["unit", "kind", "kl_q_p", "k3", "top1_agree", "sqnr_db"]
+    title = "ten most sensitive rows (mean KL(q||p) per response token):"
+    if (df["method"] != "exact").any():
+        cols.insert(2, "method")
+        title = ("ten most sensitive rows (mean KL(q||p) per response token; method fisher: the fast estimate, "
+                 "exact: measured):")
+    lines = ["", title, units[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")]
+    whole = df[df["kind"] == "model"].set_index("unit")
+    for name in ("model.fp8_all", "model.fp8_all_kv"):
+        if name in whole.index:
+            r = whole.loc[name]
+            if r.method == "fisher":
+                lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g} (the fast estimate; `fp8probe measure` measures it)")
+                continue
+            lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
+                         f"token_mult_prob_error={r.token_mult_prob_error:.5f}")
+    return "\n".join(lines)
