@@ -75,7 +75,8 @@ def main() -> None:
     from fp8probe.model.embedded import embedded_student_dir
     from fp8probe.measurement.engines import engine_model, response_logp
     from fp8probe.deploy.export import export
-    from fp8probe.measurement.hooks import quantize_kv, quantize_units
+    from fp8probe.measurement.attention import quantize_kv
+    from fp8probe.measurement.quantize import quantize_units
     from fp8probe.measurement.mismatch import kl_lower_bound_topk, response_positions, token_stats
     from fp8probe.recipe.recipe import Recipe, read_recipe
     from fp8probe.measurement.reference import Reference

@@ -32,7 +32,8 @@ import torch
 def _tiny(tokenizer, model_type: str, seed: int = 0):
     import transformers as tf
 
-    from fp8probe.model.student import Student, list_units
+    from fp8probe.model.student import Student
+    from fp8probe.model.structure import list_units
 
     common = dict(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=768, num_hidden_layers=8,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,

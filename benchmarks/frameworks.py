@@ -25,7 +25,7 @@ from fp8probe.measurement.reference import Reference
 from fp8probe.sweeps.files import read_sweep
 from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.recipe.selection import DEFAULT_REFINE_PASSES, make_recipe
-from fp8probe.model.student import scheme_blockers
+from fp8probe.model.structure import scheme_blockers
 
 KEYS = {
     "vllm": "`vllm serve CKPT --config CKPT/vllm.yaml` (compressed-tensors checkpoint)",

@@ -106,7 +106,7 @@ def test_stale_in_one_tensor_is_noise_on_that_tensor(setup, tmp_path):
     """A checkpoint that differs from the student in exactly one weight, by the noise that add_noise draws for it,
     measures what that noise measures: the stale path (every weight swapped, the whole model from its embeddings)
     and the noise path (one unit noised, from its block on) agree on every metric."""
-    from fp8probe.measurement.hooks import add_noise
+    from fp8probe.measurement.weights import add_noise
 
     st, r, ref = setup
     unit, sigma, seed = "model.layers.1.mlp.down_proj", 0.05, 7

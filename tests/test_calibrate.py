@@ -18,7 +18,9 @@ from fp8probe.apps.calibrate import Level, Settings, parse_level, run_dir, train
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.apps.opd_train import TrainSettings, opd_config, prompt_dataset, trainable_student
 from fp8probe.model.prompts import BUILTIN_PROMPTS
-from fp8probe.model.student import Student, depth_pruned, list_units
+from fp8probe.model.student import Student
+from fp8probe.model.pruning import depth_pruned
+from fp8probe.model.structure import list_units
 
 pytestmark = pytest.mark.slow  # TRL training runs
 

@@ -12,7 +12,8 @@ import pytest
 
 from fp8probe import FP8ProbeError
 from fp8probe.recipe.recipe import Recipe
-from fp8probe.model.student import list_units, load_config, meta_model
+from fp8probe.model.structure import list_units, meta_model
+from fp8probe.model.student import load_config
 from fp8probe.deploy.capacity import (capacity, kv_capacity, kv_layout,
                                weight_bytes_per_gpu)
 

@@ -191,7 +191,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     from pathlib import Path
 
     from fp8probe.deploy.export import export
-    from fp8probe.measurement.hooks import quantize_units
+    from fp8probe.measurement.quantize import quantize_units
     from fp8probe.measurement.mismatch import response_positions
     from fp8probe.recipe.recipe import read_recipe
     from fp8probe.measurement.reference import Reference

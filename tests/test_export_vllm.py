@@ -12,7 +12,7 @@ import yaml
 from fp8probe.deploy.capacity import capacity
 from fp8probe.model.embedded import embedded_student_dir
 from fp8probe.deploy.export import export, read_checkpoint_fp8
-from fp8probe.measurement.hooks import simulated_weights
+from fp8probe.measurement.quantize import simulated_weights
 from fp8probe.recipe.recipe import read_recipe
 from fp8probe.model.rollouts import make_rollouts
 

@@ -10,7 +10,7 @@ import torch
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.stats import spearman, top_overlap
 from fp8probe.measurement.fisher import fisher_rows
-from fp8probe.measurement.hooks import quantize_units
+from fp8probe.measurement.quantize import quantize_units
 from fp8probe.measurement.mismatch import response_logits
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.sweeps.files import read_sweep
@@ -191,7 +191,7 @@ def test_auto_resumes_after_kill(deep_tiny_dir, tmp_path):
 def test_big_model_paths_give_the_same_numbers(tiny, monkeypatch, scheme):
     """Above the memory thresholds (a big student on one GPU) weights are requantized per call instead of kept:
     the estimate and the whole-model rows must not change by a bit."""
-    import fp8probe.measurement.hooks as hooks
+    import fp8probe.measurement.quantize as hooks
     from fp8probe.measurement.measure import measure
 
     s, r, _ = tiny
@@ -207,7 +207,7 @@ def test_big_model_paths_give_the_same_numbers(tiny, monkeypatch, scheme):
 
 
 def test_moe_big_model_path(monkeypatch):
-    import fp8probe.measurement.hooks as hooks
+    import fp8probe.measurement.quantize as hooks
 
     s = tiny_student("qwen3_moe", num_hidden_layers=2)
     r = make_rollouts(s, num_prompts=4, max_new_tokens=8, seed=0)

@@ -5,8 +5,11 @@ import torch
 
 from fp8probe.core.numerics import dequantize, quantize_weight
 from fp8probe.core.schemes import Scheme
-from fp8probe.measurement.hooks import add_noise, quantize_kv, quantize_units, record_calibration, simulated_weights
-from fp8probe.model.student import list_units
+from fp8probe.measurement.weights import add_noise
+from fp8probe.measurement.attention import quantize_kv
+from fp8probe.measurement.quantize import quantize_units, simulated_weights
+from fp8probe.measurement.calibration import record_calibration
+from fp8probe.model.structure import list_units
 
 from conftest import tiny_model, tiny_student
 

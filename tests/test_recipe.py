@@ -208,7 +208,7 @@ def test_all_and_none_forms(setup):
 @pytest.mark.slow  # the real embedded student
 def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
     """SmolLM2 (hidden 576): FP8_BLOCK can take only down_proj (input 1536); the others stay BF16 with reason."""
-    from fp8probe.model.student import scheme_blockers
+    from fp8probe.model.structure import scheme_blockers
     from fp8probe.core.schemes import Scheme
 
     blocked = scheme_blockers(embedded.quantizable, Scheme.from_name("FP8_BLOCK"))

@@ -3,7 +3,7 @@
 import pytest
 
 from fp8probe import FP8ProbeError, load_student
-from fp8probe.model.student import list_units
+from fp8probe.model.structure import list_units
 
 from conftest import ARCHS, tiny_model
 

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from fp8probe.measurement.hooks import quantize_kv, quantize_units
+from fp8probe.measurement.attention import quantize_kv
+from fp8probe.measurement.quantize import quantize_units
 from fp8probe.measurement.mismatch import METRICS, mismatch, response_logits
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts

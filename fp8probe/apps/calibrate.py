@@ -113,11 +113,11 @@ def perturbation_maker(level: Level, student, seed: int):
     from ..measurement.measure import Perturbation
     from ..core.schemes import KVCacheScheme, Scheme
 
-    units = tuple(u.name for u in student.quantizable)
+    units = student.unit_names
     if level.kind == "noise":
         return lambda step: Perturbation(noise=level.value, noise_units=units, noise_seed=seed * 1_000_003 + step)
     if level.kind == "fp8":
-        from ..model.student import scheme_blockers
+        from ..model.structure import scheme_blockers
 
         scheme = Scheme.from_name(level.scheme)
         blocked = scheme_blockers(student.quantizable, scheme)  # groups its kernels refuse stay BF16, as in a sweep
@@ -130,7 +130,7 @@ def perturbation_maker(level: Level, student, seed: int):
         from dataclasses import replace
 
         kv = replace(KVCacheScheme.from_name(level.scheme), scale="unit")
-        layers = tuple(range(student.model.config.num_hidden_layers))
+        layers = student.layers
         return lambda step: Perturbation(kv_layers=layers, kv=kv)
     return lambda step: Perturbation()
 
@@ -283,7 +283,9 @@ def load_pair(teacher_path: str | None, student_spec: str, device: str = "cpu"):
     """(teacher, initial student): the student a model of the teacher's tokenizer, or `pruned[:K]` (every K-th
     decoder block of the teacher kept, K=2 by default; see student.depth_pruned)."""
     from ..measurement.opd import check_teacher
-    from ..model.student import Student, depth_pruned, list_units, load_student
+    from ..model.student import Student, load_student
+    from ..model.pruning import depth_pruned
+    from ..model.structure import list_units
 
     teacher = load_student(teacher_path, device=device)
     if student_spec.startswith("pruned"):

@@ -32,7 +32,8 @@ from ..measurement.measure import Perturbation, apply_perturbation
 from ..measurement.mismatch import mismatch
 from ..measurement.reference import response_rows
 from ..model.rollouts import Rollouts, make_rollouts
-from ..model.student import Student, list_units
+from ..model.student import Student
+from ..model.structure import list_units
 
 TRL_MIN = "1.16"
 INSTALL_HINT = "pip install 'fp8probe[calibrate]'"

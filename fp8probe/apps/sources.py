@@ -40,14 +40,14 @@ class Source:
 def noise(student, sigma: float, seed: int = 0) -> Source:
     if not sigma > 0:
         raise FP8ProbeError(f"--noise {sigma}: a noise scale must be a positive number")
-    units = tuple(u.name for u in student.quantizable)
+    units = student.unit_names
     return Source(f"noise {sigma:g}", "noise", Perturbation(noise=sigma, noise_units=units, noise_seed=seed),
                   value=sigma)
 
 
 def kv_cache(student, kv_dtype: str = "fp8") -> Source:
     kv = KVCacheScheme.from_name(kv_dtype)
-    layers = tuple(range(student.model.config.num_hidden_layers))
+    layers = student.layers
     return Source(f"kv {kv_dtype}", "kv", Perturbation(kv_layers=layers, kv=kv))
 
 
@@ -56,7 +56,7 @@ def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
     rec.check_model(student.units, name)
     rec.check_vllm_loadable(student.units)
     units = tuple(u.name for u in rec.fp8_units(student.units))
-    layers = tuple(range(student.model.config.num_hidden_layers)) if rec.kv_cache_scheme is not None else ()
+    layers = student.layers if rec.kv_cache_scheme is not None else ()
     return Source(name, "recipe", Perturbation(units=units, scheme=Scheme.from_name(rec.scheme), kv_layers=layers))
 
 

@@ -478,7 +478,9 @@ def _validate(args) -> None:
     from ..core.files import check_writable
     from ..model.rollouts import load_rollouts, read_prompts
     from ..core.schemes import KVCacheScheme, Scheme
-    from ..model.student import check_device, check_scheme, check_supported, load_config, parse_dtype
+    from ..model.devices import check_device, parse_dtype
+    from ..model.structure import check_scheme, check_supported
+    from ..model.student import load_config
 
     scheme = Scheme.from_name(args.scheme) if getattr(args, "scheme", None) else None
     check_device(args.device)
@@ -560,7 +562,8 @@ def _check_memory(args, rollouts) -> None:
     prompts of up to 256 tokens) and again once the rollouts are known."""
     from ..sweeps.memory import check_fits, estimate
     from ..model.rollouts import load_rollouts
-    from ..model.student import load_config, parse_dtype
+    from ..model.student import load_config
+    from ..model.devices import parse_dtype
 
     if rollouts is None and args.rollouts:
         rollouts = load_rollouts(args.rollouts)
@@ -779,7 +782,8 @@ def cmd_capacity(args) -> int:
     from ..deploy.capacity import capacity, format_report
     from ..recipe.recipe import Recipe, read_recipe
     from ..deploy.serving import GiB, Serving
-    from ..model.student import list_units, load_config, meta_model
+    from ..model.structure import list_units, meta_model
+    from ..model.student import load_config
 
     if args.plot and not args.out:
         raise FP8ProbeError("--plot needs --out DIR")

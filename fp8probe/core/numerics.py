@@ -38,6 +38,8 @@ import torch.nn.functional as F
 from .errors import FP8ProbeError
 from .schemes import KVCacheScheme, QuantSpec, Scheme
 
+STORAGE_DTYPE = torch.bfloat16  # a checkpoint's dtype: llm-compressor computes scales and codes in it
+
 # ---------------------------------------------------------------------------------------------------
 # scales
 
@@ -157,7 +159,7 @@ def _spec_for(scheme, role: str) -> QuantSpec:
 
 
 def quantize_weight(
-    w: torch.Tensor, scheme: "str | Scheme", storage_dtype: torch.dtype = torch.bfloat16
+    w: torch.Tensor, scheme: "str | Scheme", storage_dtype: torch.dtype = STORAGE_DTYPE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The FP8 codes and scales a compressed-tensors checkpoint stores for weight w.
 
@@ -170,7 +172,7 @@ def quantize_weight(
     return quantize(wq, scale, spec), scale
 
 
-def simulate_weight(w: torch.Tensor, scheme: "str | Scheme", storage_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def simulate_weight(w: torch.Tensor, scheme: "str | Scheme", storage_dtype: torch.dtype = STORAGE_DTYPE) -> torch.Tensor:
     """The weight vLLM computes with: checkpoint codes x checkpoint scales, exact in fp32, in w's dtype."""
     spec = Scheme.from_name(scheme).weight
     codes, scale = quantize_weight(w, scheme, storage_dtype)

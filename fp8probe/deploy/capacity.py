@@ -37,7 +37,8 @@ from ..core.errors import FP8ProbeError
 from ..recipe.recipe import Recipe
 from ..core.schemes import num_scales
 from .serving import KV_DTYPE_BYTES, KV_SCALE_BYTES, NON_TORCH_BYTES, VLLM_VERSION, GiB, Serving
-from ..model.student import kv_geometry, list_units, load_config, meta_model, text_config
+from ..model.structure import kv_geometry, list_units, meta_model, text_config
+from ..model.student import load_config
 
 def _storage_bytes(cfg) -> int:
     import torch

@@ -31,7 +31,8 @@ from ..core.files import atomic_dir, atomic_write_json, atomic_write_text, check
 from ..core.errors import FP8ProbeError, MissingExtra, one_line
 from .frameworks import Expression, Inexpressible, Target, express, render, resolve_targets
 from ..recipe.recipe import Recipe, read_recipe
-from ..model.student import check_finite_weights, config_kwargs, list_units, load_config, meta_model, resolve_source
+from ..model.student import check_finite_weights, config_kwargs, load_config, resolve_source
+from ..model.structure import list_units, meta_model
 
 log = logging.getLogger(__name__)
 

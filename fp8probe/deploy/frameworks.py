@@ -32,7 +32,7 @@ from ..recipe.forms import FORMS
 
 if TYPE_CHECKING:  # kept light: `fp8probe --help` lists the targets without importing torch
     from ..recipe.recipe import Recipe
-    from ..model.student import Unit
+    from ..model.structure import Unit
 
 
 # importance-sampling truncation every framework defaults to (token-level TIS, ratio clipped at 2)
@@ -159,7 +159,7 @@ def _edge_blocks(kept_blocks: set[int], n_blocks: int) -> tuple[int, int]:
 
 def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) -> Expression:
     """The recipe as `target` can apply it, or Inexpressible with what the framework would do instead."""
-    from ..model.student import fused_groups
+    from ..model.structure import fused_groups
 
     groups = fused_groups(units)
     fp8 = [u.name for u in recipe.fp8_units(units)]
@@ -169,7 +169,7 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
     if fp8 and not target.weights:
         raise Inexpressible(f"{t}: {target.how}; it would run the recipe's {len(fp8)} FP8 units in BF16")
     if fp8 and target.form == "all":
-        from ..model.student import scheme_blockers
+        from ..model.structure import scheme_blockers
 
         blocked = scheme_blockers([u for u in units if u.quantizable], Scheme.from_name(target.scheme))
         if blocked:

@@ -282,7 +282,7 @@ def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale,
 
 @contextlib.contextmanager
 def _fp8_kv_attention(model, kv, calibration, layers=None):
-    from .hooks import attention_modules, attention_override, kv_scales
+    from .attention import attention_modules, attention_override, kv_scales
 
     if getattr(model.config, "attn_logit_softcapping", None):
         raise FP8ProbeError("the FP8 KV-cache profile does not cover attention logit soft-capping; use --engine sim")
@@ -313,7 +313,7 @@ def engine_model(student, units, scheme="FP8_DYNAMIC", profile: "EngineProfile |
     (codes and scales from the student's own weights, as the exported checkpoint holds them; static input
     scales from `calibration`), and with `kv` the FP8 KV cache of `kv_layers` (all when None; k/v scales from
     `calibration` or 1.0)."""
-    from .hooks import checkpoint_codes
+    from .quantize import checkpoint_codes
     from ..core.schemes import KVCacheScheme, Scheme
 
     units = list(units)

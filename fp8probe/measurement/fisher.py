@@ -41,7 +41,9 @@ from dataclasses import dataclass
 import torch
 from ..core.progress import bar_interval
 from ..core.numerics import amax, fake_quant, sqnr_db_from_energy
-from .hooks import Calibration, fp8_forwards, kv_scales, observe_kv, record_calibration, without_padding
+from .calibration import Calibration, record_calibration, without_padding
+from .quantize import fp8_forwards
+from .attention import kv_scales, observe_kv
 from .mismatch import CHUNK_ROWS, log_softmax32
 from ..core.schemes import KVCacheScheme, QuantSpec, Scheme
 

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..core.numerics import energy, sqnr_db_from_energy
-from .hooks import add_noise, quantize_kv, quantize_units, swap_weights
+from .weights import add_noise, swap_weights
+from .attention import quantize_kv
+from .quantize import quantize_units
 from ..core.metrics import METRICS
 from .mismatch import summarize
 from .reference import Reference
 from ..core.schemes import KVCacheScheme, Scheme
-from ..model.student import is_experts
+from ..model.structure import is_experts
 
 
 @dataclass(frozen=True)
@@ -177,8 +179,8 @@ def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, refere
         check_profiled(engine, scheme.name, kv_scheme if kv is not None else None)
     if reference is None:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv_scheme.strategy)
-    names = [u.name for u in student.quantizable] if units is None else list(units)
-    kv_layers = tuple(range(student.model.config.num_hidden_layers)) if kv is not None else ()
+    names = list(student.unit_names) if units is None else list(units)
+    kv_layers = student.layers if kv is not None else ()
     p = Perturbation(tuple(names), scheme, kv_layers, kv_scheme)
     result = measure_candidate(reference, student, rollouts, p, engine, batch_size)
     return {k: result[k] for k in METRICS}

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from ..core.errors import FP8ProbeError
-from .hooks import Calibration, record_calibration
+from .calibration import Calibration, record_calibration
 from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, response_logits, summarize
-from ..model.student import decoder_layers
+from ..model.structure import decoder_layers
 
 
 def final_norm(model: nn.Module) -> nn.Module:
@@ -44,7 +44,7 @@ class Reference:
         self.softcap = _softcap(self.model)
         self.batches = []  # per batch: {"inputs": [(args, kwargs)] per layer, "rows", "cols", "tokens"}
         logps, tokens = [], []
-        names = [u.name for u in student.quantizable] if calibrate else []
+        names = list(student.unit_names) if calibrate else []
         t0 = time.perf_counter()
         cal_ctx = record_calibration(self.model, names, kv_strategy) if calibrate else contextlib.nullcontext()
         with torch.no_grad(), cal_ctx as cal:

@@ -32,7 +32,7 @@ from ..core.files import atomic_write_json, atomic_write_text
 from ..core.errors import FP8ProbeError
 from .forms import FORMS
 from ..core.schemes import KV_CACHE_SCHEMES, Scheme, kv_cache_name
-from ..model.student import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim, scheme_blockers
+from ..model.structure import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim, scheme_blockers
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from .recipe import Recipe
 from ..measurement.reference import Reference
 from .refine import refine
 from ..core.schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
-from ..model.student import scheme_blockers
+from ..model.structure import scheme_blockers
 
 log = logging.getLogger(__name__)
 

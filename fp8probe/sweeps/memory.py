@@ -48,9 +48,9 @@ class MemoryEstimate:
 def estimate(config, dtype_bytes: int, method: str, batch_size: int, num_sequences: int, seq_len: int,
              response_tokens: int) -> MemoryEstimate:
     """The memory a sweep of this model and these rollouts needs (see the module docstring)."""
-    from ..measurement.hooks import DEQUANTIZED_CACHE_BYTES, LAZY_CODES_BYTES
+    from ..measurement.quantize import DEQUANTIZED_CACHE_BYTES, LAZY_CODES_BYTES
     from ..measurement.mismatch import CHUNK_ROWS
-    from ..model.student import kv_geometry, meta_model, text_config
+    from ..model.structure import kv_geometry, meta_model, text_config
 
     cfg = text_config(config)
     model = meta_model(config)

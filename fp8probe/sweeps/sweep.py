@@ -32,7 +32,7 @@ from ..core.metrics import METRICS, no_mismatch
 from ..measurement.reference import Reference
 from .files import COLUMNS, METHODS, PartialWriter, open_partial, sweep_settings
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
-from ..model.student import kv_geometry, scheme_blockers
+from ..model.structure import kv_geometry, scheme_blockers
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import torch
 
 from ..model.embedded import cache_dir
 from ..core.errors import FP8ProbeError
-from ..measurement.hooks import quantize_units
+from ..measurement.quantize import quantize_units
 from ..measurement.measure import measure
 from ..measurement.mismatch import sampled_token_metrics, summarize
 from ..measurement.reference import Reference
