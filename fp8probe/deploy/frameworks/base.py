@@ -1,4 +1,5 @@
-"""What each RL framework's rollout engine can apply, and the exact config fragment it reads.
+"""What a rollout framework is to fp8probe: a Target (what its engine can apply, read from its source), a renderer
+(the config fragment it reads), both registered by one module per framework (frameworks/verl.py, ...).
 
 Most RL frameworks do not load an FP8 checkpoint once: they re-quantize the trainer's BF16 weights at
 every weight sync, with their own fixed scheme, and take only a few knobs. So a recipe reaches a rollout
@@ -16,7 +17,7 @@ version (PyPI) or the commit. tests/test_frameworks.py checks every key we write
 shipped configs and argument parsers (verl, OpenRLHF, TRL, SkyRL) or against the key lists read from the
 repositories at a pinned commit (NeMo-RL, slime: no real PyPI release). `express` refuses, in one line
 that says what the framework would do instead, a recipe the framework cannot apply; `render` writes the
-config fragment in the framework's own format.
+config fragment in the framework's own format, with the renderer its module registered.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..core.errors import FP8ProbeError
-from ..core.schemes import Scheme
-from ..recipe.forms import FORMS
+from ...core.errors import FP8ProbeError
+from ...core.schemes import Scheme
+from ...recipe.forms import FORMS
 
 if TYPE_CHECKING:  # kept light: `fp8probe --help` lists the targets without importing torch
-    from ..recipe.recipe import Recipe
-    from ..model.structure import Unit
+    from ...model.structure import Unit
+    from ...recipe.recipe import Recipe
 
 
 # importance-sampling truncation every framework defaults to (token-level TIS, ratio clipped at 2)
@@ -56,34 +57,32 @@ class Target:
         return self.form != "none"
 
 
-TARGETS: dict[str, Target] = {t.name: t for t in [
-    Target("vllm", "vLLM (compressed-tensors checkpoint)", "free", None, "fp8", "calibrated", "checkpoint",
-           "vllm 0.32 (vllm/model_executor/layers/quantization/compressed_tensors)",
-           "loads the exported checkpoint: any recipe vLLM can load, k/v scales from the checkpoint"),
-    Target("verl", "verl (vLLM rollout)", "all", "FP8_BLOCK", "fp8", "unit", "hydra",
-           "verl==0.9.1 verl/workers/rollout/vllm_rollout/vllm_async_server.py (FP8_BLOCK_QUANT_KWARGS)",
-           "re-quantizes every Linear of the synced BF16 weights in 128x128 blocks; keeps only MoE routers "
-           "(mlp.gate) in BF16; KV scales 1.0"),
-    Target("verl-sglang", "verl (SGLang rollout)", "free", "FP8_BLOCK", "fp8_e4m3", "unit", "hydra",
-           "verl==0.9.1 verl/utils/sglang/sglang_fp8_utils.py (get_sglang_fp8_ignored_layers)",
-           "128x128 blocks; honours an ignore list (SGLANG_FP8_IGNORED_LAYERS) at start-up and weight sync"),
-    Target("nemo-rl", "NeMo-RL (vLLM generation)", "keywords", "FP8_BLOCK", "fp8", "calibrated", "yaml",
-           "NVIDIA-NeMo/RL@00fa128513dc nemo_rl/models/generation/vllm/quantization/fp8.py (init_fp8)",
-           "128x128 blocks; first/last blocks and substring keywords in BF16; calibrates K/V scales itself"),
-    Target("slime", "slime (SGLang rollout)", "all", "FP8_BLOCK", "fp8_e4m3", "unit", "cli",
-           "THUDM/slime@002fa9d6bac4 slime/utils/arguments.py, tools/convert_hf_to_fp8.py",
-           "serves a block-FP8 checkpoint; its weight sync re-quantizes a fixed list of Linear layers and never "
-           "reads modules_to_not_convert"),
-    Target("openrlhf", "OpenRLHF (vLLM engines)", "none", None, None, "unit", "cli",
-           "openrlhf==0.11.2 openrlhf/trainer/ray/vllm_engine.py (create_vllm_engines: dtype='bfloat16')",
-           "BF16 only: no quantization or kv_cache_dtype reaches its vLLM engines"),
-    Target("trl", "TRL (trl vllm-serve)", "none", None, "fp8", "unit", "cli",
-           "trl==1.16.0 trl/scripts/vllm_serve.py (kv_cache_dtype), trl/trainer/grpo_config.py",
-           "FP8 KV cache only (vllm-serve has no quantization option; weights synced in BF16)"),
-    Target("skyrl", "SkyRL (vLLM engines)", "all", "FP8_TENSOR_DYNAMIC", "fp8", "unit", "hydra",
-           "skyrl==0.3.0 skyrl/train/config/config.py (InferenceEngineConfig.engine_init_kwargs)",
-           "vLLM online FP8 (quantization=fp8): every Linear, per-tensor scales; KV scales 1.0"),
-]}
+TARGETS: dict[str, Target] = {}  # name -> Target, in the order their modules register them
+RENDERERS: dict[str, object] = {}  # name -> fn(expression, model_path, units) -> {file name: text}
+
+
+def register(target: Target):
+    """Decorator of a framework's renderer: registers the target and how its config fragment is written."""
+    def deco(fn):
+        if target.name in TARGETS:
+            raise ValueError(f"framework target {target.name!r} registered twice")
+        TARGETS[target.name] = target
+        RENDERERS[target.name] = fn
+        return fn
+    return deco
+
+
+def render(e: "Expression", model_path: str, units: list["Unit"]) -> dict[str, str]:
+    """File name -> text: the fragment the framework reads, with its mismatch-correction keys."""
+    if e.target.name not in RENDERERS:
+        raise FP8ProbeError(f"internal: no renderer for target {e.target.name}")
+    return RENDERERS[e.target.name](e, model_path, units)
+
+
+def header(t: Target) -> str:
+    return f"# fp8probe: {t.title}. {t.how}.\n# Read from {t.source}.\n"
+
+
 
 
 def resolve_targets(names) -> list[Target]:
@@ -159,7 +158,7 @@ def _edge_blocks(kept_blocks: set[int], n_blocks: int) -> tuple[int, int]:
 
 def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) -> Expression:
     """The recipe as `target` can apply it, or Inexpressible with what the framework would do instead."""
-    from ..model.structure import fused_groups
+    from ...model.structure import fused_groups
 
     groups = fused_groups(units)
     fp8 = [u.name for u in recipe.fp8_units(units)]
@@ -169,7 +168,7 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
     if fp8 and not target.weights:
         raise Inexpressible(f"{t}: {target.how}; it would run the recipe's {len(fp8)} FP8 units in BF16")
     if fp8 and target.form == "all":
-        from ..model.structure import scheme_blockers
+        from ...model.structure import scheme_blockers
 
         blocked = scheme_blockers([u for u in units if u.quantizable], Scheme.from_name(target.scheme))
         if blocked:
@@ -241,91 +240,17 @@ def ignore_keywords(kept: list[str], units: list[Unit], bf16: set[str] | None = 
     return out
 
 
-def render(e: Expression, model_path: str, units: list[Unit]) -> dict[str, str]:
-    """File name -> text: the fragment the framework reads, with its mismatch-correction keys."""
-    t = e.target
-    head = f"# fp8probe: {t.title}. {t.how}.\n# Read from {t.source}.\n"
-    if t.name == "verl":
-        lines = ["actor_rollout_ref.rollout.name=vllm"]
-        if e.fp8:
-            lines.append("actor_rollout_ref.rollout.quantization=fp8")
-        if e.kv:
-            lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={e.kv}")
-        lines += _verl_correction()
-        return {"verl.sh": head + _hydra("python3 -m verl.trainer.main_ppo", lines)}
-    if t.name == "verl-sglang":
-        lines = ["actor_rollout_ref.rollout.name=sglang"]
-        if e.fp8:
-            lines.append("actor_rollout_ref.rollout.quantization=fp8")
-            ignored = ignore_keywords(e.kept_units, units)
-            if ignored:  # a quoted Hydra string: commas would otherwise make a sweep
-                lines.append(shlex.quote("+ray_kwargs.ray_init.runtime_env.env_vars.SGLANG_FP8_IGNORED_LAYERS="
-                                         f'"{",".join(ignored)}"'))
-        if e.kv:
-            lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.sglang.kv_cache_dtype={e.kv}")
-        lines += _verl_correction()
-        return {"verl-sglang.sh": head + _hydra("python3 -m verl.trainer.main_ppo", lines)}
-    if t.name == "nemo-rl":
-        vllm_cfg = {"precision": "fp8" if e.fp8 else "bfloat16", "kv_cache_dtype": e.kv or "auto"}
-        if e.fp8:
-            vllm_cfg.update(num_first_layers_in_bf16=e.first, num_last_layers_in_bf16=e.last)
-        if e.keywords:
-            vllm_cfg["quantization_ignored_layer_kws"] = ignore_keywords(e.keywords, units, set(e.kept_units))
-        doc = {"policy": {"generation": {"vllm_cfg": vllm_cfg}},
-               "loss_fn": {"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "tis",
-                           "truncated_importance_sampling_ratio": IS_CLIP}}
-        return {"nemo-rl.yaml": head + _yaml(doc)}
-    if t.name == "slime":
-        flags = []
-        if e.fp8:
-            flags += ["--hf-checkpoint", "MODEL_FP8"]
-        else:
-            flags += ["--hf-checkpoint", model_path]
-        if e.kv:
-            flags += ["--sglang-kv-cache-dtype", e.kv]
-        flags += ["--use-tis", "--tis-clip", str(IS_CLIP), "--get-mismatch-metrics",
-                  "--use-opd", "--opd-type", "sglang", "--opd-kl-coef", "1.0"]
-        pre = ""
-        if e.fp8:
-            pre = ("# 1. the block-FP8 checkpoint slime serves (run in slime's repository):\n"
-                   f"python tools/convert_hf_to_fp8.py --model-dir {shlex.quote(model_path)} --save-dir MODEL_FP8 "
-                   "--strategy block --block-size 128 128\n# 2. the training command's rollout flags:\n")
-        return {"slime.sh": head + pre + _cli("python3 train.py", flags)}
-    if t.name == "openrlhf":
-        flags = ["--actor.model_name_or_path", model_path, "--algo.advantage.is_correction_level", "token",
-                 "--algo.advantage.is_correction_mode", "clip", "--algo.advantage.is_correction_threshold",
-                 str(IS_CLIP)]
-        return {"openrlhf.sh": head + _cli("python3 -m openrlhf.cli.train_ppo_ray", flags)}
-    if t.name == "trl":
-        flags = ["--model", model_path] + (["--kv_cache_dtype", e.kv] if e.kv else [])
-        grpo = {"use_vllm": True, "vllm_mode": "server", "vllm_importance_sampling_correction": True,
-                "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": IS_CLIP}
-        return {"trl.sh": head + _cli("trl vllm-serve", flags),
-                "trl_grpo_config.yaml": head + "# GRPOConfig fields (TRL's DistillationConfig has no IS-correction "
-                "field)\n" + _yaml(grpo)}
-    if t.name == "skyrl":
-        lines = []
-        if e.fp8:
-            lines.append("generator.inference_engine.engine_init_kwargs.quantization=fp8")
-        if e.kv:
-            lines.append(f"generator.inference_engine.engine_init_kwargs.kv_cache_dtype={e.kv}")
-        lines += ["trainer.algorithm.off_policy_correction.tis_ratio_type=token",
-                  f"trainer.algorithm.off_policy_correction.token_tis_ratio_clip_high={IS_CLIP}"]
-        return {"skyrl.sh": head + _hydra("python3 -m skyrl.train.entrypoints.main_base", lines)}
-    raise FP8ProbeError(f"internal: no renderer for target {t.name}")
-
-
-def _verl_correction() -> list[str]:
+def verl_correction() -> list[str]:
     return ["actor_rollout_ref.rollout.calculate_log_probs=True",
             "algorithm.rollout_correction.rollout_is=token",
             f"algorithm.rollout_correction.rollout_is_threshold={IS_CLIP}"]
 
 
-def _hydra(cmd: str, lines: list[str]) -> str:
+def hydra(cmd: str, lines: list[str]) -> str:
     return cmd + " \\\n" + " \\\n".join(f"    {x}" for x in lines) + "\n"
 
 
-def _cli(cmd: str, flags: list[str]) -> str:
+def cli(cmd: str, flags: list[str]) -> str:
     parts, i = [], 0
     while i < len(flags):
         if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
@@ -337,7 +262,7 @@ def _cli(cmd: str, flags: list[str]) -> str:
     return cmd + " \\\n" + " \\\n".join(f"    {p}" for p in parts) + "\n"
 
 
-def _yaml(doc: dict) -> str:
+def yaml_text(doc: dict) -> str:
     import yaml
 
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)
