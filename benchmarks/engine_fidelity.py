@@ -73,7 +73,7 @@ def main() -> None:
 
     from fp8probe import load_student, make_rollouts
     from fp8probe.model.embedded import embedded_student_dir
-    from fp8probe.measurement.engines import engine_model, response_logp
+    from fp8probe.measurement.engines import engine, engine_model, response_logp
     from fp8probe.deploy.export import export
     from fp8probe.measurement.attention import quantize_kv
     from fp8probe.measurement.quantize import quantize_units
@@ -152,7 +152,7 @@ def main() -> None:
                         st.enter_context(quantize_kv(student.model, None, kv, calibration=ref.calibration))
                     sim_rows, _ = response_logp(student.model, rollouts)
                 c.update(sim=sampled(sim_rows), kl_sim=kl_full(sim_rows), bound_sim=kl_bound(sim_rows))
-            with engine_model(student, units, spec.scheme, args.engine, kv=kv, calibration=ref.calibration) as m:
+            with engine_model(student, units, spec.preset, engine(args.engine), kv=kv, calibration=ref.calibration) as m:
                 lp_rows, _ = response_logp(m, rollouts)
             c.update(profile=sampled(lp_rows), kl_profile=kl_full(lp_rows), bound_profile=kl_bound(lp_rows))
             ckpt = (export(None, path, Path(tmp) / f"ckpt-{len(configs)}", rollouts=rollouts, max_model_len=8192).path

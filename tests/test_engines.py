@@ -7,10 +7,14 @@ import pytest
 import torch
 
 from conftest import tiny_student
-from fp8probe.measurement.engines import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention, quantize_activation,
+from fp8probe.core.schemes import KVCacheScheme
+from fp8probe.measurement.engines import (MIN_SCALE, _fp8_linear, engine, engine_model, fp8_kv_attention, quantize_activation,
                                quantize_activation_groups, quantize_activation_static, quantize_activation_tensor,
                                response_logp)
 from fp8probe.core.schemes import Scheme
+
+CPU, CUDA = engine("vllm-cpu"), engine("vllm-cuda")
+DYNAMIC, KV = Scheme.from_name("FP8_DYNAMIC"), KVCacheScheme.from_name("fp8")
 
 
 def test_activation_quantization_by_hand():
@@ -112,14 +116,14 @@ def test_fp8_kv_profile_in_the_model(monkeypatch):
     cal = Reference(s, r).calibration
     calls, original = [], engines.fp8_kv_attention
     monkeypatch.setattr(engines, "fp8_kv_attention", lambda *a: calls.append(a[-2].item()) or original(*a))
-    with engine_model(s, [], profile="vllm-cuda", kv="fp8", calibration=cal) as m:
+    with engine_model(s, [], DYNAMIC, CUDA, KV, calibration=cal) as m:
         batched, _ = response_logp(m, r, batch_size=3)
         n = len(calls)
         alone, _ = response_logp(m, r, batch_size=1)
     layers = s.model.config.num_hidden_layers
     assert n == layers and calls[:layers] == [pytest.approx(float(cal.k_amax[i]) / 448) for i in range(layers)]
     assert torch.isfinite(batched).all() and (batched - alone).abs().max() < 0.05
-    with engine_model(s, [], profile="vllm-cuda") as m:
+    with engine_model(s, [], DYNAMIC, CUDA) as m:
         plain, _ = response_logp(m, r)
     assert (plain - batched).abs().max() > 1e-3
 
@@ -154,7 +158,7 @@ def test_no_fp8_unit_is_the_bf16_model():
     from fp8probe.model.rollouts import make_rollouts
 
     r = make_rollouts(s, num_prompts=3, max_new_tokens=6, seed=0)
-    with engine_model(s, []) as m:
+    with engine_model(s, [], DYNAMIC, CPU) as m:
         got, toks = response_logp(m, r)
     bf16 = __import__("copy").deepcopy(s.model).to(torch.bfloat16)
     want, _ = response_logp(bf16, r)
@@ -214,7 +218,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
         res = run_vllm(export(None, recipe, Path(tmp) / "ckpt", max_model_len=8192).path, 8192, score=seqs)
     real = np.asarray([lp[t] for i, lp in enumerate(res["prompt_logprobs"]) for t in range(1, len(lp))
                        if r.response_mask[i][t]], dtype=np.float64)
-    with engine_model(embedded, units) as m:
+    with engine_model(embedded, units, DYNAMIC, CPU) as m:
         prof = logp(m)
     with quantize_units(embedded.model, units, "FP8_DYNAMIC"):
         sim = logp(embedded.model)
@@ -246,20 +250,20 @@ def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
     assert eng["engine"] == "vllm-cpu" and sim["engine"] == "sim" and kv["engine"] == "vllm-cuda"
     assert eng["metrics"]["kl_q_p"] > 0 and eng["metrics"]["kl_q_p"] != sim["metrics"]["kl_q_p"]
     assert kv["metrics"]["kl_q_p"] > eng["metrics"]["kl_q_p"]
-    from fp8probe.measurement.engines import check_profiled
     from fp8probe.core.errors import FP8ProbeError
 
     with pytest.raises(FP8ProbeError, match="AMX"):
-        check_profiled("vllm-cpu", "FP8_BLOCK")
+        CPU.check(Scheme.from_name("FP8_BLOCK"))
     with pytest.raises(FP8ProbeError, match="static_scaled_fp8_quant"):  # vLLM-CPU cannot load per-tensor weights
-        check_profiled("vllm-cpu", "FP8")
+        CPU.check(Scheme.from_name("FP8"))
     moe = tiny_student("mixtral")
     with pytest.raises(FP8ProbeError, match="MoE kernels need AMX"):
-        with engine_model(moe, [u.name for u in moe.quantizable], profile="vllm-cpu"):
+        with engine_model(moe, [u.name for u in moe.quantizable], DYNAMIC, CPU):
             pass
-    for engine, bad, why in (("vllm-cpu", ["--kv-cache-dtype", "fp8"], "AVX-512"),
+    engine("sim").check(Scheme.from_name("FP8_BLOCK"), KVCacheScheme.from_name("fp8_e5m2"), experts=True)
+    for name, bad, why in (("vllm-cpu", ["--kv-cache-dtype", "fp8"], "AVX-512"),
                              ("vllm-cuda", ["--kv-cache-dtype", "fp8_e5m2"], "e4m3")):
-        r = cli(*common, "--out", tmp_path / "x", "--engine", engine, *bad)
+        r = cli(*common, "--out", tmp_path / "x", "--engine", name, *bad)
         assert r.code == 2 and len(r.lines) == 1 and "use --engine sim" in r.err and why in r.err
         assert not (tmp_path / "x").exists()
 
@@ -290,7 +294,7 @@ def test_fp8_kv_profile_decodes_as_it_prefills():
     r = make_rollouts(s, num_prompts=2, max_new_tokens=6, seed=0)
     cal = Reference(s, r).calibration
     ids = r.input_ids[:1, : int(r.attention_mask[0].sum())]
-    with engine_model(s, [], profile="vllm-cuda", kv="fp8", calibration=cal) as m, torch.no_grad():
+    with engine_model(s, [], DYNAMIC, CUDA, KV, calibration=cal) as m, torch.no_grad():
         full = m(input_ids=ids).logits[0].float()
         out = m(input_ids=ids[:, :-3], use_cache=True)
         steps = [out.logits[0, -1].float()]

@@ -110,7 +110,7 @@ def parse_level(text: str) -> Level:
 def perturbation_maker(level: Level, student, seed: int):
     """step -> Perturbation of the rollout engine at that step (stale levels get their weights from the
     opd_train.Perturber)."""
-    from ..measurement.measure import Perturbation
+    from ..measurement.perturbation import Perturbation
     from ..core.schemes import KVCacheScheme, Scheme
 
     units = student.unit_names

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..core.errors import FP8ProbeError
-from ..measurement.measure import Perturbation, apply_perturbation
+from ..measurement.perturbation import Perturbation, apply_perturbation
 from ..measurement.mismatch import mismatch
 from ..measurement.reference import response_rows
 from ..model.rollouts import Rollouts, make_rollouts

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..core.errors import FP8ProbeError
-from ..measurement.measure import Perturbation, measure_candidate
+from ..measurement.perturbation import Perturbation
+from ..measurement.measure import measure_candidate
 from ..core.metrics import METRICS
 from ..measurement.opd import OPD_COLUMNS, OPDSignal
 from ..measurement.prefix import PREFIX_COLUMNS, PrefixShift, prompt_ids

@@ -380,21 +380,25 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
 
 def _check_engine(args) -> None:
     """Refuse, before any output, a shortcut the --engine profile does not cover."""
-    if args.engine == "sim":
-        return
-    from ..measurement.engines import check_profiled
+    from ..core.schemes import KVCacheScheme, Scheme
+    from ..measurement.engines import engine
     from ..recipe.recipe import read_recipe
 
+    eng = engine(args.engine)
     for path in args.recipe:
         rec = read_recipe(path)
-        check_profiled(args.engine, rec.scheme, "fp8" if rec.kv_cache_scheme else None)
+        eng.check(rec.preset, KVCacheScheme() if rec.kv_cache_scheme else None)
     for kv in args.kv_cache_dtype:
-        check_profiled(args.engine, "FP8_DYNAMIC", kv)
+        eng.check(Scheme.from_name("FP8_DYNAMIC"), KVCacheScheme.from_name(kv))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    sub = next((a.choices[args.command] for a in ap._actions if isinstance(a, argparse._SubParsersAction)
+                and args.command in a.choices), None)
+    args._flags = {a.dest: a.option_strings[0] if a.option_strings else a.dest.upper()
+                   for a in (sub._actions if sub else []) if a.dest != "help"}
     if args.command is None:
         ap.print_help()
         return EXIT_USAGE
@@ -430,8 +434,16 @@ def _terminate(signum, frame):
 def _fail(args, message: str, code: int, show_traceback: bool = True) -> int:
     if show_traceback and getattr(args, "verbose", False):
         traceback.print_exc()
-    print(f"fp8probe: error: {message}", file=sys.stderr)
+    print(f"fp8probe: error: {as_flags(message, args)}", file=sys.stderr)
     return code
+
+
+def as_flags(message: str, args) -> str:
+    """The library names settings fields (`num_prompts`); on the command line they are flags (--num-prompts)."""
+    import re
+
+    flags = getattr(args, "_flags", {})
+    return re.sub(r"`(\w+)`", lambda m: flags.get(m.group(1), m.group(0)), message)
 
 
 def _with_resume_hint(message: str, e: BaseException) -> str:
@@ -680,10 +692,11 @@ def cmd_measure(args) -> int:
     from ..sweeps.files import versions
 
     _validate(args)
-    if args.engine != "sim":
-        from ..measurement.engines import check_profiled
+    from ..core.schemes import KVCacheScheme, Scheme
+    from ..measurement.engines import engine
 
-        check_profiled(args.engine, args.scheme.upper(), args.kv_cache_dtype)
+    engine(args.engine).check(Scheme.from_name(args.scheme),
+                              KVCacheScheme.from_name(args.kv_cache_dtype) if args.kv_cache_dtype else None)
     t0 = time.perf_counter()
     with output_dir(args.out) as out:
         student, _ = _load(args)

@@ -51,34 +51,15 @@ import torch
 
 from ..core.errors import FP8ProbeError
 from ..core.numerics import quantize
-from ..core.schemes import QuantSpec
+from ..core.schemes import FP8_FORMATS, SCHEMES, KVCacheScheme, QuantSpec, Scheme
 
 _PER_TENSOR = QuantSpec("tensor")
 
-FP8_MAX = 448.0
+FP8_MAX = FP8_FORMATS["e4m3"][1]  # 448
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # vLLM's _FP8_MIN_SCALING_FACTOR
 GROUP_EPS = 1e-10  # per_token_group_quant_fp8's eps
 MAX_OFFSET = 8  # FlashAttention 3's Max_offset for FP8: P = exp2(s - max + 8), in [0, 256]
 
-
-@dataclass(frozen=True)
-class EngineProfile:
-    name: str
-    dtype: torch.dtype
-    kernel: str
-    schemes: tuple[str, ...]  # the weight schemes whose kernels it follows
-    kv: tuple[str, ...]  # the FP8 KV-cache formats whose attention it follows
-    experts: bool  # whether it follows the engine's FP8 MoE
-
-
-ENGINES = {
-    "vllm-cuda": EngineProfile("vllm-cuda", torch.bfloat16,
-                               "Hopper: CUTLASS/FlashInfer scaled-mm, block-scaled mm, FlashAttention 3 with FP8 KV",
-                               ("FP8_DYNAMIC", "FP8", "FP8_BLOCK", "FP8_TENSOR_DYNAMIC"), ("e4m3",), True),
-    "vllm-cpu": EngineProfile("vllm-cpu", torch.bfloat16,
-                              "torch._scaled_mm (fp32 out), * x_scale * w_scale in fp32, bf16 out",
-                              ("FP8_DYNAMIC",), (), False),
-}
 _PER_TENSOR_CPU = ("vLLM-CPU 0.32 cannot load it here: per-tensor weights are requantized with "
                    "_C::static_scaled_fp8_quant, which its CPU build leaves unimplemented")
 WHY_NOT = {
@@ -89,30 +70,6 @@ WHY_NOT = {
     ("vllm-cuda", "kv"): "on CUDA only fp8/fp8_e4m3 (FlashAttention 3's FP8 path) is profiled",
     ("vllm-cpu", "experts"): "vLLM-CPU's FP8 MoE kernels need AMX",
 }
-
-
-def engine(name: "str | EngineProfile") -> EngineProfile:
-    if isinstance(name, EngineProfile):
-        return name
-    if name not in ENGINES:
-        raise FP8ProbeError(f"unknown engine profile {name!r}; supported: {', '.join(ENGINES)}")
-    return ENGINES[name]
-
-
-def check_profiled(profile, scheme, kv=None) -> None:
-    """One line for what the profile does not cover (before any output exists)."""
-    from ..core.schemes import KVCacheScheme, Scheme
-
-    p = engine(profile)
-    name = Scheme.from_name(scheme).name
-    if name not in p.schemes:
-        why = WHY_NOT.get((p.name, name), "not profiled yet")
-        raise FP8ProbeError(f"--engine {p.name} does not cover {name} ({why}): use --engine sim")
-    if kv is not None:
-        kv = KVCacheScheme.from_name(kv)
-        if kv.fmt not in p.kv or kv.strategy != "tensor":
-            raise FP8ProbeError(f"--engine {p.name} does not cover this FP8 KV cache ({WHY_NOT[(p.name, 'kv')]}): "
-                                "use --engine sim")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -285,7 +242,7 @@ def _fp8_kv_attention(model, kv, calibration, layers=None):
     from .attention import attention_modules, attention_override, kv_scales
 
     if getattr(model.config, "attn_logit_softcapping", None):
-        raise FP8ProbeError("the FP8 KV-cache profile does not cover attention logit soft-capping; use --engine sim")
+        raise FP8ProbeError("the FP8 KV-cache profile does not cover attention logit soft-capping; use `engine` sim")
     scales = {}
     for i, mod in attention_modules(model).items():
         if layers is not None and i not in layers:
@@ -307,28 +264,21 @@ def _fp8_kv_attention(model, kv, calibration, layers=None):
 
 
 @contextlib.contextmanager
-def engine_model(student, units, scheme="FP8_DYNAMIC", profile: "EngineProfile | str" = "vllm-cpu", kv=None,
+def engine_model(student, units, scheme: Scheme, profile: "Engine", kv: KVCacheScheme | None = None,
                  calibration=None, kv_layers=None):
     """A copy of the student as the engine runs it: the engine dtype everywhere, `units` as vLLM's FP8 Linears
     (codes and scales from the student's own weights, as the exported checkpoint holds them; static input
     scales from `calibration`), and with `kv` the FP8 KV cache of `kv_layers` (all when None; k/v scales from
     `calibration` or 1.0)."""
     from .quantize import checkpoint_codes
-    from ..core.schemes import KVCacheScheme, Scheme
 
     units = list(units)
-    profile = engine(profile)
-    scheme = Scheme.from_name(scheme)
-    kv = KVCacheScheme.from_name(kv) if kv is not None else None
-    check_profiled(profile, scheme.name, kv)
+    linear = [n for n in units if isinstance(student.model.get_submodule(n), torch.nn.Linear)]
+    experts = [n for n in units if n not in linear]
+    profile.check(scheme, kv, experts=bool(experts))
     if (scheme.static_input and units) or (kv is not None and kv.scale == "calibrated"):
         if calibration is None:
             raise FP8ProbeError("static input scales and a calibrated KV cache need a Calibration from the rollouts")
-    linear = [n for n in units if isinstance(student.model.get_submodule(n), torch.nn.Linear)]
-    experts = [n for n in units if n not in linear]
-    if experts and not profile.experts:
-        raise FP8ProbeError(f"--engine {profile.name} does not cover FP8 experts ({WHY_NOT[(profile.name, 'experts')]}): "
-                            "use --engine sim")
     codes = checkpoint_codes(student.model, linear, scheme)
     model = copy.deepcopy(student.model).to(profile.dtype)
     for name, (c, s) in codes.items():
@@ -352,3 +302,102 @@ def response_logp(model, rollouts, batch_size: int = 8) -> tuple[torch.Tensor, t
 
     rows, toks = response_rows(model, rollouts, batch_size)
     return log_softmax32(rows, getattr(model.config, "final_logit_softcapping", None)), toks
+
+
+# ---------------------------------------------------------------------------------------------------
+# the engines: the simulation and the profiles, one registry
+
+
+@dataclass(frozen=True)
+class Engine:
+    """How a candidate (the rollout engine's model under a perturbation) is computed, and what it covers."""
+
+    name: str
+    description: str
+    schemes: tuple[str, ...]  # the weight schemes it covers
+    kv: tuple[str, ...]  # the FP8 KV-cache formats it covers
+    experts: bool  # whether it covers FP8 MoE experts
+    dtype: torch.dtype | None = None  # its model's dtype; None: the reference's own
+
+    def check(self, scheme: Scheme, kv: KVCacheScheme | None = None, experts: bool = False) -> None:
+        """One line for what this engine does not cover (before any output exists)."""
+        if scheme.name not in self.schemes:
+            why = WHY_NOT.get((self.name, scheme.name), "not profiled yet")
+            raise FP8ProbeError(f"`engine` {self.name} does not cover {scheme.name} ({why}): use `engine` sim")
+        if kv is not None and (kv.fmt not in self.kv or (self.dtype is not None and kv.strategy != "tensor")):
+            raise FP8ProbeError(f"`engine` {self.name} does not cover this FP8 KV cache ({WHY_NOT[(self.name, 'kv')]})"
+                                ": use `engine` sim")
+        if experts and not self.experts:
+            raise FP8ProbeError(f"`engine` {self.name} does not cover FP8 experts ({WHY_NOT[(self.name, 'experts')]})"
+                                ": use `engine` sim")
+
+    @contextlib.contextmanager
+    def candidate(self, student, p, calibration=None, many_forwards: bool = False):
+        """The engine's model under Perturbation `p`, for the duration."""
+        raise NotImplementedError
+        yield
+
+    def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
+        """Every metric of `p` against the reference, as this engine computes the candidate."""
+        raise NotImplementedError
+
+
+class Simulation(Engine):
+    """The sweep's simulation: FP8 units inside the student itself, in the reference's dtype; measured from the first
+    block the perturbation touches (the reference's prefix reused)."""
+
+    @contextlib.contextmanager
+    def candidate(self, student, p, calibration=None, many_forwards: bool = False):
+        from .perturbation import apply_perturbation
+
+        with apply_perturbation(student, p, calibration, many_forwards=many_forwards):
+            yield student.model
+
+    def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
+        from .perturbation import measure_perturbation
+
+        return measure_perturbation(reference, student, p)
+
+
+class Profile(Engine):
+    """A profile of the engine's arithmetic: stale weights and noise applied to the student, then the engine's copy
+    of it (its dtype) with p's FP8 units and FP8 KV layers as vLLM computes them (engine_model); measured by a
+    whole forward of that copy over the rollouts."""
+
+    @contextlib.contextmanager
+    def candidate(self, student, p, calibration=None, many_forwards: bool = False):
+        from dataclasses import replace
+
+        from .perturbation import apply_perturbation
+
+        with apply_perturbation(student, replace(p, units=(), kv_layers=())), \
+                engine_model(student, p.units, p.scheme, self, p.kv if p.kv_layers else None, calibration,
+                             kv_layers=p.kv_layers) as m:
+            yield m
+
+    def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
+        from .mismatch import summarize, token_stats
+
+        with self.candidate(student, p, reference.calibration) as m:
+            rows, _ = response_logp(m, rollouts, batch_size)
+        return summarize(token_stats(reference.rows, rows))
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in [
+    Simulation("sim", "FP8 units inside the reference-dtype model, as the sweep, recipes and budgets measure",
+               tuple(SCHEMES), ("e4m3", "e5m2"), True),
+    Profile("vllm-cuda", "vLLM 0.32 on Hopper: CUTLASS/FlashInfer scaled-mm, block-scaled mm, FlashAttention 3 with "
+            "the FP8 KV cache (and its FP8 query)", ("FP8_DYNAMIC", "FP8", "FP8_BLOCK", "FP8_TENSOR_DYNAMIC"),
+            ("e4m3",), True, torch.bfloat16),
+    Profile("vllm-cpu", "vLLM-CPU 0.32: torch._scaled_mm (fp32 out), * x_scale * w_scale in fp32, bf16 out",
+            ("FP8_DYNAMIC",), (), False, torch.bfloat16),
+]}
+
+
+def engine(name: "str | Engine") -> Engine:
+    """An Engine by its name (the one place a name is parsed)."""
+    if isinstance(name, Engine):
+        return name
+    if name not in ENGINES:
+        raise FP8ProbeError(f"unknown `engine` {name!r}; supported: {', '.join(ENGINES)}")
+    return ENGINES[name]

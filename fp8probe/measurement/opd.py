@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import FP8ProbeError
-from .measure import Perturbation, candidate_model
+from .perturbation import Perturbation
+from .measure import candidate_model
 from .mismatch import CHUNK_ROWS, log_softmax32
 from .reference import Reference
 

@@ -19,7 +19,8 @@ from dataclasses import replace
 
 import torch
 
-from .measure import Perturbation, candidate_model, measure_candidate
+from .perturbation import Perturbation
+from .measure import candidate_model, measure_candidate
 from .reference import Reference
 from ..model.rollouts import Rollouts, eos_ids
 

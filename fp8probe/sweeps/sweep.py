@@ -27,7 +27,7 @@ from pathlib import Path
 from ..core.progress import bar_interval
 from ..core.errors import FP8ProbeError
 from ..measurement.fisher import DEFAULT_ESTIMATOR, DEFAULT_SAMPLES, ESTIMATORS, fisher_rows
-from ..measurement.measure import Perturbation, measure_perturbation
+from ..measurement.perturbation import Perturbation, measure_perturbation
 from ..core.metrics import METRICS, no_mismatch
 from ..measurement.reference import Reference
 from .files import COLUMNS, METHODS, PartialWriter, open_partial, sweep_settings
