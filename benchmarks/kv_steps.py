@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
 
-    import fp8probe.measurement.engines as engines
+    import fp8probe.measurement.vllm_profile as engines
     from fp8probe import load_student, make_rollouts
     from fp8probe.measurement.measure import measure
     from fp8probe.measurement.reference import Reference

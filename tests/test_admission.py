@@ -35,10 +35,10 @@ def test_ladder_on_one_scale(setup):
     st, r, ref = setup
     rec = sources.recipe(st, Recipe.whole_model(st.units, "FP8_DYNAMIC"))
     kv = sources.kv_cache(st, "fp8")
-    ladder = [sources.noise(st, s) for s in sources.DEFAULT_SIGMAS] + [rec, kv, sources.combine([rec, kv])]
+    ladder = [sources.noise(st, s) for s in sources.NOISE_RULER] + [rec, kv, sources.combine([rec, kv])]
     df = sources.ladder(st, r, ladder, reference=ref)
     noise = df[df.kind == "noise"]
-    assert list(noise.sigma) == list(sources.DEFAULT_SIGMAS)
+    assert list(noise.sigma) == list(sources.NOISE_RULER)
     assert (noise.kl_q_p.diff().dropna() > 0).all()  # the ruler: more noise, more mismatch
     by = df.set_index("source")
     combo = by.loc[f"{rec.name} + {kv.name}"]

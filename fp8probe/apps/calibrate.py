@@ -26,16 +26,16 @@ so that `fp8probe budget` pools the seeds of a level into one point.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
-from .opd_train import TrainSettings
+from .sources import SourceSpec, parse_source
+from .training import TrainSettings
 
-SCHEMA_VERSION = 1
-DEFAULT_LEVELS = ("0", "0.003", "0.01", "0.03", "0.1")
+SCHEMA_VERSION = version("calibrate.json")
 MIN_TOLERANCE = 0.01  # the tolerance when the mismatch-free runs agree closer than this (or there is one)
 RUN_COLUMNS = ["level", "kind", "value", "seed", "metric", "mismatch", "mismatch_run", "k3", "quality",
                "higher_is_better", "quality_start", "teacher_logp", "teacher_logp_start", "steps",
@@ -43,71 +43,7 @@ RUN_COLUMNS = ["level", "kind", "value", "seed", "metric", "mismatch", "mismatch
 QUALITY = "held-out reverse KL(student ‖ teacher) per token, full vocabulary"
 
 
-@dataclass(frozen=True)
-class Level:
-    """One rollout configuration of the ladder: `none`, `noise` σ, `fp8` (every unit, a scheme), `kv` (an FP8 KV
-    cache, scale 1.0 as online engines use it) or `stale` k steps."""
-
-    kind: str
-    value: float | None = None
-    scheme: str | None = None
-
-    @property
-    def name(self) -> str:
-        if self.kind == "none":
-            return "0"
-        if self.kind == "noise":
-            return f"{self.value:g}"
-        if self.kind == "stale":
-            return f"stale:{int(self.value)}"
-        return f"{self.kind}:{self.scheme}"
-
-    @property
-    def slug(self) -> str:
-        return "noise-" + self.name if self.kind == "noise" else self.name.replace(":", "-")
-
-
-LEVEL_HELP = ("a number: weight noise σ (x each tensor's std; 0: no mismatch); fp8[:SCHEME] (every unit in FP8, "
-              "default FP8_DYNAMIC); kv[:DTYPE] (FP8 KV cache, default fp8); stale:K (rollouts from the weights of "
-              "K updates ago)")
-
-
-def parse_level(text: str) -> Level:
-    from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
-
-    t = str(text).strip()
-    try:
-        v = float(t)
-    except ValueError:
-        v = None
-    if v is not None:
-        if not math.isfinite(v) or v < 0:
-            raise FP8ProbeError(f"--levels {text}: a noise level must be a finite number >= 0")
-        return Level("none") if v == 0 else Level("noise", v)
-    kind, _, arg = t.partition(":")
-    if kind == "fp8":
-        scheme = arg or "FP8_DYNAMIC"
-        if scheme not in SCHEMES or scheme == "FP8":
-            raise FP8ProbeError(f"--levels {text}: fp8 takes a dynamic scheme ({', '.join(s for s in SCHEMES if s != 'FP8')}); "
-                                "static activation scales need a calibration the rollout engine does not redo per step")
-        return Level("fp8", scheme=scheme)
-    if kind == "kv":
-        dtype = arg or "fp8"
-        if dtype not in KV_CACHE_DTYPES:
-            raise FP8ProbeError(f"--levels {text}: unknown KV-cache dtype; one of {', '.join(KV_CACHE_DTYPES)}")
-        return Level("kv", scheme=dtype)
-    if kind == "stale":
-        try:
-            k = int(arg)
-        except ValueError:
-            k = 0
-        if k < 1:
-            raise FP8ProbeError(f"--levels {text}: stale:K needs a whole number of steps K >= 1")
-        return Level("stale", float(k))
-    raise FP8ProbeError(f"--levels {text}: not a level; {LEVEL_HELP}")
-
-
-def perturbation_maker(level: Level, student, seed: int):
+def perturbation_maker(level: SourceSpec, student, seed: int):
     """step -> Perturbation of the rollout engine at that step (stale levels get their weights from the
     opd_train.Perturber)."""
     from ..measurement.perturbation import Perturbation
@@ -185,11 +121,11 @@ def check_resume(out: Path, settings: Settings, resume: bool) -> None:
                                 "settings, or choose another --out")
 
 
-def run_dir(out: Path, level: Level, seed: int) -> Path:
+def run_dir(out: Path, level: SourceSpec, seed: int) -> Path:
     return out / "runs" / f"{level.slug}-seed{seed}"
 
 
-def finished(out: Path, level: Level, seed: int) -> dict | None:
+def finished(out: Path, level: SourceSpec, seed: int) -> dict | None:
     f = run_dir(out, level, seed) / "run.json"
     if not f.exists():
         return None
@@ -199,7 +135,7 @@ def finished(out: Path, level: Level, seed: int) -> dict | None:
         return None
 
 
-def train_one(teacher, initial_student, level: Level, seed: int, settings: Settings, out: Path,
+def train_one(teacher, initial_student, level: SourceSpec, seed: int, settings: Settings, out: Path,
               on_step=None, device: str = "cpu") -> dict:
     """One OPD run at one level and seed; writes its run directory and returns its run.json."""
     import copy
@@ -321,7 +257,7 @@ def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool
     from ..core.files import atomic_write_json, atomic_write_text
     from ..recipe.budget import fit_budget
 
-    levels = [parse_level(x) for x in settings.levels]
+    levels = [parse_source(x) for x in settings.levels]
     todo = [(lv, s) for lv in levels for s in range(settings.seeds)]
     teacher, initial = load_pair(settings.teacher, settings.student, device)
     for lv in levels:  # a level the student cannot take is refused before any run starts
@@ -362,7 +298,7 @@ def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool
     from ..plots.figures import calibration_plot
 
     calibration_plot(df, out / "calibration.png", budget=budget, marks=read_marks(marks), quality=QUALITY,
-                     curves={(r["level"], r["seed"]): run_dir(out, parse_level(r["level"]), r["seed"]) / "eval.csv"
+                     curves={(r["level"], r["seed"]): run_dir(out, parse_source(r["level"]), r["seed"]) / "eval.csv"
                              for r in results})
     atomic_write_json(out / "calibrate.json", settings.to_json())
     (out / PARTIAL).unlink()
@@ -394,3 +330,47 @@ def read_marks(paths) -> list[tuple[str, float]]:
         else:
             raise FP8ProbeError(f"--mark {p}: give a recipe.json, a ladder.csv or a sweep's sensitivity.csv")
     return marks
+
+
+def prepare(teacher: str | None, student: str, levels, seeds: int, train: TrainSettings, prompts: str | None = None):
+    """The calibration's Settings from what a user names (levels parsed, no level twice, the training settings
+    checked, every 5th prompt held out), before any output exists."""
+    from ..model.prompts import BUILTIN_PROMPTS
+    from ..model.rollouts import read_prompts
+    from .sources import CALIBRATION_LEVELS
+
+    levels = tuple(levels or CALIBRATION_LEVELS)
+    names = [parse_source(x).name for x in levels]
+    if len(set(names)) != len(names):
+        raise FP8ProbeError(f"`levels` names a level twice ({', '.join(names)})")
+    tr, held = split_prompts(read_prompts(prompts) if prompts else list(BUILTIN_PROMPTS))
+    return Settings(teacher, student, levels, seeds, train, tuple(tr), tuple(held))
+
+
+def run_calibrate(settings: Settings, out, resume: bool = False, device: str = "cpu", progress: bool = True,
+                  tolerance: float | None = None, marks=(), log=None) -> dict:
+    """`fp8probe calibrate`: every run, runs.csv, budget.json and calibration.png in `out` (calibrate()), after
+    TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`."""
+    from ..core.files import check_writable, output_dir
+    from .opd_train import require_trl
+
+    require_trl()
+    read_marks(marks)
+    out = check_writable(out)
+    check_resume(out, settings, resume)
+    with output_dir(out, keep=("runs",)) as d:
+        return calibrate(settings, d, device=device, progress=progress, tolerance=tolerance, marks=marks, log=log)
+
+
+def describe(res: dict, seeds: int, out, seconds: float) -> str:
+    """What `fp8probe calibrate` prints: each level's measured mismatch and quality, then the budget."""
+    df, b = res["runs"], res["budget"]
+    means = df.groupby("level", sort=False).agg(mismatch=("mismatch", "first"), quality=("quality", "mean"))
+    lines = [f"calibrate: {len(df)} OPD runs ({len(means)} levels x {seeds} seeds) in {seconds:.0f} s -> {out}"]
+    lines += [f"  level {level:<10} mismatch kl_q_p {r['mismatch']:.4g}   held-out reverse KL {r['quality']:.4f}"
+              for level, r in means.iterrows()]
+    if b is not None:
+        lo, hi = b.interval or (float("nan"), float("nan"))
+        lines.append(f"budget: kl_q_p <= {b.value:.4g} (90 % bootstrap interval {lo:.4g} .. {hi:.4g}) at a relative "
+                     f"quality loss <= {b.tolerance:g} -> {Path(out) / 'budget.json'}")
+    return "\n".join(lines)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from ..core.errors import FP8ProbeError
+from .training import TrainSettings
 from ..measurement.perturbation import Perturbation, apply_perturbation
 from ..measurement.mismatch import mismatch
 from ..measurement.reference import response_rows
@@ -51,29 +51,6 @@ def require_trl():
     if (major, minor) < tuple(int(x) for x in TRL_MIN.split(".")):
         raise FP8ProbeError(f"trl {trl.__version__} lacks the stable DistillationTrainer; upgrade: {INSTALL_HINT}")
     return DistillationTrainer, DistillationConfig
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """One run's training settings (shared by every level and seed of a calibration)."""
-
-    steps: int = 30
-    batch_size: int = 8  # prompts per step, one completion each
-    max_new_tokens: int = 32
-    learning_rate: float = 2e-5
-    temperature: float = 1.0
-    eval_every: int = 10
-    eval_samples: int = 2  # completions per held-out prompt
-    eval_seed: int = 1234
-
-    def check(self) -> None:
-        for name in ("steps", "batch_size", "max_new_tokens", "eval_every", "eval_samples"):
-            if getattr(self, name) < 1:
-                raise FP8ProbeError(f"--{name.replace('_', '-')} must be at least 1")
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise FP8ProbeError("--learning-rate must be a positive number")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise FP8ProbeError("--temperature must be a positive number (OPD samples its rollouts)")
 
 
 def opd_config(settings: TrainSettings, seed: int, output_dir: str, device: str = "cpu"):

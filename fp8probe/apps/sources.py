@@ -13,20 +13,92 @@ sum of its parts' measured values, so that (non-)additivity is visible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import logging
+import math
+from dataclasses import dataclass, field, replace
+
+from typing import TYPE_CHECKING
 
 from ..core.errors import FP8ProbeError
-from ..measurement.perturbation import Perturbation
-from ..measurement.measure import measure_candidate
 from ..core.metrics import METRICS
-from ..measurement.opd import OPD_COLUMNS, OPDSignal
-from ..measurement.prefix import PREFIX_COLUMNS, PrefixShift, prompt_ids
-from ..recipe.recipe import Recipe
-from ..measurement.reference import Reference
-from ..core.schemes import KVCacheScheme, Scheme
-from ..model.student import load_student
+from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
+from ..core.settings import Settings, opt
+from ..measurement.engines import ENGINES
 
-DEFAULT_SIGMAS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+if TYPE_CHECKING:  # the parser and the defaults stay light: the CLI reads them for --help
+    from ..measurement.perturbation import Perturbation
+    from ..measurement.reference import Reference
+    from ..recipe.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+NOISE_RULER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)  # the ladder's default noise levels: the ruler other sources sit on
+CALIBRATION_LEVELS = ("0", "0.003", "0.01", "0.03", "0.1")  # calibrate's default ladder of training runs
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A mismatch source as a user names it, before a student is at hand: `none`, `noise` σ, `fp8` (every unit, a
+    scheme), `kv` (an FP8 KV cache, scale 1.0 as online engines use it) or `stale` K steps (a calibration's rollouts
+    from the weights of K updates ago). What `calibrate --levels` takes, one parser for every command."""
+
+    kind: str
+    value: float | None = None
+    scheme: str | None = None
+
+    @property
+    def name(self) -> str:
+        if self.kind == "none":
+            return "0"
+        if self.kind == "noise":
+            return f"{self.value:g}"
+        if self.kind == "stale":
+            return f"stale:{int(self.value)}"
+        return f"{self.kind}:{self.scheme}"
+
+    @property
+    def slug(self) -> str:
+        return "noise-" + self.name if self.kind == "noise" else self.name.replace(":", "-")
+
+
+SOURCE_HELP = ("a number: weight noise σ (x each tensor's std; 0: no mismatch); fp8[:SCHEME] (every unit in FP8, "
+              "default FP8_DYNAMIC); kv[:DTYPE] (FP8 KV cache, default fp8); stale:K (rollouts from the weights of "
+              "K updates ago)")
+
+
+def parse_source(text: str) -> SourceSpec:
+    t = str(text).strip()
+    try:
+        v = float(t)
+    except ValueError:
+        v = None
+    if v is not None:
+        if not math.isfinite(v) or v < 0:
+            raise FP8ProbeError(f"`levels` {text}: a noise level must be a finite number >= 0")
+        return SourceSpec("none") if v == 0 else SourceSpec("noise", v)
+    kind, _, arg = t.partition(":")
+    if kind == "fp8":
+        scheme = arg or "FP8_DYNAMIC"
+        if scheme not in SCHEMES or scheme == "FP8":
+            raise FP8ProbeError(f"`levels` {text}: fp8 takes a dynamic scheme ({', '.join(s for s in SCHEMES if s != 'FP8')}); "
+                                "static activation scales need a calibration the rollout engine does not redo per step")
+        return SourceSpec("fp8", scheme=scheme)
+    if kind == "kv":
+        dtype = arg or "fp8"
+        if dtype not in KV_CACHE_DTYPES:
+            raise FP8ProbeError(f"`levels` {text}: unknown KV-cache dtype; one of {', '.join(KV_CACHE_DTYPES)}")
+        return SourceSpec("kv", scheme=dtype)
+    if kind == "stale":
+        try:
+            k = int(arg)
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise FP8ProbeError(f"`levels` {text}: stale:K needs a whole number of steps K >= 1")
+        return SourceSpec("stale", float(k))
+    raise FP8ProbeError(f"`levels` {text}: not a level; {SOURCE_HELP}")
+
+
 
 
 @dataclass(frozen=True)
@@ -39,6 +111,8 @@ class Source:
 
 
 def noise(student, sigma: float, seed: int = 0) -> Source:
+    from ..measurement.perturbation import Perturbation
+
     if not sigma > 0:
         raise FP8ProbeError(f"--noise {sigma}: a noise scale must be a positive number")
     units = student.unit_names
@@ -47,6 +121,8 @@ def noise(student, sigma: float, seed: int = 0) -> Source:
 
 
 def kv_cache(student, kv_dtype: str = "fp8") -> Source:
+    from ..measurement.perturbation import Perturbation
+
     kv = KVCacheScheme.from_name(kv_dtype)
     layers = student.layers
     return Source(f"kv {kv_dtype}", "kv", Perturbation(kv_layers=layers, kv=kv))
@@ -54,6 +130,8 @@ def kv_cache(student, kv_dtype: str = "fp8") -> Source:
 
 def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
     """The recipe's FP8 units (and its FP8 KV cache, if it has one), after checking it fits this model."""
+    from ..measurement.perturbation import Perturbation
+
     rec.check_model(student.units, name)
     rec.check_vllm_loadable(student.units)
     units = tuple(u.name for u in rec.fp8_units(student.units))
@@ -63,6 +141,9 @@ def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
 
 def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
     """Another checkpoint of the same student as the rollout policy; refuses another architecture or vocabulary."""
+    from ..measurement.perturbation import Perturbation
+    from ..model.student import load_student
+
     other = load_student(checkpoint, device=str(next(student.model.parameters()).device),
                          dtype=next(student.model.parameters()).dtype, allow_pickle=allow_pickle)
     if other.model_type != student.model_type:
@@ -81,6 +162,8 @@ def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
 
 def combine(sources: list[Source], name: str | None = None) -> Source:
     """Several sources at once: their FP8 units, KV layers, noise and stale weights together."""
+    from ..measurement.perturbation import Perturbation
+
     if len(sources) < 2:
         raise FP8ProbeError("a combination needs at least two sources")
     ps = [s.perturbation for s in sources]
@@ -105,6 +188,11 @@ def ladder(student, rollouts, sources: list[Source], reference: Reference | None
     a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). With `prefix_tokens`, the prefix
     shift of each source (prefix.PREFIX_COLUMNS); with a `teacher`, its OPD-signal distortion
     (opd.OPD_COLUMNS); every figure as `engine` computes it (measure.candidate_model). Returns a DataFrame."""
+    from ..measurement.measure import measure_candidate
+    from ..measurement.opd import OPD_COLUMNS, OPDSignal
+    from ..measurement.prefix import PREFIX_COLUMNS, PrefixShift, prompt_ids
+    from ..measurement.reference import Reference
+
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -131,3 +219,109 @@ def ladder(student, rollouts, sources: list[Source], reference: Reference | None
 
 
 LADDER_COLUMNS = ["source", "kind", "sigma", *METRICS, "sum_of_parts"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the ladder and the check as commands: the shortcuts a user names, checked before any output
+
+
+@dataclass(frozen=True)
+class Shortcuts(Settings):
+    """The rollout shortcuts a command measures: FP8 `recipe` files (their weights and KV cache), FP8 KV caches
+    (`kv_cache_dtype`), other checkpoints of the student as the rollout policy (`stale`), a `teacher` sharing its
+    tokenizer (the OPD-signal distortion), every figure as `engine` computes it (default: the simulation)."""
+
+    recipe: tuple[str, ...] = opt((), "recipe.yaml file(s): FP8 weights (+ their FP8 KV cache)")
+    kv_cache_dtype: tuple[str, ...] = opt((), f"FP8 KV cache(s): {', '.join(KV_CACHE_DTYPES)}")
+    stale: tuple[str, ...] = opt((), "other checkpoint(s) of the student as the rollout policy")
+    teacher: str | None = opt(None, "a teacher sharing the student's tokenizer: adds the OPD-signal distortion")
+    engine: str = opt("sim", "sim: every shortcut in the reference-dtype model, as recipes and budgets are measured; "
+                      "vllm-cuda / vllm-cpu: every figure as vLLM 0.32 computes it", choices=ENGINES)
+
+    def check(self, model) -> None:
+        """Everything readable and covered by the engine, before any output exists (`model`: the ModelSource)."""
+        from dataclasses import replace as with_
+
+        from ..recipe.recipe import read_recipe
+
+        eng = ENGINES[self.engine]
+        for path in self.recipe:
+            rec = read_recipe(path)
+            eng.check(rec.preset, KVCacheScheme() if rec.kv_cache_scheme else None)
+        for kv in self.kv_cache_dtype:
+            eng.check(Scheme.from_name("FP8_DYNAMIC"), KVCacheScheme.from_name(kv))
+        for path in [*self.stale, *([self.teacher] if self.teacher else [])]:
+            with_(model, model=path).check()
+
+    def sources(self, student, allow_pickle: bool = False) -> list[Source]:
+        from ..recipe.recipe import read_recipe
+
+        out = [recipe(student, read_recipe(p), name=f"recipe {p}") for p in self.recipe]
+        out += [kv_cache(student, d) for d in self.kv_cache_dtype]
+        out += [stale(student, c, allow_pickle=allow_pickle) for c in self.stale]
+        return out
+
+    def load_teacher(self, model):
+        from dataclasses import replace as with_
+
+        if not self.teacher:
+            return None
+        log.info("loading the teacher %s", self.teacher)
+        return with_(model, model=self.teacher).load()
+
+
+@dataclass(frozen=True)
+class LadderSettings(Settings):
+    """The shortcuts, on a ruler of seeded weight noise (`noise` levels, `noise_seed`; default NOISE_RULER), all
+    at once too when `combine`, with the prefix shift of each unless not `prefix_shift`."""
+
+    shortcuts: Shortcuts = field(default_factory=Shortcuts)
+    noise: tuple[float, ...] | None = opt(None, "relative weight-noise levels σ (x each tensor's std); default: "
+                                          + " ".join(f"{x:g}" for x in NOISE_RULER), low=0.0, open_low=True)
+    noise_seed: int = opt(0, "seed of the noise draws", low=0)
+    combine: bool = opt(False, "also measure the recipe, KV and stale sources together")
+    prefix_shift: bool = opt(True, "skip the prefix-shift columns (faster)", flag="--no-prefix-shift")
+
+
+def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = False):
+    """Every source on one scale (ladder()), written as DIR/ladder.csv and DIR/ladder.json; returns the table."""
+    from ..measurement.perturbation import Perturbation
+
+    import time
+
+    from ..core.artifacts import stamped, versions
+    from ..core.files import atomic_write_json, atomic_write_text, output_dir
+    from .inputs import check_inputs, load, rollouts_for
+
+    sc = settings.shortcuts
+    check_inputs(model, rollouts, out)
+    sc.check(model)
+    t0 = time.perf_counter()
+    with output_dir(out) as d:
+        student, _ = load(model)
+        teacher = sc.load_teacher(model)
+        r, _ = rollouts_for(student, rollouts, d, progress=progress)
+        named = sc.sources(student, model.allow_pickle)
+        steps = [noise(student, s, settings.noise_seed) for s in (settings.noise or NOISE_RULER)] + named
+        if settings.combine:
+            steps.append(combine(named))
+        if sc.engine != "sim":  # what the engine's own arithmetic costs with no shortcut at all
+            steps.insert(0, Source(f"{sc.engine} alone", "engine", Perturbation()))
+        df = ladder(student, r, steps, batch_size=rollouts.batch_size, progress=progress,
+                    prefix_tokens=rollouts.max_new_tokens if settings.prefix_shift else None,
+                    prefix_seed=rollouts.seed, teacher=teacher, engine=sc.engine)
+        atomic_write_text(d / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
+        atomic_write_json(d / "ladder.json", stamped("ladder.json", {
+            "command": "ladder", "model": student.name, "teacher": sc.teacher, "engine": sc.engine,
+            "sources": [{"name": s.name, "kind": s.kind, "parts": list(s.parts)} for s in steps],
+            "num_sequences": r.num_sequences, "num_response_tokens": r.num_response_tokens,
+            "noise_seed": settings.noise_seed, "prefix_seed": rollouts.seed,
+            "seconds": round(time.perf_counter() - t0, 3), "versions": versions()}))
+    return df
+
+
+def describe(df, out, seconds: float) -> str:
+    cols = [c for c in ("source", "kl_q_p", "k3", "top1_agree", "sum_of_parts", "diverged", "first_div_mean",
+                        "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_verl") if c in df.columns]
+    return (df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+            + f"\nladder: {len(df)} sources in {seconds:.0f} s -> {out}/ladder.csv")

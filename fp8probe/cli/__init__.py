@@ -1,5 +1,2 @@
-"""The command line: `fp8probe COMMAND ...` (main.py)."""
-
-from .main import main
-
-__all__ = ["main"]
+"""The command line: `fp8probe COMMAND ...` (main.py parses, parser.py and options.py build the flags)."""
+from .main import main  # noqa: F401

@@ -12,6 +12,8 @@ Exit codes (the README's table):
 `fp8probe check` exits 0 to admit, 1 to reject, 2 on any error (an internal one included).
 """
 
+import errno
+
 EXIT_OK = 0
 EXIT_REJECT = 1  # `fp8probe check` only: the configuration exceeds the budget
 EXIT_INTERNAL = 1
@@ -38,3 +40,21 @@ def one_line(e: BaseException, limit: int = 300) -> str:
     """An exception's message folded to one line (a dependency's multi-line refusal, shortened)."""
     text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def with_resume_hint(message: str, e: BaseException) -> str:
+    """`message`, plus where the finished part is kept when the failure left resume state (files.output_dir)."""
+    where = getattr(e, "resumable_dir", None)
+    if where and "resume" not in message:
+        return f"{message}; the rows finished so far are kept in {where}: rerun with `resume` once fixed"
+    return message
+
+
+def os_error_line(e: OSError) -> str:
+    """An OSError as one line that says what to do (a full disk, a refused permission, a missing path)."""
+    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    if e.errno == errno.ENOSPC:
+        return f"no space left on device{where}; earlier results are intact: free some space and rerun"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"permission denied{where}: {e.strerror}; choose another `out` or fix the permissions"
+    return f"{e.strerror or e}{where}; check the path and rerun"

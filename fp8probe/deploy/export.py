@@ -83,8 +83,16 @@ def plan_targets(targets: list[Target], recipes: list[tuple[Path, Recipe]], unit
 
 @dataclass
 class Exported:
-    path: Path  # the output directory (with --target vllm: the checkpoint)
+    path: Path  # the output directory (with the vllm target: the checkpoint)
     plans: list[TargetPlan]
+
+    def warnings(self) -> list[str]:
+        return [w for p in self.plans if p.expression for w in p.expression.warnings]
+
+    def describe(self, seconds: float) -> str:
+        """What `fp8probe export` prints: per target, what it applies (or why it cannot), then where it all is."""
+        serve = f" (vllm serve {self.path} --config {self.path / 'vllm.yaml'})" if (self.path / "vllm.yaml").exists() else ""
+        return "\n".join([p.summary() for p in self.plans] + [f"export: {seconds:.0f} s -> {self.path}{serve}"])
 
 
 def export(model: str | None, recipe, out: str | Path, rollouts=None, max_model_len: int | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.errors import FP8ProbeError
+from ..core.settings import Settings, opt
 
 GiB = 1 << 30
 
@@ -33,35 +34,35 @@ NON_TORCH_BYTES = GiB // 2
 
 
 @dataclass(frozen=True)
-class Serving:
+class Serving(Settings):
     """How vLLM is started: the knobs of its KV-cache sizing (vLLM's own argument names), validated here."""
 
-    gpu: str | None = "H100"  # a GPUS preset, unless gpu_memory_gib or kv_cache_memory is given
-    gpu_memory_gib: float | None = None
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory: int | None = None  # bytes per GPU, as --kv-cache-memory (skips the memory estimate)
-    max_model_len: int | None = None  # default: the config's max_position_embeddings
-    tensor_parallel_size: int = 1
-    block_size: int = 16  # 16 on GPUs, 128 on vLLM's CPU backend
-    reserve_bytes: int | None = None  # activations + non-torch memory; default: reserve_estimate
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    hybrid: bool = True  # False: --disable-hybrid-kv-cache-manager
+    gpu: str | None = opt("H100", f"GPU preset: {', '.join(GPUS)}", group="gpu")
+    gpu_memory_gib: float | None = opt(None, "GPU memory in GiB (instead of --gpu)", low=0.0, open_low=True,
+                                       group="gpu", flag="--gpu-memory")
+    gpu_memory_utilization: float = opt(0.9, "share of the GPU's memory vLLM may use", low=0.0, open_low=True,
+                                        high=1.0)
+    kv_cache_memory: int | None = opt(None, "KV-cache bytes per GPU, as vLLM's --kv-cache-memory (skips the memory "
+                                      "estimate)", low=1)
+    max_model_len: int | None = opt(None, "default: the config's max_position_embeddings", low=1)
+    tensor_parallel_size: int = opt(1, "GPUs the model is split over", low=1)
+    block_size: int = opt(16, "16 on GPUs, 128 on vLLM's CPU backend", low=1)
+    reserve_gib: float | None = opt(None, "activation + non-torch memory to set aside (default: estimate)", low=0.0)
+    max_num_batched_tokens: int = opt(8192, "vLLM's --max-num-batched-tokens", low=1)
+    max_num_seqs: int = opt(256, "vLLM's --max-num-seqs", low=1)
+    hybrid: bool = opt(True, "allocate sliding-window layers as full attention, as vLLM does with this flag",
+                       flag="--disable-hybrid-kv-cache-manager")
     max_in_flight_tokens: int | None = None  # default: max_num_batched_tokens
 
     def __post_init__(self):
-        if self.tensor_parallel_size < 1:
-            raise FP8ProbeError("--tensor-parallel-size must be at least 1")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise FP8ProbeError("--gpu-memory-utilization must be in (0, 1]")
-        for name in ("kv_cache_memory", "max_model_len", "block_size", "max_num_batched_tokens", "max_num_seqs"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise FP8ProbeError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
-        if self.gpu_memory_gib is not None and not self.gpu_memory_gib > 0:
-            raise FP8ProbeError(f"--gpu-memory must be a positive number of GiB, got {self.gpu_memory_gib}")
+        super().__post_init__()
         if self.kv_cache_memory is None and self.gpu_memory_gib is None:
             gpu_bytes(self.gpu or "H100")  # an unknown preset fails here, before any work
+
+    @property
+    def reserve_bytes(self) -> int | None:
+        """Activations + non-torch memory to set aside; None: capacity.reserve_estimate."""
+        return None if self.reserve_gib is None else int(self.reserve_gib * GiB)
 
     @property
     def total_bytes(self) -> float:
@@ -72,5 +73,5 @@ def gpu_bytes(name: str) -> int:
     key = name.strip().upper().replace(" ", "-").replace("_", "-")
     key = {k.upper(): k for k in GPUS}.get(key)
     if key is None:
-        raise FP8ProbeError(f"unknown GPU {name!r}; presets: {', '.join(sorted(set(GPUS)))}; or pass --gpu-memory GiB")
+        raise FP8ProbeError(f"unknown GPU {name!r}; presets: {', '.join(sorted(set(GPUS)))}; or pass `gpu_memory_gib`")
     return GPUS[key] * (1 << 20)

@@ -24,12 +24,13 @@ import torch
 from .. import __version__
 from ..core.files import atomic_write_bytes, atomic_write_json
 from ..core.progress import bar_interval
+from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from .prompts import BUILTIN_PROMPTS
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = version("rollouts.json")
 TENSORS = "rollouts.safetensors"
 META = "rollouts.json"
 

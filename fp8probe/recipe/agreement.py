@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import math
 
+from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..core.stats import spearman, top_overlap
 
 AGREEMENT_FILE = "agreement.json"
-AGREEMENT_SCHEMA_VERSION = 1
 
 
 def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str) -> str | None:
@@ -88,7 +88,7 @@ def agreement(fast_df, exact_df, student, rollouts, scheme: str, batch_size: int
             recipes[name] = {"error": str(e)}
     same = "quantized" in recipes["exact"] and recipes["exact"].get("quantized") == recipes["fast"].get("quantized")
     return {
-        "schema_version": AGREEMENT_SCHEMA_VERSION,
+        "schema_version": version(AGREEMENT_FILE),
         "rows": len(units),
         "spearman": spearman([est[u] for u in units], [ex[u] for u in units]),
         "top10_overlap": top_overlap(est, ex, 10),

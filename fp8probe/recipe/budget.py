@@ -21,10 +21,11 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = version("budget.json")
 
 
 @dataclass(frozen=True)

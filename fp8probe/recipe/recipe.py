@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.files import atomic_write_json, atomic_write_text
+from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from .forms import FORMS
 from ..core.schemes import KV_CACHE_SCHEMES, Scheme, kv_cache_name
@@ -36,7 +37,7 @@ from ..model.structure import Unit, expert_ignore_pattern, expert_linear_names, 
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: form, target, kv_scale, memory_target, fp8_share, effective_bits; search moves
+SCHEMA_VERSION = version("recipe.json")
 MODIFIER_KEYS = {"targets", "ignore", "scheme", "config_groups", "kv_cache_scheme"}  # what fp8probe writes and reads
 
 

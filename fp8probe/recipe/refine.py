@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 WIDTH = 3  # leave-one-out candidates per round, and kept candidates tried per swap
+DEFAULT_REFINE_PASSES = 8  # measured passes spent on interactions after the selection (`fp8probe recipe --refine`)
 
 
 @dataclass

@@ -110,7 +110,6 @@ def linear_params(student) -> int:
         math.prod(u.shape) for u in student.units if u.kind in ("lm_head", "router"))
 
 
-DEFAULT_REFINE_PASSES = 8  # `fp8probe recipe --refine`: measured passes spent on interactions after the selection
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ import csv
 import io
 import json
 import os
-import platform
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
 from ..core.files import atomic_write_json, atomic_write_text
 from ..model.embedded import NAME as EMBEDDED
+from ..core.artifacts import version, versions
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
 
@@ -39,7 +39,7 @@ PARTIAL = "sensitivity.partial.csv"
 PARTIAL_SETTINGS = "sweep.partial.json"
 _INT_COLUMNS = ("block", "params", "bytes_saved", "kv_bytes_saved_per_token")
 
-RUN_SCHEMA_VERSION = 1
+RUN_SCHEMA_VERSION = version("run.json")
 RUN_FILE = "run.json"
 TABLE = "sensitivity.csv"
 
@@ -75,14 +75,6 @@ def write_run(out: str | Path, run: dict) -> None:
 def write_table(out: str | Path, df) -> None:
     """sensitivity.csv: floats with 17 significant digits, so that reading it back gives the same numbers."""
     atomic_write_text(Path(out) / TABLE, df.to_csv(index=False, float_format="%.17g"))
-
-
-def versions() -> dict:
-    import torch
-    import transformers
-
-    return {"fp8probe": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
 
 
 def read_sweep(directory: str | Path) -> SweepRun:

@@ -1,0 +1,86 @@
+"""What every command that runs a student does first: check its inputs before any output exists (bad input
+fails in seconds and leaves nothing behind), then load the student and sample or reuse its rollouts."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from ..core.files import check_writable
+from ..core.schemes import Scheme
+from ..model.settings import ModelSource, RolloutSettings
+
+log = logging.getLogger(__name__)
+
+
+def check_inputs(model: ModelSource, rollouts: RolloutSettings, out=None, scheme: Scheme | None = None,
+                 partial: bool = False, others=()):
+    """Device, dtype, the model's config (supported, the scheme's shapes: `partial` allows groups it cannot take),
+    the prompts file, saved rollouts (they fit the model), the output directory, and `others` (more model
+    sources: a teacher, stale checkpoints) supported too. Returns the model's config."""
+    from ..model.rollouts import load_rollouts, read_prompts
+    from ..model.structure import check_scheme
+
+    cfg = model.check()
+    for other in others:
+        other.check()
+    if rollouts.prompts:
+        read_prompts(rollouts.prompts)
+    saved = load_rollouts(rollouts.rollouts) if rollouts.rollouts else None
+    if out is not None:
+        check_writable(out)
+    if scheme is not None:
+        check_scheme(cfg, scheme, partial=partial)
+    if saved is not None:
+        saved.check_fits(cfg, rollouts.rollouts)
+    return cfg
+
+
+def load(model: ModelSource):
+    """The student, and the seconds it took to load."""
+    t = time.perf_counter()
+    log.info("loading %s", model.label)
+    return model.load(), time.perf_counter() - t
+
+
+def rollouts_for(student, settings: RolloutSettings, out: Path, reuse_from: Path | None = None,
+                 progress: bool = False):
+    """The rollouts (`settings.rollouts`, the ones a resumed command saved in `reuse_from`, or new ones), saved into
+    `out`; and the seconds it took."""
+    from ..model.rollouts import load_rollouts, make_rollouts, save_rollouts
+
+    t = time.perf_counter()
+    src = settings.rollouts or (reuse_from if reuse_from and (reuse_from / "rollouts.json").exists() else None)
+    if src:
+        r = load_rollouts(src)
+        log.info("reusing %d rollouts (%d response tokens) from %s", r.num_sequences, r.num_response_tokens, src)
+    else:
+        r = make_rollouts(student, prompts=settings.prompts, num_prompts=settings.num_prompts,
+                          max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                          temperature=settings.temperature, batch_size=settings.batch_size, progress=progress)
+        log.info("sampled %d rollouts, %d response tokens", r.num_sequences, r.num_response_tokens)
+    if Path(src or "") != Path(out):
+        save_rollouts(r, out)
+    return r, time.perf_counter() - t
+
+
+def run_rollouts(model: ModelSource, settings: RolloutSettings, out, progress: bool = False):
+    """`fp8probe rollouts`: sample (or copy) the student's rollouts into `out`."""
+    from ..core.files import output_dir
+
+    check_inputs(model, settings, out)
+    with output_dir(out) as d:
+        student, _ = load(model)
+        return rollouts_for(student, settings, d, progress=progress)
+
+
+def run_units(model: ModelSource) -> str:
+    """What `fp8probe units` prints: every unit, its kind, block, size and fused group."""
+    model.check()
+    student, _ = load(model)
+    lines = [f"{u.name:<48} {u.kind:<8} block {u.block:>3}  {u.params:>12,}  group {u.group}"
+             f"{'' if u.quantizable else '  (kept BF16)'}" for u in student.units]
+    q = student.quantizable
+    return "\n".join(lines + [f"units: {len(q)} quantizable in {len(student.groups())} fused groups, "
+                              f"{sum(u.params for u in q):,} parameters"])

@@ -1,0 +1,70 @@
+"""`run_measure`: the whole model's mismatch in one scheme (and an FP8 KV cache), as an engine computes it, on the
+student's rollouts; writes DIR/rollouts.* and DIR/mismatch.json."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.artifacts import stamped, versions
+from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
+from ..core.settings import Settings, opt
+from ..measurement.engines import ENGINES
+from ..model.settings import ModelSource, RolloutSettings
+from .inputs import check_inputs, load, rollouts_for
+
+DEFAULT_ENGINE = "vllm-cuda"  # what rollouts run on; `check` and `ladder` default to the simulation
+
+
+@dataclass(frozen=True)
+class MeasureSettings(Settings):
+    """Every unit in `scheme`, with an FP8 KV cache when `kv_cache_dtype` is given, computed as `engine` does."""
+
+    scheme: str = opt("FP8_DYNAMIC", f"FP8 scheme: {', '.join(SCHEMES)}")
+    kv_cache_dtype: str | None = opt(None, f"also put the KV cache in FP8: {', '.join(KV_CACHE_DTYPES)}")
+    engine: str = opt(DEFAULT_ENGINE, "vllm-cuda: the whole model as vLLM 0.32 runs it on a Hopper GPU (bf16, its FP8 "
+                      "GEMMs, FlashAttention 3's FP8 KV cache with its FP8 query); vllm-cpu: as vLLM-CPU runs it; "
+                      "sim: FP8 units inside the reference-dtype model, as the sweep measures", choices=ENGINES)
+
+    def __post_init__(self):
+        super().__post_init__()
+        ENGINES[self.engine].check(self.preset, self.kv)
+
+    @property
+    def preset(self) -> Scheme:
+        return Scheme.from_name(self.scheme)
+
+    @property
+    def kv(self) -> KVCacheScheme | None:
+        return KVCacheScheme.from_name(self.kv_cache_dtype) if self.kv_cache_dtype else None
+
+
+def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: MeasureSettings, out,
+                progress: bool = False) -> dict:
+    """mismatch.json's content (every metric, the tokens it was measured on), after writing it into `out`."""
+    from ..core.files import atomic_write_json, output_dir
+    from ..measurement.measure import measure
+
+    check_inputs(model, rollouts, out, settings.preset)
+    t0 = time.perf_counter()
+    with output_dir(out) as d:
+        student, _ = load(model)
+        r, _ = rollouts_for(student, rollouts, d, progress=progress)
+        metrics = measure(student, r, scheme=settings.preset, kv=settings.kv, batch_size=rollouts.batch_size,
+                          engine=settings.engine)
+        doc = stamped("mismatch.json", {
+            "command": "measure", "model": student.name, "scheme": settings.preset.name,
+            "engine": settings.engine, "kv_cache_dtype": settings.kv_cache_dtype,
+            "num_sequences": r.num_sequences, "num_response_tokens": r.num_response_tokens, "metrics": metrics,
+            "seconds": round(time.perf_counter() - t0, 3), "versions": versions()})
+        atomic_write_json(d / "mismatch.json", doc)
+    return doc
+
+
+def describe(doc: dict, out, seconds: float) -> str:
+    what = doc["scheme"] + (f" + {doc['kv_cache_dtype']} KV cache" if doc["kv_cache_dtype"] else "")
+    engine = "" if doc["engine"] == "sim" else f" as {doc['engine']} runs it"
+    return "\n".join([f"\nwhole-model {what}{engine} vs reference on {doc['num_response_tokens']} response tokens:",
+                      *(f"  {k:<22} {v:.6g}" for k, v in doc["metrics"].items()),
+                      f"measure: {seconds:.0f} s -> {Path(out) / 'mismatch.json'}"])

@@ -1,0 +1,112 @@
+"""`run_recipe`: the FP8 recipe of a finished sweep under a mismatch budget or a memory target, measured on the
+sweep's own rollouts, written as DIR/recipe.yaml (llm-compressor's format) and DIR/recipe.json."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.errors import FP8ProbeError
+from ..core.metrics import METRICS
+from ..core.schemes import KV_CACHE_SCHEMES
+from ..core.settings import Settings, opt
+from ..deploy.frameworks import TARGETS
+from ..recipe.forms import FORMS
+from ..recipe.refine import DEFAULT_REFINE_PASSES
+
+
+@dataclass(frozen=True)
+class RecipeSettings(Settings):
+    """Exactly one goal: `budget` (the most bytes with the measured `metric` within it) or a memory target
+    (`min_bytes_saved`, `effective_bits`, `fp8_share`: the least measured mismatch that reaches it). Constraints:
+    `kv_cache_scheme`, `keep_first`/`keep_last` blocks, `keep`/`force` units or groups, the recipe `form`, a
+    rollout framework `target`; `refine` measured passes that see interactions (free and keywords forms)."""
+
+    budget: float | None = opt(None, "largest allowed measured mismatch of the recipe (it saves the most bytes "
+                               "within it)", low=0.0, group="goal", required=True)
+    min_bytes_saved: int | None = opt(None, "instead of a budget: save at least this many weight bytes, with the "
+                                      "least mismatch", low=0, group="goal", metavar="BYTES")
+    effective_bits: float | None = opt(None, "instead: at most B bits per weight of every Linear, lm_head included "
+                                       "(BF16 16, FP8 8; as ModelOpt's auto_quantize counts)", low=8.0, high=16.0,
+                                       group="goal", metavar="B")
+    fp8_share: float | None = opt(None, "instead: at least this fraction of every Linear's weights in FP8", low=0.0,
+                                  high=1.0, group="goal", metavar="F")
+    metric: str = opt("kl_q_p", f"the metric the budget bounds: {', '.join(METRICS)}", choices=METRICS,
+                      metavar="METRIC")
+    kv_cache_scheme: str | None = opt(None, "also put the KV cache in FP8 (counts in the budget)",
+                                      choices=KV_CACHE_SCHEMES)
+    keep_first: int = opt(0, "keep the first N blocks in BF16", low=0)
+    keep_last: int = opt(0, "keep the last N blocks in BF16", low=0)
+    keep: tuple[str, ...] = opt((), "units or groups to keep in BF16")
+    force: tuple[str, ...] = opt((), "units or groups to put in FP8 regardless")
+    form: str | None = opt(None, "the recipes searched: free (default), keywords, first-last, all (every Linear), "
+                           "none (FP8 KV cache only)", choices=FORMS)
+    target: str | None = opt(None, "a rollout framework: its form, FP8 scheme and KV-cache scales (see `fp8probe "
+                             "export`)", choices=lambda: TARGETS)
+    refine: int = opt(DEFAULT_REFINE_PASSES, "measured passes that refine a free recipe with interactions (0: off)",
+                      low=0, metavar="PASSES")
+
+    def __post_init__(self):
+        super().__post_init__()
+        goals = [g for g in ("budget", "min_bytes_saved", "effective_bits", "fp8_share") if getattr(self, g) is not None]
+        if len(goals) != 1:
+            raise FP8ProbeError("give exactly one of `budget`, `min_bytes_saved`, `effective_bits`, `fp8_share`")
+
+    @property
+    def memory(self):
+        """The memory target (recipe.selection.MemoryTarget), or None with a budget."""
+        from ..recipe.selection import MemoryTarget
+
+        for kind in ("min_bytes_saved", "effective_bits", "fp8_share"):
+            if getattr(self, kind) is not None:
+                return MemoryTarget(kind.replace("min_", ""), getattr(self, kind))
+        return None
+
+
+def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", trust_remote_code: bool = False,
+               allow_pickle: bool = False):
+    """The recipe of `sweep_dir` (its table, rollouts and model) as `settings` say, written into `out`; returns it
+    and the seconds its search took."""
+    from ..core.files import check_writable, output_dir
+    from ..deploy.frameworks import recipe_form
+    from ..model.rollouts import load_rollouts
+    from ..model.student import load_student
+    from ..recipe.selection import make_recipe
+    from ..sweeps.files import read_sweep
+
+    run = read_sweep(sweep_dir)
+    target = TARGETS[settings.target] if settings.target else None
+    form, scheme, kv_scale = recipe_form(target, settings.form, settings.kv_cache_scheme, run.run["scheme"], sweep_dir)
+    rollouts = load_rollouts(sweep_dir)
+    check_writable(out)
+    t0 = time.perf_counter()
+    student = load_student(run.model_source, device=device, dtype=run.run.get("dtype", "float32"),
+                           trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    run.check_student(student)
+    rollouts.check_fits(student.model.config, f"the rollouts of {sweep_dir}")
+    try:
+        recipe = make_recipe(run.table, settings.budget, student, rollouts, scheme=scheme, metric=settings.metric,
+                             kv_cache=settings.kv_cache_scheme, keep_first=settings.keep_first,
+                             keep_last=settings.keep_last, keep=settings.keep, force=settings.force,
+                             batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()), form=form,
+                             kv_scale=kv_scale, target=target.name if target else None, memory=settings.memory,
+                             refine_passes=settings.refine)
+    except FP8ProbeError as e:
+        if target is None:
+            raise
+        raise FP8ProbeError(f"{target.title}: {e}") from e
+    with output_dir(out) as d:
+        recipe.write(d)
+    return recipe, time.perf_counter() - t0
+
+
+def describe(r, s: RecipeSettings, out, seconds: float) -> str:
+    """The line `fp8probe recipe` ends with: what it chose, predicted and measured, what it saves."""
+    m = s.memory
+    goal = f"<= budget {s.budget}" if s.budget is not None else f"(memory target {m.kind} {m.given})"
+    return (f"recipe{f' for {s.target}' if s.target else ''} (form {r.form}): {len(r.quantized)}/"
+            f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}{' + FP8 KV cache' if r.kv_cache else ''}; "
+            f"{s.metric} predicted {r.predicted:.4g}, measured {r.measured:.4g} {goal}; {r.bytes_saved / 2**20:.1f} "
+            f"MiB saved, {r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {seconds:.0f} s -> "
+            f"{Path(out) / 'recipe.yaml'}")

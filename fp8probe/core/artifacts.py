@@ -1,0 +1,67 @@
+"""Every versioned file fp8probe writes, in one table: the schema version each is written and read with.
+
+    file                 version  written by                        read back by
+    rollouts.json        1        model/rollouts.py (and .safetensors)  load_rollouts
+    run.json             1        sweeps/files.py (a sweep)         read_sweep
+    recipe.json          2        recipe/recipe.py                  read_recipe (beside recipe.yaml)
+    budget.json          1        recipe/budget.py                  read_budget
+    agreement.json       1        recipe/agreement.py               plots
+    capacity.json        1        deploy/capacity.py                plots
+    mismatch.json        1        measurement/run.py (measure)      -
+    ladder.json          1        apps/sources.py (ladder)          -
+    check.json           1        apps/admission.py (check)         plots
+    calibrate.json       1        apps/calibrate.py (and each run's run.json)  calibrate --resume
+
+recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves.
+Changing what a file holds means a new version here, and a reader that refuses the old one in one line (or
+reads it, as read_recipe reads version 1).
+"""
+
+from __future__ import annotations
+
+import platform
+
+from .errors import FP8ProbeError
+
+SCHEMAS = {
+    "rollouts.json": 1,
+    "run.json": 1,
+    "recipe.json": 2,
+    "budget.json": 1,
+    "agreement.json": 1,
+    "capacity.json": 1,
+    "mismatch.json": 1,
+    "ladder.json": 1,
+    "check.json": 1,
+    "calibrate.json": 1,
+}
+
+
+def version(kind: str) -> int:
+    """The schema version `kind` (a file name of SCHEMAS) is written with."""
+    if kind not in SCHEMAS:
+        raise FP8ProbeError(f"internal: {kind} is not a versioned artifact")
+    return SCHEMAS[kind]
+
+
+def stamped(kind: str, doc: dict) -> dict:
+    """`doc` with its schema version first, as every versioned JSON file starts."""
+    return {"schema_version": version(kind), **doc}
+
+
+def check_version(kind: str, doc, where, redo: str) -> None:
+    """Refuse, in one line that says what to do (`redo`), a file of `kind` written with another schema."""
+    got = doc.get("schema_version") if isinstance(doc, dict) else None
+    if got != version(kind):
+        raise FP8ProbeError(f"{where} has schema_version {got!r}; this fp8probe reads {version(kind)}: {redo}")
+
+
+def versions() -> dict:
+    """The versions a run was made with (run.json, mismatch.json, ladder.json)."""
+    import torch
+    import transformers
+
+    from .. import __version__
+
+    return {"fp8probe": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}

@@ -1,0 +1,63 @@
+"""What a command runs on, as typed settings parsed once at the edge: the student (ModelSource) and its rollouts
+(RolloutSettings). Validated on construction; an error names the field (`num_prompts`), which the CLI shows as
+its flag (--num-prompts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.settings import Settings, opt
+
+
+@dataclass(frozen=True)
+class ModelSource(Settings):
+    """A student and how to load it: a Hugging Face directory, a model id in the local HF cache, a .gguf file, or
+    None for the embedded SmolLM2-135M-Instruct; fp32 on the CPU by default (bf16 is ~5x slower there)."""
+
+    model: str | None = opt(None, "HF directory, model id in the local HF cache, .gguf file (capacity: also a bare "
+                            "config.json); default: the embedded SmolLM2-135M-Instruct", positional=True)
+    device: str = opt("cpu", "torch device: cpu, cuda, cuda:N, or auto (the model spread over this machine's GPUs)")
+    dtype: str = opt("float32", "compute dtype (bf16 is ~5x slower on CPU)")
+    trust_remote_code: bool = opt(False, "allow custom model code")
+    allow_pickle: bool = opt(False, "load .bin/.pt weights with torch.load(weights_only=True); by default only "
+                             "safetensors and GGUF are read (never unpickled)")
+
+    @property
+    def label(self) -> str:
+        return self.model or "the embedded student (smollm2-135m)"
+
+    def check(self):
+        """The device and dtype exist here, the config is one fp8probe supports; returns the config."""
+        from .devices import check_device, parse_dtype
+        from .structure import check_supported
+
+        check_device(self.device)
+        parse_dtype(self.dtype)
+        cfg = self.config()
+        check_supported(cfg)
+        return cfg
+
+    def config(self):
+        from .student import load_config
+
+        return load_config(self.model, self.trust_remote_code, self.allow_pickle)
+
+    def load(self):
+        from .student import load_student
+
+        return load_student(self.model, device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
+                            allow_pickle=self.allow_pickle)
+
+
+@dataclass(frozen=True)
+class RolloutSettings(Settings):
+    """The student's own rollouts: sampled (`prompts` file or the built-in ones, the first `num_prompts`, up to
+    `max_new_tokens` each, `seed`, `temperature`; 0 is greedy) or reused from a directory (`rollouts`)."""
+
+    prompts: str | None = opt(None, "prompts file: text (one per line) or JSONL with a 'prompt' field")
+    num_prompts: int = opt(16, "use the first N prompts", low=1)
+    max_new_tokens: int = opt(48, "response length cap", low=1)
+    seed: int = opt(0, "sampling seed", low=0)
+    temperature: float = opt(1.0, "sampling temperature; 0 is greedy", low=0.0)
+    batch_size: int = opt(8, "sequences per forward", low=1)
+    rollouts: str | None = opt(None, "reuse the rollouts saved in this directory instead of sampling new ones")
