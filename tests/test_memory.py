@@ -32,12 +32,12 @@ def test_32b_on_one_80gb_gpu():
     assert 60 * GIB < exact.weights < 62 * GIB
     check_fits(exact, "cuda", free=80 * GIB, host_free=200 * GIB, where="H100")  # fits
     fisher = estimate(cfg, 2, "fisher", batch_size=8, num_sequences=16, seq_len=560, response_tokens=16 * 512)
-    with pytest.raises(FP8ProbeError, match=r"use --batch-size (\d+) or less") as e:
+    with pytest.raises(FP8ProbeError, match=r"use `batch_size` (\d+) or less") as e:
         check_fits(fisher, "cuda", free=80 * GIB, host_free=200 * GIB, where="H100")
-    bs = int(e.value.args[0].split("--batch-size ")[1].split()[0])
+    bs = int(e.value.args[0].split("`batch_size` ")[1].split()[0])
     smaller = estimate(cfg, 2, "fisher", batch_size=bs, num_sequences=16, seq_len=560, response_tokens=16 * 512)
     check_fits(smaller, "cuda", free=80 * GIB, host_free=200 * GIB, where="H100")
-    with pytest.raises(FP8ProbeError, match="--device auto"):
+    with pytest.raises(FP8ProbeError, match="`device` auto"):
         check_fits(exact, "cuda", free=40 * GIB, host_free=200 * GIB, where="A100-40GB")
     with pytest.raises(FP8ProbeError, match="host memory"):
         check_fits(exact, "cuda", free=80 * GIB, host_free=2 * GIB, where="H100")

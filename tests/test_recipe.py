@@ -201,7 +201,7 @@ def test_all_and_none_forms(setup):
     unit = measure(st, r, units=[], kv=KVCacheScheme(scale="unit"), reference=ref)["kl_q_p"]
     calibrated = measure(st, r, units=[], kv="fp8", reference=ref)["kl_q_p"]
     assert kv_only.measured == pytest.approx(unit, rel=1e-9) and unit != calibrated
-    with pytest.raises(FP8ProbeError, match="--form none .* add --kv-cache-scheme fp8"):
+    with pytest.raises(FP8ProbeError, match="`form` none .* add `kv_cache_scheme` fp8"):
         make_recipe(df, 1.0, st, r, reference=ref, form="none")
 
 
@@ -242,7 +242,7 @@ def test_memory_targets(setup):
         make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("bytes_saved", everything + 1))
     with pytest.raises(FP8ProbeError, match="exactly one of a mismatch budget"):
         make_recipe(df, 0.1, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5))
-    with pytest.raises(FP8ProbeError, match=r"--effective-bits 7.0 is outside \[8, 16\]"):
+    with pytest.raises(FP8ProbeError, match=r"`effective_bits` 7.0 is outside \[8, 16\]"):
         MemoryTarget("effective_bits", 7.0)
 
 

@@ -59,7 +59,7 @@ def perturbation_maker(level: SourceSpec, student, seed: int):
         blocked = scheme_blockers(student.quantizable, scheme)  # groups its kernels refuse stay BF16, as in a sweep
         units = tuple(u.name for u in student.quantizable if u.group not in blocked)
         if not units:
-            raise FP8ProbeError(f"--levels {level.name}: {level.scheme} fits none of the student's units "
+            raise FP8ProbeError(f"`levels` {level.name}: {level.scheme} fits none of the student's units "
                                 f"({next(iter(blocked.values()))}); use fp8 (FP8_DYNAMIC)")
         return lambda step: Perturbation(units=units, scheme=scheme)
     if level.kind == "kv":
@@ -106,19 +106,19 @@ def check_resume(out: Path, settings: Settings, resume: bool) -> None:
     f = next((out / n for n in (PARTIAL, "calibrate.json") if (out / n).exists()), None)
     if f is None:
         if out.exists() and any(x for x in out.iterdir() if not x.name.startswith(".")) and not resume:
-            raise FP8ProbeError(f"{out} exists and is not empty: choose another --out")
+            raise FP8ProbeError(f"{out} exists and is not empty: choose another `out`")
         return
     if not resume:
-        raise FP8ProbeError(f"{out} holds a calibration: pass --resume to continue it, or another --out")
+        raise FP8ProbeError(f"{out} holds a calibration: pass `resume` to continue it, or another `out`")
     try:
         old = json.loads(f.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FP8ProbeError(f"{f} is not valid JSON ({e}): start in another --out") from e
+        raise FP8ProbeError(f"{f} is not valid JSON ({e}): start in another `out`") from e
     new = json.loads(json.dumps(settings.to_json()))
     for key in ("schema_version", "teacher", "student", "train", "train_prompts", "heldout_prompts"):
         if old.get(key) != new.get(key):
             raise FP8ProbeError(f"{out} was calibrated with another {key.replace('_', ' ')}: resume with the same "
-                                "settings, or choose another --out")
+                                "settings, or choose another `out`")
 
 
 def run_dir(out: Path, level: SourceSpec, seed: int) -> Path:
@@ -229,7 +229,7 @@ def load_pair(teacher_path: str | None, student_spec: str, device: str = "cpu"):
         try:
             every = int(k) if k else 2
         except ValueError:
-            raise FP8ProbeError(f"--student {student_spec}: pruned:K takes a whole number K >= 2") from None
+            raise FP8ProbeError(f"`student` {student_spec}: pruned:K takes a whole number K >= 2") from None
         model = depth_pruned(teacher.model, every)
         student = Student(model, teacher.tokenizer, list_units(model), student_spec, teacher.path, teacher.model_type)
     else:
@@ -317,7 +317,7 @@ def read_marks(paths) -> list[tuple[str, float]]:
         if p.name.endswith(".json") and p.is_file():
             d = json.loads(p.read_text(encoding="utf-8"))
             if d.get("metric") != "kl_q_p" and "measured_metrics" not in d:
-                raise FP8ProbeError(f"--mark {p}: a recipe.json measured on kl_q_p is needed")
+                raise FP8ProbeError(f"`mark` {p}: a recipe.json measured on kl_q_p is needed")
             value = d.get("measured_metrics", {}).get("kl_q_p", d.get("measured"))
             marks.append((f"recipe {p.parent.name}", float(value)))
         elif p.name == "ladder.csv" and p.is_file():
@@ -328,7 +328,7 @@ def read_marks(paths) -> list[tuple[str, float]]:
             names = {"model.fp8_all": "all units FP8", "model.fp8_all_kv": "all units + KV FP8"}
             marks += [(names[r["unit"]], float(r["kl_q_p"])) for _, r in df.iterrows() if r["unit"] in names]
         else:
-            raise FP8ProbeError(f"--mark {p}: give a recipe.json, a ladder.csv or a sweep's sensitivity.csv")
+            raise FP8ProbeError(f"`mark` {p}: give a recipe.json, a ladder.csv or a sweep's sensitivity.csv")
     return marks
 
 

@@ -114,7 +114,7 @@ def noise(student, sigma: float, seed: int = 0) -> Source:
     from ..measurement.perturbation import Perturbation
 
     if not sigma > 0:
-        raise FP8ProbeError(f"--noise {sigma}: a noise scale must be a positive number")
+        raise FP8ProbeError(f"`noise` {sigma}: a noise scale must be a positive number")
     units = student.unit_names
     return Source(f"noise {sigma:g}", "noise", Perturbation(noise=sigma, noise_units=units, noise_seed=seed),
                   value=sigma)
@@ -147,15 +147,15 @@ def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
     other = load_student(checkpoint, device=str(next(student.model.parameters()).device),
                          dtype=next(student.model.parameters()).dtype, allow_pickle=allow_pickle)
     if other.model_type != student.model_type:
-        raise FP8ProbeError(f"--stale {checkpoint} is a {other.model_type} model, the student a {student.model_type}: "
+        raise FP8ProbeError(f"`stale` {checkpoint} is a {other.model_type} model, the student a {student.model_type}: "
                             "pass a checkpoint of the same student")
     if other.tokenizer.get_vocab() != student.tokenizer.get_vocab():
-        raise FP8ProbeError(f"--stale {checkpoint} has another vocabulary than the student: pass a checkpoint of the "
+        raise FP8ProbeError(f"`stale` {checkpoint} has another vocabulary than the student: pass a checkpoint of the "
                             "same student")
     state = {n: p.detach() for n, p in other.model.named_parameters()}
     shapes = {n: tuple(p.shape) for n, p in student.model.named_parameters()}
     if {n: tuple(t.shape) for n, t in state.items()} != shapes:
-        raise FP8ProbeError(f"--stale {checkpoint} has other weight names or shapes than the student: pass a "
+        raise FP8ProbeError(f"`stale` {checkpoint} has other weight names or shapes than the student: pass a "
                             "checkpoint of the same student")
     return Source(f"stale {checkpoint}", "stale", Perturbation(stale=state))
 

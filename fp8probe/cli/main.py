@@ -14,6 +14,7 @@ import traceback
 from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_USAGE, FP8ProbeError,
                            one_line, os_error_line, with_resume_hint)
 from ..model.settings import ModelSource, RolloutSettings
+from ..apps import admission, calibrate, capacity, inputs, measure, recipe, sources, sweep, training
 from ..core.progress import quiet_dependencies
 from .options import settings_from
 from .parser import build_parser, flags_of
@@ -27,35 +28,27 @@ def _inputs(a):
 
 
 def cmd_sweep(a, t0) -> int:
-    from ..apps.sweep import SweepSettings, describe, run_sweep
-
-    res = run_sweep(*_inputs(a), settings_from(SweepSettings, a), a.out, a.resume, a.progress)
-    print(describe(res, time.perf_counter() - t0))
+    res = sweep.run_sweep(*_inputs(a), settings_from(sweep.SweepSettings, a), a.out, a.resume, a.progress)
+    print(sweep.describe(res, time.perf_counter() - t0))
     return EXIT_OK
 
 
 def cmd_measure(a, t0) -> int:
-    from ..apps.measure import MeasureSettings, describe, run_measure
-
-    doc = run_measure(*_inputs(a), settings_from(MeasureSettings, a), a.out, a.progress)
-    print(describe(doc, a.out, time.perf_counter() - t0))
+    doc = measure.run_measure(*_inputs(a), settings_from(measure.MeasureSettings, a), a.out, a.progress)
+    print(measure.describe(doc, a.out, time.perf_counter() - t0))
     return EXIT_OK
 
 
 def cmd_rollouts(a, t0) -> int:
-    from ..apps.inputs import run_rollouts
-
-    r, secs = run_rollouts(*_inputs(a), a.out, a.progress)
+    r, secs = inputs.run_rollouts(*_inputs(a), a.out, a.progress)
     print(f"rollouts: {r.num_sequences} sequences, {r.num_response_tokens} response tokens in {secs:.0f} s -> {a.out}")
     return EXIT_OK
 
 
 def cmd_recipe(a, t0) -> int:
-    from ..apps.recipe import RecipeSettings, describe, run_recipe
-
-    s = settings_from(RecipeSettings, a)
-    r, secs = run_recipe(a.sweep_dir, s, a.out, a.device, a.trust_remote_code, a.allow_pickle)
-    print(describe(r, s, a.out, secs))
+    s = settings_from(recipe.RecipeSettings, a)
+    r, secs = recipe.run_recipe(a.sweep_dir, s, a.out, a.device, a.trust_remote_code, a.allow_pickle)
+    print(recipe.describe(r, s, a.out, secs))
     return EXIT_OK
 
 
@@ -67,63 +60,50 @@ def cmd_export(a, t0) -> int:
                   max_model_len=a.max_model_len, trust_remote_code=a.trust_remote_code, allow_pickle=a.allow_pickle,
                   targets=a.target)
     for w in done.warnings():
-        log.warning("%s", w)
+        log.warning("%s", as_flags(w, a.flags))
     print(done.describe(time.perf_counter() - t0))
     return EXIT_OK
 
 
 def cmd_capacity(a, t0) -> int:
-    from ..apps.capacity import CapacitySettings, run_capacity
     from ..deploy.capacity import format_report
     from ..deploy.serving import Serving
 
-    rep = run_capacity(a.model, settings_from(CapacitySettings, a), settings_from(Serving, a), a.out, a.plot,
+    rep = capacity.run_capacity(a.model, settings_from(capacity.CapacitySettings, a), settings_from(Serving, a), a.out, a.plot,
                        a.trust_remote_code, a.allow_pickle)
     print(format_report(rep) + (f"\ncapacity: -> {a.out}/capacity.json" if a.out else ""))
     return EXIT_OK
 
 
 def cmd_units(a, t0) -> int:
-    from ..apps.inputs import run_units
-
-    print(run_units(settings_from(ModelSource, a)))
+    print(inputs.run_units(settings_from(ModelSource, a)))
     return EXIT_OK
 
 
 def cmd_ladder(a, t0) -> int:
-    from ..apps.sources import LadderSettings, Shortcuts, describe, run_ladder
-
-    s = settings_from(LadderSettings, a, shortcuts=settings_from(Shortcuts, a))
-    df = run_ladder(*_inputs(a), s, a.out, a.progress)
-    print(describe(df, a.out, time.perf_counter() - t0))
+    s = settings_from(sources.LadderSettings, a, shortcuts=settings_from(sources.Shortcuts, a))
+    df = sources.run_ladder(*_inputs(a), s, a.out, a.progress)
+    print(sources.describe(df, a.out, time.perf_counter() - t0))
     return EXIT_OK
 
 
 def cmd_check(a, t0) -> int:
-    from ..apps.admission import CheckSettings, format_check, run_check
-    from ..apps.sources import Shortcuts
-
-    s = settings_from(CheckSettings, a, shortcuts=settings_from(Shortcuts, a))
-    report = run_check(*_inputs(a), s, a.out, a.progress)
-    print(format_check(report))
+    s = settings_from(admission.CheckSettings, a, shortcuts=settings_from(sources.Shortcuts, a))
+    report = admission.run_check(*_inputs(a), s, a.out, a.progress)
+    print(admission.format_check(report))
     return EXIT_OK if report["verdict"] == "ADMIT" else EXIT_REJECT
 
 
 def cmd_budget(a, t0) -> int:
-    from ..apps.capacity import BudgetSettings, describe_budget, run_budget
-
-    print(describe_budget(run_budget(a.runs, a.out, settings_from(BudgetSettings, a)), a.out))
+    print(capacity.describe_budget(capacity.run_budget(a.runs, a.out, settings_from(capacity.BudgetSettings, a)), a.out))
     return EXIT_OK
 
 
 def cmd_calibrate(a, t0) -> int:
-    from ..apps.calibrate import describe, prepare, run_calibrate
-    from ..apps.training import CalibrateSettings, TrainSettings
-
-    c = settings_from(CalibrateSettings, a)
-    settings = prepare(c.teacher, c.student, c.levels, c.seeds, settings_from(TrainSettings, a), c.prompts)
-    res = run_calibrate(settings, a.out, a.resume, c.device, a.progress, c.tolerance, c.mark, log.info)
-    print(describe(res, c.seeds, a.out, time.perf_counter() - t0))
+    c = settings_from(training.CalibrateSettings, a)
+    s = calibrate.prepare(c.teacher, c.student, c.levels, c.seeds, settings_from(training.TrainSettings, a), c.prompts)
+    res = calibrate.run_calibrate(s, a.out, a.resume, c.device, a.progress, c.tolerance, c.mark, log.info)
+    print(calibrate.describe(res, c.seeds, a.out, time.perf_counter() - t0))
     return EXIT_OK
 
 
@@ -145,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.print_help()
         return EXIT_USAGE
     _setup_logging(args)
-    flags = flags_of(ap, args.command)
+    flags = args.flags = flags_of(ap, args.command)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.command](args, time.perf_counter())
@@ -166,16 +146,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM stops as cleanly as Ctrl-C: resume state kept, the rest removed
+def _terminate(signum, frame):  # SIGTERM stops as cleanly as Ctrl-C: resume state kept, the rest removed
+    raise KeyboardInterrupt
 
 
 def _fail(args, message: str, code: int, flags: dict, show_traceback: bool = True) -> int:
     if show_traceback and getattr(args, "verbose", False):
         traceback.print_exc()
-    message = re.sub(r"`(\w+)`", lambda m: flags.get(m.group(1), m.group(0)), message)  # fields -> flags
-    print(f"fp8probe: error: {message}", file=sys.stderr)
+    print(f"fp8probe: error: {as_flags(message, flags)}", file=sys.stderr)
     return code
+
+
+def as_flags(message: str, flags: dict) -> str:  # the library's fields -> the command's flags
+    return re.sub(r"`(\w+)`", lambda m: flags.get(m.group(1), m.group(0)), message)
 
 
 def _setup_logging(args) -> None:

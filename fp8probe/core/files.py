@@ -67,12 +67,12 @@ def check_writable(path: str | Path) -> Path:
     """Fail early, in one line, when the output directory cannot be created or written."""
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise FP8ProbeError(f"output path {path} exists and is not a directory; choose another --out")
+        raise FP8ProbeError(f"output path {path} exists and is not a directory; choose another `out`")
     parent = p if p.exists() else next((a for a in p.parents if a.exists()), Path("."))
     if not parent.is_dir():
-        raise FP8ProbeError(f"cannot create {path}: {parent} is a file, not a directory; choose another --out")
+        raise FP8ProbeError(f"cannot create {path}: {parent} is a file, not a directory; choose another `out`")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise FP8ProbeError(f"cannot write to {path}: {parent} is not writable; choose another --out")
+        raise FP8ProbeError(f"cannot write to {path}: {parent} is not writable; choose another `out`")
     return p
 
 
@@ -94,7 +94,7 @@ def output_dir(path: str | Path, keep: tuple[str, ...] = ()):
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise FP8ProbeError(f"cannot create output directory {path}: {e.strerror}; choose another --out") from e
+        raise FP8ProbeError(f"cannot create output directory {path}: {e.strerror}; choose another `out`") from e
     lock = _lock(p)
     before = set(p.iterdir())
     try:
@@ -124,7 +124,7 @@ def _lock(p: Path):
         except BlockingIOError:
             f.close()
             raise FP8ProbeError(f"another fp8probe command is writing into {p} right now; wait for it to finish "
-                                "or choose another --out") from None
+                                "or choose another `out`") from None
         try:
             if os.fstat(f.fileno()).st_ino == os.stat(p / LOCK).st_ino:
                 return f  # still the file on disk, not one the previous holder unlinked on its way out

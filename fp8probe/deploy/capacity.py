@@ -98,7 +98,7 @@ def _layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
         out = [window if t == "sliding_attention" else None for t in types]
         if any(t not in ("sliding_attention", "full_attention") for t in types):
             raise FP8ProbeError(f"layer types {sorted(set(types))} are not supported by the capacity model; "
-                                "pass --kv-cache-memory and read vLLM's own log line")
+                                "pass `kv_cache_memory` and read vLLM's own log line")
     elif window and getattr(cfg, "use_sliding_window", True):
         out = [window] * n
     else:
@@ -176,7 +176,7 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
         raise FP8ProbeError(f"{tcfg.num_attention_heads} attention heads do not split over {tp} ranks")
     max_len = int(serving.max_model_len or getattr(tcfg, "max_position_embeddings", 0) or 0)
     if max_len < 1:
-        raise FP8ProbeError("the config has no max_position_embeddings; pass --max-model-len")
+        raise FP8ProbeError("the config has no max_position_embeddings; pass `max_model_len`")
     meta = meta_model(cfg)
     units = list_units(meta)
     if recipe is None:
@@ -197,7 +197,7 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
             source = "estimate"
             if kv_mem <= 0:
                 raise FP8ProbeError(f"the {side} weights ({weights / GiB:.1f} GiB per GPU) leave no room for a KV "
-                                    "cache; use more GPUs (--tensor-parallel-size) or a larger --gpu-memory")
+                                    "cache; use more GPUs (`tensor_parallel_size`) or a larger `gpu_memory_gib`")
         cap = kv_capacity(layout, kv_mem, max_len, in_flight)
         sides[side] = {
             "weight_bytes": weights, "kv_bytes_per_token": layout["bytes_per_token"], "kv_memory_bytes": kv_mem,

@@ -101,12 +101,12 @@ def export(model: str | None, recipe, out: str | Path, rollouts=None, max_model_
     """Write what each target needs to apply the recipe(s) (`recipe`: one path or several) into `out`."""
     paths = [Path(recipe)] if isinstance(recipe, (str, Path)) else [Path(r) for r in recipe]
     if not paths:
-        raise FP8ProbeError("give at least one --recipe")
+        raise FP8ProbeError("give at least one `recipe`")
     targets = resolve_targets(targets)
     recipes = [(p, read_recipe(p)) for p in paths]
     out = check_writable(out)
     if out.exists() and any(out.iterdir()):
-        raise FP8ProbeError(f"{out} exists and is not empty; choose another --out")
+        raise FP8ProbeError(f"{out} exists and is not empty; choose another `out`")
     cfg = load_config(model, trust_remote_code, allow_pickle)
     units = list_units(meta_model(cfg))
     for p, r in recipes:
@@ -120,7 +120,7 @@ def export(model: str | None, recipe, out: str | Path, rollouts=None, max_model_
     vllm = next((p for p in usable if p.target.name == "vllm"), None)
     if vllm is not None and vllm.recipe.needs_calibration and rollouts is None:
         raise FP8ProbeError("this recipe needs calibration data (static input scales or a kv_cache_scheme): "
-                            "pass --rollouts DIR (a sweep directory holds them)")
+                            "pass `rollouts` DIR (a sweep directory holds them)")
     if vllm is not None and rollouts is not None:
         rollouts.check_fits(cfg, "the calibration rollouts")
     src, kwargs = resolve_source(model, allow_pickle)

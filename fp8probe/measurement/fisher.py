@@ -34,7 +34,6 @@ more than one chunk of logits.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -112,7 +111,6 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
 
     scheme = Scheme.from_name(scheme)
     model = student.model
-    device = next(model.parameters()).device
     t0 = time.perf_counter()
     units = sorted({u for r in rows for u in r.perturbation.units})
     kv_layers = sorted({i for r in rows for i in r.perturbation.kv_layers})
@@ -120,67 +118,10 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
     if calibration is None and scheme.static_input and units:
         calibration = _calibrate(student, rollouts, units, kv.strategy, batch_size)
         cal_seconds = time.perf_counter() - t0
-    defer = calibration is None and bool(kv_layers) and kv.scale == "calibrated"
-    forwards = fp8_forwards(model, units, scheme, calibration, fused=fused)
-    scales = {} if defer else {i: kv_scales(kv, i, calibration) for i in kv_layers}
-    kv_amax = Calibration({}, {}, {})
-    kv_spec = QuantSpec(kv.strategy)
-
-    energy = _Sums()  # SQNR energies, once per batch
-    draws: list[_Sums] = []  # per batch and label draw: the dot products, kept until every row is formed
-    deferred: list[tuple] = []  # (draw index, layer, side, K or V, its gradient) waiting for the KV scales
-    num_tokens = 0
-    gen = torch.Generator().manual_seed(seed)
-    softcap = getattr(model.config, "final_logit_softcapping", None) or None
-    head = model.get_output_embeddings()
-    batch_mask: list = [None]  # the running batch's attention mask [B, S] (expert outputs are flattened over tokens)
-    first_draw = [True]  # energies are counted once per batch, not once per label draw
-    kept: dict[str, torch.Tensor] = {}  # δ per unit for the batch's later label draws
-
-    def unit_hook(name):
-        fn = forwards[name]
-
-        def fwd(mod, args, out):
-            x = args  # not detached: q/k/v share one input object, whose quantization fp8_forwards caches
-            y = out.detach()
-
-            def on_grad(g):
-                with torch.no_grad():
-                    delta = kept.get(name)
-                    if delta is None:
-                        delta = fn(*x).float() - y.float()
-                        if samples > 1:
-                            kept[name] = delta
-                    gd = g.float() * delta
-                    draws[-1].add(name, gd.sum(-1).reshape(batch_mask[0].shape), _sumsq(gd))
-                    if first_draw[0]:
-                        energy.energy(name, y, delta)
-
-            out.register_hook(on_grad)
-
-        return fwd
-
-    def kv_hook(i, k, v):
-        if defer:
-            for d, t in ((kv_amax.k_amax, k), (kv_amax.v_amax, v)):
-                a = amax(without_padding(t.detach(), batch_mask[0], "kv"), kv_spec).float().cpu()
-                d[i] = a if i not in d else torch.maximum(d[i], a)
-        for t, side in ((k, 0), (v, 1)):
-            def on_grad(g, t=t.detach(), side=side):
-                with torch.no_grad():
-                    if defer:
-                        deferred.append((len(draws) - 1, i, side, t.cpu(), g.cpu()))
-                    else:
-                        _kv_dot(draws[-1], energy if first_draw[0] else None, i, t, g, scales[i][side], kv.spec)
-
-            t.register_hook(on_grad)
-        return k, v
-
-    def leaf(mod, args, out):  # the graph starts at the embeddings: no parameter needs a gradient
-        return out.detach().requires_grad_(True)
-
-    handles = [model.get_input_embeddings().register_forward_hook(leaf)]
-    handles += [model.get_submodule(n).register_forward_hook(unit_hook(n)) for n in units]
+    fp = _Pass(model, fp8_forwards(model, units, scheme, calibration, fused=fused), kv, kv_layers, calibration,
+               samples, seed)
+    handles = [model.get_input_embeddings().register_forward_hook(_leaf)]
+    handles += [model.get_submodule(n).register_forward_hook(fp.unit_hook(n)) for n in units]
     batches = list(rollouts.batches(batch_size))
     bar = tqdm(total=len(batches) * samples, desc="fisher", unit="pass", disable=not progress,
                mininterval=bar_interval())
@@ -188,51 +129,131 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(observe_kv(model, kv_hook, kv_layers))
-            stack.enter_context(torch.enable_grad())
-            for ids, am, resp in batches:
-                ids, am = ids.to(device), am.to(device)
-                batch_mask[0] = am.bool()
-                h = model.model(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
-                rows_b, cols_b = torch.nonzero(resp[:, 1:], as_tuple=True)
-                hsel = h[rows_b.to(device), cols_b.to(device)]
-                num_tokens += hsel.shape[0]
-                for draw in range(samples):
-                    first_draw[0] = draw == 0
-                    draws.append(_Sums())
-                    hl = hsel.detach().requires_grad_(True)
-                    for s in range(0, hl.shape[0], CHUNK_ROWS):
-                        logp = log_softmax32(head(hl[s:s + CHUNK_ROWS]), softcap)
-                        labels = _sample(logp.detach(), gen)
-                        logp.gather(-1, labels).sum().backward()
-                    if hl.grad is not None:  # a batch with no response tokens has nothing to score
-                        hsel.backward(hl.grad, retain_graph=draw < samples - 1)
-                    bar.update(1)
-                kept.clear()
+        with observe_kv(model, fp.kv_hook, kv_layers), torch.enable_grad():
+            for batch in batches:
+                fp.batch(*batch, on_draw=lambda: bar.update(1))
     finally:
         bar.close()
         for hd in handles:
             hd.remove()
         for p, g in zip(model.parameters(), grads):
             p.requires_grad_(g)
-    if defer:  # the KV rows, now that the calibrated scales are known
-        scales = {i: kv_scales(kv, i, kv_amax) for i in kv_layers}
-        for n, i, side, t, g in deferred:
-            first = n % samples == 0
-            _kv_dot(draws[n], energy if first else None, i, t, g, scales[i][side], kv.spec)
-    totals = {e: {r.unit: 0.0 for r in rows} for e in ESTIMATORS}
-    for sums in draws:
-        _accumulate(rows, sums, totals)
-    norm = 0.5 / max(num_tokens, 1) / samples
-    estimates = {e: {r: v * norm for r, v in col.items()} for e, col in totals.items()}
-    sqnr = {}
-    for r in rows:
-        keys = [*r.perturbation.units, *(f"kv:{i}" for i in r.perturbation.kv_layers)]
-        sig = sum(energy.signal.get(k, 0.0) for k in keys)
-        noi = sum(energy.noise.get(k, 0.0) for k in keys)
-        sqnr[r.unit] = sqnr_db_from_energy(sig, noi) if keys else float("nan")
-    return FisherResult(estimates, sqnr, num_tokens, time.perf_counter() - t0, cal_seconds)
+    fp.finish_kv()
+    estimates, sqnr = fp.result(rows)
+    return FisherResult(estimates, sqnr, fp.num_tokens, time.perf_counter() - t0, cal_seconds)
+
+
+def _leaf(mod, args, out):  # the graph starts at the embeddings: no parameter needs a gradient
+    return out.detach().requires_grad_(True)
+
+
+class _Pass:
+    """One pass with backward over the rollouts: the hooks that take each unit's (and K/V's) g·δ as the gradient
+    arrives, the label draws, and the sums every estimator is formed from."""
+
+    def __init__(self, model, forwards, kv: KVCacheScheme, kv_layers, calibration, samples: int, seed: int):
+        self.model, self.forwards, self.kv, self.kv_layers, self.samples = model, forwards, kv, kv_layers, samples
+        self.device = next(model.parameters()).device
+        self.defer = calibration is None and bool(kv_layers) and kv.scale == "calibrated"
+        self.scales = {} if self.defer else {i: kv_scales(kv, i, calibration) for i in kv_layers}
+        self.kv_amax = Calibration({}, {}, {})
+        self.kv_spec = QuantSpec(kv.strategy)
+        self.energy = _Sums()  # SQNR energies, once per batch
+        self.draws: list[_Sums] = []  # per batch and label draw: the dot products, kept until every row is formed
+        self.deferred: list[tuple] = []  # (draw index, layer, side, K or V, its gradient) waiting for the KV scales
+        self.num_tokens = 0
+        self.gen = torch.Generator().manual_seed(seed)
+        self.softcap = getattr(model.config, "final_logit_softcapping", None) or None
+        self.mask = None  # the running batch's attention mask [B, S] (expert outputs are flattened over tokens)
+        self.first_draw = True  # energies are counted once per batch, not once per label draw
+        self.kept: dict[str, torch.Tensor] = {}  # δ per unit for the batch's later label draws
+
+    def unit_hook(self, name):
+        fn = self.forwards[name]
+
+        def fwd(mod, args, out):
+            x = args  # not detached: q/k/v share one input object, whose quantization fp8_forwards caches
+            y = out.detach()
+
+            def on_grad(g):
+                with torch.no_grad():
+                    delta = self.kept.get(name)
+                    if delta is None:
+                        delta = fn(*x).float() - y.float()
+                        if self.samples > 1:
+                            self.kept[name] = delta
+                    gd = g.float() * delta
+                    self.draws[-1].add(name, gd.sum(-1).reshape(self.mask.shape), _sumsq(gd))
+                    if self.first_draw:
+                        self.energy.energy(name, y, delta)
+
+            out.register_hook(on_grad)
+
+        return fwd
+
+    def kv_hook(self, i, k, v):
+        if self.defer:
+            for d, t in ((self.kv_amax.k_amax, k), (self.kv_amax.v_amax, v)):
+                a = amax(without_padding(t.detach(), self.mask, "kv"), self.kv_spec).float().cpu()
+                d[i] = a if i not in d else torch.maximum(d[i], a)
+        for t, side in ((k, 0), (v, 1)):
+            def on_grad(g, t=t.detach(), side=side):
+                with torch.no_grad():
+                    if self.defer:
+                        self.deferred.append((len(self.draws) - 1, i, side, t.cpu(), g.cpu()))
+                    else:
+                        _kv_dot(self.draws[-1], self.energy if self.first_draw else None, i, t, g,
+                                self.scales[i][side], self.kv.spec)
+
+            t.register_hook(on_grad)
+        return k, v
+
+    def batch(self, ids, am, resp, on_draw=None) -> None:
+        """One forward, then one backward per label draw (labels sampled from the student, chunk by chunk)."""
+        ids, am = ids.to(self.device), am.to(self.device)
+        self.mask = am.bool()
+        h = self.model.model(input_ids=ids, attention_mask=am, use_cache=False).last_hidden_state
+        rows_b, cols_b = torch.nonzero(resp[:, 1:], as_tuple=True)
+        hsel = h[rows_b.to(self.device), cols_b.to(self.device)]
+        self.num_tokens += hsel.shape[0]
+        head = self.model.get_output_embeddings()
+        for draw in range(self.samples):
+            self.first_draw = draw == 0
+            self.draws.append(_Sums())
+            hl = hsel.detach().requires_grad_(True)
+            for s in range(0, hl.shape[0], CHUNK_ROWS):
+                logp = log_softmax32(head(hl[s:s + CHUNK_ROWS]), self.softcap)
+                labels = _sample(logp.detach(), self.gen)
+                logp.gather(-1, labels).sum().backward()
+            if hl.grad is not None:  # a batch with no response tokens has nothing to score
+                hsel.backward(hl.grad, retain_graph=draw < self.samples - 1)
+            if on_draw is not None:
+                on_draw()
+        self.kept.clear()
+
+    def finish_kv(self) -> None:
+        """A calibrated KV cache's rows, now that every batch has been seen and the K/V amax is known."""
+        if not self.defer:
+            return
+        self.scales = {i: kv_scales(self.kv, i, self.kv_amax) for i in self.kv_layers}
+        for n, i, side, t, g in self.deferred:
+            first = n % self.samples == 0
+            _kv_dot(self.draws[n], self.energy if first else None, i, t, g, self.scales[i][side], self.kv.spec)
+
+    def result(self, rows) -> tuple[dict, dict]:
+        """(estimator -> row -> estimate, row -> SQNR in dB)."""
+        totals = {e: {r.unit: 0.0 for r in rows} for e in ESTIMATORS}
+        for sums in self.draws:
+            _accumulate(rows, sums, totals)
+        norm = 0.5 / max(self.num_tokens, 1) / self.samples
+        estimates = {e: {r: v * norm for r, v in col.items()} for e, col in totals.items()}
+        sqnr = {}
+        for r in rows:
+            keys = [*r.perturbation.units, *(f"kv:{i}" for i in r.perturbation.kv_layers)]
+            sig = sum(self.energy.signal.get(k, 0.0) for k in keys)
+            noi = sum(self.energy.noise.get(k, 0.0) for k in keys)
+            sqnr[r.unit] = sqnr_db_from_energy(sig, noi) if keys else float("nan")
+        return estimates, sqnr
 
 
 def _kv_dot(sums: _Sums, energy: _Sums | None, layer: int, t, g, scale, spec) -> None:

@@ -62,7 +62,7 @@ class Reference:
             bad = int((~torch.isfinite(self.rows.logp).all(-1)).sum())
             raise FP8ProbeError(f"the reference pass gives NaN/inf log-probabilities at {bad} of {len(self.rows)} "
                                 "response positions: the model overflows in this dtype or its weights are broken; "
-                                "try --dtype float32, or fix the checkpoint")
+                                "try `dtype` float32, or fix the checkpoint")
         self.num_tokens = int(rollouts.attention_mask.sum())
         self.seconds = time.perf_counter() - t0
 

@@ -149,9 +149,9 @@ def _fp8_experts(mod, scheme, out_dtype, calibration=None, name=""):
     from ..core.numerics import quantize_weight
 
     if getattr(mod, "gate_up_proj_bias", None) is not None or not hasattr(mod, "gate_up_proj"):
-        raise FP8ProbeError(f"{name}: engine profiles cover bias-free gate_up/down experts only; use --engine sim")
+        raise FP8ProbeError(f"{name}: engine profiles cover bias-free gate_up/down experts only; use `engine` sim")
     if scheme.input.strategy not in ("token", "tensor") or (scheme.input.strategy == "tensor" and not scheme.static_input):
-        raise FP8ProbeError(f"{name}: engine profiles cover experts in FP8_DYNAMIC and FP8; use --engine sim")
+        raise FP8ProbeError(f"{name}: engine profiles cover experts in FP8_DYNAMIC and FP8; use `engine` sim")
 
     def expert_codes(p):
         cs = [quantize_weight(p[e], scheme) for e in range(p.shape[0])]

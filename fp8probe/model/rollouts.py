@@ -98,7 +98,7 @@ def read_prompts(path: str | Path) -> list[str]:
     """Prompts from a text file (one per line) or JSONL (a "prompt", "text" or "messages" field)."""
     p = Path(path)
     if p.is_dir():
-        raise FP8ProbeError(f"--prompts {path} is a directory; pass a text file (one prompt per line) or JSONL")
+        raise FP8ProbeError(f"`prompts` {path} is a directory; pass a text file (one prompt per line) or JSONL")
     if not p.is_file():
         raise FP8ProbeError(f"no such prompts file: {path}")
     try:
@@ -155,12 +155,12 @@ def make_rollouts(
     prompts = list(BUILTIN_PROMPTS if prompts is None else prompts)
     if num_prompts is not None:
         if num_prompts < 1:
-            raise FP8ProbeError("--num-prompts must be at least 1")
+            raise FP8ProbeError("`num_prompts` must be at least 1")
         prompts = prompts[:num_prompts]
     if not prompts:
         raise FP8ProbeError("no prompts given: pass a prompts file with at least one prompt")
     if max_new_tokens < 1:
-        raise FP8ProbeError("--max-new-tokens must be at least 1")
+        raise FP8ProbeError("`max_new_tokens` must be at least 1")
     model, tok = student.model, student.tokenizer
     device = next(model.parameters()).device
     eos = eos_ids(model, tok)
@@ -169,8 +169,8 @@ def make_rollouts(
     ctx = context_length(model.config)
     for i, ids in enumerate(encoded):
         if ctx and len(ids) + max_new_tokens > ctx:
-            raise FP8ProbeError(f"prompt {i + 1} is {len(ids)} tokens; with --max-new-tokens {max_new_tokens} that "
-                                f"exceeds the model's context of {ctx}: shorten it or lower --max-new-tokens")
+            raise FP8ProbeError(f"prompt {i + 1} is {len(ids)} tokens; with `max_new_tokens` {max_new_tokens} that "
+                                f"exceeds the model's context of {ctx}: shorten it or lower `max_new_tokens`")
     seqs: list[tuple[list[int], list[int]]] = []
     from tqdm.auto import tqdm
 

@@ -88,7 +88,7 @@ def resolve_source(name_or_path: str | None, allow_pickle: bool = False) -> tupl
         pickled = sorted(f.name for f in p.iterdir() if f.suffix in PICKLE_SUFFIXES)
         if not has_safe and pickled and not allow_pickle:
             raise FP8ProbeError(f"{s} holds only pickled weights ({pickled[0]}); fp8probe never unpickles by "
-                                "default: convert them to safetensors, or pass --allow-pickle to load them with "
+                                "default: convert them to safetensors, or pass `allow_pickle` to load them with "
                                 "torch.load(weights_only=True)")
         return str(p), dict(safe)
     if p.is_file() and p.suffix in PICKLE_SUFFIXES:

@@ -29,7 +29,7 @@ def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, 
     """Why an exact sweep cannot be compared with this one (None when it can, rollouts aside)."""
     r = exact_run.run
     if (exact_run.table["method"] != "exact").any():
-        return "that sweep is not exact (run with --method exact)"
+        return "that sweep is not exact (run with `method` exact)"
     theirs = (r["scheme"], r.get("granularity"), r.get("include_kv"), r.get("kv_cache_dtype"))
     ours = (scheme.upper(), granularity, include_kv, kv_cache_dtype)
     if theirs != ours:
@@ -47,13 +47,13 @@ def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool,
 
     why = settings_differ(exact_run, scheme, granularity, include_kv, kv_cache_dtype)
     if why:
-        raise FP8ProbeError(f"--compare {exact_run.directory}: {why}")
+        raise FP8ProbeError(f"`compare` {exact_run.directory}: {why}")
     other = load_rollouts(exact_run.directory)
     same = all(torch.equal(getattr(other, t), getattr(rollouts, t))
                for t in ("input_ids", "attention_mask", "response_mask"))
     if not same:
-        raise FP8ProbeError(f"--compare {exact_run.directory}: its rollouts differ from this sweep's; pass "
-                            f"--rollouts {exact_run.directory} so that both score the same tokens")
+        raise FP8ProbeError(f"`compare` {exact_run.directory}: its rollouts differ from this sweep's; pass "
+                            f"`rollouts` {exact_run.directory} so that both score the same tokens")
 
 
 def agreement(fast_df, exact_df, student, rollouts, scheme: str, batch_size: int = 8, budget: float | None = None,

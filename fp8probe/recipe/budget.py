@@ -63,7 +63,7 @@ def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
         return Budget(metric, value, calibrated=False, source="given on the command line")
     p = Path(text)
     if not p.is_file():
-        raise FP8ProbeError(f"--budget {text}: neither a number nor a budget.json file")
+        raise FP8ProbeError(f"`budget` {text}: neither a number nor a budget.json file")
     try:
         d = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -112,7 +112,7 @@ def fit_budget(runs, tolerance: float = 0.01, bootstrap: int = 1000, seed: int =
     import pandas as pd
 
     if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise FP8ProbeError(f"--tolerance {tolerance}: must be a finite, non-negative fraction")
+        raise FP8ProbeError(f"`tolerance` {tolerance}: must be a finite, non-negative fraction")
     where = str(runs)
     if not isinstance(runs, pd.DataFrame):
         p = Path(runs)

@@ -47,78 +47,92 @@ def refine(start: list, pool: list, forced: list, measure_groups, passes: int, *
     bytes with the measured excess <= budget) or `min_value` (minimize the measured excess with
     value(groups) >= min_value) says what "better" means.
     """
-    memory = min_value is not None
-    cur = list(start)
-    m_cur, metrics = start_measured if start_measured is not None else measure_groups(cur)
-    out = Refined(cur, m_cur, metrics)
-    left = passes
+    r = _Refiner(start, pool, {g.group for g in forced}, measure_groups, passes, budget, min_value, value,
+                 start_measured)
+    while r.left > 0 and (r.add_one() or r.swap_one()):
+        pass
+    r.out.groups, r.out.measured, r.out.metrics = r.cur, r.m_cur, r.metrics
+    return r.out
 
-    seen = {frozenset(g.group for g in cur): (m_cur, metrics)}  # a set measured once is never measured again
 
-    def run(groups, move):
-        nonlocal left
+class _Refiner:
+    """The state of one refinement: the current recipe, its measured value, the passes left, every set measured."""
+
+    def __init__(self, start, pool, forced_names, measure_groups, passes, budget, min_value, value, start_measured):
+        self.pool, self.forced_names, self.measure_groups = pool, forced_names, measure_groups
+        self.budget, self.min_value, self.value = budget, min_value, value
+        self.memory = min_value is not None
+        self.cur = list(start)
+        self.m_cur, self.metrics = start_measured if start_measured is not None else measure_groups(self.cur)
+        self.out = Refined(self.cur, self.m_cur, self.metrics)
+        self.left = passes
+        self.seen = {frozenset(g.group for g in self.cur): (self.m_cur, self.metrics)}  # never measured twice
+
+    def run(self, groups, move):
         key = frozenset(g.group for g in groups)
-        if key in seen:
-            return seen[key]
-        left -= 1
-        m, met = measure_groups(groups)
-        seen[key] = (m, met)
-        pred = m_cur + sum(g.score for g in groups if g not in cur) - sum(g.score for g in cur if g not in groups)
-        out.log.append({"move": move, "groups_fp8": len(groups), "bytes_saved": sum(g.bytes_saved for g in groups),
-                        "predicted": pred, "measured": m})
+        if key in self.seen:
+            return self.seen[key]
+        self.left -= 1
+        m, met = self.measure_groups(groups)
+        self.seen[key] = (m, met)
+        pred = self.m_cur + sum(g.score for g in groups if g not in self.cur) - sum(
+            g.score for g in self.cur if g not in groups)
+        self.out.log.append({"move": move, "groups_fp8": len(groups), "bytes_saved": sum(g.bytes_saved for g in groups),
+                             "predicted": pred, "measured": m})
         log.info("refine: %s -> %.4g (predicted %.4g)", move, m, pred)
         return m, met
 
-    def better(groups, m):
-        if memory:
-            return value(groups) >= min_value and m < m_cur
-        return m <= budget and sum(g.bytes_saved for g in groups) > sum(g.bytes_saved for g in cur)
+    def better(self, groups, m) -> bool:
+        if self.memory:
+            return self.value(groups) >= self.min_value and m < self.m_cur
+        return m <= self.budget and sum(g.bytes_saved for g in groups) > sum(g.bytes_saved for g in self.cur)
 
-    forced_names = {g.group for g in forced}
-    while left > 0:
-        kept = sorted((g for g in pool if g not in cur), key=lambda g: (g.per_byte, -g.block, g.group))
-        improved = False
-        if not memory:  # a kept group may still fit outright: the bisection stopped at the first that did not
-            for k in kept[:WIDTH]:
-                if left <= 0:
-                    break
-                cand = cur + [k]
-                m, met = run(cand, f"add {k.group}")
-                if better(cand, m):
-                    cur, m_cur, metrics, improved = cand, m, met, True
-                    break
-            if improved:
-                continue
-        removable = sorted((g for g in cur if g.group not in forced_names), key=lambda g: -g.per_byte)[:WIDTH]
+    def accept(self, groups, move) -> bool:
+        """Measure `groups` (one pass); take them when better."""
+        m, met = self.run(groups, move)
+        if self.better(groups, m):
+            self.cur, self.m_cur, self.metrics = groups, m, met
+            return True
+        return False
+
+    def kept(self) -> list:
+        return sorted((g for g in self.pool if g not in self.cur), key=lambda g: (g.per_byte, -g.block, g.group))
+
+    def add_one(self) -> bool:
+        """Budget mode: a kept group may still fit outright (the bisection stopped at the first that did not)."""
+        if self.memory:
+            return False
+        for k in self.kept()[:WIDTH]:
+            if self.left <= 0:
+                return False
+            if self.accept(self.cur + [k], f"add {k.group}"):
+                return True
+        return False
+
+    def swap_one(self) -> bool:
+        """The quantized groups that look worst, left out one at a time (their cost in context), then swapped, worst
+        per byte first, for the best kept groups; the first move that improves is taken."""
+        kept = self.kept()
+        removable = sorted((g for g in self.cur if g.group not in self.forced_names), key=lambda g: -g.per_byte)[:WIDTH]
         contrib = {}
         for q in removable:
-            if left <= 0:
+            if self.left <= 0:
                 break
-            without = [g for g in cur if g is not q]
-            m, met = run(without, f"leave out {q.group}")
-            contrib[q.group] = (m_cur - m, q)
-            if memory and better(without, m):  # dropping it alone already helps and still meets the target
-                cur, m_cur, metrics, improved = without, m, met, True
-                break
-        if improved:
-            continue
-        if not contrib:
-            break
-        # the groups that cost most in context, per byte, each against the best kept groups
+            without = [g for g in self.cur if g is not q]
+            m, met = self.run(without, f"leave out {q.group}")
+            contrib[q.group] = (self.m_cur - m, q)
+            if self.memory and self.better(without, m):  # dropping it alone already helps and meets the target
+                self.cur, self.m_cur, self.metrics = without, m, met
+                return True
         for _, worst in sorted(contrib.values(), key=lambda cq: (-cq[0] / max(cq[1].bytes_saved, 1), cq[1].group)):
-            feasible = [k for k in kept if (value([g for g in cur if g is not worst] + [k]) >= min_value if memory
+            rest = [g for g in self.cur if g is not worst]
+            feasible = [k for k in kept if (self.value(rest + [k]) >= self.min_value if self.memory
                                             else k.bytes_saved > worst.bytes_saved)]  # budget mode: save more
             for k in feasible[:WIDTH]:
-                if left <= 0:
-                    break
-                cand = [g for g in cur if g is not worst] + [k]
-                m, met = run(cand, f"swap {worst.group} for {k.group}")
-                if better(cand, m):
-                    cur, m_cur, metrics, improved = cand, m, met, True
-                    break
-            if improved or left <= 0:
-                break
-        if not improved:
-            break
-    out.groups, out.measured, out.metrics = cur, m_cur, metrics
-    return out
+                if self.left <= 0:
+                    return False
+                if self.accept(rest + [k], f"swap {worst.group} for {k.group}"):
+                    return True
+            if self.left <= 0:
+                return False
+        return False

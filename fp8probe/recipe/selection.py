@@ -69,7 +69,7 @@ def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[st
         raise FP8ProbeError("the sensitivity table has no unit rows")
     if df[metric].isna().any():
         raise FP8ProbeError(f"the sweep's rows of the fast estimate (method fisher) hold only kl_q_p, not {metric}: "
-                            "use --metric kl_q_p, or a sweep run with --method exact")
+                            "use `metric` kl_q_p, or a sweep run with `method` exact")
     out = []
     for g, rows in df.groupby("group", sort=False):
         score = sum(max(excess(metric, float(v)), 0.0) for v in rows[metric])
@@ -129,8 +129,8 @@ class MemoryTarget:
     def __post_init__(self):
         lo, hi = {"bytes_saved": (0, float("inf")), "effective_bits": (8, 16), "fp8_share": (0, 1)}[self.kind]
         if not lo <= self.given <= hi:
-            flag = "--" + self.kind.replace("_", "-").replace("bytes-saved", "min-bytes-saved")
-            raise FP8ProbeError(f"{flag} {self.given} is outside [{lo}, {hi}]")
+            field = "min_bytes_saved" if self.kind == "bytes_saved" else self.kind
+            raise FP8ProbeError(f"`{field}` {self.given} is outside [{lo}, {hi}]")
 
     def amount(self, linear_weights: int) -> float:
         """The least value() a recipe must reach (linear_weights: linear_params(student))."""
@@ -163,166 +163,213 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
     how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
-    if form not in FORMS:
-        raise FP8ProbeError(f"unknown --form {form!r}; choose from {', '.join(FORMS)}")
-    if (budget is None) == (memory is None):
-        raise FP8ProbeError("give exactly one of a mismatch budget (--budget) or a memory target "
-                            "(--min-bytes-saved, --effective-bits, --fp8-share)")
-    if budget is not None and budget < 0:
-        raise FP8ProbeError("--budget must be a non-negative number")
-    if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
-        raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
-    if form in ("all", "none") and (keep or force or keep_first or keep_last):
-        raise FP8ProbeError(f"--form {form} takes no --keep/--force/--keep-first/--keep-last: its recipe is fixed")
-    if form == "none" and kv_cache is None:
-        raise FP8ProbeError("--form none (no FP8 weights) measures the FP8 KV cache alone: add --kv-cache-scheme fp8")
-    members = {g: [u.name for u in us] for g, us in student.groups().items()}
-    blocked = scheme_blockers(student.quantizable, scheme)  # shapes the scheme cannot take: always BF16
-    if form == "all" and blocked:
-        g, why = next(iter(blocked.items()))
-        raise FP8ProbeError(f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused groups "
-                            f"({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run on it")
-    groups = [g for g in group_scores(sensitivity, metric, members) if g.group not in blocked]
-    known = {g.group for g in groups} | set(blocked)
-    # a student's unit and group names, to map unit-level keep/force names to their group
-    unit_group = {u.name: u.group for u in student.quantizable}
-    for u in student.quantizable:
-        unit_group.setdefault(u.group, u.group)
-    _check_table_matches(sensitivity, student, known, members, unit_group)
-
-    def groups_of(names, what):
-        out = set()
-        for n in names:
-            if n not in unit_group:
-                raise FP8ProbeError(f"--{what} {n}: no such unit or group; see `fp8probe units`")
-            out.add(unit_group[n])
-        return out
-
-    n_blocks = student.model.config.num_hidden_layers
-    keep_set = groups_of(keep, "keep")
-    if form != "first-last":
-        keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
-    force_set = groups_of(force, "force")
-    unquantizable = sorted(force_set & set(blocked))
-    if unquantizable:
-        g = unquantizable[0]
-        raise FP8ProbeError(f"--force {g}: {scheme.name} cannot quantize it ({blocked[g]})")
-    both = keep_set & force_set
-    if both:
-        raise FP8ProbeError(f"{sorted(both)[0]} is both kept and forced; choose one")
-    by_name = {g.group: g for g in groups}
-    forced = [by_name[g] for g in sorted(force_set)]
-    free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
-    # candidates[k]: the groups in FP8, from the fewest (k = 0: the forced ones) to the most
-    if form in ("free", "keywords"):
-        ranked = rank_groups(free)
-        candidates = [ranked[:k] for k in range(len(ranked) + 1)]
-    elif form == "first-last":
-        candidates = _first_last_candidates(free, n_blocks, keep_first, keep_last)
-    elif form == "all":
-        candidates = [[], free]
-    else:
-        candidates = [[]]
-    kv_scheme = None
-    if kv_cache is not None:
-        kv_scheme = KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache).fmt, scale=kv_scale)
-
-    if reference is None:
-        reference = Reference(student, rollouts, batch_size)
-    memo: dict[int, dict] = {}
-
-    def chosen(k):
-        return forced + candidates[k]
-
-    def predicted(k):
-        return sum(g.score for g in chosen(k))
-
-    def measure_groups(gs) -> tuple[float, dict]:
-        """One measured pass of these groups in FP8 (+ the KV cache): (the metric's excess, every metric)."""
-        units = [u for g in gs for u in g.units]
-        res = no_mismatch() if not units and kv_cache is None else \
-            measure(student, rollouts, scheme, units=units, kv=kv_scheme, reference=reference)
-        return excess(metric, res[metric]), res
-
-    def measured(k):
-        if k not in memo:
-            memo[k] = measure_groups(chosen(k))[1]
-            log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(chosen(k)),
-                     len(groups), metric, excess(metric, memo[k][metric]), predicted(k))
-        return excess(metric, memo[k][metric])
-
-    n = len(candidates) - 1
+    _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep_last)
+    plan = _Plan.of(sensitivity, student, scheme, metric, form, keep, force, keep_first, keep_last)
+    kv_scheme = KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache).fmt, scale=kv_scale) if kv_cache else None
+    search = _Search(plan, student, rollouts, scheme, metric, kv_scheme,
+                     reference if reference is not None else Reference(student, rollouts, batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
     if memory is not None:
-        need = memory.amount(weights)
-        have = [memory.value(chosen(k)) for k in range(n + 1)]
-        k = next((k for k in range(n + 1) if have[k] >= need), None)
-        if k is None:
-            raise FP8ProbeError(f"{memory.describe(need)} is more than {'this form' if form != 'free' else 'FP8'} can "
-                                f"reach on this model: at most {memory.describe(have[-1])} ({len(chosen(n))} of "
-                                f"{len(members)} fused groups{', the others cannot take ' + scheme.name if blocked else ''}"
-                                "); lower the target")
-        measured(k)
+        k = search.reach(memory, weights, form)
     elif form == "all":
-        if measured(1) > budget:
-            raise FP8ProbeError(f"every Linear in {scheme.name}{' with the FP8 KV cache' if kv_cache else ''} (the "
-                                f"only FP8 recipe of form all) measures {metric} {measured(1):.3g} > budget {budget}; "
-                                "at this budget keep the weights BF16 (--form none for the KV cache alone)")
-        k = 1
+        k = search.everything(budget, form)
     else:
-        if measured(0) > budget:
-            what = "the FP8 KV cache alone" if form == "none" else (
-                f"only the forced groups{' and the FP8 KV cache' if kv_cache else ''} in FP8")
-            raise FP8ProbeError(f"even with {what} the measured {metric} is {measured(0):.3g} > budget {budget}; "
-                                "raise the budget")
-        lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
-        if n == 0 or measured(n) <= budget:
-            lo = n
-        else:
-            hi = n
-            guess = max((k for k in range(n + 1) if predicted(k) <= budget), default=0)
-            guess = min(max(guess, 1), n - 1) if n > 1 else 0
-            if guess > 0:
-                (lo, hi) = (guess, hi) if measured(guess) <= budget else (lo, guess)
-            while hi - lo > 1 and len(memo) < max_passes:
-                mid = (lo + hi) // 2
-                if measured(mid) <= budget:
-                    lo = mid
-                else:
-                    hi = mid
-        k = lo
-        if k == 0 and not forced and kv_cache is None and n:
-            smallest = "the least sensitive group" if form in ("free", "keywords") else "the smallest first-last recipe"
-            raise FP8ProbeError(f"no fused group fits the budget: {smallest} alone measures {metric} "
-                                f"{measured(1):.3g} > {budget}; raise the budget")
-    final, result = chosen(k), (memo[k] if k in memo else {metric: measured(k)})
+        k = search.longest_prefix(budget, form, max_passes)
+    final, result = plan.chosen(k), search.metrics(k)
     refined = None
     if refine_passes > 0 and form in ("free", "keywords"):
         goal = dict(budget=budget) if memory is None else dict(min_value=memory.amount(weights), value=memory.value)
-        refined = refine(final, free, forced, measure_groups, refine_passes,
+        refined = refine(final, plan.free, plan.forced, search.measure_groups, refine_passes,
                          start_measured=(excess(metric, result[metric]), result), **goal)
         final, result = refined.groups, refined.metrics
-    quantized = {g.group for g in final}
-    kept = [g.group for g in groups if g.group not in quantized] + list(blocked)
     fp8_params = sum(g.params for g in final)
     return Recipe.from_groups(
-        student.units, scheme.name, quantized, model=student.name, kv_cache=kv_cache,
-        quantized=[g.group for g in groups if g.group in quantized], kept=kept,
-        group_units={**{g.group: g.units for g in groups}, **{g: members[g] for g in blocked}},
-        budget=budget, metric=metric,
+        student.units, scheme.name, {g.group for g in final}, model=student.name, kv_cache=kv_cache,
+        **plan.membership(final, scheme), budget=budget, metric=metric,
         predicted=sum(g.score for g in final), measured=excess(metric, result[metric]), measured_metrics=result,
         bytes_saved=sum(g.bytes_saved for g in final),
-        kept_scores=[{"group": g, "score": by_name[g].score, "bytes_saved": by_name[g].bytes_saved,
-                      "reason": "keep" if g in keep_set else "budget"} for g in kept if g in by_name]
-        + [{"group": g, "score": None, "bytes_saved": 0, "reason": f"{scheme.name}: {why}"} for g, why in blocked.items()],
-        search=[{"move": "prefix", "groups_fp8": len(chosen(kk)), "bytes_saved": sum(g.bytes_saved for g in chosen(kk)),
-                 "predicted": predicted(kk), "measured": excess(metric, v[metric])} for kk, v in sorted(memo.items())]
-        + (refined.log if refined is not None else []),
+        search=search.log() + (refined.log if refined is not None else []),
         sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache else "calibrated",
         memory_target=memory.to_json() if memory is not None else None,
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
+
+
+def _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep_last) -> None:
+    if form not in FORMS:
+        raise FP8ProbeError(f"unknown `form` {form!r}; choose from {', '.join(FORMS)}")
+    if (budget is None) == (memory is None):
+        raise FP8ProbeError("give exactly one of a mismatch budget (`budget`) or a memory target "
+                            "(`min_bytes_saved`, `effective_bits`, `fp8_share`)")
+    if budget is not None and budget < 0:
+        raise FP8ProbeError("`budget` must be a non-negative number")
+    if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
+        raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
+    if form in ("all", "none") and (keep or force or keep_first or keep_last):
+        raise FP8ProbeError(f"`form` {form} takes no `keep`/`force`/`keep_first`/`keep_last`: its recipe is fixed")
+    if form == "none" and kv_cache is None:
+        raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_scheme` fp8")
+
+
+@dataclass
+class _Plan:
+    """What the search chooses among: the scored groups, the ones kept, forced and blocked, and the candidates
+    (candidates[k]: the groups in FP8 beside the forced ones, from the fewest, k = 0, to the most)."""
+
+    groups: list[GroupScore]
+    members: dict[str, list[str]]
+    blocked: dict[str, str]  # groups the scheme's kernels refuse -> why (always BF16)
+    keep_set: set[str]
+    forced: list[GroupScore]
+    free: list[GroupScore]
+    candidates: list[list[GroupScore]]
+
+    @classmethod
+    def of(cls, sensitivity, student, scheme, metric, form, keep, force, keep_first, keep_last) -> "_Plan":
+        members = {g: [u.name for u in us] for g, us in student.groups().items()}
+        blocked = scheme_blockers(student.quantizable, scheme)
+        if form == "all" and blocked:
+            g, why = next(iter(blocked.items()))
+            raise FP8ProbeError(f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused "
+                                f"groups ({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run on it")
+        groups = [g for g in group_scores(sensitivity, metric, members) if g.group not in blocked]
+        # a student's unit and group names, to map unit-level keep/force names to their group
+        unit_group = {u.name: u.group for u in student.quantizable}
+        for u in student.quantizable:
+            unit_group.setdefault(u.group, u.group)
+        _check_table_matches(sensitivity, student, {g.group for g in groups} | set(blocked), members, unit_group)
+
+        def groups_of(names, what):
+            missing = [n for n in names if n not in unit_group]
+            if missing:
+                raise FP8ProbeError(f"`{what}` {missing[0]}: no such unit or group; see `fp8probe units`")
+            return {unit_group[n] for n in names}
+
+        n_blocks = student.model.config.num_hidden_layers
+        keep_set = groups_of(keep, "keep")
+        if form != "first-last":
+            keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
+        force_set = groups_of(force, "force")
+        unquantizable = sorted(force_set & set(blocked))
+        if unquantizable:
+            raise FP8ProbeError(f"`force` {unquantizable[0]}: {scheme.name} cannot quantize it "
+                                f"({blocked[unquantizable[0]]})")
+        if keep_set & force_set:
+            raise FP8ProbeError(f"{sorted(keep_set & force_set)[0]} is both kept and forced; choose one")
+        by_name = {g.group: g for g in groups}
+        free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
+        if form in ("free", "keywords"):
+            ranked = rank_groups(free)
+            candidates = [ranked[:k] for k in range(len(ranked) + 1)]
+        elif form == "first-last":
+            candidates = _first_last_candidates(free, n_blocks, keep_first, keep_last)
+        else:
+            candidates = [[], free] if form == "all" else [[]]
+        return cls(groups, members, blocked, keep_set, [by_name[g] for g in sorted(force_set)], free, candidates)
+
+    def chosen(self, k: int) -> list[GroupScore]:
+        return self.forced + self.candidates[k]
+
+    def membership(self, final: list[GroupScore], scheme: Scheme) -> dict:
+        """recipe.json's quantized / kept groups, their units and the kept groups' scores and reasons."""
+        quantized = {g.group for g in final}
+        kept = [g.group for g in self.groups if g.group not in quantized] + list(self.blocked)
+        by_name = {g.group: g for g in self.groups}
+        return dict(
+            quantized=[g.group for g in self.groups if g.group in quantized], kept=kept,
+            group_units={**{g.group: g.units for g in self.groups}, **{g: self.members[g] for g in self.blocked}},
+            kept_scores=[{"group": g, "score": by_name[g].score, "bytes_saved": by_name[g].bytes_saved,
+                          "reason": "keep" if g in self.keep_set else "budget"} for g in kept if g in by_name]
+            + [{"group": g, "score": None, "bytes_saved": 0, "reason": f"{scheme.name}: {why}"}
+               for g, why in self.blocked.items()])
+
+
+class _Search:
+    """Measured passes over the plan's candidates, each measured once (memo), and the three ways to choose one."""
+
+    def __init__(self, plan: _Plan, student, rollouts, scheme, metric, kv_scheme, reference):
+        self.plan, self.student, self.rollouts, self.scheme = plan, student, rollouts, scheme
+        self.metric, self.kv, self.reference = metric, kv_scheme, reference
+        self.memo: dict[int, dict] = {}
+
+    def predicted(self, k: int) -> float:
+        return sum(g.score for g in self.plan.chosen(k))
+
+    def measure_groups(self, gs) -> tuple[float, dict]:
+        """One measured pass of these groups in FP8 (+ the KV cache): (the metric's excess, every metric)."""
+        units = [u for g in gs for u in g.units]
+        res = no_mismatch() if not units and self.kv is None else \
+            measure(self.student, self.rollouts, self.scheme, units=units, kv=self.kv, reference=self.reference)
+        return excess(self.metric, res[self.metric]), res
+
+    def measured(self, k: int) -> float:
+        if k not in self.memo:
+            self.memo[k] = self.measure_groups(self.plan.chosen(k))[1]
+            log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(self.plan.chosen(k)),
+                     len(self.plan.groups), self.metric, excess(self.metric, self.memo[k][self.metric]),
+                     self.predicted(k))
+        return excess(self.metric, self.memo[k][self.metric])
+
+    def metrics(self, k: int) -> dict:
+        return self.memo[k] if k in self.memo else {self.metric: self.measured(k)}
+
+    def log(self) -> list[dict]:
+        return [{"move": "prefix", "groups_fp8": len(self.plan.chosen(k)),
+                 "bytes_saved": sum(g.bytes_saved for g in self.plan.chosen(k)), "predicted": self.predicted(k),
+                 "measured": excess(self.metric, v[self.metric])} for k, v in sorted(self.memo.items())]
+
+    def reach(self, memory: MemoryTarget, weights: int, form: str) -> int:
+        """The fewest candidates that meet the memory target (measured once)."""
+        n = len(self.plan.candidates) - 1
+        need = memory.amount(weights)
+        have = [memory.value(self.plan.chosen(k)) for k in range(n + 1)]
+        k = next((k for k in range(n + 1) if have[k] >= need), None)
+        if k is None:
+            others = ", the others cannot take " + self.scheme.name if self.plan.blocked else ""
+            raise FP8ProbeError(f"{memory.describe(need)} is more than {'this form' if form != 'free' else 'FP8'} can "
+                                f"reach on this model: at most {memory.describe(have[-1])} ({len(self.plan.chosen(n))} "
+                                f"of {len(self.plan.members)} fused groups{others}); lower the target")
+        self.measured(k)
+        return k
+
+    def everything(self, budget: float, form: str) -> int:
+        """Form all: every group, if it fits."""
+        if self.measured(1) > budget:
+            raise FP8ProbeError(f"every Linear in {self.scheme.name}{' with the FP8 KV cache' if self.kv else ''} (the "
+                                f"only FP8 recipe of form all) measures {self.metric} {self.measured(1):.3g} > budget "
+                                f"{budget}; at this budget keep the weights BF16 (`form` none for the KV cache alone)")
+        return 1
+
+    def longest_prefix(self, budget: float, form: str, max_passes: int) -> int:
+        """The most candidates whose measured mismatch stays within the budget: bisection, started at the
+        prediction's guess, at most max_passes measured passes."""
+        n = len(self.plan.candidates) - 1
+        if self.measured(0) > budget:
+            what = "the FP8 KV cache alone" if form == "none" else (
+                f"only the forced groups{' and the FP8 KV cache' if self.kv else ''} in FP8")
+            raise FP8ProbeError(f"even with {what} the measured {self.metric} is {self.measured(0):.3g} > budget "
+                                f"{budget}; raise the budget")
+        lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
+        if n == 0 or self.measured(n) <= budget:
+            lo = n
+        else:
+            hi = n
+            guess = max((k for k in range(n + 1) if self.predicted(k) <= budget), default=0)
+            guess = min(max(guess, 1), n - 1) if n > 1 else 0
+            if guess > 0:
+                (lo, hi) = (guess, hi) if self.measured(guess) <= budget else (lo, guess)
+            while hi - lo > 1 and len(self.memo) < max_passes:
+                mid = (lo + hi) // 2
+                if self.measured(mid) <= budget:
+                    lo = mid
+                else:
+                    hi = mid
+        if lo == 0 and not self.plan.forced and self.kv is None and n:
+            smallest = "the least sensitive group" if form in ("free", "keywords") else "the smallest first-last recipe"
+            raise FP8ProbeError(f"no fused group fits the budget: {smallest} alone measures {self.metric} "
+                                f"{self.measured(1):.3g} > {budget}; raise the budget")
+        return lo
 
 
 def _first_last_candidates(free: list[GroupScore], n_blocks: int, keep_first: int, keep_last: int) -> list:

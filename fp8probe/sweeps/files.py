@@ -85,7 +85,7 @@ def read_sweep(directory: str | Path) -> SweepRun:
     if not d.exists():
         raise FP8ProbeError(f"no such sweep directory: {directory}; run `fp8probe sweep --out {directory}` first")
     if not d.is_dir():
-        raise FP8ProbeError(f"{directory} is a file, not a sweep directory; pass the --out of `fp8probe sweep`")
+        raise FP8ProbeError(f"{directory} is a file, not a sweep directory; pass the `out` of `fp8probe sweep`")
     run_file, table = d / RUN_FILE, d / TABLE
     if not run_file.is_file() or not table.is_file():
         partial = " (it holds an unfinished sweep: finish it with `fp8probe sweep ... --resume`)" if (
@@ -165,18 +165,18 @@ def check_resume_state(out: Path, resume: bool) -> dict | None:
     if not part.exists():
         return None
     if not resume:
-        raise FP8ProbeError(f"{out} holds an unfinished sweep; pass --resume to continue it, or choose another --out")
+        raise FP8ProbeError(f"{out} holds an unfinished sweep; pass `resume` to continue it, or choose another `out`")
     try:
         old = json.loads(sfile.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FP8ProbeError(f"--resume: {sfile} is missing or unreadable ({e}); start the sweep again in an empty "
-                            "--out") from e
+        raise FP8ProbeError(f"`resume`: {sfile} is missing or unreadable ({e}); start the sweep again in an empty "
+                            "`out`") from e
     if not isinstance(old, dict):
-        raise FP8ProbeError(f"--resume: {sfile} is not a JSON object; start the sweep again in an empty --out")
+        raise FP8ProbeError(f"`resume`: {sfile} is not a JSON object; start the sweep again in an empty `out`")
     if old.get("fp8probe_version") != __version__:
-        raise FP8ProbeError(f"--resume: the saved sweep in {out} was made by fp8probe "
+        raise FP8ProbeError(f"`resume`: the saved sweep in {out} was made by fp8probe "
                             f"{old.get('fp8probe_version', 'older than 0.1.1')}, this is {__version__}; "
-                            "start a new sweep in another --out")
+                            "start a new sweep in another `out`")
     return old
 
 
@@ -190,8 +190,8 @@ def open_partial(out: Path, settings: dict, resume: bool) -> dict[str, dict]:
     if old is not None:
         if old != settings:
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise FP8ProbeError(f"--resume: the saved sweep in {out} was run with other settings ({', '.join(diff)}); "
-                                "rerun with the same settings or without --resume")
+            raise FP8ProbeError(f"`resume`: the saved sweep in {out} was run with other settings ({', '.join(diff)}); "
+                                "rerun with the same settings or without `resume`")
         return _read_partial(out / PARTIAL)
     (out / PARTIAL_SETTINGS).unlink(missing_ok=True)
     return {}
@@ -210,8 +210,8 @@ def _read_partial(path: Path) -> dict[str, dict]:
         try:
             done[rec["unit"]] = _parse(rec)
         except ValueError as e:
-            raise FP8ProbeError(f"--resume: {path}:{i} is not a row fp8probe wrote ({e}); start the sweep again "
-                                "without --resume in an empty --out") from e
+            raise FP8ProbeError(f"`resume`: {path}:{i} is not a row fp8probe wrote ({e}); start the sweep again "
+                                "without `resume` in an empty `out`") from e
     # rewrite without the cut-off line, so that appends start on a fresh line
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=COLUMNS)

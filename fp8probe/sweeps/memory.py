@@ -128,19 +128,19 @@ def check_fits(est: MemoryEstimate, device: str, free: int | None = None, host_f
         if est.host > host_free * MARGIN:
             raise FP8ProbeError(f"this sweep needs about {est.host / GIB:.1f} GiB of host memory for the reference "
                                 f"log-probabilities, more than is free ({host_free / GIB:.1f} GiB); use fewer "
-                                "--num-prompts or --max-new-tokens")
+                                "`num_prompts` or `max_new_tokens`")
 
 
 def _what_fits(est: MemoryEstimate, budget: float, on_host: bool) -> str:
     rest = budget - est.weights - (est.host if on_host else 0)
     if est.weights > budget:
-        gpus = "" if on_host else "use --device auto to spread it over this machine's GPUs, or "
+        gpus = "" if on_host else "use `device` auto to spread it over this machine's GPUs, or "
         return f"the weights alone take {est.weights / GIB:.1f} GiB: {gpus}a device with more memory"
     if est.method != "fisher" and est.recorded > rest:
-        return ("the reference's per-block records do not fit: use --method fisher (no records), or fewer "
-                "--num-prompts / --max-new-tokens")
+        return ("the reference's per-block records do not fit: use `method` fisher (no records), or fewer "
+                "`num_prompts` / `max_new_tokens`")
     per_token = est.working / max(est.batch_tokens, 1)
     fits = int((rest - est.recorded) // max(per_token, 1)) // max(est.seq_len, 1) if rest > est.recorded else 0
     if fits >= 1:
-        return f"one batch does not fit: use --batch-size {fits} or less"
-    return "use fewer --num-prompts / --max-new-tokens, --method fisher, or a device with more memory"
+        return f"one batch does not fit: use `batch_size` {fits} or less"
+    return "use fewer `num_prompts` / `max_new_tokens`, `method` fisher, or a device with more memory"

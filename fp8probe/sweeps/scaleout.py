@@ -48,7 +48,7 @@ def require_ray():
     try:
         import ray
     except ImportError as e:
-        raise FP8ProbeError(f"--workers needs Ray, which is not installed: {INSTALL_HINT}") from e
+        raise FP8ProbeError(f"`workers` needs Ray, which is not installed: {INSTALL_HINT}") from e
     return ray
 
 
@@ -75,12 +75,12 @@ def check_address(address: str | None, timeout: float = 5.0) -> None:
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise FP8ProbeError(f"--ray-address {address}: give HOST:PORT of the Ray head (e.g. 10.0.0.1:6379), "
+        raise FP8ProbeError(f"`ray_address` {address}: give HOST:PORT of the Ray head (e.g. 10.0.0.1:6379), "
                             "ray://HOST:PORT, or auto")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as e:
-        raise FP8ProbeError(f"--ray-address {address}: nothing answers there ({e.strerror or e}); start the cluster "
+        raise FP8ProbeError(f"`ray_address` {address}: nothing answers there ({e.strerror or e}); start the cluster "
                             "(`ray start --head`) or check the address (`ray status` on the head node)") from e
 
 
@@ -102,7 +102,7 @@ def ray_session(cluster: Cluster):
                 started = True
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = f"the Ray cluster at {cluster.address}" if cluster.address else "a local Ray instance"
-            raise FP8ProbeError(f"could not start or join {where}: {str(e).splitlines()[0]}; check --ray-address "
+            raise FP8ProbeError(f"could not start or join {where}: {str(e).splitlines()[0]}; check `ray_address` "
                                 "(`ray status` on the head node shows it)") from e
     try:
         yield ray
@@ -179,7 +179,7 @@ class RayRows:
                     load[i] += 1
             if not pending:
                 raise FP8ProbeError(f"every sweep worker died (last: {last_error}); the finished rows are kept: "
-                                    "rerun with --resume (and fewer --workers, or more memory per worker)")
+                                    "rerun with `resume` (and fewer `workers`, or more memory per worker)")
             done, _ = ray.wait(list(pending), num_returns=1)
             i, shard = pending.pop(done[0])
             load[i] -= 1

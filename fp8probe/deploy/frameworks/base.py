@@ -93,7 +93,7 @@ def resolve_targets(names) -> list[Target]:
     out = []
     for n in names:
         if n not in TARGETS:
-            raise FP8ProbeError(f"unknown --target {n!r}; choose from {', '.join(TARGETS)} or all")
+            raise FP8ProbeError(f"unknown `target` {n!r}; choose from {', '.join(TARGETS)} or all")
         if TARGETS[n] not in out:
             out.append(TARGETS[n])
     return out
@@ -111,10 +111,10 @@ def recipe_form(target: Target | None, form: str | None, kv_cache: str | None, s
     if target is None:
         return form, sweep_scheme, "calibrated"
     if form not in NARROWER[target.form]:
-        raise FP8ProbeError(f"{target.title} cannot apply --form {form} recipes (it takes {target.form}); "
+        raise FP8ProbeError(f"{target.title} cannot apply `form` {form} recipes (it takes {target.form}); "
                             f"use one of: {', '.join(NARROWER[target.form])}")
     if kv_cache and target.kv is None:
-        raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop --kv-cache-scheme")
+        raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop `kv_cache_scheme`")
     scheme = target.scheme or sweep_scheme
     if form in ("free", "keywords", "first-last") and scheme != sweep_scheme:
         raise FP8ProbeError(f"{target.title} quantizes with {scheme}, but {sweep_dir} was swept with {sweep_scheme}: "
@@ -178,7 +178,7 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
                                 "refuse the model")
     if fp8 and target.scheme and Scheme.from_name(recipe.scheme).name != target.scheme:
         raise Inexpressible(f"{t} quantizes with {target.scheme}, this recipe is {recipe.scheme}: make one with "
-                            f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with --scheme "
+                            f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with `scheme` "
                             f"{target.scheme})")
     if fp8 and target.form == "all" and kept:
         raise Inexpressible(f"{t} cannot keep layers in BF16 ({target.how}): it would quantize the recipe's "
@@ -203,7 +203,7 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
                    [u.name for g in rest for u in groups[g]], kv)
     if kv and recipe.kv_scale == "calibrated" and target.kv_scale == "unit":
         e.warnings.append(f"{t} runs the FP8 KV cache with k/v scales 1.0 (it drops calibrated scales); this "
-                          f"recipe's KV mismatch was measured with calibrated scales: remake it with --target "
+                          f"recipe's KV mismatch was measured with calibrated scales: remake it with `target` "
                           f"{target.name} to measure what the engine does")
     if target.name == "nemo-rl" and kv and not fp8:
         raise Inexpressible(f"{t} takes kv_cache_dtype fp8 only together with precision fp8 (init_fp8 refuses "

@@ -1,0 +1,144 @@
+"""The package's shape, as rules the code must keep: layers as folders, each importing only from its own layer or
+below; no import cycle between modules; no module importing another module's private name; a thin CLI; short
+functions. Read from the source (ast), every import counted, function-level ones too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "fp8probe"
+# bottom to top: a module may import from its own layer and the layers before it
+LAYERS = ("core", "model", "measurement", "sweeps", "recipe", "deploy", "plots", "apps", "testing", "cli")
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTIONS: dict[str, str] = {}  # "module:function" -> why it may be longer (none)
+MAX_CLI_LINES = 400
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name below fp8probe ("core.errors", "cli", ...) -> file."""
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if "vllm_site" in parts:  # runs inside vLLM's own venv, imports no fp8probe
+            continue
+        out[".".join(parts)] = p
+    return out
+
+
+def imports(name: str, path: Path, typing: bool = True) -> list[tuple[str, list[str], int]]:
+    """(imported module below fp8probe, the names taken from it, line) for every import of fp8probe code; without
+    `typing`, not those under `if TYPE_CHECKING:` (annotations only: no edge at run time)."""
+    is_pkg = path.name == "__init__.py"
+    here = name.split(".") if name else []
+    package = here if is_pkg else here[:-1]
+    tree = ast.parse(path.read_text())
+    skip = set()
+    if not typing:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+                skip |= {id(n) for b in node.body for n in ast.walk(b)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.split(".")[0] == "fp8probe":
+                target = node.module.partition(".")[2]
+            else:
+                continue
+            out.append((target, [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "fp8probe":
+                    out.append((a.name.partition(".")[2], [], node.lineno))
+    return out
+
+
+def resolve(target: str, names: list[str], mods: dict[str, Path]) -> list[str]:
+    """The modules an import reaches: `from pkg import mod` reaches pkg.mod when that is a module."""
+    hits = [f"{target}.{n}" if target else n for n in names if (f"{target}.{n}" if target else n) in mods]
+    return hits or [target]
+
+
+def layer(mod: str) -> int | None:
+    head = mod.split(".")[0]
+    return LAYERS.index(head) if head in LAYERS else None
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports at run time (type-only imports are no edge)."""
+    mods = modules()
+    return {m: {t for target, names, _ in imports(m, p, typing=False) for t in resolve(target, names, mods) if t != m}
+            for m, p in mods.items()}
+
+
+def test_every_module_sits_in_a_layer():
+    stray = [m for m in modules() if m and layer(m) is None]
+    assert not stray, f"modules outside the layer folders {LAYERS}: {stray}"
+
+
+def test_a_module_imports_only_from_its_own_layer_or_below():
+    mods = modules()
+    bad = []
+    for m, p in mods.items():
+        if not m:  # the package's own __init__: the public API, loaded lazily from every layer
+            continue
+        for target, names, line in imports(m, p):
+            for t in resolve(target, names, mods):
+                if t and layer(t) is not None and layer(t) > layer(m):
+                    bad.append(f"{p.relative_to(PKG.parent)}:{line} ({LAYERS[layer(m)]}) imports {t} "
+                               f"({LAYERS[layer(t)]})")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle():
+    g = graph()
+    seen, stack, cycles = set(), [], []
+
+    def visit(m):
+        if m in stack:
+            cycles.append(stack[stack.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        stack.append(m)
+        for t in sorted(g.get(m, ())):
+            if t in g:
+                visit(t)
+        stack.pop()
+
+    for m in sorted(g):
+        visit(m)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    mods = modules()
+    bad = [f"{m}: {t}.{n}" for m, p in mods.items() for t, names, _ in imports(m, p) for n in names
+           if n.startswith("_") and not n.startswith("__") and t != m]
+    assert not bad, bad
+
+
+def test_functions_are_short():
+    long = []
+    for m, p in modules().items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES and f"{m}:{node.name}" not in LONG_FUNCTIONS:
+                    long.append(f"{m}:{node.name} ({n} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_cli_is_thin():
+    total = sum(len(p.read_text().splitlines()) for p in (PKG / "cli").glob("*.py"))
+    assert total <= MAX_CLI_LINES, f"cli/ holds {total} lines; parse flags into settings and call the library"
