@@ -148,7 +148,7 @@ def main() -> None:
             c = {"units": len(units)}
             if path is not None or kv is not None:
                 with contextlib.ExitStack() as st:
-                    st.enter_context(quantize_units(student.model, units, spec.scheme, calibration=ref.calibration))
+                    st.enter_context(quantize_units(student.model, units, spec.preset, calibration=ref.calibration))
                     if kv is not None:
                         st.enter_context(quantize_kv(student.model, None, kv, calibration=ref.calibration))
                     sim_rows, _ = response_logp(student.model, rollouts)

@@ -221,7 +221,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
                        if r.response_mask[i][t]], dtype=np.float64)
     with engine_model(embedded, units, DYNAMIC, CPU) as m:
         prof = logp(m)
-    with quantize_units(embedded.model, units, "FP8_DYNAMIC"):
+    with quantize_units(embedded.model, units, Scheme.from_name("FP8_DYNAMIC")):
         sim = logp(embedded.model)
     d_real, d_prof, d_sim = (np.abs(lp_ref - x) for x in (real, prof, sim))
     prof_mean, lo, hi = paired_interval(d_prof, d_real, seq)

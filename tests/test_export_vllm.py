@@ -6,6 +6,8 @@ The vLLM tests create (once, cached) a separate virtual environment with vllm-cp
 import json
 
 import pytest
+
+from fp8probe.core.schemes import Scheme
 import torch
 import yaml
 
@@ -55,7 +57,7 @@ def test_same_codes_as_checkpoint(embedded, exported):
     stored = read_checkpoint_fp8(ckpt)
     assert set(stored) == set(units)  # exactly the recipe's FP8 units, nothing kept BF16 is in FP8
     model = embedded.model
-    simulated = simulated_weights(model, units, "FP8_DYNAMIC")
+    simulated = simulated_weights(model, units, Scheme.from_name("FP8_DYNAMIC"))
     for n in units:
         w8, scale = stored[n]
         assert w8.dtype == torch.float8_e4m3fn and scale.dtype == torch.bfloat16

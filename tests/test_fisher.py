@@ -45,7 +45,7 @@ def test_quadratic_form_matches_brute_force(tiny):
     for row in rows:
         with torch.no_grad():
             z, _ = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
-            with quantize_units(m, row.perturbation.units, "FP8_DYNAMIC"):
+            with quantize_units(m, row.perturbation.units, Scheme.from_name("FP8_DYNAMIC")):
                 zq, _ = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
         p = torch.softmax(z.double(), -1)
         dz = (zq - z).double()
@@ -196,11 +196,11 @@ def test_big_model_paths_give_the_same_numbers(tiny, monkeypatch, scheme):
 
     s, r, _ = tiny
     rows = plan_rows(s, Scheme.from_name(scheme))
-    kept = fisher_rows(s, r, rows, scheme, fused=True)
+    kept = fisher_rows(s, r, rows, Scheme.from_name(scheme), fused=True)
     whole = measure(s, r, scheme)
     monkeypatch.setattr(hooks, "DEQUANTIZED_CACHE_BYTES", 0)
     monkeypatch.setattr(hooks, "LAZY_CODES_BYTES", 0)
-    lazy = fisher_rows(s, r, rows, scheme, fused=True)
+    lazy = fisher_rows(s, r, rows, Scheme.from_name(scheme), fused=True)
     assert lazy.estimates == kept.estimates
     assert str(lazy.sqnr_db) == str(kept.sqnr_db)  # NaN on the whole-model rows
     assert measure(s, r, scheme) == whole

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fp8probe.core.numerics import dequantize, quantize_weight
-from fp8probe.core.schemes import Scheme
+from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.measurement.weights import add_noise
 from fp8probe.measurement.attention import quantize_kv
 from fp8probe.measurement.quantize import quantize_units, simulated_weights
@@ -26,7 +26,7 @@ def test_restore_after_exception():
     with record_calibration(m, names) as cal:
         m(ids)
     with pytest.raises(RuntimeError, match="boom"):
-        with quantize_units(m, names, "FP8", calibration=cal), quantize_kv(m, None, "fp8", calibration=cal), \
+        with quantize_units(m, names, Scheme.from_name("FP8"), calibration=cal), quantize_kv(m, None, KVCacheScheme(), calibration=cal), \
                 add_noise(m, names[:2], 0.1):
             assert not torch.equal(m(ids).logits, ref)
             raise RuntimeError("boom")
@@ -47,7 +47,7 @@ def test_one_unit_uses_checkpoint_weights_and_quantized_input():
     from fp8probe import fake_quant
 
     expected = torch.nn.functional.linear(fake_quant(x, "FP8_DYNAMIC", "input"), w_sim, mod.bias)
-    with quantize_units(m, [name], "FP8_DYNAMIC"):
+    with quantize_units(m, [name], Scheme.from_name("FP8_DYNAMIC")):
         got = mod(x)
         others = [u.name for u in list_units(m) if u.quantizable and u.name != name]
         assert all(not m.get_submodule(o)._forward_pre_hooks for o in others)
@@ -61,10 +61,10 @@ def test_fp8_fused_group_shares_max_scale():
     with torch.no_grad():
         m.get_submodule(qkv[1]).weight.mul_(4)  # k has the largest scale
     smax = max(quantize_weight(m.get_submodule(n).weight, "FP8")[1].float().item() for n in qkv)
-    w_q = simulated_weights(m, qkv, "FP8")[qkv[0]]
+    w_q = simulated_weights(m, qkv, Scheme.from_name("FP8"))[qkv[0]]
     ratio = w_q / smax  # every weight is an e4m3 code times the shared scale
     assert torch.equal(ratio.to(torch.float8_e4m3fn).float(), ratio)
-    w_alone = simulated_weights(m, qkv[:1], "FP8")[qkv[0]]  # alone: its own, finer scale
+    w_alone = simulated_weights(m, qkv[:1], Scheme.from_name("FP8"))[qkv[0]]  # alone: its own, finer scale
     assert (w_alone - m.get_submodule(qkv[0]).weight).abs().max() < (w_q - m.get_submodule(qkv[0]).weight).abs().max()
 
 
@@ -78,7 +78,7 @@ def test_kv_hook_sees_post_rope_keys():
 
     with record_calibration(m, []) as cal:
         m(ids)
-    with quantize_kv(m, [2], "fp8", calibration=cal, observer=observer):
+    with quantize_kv(m, [2], KVCacheScheme(), calibration=cal, observer=observer):
         m(ids)
     attn = m.model.layers[2].self_attn
     # recompute layer 2's post-RoPE keys by hand from its input
@@ -100,8 +100,8 @@ def test_weights_only_forward_uses_simulated_weights():
     m = tiny_model("llama")
     names = [u.name for u in list_units(m) if u.quantizable]
     ids = torch.randint(3, 300, (2, 7))
-    sim = simulated_weights(m, names, "FP8_DYNAMIC")
-    with quantize_units(m, names, "FP8_DYNAMIC", weights_only=True):
+    sim = simulated_weights(m, names, Scheme.from_name("FP8_DYNAMIC"))
+    with quantize_units(m, names, Scheme.from_name("FP8_DYNAMIC"), weights_only=True):
         got = m(ids).logits
     originals = {n: m.get_submodule(n).weight.data for n in names}
     for n in names:
@@ -126,9 +126,9 @@ def test_materialized_weights_equal_just_in_time(scheme):
     names = [u.name for u in st.quantizable]
     ids, am = r.input_ids, r.attention_mask
     with torch.no_grad():
-        with quantize_units(st.model, names, scheme, calibration=cal):
+        with quantize_units(st.model, names, Scheme.from_name(scheme), calibration=cal):
             jit = st.model(input_ids=ids, attention_mask=am).logits
-        with quantize_units(st.model, names, scheme, calibration=cal, just_in_time=False):
+        with quantize_units(st.model, names, Scheme.from_name(scheme), calibration=cal, just_in_time=False):
             once = st.model(input_ids=ids, attention_mask=am).logits
         plain = st.model(input_ids=ids, attention_mask=am).logits
     assert torch.equal(jit, once) and not torch.equal(jit, plain)

@@ -14,7 +14,7 @@ from fp8probe.measurement.mismatch import METRICS, mismatch, response_logits
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.sweeps.files import COLUMNS
-from fp8probe.core.schemes import Scheme
+from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.sweeps.sweep import plan_rows, sweep
 
 from conftest import ARCHS, cli_process, tiny_student
@@ -22,7 +22,7 @@ from conftest import ARCHS, cli_process, tiny_student
 _student = tiny_student
 
 
-def _naive(student, rollouts, row, ref_cal, scheme, kv="fp8"):
+def _naive(student, rollouts, row, ref_cal, scheme, kv=KVCacheScheme()):
     """Full forward of the whole model with the row's perturbation, logits on every position."""
     import contextlib
 

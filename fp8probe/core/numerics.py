@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import FP8ProbeError
-from .schemes import KVCacheScheme, QuantSpec, Scheme
+from .schemes import KVCacheScheme, QuantSpec, Scheme, Strategy
 
 STORAGE_DTYPE = torch.bfloat16  # a checkpoint's dtype: llm-compressor computes scales and codes in it
 
@@ -58,28 +58,34 @@ def _blocks(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     return x.reshape(rows // bh, bh, cols // bw, bw).transpose(1, 2)
 
 
+def _amax_block(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    if a.ndim != 2:
+        raise FP8ProbeError(f"block quantization needs a 2-D weight, got shape {tuple(a.shape)}")
+    return _blocks(_pad_to_blocks(a, spec.block), spec.block).amax(dim=(-1, -2))  # [R/bh, C/bw]
+
+
+def _amax_head(a: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    # K/V as attention sees them: [batch, kv_heads, seq, head_dim] -> [1, kv_heads, 1, 1]
+    if a.ndim != 4:
+        raise FP8ProbeError(f"per-head quantization needs [batch, heads, seq, dim], got {tuple(a.shape)}")
+    return a.amax(dim=(0, 2, 3), keepdim=True)
+
+
+# strategy -> the |x| reduction it shares one scale over, shaped to broadcast against x (block: per block)
+_AMAX = {
+    Strategy.TENSOR: lambda a, spec: a.amax().reshape(1),
+    Strategy.CHANNEL: lambda a, spec: a.amax(dim=-1, keepdim=True),  # weight [out, in] -> [out, 1]
+    Strategy.TOKEN: lambda a, spec: a.amax(dim=-1, keepdim=True),  # activation [..., hidden] -> [..., 1]
+    Strategy.BLOCK: _amax_block,
+    Strategy.GROUP: lambda a, spec: a.unflatten(-1, (math.ceil(a.shape[-1] / spec.group_size),
+                                                     spec.group_size)).amax(dim=-1),  # [..., G]
+    Strategy.HEAD: _amax_head,
+}
+
+
 def amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """max(|min(x,0)|, |max(x,0)|) reduced as the strategy says, shaped to broadcast against x."""
-    a = x.abs()
-    s = spec.strategy
-    if s == "tensor":
-        return a.amax().reshape(1)
-    if s in ("channel", "token"):
-        # channel: weight [out, in] -> [out, 1]; token: activation [..., hidden] -> [..., 1]
-        return a.amax(dim=-1, keepdim=True)
-    if s == "block":
-        if x.ndim != 2:
-            raise FP8ProbeError(f"block quantization needs a 2-D weight, got shape {tuple(x.shape)}")
-        return _blocks(_pad_to_blocks(a, spec.block), spec.block).amax(dim=(-1, -2))  # [R/bh, C/bw]
-    if s == "group":
-        g = spec.group_size
-        return a.unflatten(-1, (math.ceil(x.shape[-1] / g), g)).amax(dim=-1)  # [..., G]
-    if s == "head":
-        # K/V as attention sees them: [batch, kv_heads, seq, head_dim] -> [1, kv_heads, 1, 1]
-        if x.ndim != 4:
-            raise FP8ProbeError(f"per-head quantization needs [batch, heads, seq, dim], got {tuple(x.shape)}")
-        return a.amax(dim=(0, 2, 3), keepdim=True)
-    raise FP8ProbeError(f"unknown strategy {s!r}")
+    return _AMAX[spec.strategy](x.abs(), spec)
 
 
 def compute_scale(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -97,13 +103,13 @@ def compute_scale(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 def _apply(x: torch.Tensor, scale: torch.Tensor, spec: QuantSpec, fn) -> torch.Tensor:
     """Reshape x so that `scale` broadcasts, apply fn(x, scale), and restore x's shape."""
     s = spec.strategy
-    if s == "block":
+    if s == Strategy.BLOCK:
         shape = x.shape
         xb = _blocks(_pad_to_blocks(x, spec.block), spec.block)  # [RB, CB, bh, bw]
         out = fn(xb, scale[..., None, None])
         rb, cb, bh, bw = out.shape
         return out.transpose(1, 2).reshape(rb * bh, cb * bw)[: shape[0], : shape[1]]
-    if s == "group":
+    if s == Strategy.GROUP:
         g = spec.group_size
         if x.shape[-1] >= g and x.shape[-1] % g:
             raise FP8ProbeError(f"group quantization needs the last dim ({x.shape[-1]}) to be a multiple of {g}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from .errors import FP8ProbeError
@@ -33,14 +34,29 @@ FP8_FORMATS = {
     "e5m2": ("float8_e5m2", 57344.0),
 }
 
-STRATEGIES = ("tensor", "channel", "block", "token", "group", "head")
+class Strategy(str, Enum):
+    """Over what one scale is shared (compressed-tensors' QuantizationStrategy names; a str, so it compares with and
+    serializes as its name)."""
+
+    TENSOR = "tensor"  # one scale for the whole tensor
+    CHANNEL = "channel"  # a weight's output channel (row)
+    BLOCK = "block"  # a 2-D block of a weight (128 x 128)
+    TOKEN = "token"  # an activation's token (its last dim)
+    GROUP = "group"  # groups of 128 along an activation's last dim
+    HEAD = "head"  # a K or V head
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STRATEGIES = tuple(s.value for s in Strategy)
 
 
 @dataclass(frozen=True)
 class QuantSpec:
     """How one tensor (a weight, an input activation, a K or V) is quantized."""
 
-    strategy: str  # one of STRATEGIES
+    strategy: Strategy  # a Strategy (or its name)
     dynamic: bool = False  # scales computed per forward from the tensor itself
     block: tuple[int, int] = (128, 128)  # rows x cols, for strategy="block"
     group_size: int = 128  # along the last dim, for strategy="group"
@@ -49,6 +65,7 @@ class QuantSpec:
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise FP8ProbeError(f"unknown strategy {self.strategy!r}; supported: {', '.join(STRATEGIES)}")
+        object.__setattr__(self, "strategy", Strategy(self.strategy))
         if self.fmt not in FP8_FORMATS:
             raise FP8ProbeError(f"unknown FP8 format {self.fmt!r}; supported: {', '.join(FP8_FORMATS)}")
 
@@ -132,7 +149,7 @@ SCHEMES: dict[str, Scheme] = {
 
 def _spec_dict(spec: QuantSpec) -> dict:
     """A QuantSpec as compressed-tensors' QuantizationArgs fields."""
-    d = {"num_bits": 8, "type": "float", "strategy": spec.strategy, "dynamic": spec.dynamic, "symmetric": True}
+    d = {"num_bits": 8, "type": "float", "strategy": spec.strategy.value, "dynamic": spec.dynamic, "symmetric": True}
     if spec.strategy == "block":
         d["block_structure"] = list(spec.block)
     if spec.strategy == "group":
@@ -213,10 +230,8 @@ class KVCacheScheme:
 def num_scales(shape: tuple[int, int], spec: QuantSpec) -> int:
     """How many scales a checkpoint stores for a weight of shape [out, in]."""
     rows, cols = shape
-    if spec.strategy == "tensor":
-        return 1
-    if spec.strategy == "channel":
-        return rows
-    if spec.strategy == "block":
-        return math.ceil(rows / spec.block[0]) * math.ceil(cols / spec.block[1])
-    raise FP8ProbeError(f"strategy {spec.strategy!r} is not a weight strategy")
+    count = {Strategy.TENSOR: lambda: 1, Strategy.CHANNEL: lambda: rows,
+             Strategy.BLOCK: lambda: math.ceil(rows / spec.block[0]) * math.ceil(cols / spec.block[1])}
+    if spec.strategy not in count:
+        raise FP8ProbeError(f"strategy {spec.strategy!r} is not a weight strategy")
+    return count[spec.strategy]()

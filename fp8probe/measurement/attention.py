@@ -124,13 +124,12 @@ def kv_scales(kv: KVCacheScheme, layer: int, calibration: Calibration | None) ->
 
 
 @contextlib.contextmanager
-def quantize_kv(model: nn.Module, layers=None, kv: "str | KVCacheScheme" = "fp8",
+def quantize_kv(model: nn.Module, layers=None, kv: KVCacheScheme = KVCacheScheme(),
                 calibration: Calibration | None = None, observer=None):
     """FP8 KV cache for the given attention layers (all when None).
 
     observer(k, k_fp8, v, v_fp8), when given, sees each layer's K/V before and after quantization.
     """
-    kv = KVCacheScheme.from_name(kv) if not isinstance(kv, KVCacheScheme) else kv
     spec = kv.spec
     idx = list(attention_modules(model)) if layers is None else list(layers)
     actions = {}

@@ -96,7 +96,7 @@ def _calibrate(student, rollouts, names, kv_strategy: str, batch_size: int) -> C
     return cal
 
 
-def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC", kv: KVCacheScheme = KVCacheScheme(),
+def fisher_rows(student, rollouts, rows, scheme: Scheme = Scheme.from_name("FP8_DYNAMIC"), kv: KVCacheScheme = KVCacheScheme(),
                 batch_size: int = 8, calibration: Calibration | None = None, samples: int = DEFAULT_SAMPLES, seed: int = 0,
                 fused: bool = False, progress: bool = False) -> FisherResult:
     """The estimates of every row of sweep.plan_rows (anything with `.unit` and `.perturbation`).
@@ -109,7 +109,6 @@ def fisher_rows(student, rollouts, rows, scheme: "str | Scheme" = "FP8_DYNAMIC",
     (group rows) instead of each unit alone (unit rows); only the per-tensor FP8 scheme differs."""
     from tqdm.auto import tqdm
 
-    scheme = Scheme.from_name(scheme)
     model = student.model
     t0 = time.perf_counter()
     units = sorted({u for r in rows for u in r.perturbation.units})

@@ -45,9 +45,8 @@ def checkpoint_codes(model: nn.Module, names: list[str], scheme: Scheme) -> dict
     return out
 
 
-def simulated_weights(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC") -> dict[str, torch.Tensor]:
+def simulated_weights(model: nn.Module, names, scheme: Scheme) -> dict[str, torch.Tensor]:
     """The weights vLLM multiplies with for the named Linear units (codes x scales, exact in fp32)."""
-    scheme = Scheme.from_name(scheme)
     return {n: dequantize(c, s, scheme.weight).to(model.get_submodule(n).weight.dtype)
             for n, (c, s) in checkpoint_codes(model, list(names), scheme).items()}
 
@@ -90,13 +89,12 @@ def _swap(cs):
 
 
 @contextlib.contextmanager
-def quantize_units(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC",
+def quantize_units(model: nn.Module, names, scheme: Scheme,
                    calibration: Calibration | None = None, weights_only: bool = False, just_in_time: bool = True):
     """Put the named units (Linear modules or fused-experts modules) in FP8 for the duration.
 
     just_in_time=False dequantizes every weight once on entry (a second copy of the weights in memory),
     which is faster when the model runs many small forwards, as in token-by-token generation."""
-    scheme = Scheme.from_name(scheme)
     names = list(names)
     if scheme.static_input and not weights_only and calibration is None:
         raise FP8ProbeError(f"scheme {scheme.name} has static input scales: pass a Calibration from the rollouts")
@@ -208,7 +206,7 @@ def _swap_out_hook(original):
     return hook
 
 
-def fp8_forwards(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC",
+def fp8_forwards(model: nn.Module, names, scheme: Scheme,
                  calibration: Calibration | None = None, fused: bool = True) -> dict[str, object]:
     """For each named unit, a function of that module's forward arguments giving the output it would have in
     FP8 (weights as vLLM holds them, inputs quantized as the scheme does), computed without changing the model.
@@ -219,7 +217,6 @@ def fp8_forwards(model: nn.Module, names, scheme: "str | Scheme" = "FP8_DYNAMIC"
     The fast sensitivity estimate (fisher.py) takes a unit's perturbation y_fp8 - y from these. fused=False
     quantizes each unit as if it were the only one in FP8 (a per-tensor scale of its own, as a one-unit row of
     the sweep does) instead of sharing the largest scale over a fused group, as vLLM does for a whole group."""
-    scheme = Scheme.from_name(scheme)
     names = list(names)
     if scheme.static_input and calibration is None:
         raise FP8ProbeError(f"scheme {scheme.name} has static input scales: pass a Calibration from the rollouts")

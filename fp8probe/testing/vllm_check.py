@@ -30,6 +30,7 @@ import torch
 
 from ..model.embedded import cache_dir
 from ..core.errors import FP8ProbeError
+from ..core.schemes import Scheme
 from ..measurement.quantize import quantize_units
 from ..measurement.measure import measure
 from ..measurement.mismatch import sampled_token_metrics, summarize
@@ -153,7 +154,7 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path,
     ref = Reference(student, rollouts)
     ref_tok_logp = ref.rows.logp.gather(-1, ref.rows.tokens[:, None]).squeeze(-1)
     predicted = measure(student, rollouts, scheme, units=quantized_units, reference=ref)
-    with quantize_units(student.model, quantized_units, scheme, weights_only=True):
+    with quantize_units(student.model, quantized_units, Scheme.from_name(scheme), weights_only=True):
         weights_only = summarize(ref.candidate_stats(0))
     seqs = [rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist()
             for i in range(rollouts.num_sequences)]
