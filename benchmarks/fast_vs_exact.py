@@ -32,8 +32,8 @@ import torch
 def _tiny(tokenizer, model_type: str, seed: int = 0):
     import transformers as tf
 
-    from fp8probe.model.student import Student
     from fp8probe.model.structure import list_units
+    from fp8probe.model.student import Student
 
     common = dict(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=768, num_hidden_layers=8,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
@@ -62,11 +62,11 @@ def _median_time(fn, repeat: int) -> tuple[float, object]:
 
 
 def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_seconds=None) -> dict:
-    from fp8probe.recipe.agreement import agreement
+    from fp8probe.core.schemes import Scheme
     from fp8probe.core.stats import spearman, top_overlap
     from fp8probe.measurement.fisher import ESTIMATORS, fisher_rows
     from fp8probe.measurement.reference import Reference
-    from fp8probe.core.schemes import Scheme
+    from fp8probe.recipe.agreement import agreement
     from fp8probe.sweeps.sweep import plan_rows, sweep
 
     rows = plan_rows(student, Scheme.from_name("FP8_DYNAMIC"))
@@ -102,8 +102,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from fp8probe.model.rollouts import load_rollouts, make_rollouts
-    from fp8probe.sweeps.files import read_sweep
     from fp8probe.model.student import load_student
+    from fp8probe.sweeps.files import read_sweep
 
     torch.manual_seed(0)
     results = []

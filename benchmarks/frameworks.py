@@ -19,13 +19,14 @@ from pathlib import Path
 
 from fp8probe import FP8ProbeError, load_rollouts, load_student, measure
 from fp8probe.cli import main as cli
+from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.deploy.export import export
 from fp8probe.deploy.frameworks import TARGETS
 from fp8probe.measurement.reference import Reference
-from fp8probe.sweeps.files import read_sweep
-from fp8probe.core.schemes import KVCacheScheme, Scheme
-from fp8probe.recipe.selection import DEFAULT_REFINE_PASSES, make_recipe
 from fp8probe.model.structure import scheme_blockers
+from fp8probe.recipe.refine import DEFAULT_REFINE_PASSES
+from fp8probe.recipe.selection import make_recipe
+from fp8probe.sweeps.files import read_sweep
 
 KEYS = {
     "vllm": "`vllm serve CKPT --config CKPT/vllm.yaml` (compressed-tensors checkpoint)",

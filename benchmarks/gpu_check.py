@@ -63,11 +63,11 @@ def rollouts_of(student, num: int, prompt_len: int, new_tokens: int):
 
 
 def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) -> dict:
-    from fp8probe.core.stats import spearman, top_overlap
-from fp8probe.measurement.fisher import fisher_rows
-    from fp8probe.sweeps.memory import estimate
-    from fp8probe.measurement.reference import Reference
     from fp8probe.core.schemes import Scheme
+    from fp8probe.core.stats import spearman, top_overlap
+    from fp8probe.measurement.fisher import fisher_rows
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.sweeps.memory import estimate
     from fp8probe.sweeps.sweep import plan_rows, sweep
 
     student, cfg = build(size, device)
@@ -113,12 +113,12 @@ def vllm_kv(out_dir: Path) -> dict:
     import sys
     import tempfile
 
-    from fp8probe.model.embedded import NAME, cache_dir
-    from fp8probe.measurement.measure import Perturbation, measure_perturbation
-    from fp8probe.measurement.mismatch import sampled_token_metrics
-    from fp8probe.measurement.reference import Reference
-    from fp8probe.model.rollouts import make_rollouts
     from fp8probe.core.schemes import KVCacheScheme
+    from fp8probe.measurement.mismatch import sampled_token_metrics
+    from fp8probe.measurement.perturbation import Perturbation, measure_perturbation
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.embedded import NAME, cache_dir
+    from fp8probe.model.rollouts import make_rollouts
     from fp8probe.model.student import load_student
 
     if importlib.util.find_spec("vllm") is None:

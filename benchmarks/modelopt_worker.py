@@ -12,10 +12,9 @@ import json
 import sys
 import time
 
+import modelopt.torch.quantization as mtq
 import torch
 from transformers import AutoModelForCausalLM
-
-import modelopt.torch.quantization as mtq
 
 
 def main():

@@ -32,9 +32,10 @@ ASSUMED_MFU = 0.5
 
 def _estimate_32b(workers: int = 8) -> str:
     """The worked estimate: a Qwen2.5-32B-shaped student, 16 x 560 tokens (512 response), BF16, H100s."""
+    from transformers import Qwen2Config
+
     from fp8probe.sweeps.memory import estimate
     from fp8probe.sweeps.scaleout import CostModel
-    from transformers import Qwen2Config
 
     cfg = Qwen2Config(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
                       num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768)
@@ -73,13 +74,13 @@ def main() -> None:
         print(_estimate_32b())
         return
 
+    from fp8probe.core.schemes import Scheme
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
+    from fp8probe.model.student import load_student
     from fp8probe.sweeps.files import write_table
     from fp8probe.sweeps.scaleout import Cluster, CostModel, RayRows, block_costs, ray_session
-    from fp8probe.model.student import load_student
     from fp8probe.sweeps.sweep import plan_rows, sweep
-    from fp8probe.core.schemes import Scheme
 
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)

@@ -18,10 +18,10 @@ import time
 import torch
 
 from fp8probe import load_student, make_rollouts
+from fp8probe.core.schemes import Scheme
 from fp8probe.measurement.mismatch import CHUNK_ROWS
 from fp8probe.measurement.reference import Reference, final_norm
 from fp8probe.sweeps.sweep import plan_rows, sweep
-from fp8probe.core.schemes import Scheme
 
 
 def timed(fn, repeat=1):

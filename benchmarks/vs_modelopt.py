@@ -26,10 +26,10 @@ import torch
 
 from fp8probe import load_rollouts, load_student, measure
 from fp8probe.cli import main as cli
-from fp8probe.model.embedded import embedded_student_dir
 from fp8probe.measurement.reference import Reference
-from fp8probe.sweeps.files import read_sweep
+from fp8probe.model.embedded import embedded_student_dir
 from fp8probe.recipe.selection import MemoryTarget, group_scores, linear_params, make_recipe
+from fp8probe.sweeps.files import read_sweep
 
 VENV = Path.home() / ".cache" / "fp8probe" / "modelopt-venv"
 WORKER = Path(__file__).with_name("modelopt_worker.py")

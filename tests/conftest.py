@@ -50,8 +50,8 @@ def tiny_model(model_type: str, seed: int = 0, **overrides):
 
 def tiny_student(model_type: str = "llama", **overrides):
     """A Student around a tiny model of `model_type` (no files, no downloads)."""
-    from fp8probe.model.student import Student
     from fp8probe.model.structure import list_units
+    from fp8probe.model.student import Student
 
     m = tiny_model(model_type, **overrides)
     return Student(model=m, tokenizer=tiny_tokenizer(), units=list_units(m), name=f"tiny-{model_type}", path="",

@@ -8,20 +8,18 @@ import math
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_model, tiny_student, tiny_tokenizer
 
 from fp8probe.apps import sources
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.measurement.perturbation import Perturbation, apply_perturbation, measure_perturbation
 from fp8probe.core.metrics import METRICS
 from fp8probe.measurement.mismatch import mismatch, response_logits
 from fp8probe.measurement.opd import OPDSignal
+from fp8probe.measurement.perturbation import Perturbation, apply_perturbation, measure_perturbation
 from fp8probe.measurement.prefix import PrefixShift, divergence, prompt_ids, sample_crn
-from fp8probe.model.rollouts import Rollouts
-from fp8probe.recipe.recipe import Recipe
 from fp8probe.measurement.reference import Reference
-from fp8probe.model.rollouts import make_rollouts
-
-from conftest import tiny_model, tiny_student, tiny_tokenizer
+from fp8probe.model.rollouts import Rollouts, make_rollouts
+from fp8probe.recipe.recipe import Recipe
 
 
 @pytest.fixture(scope="module")

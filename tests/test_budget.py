@@ -3,7 +3,6 @@
 import json
 
 import pandas as pd
-import pytest
 import torch
 
 from fp8probe.recipe.budget import fit_budget, read_budget

@@ -12,17 +12,17 @@ import json
 import pandas as pd
 import pytest
 import torch
-
 from conftest import tiny_model, tiny_tokenizer
+
 from fp8probe.apps.calibrate import Settings, run_dir, train_one
-from fp8probe.apps.sources import SourceSpec, parse_source
-from fp8probe.core.errors import FP8ProbeError
 from fp8probe.apps.opd_train import opd_config, prompt_dataset, trainable_student
+from fp8probe.apps.sources import SourceSpec, parse_source
 from fp8probe.apps.training import TrainSettings
+from fp8probe.core.errors import FP8ProbeError
 from fp8probe.model.prompts import BUILTIN_PROMPTS
-from fp8probe.model.student import Student
 from fp8probe.model.pruning import depth_pruned
 from fp8probe.model.structure import list_units
+from fp8probe.model.student import Student
 
 pytestmark = pytest.mark.slow  # TRL training runs
 

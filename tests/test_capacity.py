@@ -11,11 +11,10 @@ import json
 import pytest
 
 from fp8probe import FP8ProbeError
-from fp8probe.recipe.recipe import Recipe
+from fp8probe.deploy.capacity import capacity, kv_capacity, kv_layout, weight_bytes_per_gpu
 from fp8probe.model.structure import list_units, meta_model
 from fp8probe.model.student import load_config
-from fp8probe.deploy.capacity import (capacity, kv_capacity, kv_layout,
-                               weight_bytes_per_gpu)
+from fp8probe.recipe.recipe import Recipe
 
 GiB = 1 << 30
 

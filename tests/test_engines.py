@@ -5,14 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_student
-from fp8probe.core.schemes import KVCacheScheme
+
+from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.measurement.engines import engine
-from fp8probe.measurement.vllm_profile import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention, quantize_activation,
-                               quantize_activation_groups, quantize_activation_static, quantize_activation_tensor,
-                               response_logp)
-from fp8probe.core.schemes import Scheme
+from fp8probe.measurement.vllm_profile import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention,
+                                               quantize_activation, quantize_activation_groups,
+                                               quantize_activation_static, quantize_activation_tensor, response_logp)
 
 CPU, CUDA = engine("vllm-cpu"), engine("vllm-cuda")
 DYNAMIC, KV = Scheme.from_name("FP8_DYNAMIC"), KVCacheScheme.from_name("fp8")
@@ -133,8 +132,8 @@ def test_experts_profile_is_the_linear_profile_per_expert():
     """A token routed to one expert with weight 1: the experts profile gives what vLLM's Linear steps give for
     gate_up, SiLU(gate) * up in fp32 from the bf16 halves, then down (the same arithmetic, another code path);
     with two experts, the routing weights multiply in fp32 before the bf16 cast and the results add."""
-    from fp8probe.measurement.vllm_profile import _fp8_experts
     from fp8probe.core.numerics import quantize_weight
+    from fp8probe.measurement.vllm_profile import _fp8_experts
 
     s = tiny_student("mixtral")
     mod = __import__("copy").deepcopy(s.model.get_submodule("model.layers.0.mlp.experts")).to(torch.bfloat16)
@@ -196,11 +195,11 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     from pathlib import Path
 
     from fp8probe.deploy.export import export
-    from fp8probe.measurement.quantize import quantize_units
     from fp8probe.measurement.mismatch import response_positions
-    from fp8probe.recipe.recipe import read_recipe
+    from fp8probe.measurement.quantize import quantize_units
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
+    from fp8probe.recipe.recipe import read_recipe
     from fp8probe.testing.vllm_check import run_vllm
 
     recipe = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m" / "kl_q_p-0.002" / "recipe.yaml"
@@ -271,7 +270,7 @@ def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
 
 def test_topk_kl_bound_never_exceeds_the_full_kl():
     """Pooling q's tail into one bin never raises KL(q||p): the top-K bound is <= the full KL, equal at K = V."""
-    from fp8probe.measurement.mismatch import kl_lower_bound_topk, token_stats, RefRows
+    from fp8probe.measurement.mismatch import RefRows, kl_lower_bound_topk, token_stats
 
     g = torch.Generator().manual_seed(0)
     logp = torch.log_softmax(torch.randn(64, 50, generator=g) * 2, -1)

@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import tiny_model, tiny_student, tiny_tokenizer
 from safetensors import safe_open
 
-from conftest import tiny_model, tiny_student, tiny_tokenizer
+from fp8probe.core.schemes import STATIC_OBSERVER
 from fp8probe.deploy.export import export
-from fp8probe.recipe.recipe import Recipe
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
-from fp8probe.core.schemes import STATIC_OBSERVER
+from fp8probe.recipe.recipe import Recipe
 
 TOLERANCE = 0.02  # relative; measured: 0.7 % with static_minmax, 28 % with the default observer
 

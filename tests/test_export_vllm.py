@@ -6,17 +6,16 @@ The vLLM tests create (once, cached) a separate virtual environment with vllm-cp
 import json
 
 import pytest
-
-from fp8probe.core.schemes import Scheme
 import torch
 import yaml
 
+from fp8probe.core.schemes import Scheme
 from fp8probe.deploy.capacity import capacity
-from fp8probe.model.embedded import embedded_student_dir
 from fp8probe.deploy.export import export, read_checkpoint_fp8
 from fp8probe.measurement.quantize import simulated_weights
-from fp8probe.recipe.recipe import read_recipe
+from fp8probe.model.embedded import embedded_student_dir
 from fp8probe.model.rollouts import make_rollouts
+from fp8probe.recipe.recipe import read_recipe
 
 pytestmark = pytest.mark.slow  # the real embedded student, llm-compressor and vLLM
 

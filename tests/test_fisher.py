@@ -2,23 +2,23 @@
 auto's exact rows against the exact sweep, agreement.json, resume."""
 
 import json
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_student
 
 from fp8probe.core.errors import FP8ProbeError
+from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import spearman, top_overlap
 from fp8probe.measurement.fisher import fisher_rows
-from fp8probe.measurement.quantize import quantize_units
 from fp8probe.measurement.mismatch import response_logits
+from fp8probe.measurement.quantize import quantize_units
 from fp8probe.model.rollouts import make_rollouts
-from fp8probe.sweeps.files import read_sweep
-from fp8probe.core.schemes import Scheme
 from fp8probe.recipe.selection import make_recipe
+from fp8probe.sweeps.files import read_sweep
 from fp8probe.sweeps.sweep import Method, plan_rows, sweep
-
-from conftest import tiny_student
 
 
 @pytest.fixture(scope="module")

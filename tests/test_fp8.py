@@ -1,17 +1,16 @@
 """fake_quant against compressed-tensors' own quantizer and llm-compressor's own observers, bit for bit."""
 
+import compressed_tensors.quantization.quant_scheme as ct_scheme
 import pytest
 import torch
-
-from fp8probe import fake_quant
-from fp8probe.core.numerics import compute_scale, quantize_weight, simulate_weight, sqnr_db
-from fp8probe.core.schemes import KVCacheScheme, Scheme
-from fp8probe.core.errors import FP8ProbeError
-
-import compressed_tensors.quantization.quant_scheme as ct_scheme
 from compressed_tensors.quantization import fake_quantize, quantize
 from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
 from llmcompressor.observers import Observer
+
+from fp8probe import fake_quant
+from fp8probe.core.errors import FP8ProbeError
+from fp8probe.core.numerics import compute_scale, quantize_weight, simulate_weight, sqnr_db
+from fp8probe.core.schemes import KVCacheScheme, Scheme
 
 DTYPES = [torch.float32, torch.bfloat16]
 

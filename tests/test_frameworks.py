@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import tiny_student
+
 from fp8probe.deploy.frameworks import TARGETS, Inexpressible, express, render
 from fp8probe.recipe.recipe import Recipe
 
@@ -344,9 +344,9 @@ def test_refusals_say_what_the_framework_would_do(student):
 def test_export_all_targets_on_a_tiny_model(tmp_path):
     """One export, every target: the vLLM checkpoint (config groups named group_N, calibrated k/v scales for the
     FP8 KV cache) and one fragment per framework that can apply one of the recipes, the others explained."""
+    from conftest import tiny_model, tiny_tokenizer
     from safetensors import safe_open
 
-    from conftest import tiny_model, tiny_tokenizer
     from fp8probe.deploy.export import export
     from fp8probe.model.rollouts import make_rollouts
 

@@ -40,8 +40,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import tiny_model, tiny_tokenizer
+
 from fp8probe.core.metrics import METRICS
 from fp8probe.recipe.selection import group_scores, rank_groups
 

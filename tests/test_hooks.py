@@ -2,16 +2,15 @@
 
 import pytest
 import torch
+from conftest import tiny_model, tiny_student
 
 from fp8probe.core.numerics import dequantize, quantize_weight
 from fp8probe.core.schemes import KVCacheScheme, Scheme
-from fp8probe.measurement.weights import add_noise
 from fp8probe.measurement.attention import quantize_kv
-from fp8probe.measurement.quantize import quantize_units, simulated_weights
 from fp8probe.measurement.calibration import record_calibration
+from fp8probe.measurement.quantize import quantize_units, simulated_weights
+from fp8probe.measurement.weights import add_noise
 from fp8probe.model.structure import list_units
-
-from conftest import tiny_model, tiny_student
 
 
 def _state(m):
@@ -115,10 +114,10 @@ def test_weights_only_forward_uses_simulated_weights():
 @pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8"])
 def test_materialized_weights_equal_just_in_time(scheme):
     """Dequantizing once on entry (generation) computes exactly what the per-forward swap computes."""
+    from conftest import tiny_student
+
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
-
-    from conftest import tiny_student
 
     st = tiny_student("qwen3")
     r = make_rollouts(st, num_prompts=3, max_new_tokens=6)

@@ -6,7 +6,8 @@ import pytest
 import transformers as tf
 
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.sweeps.memory import GIB, check_fits, estimate
+from fp8probe.core.units import GiB
+from fp8probe.sweeps.memory import check_fits, estimate
 
 # Qwen3-32B's shape (config.json of Qwen/Qwen3-32B): 64 blocks, hidden 5120, 151,936-token vocabulary
 QWEN3_32B = dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
@@ -29,18 +30,18 @@ def test_weights_and_records_by_hand():
 def test_32b_on_one_80gb_gpu():
     cfg = tf.Qwen3Config(**QWEN3_32B)
     exact = estimate(cfg, 2, "exact", batch_size=8, num_sequences=16, seq_len=560, response_tokens=16 * 512)
-    assert 60 * GIB < exact.weights < 62 * GIB
-    check_fits(exact, "cuda", free=80 * GIB, host_free=200 * GIB, where="H100")  # fits
+    assert 60 * GiB < exact.weights < 62 * GiB
+    check_fits(exact, "cuda", free=80 * GiB, host_free=200 * GiB, where="H100")  # fits
     fisher = estimate(cfg, 2, "fisher", batch_size=8, num_sequences=16, seq_len=560, response_tokens=16 * 512)
     with pytest.raises(FP8ProbeError, match=r"use `batch_size` (\d+) or less") as e:
-        check_fits(fisher, "cuda", free=80 * GIB, host_free=200 * GIB, where="H100")
+        check_fits(fisher, "cuda", free=80 * GiB, host_free=200 * GiB, where="H100")
     bs = int(e.value.args[0].split("`batch_size` ")[1].split()[0])
     smaller = estimate(cfg, 2, "fisher", batch_size=bs, num_sequences=16, seq_len=560, response_tokens=16 * 512)
-    check_fits(smaller, "cuda", free=80 * GIB, host_free=200 * GIB, where="H100")
+    check_fits(smaller, "cuda", free=80 * GiB, host_free=200 * GiB, where="H100")
     with pytest.raises(FP8ProbeError, match="`device` auto"):
-        check_fits(exact, "cuda", free=40 * GIB, host_free=200 * GIB, where="A100-40GB")
+        check_fits(exact, "cuda", free=40 * GiB, host_free=200 * GiB, where="A100-40GB")
     with pytest.raises(FP8ProbeError, match="host memory"):
-        check_fits(exact, "cuda", free=80 * GIB, host_free=2 * GIB, where="H100")
+        check_fits(exact, "cuda", free=80 * GiB, host_free=2 * GiB, where="H100")
 
 
 def test_cli_refuses_before_loading(cli, tmp_path):

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -2,15 +2,14 @@
 
 import pytest
 import yaml
+from conftest import tiny_student
 
 from fp8probe import FP8ProbeError
-from fp8probe.recipe.recipe import read_recipe
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
+from fp8probe.recipe.recipe import read_recipe
 from fp8probe.recipe.selection import make_recipe
 from fp8probe.sweeps.sweep import sweep
-
-from conftest import tiny_student
 
 
 def fp8_names(recipe, student) -> list[str]:
@@ -208,8 +207,8 @@ def test_all_and_none_forms(setup):
 @pytest.mark.slow  # the real embedded student
 def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
     """SmolLM2 (hidden 576): FP8_BLOCK can take only down_proj (input 1536); the others stay BF16 with reason."""
-    from fp8probe.model.structure import scheme_blockers
     from fp8probe.core.schemes import Scheme
+    from fp8probe.model.structure import scheme_blockers
 
     blocked = scheme_blockers(embedded.quantizable, Scheme.from_name("FP8_BLOCK"))
     assert len(blocked) == 90 and not any(g.endswith("down_proj") for g in blocked)

@@ -4,13 +4,12 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_model, tiny_tokenizer
 
 from fp8probe import FP8ProbeError
 from fp8probe.model.rollouts import load_rollouts, make_rollouts, read_prompts, save_rollouts
-from fp8probe.model.student import Student
 from fp8probe.model.structure import list_units
-
-from conftest import tiny_model, tiny_tokenizer
+from fp8probe.model.student import Student
 
 
 @pytest.fixture(scope="module")

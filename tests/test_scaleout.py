@@ -13,9 +13,9 @@ import pytest
 
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import load_rollouts
+from fp8probe.model.student import load_student
 from fp8probe.sweeps.files import write_table
 from fp8probe.sweeps.scaleout import Cluster, CostModel, RayRows, ray_session, shards
-from fp8probe.model.student import load_student
 from fp8probe.sweeps.sweep import sweep
 
 ray_workers = pytest.mark.slow  # starts Ray and its workers

@@ -56,10 +56,10 @@ def test_shipped_recipes_measure_what_their_json_says(embedded):
     """On the shipped rollouts, each shipped recipe's FP8 units measure what its recipe.json says (every metric),
     and the five most sensitive units measure what sensitivity.csv says (the rollouts are the table's)."""
     from fp8probe import measure
+    from fp8probe.core.schemes import Scheme
     from fp8probe.measurement.perturbation import Perturbation, measure_perturbation
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import load_rollouts
-    from fp8probe.core.schemes import Scheme
 
     rollouts = load_rollouts(SMOLLM)
     run = json.loads((SMOLLM / "run.json").read_text())

@@ -1,11 +1,10 @@
 """Units and fused groups for every supported architecture, and the embedded student."""
 
 import pytest
+from conftest import ARCHS, tiny_model
 
 from fp8probe import FP8ProbeError, load_student
 from fp8probe.model.structure import list_units
-
-from conftest import ARCHS, tiny_model
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -7,17 +7,16 @@ import time
 import pandas as pd
 import pytest
 import torch
+from conftest import ARCHS, cli_process, tiny_student
 
+from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.measurement.attention import quantize_kv
-from fp8probe.measurement.quantize import quantize_units
 from fp8probe.measurement.mismatch import METRICS, mismatch, response_logits
+from fp8probe.measurement.quantize import quantize_units
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.sweeps.files import COLUMNS
-from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.sweeps.sweep import plan_rows, sweep
-
-from conftest import ARCHS, cli_process, tiny_student
 
 _student = tiny_student
 

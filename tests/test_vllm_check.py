@@ -38,6 +38,7 @@ def test_emulated_scaled_mm_is_torchs_own_up_to_summation_order():
 def test_greedy_gap():
     """0 for the model's own greedy continuation; a token the model rates low shows as its distance to the best."""
     from conftest import tiny_model
+
     from fp8probe.testing.vllm_check import greedy_gap
 
     m = tiny_model("llama")

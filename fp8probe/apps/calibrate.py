@@ -46,8 +46,8 @@ QUALITY = "held-out reverse KL(student ‖ teacher) per token, full vocabulary"
 def perturbation_maker(level: SourceSpec, student, seed: int):
     """step -> Perturbation of the rollout engine at that step (stale levels get their weights from the
     opd_train.Perturber)."""
-    from ..measurement.perturbation import Perturbation
     from ..core.schemes import KVCacheScheme, Scheme
+    from ..measurement.perturbation import Perturbation
 
     units = student.unit_names
     if level.kind == "noise":
@@ -219,9 +219,9 @@ def load_pair(teacher_path: str | None, student_spec: str, device: str = "cpu"):
     """(teacher, initial student): the student a model of the teacher's tokenizer, or `pruned[:K]` (every K-th
     decoder block of the teacher kept, K=2 by default; see student.depth_pruned)."""
     from ..measurement.opd import check_teacher
-    from ..model.student import Student, load_student
     from ..model.pruning import depth_pruned
     from ..model.structure import list_units
+    from ..model.student import Student, load_student
 
     teacher = load_student(teacher_path, device=device)
     if student_spec.startswith("pruned"):

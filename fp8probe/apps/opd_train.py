@@ -27,13 +27,13 @@ from dataclasses import replace
 import torch
 
 from ..core.errors import FP8ProbeError
-from .training import TrainSettings
-from ..measurement.perturbation import Perturbation, apply_perturbation
 from ..measurement.mismatch import mismatch
+from ..measurement.perturbation import Perturbation, apply_perturbation
 from ..measurement.reference import response_rows
 from ..model.rollouts import Rollouts, make_rollouts
-from ..model.student import Student
 from ..model.structure import list_units
+from ..model.student import Student
+from .training import TrainSettings
 
 TRL_MIN = "1.16"
 INSTALL_HINT = "pip install 'fp8probe[calibrate]'"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-
 from typing import TYPE_CHECKING
 
 from ..core.errors import FP8ProbeError
@@ -188,13 +187,13 @@ def ladder(student, rollouts, sources: list[Source], reference: Reference | None
     a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). With `prefix_tokens`, the prefix
     shift of each source (prefix.PREFIX_COLUMNS); with a `teacher`, its OPD-signal distortion
     (opd.OPD_COLUMNS); every figure as `engine` computes it (measure.candidate_model). Returns a DataFrame."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
     from ..measurement.measure import measure_candidate
     from ..measurement.opd import OPD_COLUMNS, OPDSignal
     from ..measurement.prefix import PREFIX_COLUMNS, PrefixShift, prompt_ids
     from ..measurement.reference import Reference
-
-    import pandas as pd
-    from tqdm.auto import tqdm
 
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
@@ -285,12 +284,11 @@ class LadderSettings(Settings):
 
 def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = False):
     """Every source on one scale (ladder()), written as DIR/ladder.csv and DIR/ladder.json; returns the table."""
-    from ..measurement.perturbation import Perturbation
-
     import time
 
     from ..core.artifacts import stamped, versions
     from ..core.files import atomic_write_json, atomic_write_text, output_dir
+    from ..measurement.perturbation import Perturbation
     from .inputs import check_inputs, load, rollouts_for
 
     sc = settings.shortcuts

@@ -18,8 +18,8 @@ from pathlib import Path
 from ..core.errors import FP8ProbeError
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
 from ..core.settings import Settings, opt
-from ..sweeps.files import METHODS
 from ..model.settings import ModelSource, RolloutSettings
+from ..sweeps.files import METHODS
 from .inputs import check_inputs, load, rollouts_for
 
 log = logging.getLogger(__name__)

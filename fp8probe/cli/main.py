@@ -11,11 +11,11 @@ import sys
 import time
 import traceback
 
-from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_USAGE, FP8ProbeError,
-                           one_line, os_error_line, with_resume_hint)
-from ..model.settings import ModelSource, RolloutSettings
 from ..apps import admission, calibrate, capacity, inputs, measure, recipe, sources, sweep, training
+from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_USAGE, FP8ProbeError, one_line,
+                           os_error_line, with_resume_hint)
 from ..core.progress import quiet_dependencies
+from ..model.settings import ModelSource, RolloutSettings
 from .options import settings_from
 from .parser import build_parser, flags_of
 

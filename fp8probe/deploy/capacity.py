@@ -35,11 +35,13 @@ import math
 
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
-from ..recipe.recipe import Recipe
 from ..core.schemes import num_scales
-from .serving import KV_DTYPE_BYTES, KV_SCALE_BYTES, NON_TORCH_BYTES, VLLM_VERSION, GiB, Serving
+from ..core.units import GiB
 from ..model.structure import kv_geometry, list_units, meta_model, text_config
 from ..model.student import load_config
+from ..recipe.recipe import Recipe
+from .serving import KV_DTYPE_BYTES, KV_SCALE_BYTES, NON_TORCH_BYTES, VLLM_VERSION, Serving
+
 
 def _storage_bytes(cfg) -> int:
     import torch

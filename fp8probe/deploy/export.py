@@ -27,12 +27,12 @@ from pathlib import Path
 
 import yaml
 
-from ..core.files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
 from ..core.errors import FP8ProbeError, MissingExtra, one_line
-from .frameworks import Expression, Inexpressible, Target, express, render, resolve_targets
-from ..recipe.recipe import Recipe, read_recipe
-from ..model.student import check_finite_weights, config_kwargs, load_config, resolve_source
+from ..core.files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
 from ..model.structure import list_units, meta_model
+from ..model.student import check_finite_weights, config_kwargs, load_config, resolve_source
+from ..recipe.recipe import Recipe, read_recipe
+from .frameworks import Expression, Inexpressible, Target, express, render, resolve_targets
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 from ..core.errors import FP8ProbeError
 from ..core.settings import Settings, opt
-
-GiB = 1 << 30
+from ..core.units import GiB
 
 # total device memory as nvidia-smi reports it (MiB)
 GPUS = {

@@ -38,13 +38,14 @@ import time
 from dataclasses import dataclass
 
 import torch
-from ..core.progress import bar_interval
+
 from ..core.numerics import amax, fake_quant, sqnr_db_from_energy
-from .calibration import Calibration, record_calibration, without_padding
-from .quantize import fp8_forwards
-from .attention import kv_scales, observe_kv
-from .mismatch import CHUNK_ROWS, log_softmax32
+from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, QuantSpec, Scheme
+from .attention import kv_scales, observe_kv
+from .calibration import Calibration, record_calibration, without_padding
+from .mismatch import CHUNK_ROWS, log_softmax32
+from .quantize import fp8_forwards
 
 ESTIMATORS = ("window", "sequence", "position", "element")
 DEFAULT_ESTIMATOR = "window"

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import FP8ProbeError
-from .perturbation import Perturbation
 from .measure import candidate_model
 from .mismatch import CHUNK_ROWS, log_softmax32
+from .perturbation import Perturbation
 from .reference import Reference
 
 OPD_COLUMNS = ["mean_abs_reward_delta", "reward_corr", "seq_rkl_delta", "ratio_out_verl", "ratio_out_openrlhf"]

@@ -19,10 +19,10 @@ from dataclasses import replace
 
 import torch
 
-from .perturbation import Perturbation
-from .measure import candidate_model, measure_candidate
-from .reference import Reference
 from ..model.rollouts import Rollouts, eos_ids
+from .measure import candidate_model, measure_candidate
+from .perturbation import Perturbation
+from .reference import Reference
 
 PREFIX_COLUMNS = ["diverged", "first_div_mean", "first_div_p50", "kl_q_p_own", "k3_own"]
 

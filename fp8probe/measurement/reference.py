@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from ..core.errors import FP8ProbeError
+from ..model.structure import decoder_layers
 from .calibration import Calibration, record_calibration
 from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, response_logits, summarize
-from ..model.structure import decoder_layers
 
 
 def final_norm(model: nn.Module) -> nn.Module:

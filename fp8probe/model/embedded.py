@@ -23,8 +23,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from ..core.files import atomic_dir
 from ..core.errors import FP8ProbeError
+from ..core.files import atomic_dir
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..core.files import atomic_write_bytes, atomic_write_json
-from ..core.progress import bar_interval
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
+from ..core.files import atomic_write_bytes, atomic_write_json
+from ..core.progress import bar_interval
 from .prompts import BUILTIN_PROMPTS
 
 log = logging.getLogger(__name__)

@@ -59,8 +59,8 @@ def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool,
 def agreement(fast_df, exact_df, student, rollouts, scheme: str, batch_size: int = 8, budget: float | None = None,
               reference=None, progress: bool = False) -> dict:
     """The figures of agreement.json (see the module docstring)."""
-    from ..measurement.reference import Reference
     from ..core.schemes import KVCacheScheme
+    from ..measurement.reference import Reference
     from .selection import make_recipe
 
     exact = exact_df.set_index("unit")

@@ -28,12 +28,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.files import atomic_write_json, atomic_write_text
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
-from .forms import FORMS
+from ..core.files import atomic_write_json, atomic_write_text
 from ..core.schemes import KV_CACHE_SCHEMES, Scheme, kv_cache_name
 from ..model.structure import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim, scheme_blockers
+from .forms import FORMS
 
 log = logging.getLogger(__name__)
 

@@ -26,14 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.metrics import excess
+from ..core.metrics import metric as metric_info
+from ..core.metrics import no_mismatch
+from ..core.schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
 from ..measurement.measure import measure
-from ..core.metrics import excess, metric as metric_info, no_mismatch
+from ..measurement.reference import Reference
+from ..model.structure import scheme_blockers
 from .forms import FORMS
 from .recipe import Recipe
-from ..measurement.reference import Reference
 from .refine import refine
-from ..core.schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
-from ..model.structure import scheme_blockers
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..core.files import atomic_write_json, atomic_write_text
-from ..model.embedded import NAME as EMBEDDED
 from ..core.artifacts import version, versions
 from ..core.errors import FP8ProbeError
+from ..core.files import atomic_write_json, atomic_write_text
 from ..core.metrics import METRICS
+from ..model.embedded import NAME as EMBEDDED
 
 # the columns of sensitivity.csv, in order. `method`: "exact" (measured against the reference) or "fisher" (the
 # fast estimate, fisher.py: only kl_q_p holds a number, the estimate; the other metrics are empty); kl_fisher:

