@@ -11,22 +11,25 @@ import importlib
 
 __version__ = "0.1.1"
 
-# public name -> the module that is its one home (below this package)
+# public name -> the module that is its one home (below this package). Three tiers: the objects and functions a
+# notebook composes (students, rollouts, measurements, recipes), the settings a run is described by, and the entry
+# points the CLI itself calls (each validates its settings before it writes anything, and writes its own files).
 _HOMES = {
+    # objects and functions
     "FP8ProbeError": "core.errors",
     "Scheme": "core.schemes",
     "KVCacheScheme": "core.schemes",
     "fake_quant": "core.numerics",
+    "METRICS": "core.metrics",
     "Student": "model.student",
-    "Unit": "model.student",
+    "Unit": "model.structure",
     "load_student": "model.student",
     "Rollouts": "model.rollouts",
     "make_rollouts": "model.rollouts",
     "save_rollouts": "model.rollouts",
     "load_rollouts": "model.rollouts",
-    "METRICS": "core.metrics",
     "mismatch": "measurement.mismatch",
-    "Perturbation": "measurement.measure",
+    "Perturbation": "measurement.perturbation",
     "measure": "measurement.measure",
     "sweep": "sweeps.sweep",
     "read_sweep": "sweeps.files",
@@ -35,6 +38,30 @@ _HOMES = {
     "read_recipe": "recipe.recipe",
     "capacity": "deploy.capacity",
     "export": "deploy.export",
+    # settings (typed, validated on construction; the CLI's flags are generated from them)
+    "ModelSource": "model.settings",
+    "RolloutSettings": "model.settings",
+    "SweepSettings": "apps.sweep",
+    "MeasureSettings": "apps.measure",
+    "RecipeSettings": "apps.recipe",
+    "Shortcuts": "apps.sources",
+    "LadderSettings": "apps.sources",
+    "CheckSettings": "apps.admission",
+    "Serving": "deploy.serving",
+    "CapacitySettings": "apps.capacity",
+    "BudgetSettings": "apps.capacity",
+    "TrainSettings": "apps.training",
+    "CalibrateSettings": "apps.training",
+    # entry points: one per command
+    "run_rollouts": "apps.inputs",
+    "run_sweep": "apps.sweep",
+    "run_measure": "apps.measure",
+    "run_recipe": "apps.recipe",
+    "run_ladder": "apps.sources",
+    "run_check": "apps.admission",
+    "run_capacity": "apps.capacity",
+    "run_budget": "apps.capacity",
+    "run_calibrate": "apps.calibrate",
 }
 
 __all__ = ["__version__", *_HOMES]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import tiny_model, tiny_tokenizer
 
-from fp8probe.apps.calibrate import Settings, run_dir, train_one
+from fp8probe.apps.calibrate import Calibration, run_dir, train_one
 from fp8probe.apps.opd_train import opd_config, prompt_dataset, trainable_student
 from fp8probe.apps.sources import SourceSpec, parse_source
 from fp8probe.apps.training import TrainSettings
@@ -41,7 +41,7 @@ def pair():
 def _settings(levels=("0",), steps=TRAIN.steps):
     train = BUILTIN_PROMPTS[:8]
     held = BUILTIN_PROMPTS[8:10]
-    return Settings(None, "pruned", tuple(levels), 1, TrainSettings(**{**TRAIN.__dict__, "steps": steps}),
+    return Calibration(None, "pruned", tuple(levels), 1, TrainSettings(**{**TRAIN.__dict__, "steps": steps}),
                     tuple(train), tuple(held))
 
 

@@ -72,7 +72,10 @@ def perturbation_maker(level: SourceSpec, student, seed: int):
 
 
 @dataclass(frozen=True)
-class Settings:
+class Calibration:
+    """A calibration resolved from CalibrateSettings: the pair, parsed levels, the prompt split and one run's
+    training settings. Recorded in calibrate.json; a resume must match it."""
+
     teacher: str
     student: str
     levels: tuple[str, ...]
@@ -100,7 +103,7 @@ def split_prompts(prompts: list[str], heldout_every: int = 5) -> tuple[list[str]
 PARTIAL = "calibrate.partial.json"  # the settings while runs are missing: resume state (kept on failure)
 
 
-def check_resume(out: Path, settings: Settings, resume: bool) -> None:
+def check_resume(out: Path, calibration: Calibration, resume: bool) -> None:
     """Refuse to mix calibrations: a directory holding one is resumed only with --resume and the same settings
     (levels and seeds may grow; finished runs are kept)."""
     f = next((out / n for n in (PARTIAL, "calibrate.json") if (out / n).exists()), None)
@@ -114,7 +117,7 @@ def check_resume(out: Path, settings: Settings, resume: bool) -> None:
         old = json.loads(f.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FP8ProbeError(f"{f} is not valid JSON ({e}): start in another `out`") from e
-    new = json.loads(json.dumps(settings.to_json()))
+    new = json.loads(json.dumps(calibration.to_json()))
     for key in ("schema_version", "teacher", "student", "train", "train_prompts", "heldout_prompts"):
         if old.get(key) != new.get(key):
             raise FP8ProbeError(f"{out} was calibrated with another {key.replace('_', ' ')}: resume with the same "
@@ -135,7 +138,7 @@ def finished(out: Path, level: SourceSpec, seed: int) -> dict | None:
         return None
 
 
-def train_one(teacher, initial_student, level: SourceSpec, seed: int, settings: Settings, out: Path,
+def train_one(teacher, initial_student, level: SourceSpec, seed: int, calibration: Calibration, out: Path,
               on_step=None, device: str = "cpu") -> dict:
     """One OPD run at one level and seed; writes its run directory and returns its run.json."""
     import copy
@@ -149,12 +152,12 @@ def train_one(teacher, initial_student, level: SourceSpec, seed: int, settings: 
     d = run_dir(out, level, seed)
     d.mkdir(parents=True, exist_ok=True)
     student = trainable_student(copy.deepcopy(initial_student.model), initial_student.tokenizer,
-                                f"{settings.student}@{level.name}")
-    tr = settings.train
+                                f"{calibration.student}@{level.name}")
+    tr = calibration.train
     evals: list[dict] = []
 
     def evaluate(step):
-        evals.append({"step": step, **heldout_quality(student, teacher, list(settings.heldout_prompts), tr)})
+        evals.append({"step": step, **heldout_quality(student, teacher, list(calibration.heldout_prompts), tr)})
 
     class Progress(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
@@ -171,7 +174,7 @@ def train_one(teacher, initial_student, level: SourceSpec, seed: int, settings: 
         perturber = Perturber(student.model, perturbation_maker(level, student, seed),
                               stale=int(level.value) if level.kind == "stale" else 0)
     t0 = time.perf_counter()
-    trainer = make_trainer(student, teacher, list(settings.train_prompts), tr, seed, str(d / "trl"), perturber,
+    trainer = make_trainer(student, teacher, list(calibration.train_prompts), tr, seed, str(d / "trl"), perturber,
                            callbacks=[Progress()], device=device)
     trainer.train()
     seconds = time.perf_counter() - t0
@@ -248,7 +251,7 @@ def seed_tolerance(df) -> float:
     return max(MIN_TOLERANCE, float((q.max() - q.min()) / abs(q.mean())))
 
 
-def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool = True,
+def calibrate(calibration: Calibration, out: Path, device: str = "cpu", progress: bool = True,
               tolerance: float | None = None, marks=(), log=None) -> dict:
     """Every level x seed run (finished ones kept), then runs.csv, budget.json and calibration.png. Without a
     `tolerance`, the seeds' own spread at level 0 (seed_tolerance)."""
@@ -257,15 +260,15 @@ def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool
     from ..core.files import atomic_write_json, atomic_write_text
     from ..recipe.budget import fit_budget
 
-    levels = [parse_source(x) for x in settings.levels]
-    todo = [(lv, s) for lv in levels for s in range(settings.seeds)]
-    teacher, initial = load_pair(settings.teacher, settings.student, device)
+    levels = [parse_source(x) for x in calibration.levels]
+    todo = [(lv, s) for lv in levels for s in range(calibration.seeds)]
+    teacher, initial = load_pair(calibration.teacher, calibration.student, device)
     for lv in levels:  # a level the student cannot take is refused before any run starts
         perturbation_maker(lv, initial, 0)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / PARTIAL, settings.to_json())
+    atomic_write_json(out / PARTIAL, calibration.to_json())
     results = []
-    total = sum(settings.train.steps for lv, s in todo if finished(out, lv, s) is None)
+    total = sum(calibration.train.steps for lv, s in todo if finished(out, lv, s) is None)
     bar = tqdm(total=total, desc="calibrate", unit="step", disable=not progress)
     for lv, seed in todo:
         done = finished(out, lv, seed)
@@ -278,7 +281,7 @@ def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool
                 last[0] = step
                 bar.set_postfix_str(f"level {lv.name} seed {seed} held-out rKL {rkl:.3f}")
 
-            done = train_one(teacher, initial, lv, seed, settings, out, on_step, device)
+            done = train_one(teacher, initial, lv, seed, calibration, out, on_step, device)
             if log is not None:
                 log(f"level {lv.name} seed {seed}: mismatch {done['mismatch']['kl_q_p']:.4g}, held-out reverse KL "
                     f"{done['quality_start']['reverse_kl']:.4f} -> {done['quality_end']['reverse_kl']:.4f} "
@@ -300,7 +303,7 @@ def calibrate(settings: Settings, out: Path, device: str = "cpu", progress: bool
     calibration_plot(df, out / "calibration.png", budget=budget, marks=read_marks(marks), quality=QUALITY,
                      curves={(r["level"], r["seed"]): run_dir(out, parse_source(r["level"]), r["seed"]) / "eval.csv"
                              for r in results})
-    atomic_write_json(out / "calibrate.json", settings.to_json())
+    atomic_write_json(out / "calibrate.json", calibration.to_json())
     (out / PARTIAL).unlink()
     return {"runs": df, "budget": budget}
 
@@ -333,7 +336,7 @@ def read_marks(paths) -> list[tuple[str, float]]:
 
 
 def prepare(teacher: str | None, student: str, levels, seeds: int, train: TrainSettings, prompts: str | None = None):
-    """The calibration's Settings from what a user names (levels parsed, no level twice, the training settings
+    """The Calibration from what a user names (levels parsed, no level twice, the training settings
     checked, every 5th prompt held out), before any output exists."""
     from ..model.prompts import BUILTIN_PROMPTS
     from ..model.rollouts import read_prompts
@@ -344,10 +347,10 @@ def prepare(teacher: str | None, student: str, levels, seeds: int, train: TrainS
     if len(set(names)) != len(names):
         raise FP8ProbeError(f"`levels` names a level twice ({', '.join(names)})")
     tr, held = split_prompts(read_prompts(prompts) if prompts else list(BUILTIN_PROMPTS))
-    return Settings(teacher, student, levels, seeds, train, tuple(tr), tuple(held))
+    return Calibration(teacher, student, levels, seeds, train, tuple(tr), tuple(held))
 
 
-def run_calibrate(settings: Settings, out, resume: bool = False, device: str = "cpu", progress: bool = True,
+def run_calibrate(calibration: Calibration, out, resume: bool = False, device: str = "cpu", progress: bool = True,
                   tolerance: float | None = None, marks=(), log=None) -> dict:
     """`fp8probe calibrate`: every run, runs.csv, budget.json and calibration.png in `out` (calibrate()), after
     TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`."""
@@ -357,9 +360,9 @@ def run_calibrate(settings: Settings, out, resume: bool = False, device: str = "
     require_trl()
     read_marks(marks)
     out = check_writable(out)
-    check_resume(out, settings, resume)
+    check_resume(out, calibration, resume)
     with output_dir(out, keep=("runs",)) as d:
-        return calibrate(settings, d, device=device, progress=progress, tolerance=tolerance, marks=marks, log=log)
+        return calibrate(calibration, d, device=device, progress=progress, tolerance=tolerance, marks=marks, log=log)
 
 
 def describe(res: dict, seeds: int, out, seconds: float) -> str:
