@@ -188,3 +188,12 @@ def test_benchmarks_tests_and_notebooks_import_names_that_exist():
                         except ImportError:
                             missing.append(f"{path.relative_to(root)}: {node.module}.{a.name}")
     assert len(sources) > 40 and not missing, missing
+
+
+def test_tests_mirror_the_packages():
+    """tests/<layer>/ holds the tests of fp8probe/<layer>/: every folder of tests is a layer (or robustness/, every
+    command on bad input), and every layer has one."""
+    root = PKG.parent / "tests"
+    folders = {p.parent.name for p in root.rglob("test_*.py") if p.parent != root}
+    assert folders - set(LAYERS) <= {"robustness"}, sorted(folders - set(LAYERS))
+    assert set(LAYERS) <= folders, sorted(set(LAYERS) - folders)

@@ -60,7 +60,7 @@ def cmd_export(a, t0) -> int:
                   max_model_len=a.max_model_len, trust_remote_code=a.trust_remote_code, allow_pickle=a.allow_pickle,
                   targets=a.target)
     for w in done.warnings():
-        log.warning("%s", as_flags(w, a.flags))
+        log.warning("%s", w)
     print(done.describe(time.perf_counter() - t0))
     return EXIT_OK
 
@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         ap.print_help()
         return EXIT_USAGE
-    _setup_logging(args)
     flags = args.flags = flags_of(ap, args.command)
+    _setup_logging(args)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return COMMANDS[args.command](args, time.perf_counter())
@@ -161,9 +161,21 @@ def as_flags(message: str, flags: dict) -> str:  # the library's fields -> the c
     return re.sub(r"`(\w+)`", lambda m: flags.get(m.group(1), m.group(0)), message)
 
 
+_FLAGS: dict = {}  # this command's fields -> flags, for the log lines
+
+
+def _fields_as_flags(record: logging.LogRecord) -> bool:  # a handler filter: log lines name fields, users read flags
+    if record.name.startswith("fp8probe") and "`" in (message := record.getMessage()):
+        record.msg, record.args = as_flags(message, _FLAGS), ()
+    return True
+
+
 def _setup_logging(args) -> None:
     level = logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+    _FLAGS.clear(), _FLAGS.update(args.flags)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_fields_as_flags)
     logging.getLogger("fp8probe").setLevel(level)
     args.progress = not args.quiet
     if not args.verbose:

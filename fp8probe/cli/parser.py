@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def flags_of(ap: argparse.ArgumentParser, command: str) -> dict[str, str]:
-    """A command's settings fields (argparse dests) -> the flag that sets them (MODEL for the positional)."""
-    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    return {a.dest: a.option_strings[0] if a.option_strings else a.dest.upper() for a in sub._actions}
+    """Settings fields (argparse dests) -> the flag that sets them (MODEL for the positional): `command`'s own, then
+    any other command's (an error may point at another command's setting: "a sweep run with --method exact")."""
+    subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+    out = {}
+    for name in [n for n in subs if n != command] + [command]:
+        out.update({a.dest: a.option_strings[0] if a.option_strings else a.dest.upper() for a in subs[name]._actions
+                    if a.option_strings or name == command})
+    return out

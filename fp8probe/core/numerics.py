@@ -25,7 +25,7 @@ for a few per cent of the weights. `quantize_weight` therefore computes in the c
 One known difference: for a 2-D activation [tokens, hidden] compressed-tensors' dynamic per-token path
 reduces over nothing and falls back to one scale for the whole tensor; we always take one scale per
 token (what vLLM's kernels do). For the 3-D [batch, seq, hidden] activations of a transformer, and for
-every other strategy, the results are bit-identical (tests/test_fp8.py).
+every other strategy, the results are bit-identical (tests/core/test_numerics.py).
 """
 
 from __future__ import annotations

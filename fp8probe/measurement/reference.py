@@ -9,7 +9,7 @@ and the mismatch statistics are taken chunk by chunk against the reference log-p
     candidate:  cached input of block b -> block b .. L-1 -> norm -> lm_head[rows] -> stats vs reference
 
 A candidate pass from block 0 with nothing perturbed reproduces the reference exactly (the sweep's
-built-in sanity row), and one from block b equals a naive full forward (tests/test_sweep.py).
+built-in sanity row), and one from block b equals a naive full forward (tests/sweeps/test_sweep.py).
 """
 
 from __future__ import annotations

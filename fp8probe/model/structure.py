@@ -23,7 +23,7 @@ from ..core.errors import FP8ProbeError
 log = logging.getLogger(__name__)
 
 
-# model_type -> family; every one is tested on a tiny model built from its config (tests/test_student.py)
+# model_type -> family; every one is tested on a tiny model built from its config (tests/model/test_student.py)
 SUPPORTED = {
     "llama": "Llama / SmolLM",
     "mistral": "Mistral",

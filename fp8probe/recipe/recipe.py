@@ -1,7 +1,7 @@
 """The one Recipe type: which units run in FP8 (and in which scheme), with or without an FP8 KV cache.
 
 A recipe is data, written as llm-compressor's own YAML and read back by llm-compressor's recipe parser
-(tests/test_recipe.py):
+(tests/recipe/test_recipe.py):
 
     default_stage:
       default_modifiers:

@@ -13,7 +13,7 @@ only in the *form* its framework can express (recipe.FORMS):
     none        no FP8 weights (BF16 rollouts); an FP8 KV cache only where the framework takes one
 
 Each Target below was read from the framework's own source; `source` names the file and the released
-version (PyPI) or the commit. tests/test_frameworks.py checks every key we write against those packages'
+version (PyPI) or the commit. tests/deploy/test_frameworks.py checks every key we write against those packages'
 shipped configs and argument parsers (verl, OpenRLHF, TRL, SkyRL) or against the key lists read from the
 repositories at a pinned commit (NeMo-RL, slime: no real PyPI release). `express` refuses, in one line
 that says what the framework would do instead, a recipe the framework cannot apply; `render` writes the
@@ -178,7 +178,7 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
                                 "refuse the model")
     if fp8 and target.scheme and Scheme.from_name(recipe.scheme).name != target.scheme:
         raise Inexpressible(f"{t} quantizes with {target.scheme}, this recipe is {recipe.scheme}: make one with "
-                            f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with `scheme` "
+                            f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with --scheme "
                             f"{target.scheme})")
     if fp8 and target.form == "all" and kept:
         raise Inexpressible(f"{t} cannot keep layers in BF16 ({target.how}): it would quantize the recipe's "

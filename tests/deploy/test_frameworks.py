@@ -26,7 +26,7 @@ from fp8probe.deploy.frameworks import TARGETS, Inexpressible, express, render
 from fp8probe.recipe.recipe import Recipe
 
 RELEASES = {"verl": "verl==0.9.1", "openrlhf": "openrlhf==0.11.2", "trl": "trl==1.16.0", "skyrl": "skyrl==0.3.0"}
-PINNED = json.loads((Path(__file__).parent / "data" / "framework_keys.json").read_text())
+PINNED = json.loads((Path(__file__).resolve().parents[1] / "data" / "framework_keys.json").read_text())
 
 
 @pytest.fixture(scope="session")

@@ -122,7 +122,7 @@ def test_auto_measures_the_top_rows_exactly(tiny, tmp_path):
         make_recipe(df, 1.0, s, r, metric="k3")
 
 
-def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path):
+def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path, caplog):
     exact = tmp_path / "exact"
     common = ["--num-prompts", "4", "--max-new-tokens", "10"]
     assert cli("sweep", deep_tiny_dir, "--out", exact, *common).code == 0
@@ -141,6 +141,14 @@ def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path):
     assert a["recipes"]["same"] == (a["recipes"]["exact"]["quantized"] == a["recipes"]["fast"]["quantized"])
     run = json.loads((fast / "run.json").read_text())
     assert run["method"]["method"] == "fisher" and run["exact_rows"] == 0 and run["seconds"]["fisher"] > 0
+    # the library's error names fields (`metric`, and the sweep's `method`); the CLI shows each as its flag, also
+    # the flag of another command
+    res = cli("recipe", fast, "--budget", "1", "--metric", "k3", "--out", tmp_path / "r")
+    assert res.code == 2 and "use --metric kl_q_p, or a sweep run with --method exact" in res.err, res.err
+    # ... and in its log lines: a fast sweep reusing a fast sweep's rollouts is not compared with it
+    caplog.clear()
+    assert cli("sweep", deep_tiny_dir, "--out", tmp_path / "f2", "--rollouts", fast, "--method", "fisher").code == 0
+    assert "that sweep is not exact (run with --method exact)" in caplog.text, caplog.text
     # reusing an exact sweep's rollouts with other settings only reuses them; --compare refuses it
     grouped = tmp_path / "grouped"
     res = cli("sweep", deep_tiny_dir, "--out", grouped, "--rollouts", exact, "--method", "fisher", "--granularity", "group")

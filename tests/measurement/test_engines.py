@@ -202,7 +202,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     from fp8probe.recipe.recipe import read_recipe
     from fp8probe.testing.vllm_check import run_vllm
 
-    recipe = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-135m" / "kl_q_p-0.002" / "recipe.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m" / "kl_q_p-0.002" / "recipe.yaml"
     r = make_rollouts(embedded, num_prompts=40, max_new_tokens=24, seed=2)
     seqs = [r.input_ids[i, : int(r.attention_mask[i].sum())].tolist() for i in range(r.num_sequences)]
     seq = response_positions(r.response_mask)[0].numpy()  # each token's sequence

@@ -16,8 +16,8 @@ import pytest
 
 from fp8probe.recipe.recipe import read_recipe
 
-SHIPPED = sorted((Path(__file__).resolve().parents[1] / "recipes").rglob("recipe.yaml"))
-SMOLLM = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m"
+SHIPPED = sorted((Path(__file__).resolve().parents[2] / "recipes").rglob("recipe.yaml"))
+SMOLLM = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m"
 FULL = {"kl_q_p", "kl_p_q"}
 TAILS = {"kl_p50", "kl_p90", "kl_p99", "kl_p999", "kl_max", "abs_dlogp_max"}
 RTOL = {"full": 0.06, "sampled": 0.30, "tails": 0.5}
