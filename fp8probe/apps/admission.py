@@ -5,14 +5,17 @@
 
 The configuration (the recipe's FP8 weights, the FP8 KV cache, stale weights: whichever are given, all at
 once) is one perturbation, measured on the student's rollouts with the one measurement function, then
-compared with the budget on the budget's metric (its excess over the zero point, metrics.excess): ADMIT
-when it is within, REJECT when it is above. Beside the verdict: every metric, the prefix shift and, with a
+compared with the budget on the budget's metric (its excess over the zero point, metrics.excess), each with its
+90 % interval (the measured value's: a bootstrap over the rollouts; the budget's: from its calibration): ADMIT
+when the measured interval lies within the budget's, REJECT when above it, UNCERTAIN when they overlap, with the
+number of prompts that would decide it (`verdict`). Exit codes: 0 ADMIT, 1 REJECT, 3 UNCERTAIN. Beside the verdict: every metric, the prefix shift and, with a
 teacher, the OPD-signal distortion. Minutes, not a training run: one reference pass, one candidate pass,
 two continuations of the prompts and one pass on the candidate's own samples.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass
 from typing import TYPE_CHECKING
 
@@ -20,6 +23,7 @@ from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, excess
 from ..core.settings import Settings, opt
+from ..core.stats import LEVEL, expansion
 from ..recipe.budget import Budget
 from .sources import Shortcuts, Source, combine
 
@@ -34,39 +38,89 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
     """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
     ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
     engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda")."""
-    from ..measurement.measure import measure_candidate
+    from ..measurement.measure import measure_with_interval
     from ..measurement.opd import OPDSignal
     from ..measurement.prefix import PrefixShift, prompt_ids
     from ..measurement.reference import Reference
 
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
-    metrics = measure_candidate(reference, student, rollouts, config.perturbation, engine, batch_size)
-    measured = excess(budget.metric, metrics[budget.metric])
+    got = measure_with_interval(reference, student, rollouts, config.perturbation, engine, batch_size)
+    measured = excess(budget.metric, got.metrics[budget.metric])
+    interval = tuple(sorted(excess(budget.metric, x) for x in got.interval(budget.metric)))
     tokens = prefix_tokens or int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32))
     shift = PrefixShift(student, reference, prompt_ids(student, rollouts), tokens, seed=seed,
                         batch_size=batch_size, engine=engine).measure(config.perturbation)
     opd = None
     if teacher is not None:
         opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
-    admit = measured <= budget.value
+    v = verdict(measured, interval, budget, got.num_prompts)
     return {
-        "schema_version": SCHEMA_VERSION, "verdict": "ADMIT" if admit else "REJECT", "configuration": config.name,
-        "engine": engine,
-        "metric": budget.metric, "measured": measured, "budget": budget.value,
-        "margin": budget.value - measured, "budget_calibrated": budget.calibrated, "budget_source": budget.source,
-        "budget_interval": budget.interval, "metrics": metrics, "prefix_shift": shift, "opd_signal": opd,
-        "num_sequences": rollouts.num_sequences, "num_response_tokens": rollouts.num_response_tokens,
+        "schema_version": SCHEMA_VERSION, "verdict": v["verdict"], "configuration": config.name, "engine": engine,
+        "metric": budget.metric, "measured": measured, "measured_interval": list(interval), "interval_level": LEVEL,
+        "budget": budget.value, "margin": budget.value - measured, "budget_calibrated": budget.calibrated,
+        "budget_source": budget.source, "budget_interval": budget.interval,
+        "prompts_to_decide": v["prompts_to_decide"], "undecided_because": v["undecided_because"],
+        "metrics": got.metrics, "prefix_shift": shift, "opd_signal": opd,
+        "num_prompts": got.num_prompts, "num_sequences": rollouts.num_sequences,
+        "num_response_tokens": rollouts.num_response_tokens,
     }
+
+
+POWER = 0.9  # prompts_to_decide: enough for the interval to clear the budget 9 times in 10 if the value stays put
+
+
+def decide_factor(level: float = LEVEL, power: float = POWER) -> float:
+    """How much more than the square-root law's count a decision needs: ((z_level + z_power) / z_level)^2 (3.17 at
+    a 90 % interval and 90 % power). The square-root law alone (an interval that just touches the budget) would
+    decide only half the time, since the estimate moves as much as its interval narrows."""
+    from statistics import NormalDist
+
+    z_level, z_power = NormalDist().inv_cdf((1 + level) / 2), NormalDist().inv_cdf(power)
+    return ((z_level + z_power) / z_level) ** 2
+
+
+def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int) -> dict:
+    """ADMIT when the measured value's whole interval lies at or below the budget's (its interval's lower end, or the
+    number itself when uncalibrated), REJECT when it lies wholly above, UNCERTAIN otherwise. An UNCERTAIN verdict
+    says what would decide it: when the measured value lies outside the budget's interval, about how many prompts
+    (an interval narrows as 1/sqrt(n): n x (half-width / expansion(n) / distance to the budget)^2 x decide_factor());
+    when it lies inside, more prompts cannot, only a narrower budget (more calibration runs)."""
+    lo, hi = interval
+    b_lo, b_hi = budget.interval if budget.interval else (budget.value, budget.value)
+    b_lo, b_hi = min(b_lo, budget.value), max(b_hi, budget.value)
+    out = {"verdict": "UNCERTAIN", "prompts_to_decide": None, "undecided_because": None}
+    if hi <= b_lo:
+        out["verdict"] = "ADMIT"
+    elif lo > b_hi:
+        out["verdict"] = "REJECT"
+    elif b_lo <= measured <= b_hi:
+        out["undecided_because"] = ("the measured value lies inside the budget's own interval: more calibration runs "
+                                    "(seeds), not more prompts, would decide it")
+    else:
+        edge, half = (b_lo, hi - measured) if measured < b_lo else (b_hi, measured - lo)
+        half /= expansion(num_prompts)  # the small-sample widening fades as prompts are added
+        n = num_prompts * (half / abs(measured - edge)) ** 2 * decide_factor()
+        out["prompts_to_decide"] = max(math.ceil(n - 1e-9), num_prompts + 1)
+        out["undecided_because"] = (f"the measured value's {LEVEL:.0%} interval straddles the budget: about "
+                                    f"{out['prompts_to_decide']} prompts (now {num_prompts}) would decide it")
+    return out
 
 
 def format_check(report: dict) -> str:
     engine = report.get("engine", "sim")
     as_run = "" if engine == "sim" else f" as {engine} runs it"
-    lines = [f"{report['verdict']}: {report['configuration']}{as_run}: {report['metric']} {report['measured']:.4g} "
-             f"{'<=' if report['verdict'] == 'ADMIT' else '>'} budget {report['budget']:.4g} "
-             f"(margin {report['margin']:+.3g}; budget {'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}"
-             f": {report['budget_source']})"]
+    v = report["verdict"]
+    lo, hi = report["measured_interval"]
+    b = f"budget {report['budget']:.4g}"
+    if report.get("budget_interval"):
+        b += f" [{report['budget_interval'][0]:.4g}, {report['budget_interval'][1]:.4g}]"
+    sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
+    lines = [f"{v}: {report['configuration']}{as_run}: {report['metric']} {report['measured']:.4g} "
+             f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report['margin']:+.3g}; budget "
+             f"{'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}: {report['budget_source']})"]
+    if report.get("undecided_because"):
+        lines.append(f"undecided: {report['undecided_because']}")
     s = report["prefix_shift"]
     lines.append(f"prefix shift: {s['diverged']:.0%} of continuations diverge"
                  + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")

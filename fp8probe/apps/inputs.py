@@ -58,7 +58,8 @@ def rollouts_for(student, settings: RolloutSettings, out: Path, reuse_from: Path
     else:
         r = make_rollouts(student, prompts=settings.prompts, num_prompts=settings.num_prompts,
                           max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                          temperature=settings.temperature, batch_size=settings.batch_size, progress=progress)
+                          temperature=settings.temperature, batch_size=settings.batch_size, progress=progress,
+                          samples_per_prompt=settings.samples_per_prompt)
         log.info("sampled %d rollouts, %d response tokens", r.num_sequences, r.num_response_tokens)
     if Path(src or "") != Path(out):
         save_rollouts(r, out)

@@ -170,7 +170,7 @@ def _check_memory(model: ModelSource, rollouts: RolloutSettings, method: str, sa
     if saved is not None:
         n, t, m = saved.num_sequences, saved.input_ids.shape[1], saved.num_response_tokens
     else:
-        n, t = rollouts.num_prompts, 256 + rollouts.max_new_tokens
+        n, t = rollouts.num_prompts * rollouts.samples_per_prompt, 256 + rollouts.max_new_tokens
         m = n * rollouts.max_new_tokens
     nbytes = parse_dtype(model.dtype).itemsize
     check_fits(estimate(model.config(), nbytes, method, rollouts.batch_size, n, t, m), model.device)

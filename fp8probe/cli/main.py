@@ -12,8 +12,8 @@ import time
 import traceback
 
 from ..apps import admission, calibrate, capacity, inputs, measure, recipe, sources, sweep, training
-from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_USAGE, FP8ProbeError, one_line,
-                           os_error_line, with_resume_hint)
+from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN, EXIT_USAGE,
+                           FP8ProbeError, one_line, os_error_line, with_resume_hint)
 from ..core.progress import quiet_dependencies
 from ..model.settings import ModelSource, RolloutSettings
 from .options import settings_from
@@ -91,7 +91,7 @@ def cmd_check(a, t0) -> int:
     s = settings_from(admission.CheckSettings, a, shortcuts=settings_from(sources.Shortcuts, a))
     report = admission.run_check(*_inputs(a), s, a.out, a.progress)
     print(admission.format_check(report))
-    return EXIT_OK if report["verdict"] == "ADMIT" else EXIT_REJECT
+    return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(report["verdict"], EXIT_UNCERTAIN)
 
 
 def cmd_budget(a, t0) -> int:

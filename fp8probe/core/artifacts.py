@@ -9,11 +9,13 @@
     capacity.json        1        deploy/capacity.py                plots
     mismatch.json        1        measurement/run.py (measure)      -
     ladder.json          1        apps/sources.py (ladder)          -
-    check.json           1        apps/admission.py (check)         plots
+    check.json           2        apps/admission.py (check)         plots
     calibrate.json       1        apps/calibrate.py (and each run's run.json)  calibrate --resume
 
 recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves.
-Changing what a file holds means a new version here, and a reader that refuses the old one in one line (or
+check.json is at 2: the verdict may be UNCERTAIN; measured_interval, interval_level, prompts_to_decide, num_prompts.
+An optional field that readers default may be added within a version (rollouts.json's
+sampling.samples_per_prompt, default 1). Changing what a file holds otherwise means a new version here, and a reader that refuses the old one in one line (or
 reads it, as read_recipe reads version 1).
 """
 
@@ -32,7 +34,7 @@ SCHEMAS = {
     "capacity.json": 1,
     "mismatch.json": 1,
     "ladder.json": 1,
-    "check.json": 1,
+    "check.json": 2,
     "calibrate.json": 1,
 }
 

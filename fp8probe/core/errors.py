@@ -9,13 +9,15 @@ Exit codes (the README's table):
     2    bad input, a missing optional dependency, or the environment refused (disk full, no permission)
     130  interrupted (SIGINT / SIGTERM); a sweep keeps its finished rows for --resume
 
-`fp8probe check` exits 0 to admit, 1 to reject, 2 on any error (an internal one included).
+`fp8probe check` exits 0 to admit, 1 to reject, 3 when the data cannot decide (UNCERTAIN), 2 on any error (an
+internal one included).
 """
 
 import errno
 
 EXIT_OK = 0
 EXIT_REJECT = 1  # `fp8probe check` only: the configuration exceeds the budget
+EXIT_UNCERTAIN = 3  # `fp8probe check` only: the measured interval and the budget's overlap
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

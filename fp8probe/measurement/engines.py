@@ -59,9 +59,15 @@ class Engine:
         raise NotImplementedError
         yield
 
+    def stats(self, reference, student, rollouts, p, batch_size: int = 8) -> dict:
+        """Per-token statistics of `p` against the reference (mismatch.token_stats, rows as reference.rows)."""
+        raise NotImplementedError
+
     def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
         """Every metric of `p` against the reference, as this engine computes the candidate."""
-        raise NotImplementedError
+        from .mismatch import summarize
+
+        return summarize(self.stats(reference, student, rollouts, p, batch_size))
 
 
 class Simulation(Engine):
@@ -74,6 +80,12 @@ class Simulation(Engine):
 
         with apply_perturbation(student, p, calibration, many_forwards=many_forwards):
             yield student.model
+
+    def stats(self, reference, student, rollouts, p, batch_size: int = 8) -> dict:
+        from .perturbation import apply_perturbation
+
+        with apply_perturbation(student, p, reference.calibration):
+            return reference.candidate_stats(p.start_block(student))
 
     def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
         from .perturbation import measure_perturbation
@@ -98,13 +110,13 @@ class Profile(Engine):
                              kv_layers=p.kv_layers) as m:
             yield m
 
-    def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
-        from .mismatch import summarize, token_stats
+    def stats(self, reference, student, rollouts, p, batch_size: int = 8) -> dict:
+        from .mismatch import token_stats
         from .vllm_profile import response_logp
 
         with self.candidate(student, p, reference.calibration) as m:
             rows, _ = response_logp(m, rollouts, batch_size)
-        return summarize(token_stats(reference.rows, rows))
+        return token_stats(reference.rows, rows)
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in [

@@ -8,6 +8,8 @@ recipes, ladders, checks and the comparison with vLLM measure theirs with the sa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..core.metrics import METRICS
 from ..core.schemes import KVCacheScheme, Scheme
 from .engines import Engine
@@ -27,6 +29,34 @@ def measure_candidate(reference: Reference, student, rollouts, p: Perturbation, 
     """Every metric of `p` against the reference, through `engine` (the simulation reuses the reference's prefix;
     a profile runs its whole copy of the model over the rollouts)."""
     return get_engine(engine).measure(reference, student, rollouts, p, batch_size)
+
+
+@dataclass
+class Measured:
+    """A candidate's metrics and the per-token statistics behind them, so that any metric carries its interval."""
+
+    metrics: dict[str, float]
+    stats: dict
+    prompt: object  # torch.Tensor [M]: the prompt of each token's rollout (the unit the bootstrap resamples)
+
+    @property
+    def num_prompts(self) -> int:
+        return int(self.prompt.unique().numel())
+
+    def interval(self, metric: str = "kl_q_p", level: float | None = None) -> tuple[float, float]:
+        """The metric's bootstrap interval over the rollouts' prompts (mismatch.metric_interval)."""
+        from .mismatch import metric_interval
+
+        return metric_interval(self.stats, self.prompt, metric, level)
+
+
+def measure_with_interval(reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim",
+                          batch_size: int = 8) -> Measured:
+    """measure_candidate, keeping what every metric's interval needs."""
+    from .mismatch import summarize
+
+    stats = get_engine(engine).stats(reference, student, rollouts, p, batch_size)
+    return Measured(summarize(stats), stats, reference.prompt)
 
 
 def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, reference: Reference | None = None,

@@ -130,6 +130,53 @@ def summarize(stats: dict[str, torch.Tensor]) -> dict[str, float]:
     return {k: out[k] for k in METRICS}
 
 
+def _r(s):  # log p(y) - log q(y) on the sampled token
+    return s["logp_ref"].double() - s["logp_cand"].double()
+
+
+# metric -> (its per-token value from token_stats, how a set of tokens reduces to the metric): the same numbers as
+# summarize, for any subset of tokens (the bootstrap's resamples)
+_PER_TOKEN = {
+    "kl_q_p": (lambda s: s["kl_q_p"].double(), "mean"),
+    "kl_p_q": (lambda s: s["kl_p_q"].double(), "mean"),
+    "k1": (_r, "mean"),
+    "k3": (lambda s: torch.expm1(-_r(s)) + _r(s), "mean"),
+    "abs_dlogp_mean": (lambda s: _r(s).abs(), "mean"),
+    "abs_dlogp_max": (lambda s: _r(s).abs(), "max"),
+    "token_mult_prob_error": (lambda s: _r(s).abs().exp(), "mean"),
+    "top1_agree": (lambda s: s["top1"].double(), "mean"),
+    "kl_p50": (lambda s: s["kl_q_p"].double(), 50),
+    "kl_p90": (lambda s: s["kl_q_p"].double(), 90),
+    "kl_p99": (lambda s: s["kl_q_p"].double(), 99),
+    "kl_p999": (lambda s: s["kl_q_p"].double(), 99.9),
+    "kl_max": (lambda s: s["kl_q_p"].double(), "max"),
+    "rms_dp": (lambda s: (s["logp_cand"].double().exp() - s["logp_ref"].double().exp()).pow(2), "rms"),
+}
+
+
+def metric_over(stats: dict[str, torch.Tensor], name: str):
+    """(per-token values, reduce(index) -> the metric over those tokens) for metric `name` from token_stats."""
+    fn, how = _PER_TOKEN[name]
+    v = fn(stats).numpy()
+    if how == "mean":
+        return v, lambda i: float(v[i].mean())
+    if how == "max":
+        return v, lambda i: float(v[i].max())
+    if how == "rms":
+        return v, lambda i: float(np.sqrt(v[i].mean()))
+    return v, lambda i: float(np.percentile(v[i], how))
+
+
+def metric_interval(stats: dict[str, torch.Tensor], groups: torch.Tensor, name: str, level: float | None = None,
+                    seed: int = 0) -> tuple[float, float]:
+    """The 90 % (or `level`) bootstrap interval of metric `name` over groups of tokens (core/stats.py; a token's
+    prompt): how far the figure could move on another draw of as many prompts."""
+    from ..core.stats import LEVEL, bootstrap_interval
+
+    _, reduce = metric_over(stats, name)
+    return bootstrap_interval(groups.numpy(), reduce, level=level or LEVEL, seed=seed)
+
+
 def mismatch(ref_logits: torch.Tensor, cand_logits: torch.Tensor, tokens: torch.Tensor,
              chunk: int = CHUNK_ROWS) -> dict[str, float]:
     """All metrics between reference and candidate logits [M, V] that predict the sampled tokens [M]."""

@@ -43,7 +43,7 @@ class Reference:
         self.device = next(self.model.parameters()).device
         self.softcap = _softcap(self.model)
         self.batches = []  # per batch: {"inputs": [(args, kwargs)] per layer, "rows", "cols", "tokens"}
-        logps, tokens = [], []
+        logps, tokens, sequence = [], [], []
         names = list(student.unit_names) if calibrate else []
         t0 = time.perf_counter()
         cal_ctx = record_calibration(self.model, names, kv_strategy) if calibrate else contextlib.nullcontext()
@@ -54,10 +54,13 @@ class Reference:
                 rec = self._record_pass(ids.to(self.device), am.to(self.device), resp)
                 logps.append(rec.pop("logp"))
                 tokens.append(rec["tokens"])
+                sequence.append(rec["rows"].cpu() + sum(len(b["ids"]) for b in self.batches))
                 self.batches.append(rec)
         self.calibration: Calibration | None = cal
         # [M, V] fp32 reference log-probs of the rows that predict response tokens
         self.rows = RefRows.from_logp(torch.cat(logps), torch.cat(tokens))
+        self.sequence = torch.cat(sequence)  # [M] the rollout each row belongs to
+        self.prompt = rollouts.prompt_groups()[self.sequence]  # [M] its prompt: what intervals resample
         if not bool(torch.isfinite(self.rows.logp).all()):
             bad = int((~torch.isfinite(self.rows.logp).all(-1)).sum())
             raise FP8ProbeError(f"the reference pass gives NaN/inf log-probabilities at {bad} of {len(self.rows)} "

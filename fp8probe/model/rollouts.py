@@ -65,6 +65,14 @@ class Rollouts:
             response_mask[i, len(p): len(p) + len(r)] = 1
         return cls(input_ids, attention_mask, response_mask, dict(meta or {}))
 
+    def prompt_groups(self) -> torch.Tensor:
+        """[N] one label per distinct prompt (its token ids), in order of first appearance. Several samples of one
+        prompt are not independent draws of the prompt distribution, so intervals resample prompts."""
+        keys: dict[tuple, int] = {}
+        prompt = (self.attention_mask == 1) & (self.response_mask == 0)
+        return torch.tensor([keys.setdefault(tuple(self.input_ids[i][prompt[i]].tolist()), len(keys))
+                             for i in range(self.num_sequences)], dtype=torch.int64)
+
     def check_fits(self, config, where: str = "the rollouts") -> None:
         """Refuse rollouts that this model cannot score: token ids past its vocabulary, sequences past its
         context (they were sampled from another model, or the file was edited)."""
@@ -148,8 +156,10 @@ def make_rollouts(
     top_p: float = 1.0,
     batch_size: int = 8,
     progress: bool = False,
+    samples_per_prompt: int = 1,
 ) -> Rollouts:
-    """Sample the student's responses to the prompts (built-in ones by default)."""
+    """Sample the student's responses to the prompts (built-in ones by default), `samples_per_prompt` each (the
+    samples of one prompt are consecutive sequences)."""
     if isinstance(prompts, (str, Path)):
         prompts = read_prompts(prompts)
     prompts = list(BUILTIN_PROMPTS if prompts is None else prompts)
@@ -159,13 +169,15 @@ def make_rollouts(
         prompts = prompts[:num_prompts]
     if not prompts:
         raise FP8ProbeError("no prompts given: pass a prompts file with at least one prompt")
+    if samples_per_prompt < 1:
+        raise FP8ProbeError("`samples_per_prompt` must be at least 1")
     if max_new_tokens < 1:
         raise FP8ProbeError("`max_new_tokens` must be at least 1")
     model, tok = student.model, student.tokenizer
     device = next(model.parameters()).device
     eos = eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    encoded = [encode_prompt(tok, p) for p in prompts]
+    encoded = [encode_prompt(tok, p) for p in prompts for _ in range(samples_per_prompt)]
     ctx = context_length(model.config)
     for i, ids in enumerate(encoded):
         if ctx and len(ids) + max_new_tokens > ctx:
@@ -203,7 +215,7 @@ def make_rollouts(
         "model_path": student.path,
         "prompts": prompts,
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": 0, "max_new_tokens": max_new_tokens,
-                     "batch_size": batch_size, "eos_token_ids": eos},
+                     "batch_size": batch_size, "eos_token_ids": eos, "samples_per_prompt": samples_per_prompt},
         "seed": seed,
         "num_sequences": out.num_sequences,
         "num_tokens": int(out.attention_mask.sum()),

@@ -51,11 +51,13 @@ class ModelSource(Settings):
 
 @dataclass(frozen=True)
 class RolloutSettings(Settings):
-    """The student's own rollouts: sampled (`prompts` file or the built-in ones, the first `num_prompts`, up to
-    `max_new_tokens` each, `seed`, `temperature`; 0 is greedy) or reused from a directory (`rollouts`)."""
+    """The student's own rollouts: sampled (`prompts` file or the built-in ones, the first `num_prompts`,
+    `samples_per_prompt` each, up to `max_new_tokens` each, `seed`, `temperature`; 0 is greedy) or reused from a
+    directory (`rollouts`)."""
 
     prompts: str | None = opt(None, "prompts file: text (one per line) or JSONL with a 'prompt' field")
     num_prompts: int = opt(16, "use the first N prompts", low=1)
+    samples_per_prompt: int = opt(1, "responses sampled per prompt (rollouts = prompts x this)", low=1)
     max_new_tokens: int = opt(48, "response length cap", low=1)
     seed: int = opt(0, "sampling seed", low=0)
     temperature: float = opt(1.0, "sampling temperature; 0 is greedy", low=0.0)

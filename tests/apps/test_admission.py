@@ -19,6 +19,7 @@ from fp8probe.measurement.perturbation import Perturbation, apply_perturbation, 
 from fp8probe.measurement.prefix import PrefixShift, divergence, prompt_ids, sample_crn
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import Rollouts, make_rollouts
+from fp8probe.recipe.budget import Budget
 from fp8probe.recipe.recipe import Recipe
 
 
@@ -172,13 +173,15 @@ def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):
     recipe = tmp_path / "r" / "recipe.yaml"
     measured = json.loads((tmp_path / "r" / "recipe.json").read_text())["measured"]
     common = ["--rollouts", tmp_path / "s", "--recipe", recipe, "--max-new-tokens", 8]
-    r = cli("-q", "check", model, "--budget", measured * 2, "--out", tmp_path / "c1", *common)
+    r = cli("-q", "check", model, "--budget", measured * 10, "--out", tmp_path / "c1", *common)
     assert r.code == 0 and r.out.startswith("ADMIT"), (r.code, r.out, r.err)
     rep = json.loads((tmp_path / "c1" / "check.json").read_text())
     assert rep["verdict"] == "ADMIT" and rep["measured"] == pytest.approx(measured, rel=1e-9)
-    assert rep["margin"] == pytest.approx(measured, rel=1e-9) and not rep["budget_calibrated"]
+    assert rep["margin"] == pytest.approx(9 * measured, rel=1e-9) and not rep["budget_calibrated"]
+    lo, hi = rep["measured_interval"]
+    assert lo < measured < hi < measured * 10 and rep["interval_level"] == 0.9
     assert set(rep["prefix_shift"]) >= {"diverged", "first_div_mean", "kl_q_p_own"}
-    r = cli("-q", "check", model, "--budget", measured / 2, "--out", tmp_path / "c2", *common)
+    r = cli("-q", "check", model, "--budget", measured / 10, "--out", tmp_path / "c2", *common)
     assert r.code == 1 and r.out.startswith("REJECT"), (r.code, r.out, r.err)
     for bad, match in [("-1", "finite, non-negative"), ("nan", "finite, non-negative"),
                        (tmp_path / "nope.json", "neither a number nor a budget.json")]:
@@ -232,3 +235,55 @@ def test_check_with_a_teacher_end_to_end(cli, tmp_path, tiny_dirs):
     assert 0 <= o["ratio_out_verl"] <= 1 and 0 <= o["ratio_out_openrlhf"] <= 1 and -1 <= o["reward_corr"] <= 1
     line = next(ln for ln in r.out.splitlines() if ln.startswith("OPD signal:"))
     assert f"{o['mean_abs_reward_delta']:.4g}" in line and f"{o['seq_rkl_delta']:+.4g}" in line
+
+
+def test_verdict_by_hand():
+    """ADMIT / REJECT only when the measured interval lies on one side of the budget's; UNCERTAIN otherwise, with
+    the prompts that would decide it: n x (half-width / expansion(n) / distance to the budget)^2 x
+    ((1.645 + 1.282) / 1.645)^2, or none when the measured value lies inside the budget's own interval."""
+    from fp8probe.apps.admission import decide_factor, verdict
+
+    assert decide_factor() == pytest.approx(((1.6448536 + 1.2815516) / 1.6448536) ** 2, rel=1e-6)  # 3.1655
+    point = Budget("kl_q_p", 0.01, calibrated=False, source="hand")
+    assert verdict(0.005, (0.004, 0.006), point, 16)["verdict"] == "ADMIT"
+    assert verdict(0.005, (0.004, 0.01), point, 16)["verdict"] == "ADMIT"  # at the budget is within it
+    assert verdict(0.02, (0.015, 0.025), point, 16)["verdict"] == "REJECT"
+    v = verdict(0.008, (0.006, 0.012), point, 16)
+    # expansion(16) = sqrt(16 / 15) x t(0.95, 15) / z(0.95) = 1.03280 x 1.75305 / 1.64485 = 1.10073
+    assert v["verdict"] == "UNCERTAIN" and v["prompts_to_decide"] == 168  # 16 x (0.004/1.10073/0.002)^2 x 3.1655 = 167.2
+    v = verdict(0.012, (0.009, 0.015), point, 16)
+    assert v["verdict"] == "UNCERTAIN" and v["prompts_to_decide"] == 95  # 16 x (0.003/1.10073/0.002)^2 x 3.1655 = 94.1
+    fitted = Budget("kl_q_p", 0.01, calibrated=True, source="hand", interval=(0.008, 0.03))
+    assert verdict(0.005, (0.004, 0.0079), fitted, 16)["verdict"] == "ADMIT"
+    assert verdict(0.005, (0.004, 0.0081), fitted, 16)["verdict"] == "UNCERTAIN"
+    assert verdict(0.04, (0.031, 0.05), fitted, 16)["verdict"] == "REJECT"
+    assert verdict(0.04, (0.029, 0.05), fitted, 16)["verdict"] == "UNCERTAIN"
+    inside = verdict(0.009, (0.0085, 0.0095), fitted, 16)
+    assert inside["verdict"] == "UNCERTAIN" and inside["prompts_to_decide"] is None
+    assert "calibration runs" in inside["undecided_because"]
+
+
+def test_uncertain_check_is_decided_by_the_prompts_it_asks_for(cli, tmp_path, tiny_dirs):
+    """A budget inside the measured interval: UNCERTAIN (exit 3) with a prompt count; run with that many prompts,
+    the check decides (exit 0 or 1)."""
+    model = tiny_dirs["llama"]
+    from conftest import tiny_tokenizer
+
+    words = [w for w in tiny_tokenizer().get_vocab() if w.isalpha() and w not in ("user", "assistant")][:12]
+    prompts = tmp_path / "prompts.txt"  # 132 distinct prompts of words the tiny tokenizer knows
+    prompts.write_text("\n".join(f"{a} {b}" for a in words for b in words if a != b) + "\n")
+    common = ["--kv-cache-dtype", "fp8", "--max-new-tokens", 8, "--prompts", prompts]
+    r = cli("-q", "check", model, "--budget", 1.0, "--out", tmp_path / "probe", "--num-prompts", 10, *common)
+    assert r.code == 0, r.err
+    probe = json.loads((tmp_path / "probe" / "check.json").read_text())
+    lo, hi = probe["measured_interval"]
+    budget = probe["measured"] + 0.6 * (hi - probe["measured"])  # above the value, inside its interval
+    r = cli("-q", "check", model, "--budget", budget, "--out", tmp_path / "u", "--num-prompts", 10, *common)
+    assert r.code == 3 and r.out.startswith("UNCERTAIN"), (r.code, r.out, r.err)
+    rep = json.loads((tmp_path / "u" / "check.json").read_text())
+    n = rep["prompts_to_decide"]
+    assert rep["verdict"] == "UNCERTAIN" and 10 < n <= 132 and f"about {n} prompts" in r.out
+    r = cli("-q", "check", model, "--budget", budget, "--out", tmp_path / "d", "--num-prompts", n, *common)
+    rep = json.loads((tmp_path / "d" / "check.json").read_text())
+    assert r.code in (0, 1) and rep["verdict"] in ("ADMIT", "REJECT"), (r.code, r.out, rep["measured_interval"])
+    assert rep["num_prompts"] == n

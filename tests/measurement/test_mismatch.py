@@ -63,3 +63,35 @@ def test_response_logits_shift():
     # response tokens: (0,2)=7 predicted at (0,1); (0,3)=8 at (0,2); (1,1)=10 at (1,0); (1,2)=11 at (1,1)
     assert toks.tolist() == [7, 8, 10, 11]
     assert torch.equal(rows, torch.stack([logits[0, 1], logits[0, 2], logits[1, 0], logits[1, 1]]))
+
+
+def test_every_metric_over_all_tokens_is_the_summary():
+    """metric_over (what intervals resample) reduces to exactly what summarize reports, for every metric."""
+    from fp8probe.measurement.mismatch import RefRows, log_softmax32, metric_over, summarize, token_stats
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(50, 40, generator=g)
+    cand = ref + 0.3 * torch.randn(50, 40, generator=g)
+    toks = torch.randint(0, 40, (50,), generator=g)
+    stats = token_stats(RefRows.from_logp(log_softmax32(ref), toks), log_softmax32(cand))
+    summary = summarize(stats)
+    everything = torch.arange(50).numpy()
+    for name in METRICS:
+        _, reduce = metric_over(stats, name)
+        assert reduce(everything) == pytest.approx(summary[name], rel=1e-9, abs=1e-12), name
+
+
+def test_reference_labels_each_row_with_its_rollout_and_prompt():
+    """Reference.sequence counts each rollout's response tokens; Reference.prompt groups rollouts of one prompt."""
+    from conftest import tiny_student
+
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
+
+    st = tiny_student("llama")
+    r = make_rollouts(st, num_prompts=3, samples_per_prompt=2, max_new_tokens=5, batch_size=4)
+    ref = Reference(st, r, batch_size=4)
+    counts = torch.bincount(ref.sequence, minlength=r.num_sequences)
+    assert counts.tolist() == r.response_mask[:, 1:].sum(1).tolist()
+    assert r.prompt_groups().tolist() == [0, 0, 1, 1, 2, 2]
+    assert ref.prompt.tolist() == [s // 2 for s in ref.sequence.tolist()]
