@@ -22,9 +22,13 @@ class CapacitySettings(Settings):
 
 @dataclass(frozen=True)
 class BudgetSettings(Settings):
-    tolerance: float = opt(0.01, "largest relative quality loss accepted", low=0.0)
+    """How a budget is read off a runs table: the relative quality loss accepted, the bootstrap behind its interval,
+    and which objective's runs (a table with several)."""
+
+    tolerance: float = opt(0.02, "largest relative quality loss accepted (your choice)", low=0.0)
     bootstrap: int = opt(1000, "bootstrap resamples for the interval", low=0)
     seed: int = opt(0, "seed of the resamples", low=0)
+    objective: str | None = opt(None, "the objective whose runs to fit (a table with several: opd, grpo, grpo-is)")
 
 
 def run_capacity(model: str | None, settings: CapacitySettings, serving, out=None, plot: bool = False,
@@ -68,7 +72,8 @@ def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()):
     from ..recipe.budget import fit_budget
 
     check_writable(out)
-    b = fit_budget(runs, tolerance=settings.tolerance, bootstrap=settings.bootstrap, seed=settings.seed)
+    b = fit_budget(runs, tolerance=settings.tolerance, bootstrap=settings.bootstrap, seed=settings.seed,
+                   objective=settings.objective)
     with output_dir(out) as d:
         atomic_write_json(d / "budget.json", b.to_json())
         budget_fit(b, d / "budget.png")
@@ -77,5 +82,7 @@ def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()):
 
 def describe_budget(b, out) -> str:
     lo, hi = b.interval or (float("nan"), float("nan"))
-    return (f"budget: {b.metric} <= {b.value:.4g} (90 % bootstrap interval {lo:.4g} .. {hi:.4g}) at a relative "
-            f"quality loss <= {b.tolerance:g}, from {len(b.runs)} runs -> {out}/budget.json")
+    spread = f"; the seeds alone spread {b.seed_spread:.1%}" if b.seed_spread is not None else ""
+    return (f"budget: {b.metric} <= {b.value:.4g} (90 % {'paired ' if b.paired else ''}bootstrap interval {lo:.4g} .. "
+            f"{hi:.4g}) at a relative quality loss <= {b.tolerance:g}{spread}, from {len(b.runs)} runs -> "
+            f"{out}/budget.json")

@@ -1,14 +1,22 @@
 """The mismatch budget: the largest rollout mismatch that training runs tolerate, read off real runs.
 
-    fp8probe budget RUNS.csv --out DIR [--tolerance 0.01]
+    fp8probe budget RUNS.csv --out DIR [--tolerance 0.02] [--objective opd]
 
 RUNS.csv has one row per training run: `mismatch` (the run's rollout mismatch on one of our metrics, 0 for
-mismatch-free runs), `quality` (its final quality), and optionally `metric` (which metric `mismatch` is;
-one value for the whole table, default kl_q_p), `seed`, and `higher_is_better` (the quality's direction,
-default true). The quality loss of a run is its relative shortfall against the mean of the mismatch-free
-runs; a non-decreasing fit of loss against mismatch (pool-adjacent-violators, per mismatch level) gives
-the budget: the largest tested level whose fitted loss stays within the tolerance (default 1 % relative).
-A bootstrap over runs (resampled within each level) gives its interval. Written as DIR/budget.json.
+mismatch-free runs), `quality` (its quality), and optionally `metric` (which metric `mismatch` is; one value for
+the whole table, default kl_q_p), `seed`, `objective` (pick one with `objective` when there are several) and
+`higher_is_better` (the quality's direction, default true).
+
+Paired design (when every run has a seed and every seed has its mismatch-free twin, as `fp8probe calibrate`
+runs them: the same seeds for data order, generation and evaluation): a run's quality loss is its relative
+shortfall against *its own seed's* mismatch-free run, so what the seeds do alike cancels; the interval comes from
+a paired bootstrap that resamples seeds, one draw for every level. Otherwise (unpaired) a run's loss is its
+shortfall against the mean of the mismatch-free runs, and runs are resampled within each level.
+
+A non-decreasing fit of the mean loss against the mismatch (pool-adjacent-violators, per level) gives the budget:
+the largest tested level whose fitted loss stays within the tolerance (a user's choice; default 2 % relative).
+budget.json also holds each level's mean loss with its interval and fit, and the seed spread (how far the
+mismatch-free runs land apart by their seeds alone: reported beside the tolerance, not used as it).
 
 Without runs, `default_budget()` is a published rule of thumb (NeMo-RL calls a generation KL below 1e-3
 acceptable), labelled uncalibrated in every output that uses it.
@@ -28,6 +36,9 @@ from ..core.metrics import METRICS
 SCHEMA_VERSION = version("budget.json")
 
 
+DEFAULT_TOLERANCE = 0.02  # the relative quality loss a budget allows unless told otherwise (a user's choice)
+
+
 @dataclass(frozen=True)
 class Budget:
     metric: str
@@ -37,6 +48,9 @@ class Budget:
     interval: tuple[float, float] | None = None
     tolerance: float | None = None
     runs: list | None = None
+    paired: bool = False  # losses against each seed's mismatch-free twin (True) or the mean of those runs
+    levels: list | None = None  # per tested level: mismatch, mean loss, its interval, the isotonic fit, runs
+    seed_spread: float | None = None  # relative range of the mismatch-free runs' quality (seeds alone)
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -68,12 +82,13 @@ def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
         d = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FP8ProbeError(f"{text} is not valid JSON ({e}); write it with `fp8probe budget`") from e
-    if not isinstance(d, dict) or d.get("schema_version") != SCHEMA_VERSION:
+    if not isinstance(d, dict) or d.get("schema_version") not in (1, SCHEMA_VERSION):
         raise FP8ProbeError(f"{text} is not a budget.json of schema {SCHEMA_VERSION}; write it with `fp8probe budget`")
     try:
         interval = tuple(d["interval"]) if d.get("interval") is not None else None
         return Budget(d["metric"], d["value"], bool(d.get("calibrated", False)), str(d.get("source", text)),
-                      interval, d.get("tolerance"), d.get("runs"))
+                      interval, d.get("tolerance"), d.get("runs"), bool(d.get("paired", False)), d.get("levels"),
+                      d.get("seed_spread"))
     except KeyError as e:
         raise FP8ProbeError(f"{text} lacks {e}; write it with `fp8probe budget`") from e
 
@@ -94,26 +109,42 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     return [m for m, _, n in blocks for _ in range(n)]
 
 
-def _threshold(levels: list[float], groups: dict[float, list[float]], base: float, higher: bool,
-               tolerance: float) -> float:
-    losses = []
-    for lv in levels:
-        qs = groups[lv]
-        mean_q = sum(qs) / len(qs)
-        losses.append(((base - mean_q) if higher else (mean_q - base)) / abs(base))
-    fitted = _isotonic(losses, [len(groups[lv]) for lv in levels])
-    ok = [lv for lv, f in zip(levels, fitted) if f <= tolerance]
-    return max(ok) if ok else 0.0
+def _losses(df, higher: bool, paired: bool) -> dict[float, dict]:
+    """mismatch level -> {seed: relative quality loss}: against the same seed's mismatch-free run (paired), or
+    against the mean of every mismatch-free run (unpaired; the rows are numbered instead of seeded)."""
+    clean = df[df["mismatch"] == 0]
+    base_all = float(clean["quality"].mean())
+    base = dict(zip(clean["seed"], clean["quality"])) if paired else {}
+    out: dict[float, dict] = {}
+    for i, r in enumerate(df.itertuples(index=False)):
+        b = base[r.seed] if paired else base_all
+        loss = ((b - r.quality) if higher else (r.quality - b)) / abs(b)
+        out.setdefault(float(r.mismatch), {})[r.seed if paired else i] = loss
+    return out
 
 
-def fit_budget(runs, tolerance: float = 0.01, bootstrap: int = 1000, seed: int = 0) -> Budget:
-    """The calibrated budget from a runs table (a pandas DataFrame or a CSV path); see the module docstring."""
+def _threshold(levels: list[float], means: dict[float, float], weights: dict[float, int],
+               tolerance: float) -> tuple[float, list[float]]:
+    """The largest level whose isotonic (non-decreasing) fit of the mean loss stays within the tolerance, and the
+    fit itself."""
+    present = [lv for lv in levels if lv in means]
+    fitted = _isotonic([means[lv] for lv in present], [weights[lv] for lv in present])
+    ok = [lv for lv, f in zip(present, fitted) if f <= tolerance]
+    return (max(ok) if ok else 0.0), fitted
+
+
+def _is_paired(df) -> bool:
+    """Every run has a seed, each seed runs once per level, and every seed of a level has its mismatch-free twin."""
+    if "seed" not in df.columns or df["seed"].isna().any() or df.duplicated(["mismatch", "seed"]).any():
+        return False
+    clean = set(df[df["mismatch"] == 0]["seed"])
+    return len(clean) >= 2 and set(df["seed"]) <= clean
+
+
+def _read_runs(runs, where: str):
     import numpy as np
     import pandas as pd
 
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise FP8ProbeError(f"`tolerance` {tolerance}: must be a finite, non-negative fraction")
-    where = str(runs)
     if not isinstance(runs, pd.DataFrame):
         p = Path(runs)
         if not p.is_file():
@@ -133,34 +164,85 @@ def fit_budget(runs, tolerance: float = 0.01, bootstrap: int = 1000, seed: int =
             raise FP8ProbeError(f"{where}: column {c!r} must hold finite numbers on every row")
     if (df["mismatch"] < 0).any():
         raise FP8ProbeError(f"{where}: a mismatch level below 0; every metric is 0 without mismatch")
-    metric = "kl_q_p"
-    if "metric" in df.columns:
-        names = set(df["metric"].astype(str))
-        if len(names) != 1:
-            raise FP8ProbeError(f"{where}: one mismatch metric per table, found {sorted(names)}")
-        metric = names.pop()
-    higher = True
-    if "higher_is_better" in df.columns:
-        vals = set(df["higher_is_better"].astype(str).str.lower())
-        if not vals <= {"true", "false", "1", "0"} or len(vals) != 1:
-            raise FP8ProbeError(f"{where}: higher_is_better must be one value, true or false")
-        higher = vals.pop() in ("true", "1")
+    return df
+
+
+def _one_value(df, column: str, where: str, default, what: str):
+    if column not in df.columns:
+        return default
+    names = set(df[column].astype(str))
+    if len(names) != 1:
+        raise FP8ProbeError(f"{where}: one {what} per table, found {sorted(names)}")
+    return names.pop()
+
+
+def fit_budget(runs, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000, seed: int = 0,
+               paired: bool | None = None, objective: str | None = None) -> Budget:
+    """The calibrated budget from a runs table (a pandas DataFrame or a CSV path); see the module docstring.
+    `paired`: None decides from the table (_is_paired); `objective` picks one objective of a table with several."""
+    import numpy as np
+
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise FP8ProbeError(f"`tolerance` {tolerance}: must be a finite, non-negative fraction")
+    where = str(runs)
+    df = _read_runs(runs, where)
+    if "objective" in df.columns:
+        names = sorted(set(df["objective"].astype(str)))
+        if objective is None and len(names) > 1:
+            raise FP8ProbeError(f"{where} holds runs of several objectives ({', '.join(names)}): pick one with "
+                                "`objective`")
+        if objective is not None:
+            if objective not in names:
+                raise FP8ProbeError(f"`objective` {objective}: {where} holds {', '.join(names)}")
+            df = df[df["objective"].astype(str) == objective]
+    metric = _one_value(df, "metric", where, "kl_q_p", "mismatch metric")
+    direction = _one_value(df, "higher_is_better", where, "true", "quality direction").lower()
+    if direction not in {"true", "false", "1", "0"}:
+        raise FP8ProbeError(f"{where}: higher_is_better must be one value, true or false")
+    higher = direction in ("true", "1")
     clean = df[df["mismatch"] == 0]["quality"]
     if clean.empty:
         raise FP8ProbeError(f"{where} has no mismatch-free run (mismatch 0): the quality loss needs that baseline")
-    base = float(clean.mean())
-    if base == 0:
-        raise FP8ProbeError(f"{where}: the mismatch-free runs' mean quality is 0; a relative loss needs another scale")
-    groups = {float(k): [float(x) for x in g["quality"]] for k, g in df.groupby("mismatch")}
-    levels = sorted(groups)
-    value = _threshold(levels, groups, base, higher, tolerance)
-    rng = np.random.default_rng(seed)
-    boot = []
-    for _ in range(bootstrap):
-        g2 = {lv: list(rng.choice(qs, size=len(qs), replace=True)) for lv, qs in groups.items()}
-        b2 = sum(g2[0.0]) / len(g2[0.0])
-        boot.append(_threshold(levels, g2, b2, higher, tolerance) if b2 != 0 else 0.0)
+    if (clean == 0).any() if _is_paired(df) else float(clean.mean()) == 0:
+        raise FP8ProbeError(f"{where}: a mismatch-free run's quality is 0; a relative loss needs another scale")
+    if paired is None:
+        paired = _is_paired(df)
+    elif paired and not _is_paired(df):
+        raise FP8ProbeError(f"{where}: pairing needs a seed per run, each seed once per level and its mismatch-free "
+                            "twin (two seeds at least)")
+    losses = _losses(df, higher, paired)
+    levels = sorted(losses)
+    mean = {lv: float(np.mean(list(d.values()))) for lv, d in losses.items()}
+    value, fitted = _threshold(levels, mean, {lv: len(losses[lv]) for lv in levels}, tolerance)
+    boot, level_boot = _bootstrap(losses, levels, paired, tolerance, bootstrap, seed)
     interval = (float(np.quantile(boot, 0.05)), float(np.quantile(boot, 0.95))) if boot else None
-    records = df.to_dict(orient="records")
+    table = [{"mismatch": lv, "loss": mean[lv], "fitted": f, "runs": len(losses[lv]),
+              "loss_interval": ([float(np.quantile(level_boot[lv], q)) for q in (0.05, 0.95)]
+                                if level_boot.get(lv) else None)} for lv, f in zip(levels, fitted)]
+    q0 = df[df["mismatch"] == 0]["quality"]
+    spread = float((q0.max() - q0.min()) / abs(q0.mean())) if len(q0) > 1 and q0.mean() else None
     return Budget(metric, float(value), calibrated=True, source=f"fit to {len(df)} training runs in {where}",
-                  interval=interval, tolerance=tolerance, runs=records)
+                  interval=interval, tolerance=tolerance, runs=df.to_dict(orient="records"), paired=paired,
+                  levels=table, seed_spread=spread)
+
+
+def _bootstrap(losses: dict, levels: list[float], paired: bool, tolerance: float, n: int, seed: int):
+    """Thresholds of resampled tables, and each level's resampled mean loss. Paired: the seeds are resampled, the
+    same draw for every level (a seed's runs stay together). Unpaired: runs are resampled within each level."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    seeds = sorted(losses[0.0]) if paired else None
+    boot, level_boot = [], {lv: [] for lv in levels}
+    for _ in range(n):
+        if paired:
+            draw = rng.choice(seeds, size=len(seeds), replace=True)
+            means = {lv: float(np.mean([d[s] for s in draw if s in d])) for lv, d in losses.items()
+                     if any(s in d for s in draw)}
+        else:
+            means = {lv: float(np.mean(rng.choice(list(d.values()), size=len(d), replace=True)))
+                     for lv, d in losses.items()}
+        for lv, m in means.items():
+            level_boot[lv].append(m)
+        boot.append(_threshold(levels, means, {lv: len(losses[lv]) for lv in levels}, tolerance)[0])
+    return boot, level_boot

@@ -3,8 +3,10 @@
 import json
 
 import pandas as pd
+import pytest
 import torch
 
+from fp8probe.core.errors import FP8ProbeError
 from fp8probe.recipe.budget import fit_budget, read_budget
 
 LEVELS = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
@@ -43,22 +45,30 @@ def test_lower_is_better_and_the_direction_decides():
     assert fit_budget(inv, tolerance=0.05, bootstrap=0).value == 1e-2  # the default: higher is better
 
 
-def test_calibrate_runs_table_is_read_lower_is_better():
-    """calibrate.runs_table's rows (quality: held-out reverse KL) fit to the level where the KL starts rising."""
-    from fp8probe.apps.calibrate import runs_table
+def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
+    """calibration_runs.runs_table's rows (quality: held-out reverse KL, lower is better) fit to the level where the
+    KL starts rising; each run's paired loss is against its own seed's mismatch-free run (0 for that run)."""
+    from fp8probe.apps.calibration_runs import runs_table
 
     def result(level, value, seed, kl):
-        return {"level": level, "kind": "noise" if value else "none", "value": value, "seed": seed,
-                "mismatch": {"kl_q_p": value, "k3": value, "tokens": 100}, "steps": 30, "seconds": 1.0,
+        return {"objective": "opd", "level": level, "kind": "noise" if value else "none", "value": value,
+                "seed": seed, "mismatch": {"kl_q_p": value, "k3": value, "tokens": 100}, "steps": 30, "seconds": 1.0,
                 "quality_start": {"reverse_kl": 6.0, "teacher_logp": -3.0},
-                "quality_end": {"reverse_kl": kl, "teacher_logp": -2.0}}
+                "quality_end": {"reverse_kl": kl, "teacher_logp": -2.0},
+                "quality": {"auc": kl + 1, "final": kl, "late_improvement": 0.0}}
 
-    results = [result("0", 0.0, s, 1.40 + 0.002 * s) for s in range(2)]
-    results += [result("0.01", 0.01, s, 1.405 + 0.002 * s) for s in range(2)]  # +0.4 %
-    results += [result("0.1", 0.1, s, 1.60 + 0.002 * s) for s in range(2)]  # +14 %: worse
-    df = runs_table(results)
-    assert set(df["higher_is_better"]) == {False}
-    assert fit_budget(df[["mismatch", "quality", "higher_is_better"]], tolerance=0.02, bootstrap=0).value == 0.01
+    results = [result("0", 0.0, s, 1.40 + 0.2 * s) for s in range(2)]  # seeds 14 % apart
+    results += [result("0.01", 0.01, s, (1.40 + 0.2 * s) * 1.004) for s in range(2)]  # +0.4 % on each seed
+    results += [result("0.1", 0.1, s, (1.40 + 0.2 * s) * 1.14) for s in range(2)]  # +14 %: worse
+    df = runs_table(results, quality="final")
+    assert set(df["higher_is_better"]) == {False} and list(df["quality"]) == [r["quality_end"]["reverse_kl"]
+                                                                             for r in results]
+    assert list(df["paired_loss"][:2]) == [0.0, 0.0]
+    assert list(df["paired_loss"][2:4]) == pytest.approx([0.004, 0.004]) and list(df["paired_loss"][4:]) == \
+        pytest.approx([0.14, 0.14])
+    b = fit_budget(df, tolerance=0.02, bootstrap=200)
+    assert b.paired and b.value == 0.01 and b.interval == (0.01, 0.01)
+    assert list(runs_table(results)["quality"]) == [r["quality"]["auc"] for r in results]  # auc by default
 
 
 def test_budget_command_and_bad_tables(cli, tmp_path):
@@ -66,7 +76,7 @@ def test_budget_command_and_bad_tables(cli, tmp_path):
     r = cli("-q", "budget", tmp_path / "runs.csv", "--out", tmp_path / "b", "--bootstrap", 200)
     assert r.code == 0, r.err
     d = json.loads((tmp_path / "b" / "budget.json").read_text())
-    assert d["value"] == 1e-3 and d["metric"] == "k3" and d["schema_version"] == 1
+    assert d["value"] == 1e-3 and d["metric"] == "k3" and d["schema_version"] == 2 and d["paired"]
     assert (tmp_path / "b" / "budget.png").stat().st_size > 1000
     assert read_budget(str(tmp_path / "b" / "budget.json")).value == 1e-3
     pd.DataFrame({"mismatch": [1e-3], "quality": [0.5]}).to_csv(tmp_path / "noclean.csv", index=False)
@@ -77,3 +87,47 @@ def test_budget_command_and_bad_tables(cli, tmp_path):
         r = cli("budget", tmp_path / name, "--out", tmp_path / "x")
         assert r.code == 2 and len(r.lines) == 1 and match in r.lines[0], r.err
         assert not (tmp_path / "x").exists()
+
+
+def _seeded_runs(edge_index=3, levels=LEVELS, seeds=4, seed_effect=0.10, noise=0.002):
+    """Runs whose seeds differ a lot (each seed's quality scaled by up to +-10 %, the same at every level, as a
+    seed's data order and sampling make it) while the mismatch adds a loss of 0 up to levels[edge_index] and
+    3 % per level beyond; each run has its own small noise (0.2 %)."""
+    g = torch.Generator().manual_seed(1)
+    base = [1.0 + seed_effect * (2 * float(torch.rand(1, generator=g)) - 1) for _ in range(seeds)]
+    rows = []
+    for i, lv in enumerate(levels):
+        loss = 0.0 if i <= edge_index else 0.03 * (i - edge_index)
+        for s in range(seeds):
+            eps = noise * (2 * float(torch.rand(1, generator=g)) - 1)
+            rows.append({"mismatch": lv, "seed": s, "quality": 2.0 * base[s] * (1 + loss) * (1 + eps),
+                         "higher_is_better": False})
+    return pd.DataFrame(rows)
+
+
+def test_paired_bootstrap_recovers_a_known_edge_that_seed_spread_hides():
+    """With seeds 10 % apart and a 2 % tolerance, pairing each run with its own seed's mismatch-free twin finds
+    the edge (1e-3) with an interval of one level; the unpaired fit, whose losses carry the seeds' spread, cannot
+    place it as tightly. The mismatch-free twins' paired losses are exactly 0."""
+    runs = _seeded_runs()
+    paired = fit_budget(runs, tolerance=0.02, bootstrap=500)
+    assert paired.paired and paired.value == 1e-3 and paired.interval == (1e-3, 1e-3)
+    assert paired.levels[0]["mismatch"] == 0 and paired.levels[0]["loss"] == 0.0
+    assert paired.levels[0]["loss_interval"] == [0.0, 0.0] and paired.seed_spread > 0.05
+    unpaired = fit_budget(runs, tolerance=0.02, bootstrap=500, paired=False)
+    assert not unpaired.paired
+    lo, hi = unpaired.interval
+    assert lo < 1e-3 or hi > 1e-3 or unpaired.value != 1e-3  # the seeds' spread blurs the edge
+
+
+def test_pairing_needs_twins_and_one_objective():
+    runs = _seeded_runs()
+    no_twin = runs[~((runs["mismatch"] == 0) & (runs["seed"] == 3))]
+    assert not fit_budget(no_twin, bootstrap=0).paired  # seed 3 has no mismatch-free run: unpaired
+    with pytest.raises(FP8ProbeError, match="pairing needs"):
+        fit_budget(no_twin, bootstrap=0, paired=True)
+    two = pd.concat([runs.assign(objective="opd"), _seeded_runs(edge_index=1).assign(objective="grpo")])
+    with pytest.raises(FP8ProbeError, match="several objectives"):
+        fit_budget(two, bootstrap=0)
+    assert fit_budget(two, bootstrap=0, objective="opd").value == 1e-3
+    assert fit_budget(two, bootstrap=0, objective="grpo").value == 1e-4
