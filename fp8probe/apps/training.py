@@ -1,4 +1,4 @@
-"""How OPD training runs are set up (TrainSettings: one run, recorded in calibrate.json) and what `fp8probe
+"""How calibration runs are set up (TrainSettings: one run, recorded in calibrate.json) and what `fp8probe
 calibrate` is asked for (CalibrateSettings). Light: the CLI reads both for its flags."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from .sources import CALIBRATION_LEVELS, SOURCE_HELP
 class TrainSettings(Settings):
     """One run's training settings (shared by every level and seed of a calibration)."""
 
-    steps: int = opt(30, "optimizer steps per run", low=1)
-    batch_size: int = opt(8, "prompts per step, one completion each", low=1)
-    max_new_tokens: int = opt(32, "completion length", low=1)
+    steps: int = opt(20, "optimizer steps per run", low=1)
+    batch_size: int = opt(8, "completions per step (OPD: one per prompt; GRPO: group_size per prompt)", low=1)
+    group_size: int = opt(4, "GRPO: completions per prompt, whose rewards are normalised together", low=2)
+    max_new_tokens: int = opt(16, "completion length", low=1)
     learning_rate: float = opt(2e-5, "AdamW, constant", low=0.0, open_low=True)
     temperature: float = 1.0  # OPD samples its rollouts
-    eval_every: int = opt(10, "held-out evaluation interval (steps)", low=1)
-    eval_samples: int = opt(2, "responses sampled per held-out prompt", low=1)
+    eval_every: int = opt(5, "held-out evaluation interval (steps)", low=1)
+    eval_samples: int = opt(1, "responses sampled per held-out prompt", low=1)
     eval_seed: int = 1234
 
     def __post_init__(self):
@@ -32,19 +33,28 @@ class TrainSettings(Settings):
 
 @dataclass(frozen=True)
 class CalibrateSettings(Settings):
-    """A calibration as a user asks for it: the pair, the ladder of levels, seeds per level, prompts, the tolerance
-    of the budget and configurations to mark on its curve."""
+    """A calibration as a user asks for it: the pair, the objectives, the ladder of levels, seeds per level, prompts,
+    how quality is scored and the budget read, how far the ladder may adapt, and configurations to mark."""
 
     teacher: str | None = opt(None, "the teacher: HF directory, .gguf file, model id in the local HF cache; default: "
                               "the embedded SmolLM2-135M-Instruct")
-    student: str = opt("pruned", "the student (same tokenizer as the teacher), or pruned[:K]: the teacher "
-                       "depth-pruned to every K-th decoder block, initialised from its weights")
-    levels: tuple[str, ...] = opt(CALIBRATION_LEVELS, f"rollout mismatch levels: {SOURCE_HELP}", nargs="+",
-                                  metavar="LEVEL")
-    seeds: int = opt(2, "runs per level", low=1)
-    prompts: str | None = opt(None, "prompts file (text or JSONL); every 5th is held out; default: the built-in 40")
-    tolerance: float | None = opt(None, "largest relative rise of the held-out reverse KL accepted (default: how far "
-                                  "the mismatch-free runs land apart by their seeds alone, at least 0.01)", low=0.0)
+    student: str = opt("pruned:3", "the student (same tokenizer as the teacher), or pruned[:K]: the teacher "
+                       "depth-pruned to every K-th decoder block (K=2 by default), initialised from its weights")
+    objectives: tuple[str, ...] = opt(("opd",), "training objectives, each with its own budget: opd, grpo (reward: "
+                                      "the teacher's log-likelihood), grpo-is (with truncated importance sampling)",
+                                      nargs="+", choices=("opd", "grpo", "grpo-is"), metavar="OBJECTIVE")
+    levels: tuple[str, ...] = opt(CALIBRATION_LEVELS, f"rollout mismatch levels (0 included): {SOURCE_HELP}",
+                                  nargs="+", metavar="LEVEL")
+    seeds: int = opt(3, "runs per level, paired by seed with the mismatch-free runs", low=2)
+    prompts: str | None = opt(None, "prompts file (text or JSONL); every 10th is held out; default: the built-in 240 "
+                              "training prompts")
+    quality: str = opt("auc", "the quality score of a run: auc (the mean of its held-out learning curve) or final "
+                       "(its last evaluation)", choices=("auc", "final"))
+    tolerance: float = opt(0.02, "largest relative quality loss accepted against each seed's mismatch-free run "
+                           "(your choice; the seeds' own spread is reported beside it)", low=0.0)
+    bracket: float = opt(2.0, "adaptive ladder: add noise levels until the edge is bracketed within this factor of "
+                         "measured mismatch", low=1.0, open_low=True)
+    max_added: int = opt(3, "adaptive ladder: at most this many added levels per objective (0: none)", low=0)
     mark: tuple[str, ...] = opt((), "configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
                                 "sensitivity.csv (whole-model rows)", metavar="FILE")
     device: str = opt("cpu", "torch device")

@@ -101,9 +101,9 @@ def cmd_budget(a, t0) -> int:
 
 def cmd_calibrate(a, t0) -> int:
     c = settings_from(training.CalibrateSettings, a)
-    s = calibrate.prepare(c.teacher, c.student, c.levels, c.seeds, settings_from(training.TrainSettings, a), c.prompts)
-    res = calibrate.run_calibrate(s, a.out, a.resume, c.device, a.progress, c.tolerance, c.mark, log.info)
-    print(calibrate.describe(res, c.seeds, a.out, time.perf_counter() - t0))
+    s = calibrate.prepare(c, settings_from(training.TrainSettings, a))
+    res = calibrate.run_calibrate(s, a.out, a.resume, c.device, a.progress, c.mark, log.info)
+    print(calibrate.describe(res, s, a.out, time.perf_counter() - t0))
     return EXIT_OK
 
 

@@ -52,3 +52,30 @@ BUILTIN_PROMPTS: list[str] = [
     "Write a two-sentence story about a robot learning to paint.",
     "What is machine learning? Answer in one paragraph.",
 ]
+
+
+# Training prompts for `fp8probe calibrate`: short instruction tasks made from templates and subjects (deterministic,
+# 12 x 20 = 240). Forty hand-written prompts are too few to train on: a 30-step run saw each training prompt seven
+# times and its held-out quality got worse after step 10 (measured on the demo pair), which is overfitting, not
+# mismatch. Every tenth prompt is held out (calibrate.split_prompts), so the held-out prompts share templates with
+# the training ones but not their (template, subject) pairs.
+_TEMPLATES = [
+    "Explain {s} to a ten-year-old in three sentences.",
+    "Write a short poem about {s}.",
+    "List three surprising facts about {s}.",
+    "What are the main advantages and disadvantages of {s}?",
+    "Write a one-paragraph story that involves {s}.",
+    "Describe how {s} works, step by step.",
+    "Give two examples of {s} in everyday life.",
+    "Summarize the history of {s} in a few sentences.",
+    "What questions would a scientist ask about {s}?",
+    "Write a short dialogue between two friends arguing about {s}.",
+    "How would you teach a beginner about {s}?",
+    "Compare {s} with something similar and explain the difference.",
+]
+_SUBJECTS = [
+    "photosynthesis", "the water cycle", "compound interest", "black holes", "the printing press", "vaccines",
+    "recycling", "the internet", "volcanoes", "bees", "electric cars", "chess", "the moon", "sleep", "bread baking",
+    "earthquakes", "solar panels", "the human heart", "maps", "rainbows",
+]
+TRAINING_PROMPTS: list[str] = [t.format(s=s) for s in _SUBJECTS for t in _TEMPLATES]

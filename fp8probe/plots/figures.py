@@ -72,18 +72,29 @@ def predicted_frontier(sensitivity, metric: str = "kl_q_p"):
 
 
 def budget_fit(budget, path: str | Path | None = None):
-    """Quality loss against mismatch for the runs behind a budget, with the budget and the tolerance."""
+    """Quality loss against mismatch for the runs behind a budget (paired with each seed's mismatch-free run when
+    the budget was), each level's mean loss with its interval and the isotonic fit, the budget and the tolerance."""
     import pandas as pd
 
     plt = _plt()
 
     df = pd.DataFrame(budget.runs)
     higher = str(df.get("higher_is_better", pd.Series(["true"])).iloc[0]).lower() in ("true", "1")
-    base = df[df["mismatch"] == 0]["quality"].mean()
-    loss = ((base - df["quality"]) if higher else (df["quality"] - base)) / abs(base)
+    clean = df[df["mismatch"] == 0]
+    base = (df["seed"].map(dict(zip(clean["seed"], clean["quality"]))) if budget.paired
+            else pd.Series(clean["quality"].mean(), index=df.index))
+    loss = ((base - df["quality"]) if higher else (df["quality"] - base)) / base.abs()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    x = df["mismatch"].where(df["mismatch"] > 0, df["mismatch"][df["mismatch"] > 0].min() / 3)
-    ax.scatter(x, 100 * loss, s=14, label="training runs (mismatch 0 drawn at the left edge)")
+    left = df["mismatch"][df["mismatch"] > 0].min() / 3
+    x = df["mismatch"].where(df["mismatch"] > 0, left)
+    ax.scatter(x, 100 * loss, s=12, alpha=0.5, label=f"runs ({'paired' if budget.paired else 'unpaired'}; mismatch 0 "
+               "at the left edge)")
+    if budget.levels:
+        lx = [lv["mismatch"] or left for lv in budget.levels]
+        ax.plot(lx, [100 * lv["fitted"] for lv in budget.levels], color="black", linewidth=1, label="isotonic fit")
+        for xv, lv in zip(lx, budget.levels):
+            if lv["loss_interval"]:
+                ax.plot([xv, xv], [100 * v for v in lv["loss_interval"]], color="tab:blue", linewidth=2, alpha=0.6)
     ax.axhline(100 * budget.tolerance, color="grey", linestyle=":", label=f"tolerance {100 * budget.tolerance:g} %")
     ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g}")
     if budget.interval:
@@ -349,54 +360,77 @@ def _budget_beside(f: Path) -> float | None:
     return None
 
 
-def calibration_plot(runs, path: str | Path | None = None, budget=None, marks=(), quality: str = "quality",
-                     curves: dict | None = None):
-    """Left: each OPD run's final quality against its measured rollout mismatch (symlog x: level 0 at 0), the
-    level means joined, the fitted budget and configurations measured elsewhere marked on the same axis.
-    Right: held-out quality along training, one line per level (mean over seeds), from eval.csv files."""
+OBJECTIVE_COLORS = {"opd": "tab:blue", "grpo": "tab:orange", "grpo-is": "tab:green"}
+
+
+def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None = None, marks=(),
+                     quality: str = "quality", curves: dict | None = None):
+    """Left: each run's paired quality loss (its rise over its own seed's mismatch-free run, %) against the measured
+    rollout mismatch, per objective (symlog x: level 0 at 0): the runs, the level means with their paired-bootstrap
+    intervals, the tolerance, each objective's budget with its interval, configurations measured elsewhere marked.
+    Right: held-out quality along training for the first objective, one line per level (mean over seeds)."""
+    plt = _plt()
+    budgets = budgets or {}
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12, 4.6) if curves else (6.5, 4.6), squeeze=False)
+    ax = axes[0][0]
+    objectives = list(dict.fromkeys(runs["objective"])) if "objective" in runs else ["opd"]
+    for obj in objectives:
+        d = runs[runs["objective"] == obj] if "objective" in runs else runs
+        color = OBJECTIVE_COLORS.get(obj, "tab:purple")
+        ax.scatter(d["mismatch"], 100 * d["paired_loss"], s=10, color=color, alpha=0.35)
+        b = budgets.get(obj)
+        if b is not None and b.levels:
+            xs = [lv["mismatch"] for lv in b.levels]
+            ys = [100 * lv["loss"] for lv in b.levels]
+            lo = [100 * (lv["loss"] - (lv["loss_interval"] or [lv["loss"]] * 2)[0]) for lv in b.levels]
+            hi = [100 * ((lv["loss_interval"] or [lv["loss"]] * 2)[1] - lv["loss"]) for lv in b.levels]
+            lo_b, hi_b = b.interval or (b.value, b.value)
+            ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker="o", capsize=3,
+                        label=f"{obj}: budget {b.value:.3g} [{lo_b:.3g}, {hi_b:.3g}]")
+            ax.axvspan(lo_b, hi_b, color=color, alpha=0.08)
+            ax.axvline(b.value, color=color, linewidth=1.2)
+    tol = next((b.tolerance for b in budgets.values() if b.tolerance is not None), None)
+    if tol is not None:
+        ax.axhline(100 * tol, color="tab:red", linestyle="--", linewidth=1, label=f"tolerance {100 * tol:.3g} %")
+    ax.axhline(0, color="grey", linewidth=0.6)
+    positive = [v for v in [*runs["mismatch"], *(m for _, m in marks)] if v > 0]
+    ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1e-4)
+    ax.set_xlim(left=0)
+    top = ax.get_ylim()[1]
+    for label, value in marks:
+        inside = [o for o, b in budgets.items() if value <= b.value]
+        ax.axvline(value, color="black", linestyle=":", linewidth=0.8)
+        ax.annotate(f"{label}{' (' + ', '.join(inside) + ')' if inside else ''}", (value, top), rotation=90,
+                    fontsize=6.5, va="top", ha="right", xytext=(-2, -4), textcoords="offset points")
+    ax.set_xlabel("measured rollout mismatch, mean per-token KL(q‖p)")
+    ax.set_ylabel("quality loss vs the same seed's mismatch-free run (%)")
+    ax.set_title("paired quality loss vs rollout mismatch", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    if curves:
+        _learning_curves(axes[0][1], runs, curves, objectives[0], quality)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _learning_curves(ax, runs, curves: dict, objective: str, quality: str) -> None:
     import pandas as pd
 
     plt = _plt()
-    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(11, 4.2) if curves else (6, 4.2), squeeze=False)
-    ax = axes[0][0]
-    means = runs.groupby("mismatch", sort=True)["quality"].agg(["mean", "min", "max"])
-    ax.scatter(runs["mismatch_run"], runs["quality"], s=16, color="tab:blue", alpha=0.6, label="run (its own mismatch)")
-    ax.errorbar(means.index, means["mean"], yerr=[means["mean"] - means["min"], means["max"] - means["mean"]],
-                color="tab:blue", marker="o", capsize=3, label="level mean over seeds")
-    start = runs["quality_start"].mean()
-    ax.axhline(start, color="grey", linestyle="--", linewidth=1, label=f"before training {start:.3f}")
-    positive = [v for v in [*runs["mismatch_run"], *(m for _, m in marks)] if v > 0]
-    ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1e-4)
-    ax.set_xlim(left=0)
-    if budget is not None:
-        ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g} (tolerance {100 * budget.tolerance:.3g} %)")
-    ymax = max(runs["quality"].max(), start)
-    for i, (label, value) in enumerate(marks):
-        inside = budget is None or value <= budget.value
-        ax.axvline(value, color="tab:green" if inside else "tab:orange", linestyle=":", linewidth=1)
-        ax.annotate(label, (value, ymax), rotation=90, fontsize=7, va="top", ha="right",
-                    xytext=(-2, -4 - 0 * i), textcoords="offset points")
-    ax.set_xlabel("measured rollout mismatch, mean per-token KL(q‖p)")
+    by_level: dict = {}
+    for key, f in curves.items():
+        obj, level = (key[0], key[1]) if len(key) == 3 else ("opd", key[0])
+        if obj == objective and Path(f).exists():
+            by_level.setdefault(level, []).append(pd.read_csv(f).set_index("step")["reverse_kl"])
+    d = runs[runs["objective"] == objective] if "objective" in runs else runs
+    order = list(dict.fromkeys(d.sort_values("mismatch")["level"]))
+    cmap = plt.get_cmap("viridis")
+    for i, level in enumerate(order):
+        if level in by_level:
+            mean = pd.concat(by_level[level], axis=1).mean(axis=1)
+            m = d[d["level"] == level]["mismatch"].iloc[0]
+            ax.plot(mean.index, mean.values, marker=".", color=cmap(i / max(len(order) - 1, 1)),
+                    label=f"level {level} (KL {m:.2g})")
+    ax.set_xlabel("training step")
     ax.set_ylabel(quality if len(quality) < 40 else "held-out reverse KL to the teacher")
-    ax.set_title("OPD quality vs rollout mismatch (lower is better)", fontsize=10)
-    ax.legend(fontsize=7, loc="center left")
-    if curves:
-        ax2 = axes[0][1]
-        by_level: dict = {}
-        for (level, seed), f in curves.items():
-            if Path(f).exists():
-                by_level.setdefault(level, []).append(pd.read_csv(f).set_index("step")["reverse_kl"])
-        cmap = plt.get_cmap("viridis")
-        order = list(dict.fromkeys(runs.sort_values("mismatch")["level"]))
-        for i, level in enumerate(order):
-            if level in by_level:
-                mean = pd.concat(by_level[level], axis=1).mean(axis=1)
-                m = runs[runs["level"] == level]["mismatch"].iloc[0]
-                ax2.plot(mean.index, mean.values, marker=".", color=cmap(i / max(len(order) - 1, 1)),
-                         label=f"level {level} (KL {m:.2g})")
-        ax2.set_xlabel("training step")
-        ax2.set_ylabel("held-out reverse KL to the teacher")
-        ax2.set_title("learning curves (mean over seeds)", fontsize=10)
-        ax2.legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+    ax.set_title(f"{objective}: held-out learning curves (mean over seeds)", fontsize=10)
+    ax.legend(fontsize=7)

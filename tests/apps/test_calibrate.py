@@ -1,4 +1,5 @@
-"""fp8probe calibrate: OPD runs (TRL) whose rollouts come from a perturbed copy of the student, on a tiny pair.
+"""fp8probe calibrate: OPD and GRPO runs (TRL) whose rollouts come from a perturbed copy of the student, on a tiny
+pair; the paired, adaptive ladder around them.
 
 The tiny pair: a 4-block llama teacher (random weights) and its depth-pruned copy (blocks 0 and 2). A few
 steps each: the same code as the demo, at a size CI runs in seconds.
@@ -14,7 +15,8 @@ import pytest
 import torch
 from conftest import tiny_model, tiny_tokenizer
 
-from fp8probe.apps.calibrate import Calibration, run_dir, train_one
+from fp8probe.apps.calibrate import Calibration
+from fp8probe.apps.calibration_runs import run_dir, train_one
 from fp8probe.apps.opd_train import opd_config, prompt_dataset, trainable_student
 from fp8probe.apps.sources import SourceSpec, parse_source
 from fp8probe.apps.training import TrainSettings
@@ -38,11 +40,9 @@ def pair():
     return teacher, Student(pm, tok, list_units(pm), "pruned", "", "llama")
 
 
-def _settings(levels=("0",), steps=TRAIN.steps):
-    train = BUILTIN_PROMPTS[:8]
-    held = BUILTIN_PROMPTS[8:10]
-    return Calibration(None, "pruned", tuple(levels), 1, TrainSettings(**{**TRAIN.__dict__, "steps": steps}),
-                    tuple(train), tuple(held))
+def _settings(levels=("0",), steps=TRAIN.steps, **train):
+    return Calibration(None, "pruned", tuple(levels), 2, TrainSettings(**{**TRAIN.__dict__, "steps": steps, **train}),
+                       tuple(BUILTIN_PROMPTS[:8]), tuple(BUILTIN_PROMPTS[8:10]))
 
 
 def test_depth_pruned_keeps_every_other_block_with_the_teachers_weights(pair):
@@ -70,7 +70,7 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
 
     teacher, student = pair
     s = _settings(("0", "0.3"))
-    zero = train_one(teacher, student, SourceSpec("none"), 0, s, tmp_path)
+    zero = train_one(teacher, student, "opd", SourceSpec("none"), 0, s, tmp_path)
     plain_model = trainable_student(copy.deepcopy(student.model), student.tokenizer, "plain").model
     plain = DistillationTrainer(model=plain_model, teacher_model=teacher.model,
                                 args=opd_config(s.train, 0, str(tmp_path / "plain")),
@@ -79,7 +79,7 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
     plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
     assert len(plain_losses) == TRAIN.steps
     assert zero["losses"] == plain_losses
-    noisy = train_one(teacher, student, parse_source("0.3"), 0, s, tmp_path)
+    noisy = train_one(teacher, student, "opd", parse_source("0.3"), 0, s, tmp_path)
     assert noisy["losses"][0] != zero["losses"][0]
     # the held-out evaluation is seeded: both runs start from the same student and score it the same
     assert zero["quality_start"] == noisy["quality_start"]
@@ -88,22 +88,23 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
 def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
     teacher, student = pair
     s = _settings(("0.05", "0.2", "0.8"), steps=2)
-    got = [train_one(teacher, student, parse_source(x), 0, s, tmp_path)["mismatch"]["kl_q_p"] for x in s.levels]
+    got = [train_one(teacher, student, "opd", parse_source(x), 0, s, tmp_path)["mismatch"]["kl_q_p"]
+           for x in s.levels]
     assert 0 < got[0] < got[1] < got[2]
-    steps = pd.read_csv(run_dir(tmp_path, parse_source("0.2"), 0) / "steps.csv")
+    steps = pd.read_csv(run_dir(tmp_path, "opd", parse_source("0.2"), 0) / "steps.csv")
     assert list(steps["step"]) == [1, 2] and (steps["kl_q_p"] > 0).all() and (steps["k3"] > 0).all()
-    stale = train_one(teacher, student, parse_source("stale:1"), 0, s, tmp_path)
-    st = pd.read_csv(run_dir(tmp_path, parse_source("stale:1"), 0) / "steps.csv")
+    stale = train_one(teacher, student, "opd", parse_source("stale:1"), 0, s, tmp_path)
+    st = pd.read_csv(run_dir(tmp_path, "opd", parse_source("stale:1"), 0) / "steps.csv")
     # step 1: no update yet, the engine holds the trainer's weights; step 2: one update behind
     assert st["kl_q_p"].iloc[0] == 0 and st["kl_q_p"].iloc[1] > 0 and stale["mismatch"]["kl_q_p"] > 0
     # the rollout engine's FP8 weights and FP8 KV cache (scale 1.0) as levels: measured, above zero
     for name in ("fp8", "kv"):
-        assert train_one(teacher, student, parse_source(name), 0, s, tmp_path)["mismatch"]["kl_q_p"] > 0
+        assert train_one(teacher, student, "opd", parse_source(name), 0, s, tmp_path)["mismatch"]["kl_q_p"] > 0
 
 
 def test_a_level_the_student_cannot_take_is_refused(tmp_path):
     """FP8_BLOCK on dims that are not whole 128-groups: refused (calibrate checks every level before any run)."""
-    from fp8probe.apps.calibrate import perturbation_maker
+    from fp8probe.apps.calibration_runs import perturbation_maker
 
     m = tiny_model("llama", hidden_size=96, intermediate_size=192)
     narrow = Student(m, tiny_tokenizer(), list_units(m), "narrow", "", "llama")
@@ -127,27 +128,32 @@ def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     out = tmp_path / "cal"
 
     def args(steps=2):
-        return ["calibrate", "--teacher", tiny_dirs["llama"], "--out", out, "--seeds", "1", "--steps", steps,
-                "--batch-size", "4", "--max-new-tokens", "5", "--eval-every", "1", "--eval-samples", "1"]
+        return ["calibrate", "--teacher", tiny_dirs["llama"], "--out", out, "--seeds", "2", "--steps", steps,
+                "--batch-size", "4", "--max-new-tokens", "5", "--eval-every", "1", "--eval-samples", "1",
+                "--max-added", "0"]
 
     common = args()
     r = cli(*common, "--levels", "0", "0.2")
     assert r.code == 0, r.err
     runs = pd.read_csv(out / "runs.csv", dtype={"level": str})
-    assert list(runs["level"]) == ["0", "0.2"] and runs["mismatch"].iloc[0] == 0
-    assert runs["mismatch"].iloc[1] > 0 and not runs["higher_is_better"].any()
-    # the table is what `fp8probe budget` reads, and gives the budget calibrate wrote
+    assert list(runs["level"]) == ["0", "0", "0.2", "0.2"] and (runs["mismatch"].iloc[:2] == 0).all()
+    assert (runs["mismatch"].iloc[2:] > 0).all() and not runs["higher_is_better"].any()
+    assert list(runs["paired_loss"].iloc[:2]) == [0.0, 0.0] and set(runs["objective"]) == {"opd"}
+    # the table is what `fp8probe budget` reads, and gives the budget calibrate wrote (paired)
     b = json.loads((out / "budget.json").read_text())
-    assert fit_budget(out / "runs.csv", tolerance=b["tolerance"]).value == b["value"]
+    again = fit_budget(out / "runs.csv", tolerance=b["tolerance"])
+    assert again.value == b["value"] and again.paired and b["paired"] and b["tolerance"] == 0.02
+    assert json.loads((out / "budget-opd.json").read_text()) == b
     assert (out / "calibration.png").stat().st_size > 0 and (out / "calibrate.json").exists()
     assert not (out / "calibrate.partial.json").exists()
+    assert "budget: kl_q_p <=" in r.out and "paired bootstrap interval" in r.out and "seeds alone spread" in r.out
     # the same directory again: refused without --resume; with it, only the new level trains
     assert cli(*common, "--levels", "0", "0.2").code == 2
-    before = (run_dir(out, parse_source("0.2"), 0) / "run.json").stat().st_mtime_ns
+    before = (run_dir(out, "opd", parse_source("0.2"), 0) / "run.json").stat().st_mtime_ns
     r = cli(*common, "--levels", "0", "0.2", "0.5", "--resume")
     assert r.code == 0, r.err
-    assert (run_dir(out, parse_source("0.2"), 0) / "run.json").stat().st_mtime_ns == before
-    assert len(pd.read_csv(out / "runs.csv")) == 3
+    assert (run_dir(out, "opd", parse_source("0.2"), 0) / "run.json").stat().st_mtime_ns == before
+    assert len(pd.read_csv(out / "runs.csv")) == 6
     # other training settings are refused on resume
     r = cli(*args(steps=3), "--levels", "0", "--resume")
     assert r.code == 2 and "another train" in r.err
@@ -171,11 +177,11 @@ def test_interrupted_calibration_keeps_finished_runs_and_resumes(tiny_dirs, tmp_
     from conftest import cli_process
 
     out = tmp_path / "cal"
-    common = ["calibrate", "--teacher", tiny_dirs["llama"], "--out", out, "--seeds", "1", "--steps", "3",
+    common = ["calibrate", "--teacher", tiny_dirs["llama"], "--out", out, "--seeds", "2", "--steps", "3",
               "--batch-size", "4", "--max-new-tokens", "5", "--eval-every", "1", "--eval-samples", "1",
-              "--levels", "0", "0.1", "0.2", "0.4"]
+              "--levels", "0", "0.1", "0.4", "--max-added", "0"]
     p = cli_process(*common)
-    first = run_dir(out, parse_source("0"), 0) / "run.json"
+    first = run_dir(out, "opd", parse_source("0"), 0) / "run.json"
     deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None and not first.exists():
         time.sleep(0.05)
@@ -185,5 +191,111 @@ def test_interrupted_calibration_keeps_finished_runs_and_resumes(tiny_dirs, tmp_
     before = first.stat().st_mtime_ns
     p = cli_process(*common, "--resume")
     assert p.wait(timeout=300) == 0, p.stderr.read()
-    assert first.stat().st_mtime_ns == before and len(pd.read_csv(out / "runs.csv")) == 4
+    assert first.stat().st_mtime_ns == before and len(pd.read_csv(out / "runs.csv")) == 6
     assert not (out / "calibrate.partial.json").exists()
+
+
+def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(pair, tmp_path):
+    """GRPO (reward: the teacher's log-likelihood) at level 0 trains exactly as plain GRPOTrainer with the same
+    reward function: same seed, same losses. At a noise level, grpo and grpo-is see the same rollouts (the same
+    seed and draws) but grpo-is weights each token by min(p/q, 2): their first losses differ."""
+    from trl import GRPOTrainer
+
+    from fp8probe.apps.grpo_train import TeacherLikelihood, grpo_config
+
+    teacher, student = pair
+    s = _settings(("0", "0.3"), batch_size=4, group_size=2)
+    zero = train_one(teacher, student, "grpo", SourceSpec("none"), 0, s, tmp_path)
+    plain_model = trainable_student(copy.deepcopy(student.model), student.tokenizer, "plain").model
+    plain = GRPOTrainer(model=plain_model, reward_funcs=[TeacherLikelihood(teacher, student.tokenizer)],
+                        args=grpo_config(s.train, 0, str(tmp_path / "plain")),
+                        train_dataset=prompt_dataset(list(s.train_prompts)), processing_class=student.tokenizer)
+    plain.train()
+    plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
+    assert len(plain_losses) == TRAIN.steps and zero["losses"] == plain_losses
+    noisy = train_one(teacher, student, "grpo", parse_source("0.3"), 0, s, tmp_path)
+    corrected = train_one(teacher, student, "grpo-is", parse_source("0.3"), 0, s, tmp_path)
+    first = [pd.read_csv(run_dir(tmp_path, o, parse_source("0.3"), 0) / "steps.csv").iloc[0] for o in ("grpo",
+                                                                                                      "grpo-is")]
+    assert first[0]["kl_q_p"] == first[1]["kl_q_p"] > 0  # the same first rollouts, measured alike
+    assert noisy["losses"][0] != corrected["losses"][0]
+
+
+def test_importance_ratio_by_hand():
+    """min(exp(log p - log q), 2) per completion token, right-padded with 1 as TRL pads completions."""
+    import math
+
+    from fp8probe.apps.grpo_train import _padded_ratio
+
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    got = _padded_ratio([torch.tensor([0.0, math.log(1.5), math.log(3.0)]), torch.tensor([math.log(0.25)])], mask)
+    assert got.flatten().tolist() == pytest.approx([1.0, 1.5, 2.0, 0.25, 1.0, 1.0])
+
+
+def test_teacher_likelihood_is_the_mean_log_prob_of_the_completion(pair):
+    """The reward of one completion by hand: the teacher's log-softmax at each completion position, averaged."""
+    from fp8probe.apps.grpo_train import TeacherLikelihood
+
+    teacher, student = pair
+    tok = student.tokenizer
+    msgs = [{"role": "user", "content": BUILTIN_PROMPTS[0]}]
+    prompt = list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"])
+    completion = [7, 11, 13]
+    got = TeacherLikelihood(teacher, tok)([msgs], ["x"], [completion])
+    with torch.no_grad():
+        logits = teacher.model(torch.tensor([prompt + completion])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    want = sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)) / 3
+    assert got == pytest.approx([want], rel=1e-5)
+
+
+def test_curve_quality_by_hand():
+    """auc: trapezoid mean over steps 0..20 of (8, 4, 3, 3, 2.5) at steps 0, 5, 10, 15, 20 = (30 + 17.5 + 15 +
+    13.75) / 20 = 3.8125; the last fifth (step 15 -> 20) improved it by (3 - 2.5) / 3."""
+    from fp8probe.apps.calibration_runs import curve_quality
+
+    evals = [{"step": s, "reverse_kl": q} for s, q in zip((0, 5, 10, 15, 20), (8, 4, 3, 3, 2.5))]
+    got = curve_quality(evals)
+    assert got["auc"] == pytest.approx(3.8125) and got["final"] == 2.5
+    assert got["late_improvement"] == pytest.approx(0.5 / 3)
+
+
+def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
+    """The ladder with runs replaced by a known response (mismatch = 10 sigma^2, paired loss 0 up to a mismatch of
+    3e-3, then 5 % per doubling; the seeds offset the quality alike at every level): starting from 0, 0.003, 0.03, 0.3
+    it adds noise levels until the edge is bracketed within a factor of 2 of measured mismatch, and the budget
+    lands at the last admitted level with an interval inside the bracket."""
+    import math
+
+    from fp8probe.apps import calibrate as cal
+    from fp8probe.apps.calibration_runs import SCHEMA_VERSION
+
+    def fake_run(self, objective, level, seed):
+        m = 10 * level.value ** 2 if level.kind == "noise" else 0.0
+        loss = 0.0 if m <= 3e-3 else 0.05 * math.log2(m / 3e-3)
+        q = (2.0 + 0.3 * seed) * (1 + loss)
+        res = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
+               "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
+               "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10}, "quality_start": {"reverse_kl": 5.0,
+                                                                                   "teacher_logp": -1.0},
+               "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
+               "quality": {"auc": q, "final": q, "late_improvement": 0.0}}
+        self.results[(objective, level.name, seed)] = res
+        return res
+
+    class Ladder(cal._Ladder):
+        def __init__(self, c, out, device, progress, log):
+            from tqdm.auto import tqdm
+
+            self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
+            self.bar = tqdm(total=0, disable=True)
+
+    monkeypatch.setattr(Ladder, "run", fake_run)
+    c = Calibration(None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6)
+    df, budget, added = Ladder(c, tmp_path, "cpu", False, None).objective("opd")
+    noise = df[df["kind"] == "noise"].groupby("value")["mismatch"].first()
+    ok = [s for s in noise.index if 10 * s ** 2 <= 3e-3 + 1e-12]
+    lo, hi = max(ok), min(s for s in noise.index if s not in ok)
+    assert added and noise[hi] / noise[lo] <= 2.0 and len(added) <= 6
+    assert budget.value == pytest.approx(noise[lo]) and budget.interval == (pytest.approx(noise[lo]),) * 2
+    assert cal.next_level(budget, df, 2.0) is None  # terminated: nothing left to add

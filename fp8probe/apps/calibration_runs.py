@@ -1,0 +1,248 @@
+"""One calibration run and its files: an objective (OPD or GRPO) trained at one rollout-mismatch level and seed.
+
+    DIR/runs/<objective>/<level>-seed<k>/   steps.csv (loss and rollout mismatch per step), eval.csv (held-out
+                                            quality every `eval_every` steps), run.json once finished
+
+The paired design lives here: every run of a seed uses that seed for data order, generation and the noise draws,
+and every run is evaluated on the same held-out prompts with the same evaluation seed, so a level and its
+mismatch-free twin differ only by what the mismatch did. The evaluation before training is the same for every
+run of a calibration (one student, one seed): it is made once and shared.
+
+Quality (lower is better: the held-out reverse KL to the teacher, per token, over the full vocabulary):
+
+    auc    the mean of the held-out learning curve, trapezoid over the evaluation steps, step 0 included (the
+           default): every evaluation counts, so the score is not read off one point of a steep curve
+    final  the last evaluation
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..core.artifacts import version
+from ..core.errors import FP8ProbeError
+from .sources import SourceSpec
+from .training import TrainSettings
+
+SCHEMA_VERSION = version("calibrate.json")
+QUALITY_NAME = "held-out reverse KL(student ‖ teacher) per token, full vocabulary"
+RUN_COLUMNS = ["objective", "level", "kind", "value", "seed", "metric", "mismatch", "mismatch_run", "k3", "quality",
+               "quality_auc", "quality_final", "paired_loss", "late_improvement", "higher_is_better", "quality_start",
+               "teacher_logp", "teacher_logp_start", "steps", "rollout_tokens", "seconds"]
+
+
+def _opd(student, teacher, prompts, settings, seed, out, perturber, callbacks, device):
+    from .opd_train import make_trainer
+
+    return make_trainer(student, teacher, prompts, settings, seed, out, perturber, callbacks, device)
+
+
+def _grpo(correction: bool):
+    def make(student, teacher, prompts, settings, seed, out, perturber, callbacks, device):
+        from .grpo_train import make_grpo_trainer
+
+        return make_grpo_trainer(student, teacher, prompts, settings, seed, out, perturber, callbacks, device,
+                                 correction=correction)
+    return make
+
+
+# objective -> (how its trainer is made, what it is)
+OBJECTIVES = {
+    "opd": (_opd, "on-policy distillation: TRL's DistillationTrainer, per-token reverse KL to the teacher"),
+    "grpo": (_grpo(False), "GRPO, reward the teacher's log-likelihood of the completion, no correction"),
+    "grpo-is": (_grpo(True), "GRPO as above with token-level truncated importance sampling (cap 2.0)"),
+}
+
+
+def curve_quality(evals: list[dict]) -> dict[str, float]:
+    """The run's quality both ways (module docstring) and how much the last fifth of training still improved it."""
+    steps = [e["step"] for e in evals]
+    q = [e["reverse_kl"] for e in evals]
+    area = sum((steps[i + 1] - steps[i]) * (q[i] + q[i + 1]) / 2 for i in range(len(q) - 1))
+    span = steps[-1] - steps[0]
+    auc = area / span if span else q[-1]
+    cut = steps[-1] - span / 5
+    before = max((i for i, s in enumerate(steps) if s <= cut), default=0)
+    late = (q[before] - q[-1]) / abs(q[before]) if q[before] else 0.0
+    return {"auc": auc, "final": q[-1], "late_improvement": late}
+
+
+def perturbation_maker(level: SourceSpec, student, seed: int):
+    """step -> Perturbation of the rollout engine at that step (stale levels get their weights from the
+    opd_train.Perturber)."""
+    from dataclasses import replace
+
+    from ..core.schemes import KVCacheScheme, Scheme
+    from ..measurement.perturbation import Perturbation
+
+    units = student.unit_names
+    if level.kind == "noise":
+        return lambda step: Perturbation(noise=level.value, noise_units=units, noise_seed=seed * 1_000_003 + step)
+    if level.kind == "fp8":
+        from ..model.structure import scheme_blockers
+
+        scheme = Scheme.from_name(level.scheme)
+        blocked = scheme_blockers(student.quantizable, scheme)  # groups its kernels refuse stay BF16, as in a sweep
+        units = tuple(u.name for u in student.quantizable if u.group not in blocked)
+        if not units:
+            raise FP8ProbeError(f"`levels` {level.name}: {level.scheme} fits none of the student's units "
+                                f"({next(iter(blocked.values()))}); use fp8 (FP8_DYNAMIC)")
+        return lambda step: Perturbation(units=units, scheme=scheme)
+    if level.kind == "kv":
+        kv = replace(KVCacheScheme.from_name(level.scheme), scale="unit")
+        layers = student.layers
+        return lambda step: Perturbation(kv_layers=layers, kv=kv)
+    return lambda step: Perturbation()
+
+
+def run_dir(out: Path, objective: str, level: SourceSpec, seed: int) -> Path:
+    return Path(out) / "runs" / objective / f"{level.slug}-seed{seed}"
+
+
+def finished(out: Path, objective: str, level: SourceSpec, seed: int) -> dict | None:
+    f = run_dir(out, objective, level, seed) / "run.json"
+    if not f.exists():
+        return None
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def train_one(teacher, initial_student, objective: str, level: SourceSpec, seed: int, calibration, out: Path,
+              on_step=None, device: str = "cpu", start: dict | None = None) -> dict:
+    """One run of `objective` at one level and seed; writes its run directory and returns its run.json. `start`: the
+    held-out evaluation before training, when already made (it is the same for every run of a calibration)."""
+    import copy
+
+    from transformers import TrainerCallback
+
+    from .opd_train import Perturber, heldout_quality, trainable_student
+
+    d = run_dir(out, objective, level, seed)
+    d.mkdir(parents=True, exist_ok=True)
+    student = trainable_student(copy.deepcopy(initial_student.model), initial_student.tokenizer,
+                                f"{calibration.student}@{level.name}")
+    tr = calibration.train
+    evals: list[dict] = []
+
+    def evaluate(step):
+        evals.append({"step": step, **heldout_quality(student, teacher, list(calibration.heldout_prompts), tr)})
+
+    class Progress(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            evals.append({"step": 0, **start}) if start is not None else evaluate(0)
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % tr.eval_every == 0 or state.global_step == tr.steps:
+                evaluate(state.global_step)
+            if on_step is not None:
+                on_step(state.global_step, evals[-1]["reverse_kl"])
+
+    perturber = None
+    if level.kind != "none":
+        perturber = Perturber(student.model, perturbation_maker(level, student, seed),
+                              stale=int(level.value) if level.kind == "stale" else 0)
+    t0 = time.perf_counter()
+    make = OBJECTIVES[objective][0]
+    trainer = make(student, teacher, list(calibration.train_prompts), tr, seed, str(d / "trl"), perturber,
+                   [Progress()], device)
+    trainer.train()
+    return _write_run(d, trainer, evals, perturber, objective, level, seed, tr, time.perf_counter() - t0)
+
+
+def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, seconds) -> dict:
+    import pandas as pd
+
+    from ..core.files import atomic_write_json, atomic_write_text
+
+    if (d / "trl").is_dir() and not any((d / "trl").iterdir()):
+        (d / "trl").rmdir()  # TRL makes its output_dir; nothing is saved there
+    losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
+    steps = pd.DataFrame(losses)
+    if trainer.rollout_mismatch:
+        steps = steps.merge(pd.DataFrame(trainer.rollout_mismatch), on="step", how="left")
+    atomic_write_text(d / "steps.csv", steps.to_csv(index=False))
+    atomic_write_text(d / "eval.csv", pd.DataFrame(evals).to_csv(index=False))
+    if perturber is None:
+        mism = {"kl_q_p": 0.0, "k3": 0.0, "tokens": 0}  # q is p: nothing to measure
+    else:
+        m = pd.DataFrame(trainer.rollout_mismatch)
+        w = m["tokens"] / m["tokens"].sum()
+        mism = {"kl_q_p": float((m["kl_q_p"] * w).sum()), "k3": float((m["k3"] * w).sum()),
+                "tokens": int(m["tokens"].sum())}
+    result = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
+              "value": level.value, "scheme": level.scheme, "seed": seed, "steps": tr.steps,
+              "seconds": round(seconds, 2), "mismatch": mism, "quality_start": evals[0], "quality_end": evals[-1],
+              "quality": curve_quality(evals), "losses": [x["loss"] for x in losses]}
+    atomic_write_json(d / "run.json", result)
+    return result
+
+
+def runs_table(results: list[dict], quality: str = "auc"):
+    """runs.csv: one row per run. `mismatch` is the level's mean measured kl_q_p over its seeds (what a budget fits;
+    `mismatch_run` the run's own), `quality` the run's `quality` score (auc or final), `paired_loss` its relative
+    rise over its own seed's mismatch-free run of the same objective (0 for that run itself)."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        q = r["quality"]
+        rows.append({"objective": r.get("objective", "opd"), "level": r["level"], "kind": r["kind"],
+                     "value": r["value"], "seed": r["seed"], "metric": "kl_q_p",
+                     "mismatch_run": r["mismatch"]["kl_q_p"], "k3": r["mismatch"]["k3"], "quality": q[quality],
+                     "quality_auc": q["auc"], "quality_final": q["final"], "late_improvement": q["late_improvement"],
+                     "higher_is_better": False, "quality_start": r["quality_start"]["reverse_kl"],
+                     "teacher_logp": r["quality_end"]["teacher_logp"],
+                     "teacher_logp_start": r["quality_start"]["teacher_logp"], "steps": r["steps"],
+                     "rollout_tokens": r["mismatch"]["tokens"], "seconds": r["seconds"]})
+    df = pd.DataFrame(rows, columns=[c for c in RUN_COLUMNS if c not in ("mismatch", "paired_loss")])
+    df.insert(RUN_COLUMNS.index("mismatch"), "mismatch",
+              df.groupby(["objective", "level"])["mismatch_run"].transform("mean"))
+    twin = df[df["kind"] == "none"].set_index(["objective", "seed"])["quality"]
+    base = [twin.get((o, s), float("nan")) for o, s in zip(df["objective"], df["seed"])]
+    df.insert(RUN_COLUMNS.index("paired_loss"), "paired_loss", (df["quality"] - base) / [abs(b) for b in base])
+    return df
+
+
+def load_pair(teacher_path: str | None, student_spec: str, device: str = "cpu"):
+    """(teacher, initial student): the student a model of the teacher's tokenizer, or `pruned[:K]` (every K-th
+    decoder block of the teacher kept, K=2 by default; see model/pruning.py)."""
+    from ..measurement.opd import check_teacher
+    from ..model.pruning import depth_pruned
+    from ..model.structure import list_units
+    from ..model.student import Student, load_student
+
+    teacher = load_student(teacher_path, device=device)
+    if student_spec.startswith("pruned"):
+        every = pruned_every(student_spec)
+        model = depth_pruned(teacher.model, every)
+        student = Student(model, teacher.tokenizer, list_units(model), student_spec, teacher.path, teacher.model_type)
+    else:
+        student = load_student(student_spec, device=device)
+        check_teacher(student, teacher)
+    return teacher, student
+
+
+def pruned_every(spec: str) -> int:
+    """K of `pruned[:K]` (2 by default)."""
+    _, _, k = spec.partition(":")
+    try:
+        every = int(k) if k else 2
+    except ValueError:
+        every = 0
+    if every < 2:
+        raise FP8ProbeError(f"`student` {spec}: pruned:K takes a whole number K >= 2")
+    return every
+
+
+def check_objectives(objectives, train: TrainSettings) -> None:
+    """Refuse, before any output, an unknown objective or GRPO settings it cannot run."""
+    for o in objectives:
+        if o not in OBJECTIVES:
+            raise FP8ProbeError(f"unknown `objectives` {o!r}; one of {', '.join(OBJECTIVES)}")
+    if any(o.startswith("grpo") for o in objectives) and train.batch_size % train.group_size:
+        raise FP8ProbeError(f"`batch_size` {train.batch_size} must be a multiple of `group_size` {train.group_size} "
+                            "(GRPO samples group_size completions per prompt)")
