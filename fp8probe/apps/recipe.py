@@ -46,12 +46,17 @@ class RecipeSettings(Settings):
                              "export`)", choices=lambda: TARGETS)
     refine: int = opt(DEFAULT_REFINE_PASSES, "measured passes that refine a free recipe with interactions (0: off)",
                       low=0, metavar="PASSES")
+    holdout: int = opt(2, "select on one set, report on another: every k-th prompt of the rollouts is held out and "
+                       "the recipe's measured mismatch is its value there, with its interval (0: search and report "
+                       "on all the rollouts)", low=0, metavar="K")
 
     def __post_init__(self):
         super().__post_init__()
         goals = [g for g in ("budget", "min_bytes_saved", "effective_bits", "fp8_share") if getattr(self, g) is not None]
         if len(goals) != 1:
             raise FP8ProbeError("give exactly one of `budget`, `min_bytes_saved`, `effective_bits`, `fp8_share`")
+        if self.holdout == 1:
+            raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
 
     @property
     def memory(self):
@@ -91,7 +96,7 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
                              keep_last=settings.keep_last, keep=settings.keep, force=settings.force,
                              batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()), form=form,
                              kv_scale=kv_scale, target=target.name if target else None, memory=settings.memory,
-                             refine_passes=settings.refine)
+                             refine_passes=settings.refine, holdout=settings.holdout)
     except FP8ProbeError as e:
         if target is None:
             raise
@@ -102,11 +107,18 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
 
 
 def describe(r, s: RecipeSettings, out, seconds: float) -> str:
-    """The line `fp8probe recipe` ends with: what it chose, predicted and measured, what it saves."""
+    """The line `fp8probe recipe` ends with: what it chose, predicted and measured (on the search set, and on the
+    held-out prompts with its interval), what it saves."""
     m = s.memory
     goal = f"<= budget {s.budget}" if s.budget is not None else f"(memory target {m.kind} {m.given})"
+    if r.split:
+        lo, hi = r.measured_interval
+        measured = (f"measured {r.measured_search:.4g} on the search set ({r.split['search_prompts']} prompts) {goal}, "
+                    f"{r.measured:.4g} [{lo:.4g}, {hi:.4g}] on the {r.split['heldout_prompts']} held out")
+    else:
+        measured = f"measured {r.measured:.4g} {goal}"
     return (f"recipe{f' for {s.target}' if s.target else ''} (form {r.form}): {len(r.quantized)}/"
             f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}{' + FP8 KV cache' if r.kv_cache else ''}; "
-            f"{s.metric} predicted {r.predicted:.4g}, measured {r.measured:.4g} {goal}; {r.bytes_saved / 2**20:.1f} "
-            f"MiB saved, {r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {seconds:.0f} s -> "
+            f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
+            f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {seconds:.0f} s -> "
             f"{Path(out) / 'recipe.yaml'}")

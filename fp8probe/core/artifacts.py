@@ -3,7 +3,7 @@
     file                 version  written by                        read back by
     rollouts.json        1        model/rollouts.py (and .safetensors)  load_rollouts
     run.json             1        sweeps/files.py (a sweep)         read_sweep
-    recipe.json          2        recipe/recipe.py                  read_recipe (beside recipe.yaml)
+    recipe.json          3        recipe/recipe.py                  read_recipe (beside recipe.yaml; also 1, 2)
     budget.json          2        recipe/budget.py                  read_budget (also 1)
     agreement.json       1        recipe/agreement.py               plots
     capacity.json        1        deploy/capacity.py                plots
@@ -12,7 +12,9 @@
     check.json           2        apps/admission.py (check)         plots
     calibrate.json       2        apps/calibrate.py (and each run's run.json)  calibrate --resume
 
-recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves.
+recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves; at 3
+`measured` is the held-out prompts' value (measured_search the search set's, measured_interval, split), and a move
+of the search has an `outcome` (taken, not better, noise, probe).
 budget.json is at 2: paired, levels (each level's loss, interval and fit), seed_spread.
 calibrate.json is at 2: objectives, tolerance, quality, bracket, max_added, added_levels; runs under runs/<objective>/.
 check.json is at 2: the verdict may be UNCERTAIN; measured_interval, interval_level, prompts_to_decide, num_prompts.
@@ -30,7 +32,7 @@ from .errors import FP8ProbeError
 SCHEMAS = {
     "rollouts.json": 1,
     "run.json": 1,
-    "recipe.json": 2,
+    "recipe.json": 3,
     "budget.json": 2,
     "agreement.json": 1,
     "capacity.json": 1,

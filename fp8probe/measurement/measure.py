@@ -50,6 +50,31 @@ class Measured:
         return metric_interval(self.stats, self.prompt, metric, level)
 
 
+def paired_change(new: Measured, old: Measured, metric: str = "kl_q_p", level: float | None = None,
+                  seed: int = 0) -> tuple[float, float, float]:
+    """How much `metric`'s excess (metrics.excess) changes from `old` to `new`, measured on the same tokens: (the
+    change, its interval). The interval is a paired bootstrap over the prompts (core/stats.bootstrap_interval): each
+    resample takes the same prompts' tokens under both, so what the two share (the rollouts' own difficulty) cancels
+    and only the difference is resampled."""
+    import numpy as np
+
+    from ..core.metrics import metric as metric_info
+    from ..core.stats import LEVEL, bootstrap_interval
+    from .mismatch import metric_over
+
+    if old.prompt.shape != new.prompt.shape or not bool((old.prompt == new.prompt).all()):
+        raise ValueError("paired_change needs two measurements of the same tokens")
+    _, r_new = metric_over(new.stats, metric)
+    _, r_old = metric_over(old.stats, metric)
+    sign = 1.0 if metric_info(metric).worse == "higher" else -1.0
+
+    def change(i):
+        return sign * (r_new(i) - r_old(i))
+
+    lo, hi = bootstrap_interval(old.prompt.numpy(), change, level=level or LEVEL, seed=seed)
+    return change(np.arange(len(old.prompt))), lo, hi
+
+
 def measure_with_interval(reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim",
                           batch_size: int = 8) -> Measured:
     """measure_candidate, keeping what every metric's interval needs."""

@@ -73,6 +73,43 @@ class Rollouts:
         return torch.tensor([keys.setdefault(tuple(self.input_ids[i][prompt[i]].tolist()), len(keys))
                              for i in range(self.num_sequences)], dtype=torch.int64)
 
+    @property
+    def num_prompts(self) -> int:
+        return int(self.prompt_groups().max()) + 1 if self.num_sequences else 0
+
+    def can_split(self, holdout_every: int) -> bool:
+        """Whether holding out every k-th prompt leaves two prompts or more on each side."""
+        n = self.num_prompts
+        return holdout_every >= 2 and n // holdout_every >= 2 and n - n // holdout_every >= 2
+
+    def subset(self, sequences) -> "Rollouts":
+        """The rollouts at these sequence indices, in their order (tensors trimmed to the longest kept sequence)."""
+        idx = torch.as_tensor(list(sequences), dtype=torch.int64)
+        am = self.attention_mask[idx]
+        t = int(am.sum(1).max()) if len(idx) else 0
+        return Rollouts(self.input_ids[idx, :t].clone(), am[:, :t].clone(), self.response_mask[idx, :t].clone(),
+                        dict(self.meta))
+
+    def split(self, holdout_every: int) -> tuple["Rollouts", "Rollouts", dict]:
+        """(search, held out, the split as recorded): every `holdout_every`-th distinct prompt (0-based prompt
+        k with k % holdout_every == holdout_every - 1), with all of its samples, is held out; the rest is the search
+        set. Deterministic: the same rollouts split the same way on every machine."""
+        if holdout_every < 2:
+            raise FP8ProbeError(f"`holdout` {holdout_every}: hold out every k-th prompt with k >= 2 (0: no split)")
+        if not self.can_split(holdout_every):
+            raise FP8ProbeError(f"the rollouts hold {self.num_prompts} distinct prompts: too few to hold out every "
+                                f"k-th (k = {holdout_every}) and keep two on each side; sample more (`num_prompts`) "
+                                "or pass `holdout` 0")
+        groups = self.prompt_groups()
+        held = [i for i, g in enumerate(groups.tolist()) if g % holdout_every == holdout_every - 1]
+        search = [i for i, g in enumerate(groups.tolist()) if g % holdout_every != holdout_every - 1]
+        a, b = self.subset(search), self.subset(held)
+        doc = {"holdout_every": holdout_every, "search_sequences": search, "heldout_sequences": held,
+               "search_prompts": len({int(groups[i]) for i in search}),
+               "heldout_prompts": len({int(groups[i]) for i in held}),
+               "search_tokens": a.num_response_tokens, "heldout_tokens": b.num_response_tokens}
+        return a, b, doc
+
     def check_fits(self, config, where: str = "the rollouts") -> None:
         """Refuse rollouts that this model cannot score: token ids past its vocabulary, sequences past its
         context (they were sampled from another model, or the file was edited)."""

@@ -67,6 +67,9 @@ class Recipe:
     memory_target: dict | None = None  # {"kind", "value"} when chosen under a memory target instead of a budget
     fp8_share: float | None = None  # FP8 weights / weights of every Linear, lm_head included (selection.MemoryTarget)
     effective_bits: float | None = None  # 16 - 8 x fp8_share
+    measured_search: float | None = None  # the search set's value (= measured without a held-out split)
+    measured_interval: list | None = None  # measured's 90 % bootstrap interval over the held-out prompts
+    split: dict | None = None  # the held-out split (Rollouts.split), or None: measured on the rollouts searched
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
@@ -165,7 +168,8 @@ class Recipe:
             mod["kv_cache_scheme"] = dict(self.kv_cache_scheme)
         doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": mod}}}
         header = (f"# fp8probe recipe for {self.model}: {self.scheme}, {len(self.quantized)} fused groups in FP8, "
-                  f"{len(self.kept)} kept BF16\n# {self._constraint()}; measured {self.metric} {self.measured}\n")
+                  f"{len(self.kept)} kept BF16\n# {self._constraint()}; measured {self.metric} {self.measured}"
+                  f"{' on held-out prompts' if self.split else ''}\n")
         return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
 
     def _constraint(self) -> str:
@@ -182,6 +186,7 @@ class Recipe:
             "kept_scores": self.kept_scores, "group_units": self.group_units, "search": self.search,
             "sweep": self.sweep, "form": self.form, "target": self.target, "kv_scale": self.kv_scale,
             "memory_target": self.memory_target, "fp8_share": self.fp8_share, "effective_bits": self.effective_bits,
+            "measured_search": self.measured_search, "measured_interval": self.measured_interval, "split": self.split,
         }
 
     def write(self, out_dir: str | Path) -> None:
@@ -245,7 +250,8 @@ def read_recipe(path: str | Path) -> Recipe:
 
 
 INFO_FIELDS = ("model", "budget", "metric", "predicted", "measured", "bytes_saved", "quantized", "kept", "sweep",
-               "form", "target", "kv_scale", "memory_target", "fp8_share", "effective_bits")
+               "form", "target", "kv_scale", "memory_target", "fp8_share", "effective_bits", "measured_search",
+               "measured_interval", "split")
 
 
 def _read_info(recipe: Recipe, path: Path) -> None:

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
-from ..core.metrics import excess
+from ..core.metrics import METRICS, excess
 from ..core.metrics import metric as metric_info
 from ..core.metrics import no_mismatch
 from ..core.schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
-from ..measurement.measure import measure
+from ..measurement.measure import Measured, measure_with_interval
+from ..measurement.perturbation import Perturbation
 from ..measurement.reference import Reference
 from ..model.structure import scheme_blockers
 from .forms import FORMS
@@ -155,21 +156,36 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                 kv_cache: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
                 reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
                 form: str = "free", kv_scale: str = "calibrated", target: str | None = None,
-                memory: MemoryTarget | None = None, refine_passes: int = 0) -> Recipe:
+                memory: MemoryTarget | None = None, refine_passes: int = 0, holdout: int = 0) -> Recipe:
     """The FP8 recipe of the given form that saves the most weight bytes while the measured `metric` stays
     <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
     or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
     that much. refine_passes > 0 refines a free recipe with that many more measured passes (refine.py).
+
+    holdout k >= 2 selects on one set and reports on another: every k-th prompt of the rollouts (with its samples)
+    is held out (Rollouts.split), every measured pass of the search and the refinement runs on the rest, and the
+    recipe's `measured` is its value on the held-out prompts with a 90 % bootstrap interval over them
+    (`measured_search` the search set's, `split` what was held out). A figure chosen to sit under the budget on the
+    rollouts it was chosen on is biased low there; the held-out one is not. `reference` (the search set's) only
+    without a split.
 
     form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
     how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
     _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep_last)
+    if holdout and reference is not None:
+        raise ValueError("make_recipe: a reference is only reused without a held-out split")
     plan = _Plan.of(sensitivity, student, scheme, metric, form, keep, force, keep_first, keep_last)
+    if holdout and not rollouts.can_split(holdout):
+        log.warning("recipe: %d prompts are too few to hold out every k-th (k = %d) with two on each side: the "
+                    "recipe is measured on the rollouts it was chosen on (sample more prompts for a held-out figure)",
+                    rollouts.num_prompts, holdout)
+        holdout = 0
+    search_set, held, split = rollouts.split(holdout) if holdout else (rollouts, None, None)
     kv_scheme = KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache).fmt, scale=kv_scale) if kv_cache else None
-    search = _Search(plan, student, rollouts, scheme, metric, kv_scheme,
-                     reference if reference is not None else Reference(student, rollouts, batch_size))
+    search = _Search(plan, student, search_set, scheme, metric, kv_scheme,
+                     reference if reference is not None else Reference(student, search_set, batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
     if memory is not None:
         k = search.reach(memory, weights, form)
@@ -177,18 +193,25 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         k = search.everything(budget, form)
     else:
         k = search.longest_prefix(budget, form, max_passes)
-    final, result = plan.chosen(k), search.metrics(k)
+    final, (found, result, _) = plan.chosen(k), search.result(k)
     refined = None
     if refine_passes > 0 and form in ("free", "keywords"):
         goal = dict(budget=budget) if memory is None else dict(min_value=memory.amount(weights), value=memory.value)
         refined = refine(final, plan.free, plan.forced, search.measure_groups, refine_passes,
-                         start_measured=(excess(metric, result[metric]), result), **goal)
-        final, result = refined.groups, refined.metrics
+                         start_measured=search.result(k), metric=metric, **goal)
+        final, found, result = refined.groups, refined.measured, refined.metrics
+    report = dict(measured=found, measured_metrics=result, measured_search=found, measured_interval=None)
+    if held is not None:
+        report = _held_out_report(final, student, held, scheme, metric, kv_scheme, search.reference, batch_size)
+        report["measured_search"] = found
+        log.info("recipe: %s %.4g on the search set (%d prompts), %.4g [%.4g, %.4g] on the %d held out", metric,
+                 found, split["search_prompts"], report["measured"], *report["measured_interval"],
+                 split["heldout_prompts"])
     fp8_params = sum(g.params for g in final)
     return Recipe.from_groups(
         student.units, scheme.name, {g.group for g in final}, model=student.name, kv_cache=kv_cache,
         **plan.membership(final, scheme), budget=budget, metric=metric,
-        predicted=sum(g.score for g in final), measured=excess(metric, result[metric]), measured_metrics=result,
+        predicted=sum(g.score for g in final), **report, split=split,
         bytes_saved=sum(g.bytes_saved for g in final),
         search=search.log() + (refined.log if refined is not None else []),
         sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache else "calibrated",
@@ -196,6 +219,16 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
+
+
+def _held_out_report(final, student, held, scheme, metric, kv_scheme, search_reference, batch_size) -> dict:
+    """The chosen recipe measured on the held-out rollouts, with the search set's calibration (the static and KV
+    scales an export calibrates before the held-out prompts are seen): its excess, every metric, the interval."""
+    ref = Reference(student, held, batch_size, calibrate=False)
+    ref.calibration = search_reference.calibration
+    value, metrics, evidence = measure_groups(final, student, held, scheme, metric, kv_scheme, ref)
+    interval = sorted(excess(metric, v) for v in evidence.interval(metric)) if evidence is not None else [value, value]
+    return dict(measured=value, measured_metrics=metrics, measured_interval=interval)
 
 
 def _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep_last) -> None:
@@ -287,6 +320,19 @@ class _Plan:
                for g, why in self.blocked.items()])
 
 
+def measure_groups(gs, student, rollouts, scheme: Scheme, metric: str, kv: KVCacheScheme | None,
+                   reference: Reference) -> tuple[float, dict, Measured | None]:
+    """These groups in FP8 (+ the KV cache) measured on `rollouts` against `reference`: (the metric's excess, every
+    metric, the Measured behind them; None for no FP8 at all)."""
+    units = tuple(u for g in gs for u in g.units)
+    if not units and kv is None:
+        return excess(metric, no_mismatch()[metric]), no_mismatch(), None
+    p = Perturbation(units, scheme, student.layers if kv is not None else (), kv if kv is not None else KVCacheScheme())
+    m = measure_with_interval(reference, student, rollouts, p)
+    res = {k: m.metrics[k] for k in METRICS}
+    return excess(metric, res[metric]), res, m
+
+
 class _Search:
     """Measured passes over the plan's candidates, each measured once (memo), and the three ways to choose one."""
 
@@ -298,28 +344,27 @@ class _Search:
     def predicted(self, k: int) -> float:
         return sum(g.score for g in self.plan.chosen(k))
 
-    def measure_groups(self, gs) -> tuple[float, dict]:
-        """One measured pass of these groups in FP8 (+ the KV cache): (the metric's excess, every metric)."""
-        units = [u for g in gs for u in g.units]
-        res = no_mismatch() if not units and self.kv is None else \
-            measure(self.student, self.rollouts, self.scheme, units=units, kv=self.kv, reference=self.reference)
-        return excess(self.metric, res[self.metric]), res
+    def measure_groups(self, gs) -> tuple[float, dict, Measured | None]:
+        """One measured pass of these groups in FP8 (+ the KV cache) on the search set: (the metric's excess, every
+        metric, the per-token statistics behind them for refine's paired test)."""
+        return measure_groups(gs, self.student, self.rollouts, self.scheme, self.metric, self.kv, self.reference)
 
     def measured(self, k: int) -> float:
         if k not in self.memo:
-            self.memo[k] = self.measure_groups(self.plan.chosen(k))[1]
+            self.memo[k] = self.measure_groups(self.plan.chosen(k))
             log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(self.plan.chosen(k)),
-                     len(self.plan.groups), self.metric, excess(self.metric, self.memo[k][self.metric]),
-                     self.predicted(k))
-        return excess(self.metric, self.memo[k][self.metric])
+                     len(self.plan.groups), self.metric, self.memo[k][0], self.predicted(k))
+        return self.memo[k][0]
 
-    def metrics(self, k: int) -> dict:
-        return self.memo[k] if k in self.memo else {self.metric: self.measured(k)}
+    def result(self, k: int) -> tuple[float, dict, Measured | None]:
+        """(excess, every metric, the evidence) of the first k candidates, measured once."""
+        self.measured(k)
+        return self.memo[k]
 
     def log(self) -> list[dict]:
         return [{"move": "prefix", "groups_fp8": len(self.plan.chosen(k)),
                  "bytes_saved": sum(g.bytes_saved for g in self.plan.chosen(k)), "predicted": self.predicted(k),
-                 "measured": excess(self.metric, v[self.metric])} for k, v in sorted(self.memo.items())]
+                 "measured": v[0]} for k, v in sorted(self.memo.items())]
 
     def reach(self, memory: MemoryTarget, weights: int, form: str) -> int:
         """The fewest candidates that meet the memory target (measured once)."""

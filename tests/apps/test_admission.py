@@ -168,7 +168,7 @@ def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):
     model = tiny_dirs["llama"]
     r = cli("-q", "sweep", model, "--out", tmp_path / "s", "--num-prompts", 4, "--max-new-tokens", 8, "--no-kv")
     assert r.code == 0, r.err
-    r = cli("-q", "recipe", tmp_path / "s", "--budget", 1e9, "--out", tmp_path / "r")
+    r = cli("-q", "recipe", tmp_path / "s", "--budget", 1e9, "--out", tmp_path / "r", "--holdout", 0)  # all rollouts
     assert r.code == 0, r.err
     recipe = tmp_path / "r" / "recipe.yaml"
     measured = json.loads((tmp_path / "r" / "recipe.json").read_text())["measured"]

@@ -98,3 +98,25 @@ def test_prompt_files(tmp_path):
         read_prompts(tmp_path / "bad.jsonl")
     with pytest.raises(FP8ProbeError, match="no rollouts"):
         load_rollouts(tmp_path)
+
+
+def test_split_holds_out_whole_prompts_reproducibly(student):
+    """Every k-th distinct prompt, with all of its samples, is held out; the two sets partition the sequences, keep
+    their tokens, and split the same way twice; too few prompts are refused in one line."""
+    r = make_rollouts(student, num_prompts=6, max_new_tokens=5, samples_per_prompt=2)
+    groups = r.prompt_groups().tolist()
+    search, held, doc = r.split(3)
+    assert doc["heldout_sequences"] == [i for i, g in enumerate(groups) if g in (2, 5)]  # prompts 2 and 5 of 0..5
+    assert sorted(doc["search_sequences"] + doc["heldout_sequences"]) == list(range(r.num_sequences))
+    assert (doc["search_prompts"], doc["heldout_prompts"]) == (4, 2)
+    assert search.num_response_tokens + held.num_response_tokens == r.num_response_tokens
+    assert doc["heldout_tokens"] == held.num_response_tokens
+    for part, seqs in ((search, doc["search_sequences"]), (held, doc["heldout_sequences"])):
+        for j, i in enumerate(seqs):
+            n = int(r.attention_mask[i].sum())
+            assert torch.equal(part.input_ids[j, :n], r.input_ids[i, :n])
+            assert torch.equal(part.response_mask[j, :n], r.response_mask[i, :n])
+    assert r.split(3)[2] == doc
+    assert not r.can_split(4) and r.can_split(2)  # 6 // 4 = 1 held-out prompt is too few
+    with pytest.raises(FP8ProbeError, match="too few to hold out"):
+        r.split(4)

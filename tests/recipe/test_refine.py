@@ -111,3 +111,78 @@ def test_forced_groups_stay_and_passes_are_a_bound():
                  value=nbytes_of)
     assert len(out.log) == 2 and "B" in {g.group for g in out.groups}
     assert not any(e["move"] == "leave out B" or e["move"].startswith("swap B ") for e in out.log)
+
+
+# --- significance: moves are taken under a memory target only when the paired change is real ----------------------
+
+PROMPTS, PER_PROMPT = 40, 10  # 400 tokens in 40 prompts
+
+
+def _evidence(names, effect: float, noise: float):
+    """A synthetic measurement of a set of groups: every token's KL = its prompt's difficulty (shared by every set,
+    which pairing cancels) + `effect` (the set's true mean) + the set's own noise (seeded by the set)."""
+    import zlib
+
+    import torch
+
+    from fp8probe.measurement.measure import Measured
+
+    prompt = torch.arange(PROMPTS).repeat_interleave(PER_PROMPT)
+    difficulty = torch.linspace(0.0, 4.0, PROMPTS)[prompt].double()  # prompts differ far more than sets do
+    g = torch.Generator().manual_seed(zlib.crc32(",".join(sorted(names)).encode()))
+    kl = difficulty + effect + noise * torch.randn(len(prompt), generator=g, dtype=torch.float64)
+    m = float(kl.mean())
+    return m, {"kl_q_p": m}, Measured({"kl_q_p": m}, {"kl_q_p": kl}, prompt)
+
+
+def test_pure_noise_takes_no_move():
+    """Every set of groups has the same true mismatch; what differs is noise. Without the paired test the first
+    lower draw would be taken (seen: the mutation that skips the test takes one); with it, none is, and the moves
+    that measured lower are logged as noise."""
+    def noisy(groups):
+        return _evidence([g.group for g in groups], effect=1.0, noise=0.3)
+
+    start = [GROUPS["A"], GROUPS["B"]]
+    out = refine(start, list(GROUPS.values()), [], noisy, passes=16, min_value=20, value=nbytes_of)
+    assert {g.group for g in out.groups} == {"A", "B"}
+    assert not any(e["outcome"] == "taken" for e in out.log)
+    lower = [e for e in out.log if e["measured"] < noisy(start)[0] and e["groups_fp8"] == 2]
+    assert lower and all(e["outcome"] == "noise" for e in lower), out.log
+    assert all(lo < 0 < hi for lo, hi in (e["change_interval"] for e in lower))
+
+
+def test_a_real_interaction_is_found_through_the_noise():
+    """The interaction of test_memory_mode_reaches_the_optimum, under per-token noise: the optimum {A, C} is still
+    reached, every taken move with a change interval wholly below zero."""
+    def real(groups):
+        return _evidence([g.group for g in groups], effect=measured([g.group for g in groups]), noise=0.3)
+
+    start = [GROUPS["A"], GROUPS["B"]]
+    out = refine(start, list(GROUPS.values()), [], real, passes=16, min_value=20, value=nbytes_of)
+    assert {g.group for g in out.groups} == {"A", "C"}
+    taken = [e for e in out.log if e["outcome"] == "taken"]
+    assert taken and all(e["change_interval"][1] < 0 for e in taken)
+
+
+def test_paired_change_by_hand():
+    """Shifting every token by 0.01 changes the mean by exactly 0.01 in every resample (the paired interval is the
+    point), while each measurement's own interval, driven by how prompts differ, is fifty times wider or more."""
+    import torch
+
+    from fp8probe.measurement.measure import Measured, paired_change
+
+    _, _, old = _evidence(["A"], effect=1.0, noise=0.0)
+    kl = old.stats["kl_q_p"] + 0.01
+    new = Measured({"kl_q_p": float(kl.mean())}, {"kl_q_p": kl}, old.prompt)
+    point, lo, hi = paired_change(new, old, "kl_q_p")
+    assert point == pytest.approx(0.01) and lo == pytest.approx(0.01) and hi == pytest.approx(0.01)
+    a, b = old.interval("kl_q_p")
+    assert b - a > 50 * 0.01  # 0.65 here
+    point, lo, hi = paired_change(old, new, "kl_q_p")
+    assert point == pytest.approx(-0.01)
+    # top1_agree: lower is worse, so a rise in agreement is a fall in mismatch
+    t_old = Measured({}, {"top1": torch.zeros(len(old.prompt))}, old.prompt)
+    t_new = Measured({}, {"top1": torch.ones(len(old.prompt))}, old.prompt)
+    assert paired_change(t_new, t_old, "top1_agree")[0] == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="same tokens"):
+        paired_change(new, Measured({}, {"kl_q_p": kl[:10]}, old.prompt[:10]), "kl_q_p")
