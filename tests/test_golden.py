@@ -163,7 +163,8 @@ def test_golden_run(cli, tmp_path):
     sweep, recipe, cap = tmp_path / "sweep", tmp_path / "recipe", tmp_path / "capacity"
     r = cli("-q", "sweep", model, "--out", sweep, "--num-prompts", 4, "--max-new-tokens", 8, "--seed", 3)
     assert r.code == 0, r.err
-    r = cli("-q", "recipe", sweep, "--budget", BUDGET, "--keep-last", KEEP_LAST, "--out", recipe)
+    r = cli("-q", "recipe", sweep, "--budget", BUDGET, "--keep-last", KEEP_LAST, "--out", recipe,
+            "--engine", "none")  # the engine profile's bf16 arithmetic differs more across CPUs; tested elsewhere
     assert r.code == 0, r.err
     r = cli("-q", "capacity", model, "--recipe", recipe / "recipe.yaml", "--kv-cache-memory", 1 << 24,
             "--max-model-len", 256, "--out", cap)

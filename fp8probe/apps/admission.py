@@ -38,7 +38,7 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
     """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
     ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
     engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda")."""
-    from ..measurement.measure import measure_with_interval
+    from ..measurement.measure import measure_with_interval, measured_as
     from ..measurement.opd import OPDSignal
     from ..measurement.prefix import PrefixShift, prompt_ids
     from ..measurement.reference import Reference
@@ -55,17 +55,23 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
     if teacher is not None:
         opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
     v = verdict(measured, interval, budget, got.num_prompts)
+    also = measured_as(OTHER_ENGINE.get(engine, "sim"), reference, student, rollouts, config.perturbation,
+                       budget.metric, batch_size)
     return {
         "schema_version": SCHEMA_VERSION, "verdict": v["verdict"], "configuration": config.name, "engine": engine,
         "metric": budget.metric, "measured": measured, "measured_interval": list(interval), "interval_level": LEVEL,
         "budget": budget.value, "margin": budget.value - measured, "budget_calibrated": budget.calibrated,
         "budget_source": budget.source, "budget_interval": budget.interval,
         "prompts_to_decide": v["prompts_to_decide"], "undecided_because": v["undecided_because"],
-        "metrics": got.metrics, "prefix_shift": shift, "opd_signal": opd,
+        "metrics": got.metrics, "also_measured": also, "prefix_shift": shift, "opd_signal": opd,
         "num_prompts": got.num_prompts, "num_sequences": rollouts.num_sequences,
         "num_response_tokens": rollouts.num_response_tokens,
     }
 
+
+# the second figure beside the verdict: the simulation's verdict shows the rollout engine's profile, and the other
+# way round (budgets from `fp8probe calibrate` measure their mismatch in the simulation)
+OTHER_ENGINE = {"sim": "vllm-cuda"}
 
 POWER = 0.9  # prompts_to_decide: enough for the interval to clear the budget 9 times in 10 if the value stays put
 
@@ -121,6 +127,13 @@ def format_check(report: dict) -> str:
              f"{'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}: {report['budget_source']})"]
     if report.get("undecided_because"):
         lines.append(f"undecided: {report['undecided_because']}")
+    a = report.get("also_measured")
+    if a and a.get("measured") is not None:
+        lines.append(f"as {a['engine']} computes it: {report['metric']} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
+                     f"{a['interval'][1]:.4g}] (the verdict is on the {engine} figure; calibrated budgets measure "
+                     "mismatch in sim)")
+    elif a:
+        lines.append(f"not measured as {a['engine']} computes it: {a['not_covered']}")
     s = report["prefix_shift"]
     lines.append(f"prefix shift: {s['diverged']:.0%} of continuations diverge"
                  + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")

@@ -46,6 +46,8 @@ class RecipeSettings(Settings):
                              "export`)", choices=lambda: TARGETS)
     refine: int = opt(DEFAULT_REFINE_PASSES, "measured passes that refine a free recipe with interactions (0: off)",
                       low=0, metavar="PASSES")
+    engine: str = opt("vllm-cuda", "also report the recipe's figure as this rollout engine computes it (the search "
+                      "and budgets use the simulation; none: off)", choices=("vllm-cuda", "vllm-cpu", "none"))
     holdout: int = opt(2, "select on one set, report on another: every k-th prompt of the rollouts is held out and "
                        "the recipe's measured mismatch is its value there, with its interval (0: search and report "
                        "on all the rollouts)", low=0, metavar="K")
@@ -96,7 +98,8 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
                              keep_last=settings.keep_last, keep=settings.keep, force=settings.force,
                              batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()), form=form,
                              kv_scale=kv_scale, target=target.name if target else None, memory=settings.memory,
-                             refine_passes=settings.refine, holdout=settings.holdout)
+                             refine_passes=settings.refine, holdout=settings.holdout,
+                             engine=None if settings.engine == "none" else settings.engine)
     except FP8ProbeError as e:
         if target is None:
             raise
@@ -117,6 +120,9 @@ def describe(r, s: RecipeSettings, out, seconds: float) -> str:
                     f"{r.measured:.4g} [{lo:.4g}, {hi:.4g}] on the {r.split['heldout_prompts']} held out")
     else:
         measured = f"measured {r.measured:.4g} {goal}"
+    e = r.measured_engine
+    if e and e.get("measured") is not None:
+        measured += f"; as {e['engine']} computes it {e['measured']:.4g} [{e['interval'][0]:.4g}, {e['interval'][1]:.4g}]"
     return (f"recipe{f' for {s.target}' if s.target else ''} (form {r.form}): {len(r.quantized)}/"
             f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}{' + FP8 KV cache' if r.kv_cache else ''}; "
             f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "

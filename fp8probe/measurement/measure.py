@@ -84,6 +84,24 @@ def measure_with_interval(reference: Reference, student, rollouts, p: Perturbati
     return Measured(summarize(stats), stats, reference.prompt)
 
 
+def measured_as(engine: str, reference: Reference, student, rollouts, p: Perturbation, metric: str = "kl_q_p",
+                batch_size: int = 8) -> dict:
+    """`p` on `metric` as another engine computes it, the second figure beside a recipe's or a check's: {"engine",
+    "measured" (the excess), "interval" (90 %, over the prompts)}, or with "not_covered" (why) when that engine does
+    not cover the configuration."""
+    from ..core.errors import FP8ProbeError
+    from ..core.metrics import excess
+
+    experts = any(student.unit(u).kind == "expert" for u in p.units)
+    try:
+        get_engine(engine).check(p.scheme, p.kv if p.kv_layers else None, experts)
+    except FP8ProbeError as e:
+        return {"engine": engine, "measured": None, "interval": None, "not_covered": str(e).split(": use `engine`")[0]}
+    m = measure_with_interval(reference, student, rollouts, p, engine, batch_size)
+    return {"engine": engine, "measured": excess(metric, m.metrics[metric]),
+            "interval": sorted(excess(metric, x) for x in m.interval(metric))}
+
+
 def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, reference: Reference | None = None,
             batch_size: int = 8, engine: "str | Engine" = "sim") -> dict[str, float]:
     """Mismatch metrics of `units` (names; all quantizable units when None) in `scheme`, plus an FP8 KV

@@ -70,6 +70,7 @@ class Recipe:
     measured_search: float | None = None  # the search set's value (= measured without a held-out split)
     measured_interval: list | None = None  # measured's 90 % bootstrap interval over the held-out prompts
     split: dict | None = None  # the held-out split (Rollouts.split), or None: measured on the rollouts searched
+    measured_engine: dict | None = None  # the same figure as a rollout engine's profile computes it (measured_as)
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
@@ -187,6 +188,7 @@ class Recipe:
             "sweep": self.sweep, "form": self.form, "target": self.target, "kv_scale": self.kv_scale,
             "memory_target": self.memory_target, "fp8_share": self.fp8_share, "effective_bits": self.effective_bits,
             "measured_search": self.measured_search, "measured_interval": self.measured_interval, "split": self.split,
+            "measured_engine": self.measured_engine,
         }
 
     def write(self, out_dir: str | Path) -> None:
@@ -251,7 +253,7 @@ def read_recipe(path: str | Path) -> Recipe:
 
 INFO_FIELDS = ("model", "budget", "metric", "predicted", "measured", "bytes_saved", "quantized", "kept", "sweep",
                "form", "target", "kv_scale", "memory_target", "fp8_share", "effective_bits", "measured_search",
-               "measured_interval", "split")
+               "measured_interval", "split", "measured_engine")
 
 
 def _read_info(recipe: Recipe, path: Path) -> None:

@@ -156,7 +156,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                 kv_cache: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
                 reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
                 form: str = "free", kv_scale: str = "calibrated", target: str | None = None,
-                memory: MemoryTarget | None = None, refine_passes: int = 0, holdout: int = 0) -> Recipe:
+                memory: MemoryTarget | None = None, refine_passes: int = 0, holdout: int = 0,
+                engine: str | None = None) -> Recipe:
     """The FP8 recipe of the given form that saves the most weight bytes while the measured `metric` stays
     <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
     or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
@@ -167,7 +168,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     recipe's `measured` is its value on the held-out prompts with a 90 % bootstrap interval over them
     (`measured_search` the search set's, `split` what was held out). A figure chosen to sit under the budget on the
     rollouts it was chosen on is biased low there; the held-out one is not. `reference` (the search set's) only
-    without a split.
+    without a split. `engine` (an engines.py profile, e.g. "vllm-cuda") adds the same figure as that rollout engine
+    computes it (`measured_engine`): the search and the budget use the simulation; the engine is what will run.
 
     form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
@@ -200,13 +202,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         refined = refine(final, plan.free, plan.forced, search.measure_groups, refine_passes,
                          start_measured=search.result(k), metric=metric, **goal)
         final, found, result = refined.groups, refined.measured, refined.metrics
-    report = dict(measured=found, measured_metrics=result, measured_search=found, measured_interval=None)
-    if held is not None:
-        report = _held_out_report(final, student, held, scheme, metric, kv_scheme, search.reference, batch_size)
-        report["measured_search"] = found
-        log.info("recipe: %s %.4g on the search set (%d prompts), %.4g [%.4g, %.4g] on the %d held out", metric,
-                 found, split["search_prompts"], report["measured"], *report["measured_interval"],
-                 split["heldout_prompts"])
+    report = _report(final, found, result, student, (search_set, held), search.reference, scheme, metric, kv_scheme,
+                     batch_size, engine)
     fp8_params = sum(g.params for g in final)
     return Recipe.from_groups(
         student.units, scheme.name, {g.group for g in final}, model=student.name, kv_cache=kv_cache,
@@ -221,14 +218,28 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     )
 
 
-def _held_out_report(final, student, held, scheme, metric, kv_scheme, search_reference, batch_size) -> dict:
-    """The chosen recipe measured on the held-out rollouts, with the search set's calibration (the static and KV
-    scales an export calibrates before the held-out prompts are seen): its excess, every metric, the interval."""
-    ref = Reference(student, held, batch_size, calibrate=False)
-    ref.calibration = search_reference.calibration
-    value, metrics, evidence = measure_groups(final, student, held, scheme, metric, kv_scheme, ref)
-    interval = sorted(excess(metric, v) for v in evidence.interval(metric)) if evidence is not None else [value, value]
-    return dict(measured=value, measured_metrics=metrics, measured_interval=interval)
+def _report(final, found, result, student, sets, search_reference, scheme, metric, kv_scheme, batch_size,
+            engine) -> dict:
+    """What recipe.json reports of the chosen recipe: with a held-out set, its value there with the search set's
+    calibration (the static and KV scales an export calibrates before the held-out prompts are seen) and the
+    interval, beside the search set's `found`; without one, `found`. With `engine`, the same figure as it computes."""
+    search_set, held = sets
+    report = dict(measured=found, measured_metrics=result, measured_search=found, measured_interval=None)
+    ref, where = search_reference, search_set
+    if held is not None:
+        ref, where = Reference(student, held, batch_size, calibrate=False), held
+        ref.calibration = search_reference.calibration
+        value, metrics, evidence = measure_groups(final, student, held, scheme, metric, kv_scheme, ref)
+        interval = sorted(excess(metric, v) for v in evidence.interval(metric)) if evidence else [value, value]
+        report.update(measured=value, measured_metrics=metrics, measured_interval=interval)
+        log.info("recipe: %s %.4g on the search set, %.4g [%.4g, %.4g] on the held-out prompts", metric, found,
+                 value, *interval)
+    if engine is not None:
+        from ..measurement.measure import measured_as
+
+        report["measured_engine"] = measured_as(engine, ref, student, where,
+                                                _perturbation(final, student, scheme, kv_scheme), metric, batch_size)
+    return report
 
 
 def _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep_last) -> None:
@@ -324,13 +335,17 @@ def measure_groups(gs, student, rollouts, scheme: Scheme, metric: str, kv: KVCac
                    reference: Reference) -> tuple[float, dict, Measured | None]:
     """These groups in FP8 (+ the KV cache) measured on `rollouts` against `reference`: (the metric's excess, every
     metric, the Measured behind them; None for no FP8 at all)."""
-    units = tuple(u for g in gs for u in g.units)
-    if not units and kv is None:
+    if not any(g.units for g in gs) and kv is None:
         return excess(metric, no_mismatch()[metric]), no_mismatch(), None
-    p = Perturbation(units, scheme, student.layers if kv is not None else (), kv if kv is not None else KVCacheScheme())
-    m = measure_with_interval(reference, student, rollouts, p)
+    m = measure_with_interval(reference, student, rollouts, _perturbation(gs, student, scheme, kv))
     res = {k: m.metrics[k] for k in METRICS}
     return excess(metric, res[metric]), res, m
+
+
+def _perturbation(gs, student, scheme: Scheme, kv: KVCacheScheme | None) -> Perturbation:
+    """These groups' units in `scheme`, with the FP8 KV cache in every layer when `kv` is given."""
+    units = tuple(u for g in gs for u in g.units)
+    return Perturbation(units, scheme, student.layers if kv is not None else (), kv if kv is not None else KVCacheScheme())
 
 
 class _Search:

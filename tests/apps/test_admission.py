@@ -13,6 +13,7 @@ from conftest import tiny_model, tiny_student, tiny_tokenizer
 from fp8probe.apps import sources
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.metrics import METRICS
+from fp8probe.core.schemes import KVCacheScheme
 from fp8probe.measurement.mismatch import mismatch, response_logits
 from fp8probe.measurement.opd import OPDSignal
 from fp8probe.measurement.perturbation import Perturbation, apply_perturbation, measure_perturbation
@@ -291,3 +292,29 @@ def test_uncertain_check_is_decided_by_the_prompts_it_asks_for(cli, tmp_path, ti
         assert rep["num_prompts"] == n and r.code in (0, 1, 3)
         decided.append(rep["verdict"] in ("ADMIT", "REJECT"))
     assert sum(decided) >= 3, decided  # P(fewer) = 0.9 % at 90 % power
+
+
+def test_check_gives_the_other_engines_figure(setup):
+    """Beside the verdict, the same figure as the other engine computes it: the vllm-cuda profile beside the
+    simulation (equal to fp8probe.measure with that engine) and the simulation beside the profile; an engine that
+    does not cover the configuration says why."""
+    from fp8probe import measure
+    from fp8probe.apps.admission import check, format_check
+
+    st, r, ref = setup
+    units = tuple(st.unit_names[:4])
+    cfg = sources.Source("four units", "recipe", Perturbation(units=units))
+    point = Budget("kl_q_p", 1.0, calibrated=False, source="hand")
+    rep = check(st, r, cfg, point, reference=ref)
+    a = rep["also_measured"]
+    want = measure(st, r, "FP8_DYNAMIC", units=list(units), engine="vllm-cuda")["kl_q_p"]
+    assert a["engine"] == "vllm-cuda" and a["measured"] == pytest.approx(want, rel=1e-6)
+    assert a["interval"][0] < a["measured"] < a["interval"][1] and a["measured"] != pytest.approx(rep["measured"])
+    assert f"as vllm-cuda computes it: kl_q_p {a['measured']:.4g}" in format_check(rep)
+    back = check(st, r, cfg, point, reference=ref, engine="vllm-cuda")
+    assert back["also_measured"]["engine"] == "sim"
+    assert back["also_measured"]["measured"] == pytest.approx(rep["measured"], rel=1e-9)
+    kv = sources.Source("kv e5m2", "kv", Perturbation(kv_layers=tuple(st.layers), kv=KVCacheScheme.from_name("fp8_e5m2")))
+    rep = check(st, r, kv, point, reference=ref)
+    assert rep["also_measured"]["measured"] is None and "FlashAttention 3" in rep["also_measured"]["not_covered"]
+    assert "not measured as vllm-cuda computes it" in format_check(rep)

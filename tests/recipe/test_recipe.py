@@ -313,3 +313,21 @@ def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):
     lo, hi = rec.measured_interval
     assert lo < rec.measured < hi
     assert make_recipe(df, budget, st, r, holdout=2, refine_passes=4).to_json() == rec.to_json()
+
+
+def test_the_engine_figure_is_the_profile_on_the_held_out_prompts(twelve):
+    """measured_engine: the recipe on the held-out prompts as the vllm-cuda profile computes it, equal to
+    fp8probe.measure(engine="vllm-cuda") there, and different from the simulation's figure (bf16 arithmetic); an
+    engine that does not cover the scheme says why instead of a number."""
+    from fp8probe import measure
+
+    st, r, df = twelve
+    budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.3
+    rec = make_recipe(df, budget, st, r, holdout=2, engine="vllm-cuda")
+    held = r.subset(rec.split["heldout_sequences"])
+    want = measure(st, held, "FP8_DYNAMIC", units=fp8_names(rec, st), engine="vllm-cuda")["kl_q_p"]
+    e = rec.measured_engine
+    assert e["engine"] == "vllm-cuda" and e["measured"] == pytest.approx(want, rel=1e-6)
+    assert e["interval"][0] < e["measured"] < e["interval"][1] and e["measured"] != pytest.approx(rec.measured)
+    off = make_recipe(df, budget, st, r, holdout=2, engine="vllm-cpu", scheme="FP8")
+    assert off.measured_engine["measured"] is None and "vLLM-CPU" in off.measured_engine["not_covered"]
