@@ -78,10 +78,11 @@ def run_rollouts(model: ModelSource, settings: RolloutSettings, out, progress: b
 
 def run_units(model: ModelSource) -> str:
     """What `fp8probe units` prints: every unit, its kind, block, size and fused group."""
-    model.check()
-    student, _ = load(model)
+    from ..model.structure import fused_groups, list_units, meta_model
+
+    units = list_units(meta_model(model.check()))  # the config alone: shapes on the meta device, no weights read
     lines = [f"{u.name:<48} {u.kind:<8} block {u.block:>3}  {u.params:>12,}  group {u.group}"
-             f"{'' if u.quantizable else '  (kept BF16)'}" for u in student.units]
-    q = student.quantizable
-    return "\n".join(lines + [f"units: {len(q)} quantizable in {len(student.groups())} fused groups, "
+             f"{'' if u.quantizable else '  (kept BF16)'}" for u in units]
+    q = [u for u in units if u.quantizable]
+    return "\n".join(lines + [f"units: {len(q)} quantizable in {len(fused_groups(units))} fused groups, "
                               f"{sum(u.params for u in q):,} parameters"])

@@ -88,6 +88,40 @@ def embedded_student_dir() -> Path:
     return target
 
 
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def gguf_copy_dir(gguf: Path) -> Path:
+    """Where a user's GGUF is kept converted: DIR/gguf/<sha256 of the file, 16 hex digits>/ (the file's content,
+    not its name or place, is the key: a moved copy is not converted again, an edited one is)."""
+    return cache_dir() / "gguf" / file_sha256(gguf)[:16]
+
+
+def gguf_copy(gguf: Path) -> Path:
+    """A BF16 safetensors Hugging Face copy of any GGUF transformers reads (K-quants included), converted once and
+    cached by the file's hash, atomically, as the embedded student is; later loads read the copy in seconds."""
+    target = gguf_copy_dir(gguf)
+    if (target / "model.safetensors").exists() or (target / "model.safetensors.index.json").exists():
+        return target
+    log.info("converting %s to safetensors once (cached in %s)", gguf.name, target)
+    try:
+        with atomic_dir(target) as tmp:
+            convert_gguf(gguf, tmp, eos_token=None)
+            (tmp / "source.txt").write_text(f"{gguf.resolve()}\n", encoding="utf-8")
+    except OSError:
+        if target.exists() and any(target.glob("model.safetensors*")):  # a concurrent conversion finished first
+            return target
+        raise
+    return target
+
+
 def convert_gguf(gguf: Path, out: Path, eos_token: str | None = EOS_TOKEN) -> None:
     """Dequantize a GGUF with transformers and save it as a BF16 safetensors Hugging Face directory."""
     import torch

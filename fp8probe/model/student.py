@@ -80,7 +80,7 @@ def resolve_source(name_or_path: str | None, allow_pickle: bool = False) -> tupl
         if not p.is_file():
             raise FP8ProbeError(f"no such GGUF file: {s}")
         _check_gguf(p)
-        return str(p.parent), {"gguf_file": p.name}
+        return str(embedded.gguf_copy(p)), {"use_safetensors": True}  # dequantized once, cached by the file's hash
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise FP8ProbeError(f"{s} is not a Hugging Face model directory (no config.json)")
@@ -131,7 +131,16 @@ def load_config(name_or_path: str | None = None, trust_remote_code: bool = False
         p = Path(name_or_path).expanduser()
         if p.is_file() and p.suffix == ".json":
             return _bare_config(p, AutoConfig)
+        if p.is_file() and p.suffix == ".gguf":  # the config alone: read from the file's metadata, nothing converted
+            _check_gguf(p)
+            copy = embedded.gguf_copy_dir(p)
+            src, kwargs = (str(copy), {}) if (copy / "config.json").exists() else (str(p.parent), {"gguf_file": p.name})
+            return _read_config(AutoConfig, src, kwargs, name_or_path, trust_remote_code)
     src, kwargs = resolve_source(name_or_path, allow_pickle)
+    return _read_config(AutoConfig, src, kwargs, name_or_path, trust_remote_code)
+
+
+def _read_config(AutoConfig, src, kwargs, name_or_path, trust_remote_code):
     try:
         cfg = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
     except OSError as e:

@@ -33,3 +33,33 @@ def test_embedded_sweep_end_to_end(cli, tmp_path):
     meta = json.loads((out / "rollouts.json").read_text())
     assert meta["sampling"]["eos_token_ids"] == [2]
     assert set(METRICS) <= set(df.columns)
+
+
+def test_a_gguf_is_converted_once_and_units_read_its_config_alone(cli, tmp_path, monkeypatch, embedded):
+    """A user's GGUF (here the embedded student's own file, under another name): `units` lists what the converted
+    student has without converting anything; the first load converts it into the cache under the file's sha256,
+    a second load and a renamed copy of the file reuse that copy (the converter is not called again)."""
+    import hashlib
+    import shutil
+
+    from fp8probe import load_student
+    from fp8probe.model import embedded as emb
+
+    gguf = tmp_path / "mine.gguf"
+    shutil.copy(emb.embedded_gguf(), gguf)  # from the real cache, before it is moved aside
+    monkeypatch.setenv("FP8PROBE_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = emb.convert_gguf
+    monkeypatch.setattr(emb, "convert_gguf", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1])
+    r = cli("-q", "units", gguf)
+    assert r.code == 0, r.err
+    names = [ln.split()[0] for ln in r.out.splitlines()[:-1]]
+    assert names == [u.name for u in embedded.units] and not (tmp_path / "cache" / "gguf").exists() and not calls
+    st = load_student(str(gguf))
+    key = hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]
+    assert st.path == str(tmp_path / "cache" / "gguf" / key) and calls == [gguf]
+    assert [u.name for u in st.units] == names
+    load_student(str(gguf))
+    other = tmp_path / "renamed.gguf"
+    shutil.copy(gguf, other)
+    assert load_student(str(other)).path == st.path and calls == [gguf]
