@@ -150,7 +150,8 @@ def sensitivity_by_block(df, path: str | Path | None = None, metric: str = "kl_q
 
 def frontier(df, recipes: list[dict], path: str | Path | None = None, metric: str = "kl_q_p"):
     """Weight bytes saved against mismatch: predicted (sum of group scores along the ranking) and every measured
-    point of the recipe searches, each chosen recipe marked, its budget as a line."""
+    point of the recipe searches (on their search prompts), each chosen recipe marked there and, with a held-out
+    split, at its held-out value with its interval; its budget as a line."""
     plt = _plt()
     saved, pred = predicted_frontier(df, metric)
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -163,9 +164,16 @@ def frontier(df, recipes: list[dict], path: str | Path | None = None, metric: st
         name = r.get("_name", f"recipe {i + 1}")
         if pts:
             ax.scatter(*zip(*pts), s=12, color=c, alpha=0.6, label=f"{name}: measured passes")
-        if r.get("measured") and r.get("bytes_saved"):
-            ax.scatter([r["bytes_saved"] / 2**20], [r["measured"]], s=120, marker="*", color=c, edgecolor="black",
-                       zorder=5, label=f"{name}: chosen ({r['bytes_saved'] / 2**20:.1f} MiB, {r['measured']:.3g})")
+        found = r.get("measured_search") or r.get("measured")
+        if found and r.get("bytes_saved"):
+            mib = r["bytes_saved"] / 2**20
+            ax.scatter([mib], [found], s=120, marker="*", color=c, edgecolor="black", zorder=5,
+                       label=f"{name}: chosen ({mib:.1f} MiB, {found:.3g} where searched)")
+            if r.get("measured_interval"):  # its value on the held-out prompts, with the interval
+                lo, hi = r["measured_interval"]
+                ax.errorbar([mib], [r["measured"]], yerr=[[r["measured"] - lo], [hi - r["measured"]]], fmt="D",
+                            color=c, markeredgecolor="black", markersize=5, capsize=3, zorder=6,
+                            label=f"{name}: held out {r['measured']:.3g} [{lo:.3g}, {hi:.3g}]")
         if r.get("budget") is not None:
             ax.axhline(r["budget"], color=c, linestyle="--", linewidth=1, label=f"{name}: budget {r['budget']:g}")
     ax.set_yscale("log")

@@ -86,21 +86,30 @@ def test_heatmap_shows_the_tables_numbers():
 
 
 def test_frontier_shows_every_recipe_search(run_dir):
-    """The measured points drawn are the recipes' own search entries, one star per chosen recipe."""
+    """The measured points drawn are the recipes' own search entries, one star per chosen recipe where it was
+    searched, and its held-out value with its interval (an error bar)."""
+    from matplotlib.collections import PathCollection
+
     from fp8probe.plots.figures import frontier, recipes_of
     from fp8probe.sweeps.files import read_sweep
 
     recipes = recipes_of(run_dir)
     assert sorted(r["_name"] for r in recipes) == ["recipe-0.2", "recipe-0.5"]
+    assert all(r["split"] and r["measured_interval"] for r in recipes)  # the default split
     fig = frontier(read_sweep(run_dir).table, recipes)
     ax = fig.axes[0]
-    drawn = sorted(tuple(map(float, xy)) for c in ax.collections for xy in c.get_offsets())
+    drawn = sorted(tuple(map(float, xy)) for c in ax.collections if isinstance(c, PathCollection)
+                   for xy in c.get_offsets())
     want = [(e["bytes_saved"] / 2**20, e["measured"]) for r in recipes for e in r["search"]
             if e.get("bytes_saved") and e["measured"] > 0]
-    want += [(r["bytes_saved"] / 2**20, r["measured"]) for r in recipes]  # the chosen ones, as stars
+    want += [(r["bytes_saved"] / 2**20, r["measured_search"]) for r in recipes]  # the chosen ones, as stars
     assert len(drawn) == len(want)
     assert [v for xy in drawn for v in xy] == pytest.approx([v for xy in sorted(want) for v in xy], rel=1e-12)
-    budgets = sorted(line.get_ydata()[0] for line in ax.lines[1:])
+    held = sorted(float(v) for c in ax.containers for xy in c.lines[0].get_xydata() for v in xy)
+    assert held == pytest.approx(sorted(v for r in recipes for v in (r["bytes_saved"] / 2**20, r["measured"])))
+    bars = sorted(float(v) for c in ax.containers for seg in c.lines[2][0].get_segments() for v in seg[:, 1])
+    assert bars == pytest.approx(sorted(v for r in recipes for v in r["measured_interval"]))
+    budgets = sorted(line.get_ydata()[0] for line in ax.lines[1:] if list(line.get_xdata()) == [0, 1])
     assert budgets == pytest.approx(sorted(r["budget"] for r in recipes))
 
 
