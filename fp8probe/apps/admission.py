@@ -47,7 +47,7 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
         reference = Reference(student, rollouts, batch_size)
     got = measure_with_interval(reference, student, rollouts, config.perturbation, engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
-    interval = tuple(sorted(excess(budget.metric, x) for x in got.interval(budget.metric)))
+    interval = tuple(got.excess_interval(budget.metric))
     tokens = prefix_tokens or int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32))
     shift = PrefixShift(student, reference, prompt_ids(student, rollouts), tokens, seed=seed,
                         batch_size=batch_size, engine=engine).measure(config.perturbation)

@@ -49,6 +49,12 @@ class Measured:
 
         return metric_interval(self.stats, self.prompt, metric, level)
 
+    def excess_interval(self, metric: str = "kl_q_p", level: float | None = None) -> list[float]:
+        """interval() on the metric's excess scale (metrics.excess: what budgets bound), low end first."""
+        from ..core.metrics import excess
+
+        return sorted(excess(metric, x) for x in self.interval(metric, level))
+
 
 def paired_change(new: Measured, old: Measured, metric: str = "kl_q_p", level: float | None = None,
                   seed: int = 0) -> tuple[float, float, float]:
@@ -99,7 +105,7 @@ def measured_as(engine: str, reference: Reference, student, rollouts, p: Perturb
         return {"engine": engine, "measured": None, "interval": None, "not_covered": str(e).split(": use `engine`")[0]}
     m = measure_with_interval(reference, student, rollouts, p, engine, batch_size)
     return {"engine": engine, "measured": excess(metric, m.metrics[metric]),
-            "interval": sorted(excess(metric, x) for x in m.interval(metric))}
+            "interval": m.excess_interval(metric)}
 
 
 def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, reference: Reference | None = None,

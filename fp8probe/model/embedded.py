@@ -15,6 +15,7 @@ cached copy declares that.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -88,7 +89,15 @@ def embedded_student_dir() -> Path:
     return target
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+def file_sha256(path: Path) -> str:
+    """The file's sha256, read once per process for a given size and modification time (a load asks twice: for
+    the config and for the weights)."""
+    st = Path(path).stat()
+    return _sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path: str, size: int, mtime_ns: int, chunk: int = 1 << 22) -> str:
     import hashlib
 
     h = hashlib.sha256()

@@ -230,7 +230,7 @@ def _report(final, found, result, student, sets, search_reference, scheme, metri
         ref, where = Reference(student, held, batch_size, calibrate=False), held
         ref.calibration = search_reference.calibration
         value, metrics, evidence = measure_groups(final, student, held, scheme, metric, kv_scheme, ref)
-        interval = sorted(excess(metric, v) for v in evidence.interval(metric)) if evidence else [value, value]
+        interval = evidence.excess_interval(metric) if evidence else [value, value]
         report.update(measured=value, measured_metrics=metrics, measured_interval=interval)
         log.info("recipe: %s %.4g on the search set, %.4g [%.4g, %.4g] on the held-out prompts", metric, found,
                  value, *interval)
