@@ -32,6 +32,7 @@ vocabulary padded to a multiple of 64 and split, norms replicated.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
@@ -54,6 +55,26 @@ def _storage_bytes(cfg) -> int:
 
 def weight_bytes_per_gpu(model, recipe=None, tp: int = 1) -> int:
     """Weight memory one tensor-parallel rank holds in vLLM with `recipe` (None: all BF16); see the docstring."""
+    return int(sum(w.bytes for w in weight_records(model, recipe, tp)))
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One parameter as one tensor-parallel rank holds it in vLLM: its share of the values and bytes (scales
+    included), whether it is FP8, and what a decode step does with it (throughput.py reads these)."""
+
+    name: str
+    kind: str | None  # the unit's kind (q, down, expert, embed, lm_head, router), None for norms and biases
+    params: float  # values on this rank
+    bytes: float  # bytes on this rank, FP8 scales included
+    fp8: bool
+    experts: int = 0  # a fused expert tensor [E, ...]: E (a token reads num_experts_per_tok of them)
+    matmul: bool = True  # multiplies every token's activations (False: norms, biases, the input embedding lookup)
+
+
+def weight_records(model, recipe=None, tp: int = 1) -> list[Weight]:
+    """Every parameter of `model` (tied ones once) as one rank holds it with `recipe`'s FP8 units (see the module
+    docstring for the rules)."""
     cfg = text_config(model.config)
     store = _storage_bytes(cfg)
     units = {u.name: u for u in list_units(model)}
@@ -61,7 +82,8 @@ def weight_bytes_per_gpu(model, recipe=None, tp: int = 1) -> int:
     scheme = recipe.preset if recipe is not None else None
     kv_heads = kv_geometry(cfg).num_kv_heads
     kv_rank = max(1, kv_heads // tp) if kv_heads else None
-    total = 0.0
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    out: list[Weight] = []
     counted = set()
     for name, mod in model.named_modules():
         for pname, p in mod.named_parameters(recurse=False):
@@ -69,29 +91,34 @@ def weight_bytes_per_gpu(model, recipe=None, tp: int = 1) -> int:
                 continue  # tied embeddings: once
             counted.add(id(p))
             unit = units.get(name)
+            kind = unit.kind if unit is not None else None
             n = p.numel()
-            if unit is not None and unit.kind in ("embed", "lm_head"):
+            if kind in ("embed", "lm_head"):
                 padded = math.ceil(cfg.vocab_size / 64) * 64
-                total += padded * p.shape[1] * store / tp
+                per_rank = padded * p.shape[1] / tp
+                out.append(Weight(name, kind, per_rank, per_rank * store, False,
+                                  matmul=kind == "lm_head" or tied))
                 continue
             shard = tp
-            if unit is not None and unit.kind in ("k", "v") and kv_heads:
+            if kind in ("k", "v") and kv_heads:
                 shard = kv_heads / kv_rank  # K/V heads are replicated when tp > kv_heads
-            if unit is None or unit.kind == "router" or p.ndim < 2:
-                total += n * store  # norms, routers, biases: replicated
+            if unit is None or kind == "router" or p.ndim < 2:  # norms, routers, biases: replicated
+                out.append(Weight(name, kind, n, n * store, False, matmul=kind == "router"))
                 continue
+            experts = p.shape[0] if p.ndim == 3 else 0
             if name in fp8:
                 mats = p.shape[0] if p.ndim == 3 else 1
                 scales = mats * num_scales(tuple(p.shape[-2:]), scheme.weight)
-                total += (n * 1 + scales * 4) / shard
+                b = (n * 1 + scales * 4) / shard
                 if scheme.static_input and pname in ("weight", "gate_up_proj"):
-                    total += 4
+                    b += 4
+                out.append(Weight(name, kind, n / shard, b, True, experts))
             else:
-                total += n * store / shard
-    return int(total)
+                out.append(Weight(name, kind, n / shard, n * store / shard, False, experts))
+    return out
 
 
-def _layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
+def layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
     """Per layer: None for full attention, or the sliding window size as vLLM will use it."""
     n = cfg.num_hidden_layers
     window = getattr(cfg, "sliding_window", None)
@@ -121,7 +148,7 @@ def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: boo
     kv_rank = max(1, kv_heads // tp)
     per_head_token = int(2 * head_dim * dtype_bytes) + 2 * KV_SCALE_BYTES.get(kv_dtype, 0)  # K and V of one head
     page = block_size * kv_rank * per_head_token
-    types = _layer_attention_types(cfg, hybrid)
+    types = layer_attention_types(cfg, hybrid)
     buckets: dict = {}
     for i, t in enumerate(types):
         buckets.setdefault(t, []).append(i)
@@ -183,33 +210,12 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
     units = list_units(meta)
     if recipe is None:
         recipe = Recipe.whole_model(units, "FP8_DYNAMIC")
-    in_flight = serving.max_in_flight_tokens if serving.max_in_flight_tokens is not None \
-        else serving.max_num_batched_tokens
-    sides = {}
-    for side, rec, kvd in (("baseline", None, "auto"), ("candidate", recipe, kv_cache_dtype)):
-        weights = weight_bytes_per_gpu(meta, rec, tp)
-        layout = kv_layout(tcfg, kvd, tp, serving.block_size, serving.hybrid)
-        if serving.kv_cache_memory is not None:
-            kv_mem = int(serving.kv_cache_memory)
-            source = "kv_cache_memory"
-        else:
-            reserve = serving.reserve_bytes if serving.reserve_bytes is not None else reserve_estimate(
-                tcfg, serving.max_num_batched_tokens, serving.max_num_seqs)
-            kv_mem = int(serving.total_bytes * serving.gpu_memory_utilization - weights - reserve)
-            source = "estimate"
-            if kv_mem <= 0:
-                raise FP8ProbeError(f"the {side} weights ({weights / GiB:.1f} GiB per GPU) leave no room for a KV "
-                                    "cache; use more GPUs (`tensor_parallel_size`) or a larger `gpu_memory_gib`")
-        cap = kv_capacity(layout, kv_mem, max_len, in_flight)
-        sides[side] = {
-            "weight_bytes": weights, "kv_bytes_per_token": layout["bytes_per_token"], "kv_memory_bytes": kv_mem,
-            "num_blocks": cap["num_blocks"], "kv_tokens": cap["kv_tokens"],
-            "max_concurrency": cap["max_concurrency"], "kv_cache_dtype": kvd,
-            "blocks_per_request": cap["blocks_per_request"], "bytes_per_block": layout["bytes_per_block"],
-            "kv_memory_source": source,
-            "fp8_units": len(rec.fp8_units(units)) if rec is not None else 0,
-            "scheme": rec.scheme if rec is not None else None,
-        }
+    sides = {side: kv_pool(tcfg, meta, rec, kvd, serving, max_len, side)
+             for side, rec, kvd in (("baseline", None, "auto"), ("candidate", recipe, kv_cache_dtype))}
+    for side, rec in (("baseline", None), ("candidate", recipe)):
+        sides[side]["fp8_units"] = len(rec.fp8_units(units)) if rec is not None else 0
+        sides[side]["scheme"] = rec.scheme if rec is not None else None
+        del sides[side]["groups"], sides[side]["block_size"]  # the layout, for throughput.simulate only
     b, c = sides["baseline"], sides["candidate"]
     gpu = serving.gpu
     return {
@@ -223,6 +229,34 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
         "ratio_kv_tokens": c["kv_tokens"] / b["kv_tokens"] if b["kv_tokens"] else math.inf,
         "ratio_concurrency": c["max_concurrency"] / b["max_concurrency"] if b["max_concurrency"] else math.inf,
     }
+
+
+def kv_pool(tcfg, meta, recipe, kv_cache_dtype: str, serving: Serving, max_len: int, side: str = "candidate") -> dict:
+    """One configuration's weights, KV layout and KV pool (blocks, tokens, concurrency at `max_len`) as vLLM sizes
+    them: the weights of `recipe` (None: BF16) on `meta` (the model on the meta device), the KV cache in
+    `kv_cache_dtype`, vLLM started as `serving`."""
+    tp = serving.tensor_parallel_size
+    in_flight = serving.max_in_flight_tokens if serving.max_in_flight_tokens is not None \
+        else serving.max_num_batched_tokens
+    weights = weight_bytes_per_gpu(meta, recipe, tp)
+    layout = kv_layout(tcfg, kv_cache_dtype, tp, serving.block_size, serving.hybrid)
+    if serving.kv_cache_memory is not None:
+        kv_mem = int(serving.kv_cache_memory)
+        source = "kv_cache_memory"
+    else:
+        reserve = serving.reserve_bytes if serving.reserve_bytes is not None else reserve_estimate(
+            tcfg, serving.max_num_batched_tokens, serving.max_num_seqs)
+        kv_mem = int(serving.total_bytes * serving.gpu_memory_utilization - weights - reserve)
+        source = "estimate"
+        if kv_mem <= 0:
+            raise FP8ProbeError(f"the {side} weights ({weights / GiB:.1f} GiB per GPU) leave no room for a KV "
+                                "cache; use more GPUs (`tensor_parallel_size`) or a larger `gpu_memory_gib`")
+    cap = kv_capacity(layout, kv_mem, max_len, in_flight)
+    return {"weight_bytes": weights, "kv_bytes_per_token": layout["bytes_per_token"], "kv_memory_bytes": kv_mem,
+            "num_blocks": cap["num_blocks"], "kv_tokens": cap["kv_tokens"],
+            "max_concurrency": cap["max_concurrency"], "kv_cache_dtype": kv_cache_dtype,
+            "blocks_per_request": cap["blocks_per_request"], "bytes_per_block": layout["bytes_per_block"],
+            "kv_memory_source": source, "groups": layout["groups"], "block_size": layout["block_size"]}
 
 
 def format_report(rep: dict) -> str:

@@ -7,20 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.errors import FP8ProbeError
 from ..core.settings import Settings, opt
 from ..core.units import GiB
+from .gpus import GPU_NAMES, gpu
 
-# total device memory as nvidia-smi reports it (MiB)
-GPUS = {
-    "H100": 81559, "H100-80GB": 81559,
-    "H200": 143771,
-    "A100-40GB": 40960,
-    "A100-80GB": 81920, "A100": 81920,
-    "L40S": 46068,
-    "B200": 183359,
-    "RTX4090": 24564, "RTX-4090": 24564,
-}
+# total device memory as nvidia-smi reports it (MiB), from the one GPU table (gpus.py)
+GPUS = {name: gpu(name).memory_mib for name in GPU_NAMES}
 
 VLLM_VERSION = "0.32.0"  # the vLLM whose KV-cache accounting capacity.py mirrors
 # vLLM's --kv-cache-dtype -> bytes per K or V element (None: the model's own dtype); vllm/utils/torch_utils.py
@@ -69,8 +61,4 @@ class Serving(Settings):
 
 
 def gpu_bytes(name: str) -> int:
-    key = name.strip().upper().replace(" ", "-").replace("_", "-")
-    key = {k.upper(): k for k in GPUS}.get(key)
-    if key is None:
-        raise FP8ProbeError(f"unknown GPU {name!r}; presets: {', '.join(sorted(set(GPUS)))}; or pass `gpu_memory_gib`")
-    return GPUS[key] * (1 << 20)
+    return gpu(name).memory_mib * (1 << 20)

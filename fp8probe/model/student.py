@@ -123,10 +123,14 @@ def config_kwargs(kwargs: dict) -> dict:
 
 
 def load_config(name_or_path: str | None = None, trust_remote_code: bool = False, allow_pickle: bool = False):
-    """The model config: from a model directory / id / .gguf, a bare config.json, or a directory holding
-    only one (capacity needs nothing else)."""
+    """The model config: from a model directory / id / .gguf, a bare config.json, a directory holding only one, or
+    `shape:NAME` (model/shapes.py; capacity and plan need nothing else)."""
     from transformers import AutoConfig
 
+    from .shapes import is_shape, shape_config
+
+    if is_shape(name_or_path):  # a public architecture's shape (shapes.py): config only, no weights
+        return shape_config(name_or_path)
     if name_or_path is not None:
         p = Path(name_or_path).expanduser()
         if p.is_file() and p.suffix == ".json":
