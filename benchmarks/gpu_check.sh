@@ -11,6 +11,9 @@ out=${1:-runs/gpu-check}
 shift || true
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 PYTHONPATH=. "$PY" benchmarks/gpu_check.py --out "$out" "$@"
+# BF16 against FP8 (torch._scaled_mm) GEMMs at decode shapes of Qwen3-1.7B and -8B, beside the throughput model's
+# per-layer prediction (`fp8probe plan`): OUT/gemm_roofline.json
+PYTHONPATH=. "$PY" benchmarks/gemm_roofline.py --device cuda --gpu "${GPU_MODEL:-H200}" --json "$out/gemm_roofline.json"
 # The vllm-cuda engine profile against vLLM on this GPU (recipes, all-FP8 dynamic and static, the FP8 KV cache with
 # scale 1.0 and with calibrated scales): needs vLLM's CUDA build and llm-compressor in this Python, and the embedded
 # student in fp8probe's cache. Results: OUT/engine_fidelity.json and the table on stdout.

@@ -52,6 +52,7 @@ _HOMES = {
     "BudgetSettings": "apps.capacity",
     "TrainSettings": "apps.training",
     "CalibrateSettings": "apps.training",
+    "PlanSettings": "apps.plan",
     # entry points: one per command
     "run_rollouts": "apps.inputs",
     "run_sweep": "apps.sweep",
@@ -62,6 +63,7 @@ _HOMES = {
     "run_capacity": "apps.capacity",
     "run_budget": "apps.capacity",
     "run_calibrate": "apps.calibrate",
+    "run_plan": "apps.plan",
 }
 
 __all__ = ["__version__", *_HOMES]

@@ -113,6 +113,13 @@ def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_
     return out
 
 
+def exit_code(report: dict) -> int:
+    """The check's documented exit code: 0 ADMIT, 1 REJECT, 3 UNCERTAIN (core/errors.py)."""
+    from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
+
+    return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(report["verdict"], EXIT_UNCERTAIN)
+
+
 def format_check(report: dict) -> str:
     engine = report.get("engine", "sim")
     as_run = "" if engine == "sim" else f" as {engine} runs it"

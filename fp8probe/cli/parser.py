@@ -10,6 +10,7 @@ from .. import __version__
 from ..apps.admission import CheckSettings
 from ..apps.capacity import BudgetSettings, CapacitySettings
 from ..apps.measure import MeasureSettings
+from ..apps.plan import PlanSettings
 from ..apps.recipe import RecipeSettings
 from ..apps.sources import LadderSettings, Shortcuts
 from ..apps.sweep import SweepSettings
@@ -36,6 +37,8 @@ EXAMPLES = {
                "ladder --rollouts runs/smollm2 --stale ckpt/step-100 ckpt/step-200 --out runs/stale"],
     "check": ["check --budget budget.json --recipe runs/recipe/recipe.yaml --kv-cache-dtype fp8 --out runs/check",
               "check --budget budget.json --recipe runs/recipe/recipe.yaml --engine vllm-cuda --out runs/check_cuda"],
+    "plan": ["plan --recipe runs/recipe/recipe.yaml --kv-cache-dtype fp8 --async 1 --calibration DIR --out runs/plan",
+             "plan shape:qwen3-8b --no-measure --gpu H200 --fp8 FP8_DYNAMIC --response-len 4096 --out runs/plan-8b"],
     "budget": ["budget runs.csv --out runs/budget --tolerance 0.01"],
     "calibrate": ["calibrate --out runs/calibrate            # the demo pair: embedded SmolLM2 teaching its pruned copy",
                   "calibrate --teacher ./Qwen3-8B --student ./Qwen3-1.7B --levels 0 0.003 0.01 fp8 kv stale:2 "
@@ -92,6 +95,8 @@ SPECS = {
                (ModelSource, RolloutSettings, Shortcuts, LadderSettings), [OUT]),
     "check": ("admit or reject a rollout configuration against a mismatch budget (exit 0 admit, 1 reject, 2 error)",
               (ModelSource, RolloutSettings, Shortcuts, CheckSettings), [OUT]),
+    "plan": ("each rollout configuration's cost (measured) beside its benefit (modelled throughput, time to quality)",
+             (ModelSource, RolloutSettings, Serving, PlanSettings), [OUT]),
     "budget": ("the mismatch budget from a table of training runs (quality vs mismatch)", (BudgetSettings,),
                [("runs", {"help": "CSV: mismatch, quality[, metric, seed, higher_is_better], one row per run"}),
                 ("--out", {"required": True, "help": "output directory for budget.json and budget.png"})]),

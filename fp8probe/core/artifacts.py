@@ -11,6 +11,7 @@
     ladder.json          1        apps/sources.py (ladder)          -
     check.json           2        apps/admission.py (check)         plots
     calibrate.json       2        apps/calibrate.py (and each run's run.json)  calibrate --resume
+    plan.json            1        apps/plan.py (plan; plan.csv beside it)  plots
 
 recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves; at 3
 `measured` is the held-out prompts' value (measured_search the search set's, measured_interval, split), and a move
@@ -40,6 +41,7 @@ SCHEMAS = {
     "ladder.json": 1,
     "check.json": 2,
     "calibrate.json": 2,
+    "plan.json": 1,
 }
 
 

@@ -37,6 +37,43 @@ def capacity_bars(report: dict, path: str | Path | None = None):
     return _save(fig, path)
 
 
+def plan_plot(doc: dict, path: str | Path | None = None):
+    """plan.json as two panels: held-out quality against MODELLED wall-clock time per configuration (its curve's
+    steps x its step time; with a calibration), and the ranking by time to target (refused ones named, no bar)."""
+    plt = _plt()
+
+    rows = doc["rows"]
+    cal = doc.get("calibration")
+    with_curves = cal is not None and any(r.get("curve") for r in rows)
+    fig, axes = plt.subplots(1, 2 if with_curves else 1, figsize=(11 if with_curves else 6.5, 4.2), squeeze=False)
+    axes = axes[0]
+    if with_curves:
+        ax = axes[0]
+        for r in rows:
+            if r.get("curve"):
+                hours = [s * r["step_s"] / 3600 for s in cal["steps"]]
+                ax.plot(hours, r["curve"], marker=".", label=r["configuration"], lw=1.2)
+        ax.axhline(cal["target"], color="k", ls=":", lw=1, label=f"target {cal['target']:.3g}")
+        ax.set_xlabel("modelled wall-clock (h)")
+        ax.set_ylabel(f"held-out quality ({cal['objective']}; lower is better)")
+        ax.legend(fontsize=7)
+        ax.set_title("learning curves against modelled time", fontsize=10)
+    ax = axes[-1]
+    ranked = sorted(rows, key=lambda r: (r["time_to_target_s"] is None, r["time_to_target_s"] or 0.0))
+    names = [r["configuration"] for r in ranked][::-1]
+    vals = [(r["time_to_target_s"] or 0.0) / 3600 for r in ranked][::-1]
+    bars = ax.barh(names, vals, color=["#2b7bba" if v else "#cccccc" for v in vals])
+    ax.bar_label(bars, labels=[f"{v:.2f} h" if v else "refused / not reached" for v in vals], fontsize=7)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlabel("modelled time to target (h)")
+    ax.set_title("ranking", fontsize=10)
+    ax.margins(x=0.25)
+    fig.suptitle(f"{doc['model']} on {doc['gpu']} x{doc['tensor_parallel_size']}: rollout throughput MODELLED",
+                 fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def sensitivity_heatmap(sensitivity, path: str | Path | None = None, metric: str = "kl_q_p"):
     """Blocks x unit kinds, colour = log10(metric), from a sensitivity.csv (or its DataFrame)."""
     import numpy as np
@@ -304,12 +341,15 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
     for cap in sorted(d.rglob("capacity.json")):
         report = json.loads(cap.read_text())
         todo.append((_name("capacity", cap, d), lambda p, r=report: capacity_bars(r, p)))
+    for plan in sorted(d.rglob("plan.json")):
+        doc = json.loads(plan.read_text())
+        todo.append((_name("plan", plan, d), lambda p, r=doc: plan_plot(r, p)))
     for lad in sorted(d.rglob("ladder.csv")):
         table = pd.read_csv(lad)
         todo.append((_name("ladder", lad, d), lambda p, t=table, b=_budget_beside(lad): ladder_plot(t, p, budget=b)))
     if not todo:
         raise FP8ProbeError(f"{run_dir} holds none of the files fp8probe plots (sensitivity.csv, recipe.json, "
-                            "capacity.json, ladder.csv); pass a directory written by fp8probe")
+                            "capacity.json, ladder.csv, plan.json); pass a directory written by fp8probe")
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for name, fn in todo:

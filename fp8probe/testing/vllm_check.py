@@ -81,14 +81,16 @@ def vllm_venv(create: bool = True) -> Path:
 
 
 def run_vllm(model: str | Path, max_model_len: int, generate=None, score=None, kv_space_gib: int = 1,
-             engine_kwargs: dict | None = None, timeout: int = 1200, prompt_topk: int = 0, cuda: bool = False) -> dict:
-    """Run the worker in the vLLM venv (CPU backend), or with `cuda` in this Python's own vLLM on the GPU;
-    returns its results plus the parsed KV-cache log lines and the log."""
+             engine_kwargs: dict | None = None, timeout: int = 1200, prompt_topk: int = 0, cuda: bool = False,
+             worker: str | Path | None = None, **spec_fields) -> dict:
+    """Run the worker (vllm_worker.py, or another `worker` script taking the same SPEC with `spec_fields` added) in
+    the vLLM venv (CPU backend), or with `cuda` in this Python's own vLLM on the GPU; returns its results plus the
+    parsed KV-cache log lines and the log."""
     py = sys.executable if cuda else vllm_venv()
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"model": str(model), "max_model_len": int(max_model_len), "out": str(Path(tmp) / "out.json"),
                 "generate": generate or [], "score": score or [], "engine_kwargs": engine_kwargs or {},
-                "prompt_topk": int(prompt_topk)}
+                "prompt_topk": int(prompt_topk), **spec_fields}
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         env.update(TOKENIZERS_PARALLELISM="false")
@@ -101,7 +103,7 @@ def run_vllm(model: str | Path, max_model_len: int, generate=None, score=None, k
         # run the worker in its own session, and end the whole session once the worker is done
         log_path = Path(tmp) / "vllm.log"
         with open(log_path, "w") as log_file:
-            proc = subprocess.Popen([str(py), str(WORKER), str(Path(tmp) / "spec.json")], stdout=log_file,
+            proc = subprocess.Popen([str(py), str(worker or WORKER), str(Path(tmp) / "spec.json")], stdout=log_file,
                                     stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True)
             try:
                 code = proc.wait(timeout=timeout)

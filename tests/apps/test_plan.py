@@ -1,0 +1,149 @@
+"""`fp8probe plan`: time to quality read off a calibration's learning curves (hand values), the step-time rules, and
+the command end to end on a tiny model with a synthetic calibration whose curves are known."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fp8probe.apps.curves import read_curves, steps_to, steps_with_interval
+from fp8probe.core.errors import FP8ProbeError
+
+STEPS = [0, 5, 10, 15, 20]
+# level -> (kind, value, per-seed mismatch, per-seed curves)
+LEVELS = {
+    "0": ("none", "", [0.0, 0.0, 0.0], [[10, 6, 4, 3.0, 3.0], [10, 6, 4, 3.0, 3.0], [10, 6, 4, 3.0, 3.0]]),
+    "0.1": ("noise", 0.1, [1.0, 1.0, 1.0], [[10, 6, 4, 3.2, 3.1]] * 3),
+    "0.3": ("noise", 0.3, [4.0, 4.0, 4.0], [[10, 9, 8, 7, 6]] * 3),
+    "stale:1": ("stale", 1, [0.2, 0.3, 0.4], [[10, 5, 3.5, 3.0, 3.0]] * 3),
+}
+
+
+def write_calibration(d, levels=LEVELS, tolerance=0.02):
+    """A calibration directory as `fp8probe calibrate` writes one (the files plan reads), with known curves."""
+    from fp8probe.apps.sources import parse_source
+
+    rows = []
+    for level, (kind, value, mism, curves) in levels.items():
+        for seed, (m, c) in enumerate(zip(mism, curves)):
+            run = d / "runs" / "opd" / f"{parse_source(level).slug}-seed{seed}"
+            run.mkdir(parents=True)
+            pd.DataFrame({"step": STEPS, "reverse_kl": c}).to_csv(run / "eval.csv", index=False)
+            rows.append({"objective": "opd", "level": level, "kind": kind, "value": value, "seed": seed,
+                         "metric": "kl_q_p", "mismatch": m, "quality": float(np.mean(c))})
+    pd.DataFrame(rows).to_csv(d / "runs.csv", index=False)
+    (d / "calibrate.json").write_text(json.dumps({"schema_version": 2, "tolerance": tolerance}))
+    return d
+
+
+def test_steps_to_by_hand():
+    assert steps_to([10, 6, 4, 3.0, 3.0], STEPS, 3.06) == pytest.approx(10 + 5 * (4 - 3.06) / (4 - 3.0))
+    assert steps_to([10, 6, 4, 3.0, 3.0], STEPS, 11) == 0.0
+    assert steps_to([10, 9, 8, 7, 6], STEPS, 3.06) is None
+
+
+def test_curves_interpolate_and_refuse(tmp_path):
+    c = read_curves(write_calibration(tmp_path))
+    assert c.ruler == ["0", "0.1", "0.3"] and c.default_target() == pytest.approx(3.06)
+    half = c.curve_at(0.5)  # halfway between level 0 (mismatch 0) and 0.1 (mismatch 1.0), seed by seed
+    assert half[0].tolist() == pytest.approx([10, 6, 4, 3.1, 3.05])
+    s, _, ratio, _ = steps_with_interval(c, half, c.curve_at(0.0), c.default_target())
+    assert s == pytest.approx(15 + 5 * (3.1 - 3.06) / (3.1 - 3.05))  # 19.0
+    assert ratio == pytest.approx(14.7 / 19.0)
+    assert c.curve_at(0.0, "stale:1")[0].tolist() == [10, 5, 3.5, 3.0, 3.0]  # a calibrated level: its own curves
+    assert c.stale_runs("stale:1").tolist() == [0.2, 0.3, 0.4]
+    with pytest.raises(FP8ProbeError, match="beyond the calibration's last level"):
+        c.curve_at(5.0)
+    with pytest.raises(FP8ProbeError, match="no stale:2 level"):
+        c.stale_runs("stale:2")
+
+
+def test_paired_interval_of_steps(tmp_path):
+    """Seeds that disagree widen the interval; identical seeds give a zero-width one."""
+    levels = dict(LEVELS)
+    levels["0"] = ("none", "", [0.0] * 3, [[10, 6, 4, 3.0, 3.0], [10, 5, 3.5, 3.0, 3.0], [10, 7, 5, 3.0, 3.0]])
+    c = read_curves(write_calibration(tmp_path, levels))
+    s, (lo, hi), ratio, (rlo, rhi) = steps_with_interval(c, c.curve_at(0.0), c.curve_at(0.0), c.default_target())
+    assert lo < s < hi and ratio == 1.0 and rlo == rhi == 1.0  # paired: BF16 against itself is exactly 1
+    c2 = read_curves(write_calibration(tmp_path / "same"))
+    s2, (lo2, hi2), *_ = steps_with_interval(c2, c2.curve_at(0.0), c2.curve_at(0.0), c2.default_target())
+    assert lo2 == pytest.approx(s2) and hi2 == pytest.approx(s2)
+
+
+def test_plan_end_to_end(cli, tiny_dirs, tmp_path):
+    cal = write_calibration(tmp_path / "cal")
+    out = tmp_path / "plan"
+    r = cli("plan", str(tiny_dirs["llama"]), "--num-prompts", "4", "--max-new-tokens", "8", "--fp8", "FP8_DYNAMIC",
+            "--kv-cache-dtype", "fp8", "--async", "1", "--calibration", str(cal), "--budget", "2.0",
+            "--train-step-s", "0.5", "--gpu", "H100", "--response-len", "256", "--rollout-batch", "64",
+            "--out", str(out))
+    assert r.code == 0, r.err
+    doc = json.loads((out / "plan.json").read_text())
+    rows = {row["configuration"]: row for row in doc["rows"]}
+    assert len(rows) == 8 and (out / "plan.png").stat().st_size > 0
+    assert list(pd.read_csv(out / "plan.csv").columns)[:4] == ["configuration", "weights", "kv_cache_dtype", "async"]
+    bf16 = rows["bf16"]
+    assert bf16["mismatch"] == 0.0 and bf16["speedup"] == pytest.approx(1.0)
+    assert bf16["steps_to_target"] == pytest.approx(14.7)  # the clean curve reaches 3.06 at step 14.7
+    for name, row in rows.items():
+        want = max(row["rollout_s"], 0.5) if row["async"] else row["rollout_s"] + 0.5
+        assert row["step_s"] == pytest.approx(want), name
+        if row["steps_to_target"] is not None:
+            assert row["time_to_target_s"] == pytest.approx(row["steps_to_target"] * row["step_s"])
+    # asynchronous BF16: the calibration's stale:1 level, its mismatch and its own curve ([10, 5, 3.5, 3, 3])
+    a = rows["bf16 + async 1"]
+    assert a["mismatch"] == pytest.approx(0.3) and (a["mismatch_lo"], a["mismatch_hi"]) == pytest.approx((0.2, 0.4))
+    assert a["steps_to_target"] == pytest.approx(10 + 5 * (3.5 - 3.06) / 0.5)
+    assert a["speedup"] == pytest.approx(14.7 / a["steps_to_target"] * bf16["step_s"] / a["step_s"])
+    # FP8 weights: interpolated at the measured mismatch between level 0 and level 0.1 (mismatch 1.0)
+    f = rows["fp8 FP8_DYNAMIC"]
+    w = f["mismatch"] / 1.0
+    assert 0 < w < 1
+    curve = (1 - w) * np.array([10, 6, 4, 3.0, 3.0]) + w * np.array([10, 6, 4, 3.2, 3.1])
+    assert f["steps_to_target"] == pytest.approx(steps_to(curve, STEPS, 3.06))
+    # FP8 weights + async: the measured weights' mismatch plus stale:1's, labelled as a sum
+    fa = rows["fp8 FP8_DYNAMIC + async 1"]
+    assert fa["mismatch"] == pytest.approx(f["mismatch"] + 0.3) and fa["mismatch_source"].startswith("sum")
+    # the KV cache in FP8 holds twice the tokens
+    assert rows["bf16 + kv fp8"]["kv_tokens"] > 1.9 * bf16["kv_tokens"]
+    assert "throughput MODELLED" in r.out and r.out.splitlines()[-1].startswith("plan: 8 configurations")
+    p = cli("plot", str(out))
+    assert p.code == 0 and (out / "plots" / "plan.png").exists()
+
+
+def test_plan_refuses_beyond_the_budget(cli, tiny_dirs, tmp_path):
+    cal = write_calibration(tmp_path / "cal")
+    out = tmp_path / "plan"
+    r = cli("plan", str(tiny_dirs["llama"]), "--num-prompts", "4", "--max-new-tokens", "8", "--async", "1",
+            "--calibration", str(cal), "--budget", "0.25", "--train-step-s", "0.5", "--response-len", "64",
+            "--rollout-batch", "16", "--out", str(out))
+    assert r.code == 0, r.err
+    rows = {row["configuration"]: row for row in json.loads((out / "plan.json").read_text())["rows"]}
+    a = rows["bf16 + async 1"]  # stale:1 measured 0.3 [0.2, 0.4]: straddles the budget 0.25
+    assert a["verdict"] == "UNCERTAIN" and a["steps_to_target"] is None and "beyond the budget" in a["steps_source"]
+
+
+def test_plan_shape_without_measurement(cli, tmp_path):
+    out = tmp_path / "p"
+    r = cli("plan", "shape:qwen3-8b", "--no-measure", "--gpu", "H200", "--fp8", "FP8_DYNAMIC", "--response-len",
+            "1024", "--rollout-batch", "64", "--out", str(out))
+    assert r.code == 0, r.err
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["assumed_steps"] == 100 and all(row["mismatch"] is None for row in doc["rows"])
+    assert "ASSUMED to need BF16's 100 steps" in r.out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--async", "1"], "--async needs the mismatch of stale weights"),
+    (["--gpu-memory", "80"], "plan models a GPU of the table"),
+    (["--calibration", "nowhere"], "not a directory written by `fp8probe calibrate`"),
+    (["--stale", "a", "b", "--async", "1"], "one --stale checkpoint per --async K"),
+])
+def test_plan_bad_input(cli, tiny_dirs, tmp_path, args, message):
+    out = tmp_path / "p"
+    r = cli("plan", str(tiny_dirs["llama"]), "--response-len", "64", *args, "--out", str(out))
+    assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1
+    assert not out.exists()
