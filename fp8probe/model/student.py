@@ -72,8 +72,8 @@ def resolve_source(name_or_path: str | None, allow_pickle: bool = False) -> tupl
     refused unless allow_pickle, and then transformers loads them with torch.load(weights_only=True).
     """
     safe = {"weights_only": True} if allow_pickle else {"use_safetensors": True}
-    if name_or_path is None or str(name_or_path).strip().lower() == embedded.NAME:
-        return str(embedded.embedded_student_dir()), {"use_safetensors": True}
+    if name_or_path is None or str(name_or_path).strip().lower() in embedded.STUDENTS:
+        return str(embedded.STUDENTS[str(name_or_path or embedded.NAME).strip().lower()]()), {"use_safetensors": True}
     s = str(name_or_path)
     p = Path(s).expanduser()
     if p.suffix == ".gguf":
@@ -131,17 +131,35 @@ def load_config(name_or_path: str | None = None, trust_remote_code: bool = False
 
     if is_shape(name_or_path):  # a public architecture's shape (shapes.py): config only, no weights
         return shape_config(name_or_path)
+    if str(name_or_path or "").strip().lower() == embedded.GEMMA3:  # its GGUF's metadata: nothing converted
+        name_or_path = str(embedded.gemma3_gguf())
     if name_or_path is not None:
         p = Path(name_or_path).expanduser()
         if p.is_file() and p.suffix == ".json":
             return _bare_config(p, AutoConfig)
         if p.is_file() and p.suffix == ".gguf":  # the config alone: read from the file's metadata, nothing converted
-            _check_gguf(p)
-            copy = embedded.gguf_copy_dir(p)
-            src, kwargs = (str(copy), {}) if (copy / "config.json").exists() else (str(p.parent), {"gguf_file": p.name})
-            return _read_config(AutoConfig, src, kwargs, name_or_path, trust_remote_code)
+            return _gguf_config(p, AutoConfig, name_or_path, trust_remote_code)
     src, kwargs = resolve_source(name_or_path, allow_pickle)
     return _read_config(AutoConfig, src, kwargs, name_or_path, trust_remote_code)
+
+
+def _gguf_config(p: Path, AutoConfig, name_or_path, trust_remote_code):
+    """A GGUF's config: from its converted copy, else from the config cached beside it, else read from the file's
+    metadata once (minutes for a 262k-token vocabulary: the reader walks every tokenizer field) and cached by the
+    file's hash (embedded.gguf_config_path)."""
+    copy = embedded.gguf_copy_dir(p)
+    if (copy / "config.json").exists():
+        return _read_config(AutoConfig, str(copy), {}, name_or_path, trust_remote_code)
+    cached = embedded.gguf_config_path(p)
+    if cached.is_file():
+        return _bare_config(cached, AutoConfig)
+    _check_gguf(p)
+    cfg = _read_config(AutoConfig, str(p.parent), {"gguf_file": p.name}, name_or_path, trust_remote_code)
+    from ..core.files import atomic_write_text
+
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(cached, cfg.to_json_string())
+    return cfg
 
 
 def _read_config(AutoConfig, src, kwargs, name_or_path, trust_remote_code):
