@@ -86,6 +86,7 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
               progress: bool = False) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
     from ..core.files import atomic_write_json, output_dir
+    from ..measurement.reference import Reference
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable
     from ..sweeps.files import RUN_FILE, check_resume_state, finish_sweep, write_run, write_table
     from ..sweeps.sweep import sweep
@@ -111,10 +112,14 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
                                                "auto": "reference pass, fast estimate, exact top rows"}[
             method.name], settings.preset.name, settings.granularity, ", KV rows" if settings.include_kv else "")
         t = time.perf_counter()
+        reference = None if method.name == "fisher" else Reference(student, r, rollouts.batch_size,
+                                                                   kv_strategy=settings.kv.strategy)
         with _row_workers(model, cluster) as executor:
             df = sweep(student, r, scheme=settings.preset, granularity=settings.granularity,
                        include_kv=settings.include_kv, kv=settings.kv, batch_size=rollouts.batch_size,
-                       progress=progress, out_dir=d, resume=resume, method=method, rows_executor=executor)
+                       progress=progress, out_dir=d, resume=resume, method=method, rows_executor=executor,
+                       reference=reference)
+        whole = whole_model(reference, student, r, settings, rollouts.batch_size) if reference is not None else None
         t_sweep = time.perf_counter() - t
         agree = None
         if exact_run is not None:
@@ -131,13 +136,33 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
                "workers": executor.stats if executor is not None else {"workers": 1},
                "device": model.device, "dtype": model.dtype, "batch_size": rollouts.batch_size,
                "num_sequences": r.num_sequences, "num_tokens": int(r.attention_mask.sum()),
-               "num_response_tokens": r.num_response_tokens, "rows": len(df),
+               "num_response_tokens": r.num_response_tokens, "rows": len(df), "whole_model": whole,
                "seconds": {"load": round(t_load, 3), "rollouts": round(t_roll, 3),
                            **{k: round(v, 3) for k, v in df.attrs["seconds"].items()},
                            "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)}}
         write_run(d, run)
         finish_sweep(d)
     return SweepResult(df, run, agree, out)
+
+
+def whole_model(reference, student, rollouts, settings: SweepSettings, batch_size: int = 8) -> dict:
+    """The whole-model rows again with what their intervals need: each one's kl_q_p with its 90 % interval over the
+    prompts, and the FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same
+    tokens, measurement.measure.paired_change): whether adding the KV cache raises, lowers, or cannot be told to
+    change the mismatch. run.json's `whole_model`."""
+    from ..measurement.measure import measure_with_interval, paired_change
+    from ..sweeps.sweep import plan_rows
+
+    rows = [row for row in plan_rows(student, settings.preset, settings.granularity, settings.include_kv,
+                                     settings.kv) if row.unit in ("model.fp8_all", "model.fp8_all_kv")]
+    got = {row.unit: measure_with_interval(reference, student, rollouts, row.perturbation, "sim", batch_size)
+           for row in rows}
+    out = {name: {"kl_q_p": m.metrics["kl_q_p"], "interval": list(m.interval("kl_q_p"))} for name, m in got.items()}
+    if len(got) == 2:
+        change, lo, hi = paired_change(got["model.fp8_all_kv"], got["model.fp8_all"], "kl_q_p")
+        out["kv_effect"] = {"kl_q_p": float(change), "interval": [float(lo), float(hi)],
+                            "num_prompts": got["model.fp8_all"].num_prompts}
+    return out
 
 
 def _exact_run(rollouts: RolloutSettings, settings: SweepSettings):
@@ -216,5 +241,5 @@ def describe(res: SweepResult, seconds: float) -> str:
     from ..recipe.agreement import describe as agreement_line
     from ..sweeps.sweep import summary
 
-    lines = [summary(res.table)] + ([agreement_line(res.agreement)] if res.agreement is not None else [])
+    lines = [summary(res.table, res.run.get("whole_model"))] + ([agreement_line(res.agreement)] if res.agreement is not None else [])
     return "\n".join(lines + [f"sweep: {len(res.table)} rows in {seconds:.0f} s -> {res.directory / 'sensitivity.csv'}"])

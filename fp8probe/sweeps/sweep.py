@@ -244,8 +244,9 @@ def _at_zero(result: dict) -> bool:
     return all(abs(result[k] - v) <= SANITY_TOLERANCE for k, v in no_mismatch().items())
 
 
-def summary(df) -> str:
-    """The lines `fp8probe sweep` ends with: the ten most sensitive rows and the whole-model mismatch."""
+def summary(df, intervals: dict | None = None) -> str:
+    """The lines `fp8probe sweep` ends with: the ten most sensitive rows and the whole-model mismatch (with
+    `intervals`, run.json's whole_model: each row's 90 % interval and the FP8 KV cache's paired effect)."""
     units = df[df["kind"] != "model"].sort_values("kl_q_p", ascending=False).head(10)
     cols = ["unit", "kind", "kl_q_p", "k3", "top1_agree", "sqnr_db"]
     title = "ten most sensitive rows (mean KL(q||p) per response token):"
@@ -261,6 +262,14 @@ def summary(df) -> str:
             if r.method == "fisher":
                 lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g} (the fast estimate; `fp8probe measure` measures it)")
                 continue
-            lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
+            iv = (intervals or {}).get(name)
+            ci = f" [{iv['interval'][0]:.3g}, {iv['interval'][1]:.3g}]" if iv else ""
+            lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g}{ci} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
                          f"token_mult_prob_error={r.token_mult_prob_error:.5f}")
+    effect = (intervals or {}).get("kv_effect")
+    if effect:
+        lo, hi = effect["interval"]
+        word = "raises" if lo > 0 else "lowers" if hi < 0 else "does not measurably change"
+        lines.append(f"the FP8 KV cache on top of FP8 weights {word} kl_q_p: {effect['kl_q_p']:+.3g} [{lo:+.3g}, "
+                     f"{hi:+.3g}] (paired, 90 % over {effect['num_prompts']} prompts)")
     return "\n".join(lines)

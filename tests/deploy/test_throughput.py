@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import tiny_config
 
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.deploy.capacity import kv_layout
@@ -11,7 +12,6 @@ from fp8probe.deploy.serving import GPUS
 from fp8probe.deploy.throughput import Device, blocks_for, simulate, step_model
 from fp8probe.model.structure import list_units, meta_model
 from fp8probe.recipe.recipe import Recipe
-from tests.conftest import tiny_config
 
 # hidden 64, intermediate 128, 2 layers, 4 heads of 16, 2 KV heads, vocabulary 256 (a multiple of 64), untied
 CFG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -114,3 +114,28 @@ def test_kill_resume_and_determinism(deep_tiny_dir, tmp_path):
     assert p.wait(timeout=600) == 0, p.stderr.read()
     assert (killed / "sensitivity.csv").read_bytes() == (full / "sensitivity.csv").read_bytes()
     assert not partial.exists()
+
+
+def test_whole_model_rows_carry_intervals_and_the_kv_effect():
+    """run.json's whole_model: each whole-model row again with its interval (the same value the sweep's own row
+    measured), and the FP8 KV cache's effect on top of FP8 weights paired over the same tokens."""
+    from fp8probe.apps.sweep import SweepSettings, whole_model
+    from fp8probe.sweeps.sweep import summary
+
+    student = tiny_student("gemma3_text")  # sliding-window layers and a single KV group per kind
+    r = make_rollouts(student, num_prompts=6, max_new_tokens=8, seed=3)
+    df = sweep(student, r).set_index("unit")
+    w = whole_model(Reference(student, r, 8), student, r, SweepSettings())
+    for name in ("model.fp8_all", "model.fp8_all_kv"):
+        lo, hi = w[name]["interval"]
+        assert w[name]["kl_q_p"] == pytest.approx(df.loc[name, "kl_q_p"], rel=1e-5)
+        assert lo <= w[name]["kl_q_p"] <= hi and lo < hi
+    effect = w["kv_effect"]
+    assert effect["kl_q_p"] == pytest.approx(df.loc["model.fp8_all_kv", "kl_q_p"] - df.loc["model.fp8_all", "kl_q_p"],
+                                             rel=1e-4, abs=1e-9)
+    lo, hi = effect["interval"]
+    assert lo <= effect["kl_q_p"] <= hi and effect["num_prompts"] == 6
+    # the paired interval is narrower than the two rows' own intervals side by side
+    assert hi - lo < sum(w[n]["interval"][1] - w[n]["interval"][0] for n in ("model.fp8_all", "model.fp8_all_kv"))
+    line = summary(df.reset_index(), w).splitlines()[-1]
+    assert line.startswith("the FP8 KV cache on top of FP8 weights") and "paired, 90 % over 6 prompts" in line
