@@ -23,8 +23,6 @@ never sit in memory twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -40,25 +38,61 @@ def log_softmax32(logits: torch.Tensor, softcap: float | None = None) -> torch.T
     return torch.log_softmax(x, dim=-1)
 
 
-@dataclass
 class RefRows:
-    """Reference quantities that every candidate is compared with, computed once per row (token)."""
+    """Reference quantities that every candidate is compared with, per row (token): the log-probs [M, V] in fp32,
+    or — storage "hidden" — the final norm's outputs [M, H] and the head that turns them into those log-probs,
+    recomputed a chunk at a time when a chunk is taken (`rows(s, e).to(device)`): the same fp32 numbers for
+    H x 4 bytes a token instead of V x 4 (a 262k vocabulary: 1 MiB a token). `top1` and `token_logp` (the
+    sampled token's log p) are kept either way."""
 
-    logp: torch.Tensor  # [M, V] fp32 log p (p itself is recomputed per chunk: as fast, and half the memory)
-    top1: torch.Tensor  # [M] argmax p
-    tokens: torch.Tensor  # [M] sampled tokens
+    def __init__(self, logp, top1, tokens, token_logp=None, hidden=None, head=None):
+        self._logp, self.top1, self.tokens, self.hidden, self.head = logp, top1, tokens, hidden, head
+        self.token_logp = token_logp if token_logp is not None else logp.gather(-1, tokens[:, None].to(
+            logp.device)).squeeze(-1)
 
     @classmethod
     def from_logp(cls, logp: torch.Tensor, tokens: torch.Tensor) -> "RefRows":
         logp = logp.float()
         return cls(logp, logp.argmax(-1), tokens)
 
+    @classmethod
+    def from_hidden(cls, hidden: torch.Tensor, tokens: torch.Tensor, head, chunk: int = CHUNK_ROWS) -> "RefRows":
+        """Kept as hidden states; `head(hidden rows)` gives fp32 log-probs (the lm_head, softcap, log_softmax)."""
+        top1, tok = [], []
+        for s in range(0, hidden.shape[0], chunk):
+            lp = head(hidden[s:s + chunk])
+            top1.append(lp.argmax(-1).cpu())
+            tok.append(lp.gather(-1, tokens[s:s + chunk, None].to(lp.device)).squeeze(-1).cpu())
+        cat = (lambda xs: torch.cat(xs)) if top1 else (lambda xs: torch.zeros(0))
+        return cls(None, cat(top1).long(), tokens, cat(tok).float(), hidden, head)
+
+    @property
+    def logp(self) -> torch.Tensor:
+        """[M, V] fp32 log p (recomputed from the hidden states, whole, when stored as those)."""
+        if self._logp is None:
+            return torch.cat([self.head(self.hidden[s:s + CHUNK_ROWS]).cpu()
+                              for s in range(0, self.hidden.shape[0], CHUNK_ROWS)]) if len(self) else torch.zeros(0)
+        return self._logp
+
+    @property
+    def storage(self) -> str:
+        return "logp" if self._logp is not None else "hidden"
+
     def rows(self, s: int, e: int) -> "RefRows":
-        return RefRows(self.logp[s:e], self.top1[s:e], self.tokens[s:e])
+        if self._logp is None:
+            return RefRows(None, self.top1[s:e], self.tokens[s:e], self.token_logp[s:e], self.hidden[s:e], self.head)
+        return RefRows(self._logp[s:e], self.top1[s:e], self.tokens[s:e], self.token_logp[s:e])
 
     def to(self, device) -> "RefRows":
-        """On the candidate's device (the reference is kept on the host: 150k-vocabulary rows add up)."""
-        return RefRows(self.logp.to(device), self.top1.to(device), self.tokens.to(device))
+        """On the candidate's device, log-probs materialised (the reference is kept on the host: 150k-vocabulary
+        rows add up)."""
+        logp = self.head(self.hidden.to(device)) if self._logp is None else self._logp.to(device)
+        return RefRows(logp, self.top1.to(device), self.tokens.to(device), self.token_logp.to(device))
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What the rows hold in memory."""
+        kept = [self._logp] if self._logp is not None else [self.hidden]
+        return kept + [self.top1, self.tokens, self.token_logp]
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -78,7 +112,7 @@ def token_stats(ref: RefRows, cand_logp: torch.Tensor) -> dict[str, torch.Tensor
     return {
         "kl_q_p": kl_q_p.clamp_min(0),  # rounding can give -1e-12 for equal rows
         "kl_p_q": kl_p_q.clamp_min(0),
-        "logp_ref": ref.logp.gather(-1, tok).squeeze(-1),
+        "logp_ref": ref.token_logp.to(q.device),
         "logp_cand": q.gather(-1, tok).squeeze(-1),
         "top1": q.argmax(-1) == ref.top1,
     }

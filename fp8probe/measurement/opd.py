@@ -63,7 +63,7 @@ class OPDSignal:
         check_teacher(student, teacher)
         self.student, self.reference, self.engine = student, reference, engine
         self.logp_teacher = token_logp(teacher.model, reference).double()
-        self.logp_ref = reference.rows.logp.gather(-1, reference.rows.tokens[:, None]).squeeze(-1).double()
+        self.logp_ref = reference.rows.token_logp.double()
         self.seq = sequence_index(reference)
 
     def measure(self, p: Perturbation) -> dict[str, float]:

@@ -37,13 +37,15 @@ def _softcap(model) -> float | None:
 class Reference:
     """Reference activations and log-probs of a student on a set of rollouts."""
 
-    def __init__(self, student, rollouts, batch_size: int = 8, calibrate: bool = True, kv_strategy: str = "tensor"):
+    def __init__(self, student, rollouts, batch_size: int = 8, calibrate: bool = True, kv_strategy: str = "tensor",
+                 storage: str = "auto"):
         self.model = student.model
+        self.storage = reference_storage(storage, student.model.config, rollouts.num_response_tokens)
         self.layers = decoder_layers(self.model)
         self.device = next(self.model.parameters()).device
         self.softcap = _softcap(self.model)
         self.batches = []  # per batch: {"inputs": [(args, kwargs)] per layer, "rows", "cols", "tokens"}
-        logps, tokens, sequence = [], [], []
+        logps, tokens, sequence, top1, token_logp = [], [], [], [], []
         names = list(student.unit_names) if calibrate else []
         t0 = time.perf_counter()
         cal_ctx = record_calibration(self.model, names, kv_strategy) if calibrate else contextlib.nullcontext()
@@ -52,17 +54,22 @@ class Reference:
                 if cal is not None:
                     cal.valid = am.to(self.device).bool()
                 rec = self._record_pass(ids.to(self.device), am.to(self.device), resp)
-                logps.append(rec.pop("logp"))
+                logps.append(rec.pop("kept"))
+                top1.append(rec.pop("top1"))
+                token_logp.append(rec.pop("token_logp"))
                 tokens.append(rec["tokens"])
                 sequence.append(rec["rows"].cpu() + sum(len(b["ids"]) for b in self.batches))
                 self.batches.append(rec)
         self.calibration: Calibration | None = cal
-        # [M, V] fp32 reference log-probs of the rows that predict response tokens
-        self.rows = RefRows.from_logp(torch.cat(logps), torch.cat(tokens))
+        # [M, V] fp32 reference log-probs of the rows that predict response tokens, or [M, H] hidden states the same
+        # log-probs are recomputed from, chunk by chunk as each batch was (bit for bit the same numbers)
+        cat = (lambda xs: torch.cat(xs))
+        self.rows = RefRows(cat(logps) if self.storage == "logp" else None, cat(top1), cat(tokens), cat(token_logp),
+                            cat(logps) if self.storage == "hidden" else None, _Head(self.model, self.softcap))
         self.sequence = torch.cat(sequence)  # [M] the rollout each row belongs to
         self.prompt = rollouts.prompt_groups()[self.sequence]  # [M] its prompt: what intervals resample
-        if not bool(torch.isfinite(self.rows.logp).all()):
-            bad = int((~torch.isfinite(self.rows.logp).all(-1)).sum())
+        if not self._finite:
+            bad = self._bad_rows
             raise FP8ProbeError(f"the reference pass gives NaN/inf log-probabilities at {bad} of {len(self.rows)} "
                                 "response positions: the model overflows in this dtype or its weights are broken; "
                                 "try `dtype` float32, or fix the checkpoint")
@@ -86,10 +93,19 @@ class Reference:
         rows, cols = torch.nonzero(resp[:, 1:], as_tuple=True)
         tokens = ids[rows, cols + 1].cpu()
         hsel = final_norm(self.model)(final["h"][rows, cols])  # [M_b, H]
-        logp = torch.cat([log_softmax32(self._head(hsel[s:s + CHUNK_ROWS]), self.softcap)
-                          for s in range(0, hsel.shape[0], CHUNK_ROWS)])
-        return {"inputs": inputs, "rows": rows, "cols": cols, "tokens": tokens, "logp": logp.cpu(), "ids": ids,
-                "am": am}
+        chunks = [log_softmax32(self._head(hsel[s:s + CHUNK_ROWS]), self.softcap)
+                  for s in range(0, hsel.shape[0], CHUNK_ROWS)]
+        logp = torch.cat(chunks) if chunks else torch.zeros(0, self._vocab(), device=hsel.device)
+        self._finite = getattr(self, "_finite", True) and bool(torch.isfinite(logp).all())
+        self._bad_rows = getattr(self, "_bad_rows", 0) + int((~torch.isfinite(logp).all(-1)).sum())
+        top1 = logp.argmax(-1).cpu()
+        tok_lp = logp.gather(-1, tokens[:, None].to(logp.device)).squeeze(-1).cpu()
+        kept = logp.cpu() if self.storage == "logp" else hsel.float().cpu()
+        return {"inputs": inputs, "rows": rows, "cols": cols, "tokens": tokens, "kept": kept, "top1": top1,
+                "token_logp": tok_lp, "ids": ids, "am": am}
+
+    def _vocab(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(h)
@@ -150,14 +166,48 @@ class Reference:
         if self.batches and len(ref.layers) != len(self.batches[0]["inputs"]):
             raise FP8ProbeError("the worker's student has another number of blocks than the driver's")
         ref.batches = [_to(rec, ref.device) for rec in self.batches]
+        ref.rows.head = _Head(student.model, self.softcap)
         return ref
 
     def nbytes(self) -> int:
         """Bytes of tensors a worker receives: recorded block inputs, reference log-probs, rollouts."""
         seen: dict[int, int] = {}
         _count(self.batches, seen)
-        _count([self.rows.logp, self.rows.top1, self.rows.tokens], seen)
+        _count(self.rows.tensors(), seen)
         return sum(seen.values())
+
+
+class _Head:
+    """Hidden states [m, H] -> fp32 log-probs [m, V]: the student's lm_head, softcap and log_softmax (what the
+    reference pass computed). Pickled without the model; Reference.bind gives a worker's copy its own."""
+
+    def __init__(self, model, softcap):
+        self.model, self.softcap = model, softcap
+
+    @torch.no_grad()
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        out = self.model.get_output_embeddings()
+        return log_softmax32(out(h.to(out.weight.device, out.weight.dtype)), self.softcap)
+
+    def __getstate__(self) -> dict:
+        return {"model": None, "softcap": self.softcap}
+
+
+# Above this many bytes of fp32 reference log-probs (response tokens x vocabulary x 4), storage "auto" keeps the
+# hidden states instead (benchmarks/reference_storage.py measured both: identical rows, and the time it costs)
+HIDDEN_ABOVE_BYTES = 1 << 30
+STORAGES = ("auto", "logp", "hidden")
+
+
+def reference_storage(storage: str, config, response_tokens: int) -> str:
+    """"logp" or "hidden" for `storage` ("auto": hidden when the log-prob table would exceed HIDDEN_ABOVE_BYTES)."""
+    from ..model.structure import text_config
+
+    if storage not in STORAGES:
+        raise FP8ProbeError(f"unknown reference storage {storage!r}; one of {', '.join(STORAGES)}")
+    if storage != "auto":
+        return storage
+    return "hidden" if response_tokens * text_config(config).vocab_size * 4 > HIDDEN_ABOVE_BYTES else "logp"
 
 
 @torch.no_grad()

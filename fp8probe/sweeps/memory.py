@@ -8,7 +8,8 @@ would not fit (naming the option that would).
                 chunk of logits (CHUNK_ROWS x vocab x 4 B, three copies); fisher: what backward keeps for every
                 block (~ 10 h + 4 i per token) and the same chunk; FP8 weights kept up to
                 hooks.DEQUANTIZED_CACHE_BYTES (fisher) / LAZY_CODES_BYTES codes (whole-model rows)
-    host        on the CPU: the reference log-probabilities (response tokens x vocab x 4 B: exact / auto), K/V and
+    host        on the CPU: the reference log-probabilities (response tokens x vocab x 4 B: exact / auto; x hidden x 4 B
+                when they would exceed 1 GiB: measurement/reference.py keeps the hidden states then), K/V and
                 their gradients waiting for the KV scales (fisher: 4 x blocks x tokens x kv width x dtype bytes)
 
 Estimates are upper bounds of the terms that grow with the model and the rollouts; framework overhead
@@ -50,6 +51,7 @@ def estimate(config, dtype_bytes: int, method: str, batch_size: int, num_sequenc
     """The memory a sweep of this model and these rollouts needs (see the module docstring)."""
     from ..measurement.mismatch import CHUNK_ROWS
     from ..measurement.quantize import DEQUANTIZED_CACHE_BYTES, LAZY_CODES_BYTES
+    from ..measurement.reference import reference_storage
     from ..model.structure import kv_geometry, meta_model, text_config
 
     cfg = text_config(config)
@@ -76,7 +78,9 @@ def estimate(config, dtype_bytes: int, method: str, batch_size: int, num_sequenc
         recorded = layers * tokens * h * dtype_bytes
         working = batch_tokens * (4 * h + 3 * inter) * dtype_bytes + chunk
         working += quantizable if quantizable <= LAZY_CODES_BYTES else 0  # whole-model rows' FP8 codes
-        host = response_tokens * vocab * 4
+        # the reference: fp32 log-probs, or the hidden states they are recomputed from (reference_storage's rule)
+        stored = vocab if reference_storage("auto", config, response_tokens) == "logp" else h
+        host = response_tokens * stored * 4
     if method == "auto":  # the estimate's pass and the exact rows do not run at the same time
         fisher = estimate(config, dtype_bytes, "fisher", batch_size, num_sequences, seq_len, response_tokens)
         working = max(working, fisher.working)

@@ -154,7 +154,7 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path,
     vLLM's KV-cache log lines for both checkpoints and the greedy answers to `prompt`.
     """
     ref = Reference(student, rollouts)
-    ref_tok_logp = ref.rows.logp.gather(-1, ref.rows.tokens[:, None]).squeeze(-1)
+    ref_tok_logp = ref.rows.token_logp
     predicted = measure(student, rollouts, scheme, units=quantized_units, reference=ref)
     with quantize_units(student.model, quantized_units, Scheme.from_name(scheme), weights_only=True):
         weights_only = summarize(ref.candidate_stats(0))

@@ -139,3 +139,25 @@ def test_whole_model_rows_carry_intervals_and_the_kv_effect():
     assert hi - lo < sum(w[n]["interval"][1] - w[n]["interval"][0] for n in ("model.fp8_all", "model.fp8_all_kv"))
     line = summary(df.reset_index(), w).splitlines()[-1]
     assert line.startswith("the FP8 KV cache on top of FP8 weights") and "paired, 90 % over 6 prompts" in line
+
+
+def test_reference_kept_as_hidden_states_gives_the_same_rows_bit_for_bit():
+    """Storage "hidden" recomputes the reference log-probs a chunk at a time, as the reference pass chunked them:
+    every row of the sweep is the same number as with the log-probs kept, in a fraction of the memory."""
+    from fp8probe.measurement.reference import HIDDEN_ABOVE_BYTES, reference_storage
+    from fp8probe.sweeps.memory import estimate
+
+    student = tiny_student("gemma3_text")  # softcapped logits, sliding-window layers
+    r = make_rollouts(student, num_prompts=5, max_new_tokens=9, seed=2)
+    refs = {s: Reference(student, r, 4, storage=s) for s in ("logp", "hidden")}
+    tables = {s: sweep(student, r, reference=ref, batch_size=4) for s, ref in refs.items()}
+    pd.testing.assert_frame_equal(tables["logp"], tables["hidden"], check_exact=True)
+    assert refs["hidden"].rows.storage == "hidden" and refs["logp"].rows.storage == "logp"
+    assert torch.equal(refs["hidden"].rows.logp, refs["logp"].rows.logp)
+    assert refs["hidden"].nbytes() < refs["logp"].nbytes()
+    # auto: the log-probs while they fit in HIDDEN_ABOVE_BYTES, the hidden states beyond; the estimate follows
+    cfg = student.model.config
+    small = HIDDEN_ABOVE_BYTES // (cfg.vocab_size * 4)
+    assert reference_storage("auto", cfg, small) == "logp" and reference_storage("auto", cfg, small + 1) == "hidden"
+    host = {n: estimate(cfg, 4, "exact", 8, 1, n, n).host for n in (small, small + 1)}
+    assert host[small] == small * cfg.vocab_size * 4 and host[small + 1] == (small + 1) * cfg.hidden_size * 4
