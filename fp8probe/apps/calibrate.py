@@ -277,6 +277,11 @@ def describe(res: dict, calibration: Calibration, out, seconds: float) -> str:
             lo, hi = lv["loss_interval"] or (math.nan, math.nan)
             lines.append(f"  level {rows['level'].iloc[0]:<10} mismatch kl_q_p {lv['mismatch']:<10.4g} quality "
                          f"{rows['quality'].mean():.4f}   paired loss {lv['loss']:+.2%} [{lo:+.2%}, {hi:+.2%}]")
+        for lv in b.other_levels or []:
+            lo, hi = lv["loss_interval"] or (math.nan, math.nan)
+            lines.append(f"  level {lv['level']:<10} mismatch kl_q_p {lv['mismatch']:<10.4g} quality "
+                         f"{d[d['level'] == lv['level']]['quality'].mean():.4f}   paired loss {lv['loss']:+.2%} "
+                         f"[{lo:+.2%}, {hi:+.2%}]  ({lv['kind']}: shown, not fitted)")
         clean = d[d["kind"] == "none"]
         lo, hi = b.interval or (math.nan, math.nan)
         lines.append(f"  mismatch-free runs: the last fifth of training improved them {clean['late_improvement'].mean():.1%}"

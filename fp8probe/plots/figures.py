@@ -437,6 +437,12 @@ def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None 
                         label=f"{obj}: budget {b.value:.3g} [{lo_b:.3g}, {hi_b:.3g}]")
             ax.axvspan(lo_b, hi_b, color=color, alpha=0.08)
             ax.axvline(b.value, color=color, linewidth=1.2)
+        for lv in (b.other_levels or []) if b is not None else []:  # other sources: shown, not fitted
+            li = lv["loss_interval"] or [lv["loss"]] * 2
+            ax.errorbar([lv["mismatch"]], [100 * lv["loss"]], yerr=[[100 * (lv["loss"] - li[0])], [100 * (li[1] - lv["loss"])]],
+                        color=color, marker="X", markersize=9, capsize=3, ls="none")
+            ax.annotate(f"{obj} {lv['level']}", (lv["mismatch"], 100 * lv["loss"]), fontsize=7, color=color,
+                        xytext=(4, 4), textcoords="offset points")
     tol = next((b.tolerance for b in budgets.values() if b.tolerance is not None), None)
     if tol is not None:
         ax.axhline(100 * tol, color="tab:red", linestyle="--", linewidth=1, label=f"tolerance {100 * tol:.3g} %")

@@ -13,7 +13,8 @@ shortfall against *its own seed's* mismatch-free run, so what the seeds do alike
 a paired bootstrap that resamples seeds, one draw for every level. Otherwise (unpaired) a run's loss is its
 shortfall against the mean of the mismatch-free runs, and runs are resampled within each level.
 
-A non-decreasing fit of the mean loss against the mismatch (pool-adjacent-violators, per level) gives the budget:
+A non-decreasing fit of the mean loss against the mismatch (pool-adjacent-violators, per level; a table with a
+`kind` column: the mismatch-free and noise levels only, other sources reported beside it) gives the budget:
 the largest tested level whose fitted loss stays within the tolerance (a user's choice; default 2 % relative).
 budget.json also holds each level's mean loss with its interval and fit, and the seed spread (how far the
 mismatch-free runs land apart by their seeds alone: reported beside the tolerance, not used as it).
@@ -51,6 +52,7 @@ class Budget:
     paired: bool = False  # losses against each seed's mismatch-free twin (True) or the mean of those runs
     levels: list | None = None  # per tested level: mismatch, mean loss, its interval, the isotonic fit, runs
     seed_spread: float | None = None  # relative range of the mismatch-free runs' quality (seeds alone)
+    other_levels: list | None = None  # levels of other sources (stale:K, fp8, kv): their loss, not fitted
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -88,7 +90,7 @@ def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
         interval = tuple(d["interval"]) if d.get("interval") is not None else None
         return Budget(d["metric"], d["value"], bool(d.get("calibrated", False)), str(d.get("source", text)),
                       interval, d.get("tolerance"), d.get("runs"), bool(d.get("paired", False)), d.get("levels"),
-                      d.get("seed_spread"))
+                      d.get("seed_spread"), d.get("other_levels"))
     except KeyError as e:
         raise FP8ProbeError(f"{text} lacks {e}; write it with `fp8probe budget`") from e
 
@@ -211,19 +213,47 @@ def fit_budget(runs, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000
         raise FP8ProbeError(f"{where}: pairing needs a seed per run, each seed once per level and its mismatch-free "
                             "twin (two seeds at least)")
     losses = _losses(df, higher, paired)
-    levels = sorted(losses)
+    ruler = _ruler(df)
+    levels = sorted(lv for lv in losses if lv in ruler)
     mean = {lv: float(np.mean(list(d.values()))) for lv, d in losses.items()}
     value, fitted = _threshold(levels, mean, {lv: len(losses[lv]) for lv in levels}, tolerance)
     boot, level_boot = _bootstrap(losses, levels, paired, tolerance, bootstrap, seed)
     interval = (float(np.quantile(boot, 0.05)), float(np.quantile(boot, 0.95))) if boot else None
-    table = [{"mismatch": lv, "loss": mean[lv], "fitted": f, "runs": len(losses[lv]),
-              "loss_interval": ([float(np.quantile(level_boot[lv], q)) for q in (0.05, 0.95)]
-                                if level_boot.get(lv) else None)} for lv, f in zip(levels, fitted)]
+
+    def row(lv):
+        return {"mismatch": lv, "loss": mean[lv], "runs": len(losses[lv]),
+                "loss_interval": ([float(np.quantile(level_boot[lv], q)) for q in (0.05, 0.95)]
+                                  if level_boot.get(lv) else None)}
+
+    table = [{**row(lv), "fitted": f} for lv, f in zip(levels, fitted)]
+    others = [{**row(lv), "level": ruler_name, "kind": kind}
+              for lv, (ruler_name, kind) in sorted(_others(df).items()) if lv in losses] or None
     q0 = df[df["mismatch"] == 0]["quality"]
     spread = float((q0.max() - q0.min()) / abs(q0.mean())) if len(q0) > 1 and q0.mean() else None
     return Budget(metric, float(value), calibrated=True, source=f"fit to {len(df)} training runs in {where}",
                   interval=interval, tolerance=tolerance, runs=df.to_dict(orient="records"), paired=paired,
-                  levels=table, seed_spread=spread)
+                  levels=table, seed_spread=spread, other_levels=others)
+
+
+FITTED_KINDS = ("none", "noise")  # the ruler: a budget is read off random weight noise; other sources are shown beside
+
+
+def _ruler(df) -> set[float]:
+    """The mismatch levels the budget is fitted to: every level of a table without a `kind` column, else those of
+    the noise ruler (and the mismatch-free runs). Stale weights, FP8 or an FP8 KV cache as calibration levels are
+    reported beside it (other_levels), not fitted: the demo's stale:1 runs lost 7 % at a KL where noise lost 1 %,
+    so a KL from one source does not cost what the same KL from another does."""
+    if "kind" not in df.columns:
+        return set(df["mismatch"].astype(float))
+    return set(df[df["kind"].astype(str).isin(FITTED_KINDS)]["mismatch"].astype(float))
+
+
+def _others(df) -> dict[float, tuple[str, str]]:
+    if "kind" not in df.columns:
+        return {}
+    rest = df[~df["kind"].astype(str).isin(FITTED_KINDS)]
+    name = rest["level"].astype(str) if "level" in rest.columns else rest["kind"].astype(str)
+    return {float(m): (n, str(k)) for m, n, k in zip(rest["mismatch"], name, rest["kind"])}
 
 
 def _bootstrap(losses: dict, levels: list[float], paired: bool, tolerance: float, n: int, seed: int):
@@ -233,7 +263,7 @@ def _bootstrap(losses: dict, levels: list[float], paired: bool, tolerance: float
 
     rng = np.random.default_rng(seed)
     seeds = sorted(losses[0.0]) if paired else None
-    boot, level_boot = [], {lv: [] for lv in levels}
+    boot, level_boot = [], {lv: [] for lv in losses}
     for _ in range(n):
         if paired:
             draw = rng.choice(seeds, size=len(seeds), replace=True)

@@ -131,3 +131,25 @@ def test_pairing_needs_twins_and_one_objective():
         fit_budget(two, bootstrap=0)
     assert fit_budget(two, bootstrap=0, objective="opd").value == 1e-3
     assert fit_budget(two, bootstrap=0, objective="grpo").value == 1e-4
+
+
+def test_other_sources_are_shown_beside_the_ruler_not_fitted():
+    """A stale:1 level that loses 8 % at a KL below the noise levels would drag the isotonic fit to 0; the budget is
+    read off the noise ruler (hand values: 0.01 loses 1 %, 0.1 loses 5 %: budget 0.01) and the stale level is
+    reported beside it with its own paired loss."""
+    import pandas as pd
+
+    from fp8probe.recipe.budget import fit_budget
+
+    rows = []
+    for seed in range(3):
+        for level, kind, mismatch, quality in (("0", "none", 0.0, 10.0), ("0.01", "noise", 0.01, 10.1),
+                                               ("0.1", "noise", 0.1, 10.5), ("stale:1", "stale", 0.005, 10.8)):
+            rows.append({"level": level, "kind": kind, "seed": seed, "mismatch": mismatch, "quality": quality,
+                         "higher_is_better": False})
+    df = pd.DataFrame(rows)
+    b = fit_budget(df, tolerance=0.02, bootstrap=50)
+    assert b.value == 0.01 and [lv["mismatch"] for lv in b.levels] == [0.0, 0.01, 0.1]
+    (other,) = b.other_levels
+    assert other["level"] == "stale:1" and other["kind"] == "stale" and other["loss"] == pytest.approx(0.08)
+    assert fit_budget(df.drop(columns="kind"), tolerance=0.02, bootstrap=50).value == 0.0  # all fitted: dragged to 0
