@@ -9,7 +9,8 @@ mismatch (runs.csv). For a configuration whose mismatch m (on the calibration's 
   that level's own curves;
 - otherwise its curve is interpolated, seed by seed (the seeds are paired: one data order, one generation seed),
   between the two levels of the noise ruler that bracket m, linearly in m: (1 - w) x lower + w x upper;
-- beyond the budget (the last admitted level) nothing is extrapolated: the configuration is refused.
+- beyond the last calibrated level nothing is extrapolated: the configuration is refused (and so is one the check
+  rejects, in apps/plan.py).
 
 steps_to(curve, target) is the first step at which the seed-averaged curve reaches the target, linear between
 evaluations; None when it never does within the calibrated steps. Its interval is a bootstrap over seeds (paired:
@@ -172,7 +173,9 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
             per_seed.append(ev[QUALITY_COLUMN].to_numpy(dtype=float))
         curves[level] = np.stack(per_seed)
         mismatch[level] = float(rows["mismatch"].mean())
-        seed_mismatch[level] = rows.sort_values("seed")["mismatch"].to_numpy(dtype=float)
+        # each seed's own: the mismatch measured while that run trained, where runs.csv has it
+        own = "mismatch_run" if "mismatch_run" in rows.columns and rows["mismatch_run"].notna().all() else "mismatch"
+        seed_mismatch[level] = rows.sort_values("seed")[own].to_numpy(dtype=float)
         kinds[level] = str(rows["kind"].iloc[0])
     if not any(k == "none" for k in kinds.values()):
         raise FP8ProbeError(f"the calibration {directory} has no finished mismatch-free level for {objective}")

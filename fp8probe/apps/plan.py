@@ -15,7 +15,8 @@ cache (each `kv_cache_dtype`) and the staleness (each `async` K). For each:
 - step time: synchronous = rollout + train; asynchronous (K >= 1) = max(rollout, train); the train step is
   `train_step_s`, or modelled as 6 x active parameters x tokens / (`mfu` x BF16 peak x GPUs).
 - time to quality: with a calibration, the steps to the target quality read off its learning curves at the
-  measured mismatch (apps/curves.py; beyond the budget or rejected: refused, never extrapolated) with a paired
+  measured mismatch (apps/curves.py; rejected or beyond the calibrated levels: refused, never extrapolated; an
+  UNCERTAIN verdict is computed and flagged as such in `verdict`) with a paired
   bootstrap interval over the calibration's seeds; without one, every admitted configuration is assumed to need
   BF16's `steps`, and plan.json says so.
 
@@ -227,8 +228,8 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
         how = "measured" if conf.base != (None, None, None) or ckpt else "none (the reference)"
         if conf.async_steps and not ckpt:
             level = f"stale:{conf.async_steps}"
-            runs = curves.stale_runs(level)
-            value, lo, hi = value + runs.mean(), lo + runs.min(), hi + runs.max()
+            runs, at = curves.stale_runs(level), curves.mismatch[level]  # the level's place, its seeds' own range
+            value, lo, hi = value + at, lo + min(at, runs.min()), hi + max(at, runs.max())
             how = f"sum: measured + the calibration's {level} (its seeds' range)" if conf.base != (None, None, None) \
                 else f"the calibration's {level} (its seeds' range)"
         v = verdict(value, (lo, hi), budget, int(prompts))
@@ -251,10 +252,10 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
         return s, (None, None), 1.0, (None, None), assumed + " (mismatch not measured)", clean.mean(0)
     if cost["verdict"] == "REJECT":
         return None, (None, None), None, (None, None), "refused: REJECT", None
-    if cost["mismatch"] > budget.value:
-        return None, (None, None), None, (None, None), "refused: beyond the budget (not extrapolated)", None
     level = f"stale:{conf.async_steps}" if conf.async_steps and conf.base == (None, None, None) \
         and not settings.stale and f"stale:{conf.async_steps}" in curves.curves else None
+    if level is None and cost["mismatch"] > curves.mismatch[curves.ruler[-1]]:
+        return None, (None, None), None, (None, None), "refused: beyond the calibrated levels (not extrapolated)", None
     c = curves.curve_at(cost["mismatch"], level)
     from .curves import steps_with_interval
 
@@ -443,6 +444,9 @@ def describe(doc: dict, out, seconds: float) -> str:
                      f"{row['rollout_tokens_per_s']:>10.0f}{row['step_s']:>9.3g}{f(row['steps_to_target'], '.1f'):>8}"
                      f"{'-' if t is None else f'{t / 60:.1f} min':>11}{sp:>22}")
     cal = doc["calibration"]
+    assumed = [r["configuration"] for r in doc["rows"] if str(r["steps_source"]).startswith("assumed")]
+    if cal and assumed:
+        lines.append(f"{len(assumed)} configurations not measured: ASSUMED to need BF16's steps")
     if cal:
         lines.append(f"steps to target: {cal['objective']} learning curves of {cal['source']} (target {cal['target']:.4g},"
                      f" {cal['target_rule']}); budget {doc['budget']['metric']} <= {doc['budget']['value']:.4g}")

@@ -61,11 +61,13 @@ def plan_plot(doc: dict, path: str | Path | None = None):
     ax = axes[-1]
     ranked = sorted(rows, key=lambda r: (r["time_to_target_s"] is None, r["time_to_target_s"] or 0.0))
     names = [r["configuration"] for r in ranked][::-1]
-    vals = [(r["time_to_target_s"] or 0.0) / 3600 for r in ranked][::-1]
+    longest = max((r["time_to_target_s"] or 0.0) for r in rows)
+    unit, per = ("h", 3600) if longest >= 3600 else ("min", 60)
+    vals = [(r["time_to_target_s"] or 0.0) / per for r in ranked][::-1]
     bars = ax.barh(names, vals, color=["#2b7bba" if v else "#cccccc" for v in vals])
-    ax.bar_label(bars, labels=[f"{v:.2f} h" if v else "refused / not reached" for v in vals], fontsize=7)
+    ax.bar_label(bars, labels=[f"{v:.3g} {unit}" if v else "refused / not reached" for v in vals], fontsize=7)
     ax.tick_params(axis="y", labelsize=7)
-    ax.set_xlabel("modelled time to target (h)")
+    ax.set_xlabel(f"modelled time to target ({unit})")
     ax.set_title("ranking", fontsize=10)
     ax.margins(x=0.25)
     fig.suptitle(f"{doc['model']} on {doc['gpu']} x{doc['tensor_parallel_size']}: rollout throughput MODELLED",

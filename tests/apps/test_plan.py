@@ -114,16 +114,33 @@ def test_plan_end_to_end(cli, tiny_dirs, tmp_path):
     assert p.code == 0 and (out / "plots" / "plan.png").exists()
 
 
-def test_plan_refuses_beyond_the_budget(cli, tiny_dirs, tmp_path):
+def test_plan_refuses_what_the_check_rejects_and_what_lies_beyond_the_levels(cli, tiny_dirs, tmp_path):
+    common = ["--num-prompts", "4", "--max-new-tokens", "8", "--train-step-s", "0.5", "--response-len", "64",
+              "--rollout-batch", "16"]
     cal = write_calibration(tmp_path / "cal")
     out = tmp_path / "plan"
-    r = cli("plan", str(tiny_dirs["llama"]), "--num-prompts", "4", "--max-new-tokens", "8", "--async", "1",
-            "--calibration", str(cal), "--budget", "0.25", "--train-step-s", "0.5", "--response-len", "64",
-            "--rollout-batch", "16", "--out", str(out))
+    r = cli("plan", str(tiny_dirs["llama"]), *common, "--async", "1", "--calibration", str(cal), "--budget", "0.1",
+            "--out", str(out))
     assert r.code == 0, r.err
     rows = {row["configuration"]: row for row in json.loads((out / "plan.json").read_text())["rows"]}
-    a = rows["bf16 + async 1"]  # stale:1 measured 0.3 [0.2, 0.4]: straddles the budget 0.25
-    assert a["verdict"] == "UNCERTAIN" and a["steps_to_target"] is None and "beyond the budget" in a["steps_source"]
+    a = rows["bf16 + async 1"]  # stale:1 measured 0.3 [0.2, 0.4], wholly above the budget 0.1
+    assert a["verdict"] == "REJECT" and a["steps_to_target"] is None and a["steps_source"] == "refused: REJECT"
+    # an UNCERTAIN verdict is computed (and says so): the same level against a budget inside its interval
+    out2 = tmp_path / "plan2"
+    assert cli("plan", str(tiny_dirs["llama"]), *common, "--async", "1", "--calibration", str(cal), "--budget",
+               "0.25", "--out", str(out2)).code == 0
+    rows = {row["configuration"]: row for row in json.loads((out2 / "plan.json").read_text())["rows"]}
+    u = rows["bf16 + async 1"]
+    assert u["verdict"] == "UNCERTAIN" and u["steps_to_target"] == pytest.approx(10 + 5 * (3.5 - 3.06) / 0.5)
+    # a calibration whose ruler ends below the FP8 weights' measured mismatch: not extrapolated
+    low = {k: v for k, v in LEVELS.items() if k in ("0", "0.1")}
+    low["0.1"] = ("noise", 0.1, [1e-9] * 3, LEVELS["0.1"][3])
+    out3 = tmp_path / "plan3"
+    assert cli("plan", str(tiny_dirs["llama"]), *common, "--fp8", "FP8_DYNAMIC", "--calibration",
+               str(write_calibration(tmp_path / "low", low)), "--budget", "100", "--out", str(out3)).code == 0
+    rows = {row["configuration"]: row for row in json.loads((out3 / "plan.json").read_text())["rows"]}
+    f = rows["fp8 FP8_DYNAMIC"]
+    assert f["mismatch"] > 1e-9 and f["steps_to_target"] is None and "beyond the calibrated levels" in f["steps_source"]
 
 
 def test_plan_shape_without_measurement(cli, tmp_path):
