@@ -138,7 +138,14 @@ def _normalize(text: str, root: Path) -> str:
 
 
 def _run_json(path: Path, root: Path) -> dict:
-    return {k: v for k, v in json.loads(_normalize(path.read_text(), root)).items() if k not in VOLATILE}
+    run = {k: v for k, v in json.loads(_normalize(path.read_text(), root)).items() if k not in VOLATILE}
+    # the KV cache's paired effect is a difference of two whole-model rows: near 0, where a relative tolerance means
+    # nothing; the rows themselves (and their intervals) are compared, the effect is checked to be their difference
+    effect = (run.get("whole_model") or {}).pop("kv_effect", None)
+    if effect is not None:
+        w = run["whole_model"]
+        assert abs(effect["kl_q_p"] - (w["model.fp8_all_kv"]["kl_q_p"] - w["model.fp8_all"]["kl_q_p"])) < 1e-9
+    return run
 
 
 def check_margins(table: pd.DataFrame, recipe: dict, num_blocks: int) -> list[str]:
