@@ -86,7 +86,6 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
               progress: bool = False) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
     from ..core.files import atomic_write_json, output_dir
-    from ..measurement.reference import Reference
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable
     from ..sweeps.files import RUN_FILE, check_resume_state, finish_sweep, write_run, write_table
     from ..sweeps.sweep import sweep
@@ -112,13 +111,13 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
                                                "auto": "reference pass, fast estimate, exact top rows"}[
             method.name], settings.preset.name, settings.granularity, ", KV rows" if settings.include_kv else "")
         t = time.perf_counter()
-        reference = None if method.name == "fisher" else Reference(student, r, rollouts.batch_size,
-                                                                   kv_strategy=settings.kv.strategy)
+        kept: dict = {}
         with _row_workers(model, cluster) as executor:
             df = sweep(student, r, scheme=settings.preset, granularity=settings.granularity,
                        include_kv=settings.include_kv, kv=settings.kv, batch_size=rollouts.batch_size,
                        progress=progress, out_dir=d, resume=resume, method=method, rows_executor=executor,
-                       reference=reference)
+                       keep=kept)
+        reference = kept.get("reference")
         whole = whole_model(reference, student, r, settings, rollouts.batch_size) if reference is not None else None
         t_sweep = time.perf_counter() - t
         agree = None

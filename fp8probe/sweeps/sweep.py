@@ -164,14 +164,14 @@ def exact_rows(rows: list[Row], estimates: dict[str, float], method: Method) -> 
 def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", include_kv: bool = True,
           kv="fp8", batch_size: int = 8, progress: bool = False, out_dir: str | Path | None = None,
           resume: bool = False, reference: Reference | None = None, method: Method | str = "exact",
-          rows_executor=None):
+          rows_executor=None, keep: dict | None = None):
     """Score every row of plan_rows() by `method`; returns a pandas DataFrame with COLUMNS.
 
     With out_dir, each finished row is appended to out_dir/sensitivity.partial.csv; with resume=True,
     rows already there are not measured again (the settings must match). The fast estimate itself is not
     saved there: one pass, repeated on resume with the same seed. `rows_executor(reference, rows)`, when
     given, measures the exact rows elsewhere and yields (row, metrics) in any order (scaleout.RayRows);
-    by default they are measured here, in plan order.
+    by default they are measured here, in plan order. `keep`, a dict, receives the reference it measured against.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -190,6 +190,8 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     if reference is None and method.name != "fisher":
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
+    if keep is not None:
+        keep["reference"] = reference
     estimates: dict[str, float] = {}
     exact = {r.unit for r in rows}
     if method.name != "exact":
