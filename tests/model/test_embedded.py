@@ -54,9 +54,11 @@ def test_a_gguf_is_converted_once_and_units_read_its_config_alone(cli, tmp_path,
     r = cli("-q", "units", gguf)
     assert r.code == 0, r.err
     names = [ln.split()[0] for ln in r.out.splitlines()[:-1]]
-    assert names == [u.name for u in embedded.units] and not (tmp_path / "cache" / "gguf").exists() and not calls
-    st = load_student(str(gguf))
     key = hashlib.sha256(gguf.read_bytes()).hexdigest()[:16]
+    # nothing converted: only the config, read from the file's metadata once, is cached beside the copies
+    assert names == [u.name for u in embedded.units] and not calls
+    assert [p.name for p in (tmp_path / "cache" / "gguf").iterdir()] == [f"{key}.config.json"]
+    st = load_student(str(gguf))
     assert st.path == str(tmp_path / "cache" / "gguf" / key) and calls == [gguf]
     assert [u.name for u in st.units] == names
     load_student(str(gguf))
