@@ -246,9 +246,11 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
         if refused:
             return None, (None, None), None, (None, None), "refused: REJECT", None
         return float(settings.steps), (None, None), 1.0, (None, None), assumed + " (no calibration)", None
+    from .curves import steps_to, steps_with_interval
+
     clean = curves.curve_at(0.0)
     if cost is None:
-        s = steps_point(curves, clean, target)
+        s = steps_to(clean.mean(0), curves.steps, target)
         return s, (None, None), 1.0, (None, None), assumed + " (mismatch not measured)", clean.mean(0)
     if cost["verdict"] == "REJECT":
         return None, (None, None), None, (None, None), "refused: REJECT", None
@@ -257,8 +259,6 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
     if level is None and cost["mismatch"] > curves.mismatch[curves.ruler[-1]]:
         return None, (None, None), None, (None, None), "refused: beyond the calibrated levels (not extrapolated)", None
     c = curves.curve_at(cost["mismatch"], level)
-    from .curves import steps_with_interval
-
     s, (lo, hi), ratio, (rlo, rhi) = steps_with_interval(curves, c, clean, target, seed=settings.bootstrap_seed)
     if hi is not None and hi > curves.steps[-1]:
         hi = None  # past the calibrated steps: no upper bound
@@ -266,12 +266,6 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
     if s is None:
         how = f"not reached in the calibrated {curves.steps[-1]} steps"
     return s, (lo, hi), ratio, (rlo, rhi), how, c.mean(0)
-
-
-def steps_point(curves, seed_curves, target):
-    from .curves import steps_to
-
-    return steps_to(seed_curves.mean(0), curves.steps, target)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -55,17 +55,6 @@ class RefRows:
         logp = logp.float()
         return cls(logp, logp.argmax(-1), tokens)
 
-    @classmethod
-    def from_hidden(cls, hidden: torch.Tensor, tokens: torch.Tensor, head, chunk: int = CHUNK_ROWS) -> "RefRows":
-        """Kept as hidden states; `head(hidden rows)` gives fp32 log-probs (the lm_head, softcap, log_softmax)."""
-        top1, tok = [], []
-        for s in range(0, hidden.shape[0], chunk):
-            lp = head(hidden[s:s + chunk])
-            top1.append(lp.argmax(-1).cpu())
-            tok.append(lp.gather(-1, tokens[s:s + chunk, None].to(lp.device)).squeeze(-1).cpu())
-        cat = (lambda xs: torch.cat(xs)) if top1 else (lambda xs: torch.zeros(0))
-        return cls(None, cat(top1).long(), tokens, cat(tok).float(), hidden, head)
-
     @property
     def logp(self) -> torch.Tensor:
         """[M, V] fp32 log p (recomputed from the hidden states, whole, when stored as those)."""
