@@ -118,7 +118,8 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
                        progress=progress, out_dir=d, resume=resume, method=method, rows_executor=executor,
                        keep=kept)
         reference = kept.get("reference")
-        whole = whole_model(reference, student, r, settings, rollouts.batch_size) if reference is not None else None
+        whole = (whole_model(reference, student, r, settings, rollouts.batch_size, kept.get("model_rows"))
+                 if reference is not None else None)
         t_sweep = time.perf_counter() - t
         agree = None
         if exact_run is not None:
@@ -144,18 +145,21 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
     return SweepResult(df, run, agree, out)
 
 
-def whole_model(reference, student, rollouts, settings: SweepSettings, batch_size: int = 8) -> dict:
-    """The whole-model rows again with what their intervals need: each one's kl_q_p with its 90 % interval over the
-    prompts, and the FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same
-    tokens, measurement.measure.paired_change): whether adding the KV cache raises, lowers, or cannot be told to
-    change the mismatch. run.json's `whole_model`."""
+def whole_model(reference, student, rollouts, settings: SweepSettings, batch_size: int = 8,
+                measured: dict | None = None) -> dict:
+    """The whole-model rows with their intervals: each one's kl_q_p with its 90 % interval over the prompts, and the
+    FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same tokens,
+    measurement.measure.paired_change): whether adding the KV cache raises, lowers, or cannot be told to change the
+    mismatch. run.json's `whole_model`. `measured`: the rows the sweep measured with their per-token statistics
+    (sweep's keep["model_rows"]); a row missing there (measured before a resume, or estimated) is measured here."""
     from ..measurement.measure import measure_with_interval, paired_change
     from ..sweeps.sweep import plan_rows
 
     rows = [row for row in plan_rows(student, settings.preset, settings.granularity, settings.include_kv,
                                      settings.kv) if row.unit in ("model.fp8_all", "model.fp8_all_kv")]
-    got = {row.unit: measure_with_interval(reference, student, rollouts, row.perturbation, "sim", batch_size)
-           for row in rows}
+    measured = measured or {}
+    got = {row.unit: measured[row.unit] if row.unit in measured else
+           measure_with_interval(reference, student, rollouts, row.perturbation, "sim", batch_size) for row in rows}
     out = {name: {"kl_q_p": m.metrics["kl_q_p"], "interval": list(m.interval("kl_q_p"))} for name, m in got.items()}
     if len(got) == 2:
         change, lo, hi = paired_change(got["model.fp8_all_kv"], got["model.fp8_all"], "kl_q_p")

@@ -119,14 +119,21 @@ def apply_perturbation(student, p: Perturbation, calibration=None, energy: _Ener
         yield
 
 
+TOKEN_STATS = "token_stats"  # measure_perturbation(keep_stats=True): the per-token statistics behind the metrics
+
+
 def measure_perturbation(reference: Reference, student, p: Perturbation, start_block: int | None = None,
-                         sqnr: bool = False) -> dict[str, float]:
+                         sqnr: bool = False, keep_stats: bool = False) -> dict:
     """Every metric of `p` against the reference (METRICS keys), plus "sqnr_db" when `sqnr`: the perturbed
-    units' (or, with no units, the K/V tensors') own outputs against their unperturbed values."""
+    units' (or, with no units, the K/V tensors') own outputs against their unperturbed values; with `keep_stats`,
+    also the per-token statistics they summarize under TOKEN_STATS (what an interval or a paired change needs)."""
     energy = _Energy() if sqnr else None
     with apply_perturbation(student, p, reference.calibration, energy):
         start = p.start_block(student) if start_block is None else start_block
-        out = summarize(reference.candidate_stats(start))
+        stats = reference.candidate_stats(start)
+        out = summarize(stats)
     if sqnr:
         out["sqnr_db"] = energy.db
+    if keep_stats:
+        out[TOKEN_STATS] = stats
     return out

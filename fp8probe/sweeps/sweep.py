@@ -29,7 +29,7 @@ from ..core.metrics import METRICS, no_mismatch
 from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
 from ..measurement.fisher import DEFAULT_ESTIMATOR, DEFAULT_SAMPLES, ESTIMATORS, fisher_rows
-from ..measurement.perturbation import Perturbation, measure_perturbation
+from ..measurement.perturbation import TOKEN_STATS, Perturbation, measure_perturbation
 from ..measurement.reference import Reference
 from ..model.structure import kv_geometry, scheme_blockers
 from .files import COLUMNS, METHODS, PartialWriter, open_partial, sweep_settings
@@ -107,8 +107,11 @@ def _bytes_saved(unit, scheme: Scheme) -> int:
 
 
 def measure_row(reference: Reference, student, row: Row) -> dict:
-    """The metrics of one planned row (with its unit's SQNR; whole-model rows have none): here or on a worker."""
-    return measure_perturbation(reference, student, row.perturbation, row.start_block, sqnr=row.kind != "model")
+    """The metrics of one planned row (with its unit's SQNR; whole-model rows have none, but keep their per-token
+    statistics under TOKEN_STATS for their intervals and the FP8 KV cache's paired effect): here or on a worker."""
+    whole = row.kind == "model"
+    return measure_perturbation(reference, student, row.perturbation, row.start_block, sqnr=not whole,
+                                keep_stats=whole)
 
 
 def _row_result(row: Row, metrics: dict, method: str = "exact", kl_fisher: float = float("nan")) -> dict:
@@ -171,7 +174,9 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     rows already there are not measured again (the settings must match). The fast estimate itself is not
     saved there: one pass, repeated on resume with the same seed. `rows_executor(reference, rows)`, when
     given, measures the exact rows elsewhere and yields (row, metrics) in any order (scaleout.RayRows);
-    by default they are measured here, in plan order. `keep`, a dict, receives the reference it measured against.
+    by default they are measured here, in plan order. `keep`, a dict, receives the reference it measured against
+    ("reference") and the whole-model rows measured in this call with their per-token statistics ("model_rows":
+    unit -> measure.Measured; rows found in the partial file of a resumed sweep are not among them).
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -219,6 +224,11 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
             if row.unit in done:  # a re-run shard's row that already arrived: written once
                 continue
             bar.set_postfix_str(row.unit[-32:], refresh=False)
+            stats = metrics.pop(TOKEN_STATS, None)
+            if stats is not None and keep is not None:
+                from ..measurement.measure import Measured
+
+                keep.setdefault("model_rows", {})[row.unit] = Measured(dict(metrics), stats, reference.prompt)
             result = _row_result(row, metrics, "exact", estimates.get(row.unit, float("nan")))
             if row.unit == "model.reference" and not _at_zero(result):
                 raise RuntimeError(f"the reference against itself is not at the zero point: {result}; "

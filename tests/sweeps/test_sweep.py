@@ -141,6 +141,33 @@ def test_whole_model_rows_carry_intervals_and_the_kv_effect():
     assert line.startswith("the FP8 KV cache on top of FP8 weights") and "paired, 90 % over 6 prompts" in line
 
 
+def test_whole_model_intervals_come_from_the_sweeps_own_rows(monkeypatch):
+    """The sweep keeps its whole-model rows' per-token statistics (keep["model_rows"]), so run.json's whole_model
+    is computed from the very measurement in the table (the same number, exactly) with no second pass; a row the
+    sweep did not measure (a resumed sweep's) is measured again."""
+    import fp8probe.measurement.measure as measure
+    from fp8probe.apps.sweep import SweepSettings, whole_model
+
+    student = tiny_student("gemma3_text")
+    r = make_rollouts(student, num_prompts=6, max_new_tokens=8, seed=3)
+    kept: dict = {}
+    df = sweep(student, r, keep=kept).set_index("unit")
+    assert set(kept["model_rows"]) == {"model.reference", "model.fp8_all", "model.fp8_all_kv"}
+    again = whole_model(kept["reference"], student, r, SweepSettings())  # the rows measured a second time
+    calls = []
+    real = measure.measure_with_interval
+    monkeypatch.setattr(measure, "measure_with_interval", lambda *a, **k: calls.append(a) or real(*a, **k))
+    w = whole_model(kept["reference"], student, r, SweepSettings(), measured=kept["model_rows"])
+    assert calls == []
+    for name in ("model.fp8_all", "model.fp8_all_kv"):
+        assert w[name]["kl_q_p"] == df.loc[name, "kl_q_p"]
+        assert w[name]["interval"] == pytest.approx(again[name]["interval"], rel=1e-4)
+    assert w["kv_effect"]["interval"] == pytest.approx(again["kv_effect"]["interval"], rel=1e-4, abs=1e-9)
+    partial = {"model.fp8_all": kept["model_rows"]["model.fp8_all"]}
+    mixed = whole_model(kept["reference"], student, r, SweepSettings(), measured=partial)["kv_effect"]
+    assert len(calls) == 1 and mixed["kl_q_p"] == pytest.approx(w["kv_effect"]["kl_q_p"], rel=1e-4, abs=1e-9)
+
+
 def test_reference_kept_as_hidden_states_gives_the_same_rows_bit_for_bit():
     """Storage "hidden" recomputes the reference log-probs a chunk at a time, as the reference pass chunked them:
     every row of the sweep is the same number as with the log-probs kept, in a fraction of the memory."""
