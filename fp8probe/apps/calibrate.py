@@ -121,6 +121,8 @@ def check_resume(out: Path, calibration: Calibration, resume: bool) -> None:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FP8ProbeError(f"{f} is not valid JSON ({e}): start in another `out`") from e
     new = json.loads(json.dumps(calibration.to_json()))
+    if isinstance(old.get("train"), dict):  # settings added since it was written held their defaults then
+        old["train"] = {**json.loads(json.dumps(asdict(TrainSettings()))), **old["train"]}
     for key in ("schema_version", "teacher", "student", "train", "train_prompts", "heldout_prompts", "tolerance",
                 "quality", "bracket", "max_added"):
         if old.get(key) != new.get(key):

@@ -68,7 +68,7 @@ class TeacherLikelihood:
 
 
 def grpo_config(settings: TrainSettings, seed: int, output_dir: str, device: str = "cpu"):
-    """TRL's GRPOConfig for one run: `group_size` completions per prompt, constant learning rate, TRL's defaults for
+    """TRL's GRPOConfig for one run: `group_size` completions per prompt, the learning-rate schedule asked for, TRL's defaults for
     the loss, no checkpoints or reporting."""
     _, GRPOConfig = require_grpo()
     if settings.batch_size % settings.group_size:
@@ -76,7 +76,8 @@ def grpo_config(settings: TrainSettings, seed: int, output_dir: str, device: str
                             f"{settings.group_size} (GRPO samples group_size completions per prompt)")
     return GRPOConfig(
         output_dir=output_dir, max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
-        num_generations=settings.group_size, learning_rate=settings.learning_rate, lr_scheduler_type="constant",
+        num_generations=settings.group_size, learning_rate=settings.learning_rate,
+        lr_scheduler_type=settings.lr_schedule,
         warmup_steps=0, max_completion_length=settings.max_new_tokens, temperature=settings.temperature, top_k=0,
         top_p=1.0, beta=0.0, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=seed,
         data_seed=seed, use_cpu=device == "cpu", bf16=False, fp16=False, dataloader_num_workers=0,

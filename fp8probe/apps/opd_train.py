@@ -12,10 +12,10 @@ unperturbed student p, as in a real system whose rollout engine differs from its
 Right after each generation the mismatch is measured on those very rollouts, on fp8probe's one scale
 (mismatch.py: mean per-token KL(q‖p) over the full vocabulary, k3 on the sampled tokens, ...), from one
 forward of each policy over the prompts and completions. Held-out quality (`heldout_quality`): the student
-samples responses to held-out prompts with a fixed seed, and the mean per-token reverse KL to the teacher
-(full vocabulary) and the teacher's mean log-likelihood of the sampled tokens are taken on them. Both the
-measurement and the evaluation leave the global random state as they found it, so a run at level zero trains
-exactly as plain TRL OPD does (same seed, same losses; tested).
+samples responses to held-out prompts with the step's seed (the same in every run), and the mean per-token
+reverse KL to the teacher (full vocabulary) and the teacher's mean log-likelihood of the sampled tokens are
+taken on them. Both the measurement and the evaluation leave the global random state as they found it, so a run
+at level zero trains exactly as plain TRL OPD does (same seed, same losses; tested).
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ def require_trl():
 
 
 def opd_config(settings: TrainSettings, seed: int, output_dir: str, device: str = "cpu"):
-    """TRL's DistillationConfig for one run: on-policy, reverse KL (beta=1), constant learning rate, no
+    """TRL's DistillationConfig for one run: on-policy, reverse KL (beta=1), the learning-rate schedule asked for, no
     checkpoints or reporting (the run directory is fp8probe's)."""
     _, DistillationConfig = require_trl()
     return DistillationConfig(
         output_dir=output_dir, max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
-        learning_rate=settings.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        learning_rate=settings.learning_rate, lr_scheduler_type=settings.lr_schedule, warmup_steps=0,
         max_completion_length=settings.max_new_tokens, beta=1.0, temperature=settings.temperature, top_k=0,
         top_p=1.0, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=seed,
         data_seed=seed, use_cpu=device == "cpu", bf16=False, fp16=False, dataloader_num_workers=0,
@@ -158,17 +158,18 @@ def make_trainer(student: Student, teacher, train_prompts: list[str], settings: 
 
 
 @torch.no_grad()
-def heldout_quality(student: Student, teacher: Student, prompts: list[str], settings: TrainSettings) -> dict:
+def heldout_quality(student: Student, teacher: Student, prompts: list[str], settings: TrainSettings,
+                    step: int = 0) -> dict:
     """The student's mean per-token reverse KL to the teacher (full vocabulary) and the teacher's mean
-    log-likelihood, on responses the student samples to the held-out prompts (fixed seed; the global random
-    state is left as it was)."""
+    log-likelihood, on responses the student samples to the held-out prompts after `step` optimizer steps (the
+    step's seed, `TrainSettings.eval_seed_at`; the global random state is left as it was)."""
     model = student.model
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=[]):
             r = make_rollouts(student, prompts=prompts, samples_per_prompt=settings.eval_samples,
-                              max_new_tokens=settings.max_new_tokens, seed=settings.eval_seed,
+                              max_new_tokens=settings.max_new_tokens, seed=settings.eval_seed_at(step),
                               temperature=settings.temperature, batch_size=EVAL_BATCH)
             s_logits, toks = _logits(model, r)
             t_logits, _ = _logits(teacher.model, r)

@@ -17,11 +17,20 @@ class TrainSettings(Settings):
     batch_size: int = opt(8, "completions per step (OPD: one per prompt; GRPO: group_size per prompt)", low=1)
     group_size: int = opt(4, "GRPO: completions per prompt, whose rewards are normalised together", low=2)
     max_new_tokens: int = opt(16, "completion length", low=1)
-    learning_rate: float = opt(2e-5, "AdamW, constant", low=0.0, open_low=True)
+    learning_rate: float = opt(2e-5, "AdamW's peak learning rate", low=0.0, open_low=True)
+    lr_schedule: str = opt("constant", "the learning rate along the run: constant, or linear / cosine decay to 0 at the "
+                           "last step (transformers' schedulers, no warm-up)", choices=("constant", "linear", "cosine"))
     temperature: float = 1.0  # OPD samples its rollouts
     eval_every: int = opt(5, "held-out evaluation interval (steps)", low=1)
     eval_samples: int = opt(1, "responses sampled per held-out prompt", low=1)
+    eval_seeds: str = opt("fixed", "held-out sampling seed: fixed (eval_seed at every step) or per-step (eval_seed "
+                          "+ step: a fresh draw at every evaluation, the same draw for every run at that step, so runs "
+                          "stay paired)", choices=("fixed", "per-step"))
     eval_seed: int = 1234
+
+    def eval_seed_at(self, step: int) -> int:
+        """The held-out sampling seed of the evaluation after `step` optimizer steps (the same in every run)."""
+        return self.eval_seed + (step if self.eval_seeds == "per-step" else 0)
 
     def __post_init__(self):
         super().__post_init__()
@@ -48,8 +57,9 @@ class CalibrateSettings(Settings):
     seeds: int = opt(3, "runs per level, paired by seed with the mismatch-free runs", low=2)
     prompts: str | None = opt(None, "prompts file (text or JSONL); every 10th is held out; default: the built-in 240 "
                               "training prompts")
-    quality: str = opt("auc", "the quality score of a run: auc (the mean of its held-out learning curve) or final "
-                       "(its last evaluation)", choices=("auc", "final"))
+    quality: str = opt("auc", "the quality score of a run: auc (the mean of its whole held-out learning curve), "
+                       "plateau (the mean of its held-out evaluations over the second half of training) or final "
+                       "(its last evaluation)", choices=("auc", "plateau", "final"))
     tolerance: float = opt(0.02, "largest relative quality loss accepted against each seed's mismatch-free run "
                            "(your choice; the seeds' own spread is reported beside it)", low=0.0)
     bracket: float = opt(2.0, "adaptive ladder: add noise levels until the edge is bracketed within this factor of "

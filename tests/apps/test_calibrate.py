@@ -157,6 +157,41 @@ def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     # other training settings are refused on resume
     r = cli(*args(steps=3), "--levels", "0", "--resume")
     assert r.code == 2 and "another train" in r.err
+    r = cli(*common, "--lr-schedule", "linear", "--levels", "0", "--resume")
+    assert r.code == 2 and "another train" in r.err
+    # a calibration written before lr_schedule and eval_seeds existed (they held today's defaults) resumes
+    c = json.loads((out / "calibrate.json").read_text())
+    for key in ("lr_schedule", "eval_seeds"):
+        del c["train"][key]
+    (out / "calibrate.json").write_text(json.dumps(c))
+    assert cli(*common, "--levels", "0", "0.2", "0.5", "--resume").code == 0
+    assert cli(*common, "--eval-seeds", "per-step", "--levels", "0", "--resume").code == 2
+
+
+def test_learning_rate_schedules_reach_trl():
+    """--lr-schedule is the scheduler TRL's trainers run: constant, or decaying linearly / as a cosine to 0 at the
+    last step, with no warm-up (transformers' get_scheduler; the first step at the peak)."""
+    import math
+
+    from torch import nn, optim
+    from transformers import get_scheduler
+
+    from fp8probe.apps.grpo_train import grpo_config
+
+    for name in ("constant", "linear", "cosine"):
+        tr = TrainSettings(**{**TRAIN.__dict__, "lr_schedule": name, "steps": 4, "group_size": 2})
+        for cfg in (opd_config(tr, 0, "/tmp/x"), grpo_config(tr, 0, "/tmp/x")):
+            assert cfg.lr_scheduler_type.value == name and cfg.warmup_steps == 0
+        opt = optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0)
+        sched = get_scheduler(name, opt, num_warmup_steps=0, num_training_steps=4)
+        lrs = []
+        for _ in range(4):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        want = {"constant": [1, 1, 1, 1], "linear": [1, 0.75, 0.5, 0.25],
+                "cosine": [0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]}[name]
+        assert lrs == pytest.approx(want)
 
 
 def test_cli_refusals_are_one_line(tmp_path, cli, monkeypatch):
@@ -221,6 +256,40 @@ def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(
     assert noisy["losses"][0] != corrected["losses"][0]
 
 
+def test_heldout_quality_by_hand_with_each_steps_seed(pair):
+    """The held-out reverse KL by hand (sum over the vocabulary of q (log q - log p) at every sampled response token,
+    q the student, p the teacher) on responses sampled with the step's seed: eval_seed at every step (fixed, the
+    default), eval_seed + step (per-step); the global random state is left as it was."""
+    from fp8probe.apps.opd_train import heldout_quality
+    from fp8probe.model.rollouts import make_rollouts
+
+    teacher, student = pair
+    prompts = list(BUILTIN_PROMPTS[:3])
+    tr = TrainSettings(**{**TRAIN.__dict__, "eval_samples": 2, "max_new_tokens": 5, "eval_seeds": "per-step"})
+
+    def by_hand(seed):
+        r = make_rollouts(student, prompts=prompts, samples_per_prompt=2, max_new_tokens=5, seed=seed,
+                          temperature=tr.temperature)
+        kls = []
+        with torch.no_grad():
+            for i in range(r.num_sequences):
+                ids = r.input_ids[i][r.attention_mask[i] == 1][None]
+                q = torch.log_softmax(student.model(ids).logits[0].double(), -1)
+                p = torch.log_softmax(teacher.model(ids).logits[0].double(), -1)
+                for t in torch.nonzero(r.response_mask[i][r.attention_mask[i] == 1]).flatten().tolist():
+                    kls.append(float((q[t - 1].exp() * (q[t - 1] - p[t - 1])).sum()))
+        return sum(kls) / len(kls)
+
+    state = torch.random.get_rng_state()
+    got = {step: heldout_quality(student, teacher, prompts, tr, step)["reverse_kl"] for step in (0, 3)}
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert got[0] == pytest.approx(by_hand(tr.eval_seed), rel=1e-4)
+    assert got[3] == pytest.approx(by_hand(tr.eval_seed + 3), rel=1e-4) and got[3] != got[0]
+    fixed = TrainSettings(**{**tr.__dict__, "eval_seeds": "fixed"})
+    assert heldout_quality(student, teacher, prompts, fixed, 3)["reverse_kl"] == got[0]
+    assert TrainSettings().eval_seeds == "fixed"
+
+
 def test_importance_ratio_by_hand():
     """min(exp(log p - log q), 2) per completion token, right-padded with 1 as TRL pads completions."""
     import math
@@ -257,6 +326,9 @@ def test_curve_quality_by_hand():
     evals = [{"step": s, "reverse_kl": q} for s, q in zip((0, 5, 10, 15, 20), (8, 4, 3, 3, 2.5))]
     got = curve_quality(evals)
     assert got["auc"] == pytest.approx(3.8125) and got["final"] == 2.5
+    assert got["plateau"] == pytest.approx((3 + 3 + 2.5) / 3)  # the evaluations at steps 10, 15 and 20
+    odd = curve_quality([{"step": s, "reverse_kl": q} for s, q in zip((0, 3, 6, 7), (8, 5, 4, 2))])
+    assert odd["plateau"] == pytest.approx((4 + 2) / 2)  # steps >= 3.5 of 0..7
     assert got["late_improvement"] == pytest.approx(0.5 / 3)
 
 
@@ -279,7 +351,7 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
                "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10}, "quality_start": {"reverse_kl": 5.0,
                                                                                    "teacher_logp": -1.0},
                "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
-               "quality": {"auc": q, "final": q, "late_improvement": 0.0}}
+               "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
         self.results[(objective, level.name, seed)] = res
         return res
 

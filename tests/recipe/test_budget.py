@@ -55,7 +55,7 @@ def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
                 "seed": seed, "mismatch": {"kl_q_p": value, "k3": value, "tokens": 100}, "steps": 30, "seconds": 1.0,
                 "quality_start": {"reverse_kl": 6.0, "teacher_logp": -3.0},
                 "quality_end": {"reverse_kl": kl, "teacher_logp": -2.0},
-                "quality": {"auc": kl + 1, "final": kl, "late_improvement": 0.0}}
+                "quality": {"plateau": kl + 0.5, "auc": kl + 1, "final": kl, "late_improvement": 0.0}}
 
     results = [result("0", 0.0, s, 1.40 + 0.2 * s) for s in range(2)]  # seeds 14 % apart
     results += [result("0.01", 0.01, s, (1.40 + 0.2 * s) * 1.004) for s in range(2)]  # +0.4 % on each seed
@@ -69,6 +69,11 @@ def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
     b = fit_budget(df, tolerance=0.02, bootstrap=200)
     assert b.paired and b.value == 0.01 and b.interval == (0.01, 0.01)
     assert list(runs_table(results)["quality"]) == [r["quality"]["auc"] for r in results]  # auc by default
+    assert list(runs_table(results, "plateau")["quality"]) == [r["quality"]["plateau"] for r in results]
+    old = [{**r, "quality": {k: v for k, v in r["quality"].items() if k != "plateau"}} for r in results]
+    assert runs_table(old)["quality_plateau"].isna().all()
+    with pytest.raises(FP8ProbeError, match="no plateau quality"):
+        runs_table(old, "plateau")  # run.json of an older fp8probe: one line naming the qualities it has
 
 
 def test_budget_command_and_bad_tables(cli, tmp_path):
