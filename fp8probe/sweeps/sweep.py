@@ -224,11 +224,7 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
             if row.unit in done:  # a re-run shard's row that already arrived: written once
                 continue
             bar.set_postfix_str(row.unit[-32:], refresh=False)
-            stats = metrics.pop(TOKEN_STATS, None)
-            if stats is not None and keep is not None:
-                from ..measurement.measure import Measured
-
-                keep.setdefault("model_rows", {})[row.unit] = Measured(dict(metrics), stats, reference.prompt)
+            _keep_stats(keep, row, metrics, reference)
             result = _row_result(row, metrics, "exact", estimates.get(row.unit, float("nan")))
             if row.unit == "model.reference" and not _at_zero(result):
                 raise RuntimeError(f"the reference against itself is not at the zero point: {result}; "
@@ -245,6 +241,15 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     df = pd.DataFrame([done[r.unit] for r in rows], columns=COLUMNS)
     df.attrs["seconds"] = seconds
     return df
+
+
+def _keep_stats(keep: dict | None, row: Row, metrics: dict, reference: Reference) -> None:
+    """A whole-model row's per-token statistics (measure_row) out of its metrics, into keep["model_rows"]."""
+    stats = metrics.pop(TOKEN_STATS, None)
+    if stats is not None and keep is not None:
+        from ..measurement.measure import Measured
+
+        keep.setdefault("model_rows", {})[row.unit] = Measured(dict(metrics), stats, reference.prompt)
 
 
 SANITY_TOLERANCE = 1e-5  # the sanity row's largest excess: fp32 GEMMs on CPU can round differently by alignment
