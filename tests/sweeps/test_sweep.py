@@ -83,10 +83,7 @@ def test_kill_resume_and_determinism(deep_tiny_dir, tmp_path):
     full = tmp_path / "full"
     p = _cli("sweep", slow_tiny, "--out", full, *common)
     assert p.wait(timeout=600) == 0, p.stderr.read()
-    again = tmp_path / "again"
-    p = _cli("sweep", slow_tiny, "--out", again, *common)
-    assert p.wait(timeout=600) == 0
-    assert (full / "sensitivity.csv").read_bytes() == (again / "sensitivity.csv").read_bytes()
+    # determinism across processes: the killed run's rows and the resumed run's rest equal `full`'s, byte for byte
 
     killed = tmp_path / "killed"
     p = _cli("sweep", slow_tiny, "--out", killed, *common)
