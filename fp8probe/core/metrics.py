@@ -9,6 +9,7 @@ This module imports nothing heavy: the CLI takes its choices from it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import FP8ProbeError
@@ -20,17 +21,20 @@ class Metric:
     zero: float  # the value when q == p
     worse: str  # "higher" or "lower": the direction in which mismatch grows
     meaning: str
+    low: float = 0.0  # the values it can take: an interval is never drawn outside them
+    high: float = math.inf
 
 
 TABLE = (
     Metric("kl_q_p", 0.0, "higher", "mean per-token KL(q || p) over the full vocabulary (primary)"),
     Metric("kl_p_q", 0.0, "higher", "mean per-token KL(p || q)"),
-    Metric("k1", 0.0, "higher", "sampled-token estimator of KL(p || q): mean of r = log p(y) - log q(y)"),
+    Metric("k1", 0.0, "higher", "sampled-token estimator of KL(p || q): mean of r = log p(y) - log q(y)",
+           low=-math.inf),
     Metric("k3", 0.0, "higher", "sampled-token estimator of KL(p || q): mean of exp(-r) - 1 + r"),
     Metric("abs_dlogp_mean", 0.0, "higher", "mean |log q(y) - log p(y)| on the sampled token"),
     Metric("abs_dlogp_max", 0.0, "higher", "max |log q(y) - log p(y)| on the sampled token"),
-    Metric("token_mult_prob_error", 1.0, "higher", "mean exp(|log q(y) - log p(y)|) (NeMo-RL's name)"),
-    Metric("top1_agree", 1.0, "lower", "fraction of positions where argmax p == argmax q"),
+    Metric("token_mult_prob_error", 1.0, "higher", "mean exp(|log q(y) - log p(y)|) (NeMo-RL's name)", low=1.0),
+    Metric("top1_agree", 1.0, "lower", "fraction of positions where argmax p == argmax q", high=1.0),
     Metric("kl_p50", 0.0, "higher", "median per-token KL(q || p)"),
     Metric("kl_p90", 0.0, "higher", "90th percentile of the per-token KL(q || p)"),
     Metric("kl_p99", 0.0, "higher", "99th percentile of the per-token KL(q || p)"),

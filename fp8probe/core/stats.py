@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def spearman(a, b) -> float:
     """Spearman's rank correlation of two equal-length sequences (average ranks for ties)."""
@@ -43,7 +45,6 @@ def _betacf(a: float, b: float, x: float) -> float:
 
 def _incomplete_beta(a: float, b: float, x: float) -> float:
     """The regularized incomplete beta function I_x(a, b)."""
-    import math
 
     if x <= 0 or x >= 1:
         return 0.0 if x <= 0 else 1.0
@@ -80,9 +81,11 @@ def expansion(n: int, level: float = LEVEL) -> float:
     return math.sqrt(n / (n - 1)) * t_quantile((1 + level) / 2, n - 1) / NormalDist().inv_cdf((1 + level) / 2)
 
 
-def bootstrap_interval(groups, statistic, n: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(groups, statistic, n: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0,
+                       bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float]:
     """A bootstrap interval of `statistic(index)` over groups resampled with replacement: the percentile interval,
-    widened about the point estimate by `expansion` (few groups).
+    widened about the point estimate by `expansion` (few groups), and kept within `bounds`, the values the
+    statistic can take (the widening would put a KL's low end below 0 on two prompts).
 
     `groups` labels each item (a token's prompt); a resample draws as many groups as there are, with replacement, and
     hands `statistic` the indices of their items (a group drawn twice counts twice). Tokens of one rollout are not
@@ -103,4 +106,5 @@ def bootstrap_interval(groups, statistic, n: int = BOOTSTRAP, level: float = LEV
         values[i] = statistic(np.concatenate([members[g] for g in pick]))
     lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
     f = expansion(len(members), level)
-    return float(point - f * (point - lo)), float(point + f * (hi - point))
+    low, high = bounds
+    return float(max(point - f * (point - lo), low)), float(min(point + f * (hi - point), high))

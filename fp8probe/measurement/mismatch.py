@@ -194,10 +194,12 @@ def metric_interval(stats: dict[str, torch.Tensor], groups: torch.Tensor, name: 
                     seed: int = 0) -> tuple[float, float]:
     """The 90 % (or `level`) bootstrap interval of metric `name` over groups of tokens (core/stats.py; a token's
     prompt): how far the figure could move on another draw of as many prompts."""
+    from ..core.metrics import metric
     from ..core.stats import LEVEL, bootstrap_interval
 
     _, reduce = metric_over(stats, name)
-    return bootstrap_interval(groups.numpy(), reduce, level=level or LEVEL, seed=seed)
+    m = metric(name)
+    return bootstrap_interval(groups.numpy(), reduce, level=level or LEVEL, seed=seed, bounds=(m.low, m.high))
 
 
 def mismatch(ref_logits: torch.Tensor, cand_logits: torch.Tensor, tokens: torch.Tensor,

@@ -34,6 +34,31 @@ def test_bootstrap_of_two_groups_is_their_enumerated_resamples():
     f = math.sqrt(2) * 6.313752 / 1.644854
     assert lo == pytest.approx(0.5 - 0.5 * f, rel=1e-5) and hi == pytest.approx(0.5 + 0.5 * f, rel=1e-5)
     assert bootstrap_interval([1, 1, 1, 1], lambda i: values[i].mean()) == (0.5, 0.5)  # one group: the point
+    # the widened ends (0.5 -/+ 3.84) kept within the values a mean of values in [0, 1] can take
+    assert bootstrap_interval([7, 7, 3, 3], lambda i: values[i].mean(), bounds=(0.0, 1.0)) == (0.0, 1.0)
+
+
+def test_metric_intervals_stay_where_each_metric_lives():
+    """Two prompts: the expansion would put the low end of a KL below 0 and the high end of top1_agree above 1; each
+    metric's interval stops at the values it can take (core/metrics), k1 (a difference of log-probs) may go below."""
+    import torch
+
+    from fp8probe.core.metrics import metric
+    from fp8probe.measurement.mismatch import RefRows, metric_interval, token_stats
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.log_softmax(torch.randn(8, 50, generator=g), -1)
+    cand = ref.clone()
+    cand[4:] = torch.log_softmax(ref[4:] + 3 * torch.randn(4, 50, generator=g), -1)  # prompt 1 only: KL, flips
+    tokens = torch.multinomial(ref.exp(), 1, generator=g).squeeze(-1)
+    stats = token_stats(RefRows.from_logp(ref, tokens), cand)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    for name, low, high in (("kl_q_p", 0.0, math.inf), ("top1_agree", 0.0, 1.0), ("token_mult_prob_error", 1.0,
+                                                                                      math.inf)):
+        lo, hi = metric_interval(stats, groups, name)
+        assert (metric(name).low, metric(name).high) == (low, high) and low <= lo <= hi <= high
+    assert metric_interval(stats, groups, "kl_q_p")[0] == 0.0 and metric_interval(stats, groups, "top1_agree")[1] == 1
+    assert metric_interval(stats, groups, "k1")[0] < 0
 
 
 def test_bootstrap_width_is_the_normal_theory_width():
