@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -84,7 +85,12 @@ def test_a_killed_worker_loses_no_row_and_duplicates_none(tiny_dirs, single, tmp
 @ray_workers
 def test_a_killed_driver_resumes_with_workers(deep_tiny_dir, tmp_path):
     """SIGKILL the driver of a 2-worker sweep half way (its local Ray instance with it); --resume with workers
-    ends with the table of an uninterrupted single-process sweep."""
+    ends with the table of an uninterrupted single-process sweep: every row once, in plan order, with the same
+    identity and method, and kl_q_p within 5 %. Not byte for byte: the workers run one thread and the single
+    process two, in other processes (other memory alignment), and a last-bit difference before a dynamic FP8
+    activation cast can flip its rounding; one CI run in about ten measured most rows 0.01-1 % apart this way
+    (kl_q_p 0.02807 vs 0.02807 on the first row, 0.1625 vs 0.1613 on model.fp8_all). The byte-for-byte
+    equality of Ray and single-process tables is test_two_workers_write_the_single_process_table_byte_for_byte's."""
     common = ["-q", "sweep", str(deep_tiny_dir), "--num-prompts", "6", "--max-new-tokens", "12"]
     full = tmp_path / "full"
     assert subprocess.run([sys.executable, "-m", "fp8probe.cli", *common, "--out", str(full)],
@@ -106,7 +112,10 @@ def test_a_killed_driver_resumes_with_workers(deep_tiny_dir, tmp_path):
     assert 0 < n_done < n_rows, "the sweep finished before it could be killed"
     r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert (out / "sensitivity.csv").read_bytes() == (full / "sensitivity.csv").read_bytes()
+    got, want = pd.read_csv(out / "sensitivity.csv"), pd.read_csv(full / "sensitivity.csv")
+    ident = ["unit", "kind", "block", "group", "params", "bytes_saved", "kv_bytes_saved_per_token", "method"]
+    pd.testing.assert_frame_equal(got[ident], want[ident])
+    assert np.allclose(got["kl_q_p"], want["kl_q_p"], rtol=0.05, atol=1e-9)
 
 
 def test_shards_cover_every_row_once():
