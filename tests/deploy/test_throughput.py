@@ -100,10 +100,26 @@ def test_simulate_by_hand():
     assert r.seconds == pytest.approx(0.032, rel=1e-6)  # prefill is free on this device
     one = simulate(m, [16, 16], [32, 32], num_blocks=100, groups=groups, max_num_seqs=1)
     assert (one.steps, one.mean_running) == (64, 1.0)
-    # 5 blocks of 16: both start (1 block each) and grow; at 33 tokens each needs 3 (6 > 5): the newest is preempted,
-    # recomputed once the first finishes; 32 + 32 steps, one preemption, its 16 lost tokens generated again
+    assert r.prefill_tokens == 32
+    # vLLM V1's preemption (vllm/v1/core/sched/scheduler.py, `_preempt_request`): the victim's blocks are freed and
+    # its num_computed_tokens reset to 0, but it keeps its output tokens; resumed, it prefills prompt + outputs
+    # (num_tokens - num_computed_tokens) and decodes on from there. 5 blocks of 16: both start (2 blocks each for
+    # their first 16 steps) and grow; at 48 tokens each needs 3 (6 > 5): the newest (request 1, 16 tokens generated)
+    # is preempted; request 0 finishes its last 16 steps alone; request 1 is readmitted, prefills 16 + 16 tokens and
+    # decodes its last 16. Steps 16 + 16 + 16 = 48; prefilled 16 + 16 + 32 = 64; no token generated twice.
     tight = simulate(m, [16, 16], [32, 32], num_blocks=5, groups=groups, max_num_seqs=8)
-    assert tight.preemptions == 1 and tight.steps == 32 + 32 and tight.tokens == 64
+    assert (tight.preemptions, tight.steps, tight.tokens, tight.prefill_tokens) == (1, 32 + 16, 64, 64)
+    assert tight.seconds == pytest.approx(0.048, rel=1e-6)
+    assert tight.mean_running == pytest.approx((16 * 2 + 16 + 16) / 48)
+    # prefill is charged: on a device whose FLOP/s are finite, the readmission's 32 tokens cost 2 x 32 x weights
+    slow = Device("p", 1e30, 1e9, None, bandwidth_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.0,
+                  seq_overhead_s=0.0)
+    mp = _model(device=slow)
+    tight_p = simulate(mp, [16, 16], [32, 32], num_blocks=5, groups=groups, max_num_seqs=8)
+    roomy_p = simulate(mp, [16, 16], [32, 32], num_blocks=100, groups=groups, max_num_seqs=8)
+    # compute-bound, bandwidth free: every sequence-step costs 2 x weights + attention over its own context in both
+    # runs (the same contexts, in another order), so the tight run costs exactly one more prefill of 32 tokens
+    assert tight_p.seconds - roomy_p.seconds == pytest.approx(2 * 32 * (LINEAR + LM_HEAD) / 1e9, rel=1e-6)
     with pytest.raises(ValueError, match="cannot hold even one"):
         simulate(m, [16], [64], num_blocks=2, groups=groups)
 
