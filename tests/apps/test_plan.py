@@ -164,3 +164,54 @@ def test_plan_bad_input(cli, tiny_dirs, tmp_path, args, message):
     r = cli("plan", str(tiny_dirs["llama"]), "--response-len", "64", *args, "--out", str(out))
     assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_each_configurations_rollout_by_hand(cli, tmp_path):
+    """Every configuration's modelled rollout, from its own weights and KV dtype, against the roofline by hand: a
+    config-only tiny Llama (tests/deploy/test_throughput.py's, byte counts derived there) on an H100 of the table
+    with no overheads and efficiencies of 1, four requests of 16 + 32 tokens (all admitted at once: no preemption).
+    A plan that modelled every configuration as BF16 (the recipe or KV dtype not passed on) fails here."""
+    from conftest import tiny_config
+
+    from fp8probe.deploy.gpus import gpu
+
+    hidden, inter, layers, vocab = 64, 128, 2, 256
+    cfg = tiny_config("llama", hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, tie_word_embeddings=False)
+    (tmp_path / "m").mkdir()
+    cfg.to_json_file(tmp_path / "m" / "config.json")
+    out = tmp_path / "plan"
+    r = cli("plan", tmp_path / "m" / "config.json", "--gpu", "H100", "--fp8", "FP8_DYNAMIC", "--kv-cache-dtype",
+            "fp8", "--prompt-len", "16", "--response-len", "32", "--rollout-batch", "4", "--train-step-s", "1",
+            "--bandwidth-efficiency", "1", "--compute-efficiency", "1", "--step-overhead-s", "0",
+            "--seq-overhead-s", "0", "--out", out)
+    assert r.code == 0, r.err
+    rows = {row["configuration"]: row for row in json.loads((out / "plan.json").read_text())["rows"]}
+    h100 = gpu("H100")
+    bw, bf16, fp8 = h100.bandwidth_gbs * 1e9, h100.bf16_tflops * 1e12, h100.fp8_tflops * 1e12
+    linear = layers * (hidden * hidden * 2 + hidden * 32 * 2 + 3 * hidden * inter)  # q, o; k, v (2 heads of 16)
+    lm_head = vocab * hidden
+    scales = layers * (64 + 32 + 32 + 64 + 128 + 128 + 64) * 4  # FP8_DYNAMIC: an fp32 scale per output channel
+    B, P, R = 4, 16, 32
+
+    def by_hand(fp8_weights: bool, kv_bytes: int) -> float:
+        weights = linear + scales + 2 * lm_head if fp8_weights else 2 * (linear + lm_head)
+        kv_token_layer = 2 * 2 * 16 * kv_bytes  # K and V, 2 heads of 16
+        t = 0.0
+        for j in range(R):  # decode step j: B sequences of P + j tokens each
+            ctx = B * (P + j)
+            mem = (weights + kv_token_layer * layers * ctx) / bw
+            mm = 2 * B * linear / fp8 + 2 * B * lm_head / bf16 if fp8_weights else 2 * B * (linear + lm_head) / bf16
+            attn = 4 * ctx * 4 * 16 * layers / bf16
+            t += max(mem, mm + attn)
+        prefill = 2 * B * P * (linear / fp8 + lm_head / bf16 if fp8_weights else (linear + lm_head) / bf16)
+        return t + prefill
+
+    want = {"bf16": by_hand(False, 2), "bf16 + kv fp8": by_hand(False, 1), "fp8 FP8_DYNAMIC": by_hand(True, 2),
+            "fp8 FP8_DYNAMIC + kv fp8": by_hand(True, 1)}
+    assert set(rows) == set(want)
+    for name, seconds in want.items():
+        assert rows[name]["rollout_s"] == pytest.approx(seconds, rel=1e-9), name
+        assert rows[name]["rollout_tokens_per_s"] == pytest.approx(B * R / seconds, rel=1e-9), name
+        assert rows[name]["step_s"] == pytest.approx(seconds + 1.0, rel=1e-9), name
+    assert len({round(s, 15) for s in want.values()}) == 4  # four different answers: each configuration matters
