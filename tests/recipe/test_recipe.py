@@ -315,6 +315,29 @@ def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):
     assert make_recipe(df, budget, st, r, holdout=2, refine_passes=4).to_json() == rec.to_json()
 
 
+def test_held_out_figure_uses_the_search_prompts_scales(twelve):
+    """Static FP8 (per-tensor activation scales) and a calibrated FP8 KV cache: the scales are calibrated on the
+    search prompts, as an export calibrates them before any held-out prompt is seen, and the held-out figure uses
+    those. It equals fp8probe.measure on the held-out prompts with a reference that carries the search prompts'
+    calibration, and differs from the same measurement with scales calibrated on the held-out prompts themselves
+    (which would flatter the recipe: those scales fit the very activations they are judged on)."""
+    from fp8probe import measure
+
+    st, r, df = twelve
+    budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.5
+    rec = make_recipe(df, budget, st, r, holdout=2, scheme="FP8", kv_cache="fp8")
+    search, held = r.subset(rec.split["search_sequences"]), r.subset(rec.split["heldout_sequences"])
+    units = fp8_names(rec, st)
+    assert units, "the recipe keeps some groups in FP8"
+    on_search = Reference(st, search)  # calibrated on the search prompts
+    with_search_scales = Reference(st, held, calibrate=False)
+    with_search_scales.calibration = on_search.calibration
+    want = measure(st, held, "FP8", units=units, kv="fp8", reference=with_search_scales)["kl_q_p"]
+    own = measure(st, held, "FP8", units=units, kv="fp8", reference=Reference(st, held))["kl_q_p"]
+    assert rec.measured == pytest.approx(want, rel=1e-9)
+    assert abs(own - want) > 1e-3 * want  # the two calibrations give measurably different figures here
+
+
 def test_the_engine_figure_is_the_profile_on_the_held_out_prompts(twelve):
     """measured_engine: the recipe on the held-out prompts as the vllm-cuda profile computes it, equal to
     fp8probe.measure(engine="vllm-cuda") there, and different from the simulation's figure (bf16 arithmetic); an
