@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Hypothesis: locally each run draws new examples (and replays failures from .hypothesis/); CI sets
+# HYPOTHESIS_PROFILE=ci, so that every CI run tries the same examples (derandomized, no example database) and a red
+# CI run is reproducible by setting the same variable.
+try:
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+    _hypothesis_settings.register_profile("explore", print_blob=True)
+    _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "explore"))
+except ImportError:  # the test extra is not installed: the property tests say so themselves
+    pass
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"]
 VOCAB = 300

@@ -130,9 +130,10 @@ def test_stale_in_one_tensor_is_noise_on_that_tensor(setup, tmp_path):
 def test_stale_checkpoint(setup, tmp_path, tiny_dirs):
     st, r, ref = setup
     m = tiny_model("llama")
+    g = torch.Generator().manual_seed(3)  # its own stream: the values do not depend on which tests ran before
     with torch.no_grad():
         for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.003)
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.003)
     m.save_pretrained(tmp_path / "step")
     tiny_tokenizer().save_pretrained(tmp_path / "step")
     src = sources.stale(st, str(tmp_path / "step"))
