@@ -174,10 +174,19 @@ ALLOWED_SKIPS: dict[str, str] = {}
 _SKIPPED: list[tuple[str, str]] = []
 
 
+# fixtures that reach a package registry (a download on first use): a test using one must be marked `network`, so
+# that the fast suite runs with the network off
+NETWORK_FIXTURES = {"released", "embedded"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("vllm") and not item.get_closest_marker("slow"):
             raise pytest.UsageError(f"{item.nodeid} is marked vllm but not slow: mark it slow too")
+        reaches = NETWORK_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if reaches and not (item.get_closest_marker("network") or item.get_closest_marker("slow")):
+            raise pytest.UsageError(f"{item.nodeid} uses {', '.join(sorted(reaches))} (a download on first use): "
+                                    f"mark it network (or slow)")
 
 
 def pytest_runtest_logreport(report):

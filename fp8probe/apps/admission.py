@@ -19,7 +19,7 @@ import math
 from dataclasses import MISSING, dataclass
 from typing import TYPE_CHECKING
 
-from ..core.artifacts import version
+from ..core.artifacts import arithmetic, version
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, excess
 from ..core.settings import Settings, opt
@@ -65,7 +65,7 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
         "prompts_to_decide": v["prompts_to_decide"], "undecided_because": v["undecided_because"],
         "metrics": got.metrics, "also_measured": also, "prefix_shift": shift, "opd_signal": opd,
         "num_prompts": got.num_prompts, "num_sequences": rollouts.num_sequences,
-        "num_response_tokens": rollouts.num_response_tokens,
+        "num_response_tokens": rollouts.num_response_tokens, "arithmetic": arithmetic(batch_size),
     }
 
 

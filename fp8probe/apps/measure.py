@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.artifacts import stamped, versions
+from ..core.artifacts import arithmetic, stamped, versions
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
 from ..core.settings import Settings, opt
 from ..measurement.engines import ENGINES
@@ -57,6 +57,7 @@ def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: Measure
             "command": "measure", "model": student.name, "scheme": settings.preset.name,
             "engine": settings.engine, "kv_cache_dtype": settings.kv_cache_dtype,
             "num_sequences": r.num_sequences, "num_response_tokens": r.num_response_tokens, "metrics": metrics,
+            "arithmetic": arithmetic(rollouts.batch_size),
             "seconds": round(time.perf_counter() - t0, 3), "versions": versions()})
         atomic_write_json(d / "mismatch.json", doc)
     return doc

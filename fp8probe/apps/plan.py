@@ -327,7 +327,7 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
     """`fp8probe plan`: the table (plan.csv), plan.json and plan.png in `out`; returns plan.json's content."""
     import time
 
-    from ..core.artifacts import stamped, versions
+    from ..core.artifacts import arithmetic, stamped, versions
     from ..core.files import atomic_write_json, atomic_write_text, check_writable, output_dir
     from ..deploy.gpus import gpu
     from ..model.structure import list_units, meta_model
@@ -383,6 +383,7 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
                 "target_rule": "given" if settings.target is not None else
                 f"the mismatch-free runs' final quality x (1 + tolerance {curves.tolerance:g})"},
             "assumed_steps": None if curves else settings.steps,
+            "arithmetic": arithmetic(rollouts.batch_size) if measured else None,
             "rows": rows, "seconds": round(time.perf_counter() - t0, 3), "versions": versions()})
         import pandas as pd
 

@@ -286,7 +286,7 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
     """Every source on one scale (ladder()), written as DIR/ladder.csv and DIR/ladder.json; returns the table."""
     import time
 
-    from ..core.artifacts import stamped, versions
+    from ..core.artifacts import arithmetic, stamped, versions
     from ..core.files import atomic_write_json, atomic_write_text, output_dir
     from ..measurement.perturbation import Perturbation
     from .inputs import check_inputs, load, rollouts_for
@@ -314,6 +314,7 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
             "sources": [{"name": s.name, "kind": s.kind, "parts": list(s.parts)} for s in steps],
             "num_sequences": r.num_sequences, "num_response_tokens": r.num_response_tokens,
             "noise_seed": settings.noise_seed, "prefix_seed": rollouts.seed,
+            "arithmetic": arithmetic(rollouts.batch_size),
             "seconds": round(time.perf_counter() - t0, 3), "versions": versions()}))
     return df
 

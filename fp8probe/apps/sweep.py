@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.artifacts import arithmetic
 from ..core.errors import FP8ProbeError
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
 from ..core.settings import Settings, opt
@@ -135,7 +136,7 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
                "exact_rows": int((df["method"] == "exact").sum()),
                "workers": executor.stats if executor is not None else {"workers": 1},
                "device": model.device, "dtype": model.dtype, "batch_size": rollouts.batch_size,
-               "num_sequences": r.num_sequences, "num_tokens": int(r.attention_mask.sum()),
+               "arithmetic": arithmetic(rollouts.batch_size), "num_sequences": r.num_sequences, "num_tokens": int(r.attention_mask.sum()),
                "num_response_tokens": r.num_response_tokens, "rows": len(df), "whole_model": whole,
                "seconds": {"load": round(t_load, 3), "rollouts": round(t_roll, 3),
                            **{k: round(v, 3) for k, v in df.attrs["seconds"].items()},

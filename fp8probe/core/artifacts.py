@@ -73,3 +73,18 @@ def versions() -> dict:
 
     return {"fp8probe": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
+
+
+# how every measurement lays out its arithmetic (Rollouts.batches); the words stored beside the batch size
+BATCHING = "batch_size sequences at a time in rollout order, each batch cut to its longest sequence"
+
+
+def arithmetic(batch_size: int) -> dict:
+    """The arithmetic a measurement ran in, stated beside its figures (run.json, mismatch.json, ladder.json,
+    check.json, plan.json). Another batch composition pads to other lengths and moves the GEMMs' last fp32 bits, and
+    an FP8 code on a rounding boundary flips: the figure moves within its interval (docs/numerics.md, "The arithmetic
+    a measurement ran in"). The thread count is recorded too (measured: it did not move any figure on this CPU)."""
+    import torch
+
+    return {"batch_size": int(batch_size), "batching": BATCHING, "torch_threads": torch.get_num_threads()}
+

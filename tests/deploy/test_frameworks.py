@@ -4,6 +4,8 @@ exactly the recipe (its own matching rules, not ours, decide which modules stay 
 verl, OpenRLHF, TRL and SkyRL: their released wheels (`pip download --no-deps`, cached, never installed);
 we read their shipped default config, argument parser or config dataclasses. NeMo-RL and slime have no real
 PyPI release: their keys were read from their repositories at the commits in tests/data/framework_keys.json.
+The tests that read a released wheel are marked `network` (the first run downloads it from PyPI): the fast suite
+runs without a package registry, CI runs them with the slow tests.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ def _verl_has(cfg: dict, key: str) -> bool:
     return not add  # `+` on an existing key is an error in Hydra
 
 
+@pytest.mark.network
 @pytest.mark.parametrize("target", ["verl", "verl-sglang"])
 def test_verl_keys_exist(released, rendered, target):
     root = released["verl"]
@@ -174,6 +177,7 @@ def _argparse_flags(path: Path) -> dict[str, list | None]:
     return out
 
 
+@pytest.mark.network
 def test_openrlhf_flags_exist(released, rendered):
     known = _argparse_flags(_find(released["openrlhf"], "openrlhf/cli/train_ppo_ray.py"))
     flags = cli_flags(rendered["openrlhf"]["openrlhf.sh"])
@@ -196,6 +200,7 @@ def _dataclass_fields(path: Path) -> dict[str, dict[str, str]]:
     return out
 
 
+@pytest.mark.network
 def test_trl_fields_exist(released, rendered):
     root = released["trl"]
     serve = _dataclass_fields(_find(root, "trl/scripts/vllm_serve.py"))["ScriptArguments"]
@@ -211,6 +216,7 @@ def test_trl_fields_exist(released, rendered):
     assert f"'{cfg['vllm_importance_sampling_mode']}'" in grpo_src.read_text()
 
 
+@pytest.mark.network
 def test_skyrl_keys_exist(released, rendered):
     classes = _dataclass_fields(_find(released["skyrl"], "skyrl/train/config/config.py"))
     overrides = hydra_overrides(rendered["skyrl"]["skyrl.sh"])
@@ -269,6 +275,7 @@ def _verl_matcher(released):
     return scope["_matches_ignored_layer"]
 
 
+@pytest.mark.network
 def test_verl_sglang_ignores_exactly_the_kept_modules(released, student, rendered):
     matches = _verl_matcher(released)
     env = next(k for k in hydra_overrides(rendered["verl-sglang"]["verl-sglang.sh"]) if "IGNORED_LAYERS" in k)

@@ -65,3 +65,31 @@ def test_a_gguf_is_converted_once_and_units_read_its_config_alone(cli, tmp_path,
     other = tmp_path / "renamed.gguf"
     shutil.copy(gguf, other)
     assert load_student(str(other)).path == st.path and calls == [gguf]
+
+
+def test_the_batch_composition_moves_a_figure_within_its_interval(embedded):
+    """A measurement's arithmetic (its batch composition) is part of it: the same whole-model FP8 weights + FP8 KV
+    cache on the same 4 x 24 rollouts, batched 1, 2 and 4 at a time, moves kl_q_p by up to ~15 % on the real
+    student (other padding widths move the GEMMs' last bits, FP8 codes on a rounding boundary flip, and a
+    heavy-tailed per-token KL carries the flips into the mean; benchmarks/batch_arithmetic.py measures it at three
+    sizes). Each flip stays inside its sequence, so every prompt's value carries its own draw of the arithmetic and
+    the bootstrap over prompts sees it: every composition's figure lies inside the default composition's 90 %
+    interval. The batch size and the thread count are recorded beside each figure (core/artifacts.arithmetic)."""
+    from fp8probe.core.artifacts import arithmetic
+    from fp8probe.core.schemes import KVCacheScheme, Scheme
+    from fp8probe.measurement.measure import measure_with_interval
+    from fp8probe.measurement.perturbation import Perturbation
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.model.rollouts import make_rollouts
+
+    st = embedded
+    r = make_rollouts(st, num_prompts=4, max_new_tokens=24, seed=0)
+    p = Perturbation(tuple(st.unit_names), Scheme.from_name("FP8_DYNAMIC"), st.layers, KVCacheScheme())
+    got = {}
+    for b in (8, 4, 2, 1):
+        got[b] = measure_with_interval(Reference(st, r, b), st, r, p, "sim", b)
+    value = {b: m.metrics["kl_q_p"] for b, m in got.items()}
+    lo, hi = got[8].interval("kl_q_p")
+    assert len({round(v, 12) for v in value.values()}) > 1, "no composition moved the figure: nothing was tested"
+    assert all(lo <= v <= hi for v in value.values()), (value, (lo, hi))
+    assert arithmetic(4)["batch_size"] == 4 and arithmetic(4)["torch_threads"] >= 1
