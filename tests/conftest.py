@@ -157,12 +157,31 @@ def _interactive_signals():
 
 
 def cli_process(*args, **kw):
-    """The command line in a child process (for signals, locks and kills), with SIGINT as a terminal has it."""
+    """The command line in a child process (for signals, locks and kills), with SIGINT as a terminal has it.
+
+    Tests compare the figures of two such processes byte for byte (a killed and resumed sweep against an
+    uninterrupted one). That is sound only where both ran the same arithmetic: the same machine and binaries,
+    the same rollouts in the same batches (the same flags), and the same torch thread count, which each child is
+    given explicitly here (OMP_NUM_THREADS, read by torch at start) instead of leaving it to whatever the
+    machine reports. The tests check the `arithmetic` both runs recorded before comparing bytes; where a test
+    compares runs that differ in it (Ray workers with one thread each), it compares within a tolerance instead."""
     import subprocess
     import sys
 
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(torch.get_num_threads()))}
+    env.update(kw.pop("env", {}))
     return subprocess.Popen([sys.executable, "-m", "fp8probe.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_interactive_signals, **kw)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_interactive_signals, env=env, **kw)
+
+
+def same_arithmetic(*run_dirs) -> bool:
+    """Whether sweeps recorded the same arithmetic (run.json's `arithmetic`: batch size, batching, threads): the
+    condition under which their figures are compared byte for byte."""
+    import json
+    from pathlib import Path
+
+    records = [json.loads((Path(d) / "run.json").read_text())["arithmetic"] for d in run_dirs]
+    return all(r == records[0] for r in records)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ def test_auto_resumes_after_kill(deep_tiny_dir, tmp_path):
     import signal
     import time
 
-    from conftest import cli_process
+    from conftest import cli_process, same_arithmetic
 
     common = ["-q", "sweep", deep_tiny_dir, "--num-prompts", "6", "--max-new-tokens", "12", "--method", "auto",
               "--top-k", "30", "--controls", "4"]
@@ -192,6 +192,7 @@ def test_auto_resumes_after_kill(deep_tiny_dir, tmp_path):
     assert n_fisher < n_done < n_rows, "the sweep finished before it could be killed"
     p = cli_process(*common, "--out", killed, "--resume")
     assert p.wait(timeout=600) == 0, p.stderr.read()
+    assert same_arithmetic(killed, full)  # the condition of a byte-for-byte comparison (conftest.cli_process)
     assert (killed / "sensitivity.csv").read_bytes() == (full / "sensitivity.csv").read_bytes()
 
 

@@ -12,7 +12,7 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import cli_process
+from conftest import cli_process, same_arithmetic
 
 COMMON = ["--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
 SENTINEL = 12345.0
@@ -25,11 +25,11 @@ def deep(deep_tiny_dir):
 
 @pytest.fixture(scope="module")
 def reference_table(deep, tmp_path_factory):
-    """The table of an uninterrupted sweep with the same settings."""
+    """The directory of an uninterrupted sweep with the same settings (its table and run.json)."""
     out = tmp_path_factory.mktemp("full") / "full"
     p = cli_process("-q", "sweep", deep, "--out", out, *COMMON)
     assert p.wait(timeout=600) == 0, p.stderr.read()
-    return (out / "sensitivity.csv").read_bytes()
+    return out
 
 
 def _wait_rows(partial, n, proc, timeout=300):
@@ -62,7 +62,9 @@ def _resume_and_compare(deep, out, reference_table, sentinel_unit):
     p = cli_process("-q", "sweep", deep, "--out", out, "--resume", *COMMON)
     assert p.wait(timeout=600) == 0, p.stderr.read()
     got = pd.read_csv(out / "sensitivity.csv")
-    want = pd.read_csv(pd.io.common.BytesIO(reference_table))
+    want = pd.read_csv(reference_table / "sensitivity.csv")
+    # compared exactly: both runs recorded the same arithmetic (conftest.cli_process: same flags and threads)
+    assert same_arithmetic(out, reference_table)
     row = got["unit"] == sentinel_unit
     assert got.loc[row, "kl_q_p"].item() == SENTINEL, "resume measured a finished row again"
     got.loc[row, "kl_q_p"] = want.loc[row, "kl_q_p"]
@@ -141,7 +143,7 @@ def test_full_disk_keeps_finished_rows(cli, deep, tmp_path, reference_table, mon
     r = cli("-q", "sweep", deep, "--out", out, "--resume", *COMMON)
     assert r.code == 2 and "no space left on device" in r.lines[0], r.err
     rows = pd.read_csv(out / "sensitivity.partial.csv")
-    assert len(rows) == len(pd.read_csv(pd.io.common.BytesIO(reference_table)))  # every row is safe
+    assert len(rows) == len(pd.read_csv(reference_table / "sensitivity.csv"))  # every row is safe
     assert not (out / "sensitivity.csv").exists()
     monkeypatch.setattr(fp8probe.core.files, "atomic_write_bytes", real_write)
     unit = _plant_sentinel(out / "sensitivity.partial.csv")

@@ -7,7 +7,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from conftest import ARCHS, cli_process, tiny_student
+from conftest import ARCHS, cli_process, same_arithmetic, tiny_student
 
 from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.measurement.attention import quantize_kv
@@ -83,7 +83,8 @@ def test_kill_resume_and_determinism(deep_tiny_dir, tmp_path):
     full = tmp_path / "full"
     p = _cli("sweep", slow_tiny, "--out", full, *common)
     assert p.wait(timeout=600) == 0, p.stderr.read()
-    # determinism across processes: the killed run's rows and the resumed run's rest equal `full`'s, byte for byte
+    # determinism across processes: the killed run's rows and the resumed run's rest equal `full`'s, byte for byte,
+    # since all three ran the same arithmetic (conftest.cli_process: same flags, same thread count; checked below)
 
     killed = tmp_path / "killed"
     p = _cli("sweep", slow_tiny, "--out", killed, *common)
@@ -109,6 +110,7 @@ def test_kill_resume_and_determinism(deep_tiny_dir, tmp_path):
 
     p = _cli("sweep", slow_tiny, "--out", killed, "--resume", *common)
     assert p.wait(timeout=600) == 0, p.stderr.read()
+    assert same_arithmetic(killed, full)
     assert (killed / "sensitivity.csv").read_bytes() == (full / "sensitivity.csv").read_bytes()
     assert not partial.exists()
 
