@@ -106,6 +106,24 @@ def tiny_dirs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """A small but well-formed GGUF file (llama metadata, one 300 x 1024 fp32 tensor: 1.2 MB), written by the gguf
+    package's own writer: what the bad-input tests cut short (no download)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.random.default_rng(0).standard_normal((300, 1024)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="session")
 def deep_tiny_dir(tmp_path_factory):
     """A deeper tiny model on disk, so that a sweep lasts long enough to be killed or interrupted half way."""
     d = tmp_path_factory.mktemp("deep") / "llama"

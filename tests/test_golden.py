@@ -13,12 +13,16 @@ of an activation can flip one of its FP8 codes:
       whole-model rows          kl_q_p, kl_p_q <= 0.28 %; sampled-token metrics <= 9.1 % (k3 of fp8_all_kv:
                                 more FP8 codes flip, and 32 sampled tokens carry the mean); percentiles <= 3.6 %
       1 vs 2 torch threads on one machine: bit-identical (CI runs this test both ways)
+    measured (2026-12-02): a 2-core AMD EPYC without AVX-512 against the same golden copies: the ends of the
+      whole-model rows' 90 % intervals (run.json whole_model) moved 2.4 % (a bootstrap percentile over 4 prompts
+      follows the few prompts at that end, where flipped codes concentrate) while every value stayed within 1 %
     tolerance (about four times the measured):
       full-vocabulary means and SQNR (kl_q_p, kl_p_q, kl_fisher, sqnr_db)   1 % everywhere
       sampled-token metrics and percentiles                                 5 % on unit / KV rows,
                                                                             30 % on whole-model rows and
                                                                             the recipe's measured passes
       top1_agree                                                            2 tokens of the run's 32
+      the ends of a whole-model row's interval (run.json)                   10 %
 
 Where a float decides a discrete outcome, the golden run must leave margins rounding cannot cross: every
 measured and predicted pass of the recipe search lies more than twice the tolerance from the budget, and the
@@ -56,12 +60,15 @@ RTOL_FULL = 0.01
 RTOL_UNIT = 0.05  # sampled-token metrics and percentiles of a unit / KV row
 RTOL_WHOLE = 0.30  # ... of a whole-model row or a recipe's measured pass
 ATOL_TOP1 = 2 / TOKENS
+RTOL_INTERVAL = 0.10  # the ends of a whole-model row's bootstrap interval
 
 
 def tolerance(metric: str, whole: bool) -> tuple[float, float]:
     """(rtol, atol) for one metric of a row (see the module docstring)."""
     if metric == "top1_agree":
         return 0.0, ATOL_TOP1
+    if metric == "interval":
+        return RTOL_INTERVAL, 0.0
     if metric in FULL:
         return RTOL_FULL, 0.0
     return (RTOL_WHOLE if whole else RTOL_UNIT), 0.0
@@ -104,7 +111,7 @@ def compare_json(got, want, where: str, key: str = "") -> list[str]:
             return [f"{where}: lists differ in length"]
         return [m for i, (g, w) in enumerate(zip(got, want)) for m in compare_json(g, w, f"{where}[{i}]", key)]
     if isinstance(want, float) and isinstance(got, float):
-        rtol, atol = tolerance(key, whole=True) if key in METRICS else (RTOL_FULL, 0.0)
+        rtol, atol = tolerance(key, whole=True) if key in METRICS or key == "interval" else (RTOL_FULL, 0.0)
         return [] if _close(got, want, rtol, atol) else [f"{where}: {got!r} vs golden {want!r} (rtol {rtol})"]
     return [] if type(got) is type(want) and got == want else [f"{where}: {got!r} vs golden {want!r}"]
 
@@ -221,6 +228,10 @@ def test_the_comparison_can_tell():
     moved = json.loads(json.dumps(rec))
     moved["measured"] *= 1.02
     assert compare_json(moved, rec, "r")
+    run = json.loads((GOLDEN / "sweep/run.json").read_text())
+    wide = json.loads(json.dumps(run))
+    wide["whole_model"]["model.fp8_all"]["interval"][0] *= 1.12  # an interval end off by 12 %
+    assert compare_json(wide, run, "w") and compare_json(run, run, "w") == []
     text = (GOLDEN / "recipe/recipe.yaml").read_text()
     assert compare_yaml(text.replace("model.layers.0.self_attn.o_proj, ", ""), text, "y")
     assert compare_yaml(text, text, "y") == []

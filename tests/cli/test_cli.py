@@ -31,10 +31,8 @@ def test_bad_input_in_a_real_process(tmp_path, tiny_dirs):
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "no such file or directory" in r.stderr
 
 
-def test_truncated_gguf(cli, tmp_path):
-    from fp8probe.model.embedded import embedded_gguf
-
-    with open(embedded_gguf(), "rb") as f:
+def test_truncated_gguf(cli, tmp_path, tiny_gguf):
+    with open(tiny_gguf, "rb") as f:
         (tmp_path / "cut.gguf").write_bytes(f.read(500_000))
     r = cli("sweep", tmp_path / "cut.gguf", "--out", tmp_path / "out")
     assert r.code == 2 and len(r.lines) == 1 and "truncated or corrupt" in r.lines[0]

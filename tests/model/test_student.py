@@ -87,13 +87,10 @@ def test_bad_inputs(tmp_path):
         load_student("nobody/no-such-model")
 
 
-def test_truncated_gguf(tmp_path):
-    from fp8probe.model.embedded import embedded_gguf
-
-    src = embedded_gguf()
+def test_truncated_gguf(tmp_path, tiny_gguf):
     cut = tmp_path / "cut.gguf"
-    with open(src, "rb") as f:
-        cut.write_bytes(f.read(1_000_000))
+    with open(tiny_gguf, "rb") as f:
+        cut.write_bytes(f.read(1_000_000))  # the tensor's data cut short
     with pytest.raises(FP8ProbeError, match="truncated or corrupt"):
         load_student(str(cut))
 

@@ -179,7 +179,11 @@ def test_reference_kept_as_hidden_states_gives_the_same_rows_bit_for_bit():
     tables = {s: sweep(student, r, reference=ref, batch_size=4) for s, ref in refs.items()}
     pd.testing.assert_frame_equal(tables["logp"], tables["hidden"], check_exact=True)
     assert refs["hidden"].rows.storage == "hidden" and refs["logp"].rows.storage == "logp"
-    assert torch.equal(refs["hidden"].rows.logp, refs["logp"].rows.logp)
+    # the whole [M, V] view recomputes in chunks counted from row 0, where the pass chunked each batch from its own
+    # first row: the same numbers up to the GEMM's last bits, which depend on the chunk's rows on some CPUs (an
+    # AVX2 AMD EPYC: 9.5e-7 on log-probs near -10). The rows a measurement takes are chunked as the pass chunked
+    # them: bit for bit the same (the tables above).
+    assert torch.allclose(refs["hidden"].rows.logp, refs["logp"].rows.logp, rtol=0, atol=1e-5)
     assert refs["hidden"].nbytes() < refs["logp"].nbytes()
     # auto: the log-probs while they fit in HIDDEN_ABOVE_BYTES, the hidden states beyond; the estimate follows
     cfg = student.model.config
