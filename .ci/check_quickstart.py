@@ -56,7 +56,8 @@ def main() -> None:
             fail(f"{p[0]}: printed kl_q_p {p[3]}, the table holds {r['kl_q_p']}")
     rest = lines[start + 12:]
     if not (len(rest) >= 3 and rest[0].startswith("model.fp8_all: kl_q_p=")
-            and rest[1].startswith("model.fp8_all_kv: kl_q_p=") and rest[-1].startswith(f"sweep: {len(rows)} rows in ")):
+            and rest[1].startswith("model.fp8_all_kv: kl_q_p=")
+            and rest[-1].startswith(f"sweep: {len(rows)} rows in ")):
         fail(f"the lines after the block are {rest}")
     print(f"check_quickstart: {len(rows)} rows, {methods['exact']} measured, the printed ten are the table's ten")
 

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 from fp8probe import load_student, make_rollouts
-from fp8probe.apps import sources
-from fp8probe.apps.admission import check
+from fp8probe.budget.admission import check
+from fp8probe.budget.fit import default_budget
 from fp8probe.measurement.reference import Reference
-from fp8probe.recipe.budget import default_budget
 from fp8probe.recipe.recipe import read_recipe
+from fp8probe.sources import sources
 
 MEDIUM = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m" / "kl_q_p-0.008" / "recipe.yaml"
 

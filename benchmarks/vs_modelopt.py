@@ -56,7 +56,8 @@ def modelopt_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run(pip + ["torch==2.13.0"], check=True)
-        subprocess.run(pip + ["nvidia-modelopt", "transformers<5.15", "requests", "accelerate", "safetensors"], check=True)
+        subprocess.run(pip + ["nvidia-modelopt", "transformers<5.15", "requests", "accelerate", "safetensors"],
+                       check=True)
         (VENV / ".ready").touch()
     return py
 

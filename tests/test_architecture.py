@@ -10,10 +10,12 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "fp8probe"
 # bottom to top: a module may import from its own layer and the layers before it
-LAYERS = ("core", "model", "measurement", "sweeps", "recipe", "deploy", "plots", "apps", "testing", "cli")
+LAYERS = ("core", "model", "measurement", "sweeps", "recipe", "deploy", "plots", "sources", "budget", "apps", "testing",
+          "cli")
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict[str, str] = {}  # "module:function" -> why it may be longer (none)
 MAX_CLI_LINES = 400
+MAX_APP_LINES = 150  # an entry point per command: settings in, a result and its files out; the work lives below
 
 
 def modules() -> dict[str, Path]:
@@ -142,6 +144,26 @@ def test_functions_are_short():
 def test_the_cli_is_thin():
     total = sum(len(p.read_text().splitlines()) for p in (PKG / "cli").glob("*.py"))
     assert total <= MAX_CLI_LINES, f"cli/ holds {total} lines; parse flags into settings and call the library"
+
+
+def test_the_entry_points_are_thin():
+    """apps/ holds one entry point per command, each file at most MAX_APP_LINES lines, and no training code: the
+    trainers, the calibration runs and the budget fit live in budget/, the mismatch sources in sources/."""
+    long, training = [], []
+    for p in sorted((PKG / "apps").glob("*.py")):
+        text = p.read_text()
+        if len(text.splitlines()) > MAX_APP_LINES:
+            long.append(f"{p.name} ({len(text.splitlines())} lines)")
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+            module = getattr(node, "module", None) or ""
+            if any(n.split(".")[0] == "trl" for n in names) or module.split(".")[0] == "trl":
+                training.append(f"{p.name} imports trl")
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and "train" in node.name.lower():
+                training.append(f"{p.name} defines {node.name}")
+    assert not long, f"apps/ files over {MAX_APP_LINES} lines: {long}"
+    assert not training, f"training code in apps/: {training}"
 
 
 def test_the_public_api_names_each_concept_at_its_one_home():

@@ -1,260 +1,26 @@
-"""Calibrate the mismatch budget with short training runs at known rollout mismatch, paired by seed.
+"""`fp8probe calibrate`: the mismatch budget calibrated with short training runs at known rollout mismatch, paired
+by seed (the experiment: budget/experiment.py; one run: budget/runs.py; the fit: budget/fit.py).
 
     fp8probe calibrate [--teacher T] [--student S|pruned[:K]] --out DIR [--objectives opd grpo grpo-is]
                        [--levels ...] [--seeds N] [--tolerance 0.02] [--quality auc|final] [--bracket 2]
-
-Each run trains the student toward the teacher (an objective of calibration_runs.OBJECTIVES: on-policy
-distillation, or GRPO rewarded by the teacher's log-likelihood, with or without importance-sampling correction),
-its rollouts taken from a perturbed copy of the student at one *level*: seeded weight noise σ (a fresh draw each
-step, as a rollout engine re-quantizing new weights makes a fresh error), the FP8 weights of every unit, an FP8 KV
-cache, or k-step stale weights. The mismatch of every rollout batch is measured while it trains, on fp8probe's
-one scale, so the x-axis is measured, not assumed.
-
-The design is paired: every level runs each seed with the same data order, generation and evaluation seeds as
-its mismatch-free twin, a run's quality loss is its relative rise over its twin's (calibration_runs), and the
-budget's interval comes from a paired bootstrap over seeds (recipe/budget.py). The tolerance is the user's choice
-(default 2 %); the seeds' own spread is reported beside it.
-
-The ladder is adaptive: after the levels asked for, the noise level between the last admitted and the first
-rejected one (their geometric mean in σ, since the KL grows as σ²) is run and the budget refitted, until the edge
-is bracketed within `bracket` (a factor on the measured mismatch) or `max_added` levels were added; with no level
-rejected it climbs (σ x 3), with none admitted it descends (σ / 3). Every objective gets its own budget.
-
-The directory:
-
-    DIR/calibrate.json            the calibration (schema_version); calibrate.partial.json until it is done
-    DIR/runs/<objective>/...      one directory per run (calibration_runs.py)
-    DIR/runs.csv                  one row per finished run, in the format `fp8probe budget` reads
-    DIR/budget.json               the first objective's budget; DIR/budget-<objective>.json for each
-    DIR/calibration.png           quality loss vs measured mismatch per objective, the budgets, learning curves
-
-A killed calibration resumes with --resume: finished runs are kept, an unfinished one starts again, and the
-adaptive ladder takes the same decisions from the same results.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..core.errors import FP8ProbeError
-from .calibration_runs import (QUALITY_NAME, SCHEMA_VERSION, check_objectives, finished, load_pair, perturbation_maker,
-                               run_dir, runs_table, train_one)
-from .sources import SourceSpec, parse_source
-from .training import TrainSettings
+from ..budget.experiment import Experiment, calibrate, check_resume, prepare, read_marks
 
-PARTIAL = "calibrate.partial.json"  # the calibration while runs are missing: resume state (kept on failure)
+__all__ = ["run_calibrate", "describe", "prepare", "Experiment"]
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """A calibration resolved from CalibrateSettings: the pair, the objectives, the parsed ladder, the prompt split,
-    one run's training settings and how the budget is read. Recorded in calibrate.json; a resume must match it."""
-
-    teacher: str | None
-    student: str
-    levels: tuple[str, ...]
-    seeds: int
-    train: TrainSettings
-    train_prompts: tuple[str, ...]
-    heldout_prompts: tuple[str, ...]
-    objectives: tuple[str, ...] = ("opd",)
-    tolerance: float = 0.02
-    quality: str = "auc"
-    bracket: float = 2.0
-    max_added: int = 3
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["train"] = asdict(self.train)
-        return {"schema_version": SCHEMA_VERSION, **d}
-
-
-HELDOUT_EVERY = 10  # every 10th prompt is held out: 24 of the 240 built-in training prompts
-
-
-def split_prompts(prompts: list[str], heldout_every: int = HELDOUT_EVERY) -> tuple[list[str], list[str]]:
-    """Every `heldout_every`-th prompt held out for evaluation, the rest trained on."""
-    held = [p for i, p in enumerate(prompts) if i % heldout_every == heldout_every - 1]
-    train = [p for i, p in enumerate(prompts) if i % heldout_every != heldout_every - 1]
-    if not held or not train:
-        raise FP8ProbeError(f"{len(prompts)} prompt(s) cannot be split into training and held-out prompts: "
-                            f"give at least {heldout_every}")
-    return train, held
-
-
-def prepare(settings, train: TrainSettings) -> Calibration:
-    """The Calibration from what a user asks for (CalibrateSettings): levels parsed, no level twice, objectives and
-    training settings checked, every 10th prompt held out; before any output exists."""
-    from ..model.prompts import TRAINING_PROMPTS
-    from ..model.rollouts import read_prompts
-    from .calibration_runs import pruned_every
-
-    names = [parse_source(x).name for x in settings.levels]
-    if len(set(names)) != len(names):
-        raise FP8ProbeError(f"`levels` names a level twice ({', '.join(names)})")
-    if "0" not in names:
-        raise FP8ProbeError("`levels` needs 0: every level is compared with its mismatch-free twin")
-    if settings.student.startswith("pruned"):
-        pruned_every(settings.student)
-    check_objectives(settings.objectives, train)
-    tr, held = split_prompts(read_prompts(settings.prompts) if settings.prompts else list(TRAINING_PROMPTS))
-    return Calibration(settings.teacher, settings.student, tuple(settings.levels), settings.seeds, train, tuple(tr),
-                       tuple(held), tuple(dict.fromkeys(settings.objectives)), settings.tolerance, settings.quality,
-                       settings.bracket, settings.max_added)
-
-
-def check_resume(out: Path, calibration: Calibration, resume: bool) -> None:
-    """Refuse to mix calibrations: a directory holding one is resumed only with `resume` and the same settings
-    (levels, seeds and objectives may grow; finished runs are kept)."""
-    f = next((out / n for n in (PARTIAL, "calibrate.json") if (out / n).exists()), None)
-    if f is None:
-        if out.exists() and any(x for x in out.iterdir() if not x.name.startswith(".")) and not resume:
-            raise FP8ProbeError(f"{out} exists and is not empty: choose another `out`")
-        return
-    if not resume:
-        raise FP8ProbeError(f"{out} holds a calibration: pass `resume` to continue it, or another `out`")
-    try:
-        old = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FP8ProbeError(f"{f} is not valid JSON ({e}): start in another `out`") from e
-    new = json.loads(json.dumps(calibration.to_json()))
-    if isinstance(old.get("train"), dict):  # settings added since it was written held their defaults then
-        old["train"] = {**json.loads(json.dumps(asdict(TrainSettings()))), **old["train"]}
-    for key in ("schema_version", "teacher", "student", "train", "train_prompts", "heldout_prompts", "tolerance",
-                "quality", "bracket", "max_added"):
-        if old.get(key) != new.get(key):
-            raise FP8ProbeError(f"{out} was calibrated with another {key.replace('_', ' ')}: resume with the same "
-                                "settings, or choose another `out`")
-
-
-def next_level(budget, table, bracket: float) -> SourceSpec | None:
-    """The noise level the adaptive ladder runs next (module docstring), or None when the edge is bracketed within
-    `bracket`. `table`: one objective's runs (runs_table), `budget`: its fit."""
-    fitted = {round(lv["mismatch"], 15): lv["fitted"] for lv in budget.levels}
-    noise = (table[table["kind"] == "noise"].groupby("value")["mismatch"].first().sort_index())
-    if noise.empty:
-        return None
-    ok = {sigma: fitted[round(m, 15)] <= budget.tolerance for sigma, m in noise.items()}
-    admitted = [s for s in noise.index if ok[s]]
-    rejected = [s for s in noise.index if not ok[s]]
-    if not rejected:
-        return SourceSpec("noise", _round(noise.index.max() * 3))
-    if not admitted:
-        return SourceSpec("noise", _round(noise.index.min() / 3))
-    lo, hi = max(admitted), min(rejected)
-    if hi < lo or noise[hi] <= bracket * noise[lo]:
-        return None
-    return SourceSpec("noise", _round(math.sqrt(lo * hi)))
-
-
-def _round(x: float) -> float:
-    return float(f"{x:.3g}")
-
-
-class _Ladder:
-    """The runs of one calibration: trained or found finished, the adaptive levels, the progress bar."""
-
-    def __init__(self, calibration: Calibration, out: Path, device: str, progress: bool, log):
-        from tqdm.auto import tqdm
-
-        self.c, self.out, self.device, self.log = calibration, out, device, log
-        self.teacher, self.initial = load_pair(calibration.teacher, calibration.student, device)
-        self.levels = [parse_source(x) for x in calibration.levels]
-        for lv in self.levels:  # a level the student cannot take is refused before any run starts
-            perturbation_maker(lv, self.initial, 0)
-        todo = [(o, lv, s) for o in calibration.objectives for lv in self.levels for s in range(calibration.seeds)]
-        self.bar = tqdm(total=sum(calibration.train.steps for o, lv, s in todo if finished(out, o, lv, s) is None),
-                        desc="calibrate", unit="step", disable=not progress)
-        self.start = None  # the held-out evaluation before training: one student, one seed, the same for every run
-        self.results: dict[tuple, dict] = {}
-
-    def run(self, objective: str, level: SourceSpec, seed: int) -> dict:
-        done = finished(self.out, objective, level, seed)
-        if done is None:
-            if self.start is None:
-                from .opd_train import heldout_quality
-
-                self.start = heldout_quality(self.initial, self.teacher, list(self.c.heldout_prompts), self.c.train)
-            last = [0]
-
-            def on_step(step, rkl):
-                self.bar.update(step - last[0])
-                last[0] = step
-                self.bar.set_postfix_str(f"{objective} level {level.name} seed {seed} held-out rKL {rkl:.3f}")
-
-            done = train_one(self.teacher, self.initial, objective, level, seed, self.c, self.out, on_step,
-                             self.device, self.start)
-            if self.log is not None:
-                q = done["quality"]
-                self.log(f"{objective} level {level.name} seed {seed}: mismatch {done['mismatch']['kl_q_p']:.4g}, "
-                         f"held-out reverse KL {done['quality_start']['reverse_kl']:.4f} -> {q['final']:.4f} "
-                         f"(mean along training {q['auc']:.4f}; {done['seconds']:.0f} s)")
-        self.results[(objective, level.name, seed)] = done
-        return done
-
-    def objective(self, objective: str):
-        """Every level of the ladder for one objective, then the adaptive levels; its runs table and budget."""
-        from ..recipe.budget import fit_budget
-
-        levels, added = list(self.levels), []
-        while True:
-            for lv in levels:
-                for seed in range(self.c.seeds):
-                    self.run(objective, lv, seed)
-            df = runs_table([self.results[(objective, lv.name, s)] for lv in levels for s in range(self.c.seeds)],
-                            self.c.quality)
-            budget = fit_budget(df, tolerance=self.c.tolerance, bootstrap=1000)
-            nxt = next_level(budget, df, self.c.bracket)
-            if nxt is None or len(added) >= self.c.max_added or nxt.name in {lv.name for lv in levels}:
-                return df, budget, added
-            added.append(nxt.name)
-            levels.append(nxt)
-            self.bar.total += self.c.train.steps * self.c.seeds
-            self.bar.refresh()
-
-
-def calibrate(calibration: Calibration, out: Path, device: str = "cpu", progress: bool = True, marks=(),
-              log=None) -> dict:
-    """Every objective's ladder (finished runs kept), then runs.csv, the budgets and calibration.png."""
-    import pandas as pd
-
-    from ..core.files import atomic_write_json, atomic_write_text
-
-    ladder = _Ladder(calibration, out, device, progress, log)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / PARTIAL, calibration.to_json())
-    tables, budgets, added = [], {}, {}
-    for objective in calibration.objectives:
-        df, budget, added[objective] = ladder.objective(objective)
-        source = f"fp8probe calibrate ({objective}): {len(df)} runs in {out}"
-        budgets[objective] = type(budget)(**{**budget.__dict__, "source": source})
-        tables.append(df)
-    ladder.bar.close()
-    df = pd.concat(tables, ignore_index=True)
-    atomic_write_text(out / "runs.csv", df.to_csv(index=False))
-    for i, (objective, b) in enumerate(budgets.items()):
-        atomic_write_json(out / f"budget-{objective}.json", b.to_json())
-        if i == 0:
-            atomic_write_json(out / "budget.json", b.to_json())
-    from ..plots.figures import calibration_plot
-
-    curves = {(o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv" for (o, lv, s) in ladder.results}
-    calibration_plot(df, out / "calibration.png", budgets=budgets, marks=read_marks(marks), quality=QUALITY_NAME,
-                     curves=curves)
-    atomic_write_json(out / "calibrate.json", {**calibration.to_json(), "added_levels": added})
-    (out / PARTIAL).unlink()
-    return {"runs": df, "budgets": budgets, "added": added}
-
-
-def run_calibrate(calibration: Calibration, out, resume: bool = False, device: str = "cpu", progress: bool = True,
+def run_calibrate(calibration: Experiment, out, resume: bool = False, device: str = "cpu", progress: bool = True,
                   marks=(), log=None) -> dict:
     """`fp8probe calibrate`: every run, runs.csv, the budgets and calibration.png in `out` (calibrate()), after
     TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`."""
+    from ..budget.opd import require_trl
     from ..core.files import check_writable, output_dir
-    from .opd_train import require_trl
 
     require_trl()
     read_marks(marks)
@@ -264,7 +30,7 @@ def run_calibrate(calibration: Calibration, out, resume: bool = False, device: s
         return calibrate(calibration, d, device=device, progress=progress, marks=marks, log=log)
 
 
-def describe(res: dict, calibration: Calibration, out, seconds: float) -> str:
+def describe(res: dict, calibration: Experiment, out, seconds: float) -> str:
     """What `fp8probe calibrate` prints: per objective, each level's measured mismatch, quality and paired loss, the
     plateau check, then its budget with its interval and the seeds' spread."""
     df = res["runs"]
@@ -286,7 +52,8 @@ def describe(res: dict, calibration: Calibration, out, seconds: float) -> str:
                          f"[{lo:+.2%}, {hi:+.2%}]  ({lv['kind']}: shown, not fitted)")
         clean = d[d["kind"] == "none"]
         lo, hi = b.interval or (math.nan, math.nan)
-        lines.append(f"  mismatch-free runs: the last fifth of training improved them {clean['late_improvement'].mean():.1%}"
+        late = clean['late_improvement'].mean()
+        lines.append(f"  mismatch-free runs: the last fifth of training improved them {late:.1%}"
                      f" on average; the seeds alone spread {b.seed_spread or 0:.1%}")
         lines.append(f"  budget: kl_q_p <= {b.value:.4g} (90 % paired bootstrap interval {lo:.4g} .. {hi:.4g}, x"
                      f"{hi / lo if lo > 0 else math.inf:.2g}) at a relative quality loss <= {b.tolerance:g} -> "
@@ -294,28 +61,3 @@ def describe(res: dict, calibration: Calibration, out, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def read_marks(paths) -> list[tuple[str, float]]:
-    """(label, measured kl_q_p) of configurations to mark on the curve: a recipe.json (its measured value), a
-    ladder.csv (each source), or a sweep's sensitivity.csv / directory (its whole-model rows)."""
-    import pandas as pd
-
-    marks = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            p = next((p / f for f in ("recipe.json", "ladder.csv", "sensitivity.csv") if (p / f).exists()), p)
-        if p.name.endswith(".json") and p.is_file():
-            d = json.loads(p.read_text(encoding="utf-8"))
-            if d.get("metric") != "kl_q_p" and "measured_metrics" not in d:
-                raise FP8ProbeError(f"`mark` {p}: a recipe.json measured on kl_q_p is needed")
-            value = d.get("measured_metrics", {}).get("kl_q_p", d.get("measured"))
-            marks.append((f"recipe {p.parent.name}", float(value)))
-        elif p.name == "ladder.csv" and p.is_file():
-            df = pd.read_csv(p)
-            marks += [(str(r["source"]), float(r["kl_q_p"])) for _, r in df.iterrows() if r.get("kind") != "noise"]
-        elif p.name == "sensitivity.csv" and p.is_file():
-            df = pd.read_csv(p)
-            names = {"model.fp8_all": "all units FP8", "model.fp8_all_kv": "all units + KV FP8"}
-            marks += [(names[r["unit"]], float(r["kl_q_p"])) for _, r in df.iterrows() if r["unit"] in names]
-        else:
-            raise FP8ProbeError(f"`mark` {p}: give a recipe.json, a ladder.csv or a sweep's sensitivity.csv")
-    return marks

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.files import check_writable
@@ -14,11 +15,20 @@ from ..model.settings import ModelSource, RolloutSettings
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """What check_inputs read: the model's config and the saved rollouts (None: they will be sampled), read once
+    and handed on (rollouts_for, the memory check) instead of read again."""
+
+    config: object
+    rollouts: object | None
+
+
 def check_inputs(model: ModelSource, rollouts: RolloutSettings, out=None, scheme: Scheme | None = None,
-                 partial: bool = False, others=()):
+                 partial: bool = False, others=()) -> Inputs:
     """Device, dtype, the model's config (supported, the scheme's shapes: `partial` allows groups it cannot take),
     the prompts file, saved rollouts (they fit the model), the output directory, and `others` (more model
-    sources: a teacher, stale checkpoints) supported too. Returns the model's config."""
+    sources: a teacher, stale checkpoints) supported too. Returns what it read (Inputs)."""
     from ..model.rollouts import load_rollouts, read_prompts
     from ..model.structure import check_scheme
 
@@ -34,7 +44,7 @@ def check_inputs(model: ModelSource, rollouts: RolloutSettings, out=None, scheme
         check_scheme(cfg, scheme, partial=partial)
     if saved is not None:
         saved.check_fits(cfg, rollouts.rollouts)
-    return cfg
+    return Inputs(cfg, saved)
 
 
 def load(model: ModelSource):
@@ -45,15 +55,15 @@ def load(model: ModelSource):
 
 
 def rollouts_for(student, settings: RolloutSettings, out: Path, reuse_from: Path | None = None,
-                 progress: bool = False):
-    """The rollouts (`settings.rollouts`, the ones a resumed command saved in `reuse_from`, or new ones), saved into
-    `out`; and the seconds it took."""
+                 progress: bool = False, saved=None):
+    """The rollouts (`settings.rollouts`: `saved` when check_inputs read them already; the ones a resumed command saved
+    in `reuse_from`; or new ones), saved into `out`; and the seconds it took."""
     from ..model.rollouts import load_rollouts, make_rollouts, save_rollouts
 
     t = time.perf_counter()
     src = settings.rollouts or (reuse_from if reuse_from and (reuse_from / "rollouts.json").exists() else None)
     if src:
-        r = load_rollouts(src)
+        r = saved if saved is not None and settings.rollouts else load_rollouts(src)
         log.info("reusing %d rollouts (%d response tokens) from %s", r.num_sequences, r.num_response_tokens, src)
     else:
         r = make_rollouts(student, prompts=settings.prompts, num_prompts=settings.num_prompts,
@@ -74,6 +84,11 @@ def run_rollouts(model: ModelSource, settings: RolloutSettings, out, progress: b
     with output_dir(out) as d:
         student, _ = load(model)
         return rollouts_for(student, settings, d, progress=progress)
+
+
+def describe_rollouts(r, seconds: float, out) -> str:
+    """What `fp8probe rollouts` prints."""
+    return f"rollouts: {r.num_sequences} sequences, {r.num_response_tokens} response tokens in {seconds:.0f} s -> {out}"
 
 
 def run_units(model: ModelSource) -> str:

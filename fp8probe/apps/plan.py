@@ -15,7 +15,7 @@ cache (each `kv_cache_dtype`) and the staleness (each `async` K). For each:
 - step time: synchronous = rollout + train; asynchronous (K >= 1) = max(rollout, train); the train step is
   `train_step_s`, or modelled as 6 x active parameters x tokens / (`mfu` x BF16 peak x GPUs).
 - time to quality: with a calibration, the steps to the target quality read off its learning curves at the
-  measured mismatch (apps/curves.py; rejected or beyond the calibrated levels: refused, never extrapolated; an
+  measured mismatch (budget/curves.py; rejected or beyond the calibrated levels: refused, never extrapolated; an
   UNCERTAIN verdict is computed and flagged as such in `verdict`) with a paired
   bootstrap interval over the calibration's seeds; without one, every admitted configuration is assumed to need
   BF16's `steps`, and plan.json says so.
@@ -26,301 +26,9 @@ Writes plan.csv, plan.json (schema-versioned) and plan.png; prints the table sor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from ..core.artifacts import version
-from ..core.errors import FP8ProbeError
-from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
-from ..core.settings import Settings, opt
-from ..deploy import throughput as tp_model
-
-SCHEMA_VERSION = version("plan.json")
-COLUMNS = ["configuration", "weights", "kv_cache_dtype", "async", "mismatch", "mismatch_lo", "mismatch_hi",
-           "mismatch_source", "verdict", "weight_gib", "kv_tokens", "max_concurrency", "mean_running", "preemptions",
-           "rollout_s", "rollout_tokens_per_s", "train_s", "step_s", "steps_to_target", "steps_lo", "steps_hi",
-           "steps_source", "time_to_target_s", "speedup", "speedup_lo", "speedup_hi"]
-
-
-@dataclass(frozen=True)
-class PlanSettings(Settings):
-    """The configurations (`recipe`, `fp8`, `kv_cache_dtype`, `async_steps` and their combinations, BF16 always), the
-    rollout batch, the training step, and where cost and time to quality come from (`calibration`, `budget`)."""
-
-    recipe: tuple[str, ...] = opt((), "recipe.yaml file(s) as weight configurations")
-    fp8: tuple[str, ...] = opt((), "whole-model FP8 scheme(s) as weight configurations (e.g. FP8_DYNAMIC)",
-                               choices=[s for s in SCHEMES if s != "FP8"])
-    kv_cache_dtype: tuple[str, ...] = opt((), f"FP8 KV cache dtype(s): {', '.join(KV_CACHE_DTYPES)}",
-                                          choices=KV_CACHE_DTYPES)
-    async_steps: tuple[int, ...] = opt((), "asynchronous rollouts K steps behind the trainer", low=1, flag="--async")
-    stale: tuple[str, ...] = opt((), "a checkpoint K steps old for each --async K (its mismatch measured together "
-                                 "with the weights and KV cache); default: the calibration's stale:K level")
-    calibration: str | None = opt(None, "a `fp8probe calibrate` directory: budget and learning curves")
-    objective: str | None = opt(None, "the calibration's objective (one with several)")
-    budget: str | None = opt(None, "a number (kl_q_p) or budget.json; default: the calibration's, else uncalibrated")
-    target: float | None = opt(None, "target held-out quality (lower is better); default: the mismatch-free runs' "
-                               "final quality within the calibration's tolerance", low=0.0)
-    steps: int = opt(100, "without a calibration: the training steps every admitted configuration is assumed to need",
-                     low=1)
-    measure: bool = opt(True, "model throughput only: no student loaded, no mismatch measured", flag="--no-measure")
-    rollout_batch: int = opt(512, "sequences generated per training step", low=1)
-    prompt_len: int | None = opt(None, "prompt tokens per sequence (default: the rollouts', else 256)", low=1)
-    response_len: int | None = opt(None, "response tokens per sequence (default: the rollouts' own lengths)", low=1)
-    train_step_s: float | None = opt(None, "seconds per training step (default: modelled at `mfu`)", low=0.0,
-                                     open_low=True)
-    mfu: float = opt(0.35, "model FLOP utilisation of the modelled training step", low=0.0, open_low=True, high=1.0)
-    bandwidth_efficiency: float = opt(tp_model.BANDWIDTH_EFFICIENCY, "achieved / peak memory bandwidth in decode",
-                                      low=0.0, open_low=True, high=1.0)
-    compute_efficiency: float = opt(tp_model.COMPUTE_EFFICIENCY, "achieved / peak tensor FLOP/s", low=0.0,
-                                    open_low=True, high=1.0)
-    step_overhead_s: float = opt(tp_model.STEP_OVERHEAD_S, "fixed seconds per decode step (scheduling, launches)",
-                                 low=0.0)
-    seq_overhead_s: float = opt(tp_model.SEQ_OVERHEAD_S, "seconds per running sequence and decode step (sampling)",
-                                low=0.0)
-    bootstrap_seed: int = opt(0, "seed of the bootstrap over the calibration's seeds", low=0)
-    configurations: tuple = field(default=(), repr=False)  # filled by __post_init__
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.stale and len(self.stale) != len(self.async_steps):
-            raise FP8ProbeError("give one `stale` checkpoint per `async_steps` K (or none: the calibration's "
-                                "stale:K levels)")
-        weights = [("bf16", None, None)] + [(f"recipe {Path(r).parent.name or r}", r, None) for r in self.recipe] \
-            + [(f"fp8 {s}", None, s) for s in self.fp8]
-        kvs = [None, *self.kv_cache_dtype]
-        stale = [0, *self.async_steps]
-        configs = []
-        for w in weights:
-            for kv in kvs:
-                for k in stale:
-                    parts = [w[0]] + ([f"kv {kv}"] if kv else []) + ([f"async {k}"] if k else [])
-                    configs.append(Configuration(" + ".join(parts), w[0], w[1], w[2], kv, k))
-        object.__setattr__(self, "configurations", tuple(configs))
-
-    def device(self, gpu: str) -> tp_model.Device:
-        return tp_model.Device.from_gpu(gpu, bandwidth_efficiency=self.bandwidth_efficiency,
-                                        compute_efficiency=self.compute_efficiency,
-                                        step_overhead_s=self.step_overhead_s, seq_overhead_s=self.seq_overhead_s)
-
-
-@dataclass(frozen=True)
-class Configuration:
-    name: str
-    weights: str  # bf16 | recipe NAME | fp8 SCHEME
-    recipe: str | None
-    scheme: str | None
-    kv_cache_dtype: str | None
-    async_steps: int
-
-    @property
-    def base(self) -> tuple:
-        """What the rollout engine computes with (the staleness apart): one measurement serves every K."""
-        return (self.recipe, self.scheme, self.kv_cache_dtype)
-
-
-# ---------------------------------------------------------------------------------------------------
-# throughput and step time (no student needed)
-
-
-def lengths(settings: PlanSettings, rollouts=None) -> tuple[list[int], list[int], str]:
-    """Prompt and response tokens of the `rollout_batch` requests: the settings' fixed lengths, else the rollouts'
-    own (cycled); and where they came from."""
-    n = settings.rollout_batch
-    if rollouts is not None:
-        resp = rollouts.response_mask.sum(1).tolist()
-        prompt = (rollouts.attention_mask.sum(1) - rollouts.response_mask.sum(1)).tolist()
-    else:
-        resp, prompt = [], []
-    if settings.response_len is None and not resp:
-        raise FP8ProbeError("no rollouts to take response lengths from: pass `response_len`")
-    p_src = "given" if settings.prompt_len else "the rollouts'" if prompt else "default 256"
-    r_src = "given" if settings.response_len else "the rollouts'"
-    prompt = [settings.prompt_len] if settings.prompt_len else prompt or [256]
-    resp = [settings.response_len] if settings.response_len else resp
-    return ([int(prompt[i % len(prompt)]) for i in range(n)], [int(resp[i % len(resp)]) for i in range(n)],
-            f"prompts {p_src}, responses {r_src}")
-
-
-def rollout_cost(cfg, meta, units, conf: Configuration, device, serving, prompts, responses) -> dict:
-    """One configuration's KV pool and modelled rollout of the batch."""
-    from ..core.units import GiB
-    from ..deploy.capacity import kv_pool
-    from ..model.structure import text_config
-    from ..recipe.recipe import Recipe, read_recipe
-
-    tcfg = text_config(cfg)
-    rec = read_recipe(conf.recipe) if conf.recipe else Recipe.whole_model(units, conf.scheme) if conf.scheme else None
-    if rec is not None:
-        rec.check_model(units, conf.recipe or conf.name)
-    kvd = conf.kv_cache_dtype or "auto"
-    max_len = serving.max_model_len or max(p + r for p, r in zip(prompts, responses))
-    pool = kv_pool(tcfg, meta, rec, kvd, serving, max_len, conf.name)
-    sm = tp_model.step_model(cfg, rec, kvd, device, serving.tensor_parallel_size, serving.hybrid)
-    try:
-        r = tp_model.simulate(sm, prompts, responses, pool["num_blocks"], pool["groups"], pool["block_size"],
-                              serving.max_num_seqs)
-    except ValueError as e:
-        raise FP8ProbeError(f"{conf.name}: {e}") from e
-    return {"weight_gib": pool["weight_bytes"] / GiB, "kv_tokens": pool["kv_tokens"],
-            "max_concurrency": pool["max_concurrency"], "mean_running": r.mean_running,
-            "preemptions": r.preemptions, "rollout_s": r.seconds, "rollout_tokens_per_s": r.tokens_per_s,
-            "active_params": (sm.fp8_params + sm.bf16_params) * serving.tensor_parallel_size}
-
-
-def train_seconds(settings: PlanSettings, device, active_params: float, tokens: int, gpus: int) -> tuple[float, str]:
-    if settings.train_step_s is not None:
-        return settings.train_step_s, "given"
-    s = 6.0 * active_params * tokens / (settings.mfu * device.bf16_flops * gpus)
-    return s, f"modelled: 6 x {active_params / 1e9:.3g}B active parameters x {tokens:,} tokens at {settings.mfu:.0%} MFU"
-
-
-# ---------------------------------------------------------------------------------------------------
-# measured cost (the student loaded) and time to quality (the calibration's curves)
-
-
-def _perturbation(student, conf: Configuration, stale_ckpt: str | None, allow_pickle: bool):
-    """The rollout engine's configuration as one Source (sources.py), or None for BF16 in step."""
-    from ..recipe.recipe import Recipe, read_recipe
-    from . import sources as src
-
-    parts = []
-    if conf.recipe:
-        parts.append(src.recipe(student, read_recipe(conf.recipe), name=conf.weights))
-    elif conf.scheme:
-        parts.append(src.recipe(student, Recipe.whole_model(student.units, conf.scheme), name=conf.weights))
-    if conf.kv_cache_dtype:
-        parts.append(src.kv_cache(student, conf.kv_cache_dtype))
-    if stale_ckpt:
-        parts.append(src.stale(student, stale_ckpt, allow_pickle))
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else src.combine(parts, conf.name)
-
-
-def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, batch_size: int = 8,
-                  allow_pickle: bool = False, progress: bool = False) -> dict[str, dict]:
-    """Per configuration: its mismatch on `budget.metric` (the excess) with its interval, where it came from, and
-    the check's verdict (admission.verdict). One measurement per distinct engine configuration; asynchronous rows
-    measure with their `stale` checkpoint, or add the calibration's stale:K mismatch (its seeds' range)."""
-    from tqdm.auto import tqdm
-
-    from ..core.metrics import excess
-    from ..measurement.measure import measure_with_interval
-    from ..measurement.reference import Reference
-    from .admission import verdict
-
-    metric = budget.metric
-    reference = Reference(student, rollouts, batch_size)
-    stale_of = dict(zip(settings.async_steps, settings.stale))
-    seen: dict = {}
-    out = {}
-    for conf in tqdm(settings.configurations, desc="plan: measuring", unit="config", disable=not progress):
-        ckpt = stale_of.get(conf.async_steps)
-        key = (conf.base, ckpt)
-        if key not in seen:
-            source = _perturbation(student, conf, ckpt, allow_pickle)
-            if source is None:
-                seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel())
-            else:
-                m = measure_with_interval(reference, student, rollouts, source.perturbation, "sim", batch_size)
-                seen[key] = (excess(metric, m.metrics[metric]), m.excess_interval(metric), m.num_prompts)
-        value, (lo, hi), prompts = seen[key]
-        how = "measured" if conf.base != (None, None, None) or ckpt else "none (the reference)"
-        if conf.async_steps and not ckpt:
-            level = f"stale:{conf.async_steps}"
-            runs, at = curves.stale_runs(level), curves.mismatch[level]  # the level's place, its seeds' own range
-            value, lo, hi = value + at, lo + min(at, runs.min()), hi + max(at, runs.max())
-            how = f"sum: measured + the calibration's {level} (its seeds' range)" if conf.base != (None, None, None) \
-                else f"the calibration's {level} (its seeds' range)"
-        v = verdict(value, (lo, hi), budget, int(prompts))
-        out[conf.name] = {"mismatch": value, "mismatch_lo": lo, "mismatch_hi": hi, "mismatch_source": how,
-                          "verdict": v["verdict"], "prompts_to_decide": v["prompts_to_decide"]}
-    return out
-
-
-def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target: float, settings: PlanSettings):
-    """(steps to target, (lo, hi), ratio of BF16's steps, (lo, hi), how, the seed-mean curve or None)."""
-    assumed = "assumed: BF16's steps"
-    if curves is None:
-        refused = cost is not None and cost["verdict"] == "REJECT"
-        if refused:
-            return None, (None, None), None, (None, None), "refused: REJECT", None
-        return float(settings.steps), (None, None), 1.0, (None, None), assumed + " (no calibration)", None
-    from .curves import steps_to, steps_with_interval
-
-    clean = curves.curve_at(0.0)
-    if cost is None:
-        s = steps_to(clean.mean(0), curves.steps, target)
-        return s, (None, None), 1.0, (None, None), assumed + " (mismatch not measured)", clean.mean(0)
-    if cost["verdict"] == "REJECT":
-        return None, (None, None), None, (None, None), "refused: REJECT", None
-    level = f"stale:{conf.async_steps}" if conf.async_steps and conf.base == (None, None, None) \
-        and not settings.stale and f"stale:{conf.async_steps}" in curves.curves else None
-    if level is None and cost["mismatch"] > curves.mismatch[curves.ruler[-1]]:
-        return None, (None, None), None, (None, None), "refused: beyond the calibrated levels (not extrapolated)", None
-    c = curves.curve_at(cost["mismatch"], level)
-    s, (lo, hi), ratio, (rlo, rhi) = steps_with_interval(curves, c, clean, target, seed=settings.bootstrap_seed)
-    if hi is not None and hi > curves.steps[-1]:
-        hi = None  # past the calibrated steps: no upper bound
-    how = f"the calibration's {level} curves" if level else "calibration curves at the measured mismatch"
-    if s is None:
-        how = f"not reached in the calibrated {curves.steps[-1]} steps"
-    return s, (lo, hi), ratio, (rlo, rhi), how, c.mean(0)
-
-
-# ---------------------------------------------------------------------------------------------------
-# the command
-
-
-def _budget(settings: PlanSettings, curves):
-    from ..recipe.budget import default_budget, read_budget
-
-    if settings.budget is not None:
-        return read_budget(settings.budget)
-    if settings.calibration:
-        d = Path(settings.calibration)
-        for name in (f"budget-{curves.objective}.json", "budget.json"):
-            if (d / name).is_file():
-                return read_budget(str(d / name))
-    return default_budget()
-
-
-def check_plan(settings: PlanSettings, serving, model) -> tuple:
-    """Everything readable before any output: the GPU is in the table, the recipes and the calibration read, the
-    async levels covered; returns (curves or None, budget)."""
-    from ..deploy.gpus import gpu
-    from ..recipe.recipe import read_recipe
-    from .curves import read_curves
-
-    if serving.gpu_memory_gib is not None or serving.kv_cache_memory is not None:
-        raise FP8ProbeError("plan models a GPU of the table (its bandwidth and peaks): pass `gpu`, not "
-                            "`gpu_memory_gib` or `kv_cache_memory`")
-    gpu(serving.gpu or "H100")
-    for r in settings.recipe:
-        read_recipe(r)
-    curves = read_curves(settings.calibration, settings.objective) if settings.calibration else None
-    budget = _budget(settings, curves)
-    if curves is not None and budget.metric != curves.metric:
-        raise FP8ProbeError(f"the budget bounds {budget.metric}, the calibration measured {curves.metric}")
-    measured = settings.measure and _has_weights(model)
-    if measured and settings.async_steps and not settings.stale:
-        if curves is None:
-            raise FP8ProbeError("`async_steps` needs the mismatch of stale weights: a `stale` checkpoint per K, or a "
-                                "`calibration` with stale:K levels")
-        for k in settings.async_steps:
-            curves.stale_runs(f"stale:{k}")
-    for path in settings.stale:
-        from dataclasses import replace
-
-        replace(model, model=path).check()
-    return curves, budget
-
-
-def _has_weights(model) -> bool:
-    from ..model.shapes import is_shape
-
-    m = model.model
-    return not (is_shape(m) or (m is not None and str(m).endswith(".json")))
+from ..budget.plan import (COLUMNS, PlanSettings, check_plan, has_weights, lengths, measure_costs, rollout_cost,
+                           time_to_target, train_seconds)
 
 
 def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> dict:
@@ -336,7 +44,7 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
     t0 = time.perf_counter()
     check_writable(out)
     curves, budget = check_plan(settings, serving, model)
-    measured = settings.measure and _has_weights(model)
+    measured = settings.measure and has_weights(model)
     if measured:
         check_inputs(model, rollouts, out)
     cfg = model.check() if not measured else model.config()
@@ -363,7 +71,7 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
         train_s, train_how = train_seconds(settings, device, rows[0]["active_params"], tokens,
                                            serving.tensor_parallel_size)
         target = settings.target if settings.target is not None else curves.default_target() if curves else None
-        _time_to_target(rows, settings, curves, budget, target, train_s)
+        time_to_target(rows, settings, curves, budget, target, train_s)
         doc = stamped("plan.json", {
             "command": "plan", "model": model.label, "gpu": gpu(serving.gpu or "H100").name,
             "tensor_parallel_size": serving.tensor_parallel_size,
@@ -396,25 +104,6 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
     return doc
 
 
-def _time_to_target(rows: list[dict], settings: PlanSettings, curves, budget, target, train_s: float) -> None:
-    """Step time, steps and time to target, speed-up against synchronous BF16 (the first row), in place."""
-    base = None
-    for row, conf in zip(rows, settings.configurations):
-        row["train_s"] = train_s
-        row["step_s"] = max(row["rollout_s"], train_s) if conf.async_steps else row["rollout_s"] + train_s
-        cost = row if row["verdict"] is not None else None
-        s, (lo, hi), ratio, (rlo, rhi), how, curve = quality_steps(conf, cost, curves, budget, target, settings)
-        row.update({"steps_to_target": s, "steps_lo": lo, "steps_hi": hi, "steps_source": how,
-                    "time_to_target_s": s * row["step_s"] if s is not None else None,
-                    "curve": None if curve is None else [float(x) for x in curve]})
-        if base is None:
-            base = row
-        per_step = base["step_s"] / row["step_s"]
-        row["speedup"] = ratio * per_step if ratio is not None and s is not None else None
-        row["speedup_lo"] = rlo * per_step if rlo is not None and s is not None else None
-        row["speedup_hi"] = rhi * per_step if rhi is not None and s is not None else None
-
-
 def describe(doc: dict, out, seconds: float) -> str:
     """The printed table, sorted by time to target (refused and unreached last)."""
     def key(row):
@@ -443,7 +132,8 @@ def describe(doc: dict, out, seconds: float) -> str:
     if cal and assumed:
         lines.append(f"{len(assumed)} configurations not measured: ASSUMED to need BF16's steps")
     if cal:
-        lines.append(f"steps to target: {cal['objective']} learning curves of {cal['source']} (target {cal['target']:.4g},"
+        lines.append(f"steps to target: {cal['objective']} learning curves of {cal['source']} "
+                     f"(target {cal['target']:.4g},"
                      f" {cal['target_rule']}); budget {doc['budget']['metric']} <= {doc['budget']['value']:.4g}")
     else:
         lines.append(f"steps to target: no calibration; every admitted configuration is ASSUMED to need BF16's "

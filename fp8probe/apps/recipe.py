@@ -54,7 +54,8 @@ class RecipeSettings(Settings):
 
     def __post_init__(self):
         super().__post_init__()
-        goals = [g for g in ("budget", "min_bytes_saved", "effective_bits", "fp8_share") if getattr(self, g) is not None]
+        goals = [g for g in ("budget", "min_bytes_saved", "effective_bits", "fp8_share")
+                 if getattr(self, g) is not None]
         if len(goals) != 1:
             raise FP8ProbeError("give exactly one of `budget`, `min_bytes_saved`, `effective_bits`, `fp8_share`")
         if self.holdout == 1:
@@ -122,7 +123,8 @@ def describe(r, s: RecipeSettings, out, seconds: float) -> str:
         measured = f"measured {r.measured:.4g} {goal}"
     e = r.measured_engine
     if e and e.get("measured") is not None:
-        measured += f"; as {e['engine']} computes it {e['measured']:.4g} [{e['interval'][0]:.4g}, {e['interval'][1]:.4g}]"
+        lo, hi = e['interval']
+        measured += f"; as {e['engine']} computes it {e['measured']:.4g} [{lo:.4g}, {hi:.4g}]"
     return (f"recipe{f' for {s.target}' if s.target else ''} (form {r.form}): {len(r.quantized)}/"
             f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}{' + FP8 KV cache' if r.kv_cache else ''}; "
             f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "

@@ -11,104 +11,13 @@ import sys
 import time
 import traceback
 
-from ..apps import admission, calibrate, capacity, inputs, measure, plan, recipe, sources, sweep, training
 from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FP8ProbeError, one_line, os_error_line,
                            with_resume_hint)
 from ..core.progress import quiet_dependencies
-from ..deploy.serving import Serving
-from ..model.settings import ModelSource, RolloutSettings
-from .options import settings_from
+from .commands import COMMANDS
 from .parser import build_parser, flags_of
 
-log = logging.getLogger("fp8probe")
 OOM = "out of memory; use a smaller `batch_size`, fewer prompts or a machine with more memory"
-
-
-def _inputs(a):
-    return settings_from(ModelSource, a), settings_from(RolloutSettings, a)
-
-
-def cmd_sweep(a, t0):
-    res = sweep.run_sweep(*_inputs(a), settings_from(sweep.SweepSettings, a), a.out, a.resume, a.progress)
-    return sweep.describe(res, time.perf_counter() - t0)
-
-
-def cmd_measure(a, t0):
-    doc = measure.run_measure(*_inputs(a), settings_from(measure.MeasureSettings, a), a.out, a.progress)
-    return measure.describe(doc, a.out, time.perf_counter() - t0)
-
-
-def cmd_rollouts(a, t0):
-    r, secs = inputs.run_rollouts(*_inputs(a), a.out, a.progress)
-    return f"rollouts: {r.num_sequences} sequences, {r.num_response_tokens} response tokens in {secs:.0f} s -> {a.out}"
-
-
-def cmd_recipe(a, t0):
-    s = settings_from(recipe.RecipeSettings, a)
-    r, secs = recipe.run_recipe(a.sweep_dir, s, a.out, a.device, a.trust_remote_code, a.allow_pickle)
-    return recipe.describe(r, s, a.out, secs)
-
-
-def cmd_export(a, t0):
-    from ..deploy.export import export
-    from ..model.rollouts import load_rollouts
-
-    done = export(a.model, a.recipe, a.out, rollouts=load_rollouts(a.rollouts) if a.rollouts else None,
-                  max_model_len=a.max_model_len, trust_remote_code=a.trust_remote_code, allow_pickle=a.allow_pickle,
-                  targets=a.target)
-    for w in done.warnings():
-        log.warning("%s", w)
-    return done.describe(time.perf_counter() - t0)
-
-
-def cmd_capacity(a, t0):
-    from ..deploy.capacity import format_report
-
-    rep = capacity.run_capacity(a.model, settings_from(capacity.CapacitySettings, a), settings_from(Serving, a), a.out, a.plot,
-                       a.trust_remote_code, a.allow_pickle)
-    return format_report(rep) + (f"\ncapacity: -> {a.out}/capacity.json" if a.out else "")
-
-
-def cmd_units(a, t0):
-    return inputs.run_units(settings_from(ModelSource, a))
-
-
-def cmd_ladder(a, t0):
-    s = settings_from(sources.LadderSettings, a, shortcuts=settings_from(sources.Shortcuts, a))
-    df = sources.run_ladder(*_inputs(a), s, a.out, a.progress)
-    return sources.describe(df, a.out, time.perf_counter() - t0)
-
-
-def cmd_check(a, t0):
-    s = settings_from(admission.CheckSettings, a, shortcuts=settings_from(sources.Shortcuts, a))
-    report = admission.run_check(*_inputs(a), s, a.out, a.progress)
-    return admission.format_check(report), admission.exit_code(report)
-
-
-def cmd_plan(a, t0):
-    doc = plan.run_plan(*_inputs(a), settings_from(plan.PlanSettings, a), settings_from(Serving, a), a.out, a.progress)
-    return plan.describe(doc, a.out, time.perf_counter() - t0)
-
-
-def cmd_budget(a, t0):
-    return capacity.describe_budget(capacity.run_budget(a.runs, a.out, settings_from(capacity.BudgetSettings, a)), a.out)
-
-
-def cmd_calibrate(a, t0):
-    c = settings_from(training.CalibrateSettings, a)
-    s = calibrate.prepare(c, settings_from(training.TrainSettings, a))
-    res = calibrate.run_calibrate(s, a.out, a.resume, c.device, a.progress, c.mark, log.info)
-    return calibrate.describe(res, s, a.out, time.perf_counter() - t0)
-
-
-def cmd_plot(a, t0):
-    from ..plots import plot_run
-    written = plot_run(a.run_dir, a.out, a.format)
-    return f"plot: {len(written)} figures ({', '.join(written)}) -> {next(iter(written.values())).parent}"
-
-
-# each returns what it prints: a text (exit 0) or (text, exit code)
-COMMANDS = {name[4:]: fn for name, fn in globals().items() if name.startswith("cmd_")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        done = COMMANDS[args.command](args, time.perf_counter())  # its summary, or (summary, exit code)
+        done = COMMANDS[args.command].run(args, time.perf_counter())  # its summary, or (summary, exit code)
         print(done[0] if isinstance(done, tuple) else done)
         return done[1] if isinstance(done, tuple) else EXIT_OK
     except KeyboardInterrupt as e:

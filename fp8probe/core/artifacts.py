@@ -4,13 +4,13 @@
     rollouts.json        1        model/rollouts.py (and .safetensors)  load_rollouts
     run.json             1        sweeps/files.py (a sweep)         read_sweep
     recipe.json          3        recipe/recipe.py                  read_recipe (beside recipe.yaml; also 1, 2)
-    budget.json          2        recipe/budget.py                  read_budget (also 1)
+    budget.json          2        budget/fit.py                     read_budget (also 1)
     agreement.json       1        recipe/agreement.py               plots
     capacity.json        1        deploy/capacity.py                plots
-    mismatch.json        1        measurement/run.py (measure)      -
-    ladder.json          1        apps/sources.py (ladder)          -
-    check.json           2        apps/admission.py (check)         plots
-    calibrate.json       2        apps/calibrate.py (and each run's run.json)  calibrate --resume
+    mismatch.json        1        apps/measure.py (measure)         -
+    ladder.json          1        apps/ladder.py (ladder)           -
+    check.json           2        budget/admission.py (check)       plots
+    calibrate.json       2        budget/experiment.py (and each run's run.json, budget/runs.py)  calibrate --resume
     plan.json            1        apps/plan.py (plan; plan.csv beside it)  plots
 
 recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves; at 3
@@ -20,8 +20,8 @@ budget.json is at 2: paired, levels (each level's loss, interval and fit), seed_
 calibrate.json is at 2: objectives, tolerance, quality, bracket, max_added, added_levels; runs under runs/<objective>/.
 check.json is at 2: the verdict may be UNCERTAIN; measured_interval, interval_level, prompts_to_decide, num_prompts.
 An optional field that readers default may be added within a version (rollouts.json's
-sampling.samples_per_prompt, default 1). Changing what a file holds otherwise means a new version here, and a reader that refuses the old one in one line (or
-reads it, as read_recipe reads version 1).
+sampling.samples_per_prompt, default 1; the `arithmetic` record). Changing what a file holds otherwise means a new
+version here, and a reader that refuses the old one in one line (or reads it, as read_recipe reads version 1).
 """
 
 from __future__ import annotations

@@ -178,7 +178,8 @@ def quantize_weight(
     return quantize(wq, scale, spec), scale
 
 
-def simulate_weight(w: torch.Tensor, scheme: "str | Scheme", storage_dtype: torch.dtype = STORAGE_DTYPE) -> torch.Tensor:
+def simulate_weight(w: torch.Tensor, scheme: "str | Scheme",
+                    storage_dtype: torch.dtype = STORAGE_DTYPE) -> torch.Tensor:
     """The weight vLLM computes with: checkpoint codes x checkpoint scales, exact in fp32, in w's dtype."""
     spec = Scheme.from_name(scheme).weight
     codes, scale = quantize_weight(w, scheme, storage_dtype)

@@ -219,7 +219,8 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
     b, c = sides["baseline"], sides["candidate"]
     gpu = serving.gpu
     return {
-        "schema_version": version("capacity.json"), "vllm_version": VLLM_VERSION, "model_type": tcfg.model_type, "max_model_len": max_len,
+        "schema_version": version("capacity.json"), "vllm_version": VLLM_VERSION, "model_type": tcfg.model_type,
+        "max_model_len": max_len,
         "block_size": serving.block_size,
         "tensor_parallel_size": tp,
         "gpu": None if serving.kv_cache_memory is not None else (

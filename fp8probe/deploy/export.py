@@ -91,7 +91,8 @@ class Exported:
 
     def describe(self, seconds: float) -> str:
         """What `fp8probe export` prints: per target, what it applies (or why it cannot), then where it all is."""
-        serve = f" (vllm serve {self.path} --config {self.path / 'vllm.yaml'})" if (self.path / "vllm.yaml").exists() else ""
+        config = self.path / "vllm.yaml"
+        serve = f" (vllm serve {self.path} --config {config})" if config.exists() else ""
         return "\n".join([p.summary() for p in self.plans] + [f"export: {seconds:.0f} s -> {self.path}{serve}"])
 
 

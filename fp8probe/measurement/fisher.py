@@ -97,8 +97,9 @@ def _calibrate(student, rollouts, names, kv_strategy: str, batch_size: int) -> C
     return cal
 
 
-def fisher_rows(student, rollouts, rows, scheme: Scheme = Scheme.from_name("FP8_DYNAMIC"), kv: KVCacheScheme = KVCacheScheme(),
-                batch_size: int = 8, calibration: Calibration | None = None, samples: int = DEFAULT_SAMPLES, seed: int = 0,
+def fisher_rows(student, rollouts, rows, scheme: Scheme = Scheme.from_name("FP8_DYNAMIC"),
+                kv: KVCacheScheme = KVCacheScheme(), batch_size: int = 8, calibration: Calibration | None = None,
+                samples: int = DEFAULT_SAMPLES, seed: int = 0,
                 fused: bool = False, progress: bool = False) -> FisherResult:
     """The estimates of every row of sweep.plan_rows (anything with `.unit` and `.perturbation`).
 

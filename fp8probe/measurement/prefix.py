@@ -56,7 +56,8 @@ def sample_crn(student, prompts: list[list[int]], max_new_tokens: int, seed: int
             g = torch.Generator().manual_seed(seed * 1_000_003 + t)
             u = torch.rand(len(prompts), vocab, generator=g, dtype=torch.float64)[s:s + len(batch)].to(device)
             gumbel = -torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
-            scores = torch.log_softmax(logits / max(temperature, 1e-6), -1).double() + (gumbel if temperature > 0 else 0)
+            scores = (torch.log_softmax(logits / max(temperature, 1e-6), -1).double()
+                      + (gumbel if temperature > 0 else 0))
             nxt = scores.argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
             for i, tkn in enumerate(nxt.tolist()):

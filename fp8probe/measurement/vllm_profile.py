@@ -150,12 +150,14 @@ def _fp8_experts(mod, scheme, out_dtype, calibration=None, name=""):
 
     if getattr(mod, "gate_up_proj_bias", None) is not None or not hasattr(mod, "gate_up_proj"):
         raise FP8ProbeError(f"{name}: engine profiles cover bias-free gate_up/down experts only; use `engine` sim")
-    if scheme.input.strategy not in ("token", "tensor") or (scheme.input.strategy == "tensor" and not scheme.static_input):
+    strategy = scheme.input.strategy
+    if strategy not in ("token", "tensor") or (strategy == "tensor" and not scheme.static_input):
         raise FP8ProbeError(f"{name}: engine profiles cover experts in FP8_DYNAMIC and FP8; use `engine` sim")
 
     def expert_codes(p):
         cs = [quantize_weight(p[e], scheme) for e in range(p.shape[0])]
-        return [c.to(torch.float32).t().contiguous() for c, _ in cs], [s.to(torch.float32).reshape(1, -1) for _, s in cs]
+        return ([c.to(torch.float32).t().contiguous() for c, _ in cs],
+                [s.to(torch.float32).reshape(1, -1) for _, s in cs])
 
     (w13, s13), (w2, s2) = expert_codes(mod.gate_up_proj), expert_codes(mod.down_proj)
     static = {w: calibration.input_scale(f"{name}:experts_{w}", scheme.input).to(torch.float32)

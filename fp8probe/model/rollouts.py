@@ -286,7 +286,8 @@ def load_rollouts(directory: str | Path) -> Rollouts:
 
     d = Path(directory)
     if not (d / TENSORS).is_file() or not (d / META).is_file():
-        raise FP8ProbeError(f"{directory} holds no rollouts ({TENSORS} and {META}); create them with `fp8probe rollouts`")
+        raise FP8ProbeError(f"{directory} holds no rollouts ({TENSORS} and {META}); create them with "
+                            "`fp8probe rollouts`")
     try:
         t = load_file(str(d / TENSORS))
         meta = json.loads((d / META).read_text())

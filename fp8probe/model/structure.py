@@ -215,7 +215,8 @@ def scheme_blockers(units: list[Unit], scheme) -> dict[str, str]:
     bn = scheme.weight.block[0] if scheme.weight.strategy == "block" else None
     for g, us in fused_groups(units).items():
         bad = [f"{u.name.rsplit('.', 1)[-1]} input dim {input_dim(u)}" for u in us if g_in and input_dim(u) % g_in]
-        bad += [f"{u.name.rsplit('.', 1)[-1]} output dim {u.shape[-2]} (fused)" for u in us[:-1] if bn and u.shape[-2] % bn]
+        bad += [f"{u.name.rsplit('.', 1)[-1]} output dim {u.shape[-2]} (fused)" for u in us[:-1]
+                if bn and u.shape[-2] % bn]
         if bad:
             out[g] = f"{bad[0]} not a multiple of {g_in or bn}"
     return out

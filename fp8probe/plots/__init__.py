@@ -5,6 +5,6 @@ from .figures import (budget_fit, calibration_plot, capacity_bars, fast_exact_pa
                       ladder_plot, plan_plot, plot_run, predicted_frontier, recipes_of, sensitivity_by_block,
                       sensitivity_heatmap, token_kl)
 
-__all__ = ["budget_fit", "calibration_plot", "capacity_bars", "fast_exact_pair", "fast_vs_exact", "frontier", "plan_plot",
-           "ladder_plot", "plot_run", "predicted_frontier", "recipes_of", "sensitivity_by_block", "sensitivity_heatmap",
-           "token_kl"]
+__all__ = ["budget_fit", "calibration_plot", "capacity_bars", "fast_exact_pair", "fast_vs_exact", "frontier",
+           "plan_plot", "ladder_plot", "plot_run", "predicted_frontier", "recipes_of", "sensitivity_by_block",
+           "sensitivity_heatmap", "token_kl"]

@@ -441,7 +441,8 @@ def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None 
             ax.axvline(b.value, color=color, linewidth=1.2)
         for lv in (b.other_levels or []) if b is not None else []:  # other sources: shown, not fitted
             li = lv["loss_interval"] or [lv["loss"]] * 2
-            ax.errorbar([lv["mismatch"]], [100 * lv["loss"]], yerr=[[100 * (lv["loss"] - li[0])], [100 * (li[1] - lv["loss"])]],
+            ax.errorbar([lv["mismatch"]], [100 * lv["loss"]],
+                        yerr=[[100 * (lv["loss"] - li[0])], [100 * (li[1] - lv["loss"])]],
                         color=color, marker="X", markersize=9, capsize=3, ls="none")
             ax.annotate(f"{obj} {lv['level']}", (lv["mismatch"], 100 * lv["loss"]), fontsize=7, color=color,
                         xytext=(4, 4), textcoords="offset points")

@@ -16,11 +16,14 @@ neither everything nor nothing on any model.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..core.stats import spearman, top_overlap
+
+log = logging.getLogger(__name__)
 
 AGREEMENT_FILE = "agreement.json"
 
@@ -39,8 +42,11 @@ def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, 
 
 
 def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str,
-                     rollouts) -> None:
-    """Refuse an exact sweep that measured something else than this one, or other rollouts."""
+                     rollouts, same_file: str | None = None) -> None:
+    """Refuse an exact sweep that measured something else than this one, or other rollouts (not read again when
+    `rollouts` were read from the exact sweep's own directory, `same_file`)."""
+    from pathlib import Path
+
     import torch
 
     from ..model.rollouts import load_rollouts
@@ -48,6 +54,8 @@ def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool,
     why = settings_differ(exact_run, scheme, granularity, include_kv, kv_cache_dtype)
     if why:
         raise FP8ProbeError(f"`compare` {exact_run.directory}: {why}")
+    if same_file is not None and Path(same_file).resolve() == Path(exact_run.directory).resolve():
+        return
     other = load_rollouts(exact_run.directory)
     same = all(torch.equal(getattr(other, t), getattr(rollouts, t))
                for t in ("input_ids", "attention_mask", "response_mask"))
@@ -108,3 +116,22 @@ def describe(a: dict) -> str:
                  f"({rec['fast']['fp8_groups']} vs {rec['exact']['fp8_groups']} groups in FP8, measured "
                  f"{rec['fast']['measured_kl_q_p']:.3g} vs {rec['exact']['measured_kl_q_p']:.3g})")
     return line
+
+
+def exact_run_for(rollouts_dir: str | None, compare: str | None, scheme: str, granularity: str, include_kv: bool,
+                  kv_cache_dtype: str):
+    """The exact sweep a fast one is compared with: `compare` (refused when it measured something else), or the
+    `rollouts_dir` when it holds a finished exact sweep of the same settings (else its rollouts are only reused)."""
+    from pathlib import Path
+
+    from ..sweeps.files import RUN_FILE, read_sweep
+
+    if compare:
+        return read_sweep(compare)
+    if rollouts_dir and (Path(rollouts_dir) / RUN_FILE).exists():
+        run = read_sweep(rollouts_dir)
+        why = settings_differ(run, scheme, granularity, include_kv, kv_cache_dtype)
+        if why is None:
+            return run
+        log.info("not compared with the sweep in %s: %s", rollouts_dir, why)
+    return None

@@ -138,7 +138,8 @@ class Recipe:
                 q = [u.name for u in us if u.name in fp8]
                 b = [u.name for u in us if u.name not in fp8]
                 raise FP8ProbeError(f"the recipe splits vLLM's fused {g.rsplit('.', 1)[-1]} of block {us[0].block}: "
-                                    f"FP8 {', '.join(q)} but BF16 {', '.join(b)}; keep the whole group in one precision")
+                                    f"FP8 {', '.join(q)} but BF16 {', '.join(b)}; keep the whole group in one "
+                                    "precision")
         for u in units:
             if u.kind == "expert" and len({self.is_ignored(n) for n in expert_linear_names(u.name, u.shape[0])}) > 1:
                 raise FP8ProbeError(f"the recipe gives the experts of {u.name} different precisions; vLLM runs all "
@@ -241,7 +242,8 @@ def read_recipe(path: str | Path) -> Recipe:
             try:
                 re.compile(pattern[3:])
             except re.error as e:
-                raise FP8ProbeError(f"{path}: ignore pattern {pattern!r} is not a valid regular expression ({e})") from e
+                raise FP8ProbeError(f"{path}: ignore pattern {pattern!r} is not a valid regular expression "
+                                    f"({e})") from e
     kv = m.get("kv_cache_scheme")
     if kv is not None and not isinstance(kv, dict):
         raise FP8ProbeError(f"{path}: `kv_cache_scheme` must be a mapping such as {KV_CACHE_SCHEMES['fp8']}")
@@ -264,7 +266,8 @@ def _read_info(recipe: Recipe, path: Path) -> None:
         info = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
-    if not isinstance(info, dict) or info.get("scheme") != recipe.scheme or info.get("kv_cache_scheme") != recipe.kv_cache:
+    if not isinstance(info, dict) or info.get("scheme") != recipe.scheme \
+            or info.get("kv_cache_scheme") != recipe.kv_cache:
         return
     for k in INFO_FIELDS:
         if k in info and info[k] is not None:

@@ -278,7 +278,8 @@ class _Plan:
         if form == "all" and blocked:
             g, why = next(iter(blocked.items()))
             raise FP8ProbeError(f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused "
-                                f"groups ({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run on it")
+                                f"groups ({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run "
+                                "on it")
         groups = [g for g in group_scores(sensitivity, metric, members) if g.group not in blocked]
         # a student's unit and group names, to map unit-level keep/force names to their group
         unit_group = {u.name: u.group for u in student.quantizable}
@@ -345,7 +346,8 @@ def measure_groups(gs, student, rollouts, scheme: Scheme, metric: str, kv: KVCac
 def _perturbation(gs, student, scheme: Scheme, kv: KVCacheScheme | None) -> Perturbation:
     """These groups' units in `scheme`, with the FP8 KV cache in every layer when `kv` is given."""
     units = tuple(u for g in gs for u in g.units)
-    return Perturbation(units, scheme, student.layers if kv is not None else (), kv if kv is not None else KVCacheScheme())
+    return Perturbation(units, scheme, student.layers if kv is not None else (),
+                        kv if kv is not None else KVCacheScheme())
 
 
 class _Search:

@@ -144,7 +144,8 @@ def read_sweep(directory: str | Path) -> SweepRun:
 # resume state
 
 
-def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size, method: dict | None = None) -> dict:
+def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size,
+                   method: dict | None = None) -> dict:
     """What a resume must match: model, scheme, granularity, KV scheme, batch size, the rollouts' bytes, and the
     method with its settings (estimator, label draws, seed, exact rows of --method auto)."""
     import hashlib
@@ -152,7 +153,8 @@ def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch
     h = hashlib.sha256()
     for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask):
         h.update(t.contiguous().numpy().tobytes())
-    return {"fp8probe_version": __version__, "model": student.name, "scheme": scheme.name, "granularity": granularity, "include_kv": include_kv,
+    return {"fp8probe_version": __version__, "model": student.name, "scheme": scheme.name, "granularity": granularity,
+            "include_kv": include_kv,
             "kv": {"fmt": kv.fmt, "strategy": kv.strategy, "scale": kv.scale}, "batch_size": batch_size,
             "rollouts_sha256": h.hexdigest(), "dtype": str(next(student.model.parameters()).dtype),
             "method": method or {"method": "exact"}}

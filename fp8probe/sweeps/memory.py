@@ -148,3 +148,18 @@ def _what_fits(est: MemoryEstimate, budget: float, on_host: bool) -> str:
     if fits >= 1:
         return f"one batch does not fit: use `batch_size` {fits} or less"
     return "use fewer `num_prompts` / `max_new_tokens`, `method` fisher, or a device with more memory"
+
+
+def check_sweep_fits(model, rollouts, method: str, saved) -> None:
+    """Refuse a sweep of `model` (a ModelSource) that would not fit in memory: before loading, sized from the
+    rollout settings (prompts of up to 256 tokens) or the `saved` rollouts (read once by the caller), and again
+    once the rollouts are known."""
+    from ..model.devices import parse_dtype
+
+    if saved is not None:
+        n, t, m = saved.num_sequences, saved.input_ids.shape[1], saved.num_response_tokens
+    else:
+        n, t = rollouts.num_prompts * rollouts.samples_per_prompt, 256 + rollouts.max_new_tokens
+        m = n * rollouts.max_new_tokens
+    nbytes = parse_dtype(model.dtype).itemsize
+    check_fits(estimate(model.config(), nbytes, method, rollouts.batch_size, n, t, m), model.device)

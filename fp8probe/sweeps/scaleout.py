@@ -269,3 +269,37 @@ def block_costs(reference, repeats: int = 3) -> tuple[float, float]:
     full, last = best(0), best(n - 1)
     t_block = max((full - last) / max(n - 1, 1), 0.0)
     return t_block, max(last - t_block, 0.0)
+
+
+def cluster_for(model, workers: int, ray_address: str | None, threads_per_worker: int | None):
+    """The Ray workers a sweep of `model` (a ModelSource) asked for (None: this process alone), checked before any
+    output exists."""
+    if workers == 1 and not ray_address:
+        return None
+    require_ray()
+    check_address(ray_address)
+    if model.device == "auto":
+        raise FP8ProbeError("`workers` with `device` auto: each worker holds its own replica; use `device` cuda "
+                            "(one GPU per worker)")
+    return Cluster(workers, ray_address, threads_per_worker, gpus=model.device.startswith("cuda"))
+
+
+@contextlib.contextmanager
+def row_workers(model, cluster):
+    """The rows executor of `cluster` (None: rows measured in this process), its workers loading `model` (a
+    ModelSource) and closed on exit."""
+    if cluster is None:
+        yield None
+        return
+
+    load_kw = {"name_or_path": model.model, "device": "cuda" if cluster.gpus else model.device, "dtype": model.dtype,
+               "trust_remote_code": model.trust_remote_code, "allow_pickle": model.allow_pickle}
+    log.info("rows measured by %d Ray worker(s)%s", cluster.workers,
+             f" on the cluster at {cluster.address}" if cluster.address else
+             f" ({cluster.threads_per_worker()} CPU threads each)" if not cluster.gpus else " (one GPU each)")
+    with ray_session(cluster):
+        executor = RayRows(cluster, load_kw)
+        try:
+            yield executor
+        finally:
+            executor.close()

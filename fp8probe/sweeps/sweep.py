@@ -290,3 +290,25 @@ def summary(df, intervals: dict | None = None) -> str:
         lines.append(f"the FP8 KV cache on top of FP8 weights {word} kl_q_p: {effect['kl_q_p']:+.3g} [{lo:+.3g}, "
                      f"{hi:+.3g}] (paired, 90 % over {effect['num_prompts']} prompts)")
     return "\n".join(lines)
+
+
+def whole_model_rows(reference, student, rollouts, scheme: Scheme, granularity: str = "unit", include_kv: bool = True,
+                     kv: KVCacheScheme = KVCacheScheme(), batch_size: int = 8, measured: dict | None = None) -> dict:
+    """The whole-model rows with their intervals: each one's kl_q_p with its 90 % interval over the prompts, and the
+    FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same tokens,
+    measurement.measure.paired_change): whether adding the KV cache raises, lowers, or cannot be told to change the
+    mismatch. run.json's `whole_model`. `measured`: the rows the sweep measured with their per-token statistics
+    (sweep's keep["model_rows"]); a row missing there (measured before a resume, or estimated) is measured here."""
+    from ..measurement.measure import measure_with_interval, paired_change
+
+    rows = [row for row in plan_rows(student, scheme, granularity, include_kv, kv)
+            if row.unit in ("model.fp8_all", "model.fp8_all_kv")]
+    measured = measured or {}
+    got = {row.unit: measured[row.unit] if row.unit in measured else
+           measure_with_interval(reference, student, rollouts, row.perturbation, "sim", batch_size) for row in rows}
+    out = {name: {"kl_q_p": m.metrics["kl_q_p"], "interval": list(m.interval("kl_q_p"))} for name, m in got.items()}
+    if len(got) == 2:
+        change, lo, hi = paired_change(got["model.fp8_all_kv"], got["model.fp8_all"], "kl_q_p")
+        out["kv_effect"] = {"kl_q_p": float(change), "interval": [float(lo), float(hi)],
+                            "num_prompts": got["model.fp8_all"].num_prompts}
+    return out

@@ -4,8 +4,9 @@
 
 SPEC: {"model": dir, "max_model_len": int, "out": path, "generate": [[ids]...] (greedy), "score": [[ids]...]
 (prompt logprobs of every token), "prompt_topk": K (optional: also the K most likely tokens per position),
-"engine_kwargs": {...}}. Writes {"generated": [...], "generated_ids": [[ids]...], "prompt_logprobs": [[logprob or null per position]...],
-"prompt_topk": [[{token: logprob} or null per position]...]} to SPEC["out"]. vLLM's own log lines (the KV-cache size among them)
+"engine_kwargs": {...}}. Writes {"generated": [...], "generated_ids": [[ids]...],
+"prompt_logprobs": [[logprob or null per position]...], "prompt_topk": [[{token: logprob} or null per position]...]}
+to SPEC["out"]. vLLM's own log lines (the KV-cache size among them)
 go to stderr, where the caller reads them.
 """
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fp8probe.apps.curves import read_curves, steps_to, steps_with_interval
+from fp8probe.budget.curves import read_curves, steps_to, steps_with_interval
 from fp8probe.core.errors import FP8ProbeError
 
 STEPS = [0, 5, 10, 15, 20]
@@ -24,7 +24,7 @@ LEVELS = {
 
 def write_calibration(d, levels=LEVELS, tolerance=0.02):
     """A calibration directory as `fp8probe calibrate` writes one (the files plan reads), with known curves."""
-    from fp8probe.apps.sources import parse_source
+    from fp8probe.sources.sources import parse_source
 
     rows = []
     for level, (kind, value, mism, curves) in levels.items():

@@ -26,7 +26,8 @@ def test_bad_input_in_a_real_process(tmp_path, tiny_dirs):
     out = tmp_path / "out"
     r = run("sweep", tiny_dirs["llama"], "--scheme", "INT4", "--out", out)
     assert r.returncode == 2 and not out.exists()
-    assert r.stderr.splitlines() == ["fp8probe: error: unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK, FP8_TENSOR_DYNAMIC"]
+    assert r.stderr.splitlines() == ["fp8probe: error: unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK, "
+                                     "FP8_TENSOR_DYNAMIC"]
     r = run("sweep", tmp_path / "nope" / "model", "--out", out)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "no such file or directory" in r.stderr
 
@@ -82,14 +83,15 @@ def test_help_imports_no_torch_and_the_api_resolves():
                                    "vocab_size": 300, "max_position_embeddings": 256}))
         r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=300)
     mods = json.loads(r.stdout.strip().splitlines()[-1])
-    for heavy in ("pandas", "matplotlib", "fp8probe.measurement.quantize", "fp8probe.measurement.reference", "fp8probe.sweeps.sweep",
-                  "fp8probe.deploy.export"):
+    for heavy in ("pandas", "matplotlib", "fp8probe.measurement.quantize", "fp8probe.measurement.reference",
+                  "fp8probe.sweeps.sweep", "fp8probe.deploy.export"):
         assert heavy not in mods, (heavy, mods)
     import fp8probe
 
     for name in fp8probe.__all__:
         assert getattr(fp8probe, name) is not None, name
-    assert callable(fp8probe.sweep) and callable(fp8probe.measure) and callable(fp8probe.capacity)  # functions, not modules
+    # functions, not modules
+    assert callable(fp8probe.sweep) and callable(fp8probe.measure) and callable(fp8probe.capacity)
 
 
 def test_recipe_refine_default_is_the_library_default():

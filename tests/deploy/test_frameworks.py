@@ -367,7 +367,8 @@ def test_export_all_targets_on_a_tiny_model(tmp_path):
     for name, r in recipes.items():
         r.write(tmp_path / name)
         paths.append(tmp_path / name / "recipe.yaml")
-    done = export(str(model_dir), paths, tmp_path / "out", targets=["all"], rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6))
+    done = export(str(model_dir), paths, tmp_path / "out", targets=["all"],
+                  rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6))
     ckpt = done.path
     qc = json.loads((ckpt / "config.json").read_text())["quantization_config"]
     assert list(qc["config_groups"]) == ["group_0"] and qc["kv_cache_scheme"]["strategy"] == "tensor"

@@ -51,8 +51,8 @@ def test_static_and_block_linears_by_hand():
     """FP8 (static): codes = e4m3(x * (1 / input_scale)), fp32 GEMM, * scales, bf16. FP8_BLOCK: one scale per 128
     values of a token, x / scale, the GEMM summed per 128-block with both scales."""
     e4 = torch.float8_e4m3fn
-    lin = _fp8_linear(torch.tensor([[1.0, 2.0]]).to(e4), torch.tensor(0.5), None, torch.bfloat16, Scheme.from_name("FP8"),
-                      input_scale=torch.tensor(0.01))
+    lin = _fp8_linear(torch.tensor([[1.0, 2.0]]).to(e4), torch.tensor(0.5), None, torch.bfloat16,
+                      Scheme.from_name("FP8"), input_scale=torch.tensor(0.01))
     # 0.1 / 0.01 = 10 (exact in e4m3), 0.33 / 0.01 = 33 -> 32 (step 4 in [32, 64)); (10 + 64) * 0.01 * 0.5 = 0.37
     assert lin(torch.tensor([[0.1, 0.33]])).item() == torch.tensor(0.37, dtype=torch.bfloat16).item()
     assert quantize_activation_static(torch.tensor([1000.0, 3.3]), torch.tensor(1.0)).float().tolist() == [448.0, 3.25]

@@ -151,7 +151,8 @@ def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path, caplog):
     assert "that sweep is not exact (run with --method exact)" in caplog.text, caplog.text
     # reusing an exact sweep's rollouts with other settings only reuses them; --compare refuses it
     grouped = tmp_path / "grouped"
-    res = cli("sweep", deep_tiny_dir, "--out", grouped, "--rollouts", exact, "--method", "fisher", "--granularity", "group")
+    res = cli("sweep", deep_tiny_dir, "--out", grouped, "--rollouts", exact, "--method", "fisher", "--granularity",
+              "group")
     assert res.code == 0, res.err
     assert not (grouped / "agreement.json").exists() and "agreement" not in res.out
     res = cli("sweep", deep_tiny_dir, "--out", tmp_path / "g2", "--compare", exact, "--rollouts", exact,

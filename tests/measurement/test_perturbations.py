@@ -30,7 +30,8 @@ def test_restore_after_exception():
     with record_calibration(m, names) as cal:
         m(ids)
     with pytest.raises(RuntimeError, match="boom"):
-        with quantize_units(m, names, Scheme.from_name("FP8"), calibration=cal), quantize_kv(m, None, KVCacheScheme(), calibration=cal), \
+        with quantize_units(m, names, Scheme.from_name("FP8"), calibration=cal), \
+                quantize_kv(m, None, KVCacheScheme(), calibration=cal), \
                 add_noise(m, names[:2], 0.1):
             assert not torch.equal(m(ids).logits, ref)
             raise RuntimeError("boom")

@@ -24,7 +24,8 @@ def small_run(tmp_path_factory):
     from fp8probe.cli import main
 
     d = tmp_path_factory.mktemp("nb") / "run"
-    assert main(["-q", "sweep", "--out", str(d), "--method", "auto", "--num-prompts", "2", "--max-new-tokens", "8"]) == 0
+    assert main(["-q", "sweep", "--out", str(d), "--method", "auto", "--num-prompts", "2", "--max-new-tokens",
+                 "8"]) == 0
     return d
 
 

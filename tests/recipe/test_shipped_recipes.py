@@ -54,7 +54,8 @@ def _close(metric: str, got: float, want: float) -> bool:
 @pytest.mark.committed
 def test_shipped_recipes_measure_what_their_json_says(embedded):
     """On the shipped rollouts, each shipped recipe's FP8 units measure what its recipe.json says (every metric, on
-    its held-out prompts; kl_q_p on its search prompts too), and the five most sensitive units measure what sensitivity.csv says (the rollouts are the table's)."""
+    its held-out prompts; kl_q_p on its search prompts too), and the five most sensitive units measure what
+    sensitivity.csv says (the rollouts are the table's)."""
     from fp8probe import measure
     from fp8probe.core.schemes import Scheme
     from fp8probe.measurement.perturbation import Perturbation, measure_perturbation

@@ -131,7 +131,8 @@ def test_an_address_nobody_answers_is_refused_in_one_line(tiny_dirs, tmp_path, c
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2", "--ray-address", f"127.0.0.1:{port}")
+    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2", "--ray-address",
+            f"127.0.0.1:{port}")
     assert r.code == 2 and len(r.lines) == 1 and "nothing answers" in r.err and not (tmp_path / "x").exists()
     r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2", "--ray-address", "headnode")
     assert r.code == 2 and len(r.lines) == 1 and "HOST:PORT" in r.err

@@ -1,4 +1,5 @@
-"""The sweep equals a naive full forward per unit, its sanity row is 0, it resumes after SIGKILL and is deterministic."""
+"""The sweep equals a naive full forward per unit, its sanity row is 0, it resumes after SIGKILL and is
+deterministic."""
 
 import os
 import signal
@@ -118,13 +119,13 @@ def test_kill_resume_and_determinism(deep_tiny_dir, tmp_path):
 def test_whole_model_rows_carry_intervals_and_the_kv_effect():
     """run.json's whole_model: each whole-model row again with its interval (the same value the sweep's own row
     measured), and the FP8 KV cache's effect on top of FP8 weights paired over the same tokens."""
-    from fp8probe.apps.sweep import SweepSettings, whole_model
-    from fp8probe.sweeps.sweep import summary
+    from fp8probe.core.schemes import Scheme
+    from fp8probe.sweeps.sweep import summary, whole_model_rows
 
     student = tiny_student("gemma3_text")  # sliding-window layers and a single KV group per kind
     r = make_rollouts(student, num_prompts=6, max_new_tokens=8, seed=3)
     df = sweep(student, r).set_index("unit")
-    w = whole_model(Reference(student, r, 8), student, r, SweepSettings())
+    w = whole_model_rows(Reference(student, r, 8), student, r, Scheme.from_name("FP8_DYNAMIC"))
     for name in ("model.fp8_all", "model.fp8_all_kv"):
         lo, hi = w[name]["interval"]
         assert w[name]["kl_q_p"] == pytest.approx(df.loc[name, "kl_q_p"], rel=1e-5)
@@ -145,25 +146,28 @@ def test_whole_model_intervals_come_from_the_sweeps_own_rows(monkeypatch):
     is computed from the very measurement in the table (the same number, exactly) with no second pass; a row the
     sweep did not measure (a resumed sweep's) is measured again."""
     import fp8probe.measurement.measure as measure
-    from fp8probe.apps.sweep import SweepSettings, whole_model
+    from fp8probe.core.schemes import Scheme
+    from fp8probe.sweeps.sweep import whole_model_rows
 
     student = tiny_student("gemma3_text")
     r = make_rollouts(student, num_prompts=6, max_new_tokens=8, seed=3)
     kept: dict = {}
     df = sweep(student, r, keep=kept).set_index("unit")
     assert set(kept["model_rows"]) == {"model.reference", "model.fp8_all", "model.fp8_all_kv"}
-    again = whole_model(kept["reference"], student, r, SweepSettings())  # the rows measured a second time
+    # the rows measured a second time
+    again = whole_model_rows(kept["reference"], student, r, Scheme.from_name("FP8_DYNAMIC"))
     calls = []
     real = measure.measure_with_interval
     monkeypatch.setattr(measure, "measure_with_interval", lambda *a, **k: calls.append(a) or real(*a, **k))
-    w = whole_model(kept["reference"], student, r, SweepSettings(), measured=kept["model_rows"])
+    w = whole_model_rows(kept["reference"], student, r, Scheme.from_name("FP8_DYNAMIC"), measured=kept["model_rows"])
     assert calls == []
     for name in ("model.fp8_all", "model.fp8_all_kv"):
         assert w[name]["kl_q_p"] == df.loc[name, "kl_q_p"]
         assert w[name]["interval"] == pytest.approx(again[name]["interval"], rel=1e-4)
     assert w["kv_effect"]["interval"] == pytest.approx(again["kv_effect"]["interval"], rel=1e-4, abs=1e-9)
     partial = {"model.fp8_all": kept["model_rows"]["model.fp8_all"]}
-    mixed = whole_model(kept["reference"], student, r, SweepSettings(), measured=partial)["kv_effect"]
+    mixed = whole_model_rows(kept["reference"], student, r, Scheme.from_name("FP8_DYNAMIC"),
+                             measured=partial)["kv_effect"]
     assert len(calls) == 1 and mixed["kl_q_p"] == pytest.approx(w["kv_effect"]["kl_q_p"], rel=1e-4, abs=1e-9)
 
 

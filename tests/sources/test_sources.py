@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import tiny_model, tiny_student, tiny_tokenizer
 
-from fp8probe.apps import sources
+from fp8probe.budget.fit import Budget
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.metrics import METRICS
 from fp8probe.core.schemes import KVCacheScheme
@@ -20,8 +20,9 @@ from fp8probe.measurement.perturbation import Perturbation, apply_perturbation, 
 from fp8probe.measurement.prefix import PrefixShift, divergence, prompt_ids, sample_crn
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import Rollouts, make_rollouts
-from fp8probe.recipe.budget import Budget
 from fp8probe.recipe.recipe import Recipe
+from fp8probe.sources import sources
+from fp8probe.sources.ladder import ladder
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,8 @@ def test_ladder_on_one_scale(setup):
     st, r, ref = setup
     rec = sources.recipe(st, Recipe.whole_model(st.units, "FP8_DYNAMIC"))
     kv = sources.kv_cache(st, "fp8")
-    ladder = [sources.noise(st, s) for s in sources.NOISE_RULER] + [rec, kv, sources.combine([rec, kv])]
-    df = sources.ladder(st, r, ladder, reference=ref)
+    steps = [sources.noise(st, s) for s in sources.NOISE_RULER] + [rec, kv, sources.combine([rec, kv])]
+    df = ladder(st, r, steps, reference=ref)
     noise = df[df.kind == "noise"]
     assert list(noise.sigma) == list(sources.NOISE_RULER)
     assert (noise.kl_q_p.diff().dropna() > 0).all()  # the ruler: more noise, more mismatch
@@ -137,7 +138,7 @@ def test_stale_checkpoint(setup, tmp_path, tiny_dirs):
     m.save_pretrained(tmp_path / "step")
     tiny_tokenizer().save_pretrained(tmp_path / "step")
     src = sources.stale(st, str(tmp_path / "step"))
-    got = sources.ladder(st, r, [src], reference=ref).iloc[0]
+    got = ladder(st, r, [src], reference=ref).iloc[0]
     assert got.kl_q_p > 0 and got.kind == "stale"
     with pytest.raises(FP8ProbeError, match="is a qwen3 model, the student a llama"):
         sources.stale(st, str(tiny_dirs["qwen3"]))
@@ -243,7 +244,7 @@ def test_verdict_by_hand():
     """ADMIT / REJECT only when the measured interval lies on one side of the budget's; UNCERTAIN otherwise, with
     the prompts that would decide it: n x (half-width / expansion(n) / distance to the budget)^2 x
     ((1.645 + 1.282) / 1.645)^2, or none when the measured value lies inside the budget's own interval."""
-    from fp8probe.apps.admission import decide_factor, verdict
+    from fp8probe.budget.admission import decide_factor, verdict
 
     assert decide_factor() == pytest.approx(((1.6448536 + 1.2815516) / 1.6448536) ** 2, rel=1e-6)  # 3.1655
     point = Budget("kl_q_p", 0.01, calibrated=False, source="hand")
@@ -252,7 +253,8 @@ def test_verdict_by_hand():
     assert verdict(0.02, (0.015, 0.025), point, 16)["verdict"] == "REJECT"
     v = verdict(0.008, (0.006, 0.012), point, 16)
     # expansion(16) = sqrt(16 / 15) x t(0.95, 15) / z(0.95) = 1.03280 x 1.75305 / 1.64485 = 1.10073
-    assert v["verdict"] == "UNCERTAIN" and v["prompts_to_decide"] == 168  # 16 x (0.004/1.10073/0.002)^2 x 3.1655 = 167.2
+    # 16 x (0.004/1.10073/0.002)^2 x 3.1655 = 167.2
+    assert v["verdict"] == "UNCERTAIN" and v["prompts_to_decide"] == 168
     v = verdict(0.012, (0.009, 0.015), point, 16)
     assert v["verdict"] == "UNCERTAIN" and v["prompts_to_decide"] == 95  # 16 x (0.003/1.10073/0.002)^2 x 3.1655 = 94.1
     fitted = Budget("kl_q_p", 0.01, calibrated=True, source="hand", interval=(0.008, 0.03))
@@ -300,7 +302,8 @@ def test_check_gives_the_other_engines_figure(setup):
     simulation (equal to fp8probe.measure with that engine) and the simulation beside the profile; an engine that
     does not cover the configuration says why."""
     from fp8probe import measure
-    from fp8probe.apps.admission import check, format_check
+    from fp8probe.apps.check import format_check
+    from fp8probe.budget.admission import check
 
     st, r, ref = setup
     units = tuple(st.unit_names[:4])
@@ -315,7 +318,8 @@ def test_check_gives_the_other_engines_figure(setup):
     back = check(st, r, cfg, point, reference=ref, engine="vllm-cuda")
     assert back["also_measured"]["engine"] == "sim"
     assert back["also_measured"]["measured"] == pytest.approx(rep["measured"], rel=1e-9)
-    kv = sources.Source("kv e5m2", "kv", Perturbation(kv_layers=tuple(st.layers), kv=KVCacheScheme.from_name("fp8_e5m2")))
+    kv = sources.Source("kv e5m2", "kv",
+                        Perturbation(kv_layers=tuple(st.layers), kv=KVCacheScheme.from_name("fp8_e5m2")))
     rep = check(st, r, kv, point, reference=ref)
     assert rep["also_measured"]["measured"] is None and "FlashAttention 3" in rep["also_measured"]["not_covered"]
     assert "not measured as vllm-cuda computes it" in format_check(rep)

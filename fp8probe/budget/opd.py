@@ -33,7 +33,7 @@ from ..measurement.reference import response_rows
 from ..model.rollouts import Rollouts, make_rollouts
 from ..model.structure import list_units
 from ..model.student import Student
-from .training import TrainSettings
+from .settings import TrainSettings
 
 TRL_MIN = "1.16"
 EVAL_BATCH = 64  # held-out responses sampled per generate call (48 in one call: 7.0 s against 9.4 s 8 at a time)

@@ -139,7 +139,7 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
     import numpy as np
     import pandas as pd
 
-    from .sources import parse_source
+    from ..sources.sources import parse_source
 
     d = Path(directory)
     if not (d / "runs.csv").is_file() or not (d / "calibrate.json").is_file():

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 import torch
 
+from fp8probe.budget.fit import fit_budget, read_budget
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.recipe.budget import fit_budget, read_budget
 
 LEVELS = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
@@ -48,7 +48,7 @@ def test_lower_is_better_and_the_direction_decides():
 def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
     """calibration_runs.runs_table's rows (quality: held-out reverse KL, lower is better) fit to the level where the
     KL starts rising; each run's paired loss is against its own seed's mismatch-free run (0 for that run)."""
-    from fp8probe.apps.calibration_runs import runs_table
+    from fp8probe.budget.runs import runs_table
 
     def result(level, value, seed, kl):
         return {"objective": "opd", "level": level, "kind": "noise" if value else "none", "value": value,
@@ -144,7 +144,7 @@ def test_other_sources_are_shown_beside_the_ruler_not_fitted():
     reported beside it with its own paired loss."""
     import pandas as pd
 
-    from fp8probe.recipe.budget import fit_budget
+    from fp8probe.budget.fit import fit_budget
 
     rows = []
     for seed in range(3):

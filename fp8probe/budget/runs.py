@@ -30,8 +30,8 @@ from pathlib import Path
 
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
-from .sources import SourceSpec
-from .training import TrainSettings
+from ..sources.sources import SourceSpec
+from .settings import TrainSettings
 
 SCHEMA_VERSION = version("calibrate.json")
 QUALITY_NAME = "held-out reverse KL(student ‖ teacher) per token, full vocabulary"
@@ -41,14 +41,14 @@ RUN_COLUMNS = ["objective", "level", "kind", "value", "seed", "metric", "mismatc
 
 
 def _opd(student, teacher, prompts, settings, seed, out, perturber, callbacks, device):
-    from .opd_train import make_trainer
+    from .opd import make_trainer
 
     return make_trainer(student, teacher, prompts, settings, seed, out, perturber, callbacks, device)
 
 
 def _grpo(correction: bool):
     def make(student, teacher, prompts, settings, seed, out, perturber, callbacks, device):
-        from .grpo_train import make_grpo_trainer
+        from .grpo import make_grpo_trainer
 
         return make_grpo_trainer(student, teacher, prompts, settings, seed, out, perturber, callbacks, device,
                                  correction=correction)
@@ -127,7 +127,7 @@ def train_one(teacher, initial_student, objective: str, level: SourceSpec, seed:
 
     from transformers import TrainerCallback
 
-    from .opd_train import Perturber, heldout_quality, trainable_student
+    from .opd import Perturber, heldout_quality, trainable_student
 
     d = run_dir(out, objective, level, seed)
     d.mkdir(parents=True, exist_ok=True)
@@ -191,7 +191,8 @@ def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, s
 
 def runs_table(results: list[dict], quality: str = "auc"):
     """runs.csv: one row per run. `mismatch` is the level's mean measured kl_q_p over its seeds (what a budget fits;
-    `mismatch_run` the run's own), `quality` the run's `quality` score (plateau, auc or final), `paired_loss` its relative
+    `mismatch_run` the run's own), `quality` the run's `quality` score (plateau, auc or final), `paired_loss` its
+    relative
     rise over its own seed's mismatch-free run of the same objective (0 for that run itself)."""
     import pandas as pd
 

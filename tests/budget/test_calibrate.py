@@ -15,16 +15,16 @@ import pytest
 import torch
 from conftest import tiny_model, tiny_tokenizer
 
-from fp8probe.apps.calibrate import Calibration
-from fp8probe.apps.calibration_runs import run_dir, train_one
-from fp8probe.apps.opd_train import opd_config, prompt_dataset, trainable_student
-from fp8probe.apps.sources import SourceSpec, parse_source
-from fp8probe.apps.training import TrainSettings
+from fp8probe.budget.experiment import Experiment
+from fp8probe.budget.opd import opd_config, prompt_dataset, trainable_student
+from fp8probe.budget.runs import run_dir, train_one
+from fp8probe.budget.settings import TrainSettings
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.model.prompts import BUILTIN_PROMPTS
 from fp8probe.model.pruning import depth_pruned
 from fp8probe.model.structure import list_units
 from fp8probe.model.student import Student
+from fp8probe.sources.sources import SourceSpec, parse_source
 
 pytestmark = pytest.mark.slow  # TRL training runs
 
@@ -41,7 +41,7 @@ def pair():
 
 
 def _settings(levels=("0",), steps=TRAIN.steps, **train):
-    return Calibration(None, "pruned", tuple(levels), 2, TrainSettings(**{**TRAIN.__dict__, "steps": steps, **train}),
+    return Experiment(None, "pruned", tuple(levels), 2, TrainSettings(**{**TRAIN.__dict__, "steps": steps, **train}),
                        tuple(BUILTIN_PROMPTS[:8]), tuple(BUILTIN_PROMPTS[8:10]))
 
 
@@ -104,7 +104,7 @@ def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
 
 def test_a_level_the_student_cannot_take_is_refused(tmp_path):
     """FP8_BLOCK on dims that are not whole 128-groups: refused (calibrate checks every level before any run)."""
-    from fp8probe.apps.calibration_runs import perturbation_maker
+    from fp8probe.budget.runs import perturbation_maker
 
     m = tiny_model("llama", hidden_size=96, intermediate_size=192)
     narrow = Student(m, tiny_tokenizer(), list_units(m), "narrow", "", "llama")
@@ -123,7 +123,7 @@ def test_levels_parse_and_refuse():
 
 
 def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
-    from fp8probe.recipe.budget import fit_budget
+    from fp8probe.budget.fit import fit_budget
 
     out = tmp_path / "cal"
 
@@ -176,7 +176,7 @@ def test_learning_rate_schedules_reach_trl():
     from torch import nn, optim
     from transformers import get_scheduler
 
-    from fp8probe.apps.grpo_train import grpo_config
+    from fp8probe.budget.grpo import grpo_config
 
     for name in ("constant", "linear", "cosine"):
         tr = TrainSettings(**{**TRAIN.__dict__, "lr_schedule": name, "steps": 4, "group_size": 2})
@@ -236,7 +236,7 @@ def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(
     seed and draws) but grpo-is weights each token by min(p/q, 2): their first losses differ."""
     from trl import GRPOTrainer
 
-    from fp8probe.apps.grpo_train import TeacherLikelihood, grpo_config
+    from fp8probe.budget.grpo import TeacherLikelihood, grpo_config
 
     teacher, student = pair
     s = _settings(("0", "0.3"), batch_size=4, group_size=2)
@@ -260,7 +260,7 @@ def test_heldout_quality_by_hand_with_each_steps_seed(pair):
     """The held-out reverse KL by hand (sum over the vocabulary of q (log q - log p) at every sampled response token,
     q the student, p the teacher) on responses sampled with the step's seed: eval_seed at every step (fixed, the
     default), eval_seed + step (per-step); the global random state is left as it was."""
-    from fp8probe.apps.opd_train import heldout_quality
+    from fp8probe.budget.opd import heldout_quality
     from fp8probe.model.rollouts import make_rollouts
 
     teacher, student = pair
@@ -294,7 +294,7 @@ def test_importance_ratio_by_hand():
     """min(exp(log p - log q), 2) per completion token, right-padded with 1 as TRL pads completions."""
     import math
 
-    from fp8probe.apps.grpo_train import _padded_ratio
+    from fp8probe.budget.grpo import _padded_ratio
 
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     got = _padded_ratio([torch.tensor([0.0, math.log(1.5), math.log(3.0)]), torch.tensor([math.log(0.25)])], mask)
@@ -303,7 +303,7 @@ def test_importance_ratio_by_hand():
 
 def test_teacher_likelihood_is_the_mean_log_prob_of_the_completion(pair):
     """The reward of one completion by hand: the teacher's log-softmax at each completion position, averaged."""
-    from fp8probe.apps.grpo_train import TeacherLikelihood
+    from fp8probe.budget.grpo import TeacherLikelihood
 
     teacher, student = pair
     tok = student.tokenizer
@@ -321,7 +321,7 @@ def test_teacher_likelihood_is_the_mean_log_prob_of_the_completion(pair):
 def test_curve_quality_by_hand():
     """auc: trapezoid mean over steps 0..20 of (8, 4, 3, 3, 2.5) at steps 0, 5, 10, 15, 20 = (30 + 17.5 + 15 +
     13.75) / 20 = 3.8125; the last fifth (step 15 -> 20) improved it by (3 - 2.5) / 3."""
-    from fp8probe.apps.calibration_runs import curve_quality
+    from fp8probe.budget.runs import curve_quality
 
     evals = [{"step": s, "reverse_kl": q} for s, q in zip((0, 5, 10, 15, 20), (8, 4, 3, 3, 2.5))]
     got = curve_quality(evals)
@@ -339,8 +339,8 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
     lands at the last admitted level with an interval inside the bracket."""
     import math
 
-    from fp8probe.apps import calibrate as cal
-    from fp8probe.apps.calibration_runs import SCHEMA_VERSION
+    from fp8probe.budget import experiment as cal
+    from fp8probe.budget.runs import SCHEMA_VERSION
 
     def fake_run(self, objective, level, seed):
         m = 10 * level.value ** 2 if level.kind == "noise" else 0.0
@@ -363,7 +363,7 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
             self.bar = tqdm(total=0, disable=True)
 
     monkeypatch.setattr(Ladder, "run", fake_run)
-    c = Calibration(None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6)
+    c = Experiment(None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6)
     df, budget, added = Ladder(c, tmp_path, "cpu", False, None).objective("opd")
     noise = df[df["kind"] == "noise"].groupby("value")["mismatch"].first()
     ok = [s for s in noise.index if 10 * s ** 2 <= 3e-3 + 1e-12]

@@ -30,8 +30,8 @@ import torch
 from ..core.errors import FP8ProbeError
 from ..measurement.perturbation import apply_perturbation
 from ..model.rollouts import Rollouts
-from .opd_train import Perturber, prompt_dataset, require_trl, sampled_logps
-from .training import TrainSettings
+from .opd import Perturber, prompt_dataset, require_trl, sampled_logps
+from .settings import TrainSettings
 
 IS_CAP = 2.0  # verl's rollout_is_threshold default; TRL's clip_max for token_truncate
 
@@ -68,7 +68,8 @@ class TeacherLikelihood:
 
 
 def grpo_config(settings: TrainSettings, seed: int, output_dir: str, device: str = "cpu"):
-    """TRL's GRPOConfig for one run: `group_size` completions per prompt, the learning-rate schedule asked for, TRL's defaults for
+    """TRL's GRPOConfig for one run: `group_size` completions per prompt, the learning-rate schedule asked for, TRL's
+    defaults for
     the loss, no checkpoints or reporting."""
     _, GRPOConfig = require_grpo()
     if settings.batch_size % settings.group_size:
@@ -99,7 +100,7 @@ def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: Trai
             if perturber is None:
                 return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                      has_tool_images)
-            from .opd_train import measure_rollouts
+            from .opd import measure_rollouts
 
             p = perturber.at(self.state.global_step)
             with apply_perturbation(student, p, many_forwards=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.settings import Settings, opt
-from .sources import CALIBRATION_LEVELS, SOURCE_HELP
+from ..sources.sources import CALIBRATION_LEVELS, SOURCE_HELP
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,9 @@ class TrainSettings(Settings):
     group_size: int = opt(4, "GRPO: completions per prompt, whose rewards are normalised together", low=2)
     max_new_tokens: int = opt(16, "completion length", low=1)
     learning_rate: float = opt(2e-5, "AdamW's peak learning rate", low=0.0, open_low=True)
-    lr_schedule: str = opt("constant", "the learning rate along the run: constant, or linear / cosine decay to 0 at the "
-                           "last step (transformers' schedulers, no warm-up)", choices=("constant", "linear", "cosine"))
+    lr_schedule: str = opt("constant", "the learning rate along the run: constant, or linear / cosine decay to 0 at "
+                           "the last step (transformers' schedulers, no warm-up)",
+                           choices=("constant", "linear", "cosine"))
     temperature: float = 1.0  # OPD samples its rollouts
     eval_every: int = opt(5, "held-out evaluation interval (steps)", low=1)
     eval_samples: int = opt(1, "responses sampled per held-out prompt", low=1)

@@ -1,0 +1,101 @@
+"""`fp8probe check`: can we train with this rollout configuration? (the verdict: budget/admission.py)
+
+    fp8probe check [MODEL] --budget budget.json|VALUE [--recipe recipe.yaml] [--kv-cache-dtype fp8]
+                   [--stale CKPT] [--teacher T] [--rollouts DIR] --out DIR
+
+Writes DIR/check.json; exit codes 0 ADMIT, 1 REJECT, 3 UNCERTAIN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass
+
+from ..budget.admission import check
+from ..core.errors import FP8ProbeError
+from ..core.metrics import METRICS
+from ..core.settings import Settings, opt
+from ..sources.shortcuts import Shortcuts
+from ..sources.sources import combine
+
+
+def exit_code(report: dict) -> int:
+    """The check's documented exit code: 0 ADMIT, 1 REJECT, 3 UNCERTAIN (core/errors.py)."""
+    from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
+
+    return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(report["verdict"], EXIT_UNCERTAIN)
+
+
+def format_check(report: dict) -> str:
+    engine = report.get("engine", "sim")
+    as_run = "" if engine == "sim" else f" as {engine} runs it"
+    v = report["verdict"]
+    lo, hi = report["measured_interval"]
+    b = f"budget {report['budget']:.4g}"
+    if report.get("budget_interval"):
+        b += f" [{report['budget_interval'][0]:.4g}, {report['budget_interval'][1]:.4g}]"
+    sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
+    lines = [f"{v}: {report['configuration']}{as_run}: {report['metric']} {report['measured']:.4g} "
+             f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report['margin']:+.3g}; budget "
+             f"{'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}: {report['budget_source']})"]
+    if report.get("undecided_because"):
+        lines.append(f"undecided: {report['undecided_because']}")
+    a = report.get("also_measured")
+    if a and a.get("measured") is not None:
+        lines.append(f"as {a['engine']} computes it: {report['metric']} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
+                     f"{a['interval'][1]:.4g}] (the verdict is on the {engine} figure; calibrated budgets measure "
+                     "mismatch in sim)")
+    elif a:
+        lines.append(f"not measured as {a['engine']} computes it: {a['not_covered']}")
+    s = report["prefix_shift"]
+    lines.append(f"prefix shift: {s['diverged']:.0%} of continuations diverge"
+                 + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")
+                 + f"; on its own samples kl_q_p {s['kl_q_p_own']:.4g}, k3 {s['k3_own']:.4g}")
+    if report["opd_signal"]:
+        o = report["opd_signal"]
+        lines.append(f"OPD signal: mean |Δreward| {o['mean_abs_reward_delta']:.4g} per token, corr "
+                     f"{o['reward_corr']:.4f} with the mismatch-free reward, sequence reverse-KL change "
+                     f"{o['seq_rkl_delta']:+.4g}; ratios beyond verl's 2.0: {o['ratio_out_verl']:.2%}, outside "
+                     f"OpenRLHF's [0.5, 5]: {o['ratio_out_openrlhf']:.2%}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CheckSettings(Settings):
+    """One rollout configuration (`shortcuts`: at most one recipe, KV cache and stale checkpoint, together) against
+    `budget`: a number on `metric`, or a budget.json written by `fp8probe budget` / `calibrate`."""
+
+    shortcuts: Shortcuts
+    budget: str = opt(MISSING, "a number (on the metric) or a budget.json from `fp8probe budget`", required=True)
+    metric: str = opt("kl_q_p", "the metric a numeric budget bounds", choices=METRICS, metavar="METRIC")
+
+    def __post_init__(self):
+        super().__post_init__()
+        sc = self.shortcuts
+        if not (sc.recipe or sc.kv_cache_dtype or sc.stale):
+            raise FP8ProbeError("nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout "
+                                "configuration)")
+        if len(sc.recipe) > 1 or len(sc.kv_cache_dtype) > 1 or len(sc.stale) > 1:
+            raise FP8ProbeError("check takes one configuration: at most one `recipe`, `kv_cache_dtype` and `stale` "
+                                "(compare several with `fp8probe ladder`)")
+
+
+def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = False) -> dict:
+    """The verdict (check()) written as DIR/check.json; returns the report."""
+    from ..budget.fit import read_budget
+    from ..core.files import atomic_write_json, output_dir
+    from .inputs import check_inputs, load, rollouts_for
+
+    budget = read_budget(settings.budget, settings.metric)  # a negative, NaN or unreadable budget fails here
+    sc = settings.shortcuts
+    check_inputs(model, rollouts, out)
+    sc.check(model)
+    with output_dir(out) as d:
+        student, _ = load(model)
+        teacher = sc.load_teacher(model)
+        r, _ = rollouts_for(student, rollouts, d, progress=progress)
+        named = sc.sources(student, model.allow_pickle)
+        config = named[0] if len(named) == 1 else combine(named)
+        report = check(student, r, config, budget, teacher=teacher, prefix_tokens=rollouts.max_new_tokens,
+                       seed=rollouts.seed, batch_size=rollouts.batch_size, engine=sc.engine)
+        atomic_write_json(d / "check.json", report)
+    return report

@@ -1,0 +1,23 @@
+"""`fp8probe export`: a vLLM checkpoint (llm-compressor) and each RL framework's rollout config for recipes
+(deploy/export.py), with what the export could not do logged as warnings."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def run_export(model: str | None, recipes, out, rollouts: str | None = None, max_model_len: int | None = None,
+               targets=("vllm",), trust_remote_code: bool = False, allow_pickle: bool = False):
+    """Export `model` under `recipes` into `out` for `targets` (calibrating static scales on the `rollouts` of a sweep
+    directory when a recipe needs them); returns deploy.export's result, whose describe() is what the CLI prints."""
+    from ..deploy.export import export
+    from ..model.rollouts import load_rollouts
+
+    done = export(model, recipes, out, rollouts=load_rollouts(rollouts) if rollouts else None,
+                  max_model_len=max_model_len, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle,
+                  targets=targets)
+    for w in done.warnings():
+        log.warning("%s", w)
+    return done

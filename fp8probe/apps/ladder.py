@@ -1,0 +1,73 @@
+"""`fp8probe ladder`: every shortcut the user names on one scale, on a ruler of seeded weight noise.
+
+    fp8probe ladder [MODEL] [--recipe R ...] [--kv-cache-dtype fp8] [--stale CKPT ...] [--noise ...] [--combine]
+                    [--teacher T] [--engine sim|vllm-cuda|vllm-cpu] --out DIR
+
+Writes DIR/ladder.csv (sources/ladder.py's table) and DIR/ladder.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.settings import Settings, opt
+from ..sources.ladder import ladder
+from ..sources.shortcuts import Shortcuts
+from ..sources.sources import NOISE_RULER, Source, combine, noise
+
+
+@dataclass(frozen=True)
+class LadderSettings(Settings):
+    """The shortcuts, on a ruler of seeded weight noise (`noise` levels, `noise_seed`; default NOISE_RULER), all
+    at once too when `combine`, with the prefix shift of each unless not `prefix_shift`."""
+
+    shortcuts: Shortcuts = field(default_factory=Shortcuts)
+    noise: tuple[float, ...] | None = opt(None, "relative weight-noise levels σ (x each tensor's std); default: "
+                                          + " ".join(f"{x:g}" for x in NOISE_RULER), low=0.0, open_low=True)
+    noise_seed: int = opt(0, "seed of the noise draws", low=0)
+    combine: bool = opt(False, "also measure the recipe, KV and stale sources together")
+    prefix_shift: bool = opt(True, "skip the prefix-shift columns (faster)", flag="--no-prefix-shift")
+
+
+def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = False):
+    """Every source on one scale (ladder()), written as DIR/ladder.csv and DIR/ladder.json; returns the table."""
+    import time
+
+    from ..core.artifacts import arithmetic, stamped, versions
+    from ..core.files import atomic_write_json, atomic_write_text, output_dir
+    from ..measurement.perturbation import Perturbation
+    from .inputs import check_inputs, load, rollouts_for
+
+    sc = settings.shortcuts
+    check_inputs(model, rollouts, out)
+    sc.check(model)
+    t0 = time.perf_counter()
+    with output_dir(out) as d:
+        student, _ = load(model)
+        teacher = sc.load_teacher(model)
+        r, _ = rollouts_for(student, rollouts, d, progress=progress)
+        named = sc.sources(student, model.allow_pickle)
+        steps = [noise(student, s, settings.noise_seed) for s in (settings.noise or NOISE_RULER)] + named
+        if settings.combine:
+            steps.append(combine(named))
+        if sc.engine != "sim":  # what the engine's own arithmetic costs with no shortcut at all
+            steps.insert(0, Source(f"{sc.engine} alone", "engine", Perturbation()))
+        df = ladder(student, r, steps, batch_size=rollouts.batch_size, progress=progress,
+                    prefix_tokens=rollouts.max_new_tokens if settings.prefix_shift else None,
+                    prefix_seed=rollouts.seed, teacher=teacher, engine=sc.engine)
+        atomic_write_text(d / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
+        atomic_write_json(d / "ladder.json", stamped("ladder.json", {
+            "command": "ladder", "model": student.name, "teacher": sc.teacher, "engine": sc.engine,
+            "sources": [{"name": s.name, "kind": s.kind, "parts": list(s.parts)} for s in steps],
+            "num_sequences": r.num_sequences, "num_response_tokens": r.num_response_tokens,
+            "noise_seed": settings.noise_seed, "prefix_seed": rollouts.seed,
+            "arithmetic": arithmetic(rollouts.batch_size),
+            "seconds": round(time.perf_counter() - t0, 3), "versions": versions()}))
+    return df
+
+
+def describe(df, out, seconds: float) -> str:
+    cols = [c for c in ("source", "kl_q_p", "k3", "top1_agree", "sum_of_parts", "diverged", "first_div_mean",
+                        "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_verl") if c in df.columns]
+    return (df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+            + f"\nladder: {len(df)} sources in {seconds:.0f} s -> {out}/ladder.csv")

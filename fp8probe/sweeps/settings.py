@@ -1,0 +1,60 @@
+"""What a sweep measures and how, as typed settings parsed once at the edge (`fp8probe sweep`'s flags are built
+from these fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.errors import FP8ProbeError
+from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
+from ..core.settings import Settings, opt
+from .files import METHODS
+
+
+@dataclass(frozen=True)
+class SweepSettings(Settings):
+    """What a sweep measures (`scheme`, a row per unit or fused `group`, KV-cache rows in `kv_cache_dtype` unless not
+    `include_kv`), how (`method` exact | fisher | auto: `top_k`, `controls`, `fisher_samples`), compared with which
+    exact sweep (`compare`, `agreement_budget`), and where the rows are measured (`workers` Ray actors, at
+    `ray_address`, with `threads_per_worker` each)."""
+
+    scheme: str = opt("FP8_DYNAMIC", f"FP8 scheme: {', '.join(SCHEMES)}")
+    granularity: str = opt("unit", "a row per Linear (unit) or per fused group as vLLM loads it (group)",
+                           choices=("unit", "group"))
+    include_kv: bool = opt(True, "skip the per-layer FP8 KV-cache rows", flag="--no-kv")
+    kv_cache_dtype: str = opt("fp8", f"KV rows in {', '.join(KV_CACHE_DTYPES)}")
+    method: str = opt("exact", "exact: measure every row; fisher: estimate every row from one pass with backward "
+                      "(fast); auto: estimate, then measure the top-k highest, controls others and the whole model",
+                      choices=METHODS)
+    top_k: int = opt(24, "method auto: rows measured exactly", low=0)
+    controls: int = opt(8, "method auto: random other rows measured exactly, as a check", low=0)
+    fisher_samples: int = opt(2, "label draws per position for the estimate, one backward each", low=1)
+    compare: str | None = opt(None, "an exact sweep of the same rollouts: write agreement.json", metavar="EXACT_DIR")
+    agreement_budget: float | None = opt(None, "kl_q_p budget of the agreement's recipes (default: half the "
+                                         "whole-model FP8 mismatch)", low=0.0, metavar="X")
+    workers: int = opt(1, "Ray workers measuring the rows, one replica each (pip install 'fp8probe[ray]')", low=1)
+    ray_address: str | None = opt(None, "join this Ray cluster (left running) instead of starting a local one",
+                                  metavar="ADDR")
+    threads_per_worker: int | None = opt(None, "CPU threads per worker (default: cores / workers)", low=1,
+                                         metavar="T")
+
+    def __post_init__(self):
+        super().__post_init__()
+        Scheme.from_name(self.scheme)
+        KVCacheScheme.from_name(self.kv_cache_dtype)
+        if self.threads_per_worker is not None and self.workers == 1 and not self.ray_address:
+            raise FP8ProbeError("`threads_per_worker` needs `workers` N (N > 1) or `ray_address`")
+
+    @property
+    def preset(self) -> Scheme:
+        return Scheme.from_name(self.scheme)
+
+    @property
+    def kv(self) -> KVCacheScheme:
+        return KVCacheScheme.from_name(self.kv_cache_dtype)
+
+    def method_of(self, seed: int):
+        """The sweep's Method (sweeps/sweep.py); its label draws and controls seeded with the rollouts' seed."""
+        from ..sweeps.sweep import Method
+
+        return Method(self.method, top_k=self.top_k, controls=self.controls, samples=self.fisher_samples, seed=seed)
