@@ -1,11 +1,17 @@
 """Every recipe shipped in recipes/ parses with llm-compressor's own parser, says what its recipe.json says, and
 measures, on the shipped rollouts, what its recipe.json reports.
 
-Re-measuring crosses machines: recipes/smollm2-135m was measured on the machine that wrote it, and FP8 codes of a
-whole recipe flip where another CPU's fp32 GEMMs round differently. Measured (2026-12-01, a 2-core AMX Xeon, the
-same 730 response tokens): single-unit rows of sensitivity.csv within 0.07 % (which shows the rollouts are the
-ones the table and recipes were measured on); whole recipes kl_q_p within 2.9 %, k3 within 13 %, |dlog p| within
-4.4 %, kl_max within 21 %, top1_agree within 1.2 % (8 tokens). Tolerances: about twice those.
+Re-measuring crosses machines: recipes/smollm2-135m was measured on the machine that wrote it (a 2-core AMX Xeon),
+and FP8 codes of a whole recipe flip where another CPU's fp32 GEMMs round differently (issue 35: the arithmetic
+component). Single-unit rows of sensitivity.csv stay within 0.07 % everywhere measured (which shows the rollouts are
+the ones the table and recipes were measured on). Whole recipes on the 346 held-out tokens, largest change seen:
+another AMX Xeon, kl_q_p 2.9 %, k3 13 %, |dlog p| 4.4 %, kl_max 21 %; a 2-core AVX2 AMD EPYC (2026-12-02, one
+thread), kl_q_p 12.3 % (0.00837 -> 0.00941, inside its printed interval [0.00594, 0.0116]), k3 31 %, rms_dp 15 %,
+abs_dlogp_max 39 %, top1_agree 0.9 % (3 tokens); k1 moved 0.0028 where its terms average |dlog p| 0.075 (3.7 %
+of it; 4.1 % on the CI machine). So the test checks the claim that matters, that the printed interval
+holds the arithmetic component: kl_q_p lands inside its recorded 90 % interval (kl_p_q and the search half in the
+same relative band) and within about twice the largest change seen (25 %); k1, a signed mean that cancels, within a
+tenth of |dlog p|; the other metrics within about twice the largest change seen.
 """
 
 import json
@@ -20,8 +26,9 @@ SHIPPED = sorted((Path(__file__).resolve().parents[2] / "recipes").rglob("recipe
 SMOLLM = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m"
 FULL = {"kl_q_p", "kl_p_q"}
 TAILS = {"kl_p50", "kl_p90", "kl_p99", "kl_p999", "kl_max", "abs_dlogp_max"}
-RTOL = {"full": 0.06, "sampled": 0.30, "tails": 0.5}
+RTOL = {"full": 0.25, "sampled": 0.6, "tails": 0.8}
 ATOL_TOP1 = 0.025
+K1_OF_ABS_DLOGP = 0.1  # k1's tolerance, as a share of the mean |dlog p| of the tokens it averages
 RTOL_UNIT = 0.005  # single units: measured 0.07 %
 
 
@@ -43,11 +50,15 @@ def test_parsed_by_llmcompressor(path):
     assert meta["measured_search"] <= meta["budget"]  # the held-out `measured` may land on either side
 
 
-def _close(metric: str, got: float, want: float) -> bool:
+def _close(metric: str, got: float, want: float, band: tuple[float, float], recorded: dict) -> bool:
+    """`band`: the recorded kl_q_p interval relative to its value, (lo / measured, hi / measured)."""
     if metric == "top1_agree":
         return abs(got - want) <= ATOL_TOP1
-    kind = "full" if metric in FULL else "tails" if metric in TAILS else "sampled"
-    return abs(got - want) <= RTOL[kind] * abs(want)
+    if metric in FULL:
+        return band[0] * want <= got <= band[1] * want and abs(got - want) <= RTOL["full"] * want
+    if metric == "k1":
+        return abs(got - want) <= K1_OF_ABS_DLOGP * recorded["abs_dlogp_mean"]
+    return abs(got - want) <= RTOL["tails" if metric in TAILS else "sampled"] * abs(want)
 
 
 @pytest.mark.slow
@@ -81,8 +92,11 @@ def test_shipped_recipes_measure_what_their_json_says(embedded):
         split = meta["split"]  # measured on the held-out prompts, measured_search on the others
         held, search = rollouts.subset(split["heldout_sequences"]), rollouts.subset(split["search_sequences"])
         got = measure(embedded, held, rec.scheme, units=units)
-        off = {k: (got[k], v) for k, v in meta["measured_metrics"].items() if not _close(k, got[k], v)}
+        lo, hi = meta["measured_interval"]
+        assert lo <= got["kl_q_p"] <= hi, path.parent.name
+        band = (lo / meta["measured"], hi / meta["measured"])
+        recorded = meta["measured_metrics"]
+        off = {k: (got[k], v) for k, v in recorded.items() if not _close(k, got[k], v, band, recorded)}
         assert not off, f"{path.parent.name}: {off}"
-        assert got["kl_q_p"] == pytest.approx(meta["measured"], rel=RTOL["full"])
         on_search = measure(embedded, search, rec.scheme, units=units)["kl_q_p"]
-        assert on_search == pytest.approx(meta["measured_search"], rel=RTOL["full"])
+        assert _close("kl_q_p", on_search, meta["measured_search"], band, recorded), path.parent.name
