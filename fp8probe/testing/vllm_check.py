@@ -17,6 +17,7 @@ summed in another order) and the result says so (`scaled_mm: "emulated"`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -61,7 +62,8 @@ def scaled_mm_seconds() -> float:
 
 
 def vllm_venv(create: bool = True) -> Path:
-    """The python of the vLLM virtual environment, created on first use."""
+    """The python of the vLLM virtual environment, created on first use. Creation holds a lock next to the venv, so
+    two processes asking at once (CI's prefetch and its slow tests) build it once; the second waits and reuses it."""
     root = Path(os.environ.get("FP8PROBE_VLLM_VENV", cache_dir() / "vllm-venv"))
     py = root / "bin" / "python"
     ok = root / ".fp8probe-ready"
@@ -69,14 +71,19 @@ def vllm_venv(create: bool = True) -> Path:
         return py
     if not create:
         raise FP8ProbeError(f"no vLLM environment at {root}")
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run(pip + ["--upgrade", "pip"], check=True)
-    subprocess.run(pip + VLLM_REQUIREMENTS, check=True)
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
-                   check=False)
-    subprocess.run([str(py), "-c", "import vllm"], check=True)
-    ok.write_text("ok\n")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.with_name(root.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if py.exists() and ok.exists():  # built by the process that held the lock before us
+            return py
+        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run(pip + ["--upgrade", "pip"], check=True)
+        subprocess.run(pip + VLLM_REQUIREMENTS, check=True)
+        subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+                       check=False)
+        subprocess.run([str(py), "-c", "import vllm"], check=True)
+        ok.write_text("ok\n")
     return py
 
 

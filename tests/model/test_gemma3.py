@@ -30,7 +30,7 @@ def swept(tmp_path_factory):
     from fp8probe.cli import main
 
     d = tmp_path_factory.mktemp("gemma") / "sweep"
-    assert main(["-q", "sweep", "gemma3-270m", "--method", "auto", "--num-prompts", "6", "--max-new-tokens", "24",
+    assert main(["-q", "sweep", "gemma3-270m", "--method", "auto", "--num-prompts", "4", "--max-new-tokens", "16",
                  "--out", str(d)]) == 0
     return d
 
