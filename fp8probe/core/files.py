@@ -63,6 +63,18 @@ def atomic_dir(target: str | Path):
         raise
 
 
+@contextmanager
+def waiting_lock(path: str | Path):
+    """Hold an exclusive flock on the file `path` (created if missing) for the block, waiting while another process
+    holds it; the kernel drops it when the holder dies, even by SIGKILL. For building something once that two
+    processes may ask for at the same time (the second waits, then finds it built); `output_dir` refuses instead."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+
+
 def check_writable(path: str | Path) -> Path:
     """Fail early, in one line, when the output directory cannot be created or written."""
     p = Path(path)

@@ -17,7 +17,6 @@ summed in another order) and the result says so (`scaled_mm: "emulated"`).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import FP8ProbeError
+from ..core.files import waiting_lock
 from ..core.schemes import Scheme
 from ..measurement.measure import measure
 from ..measurement.mismatch import sampled_token_metrics, summarize
@@ -71,9 +71,7 @@ def vllm_venv(create: bool = True) -> Path:
         return py
     if not create:
         raise FP8ProbeError(f"no vLLM environment at {root}")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.with_name(root.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+    with waiting_lock(root.with_name(root.name + ".lock")):
         if py.exists() and ok.exists():  # built by the process that held the lock before us
             return py
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
