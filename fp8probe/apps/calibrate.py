@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from ..budget.experiment import Experiment, calibrate, check_resume, prepare, read_marks
+from .budget import fit_lines
 
 __all__ = ["run_calibrate", "describe", "prepare", "Experiment"]
 
@@ -58,6 +59,17 @@ def describe(res: dict, calibration: Experiment, out, seconds: float) -> str:
         lines.append(f"  budget: kl_q_p <= {b.value:.4g} (90 % paired bootstrap interval {lo:.4g} .. {hi:.4g}, x"
                      f"{hi / lo if lo > 0 else math.inf:.2g}) at a relative quality loss <= {b.tolerance:g} -> "
                      f"{Path(out) / f'budget-{objective}.json'}")
+        lines += fit_lines(b)
+        spent = res.get("allocated", {}).get(objective)
+        if spent and spent["runs"]:
+            where = "; ".join(f"{x['level']} seeds {', '.join(map(str, x['seeds']))}" for x in spent["seeds"])
+            lines.append(f"  runs added where they narrow the interval most: {spent['runs']} ({where}) in "
+                         f"{spent['hours']:.2f} h; stopped: {spent.get('stopped', 'done')}")
+    for r in res.get("ratios", []):
+        if r["ratio"] is not None:
+            lo, hi = r["interval"] or (math.nan, math.nan)
+            lines.append(f"{r['objective']} tolerates {r['ratio']:.2g}x the mismatch {r['other']} does (benchmark "
+                         f"doses, 90 % paired over {r['seeds']} seeds: {lo:.2g} .. {hi:.2g})")
     return "\n".join(lines)
 
 

@@ -45,6 +45,7 @@ from .runs import (QUALITY_NAME, SCHEMA_VERSION, check_objectives, finished, loa
                    runs_table, train_one)
 from .settings import TrainSettings
 
+BOOTSTRAP = 1000  # resamples behind every budget the ladder fits
 PARTIAL = "calibrate.partial.json"  # the calibration while runs are missing: resume state (kept on failure)
 
 
@@ -65,6 +66,9 @@ class Experiment:
     quality: str = "auc"
     bracket: float = 2.0
     max_added: int = 3
+    max_runs: int = 0
+    max_hours: float = 0.0
+    target_ratio: float = 3.0
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -103,7 +107,8 @@ def prepare(settings, train: TrainSettings) -> Experiment:
     tr, held = split_prompts(read_prompts(settings.prompts) if settings.prompts else list(TRAINING_PROMPTS))
     return Experiment(settings.teacher, settings.student, tuple(settings.levels), settings.seeds, train, tuple(tr),
                        tuple(held), tuple(dict.fromkeys(settings.objectives)), settings.tolerance, settings.quality,
-                       settings.bracket, settings.max_added)
+                       settings.bracket, settings.max_added, settings.max_runs, settings.max_hours,
+                       settings.target_ratio)
 
 
 def check_resume(out: Path, calibration: Experiment, resume: bool) -> None:
@@ -168,6 +173,7 @@ class _Ladder:
         todo = [(o, lv, s) for o in calibration.objectives for lv in self.levels for s in range(calibration.seeds)]
         self.bar = tqdm(total=sum(calibration.train.steps for o, lv, s in todo if finished(out, o, lv, s) is None),
                         desc="calibrate", unit="step", disable=not progress)
+        self.spent: dict[str, dict] = {}  # per objective: the runs allocate() added
         self.start = None  # the held-out evaluation before training: one student, one seed, the same for every run
         self.results: dict[tuple, dict] = {}
 
@@ -196,24 +202,113 @@ class _Ladder:
         return done
 
     def objective(self, objective: str):
-        """Every level of the ladder for one objective, then the adaptive levels; its runs table and budget."""
+        """Every level of the ladder for one objective, then the adaptive levels, then the runs that narrow the
+        benchmark dose most (allocated); its runs table and budget."""
         from .fit import fit_budget
 
         levels, added = list(self.levels), []
+        pairs = []
         while True:
             for lv in levels:
                 for seed in range(self.c.seeds):
                     self.run(objective, lv, seed)
-            df = runs_table([self.results[(objective, lv.name, s)] for lv in levels for s in range(self.c.seeds)],
-                            self.c.quality)
-            budget = fit_budget(df, tolerance=self.c.tolerance, bootstrap=1000)
+            pairs = [(lv, s) for lv in levels for s in range(self.c.seeds)]
+            df = runs_table([self.results[(objective, lv.name, s)] for lv, s in pairs], self.c.quality)
+            budget = fit_budget(df, tolerance=self.c.tolerance, bootstrap=BOOTSTRAP)
             nxt = next_level(budget, df, self.c.bracket)
             if nxt is None or len(added) >= self.c.max_added or nxt.name in {lv.name for lv in levels}:
-                return df, budget, added
+                break
             added.append(nxt.name)
             levels.append(nxt)
             self.bar.total += self.c.train.steps * self.c.seeds
             self.bar.refresh()
+        df, budget, spent = self.allocate(objective, pairs, df, budget)
+        self.spent[objective] = spent
+        return df, budget, added + [name for name in spent["levels"] if name not in added]
+
+    def allocate(self, objective: str, pairs: list, df, budget):
+        """Runs added where they narrow the benchmark dose's interval most (dose.allocate: a new noise level at the
+        current BMD, run with the ladder's seeds, or one more seed at a tested level, with its mismatch-free twin),
+        refitting after each, until the interval is `target_ratio` narrow or `max_runs` / `max_hours` is spent.
+        The decisions follow from the results alone, so a resumed calibration takes them again."""
+        import time
+
+        from .dose import allocate
+        from .fit import paired_losses, ruler_levels, fit_budget
+
+        spent = {"runs": 0, "levels": [], "seeds": [], "hours": 0.0}
+        start = time.time()
+        while self.c.max_runs and spent["runs"] < self.c.max_runs:
+            if self.c.max_hours and (time.time() - start) / 3600 >= self.c.max_hours:
+                spent["stopped"] = "max_hours"
+                break
+            lo, hi = budget.interval or (0.0, math.inf)
+            if budget.method == "benchmark dose" and lo > 0 and hi / lo <= self.c.target_ratio:
+                spent["stopped"] = "target_ratio"
+                break
+            ruler = sorted(lv for lv in ruler_levels(df) if lv > 0)
+            higher = str(df["higher_is_better"].iloc[0]).lower() in ("true", "1")
+            step = allocate(paired_losses(df, higher, True), ruler, self.c.tolerance, runs=1)
+            if not step:
+                spent["stopped"] = "no fit to allocate from"
+                break
+            todo = self._next_runs(pairs, df, step[0])
+            left = self.c.max_runs - spent["runs"]
+            if len(todo) > left:  # a new level takes the seeds the cap allows; a twin is not run without its level
+                todo = todo[:left] if step[0]["new_level"] else []
+                if not todo:
+                    spent["stopped"] = "max_runs"
+                    break
+            for lv, seed in todo:
+                self.run(objective, lv, seed)
+                pairs.append((lv, seed))
+                spent["runs"] += 1
+                self.bar.total += self.c.train.steps
+            if not todo:
+                spent["stopped"] = "nothing left to run at the allocated level"
+                break
+            if step[0]["new_level"]:
+                spent["levels"].append(todo[-1][0].name)
+            spent["seeds"].append({"level": todo[-1][0].name, "seeds": [s for lv, s in todo if lv.kind != "none"]})
+            df = runs_table([self.results[(objective, lv.name, s)] for lv, s in pairs], self.c.quality)
+            budget = fit_budget(df, tolerance=self.c.tolerance, bootstrap=BOOTSTRAP)
+        else:
+            if self.c.max_runs:
+                spent["stopped"] = "max_runs"
+        spent["hours"] = (time.time() - start) / 3600
+        return df, budget, spent
+
+    def _next_runs(self, pairs: list, df, step: dict) -> list:
+        """The (level, seed) runs one allocation step asks for: a new noise level (σ read off the tested levels'
+        measured mismatch, log-log) with the ladder's seeds, or the next seed at a tested level, its mismatch-free
+        twin first when that seed has none."""
+        from ..sources.sources import SourceSpec
+
+        noise = df[df["kind"] == "noise"].groupby("value")["mismatch"].mean().sort_index()
+        if step["new_level"]:
+            level = SourceSpec("noise", _round(sigma_for(noise, step["mismatch"])))
+            done = {s for lv, s in pairs if lv.name == level.name}
+            return [(level, s) for s in range(self.c.seeds) if s not in done]
+        level = next(lv for lv, _ in pairs if lv.kind == "noise" and
+                     abs(float(noise.get(lv.value, -1)) - step["mismatch"]) <= 1e-9 * max(1.0, step["mismatch"]))
+        seeds = {s for lv, s in pairs if lv.name == level.name}
+        seed = next(s for s in range(10 ** 6) if s not in seeds)
+        twin = next(lv for lv, _ in pairs if lv.kind == "none")
+        has_twin = any(lv.name == twin.name and s == seed for lv, s in pairs)
+        return ([] if has_twin else [(twin, seed)]) + [(level, seed)]
+
+
+def sigma_for(noise, mismatch: float) -> float:
+    """The noise σ expected to give `mismatch`: log-log interpolation between the tested noise levels (σ -> their
+    measured mismatch), the nearest two beyond their range (the mismatch grows about as σ²)."""
+    xs = [(math.log(s), math.log(m)) for s, m in noise.items() if s > 0 and m > 0]
+    if len(xs) < 2:
+        s, m = next(iter(noise.items()))
+        return s * math.sqrt(mismatch / m)
+    t = math.log(mismatch)
+    i = next((i for i in range(1, len(xs)) if xs[i][1] >= t), len(xs) - 1)
+    (a, fa), (b, fb) = xs[i - 1], xs[i]
+    return math.exp(a + (t - fa) * (b - a) / (fb - fa)) if fb != fa else math.exp(b)
 
 
 def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress: bool = True, marks=(),
@@ -244,9 +339,14 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
     curves = {(o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv" for (o, lv, s) in ladder.results}
     calibration_plot(df, out / "calibration.png", budgets=budgets, marks=read_marks(marks), quality=QUALITY_NAME,
                      curves=curves)
-    atomic_write_json(out / "calibrate.json", {**calibration.to_json(), "added_levels": added})
+    from .fit import bmd_ratio
+
+    first = calibration.objectives[0]
+    ratios = [bmd_ratio(df, first, o, calibration.tolerance, BOOTSTRAP) for o in calibration.objectives[1:]]
+    atomic_write_json(out / "calibrate.json", {**calibration.to_json(), "added_levels": added,
+                                                "allocated": ladder.spent, "ratios": ratios})
     (out / PARTIAL).unlink()
-    return {"runs": df, "budgets": budgets, "added": added}
+    return {"runs": df, "budgets": budgets, "added": added, "allocated": ladder.spent, "ratios": ratios}
 
 
 def read_marks(paths) -> list[tuple[str, float]]:

@@ -13,11 +13,18 @@ shortfall against *its own seed's* mismatch-free run, so what the seeds do alike
 a paired bootstrap that resamples seeds, one draw for every level. Otherwise (unpaired) a run's loss is its
 shortfall against the mean of the mismatch-free runs, and runs are resampled within each level.
 
-A non-decreasing fit of the mean loss against the mismatch (pool-adjacent-violators, per level; a table with a
-`kind` column: the mismatch-free and noise levels only, other sources reported beside it) gives the budget:
-the largest tested level whose fitted loss stays within the tolerance (a user's choice; default 2 % relative).
-budget.json also holds each level's mean loss with its interval and fit, and the seed spread (how far the
-mismatch-free runs land apart by their seeds alone: reported beside the tolerance, not used as it).
+The budget is a benchmark dose (budget/dose.py): monotone dose–response families (linear, power, exponential,
+Hill; zero loss at zero mismatch) fitted to every level's mean loss, each weighted by its own spread, averaged with
+Akaike weights; the budget is the mismatch at which the averaged curve reaches the tolerance (a user's choice;
+default 2 % relative), its interval (BMDL, BMDU) the paired bootstrap over seeds. Every level informs the curve, so
+one noisy low level no longer decides the edge. The ruler is the noise levels (a table with a `kind` column: the
+mismatch-free and noise levels); every other kind of level with runs (stale weights) gets a curve of its own, and
+levels of sources no ruler stands for (FP8, the FP8 KV cache) are read against the noise ruler's prediction at
+their measured mismatch, paired by seed. When no family fits (every one tested fails its lack-of-fit test), the
+budget falls back to the isotonic fit: the largest tested level whose non-decreasing (pool-adjacent-violators) fit
+of the mean loss stays within the tolerance, as budget.json 2 had it; `method` says which. budget.json also holds
+each level's mean loss with its interval and both fits, and the seed spread (how far the mismatch-free runs land
+apart by their seeds alone: reported beside the tolerance, not used as it).
 
 Without runs, `default_budget()` is a published rule of thumb (NeMo-RL calls a generation KL below 1e-3
 acceptable), labelled uncalibrated in every output that uses it.
@@ -53,6 +60,8 @@ class Budget:
     levels: list | None = None  # per tested level: mismatch, mean loss, its interval, the isotonic fit, runs
     seed_spread: float | None = None  # relative range of the mismatch-free runs' quality (seeds alone)
     other_levels: list | None = None  # levels of other sources (stale:K, fp8, kv): their loss, not fitted
+    method: str = "isotonic"  # "benchmark dose" (dose.py's averaged curve) or "isotonic" (no family fits; schema <3)
+    dose_response: dict | None = None  # per ruler: families, fits, the BMD and its interval, the curve; predictions
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -84,13 +93,14 @@ def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
         d = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FP8ProbeError(f"{text} is not valid JSON ({e}); write it with `fp8probe budget`") from e
-    if not isinstance(d, dict) or d.get("schema_version") not in (1, SCHEMA_VERSION):
+    if not isinstance(d, dict) or d.get("schema_version") not in (1, 2, SCHEMA_VERSION):
         raise FP8ProbeError(f"{text} is not a budget.json of schema {SCHEMA_VERSION}; write it with `fp8probe budget`")
     try:
         interval = tuple(d["interval"]) if d.get("interval") is not None else None
         return Budget(d["metric"], d["value"], bool(d.get("calibrated", False)), str(d.get("source", text)),
                       interval, d.get("tolerance"), d.get("runs"), bool(d.get("paired", False)), d.get("levels"),
-                      d.get("seed_spread"), d.get("other_levels"))
+                      d.get("seed_spread"), d.get("other_levels"), str(d.get("method", "isotonic")),
+                      d.get("dose_response"))
     except KeyError as e:
         raise FP8ProbeError(f"{text} lacks {e}; write it with `fp8probe budget`") from e
 
@@ -111,7 +121,7 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     return [m for m, _, n in blocks for _ in range(n)]
 
 
-def _losses(df, higher: bool, paired: bool) -> dict[float, dict]:
+def paired_losses(df, higher: bool, paired: bool) -> dict[float, dict]:
     """mismatch level -> {seed: relative quality loss}: against the same seed's mismatch-free run (paired), or
     against the mean of every mismatch-free run (unpaired; the rows are numbered instead of seeded)."""
     clean = df[df["mismatch"] == 0]
@@ -178,14 +188,20 @@ def _one_value(df, column: str, where: str, default, what: str):
     return names.pop()
 
 
+FITS = ("dose", "isotonic")  # how the budget is read off the runs: the benchmark dose, or the isotonic fit alone
+
+
 def fit_budget(runs, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000, seed: int = 0,
-               paired: bool | None = None, objective: str | None = None) -> Budget:
+               paired: bool | None = None, objective: str | None = None, fit: str = "dose") -> Budget:
     """The calibrated budget from a runs table (a pandas DataFrame or a CSV path); see the module docstring.
-    `paired`: None decides from the table (_is_paired); `objective` picks one objective of a table with several."""
+    `paired`: None decides from the table (_is_paired); `objective` picks one objective of a table with several;
+    `fit` "dose" reads the benchmark dose (the isotonic fit where no family fits), "isotonic" the isotonic fit only."""
     import numpy as np
 
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise FP8ProbeError(f"`tolerance` {tolerance}: must be a finite, non-negative fraction")
+    if fit not in FITS:
+        raise FP8ProbeError(f"`fit` {fit}: one of {', '.join(FITS)}")
     where = str(runs)
     df = _read_runs(runs, where)
     if "objective" in df.columns:
@@ -212,33 +228,71 @@ def fit_budget(runs, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000
     elif paired and not _is_paired(df):
         raise FP8ProbeError(f"{where}: pairing needs a seed per run, each seed once per level and its mismatch-free "
                             "twin (two seeds at least)")
-    losses = _losses(df, higher, paired)
-    ruler = _ruler(df)
+    losses = paired_losses(df, higher, paired)
+    ruler = ruler_levels(df)
     levels = sorted(lv for lv in losses if lv in ruler)
     mean = {lv: float(np.mean(list(d.values()))) for lv, d in losses.items()}
     value, fitted = _threshold(levels, mean, {lv: len(losses[lv]) for lv in levels}, tolerance)
     boot, level_boot = _bootstrap(losses, levels, paired, tolerance, bootstrap, seed)
     interval = (float(np.quantile(boot, 0.05)), float(np.quantile(boot, 0.95))) if boot else None
+    dose_response = _dose_response(df, losses, levels, paired, tolerance, bootstrap, seed) if fit == "dose" else None
+    noise = dose_response["rulers"]["noise"] if dose_response else {}
+    method = "benchmark dose" if noise.get("fits") is not False and "bmd" in noise else "isotonic"
+    if method == "benchmark dose":
+        value, interval = noise["bmd"], tuple(noise["interval"]) if noise["interval"] else None
 
     def row(lv):
         return {"mismatch": lv, "loss": mean[lv], "runs": len(losses[lv]),
                 "loss_interval": ([float(np.quantile(level_boot[lv], q)) for q in (0.05, 0.95)]
                                   if level_boot.get(lv) else None)}
 
-    table = [{**row(lv), "fitted": f} for lv, f in zip(levels, fitted)]
+    curve = noise.get("fitted", {})
+    table = [{**row(lv), "fitted": curve.get(str(lv), f) if method == "benchmark dose" else f, "isotonic": f}
+             for lv, f in zip(levels, fitted)]
     others = [{**row(lv), "level": ruler_name, "kind": kind}
               for lv, (ruler_name, kind) in sorted(_others(df).items()) if lv in losses] or None
     q0 = df[df["mismatch"] == 0]["quality"]
     spread = float((q0.max() - q0.min()) / abs(q0.mean())) if len(q0) > 1 and q0.mean() else None
     return Budget(metric, float(value), calibrated=True, source=f"fit to {len(df)} training runs in {where}",
                   interval=interval, tolerance=tolerance, runs=df.to_dict(orient="records"), paired=paired,
-                  levels=table, seed_spread=spread, other_levels=others)
+                  levels=table, seed_spread=spread, other_levels=others, method=method,
+                  dose_response=dose_response)
+
+
+def _dose_response(df, losses: dict, ruler: list[float], paired: bool, tolerance: float, n: int,
+                   seed: int) -> dict:
+    """budget.json's `dose_response`: the noise ruler's benchmark-dose fit (dose.py), a curve for every other kind
+    of level with runs of its own (stale weights), and the noise ruler's prediction at each level of a source no
+    ruler stands for (FP8, the FP8 KV cache), paired with that level's measured loss."""
+    from .dose import FIT_P, LEVEL, MODELS, draws, fit_ruler
+
+    boot = draws(losses, paired, n, seed)
+    groups = len(losses[0.0]) if paired else min(len(d) for d in losses.values())
+    others = _others(df)
+    kinds: dict[str, list[float]] = {}
+    for lv, (_, kind) in others.items():
+        kinds.setdefault(kind, []).append(lv)
+    predict = {name: lv for lv, (name, kind) in others.items() if kind not in RULER_KINDS and lv in losses}
+    rulers = {"noise": fit_ruler(losses, ruler, tolerance, boot, predict, groups)}
+    for kind in RULER_KINDS:
+        if kinds.get(kind):
+            rulers[kind] = fit_ruler(losses, kinds[kind], tolerance, boot, groups=groups)
+    for r in rulers.values():
+        r.pop("draws", None)
+    return {"families": {name: f.formula for name, f in MODELS.items()}, "averaging": "Akaike weights, AIC = χ² + 2k",
+            "fits_when": f"lack-of-fit F test p >= {FIT_P}", "interval_level": LEVEL, "bootstrap": n,
+            "interval": f"the {LEVEL:.0%} bootstrap percentiles over {'seeds' if paired else 'runs'}, widened about "
+                        f"the BMD on the log scale by core/stats.expansion({groups})",
+            "implementation": "scipy.optimize.least_squares (budget/dose.py)", "rulers": rulers}
+
+
+RULER_KINDS = ("stale",)  # kinds of level that get a dose–response curve of their own beside the noise ruler
 
 
 FITTED_KINDS = ("none", "noise")  # the ruler: a budget is read off random weight noise; other sources are shown beside
 
 
-def _ruler(df) -> set[float]:
+def ruler_levels(df) -> set[float]:
     """The mismatch levels the budget is fitted to: every level of a table without a `kind` column, else those of
     the noise ruler (and the mismatch-free runs). Stale weights, FP8 or an FP8 KV cache as calibration levels are
     reported beside it (other_levels), not fitted: the demo's stale:1 runs lost 7 % at a KL where noise lost 1 %,
@@ -276,3 +330,42 @@ def _bootstrap(losses: dict, levels: list[float], paired: bool, tolerance: float
             level_boot[lv].append(m)
         boot.append(_threshold(levels, means, {lv: len(losses[lv]) for lv in levels}, tolerance)[0])
     return boot, level_boot
+
+
+def bmd_ratio(runs, objective: str, other: str, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000,
+              seed: int = 0) -> dict:
+    """How much more mismatch `objective` tolerates than `other`: the ratio of their noise rulers' benchmark doses,
+    its interval from one paired bootstrap over the seeds both ran (the same seeds drawn for both objectives, as a
+    calibration runs them with the same data order and generation seeds), widened for few seeds as the budget's."""
+    import numpy as np
+
+    from .dose import LEVEL, expanded, draws, fit_ruler
+
+    where = str(runs)
+    df = _read_runs(runs, where)
+    if "objective" not in df.columns:
+        raise FP8ProbeError(f"{where} has no `objective` column: a ratio needs the runs of two objectives")
+    fits, seeds = {}, None
+    tables = {o: df[df["objective"].astype(str) == o] for o in (objective, other)}
+    for o, d in tables.items():
+        if d.empty or not _is_paired(d):
+            raise FP8ProbeError(f"{where}: the {o} runs are missing or not paired by seed")
+        s = set(d[d["mismatch"] == 0]["seed"])
+        seeds = s if seeds is None else seeds & s
+    for o, d in tables.items():
+        d = d[d["seed"].isin(seeds)]
+        higher = str(d["higher_is_better"].iloc[0]).lower() in ("true", "1") if "higher_is_better" in d else True
+        losses = paired_losses(d, higher, True)
+        fits[o] = fit_ruler(losses, sorted(lv for lv in ruler_levels(d) if lv > 0), tolerance,
+                            draws(losses, True, bootstrap, seed), groups=len(seeds))
+    a, b = fits[objective], fits[other]
+    if "bmd" not in a or "bmd" not in b or b["bmd"] <= 0:
+        return {"objective": objective, "other": other, "ratio": None, "interval": None, "seeds": len(seeds)}
+    pairs = [x / y for x, y in zip(a["draws"], b["draws"]) if math.isfinite(x) and math.isfinite(y) and y > 0]
+    q = [float(np.quantile(pairs, (1 - LEVEL) / 2)), float(np.quantile(pairs, (1 + LEVEL) / 2))] if pairs else None
+    ratio = a["bmd"] / b["bmd"]
+    censored = [o for o, f in fits.items() if f.get("above_range") or f.get("interval_censored")]
+    return {"objective": objective, "other": other, "ratio": ratio, "percentile_interval": q,
+            "interval": expanded(ratio, q, len(seeds), math.inf), "seeds": len(seeds),
+            "bmd": {objective: a["bmd"], other: b["bmd"]}, "fits": {objective: a["fits"], other: b["fits"]},
+            "censored": censored}

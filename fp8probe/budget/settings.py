@@ -66,6 +66,12 @@ class CalibrateSettings(Settings):
     bracket: float = opt(2.0, "adaptive ladder: add noise levels until the edge is bracketed within this factor of "
                          "measured mismatch", low=1.0, open_low=True)
     max_added: int = opt(3, "adaptive ladder: at most this many added levels per objective (0: none)", low=0)
+    max_runs: int = opt(0, "after the ladder, add runs where they narrow the benchmark dose's interval most, at most "
+                        "this many per objective (0: none)", low=0)
+    max_hours: float = opt(0.0, "... and stop adding once this many hours of training were spent in this invocation "
+                           "(0: no limit)", low=0.0)
+    target_ratio: float = opt(3.0, "... or once the budget's interval is this narrow (BMDU / BMDL)", low=1.0,
+                              open_low=True)
     mark: tuple[str, ...] = opt((), "configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
                                 "sensitivity.csv (whole-model rows)", metavar="FILE")
     device: str = opt("cpu", "torch device")

@@ -4,7 +4,7 @@
     rollouts.json        1        model/rollouts.py (and .safetensors)  load_rollouts
     run.json             1        sweeps/files.py (a sweep)         read_sweep
     recipe.json          3        recipe/recipe.py                  read_recipe (beside recipe.yaml; also 1, 2)
-    budget.json          2        budget/fit.py                     read_budget (also 1)
+    budget.json          3        budget/fit.py                     read_budget (also 1, 2)
     agreement.json       1        recipe/agreement.py               plots
     capacity.json        1        deploy/capacity.py                plots
     mismatch.json        1        apps/measure.py (measure)         -
@@ -16,7 +16,9 @@
 recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves; at 3
 `measured` is the held-out prompts' value (measured_search the search set's, measured_interval, split), and a move
 of the search has an `outcome` (taken, not better, noise, probe).
-budget.json is at 2: paired, levels (each level's loss, interval and fit), seed_spread.
+budget.json is at 2: paired, levels (each level's loss, interval and fit), seed_spread; at 3 the value and interval
+are the benchmark dose of a dose–response fit (`method`, `dose_response`: families, fits, curves, predictions), or
+the isotonic fit where no family fits; a level holds both fits (`fitted`, `isotonic`).
 calibrate.json is at 2: objectives, tolerance, quality, bracket, max_added, added_levels; runs under runs/<objective>/.
 check.json is at 2: the verdict may be UNCERTAIN; measured_interval, interval_level, prompts_to_decide, num_prompts.
 An optional field that readers default may be added within a version (rollouts.json's
@@ -34,7 +36,7 @@ SCHEMAS = {
     "rollouts.json": 1,
     "run.json": 1,
     "recipe.json": 3,
-    "budget.json": 2,
+    "budget.json": 3,
     "agreement.json": 1,
     "capacity.json": 1,
     "mismatch.json": 1,

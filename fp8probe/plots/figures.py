@@ -110,9 +110,27 @@ def predicted_frontier(sensitivity, metric: str = "kl_q_p"):
     return saved, np.cumsum([0] + [g.score for g in ranked])
 
 
+def dose_curve(budget):
+    """(mismatch, averaged loss, (band low, band high) or None) of a budget's noise-ruler fit, or None (isotonic)."""
+    import numpy as np
+
+    if budget.method != "benchmark dose" or not budget.dose_response:
+        return None
+    pts = budget.dose_response["rulers"]["noise"].get("curve") or []
+    if not pts:
+        return None
+    x = np.array([p["mismatch"] for p in pts])
+    y = np.array([p["loss"] for p in pts])
+    band = None
+    if all(p["band"] for p in pts):
+        band = (np.array([p["band"][0] for p in pts]), np.array([p["band"][1] for p in pts]))
+    return x, y, band
+
+
 def budget_fit(budget, path: str | Path | None = None):
     """Quality loss against mismatch for the runs behind a budget (paired with each seed's mismatch-free run when
-    the budget was), each level's mean loss with its interval and the isotonic fit, the budget and the tolerance."""
+    the budget was), each level's mean loss with its interval, the fit (the dose–response curve with its band, or
+    the isotonic fit), the budget and the tolerance."""
     import pandas as pd
 
     plt = _plt()
@@ -128,14 +146,22 @@ def budget_fit(budget, path: str | Path | None = None):
     x = df["mismatch"].where(df["mismatch"] > 0, left)
     ax.scatter(x, 100 * loss, s=12, alpha=0.5, label=f"runs ({'paired' if budget.paired else 'unpaired'}; mismatch 0 "
                "at the left edge)")
+    curve = dose_curve(budget)
+    if curve is not None:
+        cx, cy, band = curve
+        ax.plot(cx, 100 * cy, color="black", linewidth=1, label="dose–response fit (model average)")
+        if band is not None:
+            ax.fill_between(cx, 100 * band[0], 100 * band[1], color="black", alpha=0.1, label="its 90 % band")
     if budget.levels:
         lx = [lv["mismatch"] or left for lv in budget.levels]
-        ax.plot(lx, [100 * lv["fitted"] for lv in budget.levels], color="black", linewidth=1, label="isotonic fit")
+        if curve is None:
+            ax.plot(lx, [100 * lv["fitted"] for lv in budget.levels], color="black", linewidth=1, label="isotonic fit")
         for xv, lv in zip(lx, budget.levels):
             if lv["loss_interval"]:
                 ax.plot([xv, xv], [100 * v for v in lv["loss_interval"]], color="tab:blue", linewidth=2, alpha=0.6)
     ax.axhline(100 * budget.tolerance, color="grey", linestyle=":", label=f"tolerance {100 * budget.tolerance:g} %")
-    ax.axvline(budget.value, color="tab:red", label=f"budget {budget.value:.3g}")
+    what = "benchmark dose" if budget.method == "benchmark dose" else "budget"
+    ax.axvline(budget.value, color="tab:red", label=f"{what} {budget.value:.3g}")
     if budget.interval:
         ax.axvspan(*budget.interval, color="tab:red", alpha=0.12, label="90 % bootstrap interval")
     ax.set_xscale("log")
@@ -312,12 +338,14 @@ def _short_source(name: str) -> str:
 # every figure a run directory allows
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png") -> dict[str, Path]:
+def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png",
+             extra: list | None = None) -> dict[str, Path]:
     """Draw every figure the files in run_dir (and the directories below it) allow; returns name -> file.
 
     sensitivity.csv: by block, heatmap, per-token KL; + recipe.json files: the budget frontier; kl_fisher
     next to exact rows (--method auto) or agreement.json with its exact sweep: fast vs exact; capacity.json: KV
-    capacity; ladder.csv (+ check.json or budget.json beside it): the mismatch ladder."""
+    capacity; ladder.csv (+ check.json or budget.json beside it): the mismatch ladder; `extra`: (name, draw(path))
+    of figures whose files a layer above reads (a calibration's budgets: apps/plot.py)."""
     import pandas as pd
 
     from ..core.errors import FP8ProbeError
@@ -327,7 +355,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
     if not d.is_dir():
         raise FP8ProbeError(f"no such run directory: {run_dir}")
     out = Path(out) if out is not None else d / "plots"
-    todo = []  # (name, fn(path))
+    todo = list(extra or [])  # (name, fn(path))
     if (d / "sensitivity.csv").exists():
         df = read_sweep(d).table
         todo += [("sensitivity_by_block", lambda p: sensitivity_by_block(df, p)),
@@ -351,7 +379,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
         todo.append((_name("ladder", lad, d), lambda p, t=table, b=_budget_beside(lad): ladder_plot(t, p, budget=b)))
     if not todo:
         raise FP8ProbeError(f"{run_dir} holds none of the files fp8probe plots (sensitivity.csv, recipe.json, "
-                            "capacity.json, ladder.csv, plan.json); pass a directory written by fp8probe")
+                            "capacity.json, ladder.csv, plan.json, budget.json, runs.csv); pass a directory "
+                            "written by fp8probe")
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for name, fn in todo:
@@ -435,8 +464,14 @@ def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None 
             lo = [100 * (lv["loss"] - (lv["loss_interval"] or [lv["loss"]] * 2)[0]) for lv in b.levels]
             hi = [100 * ((lv["loss_interval"] or [lv["loss"]] * 2)[1] - lv["loss"]) for lv in b.levels]
             lo_b, hi_b = b.interval or (b.value, b.value)
-            ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker="o", capsize=3,
+            ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker="o", capsize=3, ls="none" if dose_curve(b) else "-",
                         label=f"{obj}: budget {b.value:.3g} [{lo_b:.3g}, {hi_b:.3g}]")
+            curve = dose_curve(b)
+            if curve is not None:
+                cx, cy, band = curve
+                ax.plot(cx, 100 * cy, color=color, linewidth=1.2)
+                if band is not None:
+                    ax.fill_between(cx, 100 * band[0], 100 * band[1], color=color, alpha=0.12)
             ax.axvspan(lo_b, hi_b, color=color, alpha=0.08)
             ax.axvline(b.value, color=color, linewidth=1.2)
         for lv in (b.other_levels or []) if b is not None else []:  # other sources: shown, not fitted

@@ -360,9 +360,10 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
             from tqdm.auto import tqdm
 
             self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
-            self.bar = tqdm(total=0, disable=True)
+            self.bar, self.spent = tqdm(total=0, disable=True), {}
 
     monkeypatch.setattr(Ladder, "run", fake_run)
+    monkeypatch.setattr(cal, "BOOTSTRAP", 100)  # the fits' resamples: the ladder's decisions read the point fit
     c = Experiment(None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6)
     df, budget, added = Ladder(c, tmp_path, "cpu", False, None).objective("opd")
     noise = df[df["kind"] == "noise"].groupby("value")["mismatch"].first()
@@ -371,3 +372,53 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
     assert added and noise[hi] / noise[lo] <= 2.0 and len(added) <= 6
     assert budget.value == pytest.approx(noise[lo]) and budget.interval == (pytest.approx(noise[lo]),) * 2
     assert cal.next_level(budget, df, 2.0) is None  # terminated: nothing left to add
+
+
+def test_allocated_runs_go_to_the_edge_with_their_twins_and_replay_on_resume(tmp_path, monkeypatch):
+    """After the ladder (no adaptive levels), `max_runs` runs are added where dose.allocate says (runs replaced by a
+    known response: mismatch = 200 σ², paired loss 4 % per unit of mismatch, so the benchmark dose is 0.5 at σ =
+    0.05): first a new noise level near σ = 0.05 with the ladder's seeds, then further seeds there, each with its
+    mismatch-free twin first; the runs spent never exceed the cap, and a second pass over the same results (a
+    resume) asks for exactly the same runs."""
+    from fp8probe.budget import experiment as cal
+    from fp8probe.budget.runs import SCHEMA_VERSION
+
+    def fake_run(self, objective, level, seed):
+        m = 200 * level.value ** 2 if level.kind == "noise" else 0.0
+        q = (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
+        res = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
+               "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
+               "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10}, "quality_start": {"reverse_kl": 5.0,
+                                                                                   "teacher_logp": -1.0},
+               "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
+               "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
+        self.results[(objective, level.name, seed)] = res
+        self.order.append((level.name, seed))
+        return res
+
+    class Ladder(cal._Ladder):
+        def __init__(self, c, out, device, progress, log):
+            from tqdm.auto import tqdm
+
+            self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
+            self.bar, self.spent, self.order = tqdm(total=0, disable=True), {}, []
+
+    monkeypatch.setattr(Ladder, "run", fake_run)
+    monkeypatch.setattr(cal, "BOOTSTRAP", 60)
+    c = Experiment(None, "pruned", ("0", "0.005", "0.015", "0.1"), 3, TRAIN, ("a",), ("b",), max_added=0,
+                   max_runs=7, target_ratio=1.0001)
+    first = Ladder(c, tmp_path, "cpu", False, None)
+    df, budget, added = first.objective("opd")
+    spent = first.spent["opd"]
+    assert spent["runs"] <= 7 and spent["stopped"] == "max_runs"
+    new = first.order[12:]  # the ladder's 12 runs, then the allocated ones
+    (level,) = spent["levels"]
+    sigma = parse_source(level).value
+    assert 0.03 <= sigma <= 0.08 and added == [level]
+    assert new[:3] == [(level, 0), (level, 1), (level, 2)]
+    for i, (name, seed) in enumerate(new[3:]):
+        if seed >= 3 and name == level:
+            assert ("0", seed) in new[:3 + i]  # its twin ran before it
+    again = Ladder(c, tmp_path, "cpu", False, None)
+    again.objective("opd")
+    assert again.order == first.order

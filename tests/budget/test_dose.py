@@ -1,0 +1,183 @@
+"""The budget as a benchmark dose (budget/dose.py through budget.fit_budget): synthetic paired runs whose true curve,
+and so whose true benchmark dose, is known by hand."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fp8probe.budget.fit import fit_budget, read_budget
+
+TOL = 0.02
+LEVELS = (0.005, 0.04, 0.3, 2.1)  # the demo's pair A noise levels (kl_q_p), rounded
+TRUE_BMD = 0.5
+# true curves (relative loss at a mismatch x), each reaching the 2 % tolerance at x = 0.5, by hand
+TRUE = {
+    "linear": lambda x: 0.04 * x,
+    "power": lambda x: 0.02 * (x / 0.5) ** 2,
+    "exponential": lambda x: 0.02 * np.expm1(1.5 * x) / np.expm1(0.75),
+    "hill": lambda x: 0.06 * x ** 2 / (0.5 + x ** 2),  # 0.06 x 0.25 / 0.75 = 0.02
+}
+TRUE["mixture"] = lambda x: 0.5 * TRUE["linear"](x) + 0.5 * TRUE["power"](x)
+
+
+def synthetic(curve, seeds=3, sd=0.01, rng=None, levels=LEVELS, extra=()):
+    """Paired runs: each seed's mismatch-free quality (lower is better) drawn 3 % apart, every level's run that
+    quality x (1 + the curve's loss + its own noise of `sd`); `extra`: (level, kind, mismatch, loss) rows."""
+    rng = rng or np.random.default_rng(0)
+    rows = []
+    for s in range(seeds):
+        q0 = 4.0 * (1 + rng.normal(0, 0.03))
+        rows.append({"level": "0", "kind": "none", "seed": s, "mismatch": 0.0, "quality": q0})
+        for x in levels:
+            rows.append({"level": str(x), "kind": "noise", "seed": s, "mismatch": x,
+                         "quality": q0 * (1 + curve(x) + rng.normal(0, sd))})
+        for level, kind, x, loss in extra:
+            rows.append({"level": level, "kind": kind, "seed": s, "mismatch": x,
+                         "quality": q0 * (1 + loss + rng.normal(0, sd))})
+    return pd.DataFrame(rows).assign(higher_is_better=False)
+
+
+@pytest.mark.parametrize("family", list(TRUE))
+def test_each_family_is_recovered_at_its_benchmark_dose(family):
+    """With quiet runs (0.2 % noise, 4 seeds) every family's benchmark dose is found within 10 % of 0.5."""
+    b = fit_budget(synthetic(TRUE[family], seeds=4, sd=0.002), tolerance=TOL, bootstrap=100)
+    assert b.method == "benchmark dose"
+    assert b.value == pytest.approx(TRUE_BMD, rel=0.10)
+    lo, hi = b.interval
+    assert lo <= TRUE_BMD <= hi
+
+
+@pytest.mark.slow
+def test_the_interval_covers_the_true_dose_in_repeated_draws():
+    """Coverage: over repeated synthetic draws of each family and a mixture (4 seeds, 1 % noise per run), the 90 %
+    interval (BMDL, BMDU) holds the true benchmark dose in at least 85 % of draws. Seen failing with the plain
+    percentile interval (no small-sample widening): 65-75 % at 3 seeds."""
+    rng = np.random.default_rng(7)
+    covered = {}
+    for family, curve in TRUE.items():
+        hits = []
+        for r in range(16):
+            b = fit_budget(synthetic(curve, seeds=4, sd=0.01, rng=rng), tolerance=TOL, bootstrap=150, seed=r)
+            lo, hi = b.interval
+            hits.append(lo <= TRUE_BMD <= hi)
+        covered[family] = float(np.mean(hits))
+    assert np.mean(list(covered.values())) >= 0.85, covered
+    assert min(covered.values()) >= 0.75, covered
+
+
+def test_a_noisy_low_level_no_longer_drags_the_budget_below_a_precise_higher_one():
+    """The demo's pattern: +1 % (quiet) at 0.0044, +6 % with a 9 % spread at 0.04, +1 % (quiet) at 0.30, +5 % at
+    2.1. The isotonic fit's edge falls below the noisy level (the first whose pooled mean crosses 2 %); the
+    dose–response fit weighs that level by its spread and reads the edge above the precise 0.30."""
+    levels = (0.0044, 0.04, 0.30, 2.13)
+    seed_loss = {0.0044: (0.02, 0.0, 0.01), 0.04: (0.16, -0.01, 0.03), 0.30: (0.0, 0.02, 0.015),
+                 2.13: (0.11, 0.05, 0.005)}
+    rows = []
+    for s in range(3):
+        rows.append({"level": "0", "kind": "none", "seed": s, "mismatch": 0.0, "quality": 4.0})
+        for x in levels:
+            rows.append({"level": str(x), "kind": "noise", "seed": s, "mismatch": x,
+                         "quality": 4.0 * (1 + seed_loss[x][s])})
+    df = pd.DataFrame(rows).assign(higher_is_better=False)
+    isotonic = fit_budget(df, tolerance=TOL, bootstrap=100, fit="isotonic")
+    dose = fit_budget(df, tolerance=TOL, bootstrap=100)
+    assert isotonic.value < 0.04
+    assert dose.method == "benchmark dose" and dose.value > 0.30
+    linear = next(m for m in dose.dose_response["rulers"]["noise"]["models"] if m["name"] == "linear")
+    assert linear["fits"]  # one line through the origin is consistent with all four levels
+
+
+def test_beneficial_low_doses_are_reported_and_fitted_above():
+    """Pair B's pattern: the two lowest levels improve quality (−10 %, −8 %, quiet), higher ones lose. Their
+    intervals lie below zero: hormesis is reported and the monotone curve is fitted to the levels above them
+    (a straight line through 0.3 and 2.1 that reaches 2 % at 0.6)."""
+    curve = {0.005: -0.10, 0.04: -0.08, 0.3: 0.01, 2.1: 0.07}
+    b = fit_budget(synthetic(curve.get, seeds=4, sd=0.002), tolerance=TOL, bootstrap=100)
+    h = b.dose_response["rulers"]["noise"]["hormesis"]
+    assert h["supported"] and h["levels"] == [0.005, 0.04]
+    assert b.dose_response["rulers"]["noise"]["fitted_levels"] == [0.3, 2.1]
+    assert b.value == pytest.approx(0.6, rel=0.15)
+    no = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), tolerance=TOL, bootstrap=100)
+    assert not no.dose_response["rulers"]["noise"]["hormesis"]["supported"]
+
+
+def test_each_kind_gets_its_own_curve_and_fp8_is_read_against_the_noise_ruler():
+    """A stale ruler that costs 4x what noise costs gets its own benchmark dose (0.125 against 0.5); an FP8 level
+    at mismatch 0.25 that loses what the noise ruler predicts there (1 %) reads "as the ruler predicts", one that
+    loses 6 % there "costs more than the ruler predicts"."""
+    extra = [("stale:1", "stale", 0.1, 0.016), ("stale:2", "stale", 0.4, 0.064),
+             ("fp8", "fp8", 0.25, 0.01), ("kv", "kv", 0.25 * (1 + 1e-9), 0.06)]
+    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002, extra=extra), tolerance=TOL, bootstrap=100)
+    rulers = b.dose_response["rulers"]
+    assert b.value == pytest.approx(0.5, rel=0.1) and rulers["stale"]["bmd"] == pytest.approx(0.125, rel=0.1)
+    pred = rulers["noise"]["predictions"]
+    assert pred["fp8"]["predicted"] == pytest.approx(0.01, rel=0.1)
+    assert pred["fp8"]["reading"] == "as the ruler predicts"
+    assert pred["kv"]["reading"] == "costs more than the ruler predicts"
+
+
+def test_no_fitting_family_falls_back_to_the_isotonic_fit_and_says_so():
+    """A curve no monotone family through the origin follows (quiet runs: 0, +8 %, 0, +8 %) fails every lack-of-fit
+    test: the budget is the isotonic one, method "isotonic", and the families' fits are still reported."""
+    curve = {0.005: 0.0, 0.04: 0.08, 0.3: 0.0, 2.1: 0.08}
+    b = fit_budget(synthetic(curve.get, seeds=4, sd=0.002), tolerance=TOL, bootstrap=50)
+    assert b.method == "isotonic" and b.dose_response["rulers"]["noise"]["fits"] is False
+    assert b.value == fit_budget(synthetic(curve.get, seeds=4, sd=0.002), tolerance=TOL, bootstrap=50,
+                                 fit="isotonic").value
+
+
+def test_older_budget_files_still_read(tmp_path):
+    """budget.json 1 and 2 (written before the dose–response fit) read as isotonic budgets with their own value and
+    interval; a budget.json 3 reads back with its method and fit."""
+    v2 = {"schema_version": 2, "metric": "kl_q_p", "value": 0.0044, "calibrated": True, "source": "fp8probe calibrate",
+          "interval": [0.0, 0.0397], "tolerance": 0.02, "runs": [], "paired": True, "levels": [], "seed_spread": 0.03}
+    v1 = {"schema_version": 1, "metric": "kl_q_p", "value": 0.001, "calibrated": True, "source": "fit"}
+    for name, d in (("v1.json", v1), ("v2.json", v2)):
+        (tmp_path / name).write_text(json.dumps(d))
+        b = read_budget(str(tmp_path / name))
+        assert b.value == d["value"] and b.method == "isotonic" and b.dose_response is None
+    assert read_budget(str(tmp_path / "v2.json")).interval == (0.0, 0.0397)
+    new = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), tolerance=TOL, bootstrap=50)
+    (tmp_path / "v3.json").write_text(json.dumps(new.to_json()))
+    back = read_budget(str(tmp_path / "v3.json"))
+    assert back.method == "benchmark dose" and back.value == new.value and back.interval == new.interval
+    assert back.dose_response["rulers"]["noise"]["bmd"] == new.value
+
+
+def test_the_allocation_spends_runs_near_the_edge():
+    """After the demo's four levels (0.005 … 2.1, seven-fold apart), the runs that narrow the benchmark dose most
+    are at the edge: a new level at the current BMD, then more runs there; never the two lowest levels, whose
+    losses say little about where 2 % is crossed. Each step lowers the BMD's (delta-method) variance."""
+    from fp8probe.budget.dose import allocate
+    from fp8probe.budget.fit import paired_losses
+
+    for family in ("linear", "power", "hill"):
+        df = synthetic(TRUE[family], seeds=3, sd=0.01, rng=np.random.default_rng(3))
+        steps = allocate(paired_losses(df, False, True), list(LEVELS), TOL, runs=3)
+        assert len(steps) == 3 and steps[0]["new_level"]
+        for s in steps:
+            assert TRUE_BMD / 3 <= s["mismatch"] <= TRUE_BMD * 3, (family, s)
+            assert s["variance_after"] < s["variance_before"]
+
+
+def test_plot_draws_a_calibrations_curves_and_a_budgets_fit(cli, tmp_path):
+    """`fp8probe plot` on a calibration (runs.csv beside budget-opd.json and budget-grpo.json) draws one figure with
+    both objectives' fitted curves; on a `fp8probe budget` directory, its fit."""
+    opd = synthetic(TRUE["linear"], seeds=3, sd=0.002).assign(objective="opd")
+    grpo = synthetic(TRUE["power"], seeds=3, sd=0.002).assign(objective="grpo")
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    runs = pd.concat([opd, grpo], ignore_index=True)
+    runs["paired_loss"] = 0.0
+    runs.to_csv(cal / "runs.csv", index=False)
+    for name, d in (("opd", opd), ("grpo", grpo)):
+        (cal / f"budget-{name}.json").write_text(json.dumps(fit_budget(d, bootstrap=30).to_json()))
+    r = cli("plot", cal, "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    assert (tmp_path / "p" / "calibration.png").stat().st_size > 10_000
+    r = cli("-q", "budget", cal / "runs.csv", "--objective", "opd", "--out", tmp_path / "b", "--bootstrap", 30)
+    assert r.code == 0, r.err
+    r = cli("plot", tmp_path / "b", "--out", tmp_path / "q")
+    assert r.code == 0 and (tmp_path / "q" / "budget.png").stat().st_size > 10_000, r.err
