@@ -317,6 +317,7 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
     import pandas as pd
 
     from ..core.files import atomic_write_json, atomic_write_text
+    from .fit import bmd_ratio, fit_budget
 
     ladder = _Ladder(calibration, out, device, progress, log)
     out.mkdir(parents=True, exist_ok=True)
@@ -328,6 +329,14 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
         budgets[objective] = type(budget)(**{**budget.__dict__, "source": source})
         tables.append(df)
     ladder.bar.close()
+    kept = _kept_objectives(out, calibration)
+    for objective, (table, extra) in kept.items():  # a resume of fewer objectives keeps the others' runs
+        b = fit_budget(table, tolerance=calibration.tolerance, bootstrap=BOOTSTRAP)
+        budgets[objective] = type(b)(**{**b.__dict__, "source": f"fp8probe calibrate ({objective}): {len(table)} "
+                                                                   f"runs in {out}"})
+        tables.append(table)
+        added[objective] = extra.get("added_levels", [])
+        ladder.spent.setdefault(objective, extra.get("allocated", {}))
     df = pd.concat(tables, ignore_index=True)
     atomic_write_text(out / "runs.csv", df.to_csv(index=False))
     for i, (objective, b) in enumerate(budgets.items()):
@@ -339,14 +348,37 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
     curves = {(o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv" for (o, lv, s) in ladder.results}
     calibration_plot(df, out / "calibration.png", budgets=budgets, marks=read_marks(marks), quality=QUALITY_NAME,
                      curves=curves)
-    from .fit import bmd_ratio
-
-    first = calibration.objectives[0]
-    ratios = [bmd_ratio(df, first, o, calibration.tolerance, BOOTSTRAP) for o in calibration.objectives[1:]]
-    atomic_write_json(out / "calibrate.json", {**calibration.to_json(), "added_levels": added,
-                                                "allocated": ladder.spent, "ratios": ratios})
+    objectives = list(budgets)
+    ratios = [bmd_ratio(df, objectives[0], o, calibration.tolerance, BOOTSTRAP) for o in objectives[1:]]
+    atomic_write_json(out / "calibrate.json", {**calibration.to_json(), "objectives": objectives,
+                                                "added_levels": added, "allocated": ladder.spent, "ratios": ratios,
+                                                "kept_objectives": sorted(kept)})
     (out / PARTIAL).unlink()
     return {"runs": df, "budgets": budgets, "added": added, "allocated": ladder.spent, "ratios": ratios}
+
+
+def _kept_objectives(out: Path, calibration: Experiment) -> dict:
+    """objective -> (its rows of runs.csv, what calibrate.json recorded for it) for the objectives a previous
+    calibration in `out` ran and this one (a resume) does not: their runs stay in runs.csv, their budgets are
+    refitted."""
+    import pandas as pd
+
+    runs = out / "runs.csv"
+    if not runs.exists():
+        return {}
+    old = pd.read_csv(runs, dtype={"level": str})
+    info = {}
+    for name in ("calibrate.json", PARTIAL):
+        if (out / name).exists():
+            info = json.loads((out / name).read_text(encoding="utf-8"))
+            break
+    kept = {}
+    for objective in dict.fromkeys(old["objective"].astype(str)):
+        if objective not in calibration.objectives:
+            extra = {k: (info.get(k) or {}).get(objective) for k in ("added_levels", "allocated")}
+            kept[objective] = (old[old["objective"].astype(str) == objective].reset_index(drop=True),
+                               {k: v for k, v in extra.items() if v is not None})
+    return kept
 
 
 def read_marks(paths) -> list[tuple[str, float]]:

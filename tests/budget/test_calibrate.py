@@ -422,3 +422,47 @@ def test_allocated_runs_go_to_the_edge_with_their_twins_and_replay_on_resume(tmp
     again = Ladder(c, tmp_path, "cpu", False, None)
     again.objective("opd")
     assert again.order == first.order
+
+
+def test_a_resume_of_one_objective_keeps_the_others_runs_and_budget(tmp_path, monkeypatch):
+    """A calibration of opd and grpo resumed with opd alone (say, to add its FP8 levels) keeps grpo's rows in
+    runs.csv, refits and writes its budget, and lists both objectives in calibrate.json with grpo as kept."""
+    from fp8probe.budget import experiment as cal
+    from fp8probe.budget.runs import SCHEMA_VERSION
+
+    def fake_run(self, objective, level, seed):
+        m = (200 if objective == "grpo" else 100) * level.value ** 2 if level.kind == "noise" else 0.0
+        q = (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
+        res = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
+               "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
+               "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10}, "quality_start": {"reverse_kl": 5.0,
+                                                                                   "teacher_logp": -1.0},
+               "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
+               "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
+        self.results[(objective, level.name, seed)] = res
+        return res
+
+    class Ladder(cal._Ladder):
+        def __init__(self, c, out, device, progress, log):
+            from tqdm.auto import tqdm
+
+            self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
+            self.bar, self.spent = tqdm(total=0, disable=True), {}
+
+    monkeypatch.setattr(Ladder, "run", fake_run)
+    monkeypatch.setattr(cal, "_Ladder", Ladder)
+    monkeypatch.setattr(cal, "BOOTSTRAP", 30)
+    monkeypatch.setattr("fp8probe.plots.figures.calibration_plot", lambda *a, **k: None)
+    levels = ("0", "0.01", "0.05", "0.2")
+    both = Experiment(None, "pruned", levels, 3, TRAIN, ("a",), ("b",), objectives=("opd", "grpo"), max_added=0)
+    cal.calibrate(both, tmp_path, progress=False)
+    grpo_before = json.loads((tmp_path / "budget-grpo.json").read_text())["value"]
+    one = Experiment(None, "pruned", levels + ("0.03",), 3, TRAIN, ("a",), ("b",), objectives=("opd",), max_added=0)
+    res = cal.calibrate(one, tmp_path, progress=False)
+    runs = pd.read_csv(tmp_path / "runs.csv", dtype={"level": str})
+    assert sorted(set(runs["objective"])) == ["grpo", "opd"]
+    assert (runs["objective"] == "grpo").sum() == 12 and (runs["objective"] == "opd").sum() == 15
+    assert json.loads((tmp_path / "budget-grpo.json").read_text())["value"] == pytest.approx(grpo_before)
+    c = json.loads((tmp_path / "calibrate.json").read_text())
+    assert c["objectives"] == ["opd", "grpo"] and c["kept_objectives"] == ["grpo"]
+    assert set(res["budgets"]) == {"opd", "grpo"} and res["ratios"][0]["other"] == "grpo"
