@@ -39,10 +39,17 @@ def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()):
 def describe_budget(b, out) -> str:
     lo, hi = b.interval or (float("nan"), float("nan"))
     spread = f"; the seeds alone spread {b.seed_spread:.1%}" if b.seed_spread is not None else ""
-    lines = [f"budget: {b.metric} <= {b.value:.4g} (90 % {'paired ' if b.paired else ''}bootstrap interval {lo:.4g} .. "
+    how = interval_words(b)
+    lines = [f"budget: {b.metric} <= {b.value:.4g} (90 % {how} {lo:.4g} .. "
              f"{hi:.4g}, x{hi / lo if lo > 0 else float('inf'):.2g}) at a relative quality loss <= {b.tolerance:g}"
              f"{spread}, from {len(b.runs)} runs -> {out}/budget.json"]
     return "\n".join(lines + fit_lines(b))
+
+
+def interval_words(b) -> str:
+    """What the budget's interval is, in the printed line."""
+    boot = f"{'paired ' if b.paired else ''}bootstrap"
+    return f"interval ({boot} and parametric)" if b.method == "benchmark dose" else f"{boot} interval"
 
 
 def fit_lines(b) -> list[str]:

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from ..budget.experiment import Experiment, calibrate, check_resume, prepare, read_marks
-from .budget import fit_lines
+from .budget import fit_lines, interval_words
 
 __all__ = ["run_calibrate", "describe", "prepare", "Experiment"]
 
@@ -56,7 +56,7 @@ def describe(res: dict, calibration: Experiment, out, seconds: float) -> str:
         late = clean['late_improvement'].mean()
         lines.append(f"  mismatch-free runs: the last fifth of training improved them {late:.1%}"
                      f" on average; the seeds alone spread {b.seed_spread or 0:.1%}")
-        lines.append(f"  budget: kl_q_p <= {b.value:.4g} (90 % paired bootstrap interval {lo:.4g} .. {hi:.4g}, x"
+        lines.append(f"  budget: kl_q_p <= {b.value:.4g} (90 % {interval_words(b)} {lo:.4g} .. {hi:.4g}, x"
                      f"{hi / lo if lo > 0 else math.inf:.2g}) at a relative quality loss <= {b.tolerance:g} -> "
                      f"{Path(out) / f'budget-{objective}.json'}")
         lines += fit_lines(b)

@@ -146,7 +146,7 @@ def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     assert json.loads((out / "budget-opd.json").read_text()) == b
     assert (out / "calibration.png").stat().st_size > 0 and (out / "calibrate.json").exists()
     assert not (out / "calibrate.partial.json").exists()
-    assert "budget: kl_q_p <=" in r.out and "paired bootstrap interval" in r.out and "seeds alone spread" in r.out
+    assert "budget: kl_q_p <=" in r.out and "paired bootstrap" in r.out and "seeds alone spread" in r.out
     # the same directory again: refused without --resume; with it, only the new level trains
     assert cli(*common, "--levels", "0", "0.2").code == 2
     before = (run_dir(out, "opd", parse_source("0.2"), 0) / "run.json").stat().st_mtime_ns
