@@ -157,8 +157,11 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
         raise FP8ProbeError(f"`objective` {objective}: the calibration {directory} ran {', '.join(objectives)}")
     df = df[df["objective"] == objective]
     seeds = sorted(int(s) for s in df["seed"].unique())
+    if isinstance(meta.get("seeds"), int):  # the ladder's seeds; seeds added at a few levels (--max-runs) are not
+        seeds = [s for s in seeds if s < meta["seeds"]]  # every level's, so the curves pair on the ladder's
     curves, mismatch, seed_mismatch, kinds, steps = {}, {}, {}, {}, None
     for level, rows in df.groupby("level", sort=False):
+        rows = rows[rows["seed"].astype(int).isin(seeds)]
         if sorted(int(s) for s in rows["seed"]) != seeds:
             continue  # an unfinished level: not every seed
         slug = parse_source(level).slug

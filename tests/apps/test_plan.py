@@ -61,6 +61,21 @@ def test_curves_interpolate_and_refuse(tmp_path):
         c.stale_runs("stale:2")
 
 
+def test_seeds_added_at_a_few_levels_leave_the_ladders_curves(tmp_path):
+    """`calibrate --max-runs` adds seeds 3 and 4 at level 0.1 (and their mismatch-free twins): the curves keep every
+    level on the ladder's three seeds (calibrate.json's `seeds`) instead of dropping the levels that lack the new
+    ones."""
+    levels = dict(LEVELS)
+    for level in ("0", "0.1"):
+        kind, value, mism, curves = levels[level]
+        levels[level] = (kind, value, list(mism) + [mism[0]] * 2, list(curves) + [curves[0]] * 2)
+    d = write_calibration(tmp_path, levels)
+    meta = json.loads((d / "calibrate.json").read_text())
+    (d / "calibrate.json").write_text(json.dumps({**meta, "seeds": 3}))
+    c = read_curves(d)
+    assert c.seeds == (0, 1, 2) and c.ruler == ["0", "0.1", "0.3"] and "stale:1" in c.curves
+
+
 def test_paired_interval_of_steps(tmp_path):
     """Seeds that disagree widen the interval; identical seeds give a zero-width one."""
     levels = dict(LEVELS)
