@@ -212,8 +212,8 @@ def test_the_readme_verdicts_follow_from_the_shipped_opd_budget():
     readme = (root / "README.md").read_text(encoding="utf-8")
     b = read_budget(str(root / "recipes" / "smollm2-135m" / "calibration" / "budget-opd.json"))
     assert b.method == "benchmark dose"
-    stated = re.search(r"benchmark dose of kl_q_p ([\d.]+) \[([\d.]+), ([\d.]+)\].*?both whole-model rows are (\w+)",
-                       readme, re.S)
+    stated = re.search(r"benchmark dose of kl_q_p\s+([\d.]+)\s+\[([\d.]+),\s+([\d.]+)\].*?both whole-model\s+rows\s+"
+                       r"are\s+(\w+)", readme, re.S)
     assert stated, "the README states the OPD budget and the whole-model verdicts"
     assert [float(x) for x in stated.groups()[:3]] == pytest.approx([b.value, *b.interval], rel=0.01)
     rows = re.findall(r"model\.(fp8_all(?:_kv)?): kl_q_p=([\d.]+) \[([\d.]+), ([\d.]+)\]", readme)
