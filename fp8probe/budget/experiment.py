@@ -234,7 +234,7 @@ class _Ladder:
         import time
 
         from .dose import allocate
-        from .fit import paired_losses, ruler_levels, fit_budget
+        from .fit import fit_budget, paired_losses, ruler_levels
 
         spent = {"runs": 0, "levels": [], "seeds": [], "hours": 0.0}
         start = time.time()

@@ -339,7 +339,7 @@ def bmd_ratio(runs, objective: str, other: str, tolerance: float = DEFAULT_TOLER
     calibration runs them with the same data order and generation seeds), widened for few seeds as the budget's."""
     import numpy as np
 
-    from .dose import LEVEL, expanded, draws, fit_ruler
+    from .dose import LEVEL, draws, expanded, fit_ruler
 
     where = str(runs)
     df = _read_runs(runs, where)
