@@ -37,6 +37,8 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
     from ..measurement.prefix import PrefixShift, prompt_ids
     from ..measurement.reference import Reference
 
+    if config.perturbation.stale is not None:  # stale weights are judged on their own curve where one was fitted
+        budget = budget.for_kind("stale")
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
     got = measure_with_interval(reference, student, rollouts, config.perturbation, engine, batch_size)

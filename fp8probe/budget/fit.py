@@ -72,6 +72,18 @@ class Budget:
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, **asdict(self)}
 
+    def for_kind(self, kind: str) -> Budget:
+        """The budget a configuration of this kind of mismatch is judged against: the kind's own dose–response
+        curve where the calibration fitted one (stale weights: the demo's stale:1 cost 7 % at a KL where noise
+        cost 1 %), else this (the noise ruler's)."""
+        from dataclasses import replace
+
+        r = ((self.dose_response or {}).get("rulers") or {}).get(kind)
+        if self.method != "benchmark dose" or not r or "bmd" not in r or r.get("fits") is False:
+            return self
+        return replace(self, value=float(r["bmd"]), interval=tuple(r["interval"]) if r.get("interval") else None,
+                       source=f"{self.source} ({kind} ruler)")
+
 
 def default_budget() -> Budget:
     return Budget("kl_q_p", 1e-3, calibrated=False,

@@ -211,7 +211,7 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
             value, lo, hi = value + at, lo + min(at, runs.min()), hi + max(at, runs.max())
             how = f"sum: measured + the calibration's {level} (its seeds' range)" if conf.base != (None, None, None) \
                 else f"the calibration's {level} (its seeds' range)"
-        v = verdict(value, (lo, hi), budget, int(prompts))
+        v = verdict(value, (lo, hi), budget.for_kind("stale") if conf.async_steps else budget, int(prompts))
         out[conf.name] = {"mismatch": value, "mismatch_lo": lo, "mismatch_hi": hi, "mismatch_source": how,
                           "verdict": v["verdict"], "prompts_to_decide": v["prompts_to_decide"]}
     return out

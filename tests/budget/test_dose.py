@@ -220,3 +220,19 @@ def test_the_readme_verdicts_follow_from_the_shipped_opd_budget():
     assert [r[0] for r in rows] == ["fp8_all", "fp8_all_kv"]
     for _, value, lo, hi in rows:
         assert verdict(float(value), (float(lo), float(hi)), b, 16)["verdict"] == stated.group(4)
+
+
+def test_stale_configurations_are_judged_on_the_stale_curve():
+    """A budget with a stale ruler (staleness costing 4x what noise costs: BMD 0.125 against 0.5) judges a stale
+    configuration on it: KL 0.3 with a tight interval is ADMIT against the noise ruler and REJECT against the stale
+    one; a budget without a stale ruler (or an isotonic one) stays itself."""
+    from fp8probe.budget.admission import verdict
+
+    extra = [("stale:1", "stale", 0.1, 0.016), ("stale:2", "stale", 0.4, 0.064)]
+    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002, extra=extra), tolerance=TOL, bootstrap=60)
+    stale = b.for_kind("stale")
+    assert stale.value == pytest.approx(0.125, rel=0.1) and stale.interval[1] < 0.3
+    assert verdict(0.3, (0.29, 0.31), b, 16)["verdict"] == "ADMIT"
+    assert verdict(0.3, (0.29, 0.31), stale, 16)["verdict"] == "REJECT"
+    plain = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), tolerance=TOL, bootstrap=30)
+    assert plain.for_kind("stale") is plain
