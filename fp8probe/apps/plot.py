@@ -19,6 +19,7 @@ def budget_figures(d: Path) -> list:
     import pandas as pd
 
     from ..budget.fit import read_budget
+    from ..core.errors import FP8ProbeError
     from ..plots import budget_fit, calibration_plot
 
     if not d.is_dir():
@@ -32,8 +33,14 @@ def budget_figures(d: Path) -> list:
             out.append((name, lambda p, t=pd.read_csv(runs, dtype={"level": str}), b=budgets:
                         calibration_plot(t, p, budgets=b)))
     for f in sorted(d.rglob("budget.json")):
-        if not (f.parent / "runs.csv").exists():
+        if (f.parent / "runs.csv").exists():
+            continue
+        try:
+            b = read_budget(str(f))
+        except FP8ProbeError:  # not one `fp8probe budget` wrote (a number beside a ladder, say): no fit to draw
+            continue
+        if b.runs:
             rel = f.parent.relative_to(d)
             name = "budget" if str(rel) == "." else f"budget-{'-'.join(rel.parts)}"
-            out.append((name, lambda p, b=read_budget(str(f)): budget_fit(b, p)))
+            out.append((name, lambda p, b=b: budget_fit(b, p)))
     return out
