@@ -414,8 +414,9 @@ def bmd_variance(fits: list[Fit], weights: list[float], u, information, bmd_u: f
         fam = MODELS[fit.family]
         J = _jacobian(fam, u, fit.params)
         g = _jacobian(fam, [bmd_u], fit.params)[0]
-        slope = float(_jacobian(Family("d", lambda x, s: fam.f(np.asarray(x) * s, *fit.params), (0,), (1,),
-                                       lambda u, y: [], ""), [1.0], [bmd_u])[0, 0])
+        step = 1e-6 * max(bmd_u, 1e-3)  # df/du at the BMD, by the same central difference as _jacobian's
+        slope = float((fam.f(np.asarray([bmd_u + step]), *fit.params) - fam.f(np.asarray([bmd_u - step]),
+                                                                             *fit.params))[0] / (2 * step))
         cov = np.linalg.pinv(J.T @ (np.asarray(information)[:, None] * J))
         total += a * float(g @ cov @ g) / max(slope * slope, 1e-300)
     return total

@@ -332,6 +332,34 @@ def test_curve_quality_by_hand():
     assert got["late_improvement"] == pytest.approx(0.5 / 3)
 
 
+def _fake_ladder(response):
+    """A calibration ladder whose runs are replaced by a known response: `response(objective, level, seed)` gives
+    the run's measured mismatch and quality; every run is recorded in `order` as (level name, seed)."""
+    from tqdm.auto import tqdm
+
+    from fp8probe.budget import experiment as cal
+    from fp8probe.budget.runs import SCHEMA_VERSION
+
+    class Ladder(cal._Ladder):
+        def __init__(self, c, out, device, progress, log):
+            self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
+            self.bar, self.spent, self.order = tqdm(total=0, disable=True), {}, []
+
+        def run(self, objective, level, seed):
+            m, q = response(objective, level, seed)
+            res = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name,
+                   "kind": level.kind, "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
+                   "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10},
+                   "quality_start": {"reverse_kl": 5.0, "teacher_logp": -1.0},
+                   "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
+                   "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
+            self.results[(objective, level.name, seed)] = res
+            self.order.append((level.name, seed))
+            return res
+
+    return Ladder
+
+
 def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
     """The ladder with runs replaced by a known response (mismatch = 10 sigma^2, paired loss 0 up to a mismatch of
     3e-3, then 5 % per doubling; the seeds offset the quality alike at every level): starting from 0, 0.003, 0.03, 0.3
@@ -340,29 +368,13 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
     import math
 
     from fp8probe.budget import experiment as cal
-    from fp8probe.budget.runs import SCHEMA_VERSION
 
-    def fake_run(self, objective, level, seed):
+    def response(objective, level, seed):
         m = 10 * level.value ** 2 if level.kind == "noise" else 0.0
         loss = 0.0 if m <= 3e-3 else 0.05 * math.log2(m / 3e-3)
-        q = (2.0 + 0.3 * seed) * (1 + loss)
-        res = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
-               "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
-               "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10}, "quality_start": {"reverse_kl": 5.0,
-                                                                                   "teacher_logp": -1.0},
-               "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
-               "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
-        self.results[(objective, level.name, seed)] = res
-        return res
+        return m, (2.0 + 0.3 * seed) * (1 + loss)
 
-    class Ladder(cal._Ladder):
-        def __init__(self, c, out, device, progress, log):
-            from tqdm.auto import tqdm
-
-            self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
-            self.bar, self.spent = tqdm(total=0, disable=True), {}
-
-    monkeypatch.setattr(Ladder, "run", fake_run)
+    Ladder = _fake_ladder(response)
     monkeypatch.setattr(cal, "BOOTSTRAP", 100)  # the fits' resamples: the ladder's decisions read the point fit
     c = Experiment(None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6)
     df, budget, added = Ladder(c, tmp_path, "cpu", False, None).objective("opd")
@@ -381,29 +393,12 @@ def test_allocated_runs_go_to_the_edge_with_their_twins_and_replay_on_resume(tmp
     mismatch-free twin first; the runs spent never exceed the cap, and a second pass over the same results (a
     resume) asks for exactly the same runs."""
     from fp8probe.budget import experiment as cal
-    from fp8probe.budget.runs import SCHEMA_VERSION
 
-    def fake_run(self, objective, level, seed):
+    def response(objective, level, seed):
         m = 200 * level.value ** 2 if level.kind == "noise" else 0.0
-        q = (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
-        res = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
-               "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
-               "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10}, "quality_start": {"reverse_kl": 5.0,
-                                                                                   "teacher_logp": -1.0},
-               "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
-               "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
-        self.results[(objective, level.name, seed)] = res
-        self.order.append((level.name, seed))
-        return res
+        return m, (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
 
-    class Ladder(cal._Ladder):
-        def __init__(self, c, out, device, progress, log):
-            from tqdm.auto import tqdm
-
-            self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
-            self.bar, self.spent, self.order = tqdm(total=0, disable=True), {}, []
-
-    monkeypatch.setattr(Ladder, "run", fake_run)
+    Ladder = _fake_ladder(response)
     monkeypatch.setattr(cal, "BOOTSTRAP", 60)
     c = Experiment(None, "pruned", ("0", "0.005", "0.015", "0.1"), 3, TRAIN, ("a",), ("b",), max_added=0,
                    max_runs=7, target_ratio=1.0001)
@@ -428,28 +423,12 @@ def test_a_resume_of_one_objective_keeps_the_others_runs_and_budget(tmp_path, mo
     """A calibration of opd and grpo resumed with opd alone (say, to add its FP8 levels) keeps grpo's rows in
     runs.csv, refits and writes its budget, and lists both objectives in calibrate.json with grpo as kept."""
     from fp8probe.budget import experiment as cal
-    from fp8probe.budget.runs import SCHEMA_VERSION
 
-    def fake_run(self, objective, level, seed):
+    def response(objective, level, seed):
         m = (200 if objective == "grpo" else 100) * level.value ** 2 if level.kind == "noise" else 0.0
-        q = (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
-        res = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
-               "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
-               "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10}, "quality_start": {"reverse_kl": 5.0,
-                                                                                   "teacher_logp": -1.0},
-               "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
-               "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
-        self.results[(objective, level.name, seed)] = res
-        return res
+        return m, (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
 
-    class Ladder(cal._Ladder):
-        def __init__(self, c, out, device, progress, log):
-            from tqdm.auto import tqdm
-
-            self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
-            self.bar, self.spent = tqdm(total=0, disable=True), {}
-
-    monkeypatch.setattr(Ladder, "run", fake_run)
+    Ladder = _fake_ladder(response)
     monkeypatch.setattr(cal, "_Ladder", Ladder)
     monkeypatch.setattr(cal, "BOOTSTRAP", 30)
     monkeypatch.setattr("fp8probe.plots.figures.calibration_plot", lambda *a, **k: None)
