@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,9 +21,7 @@ from ..core.errors import FP8ProbeError
 from ..core.numerics import compute_scale, fake_quant
 from ..core.schemes import KVCacheScheme
 from ..model.structure import decoder_layers
-
-if TYPE_CHECKING:
-    from .calibration import Calibration
+from .scales import Calibration
 
 
 def attention_modules(model: nn.Module) -> dict[int, nn.Module]:

@@ -43,9 +43,10 @@ from ..core.numerics import amax, fake_quant, sqnr_db_from_energy
 from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, QuantSpec, Scheme
 from .attention import kv_scales, observe_kv
-from .calibration import Calibration, record_calibration, without_padding
+from .calibration import record_calibration
 from .mismatch import CHUNK_ROWS, log_softmax32
 from .quantize import fp8_forwards
+from .scales import Calibration, without_padding
 
 ESTIMATORS = ("window", "sequence", "position", "element")
 DEFAULT_ESTIMATOR = "window"

@@ -16,7 +16,6 @@ quantized as a whole is requantized with that maximum, as vLLM's loader does (`c
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,9 +24,7 @@ from ..core.errors import FP8ProbeError
 from ..core.numerics import STORAGE_DTYPE, dequantize, fake_quant, quantize, quantize_weight
 from ..core.schemes import Scheme
 from ..model.structure import fused_groups, is_experts, list_units
-
-if TYPE_CHECKING:
-    from .calibration import Calibration
+from .scales import Calibration
 
 
 def checkpoint_codes(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, tuple]:

@@ -22,8 +22,9 @@ from torch import nn
 
 from ..core.errors import FP8ProbeError
 from ..model.structure import decoder_layers
-from .calibration import Calibration, record_calibration
+from .calibration import record_calibration
 from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, response_logits, summarize
+from .scales import Calibration
 
 
 def final_norm(model: nn.Module) -> nn.Module:
