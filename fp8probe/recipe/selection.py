@@ -10,7 +10,7 @@ splits vLLM can load:
 3. measure real combinations with the hooks and bisect over the ranked list for the longest prefix whose
    *measured* mismatch stays within the budget: a handful of measured passes, not one per group.
 
-Forms (forms.FORMS) restrict the candidates to what a rollout framework can apply: "free" and
+Forms (forms.FORMS, a registry of Form) restrict the candidates to what a rollout framework can apply: "free" and
 "keywords" rank every group; "first-last" takes, for each number of FP8 blocks, the split (first N, last M
 blocks BF16) whose FP8 middle scores least, and bisects over that count; "all" is one candidate (every
 group), "none" none (the FP8 KV cache alone). Groups whose shapes the scheme cannot take
@@ -34,7 +34,7 @@ from ..measurement.measure import Measured, measure_with_interval
 from ..measurement.perturbation import Perturbation
 from ..measurement.reference import Reference
 from ..model.structure import scheme_blockers
-from .forms import FORMS
+from .forms import FORMS, Form
 from .recipe import Recipe
 from .refine import refine
 
@@ -176,9 +176,10 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
     _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep_last)
+    shape = FORMS[form]
     if holdout and reference is not None:
         raise ValueError("make_recipe: a reference is only reused without a held-out split")
-    plan = _Plan.of(sensitivity, student, scheme, metric, form, keep, force, keep_first, keep_last)
+    plan = _Plan.of(sensitivity, student, scheme, metric, shape, keep, force, keep_first, keep_last)
     if holdout and not rollouts.can_split(holdout):
         log.warning("recipe: %d prompts are too few to hold out every k-th (k = %d) with two on each side: the "
                     "recipe is measured on the rollouts it was chosen on (sample more prompts for a held-out figure)",
@@ -190,14 +191,14 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                      reference if reference is not None else Reference(student, search_set, batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
     if memory is not None:
-        k = search.reach(memory, weights, form)
-    elif form == "all":
-        k = search.everything(budget, form)
+        k = search.reach(memory, weights, shape)
+    elif shape.every:
+        k = search.everything(budget)
     else:
-        k = search.longest_prefix(budget, form, max_passes)
+        k = search.longest_prefix(budget, shape, max_passes)
     final, (found, result, _) = plan.chosen(k), search.result(k)
     refined = None
-    if refine_passes > 0 and form in ("free", "keywords"):
+    if refine_passes > 0 and shape.chooses:
         goal = dict(budget=budget) if memory is None else dict(min_value=memory.amount(weights), value=memory.value)
         refined = refine(final, plan.free, plan.forced, search.measure_groups, refine_passes,
                          start_measured=search.result(k), metric=metric, **goal)
@@ -252,9 +253,9 @@ def _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep
         raise FP8ProbeError("`budget` must be a non-negative number")
     if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
         raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
-    if form in ("all", "none") and (keep or force or keep_first or keep_last):
+    if FORMS[form].fixed and (keep or force or keep_first or keep_last):
         raise FP8ProbeError(f"`form` {form} takes no `keep`/`force`/`keep_first`/`keep_last`: its recipe is fixed")
-    if form == "none" and kv_cache is None:
+    if not FORMS[form].weights and kv_cache is None:
         raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_scheme` fp8")
 
 
@@ -272,10 +273,10 @@ class _Plan:
     candidates: list[list[GroupScore]]
 
     @classmethod
-    def of(cls, sensitivity, student, scheme, metric, form, keep, force, keep_first, keep_last) -> "_Plan":
+    def of(cls, sensitivity, student, scheme, metric, form: Form, keep, force, keep_first, keep_last) -> "_Plan":
         members = {g: [u.name for u in us] for g, us in student.groups().items()}
         blocked = scheme_blockers(student.quantizable, scheme)
-        if form == "all" and blocked:
+        if form.every and blocked:
             g, why = next(iter(blocked.items()))
             raise FP8ProbeError(f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused "
                                 f"groups ({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run "
@@ -295,7 +296,7 @@ class _Plan:
 
         n_blocks = student.model.config.num_hidden_layers
         keep_set = groups_of(keep, "keep")
-        if form != "first-last":
+        if not form.edges:
             keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
         force_set = groups_of(force, "force")
         unquantizable = sorted(force_set & set(blocked))
@@ -306,13 +307,7 @@ class _Plan:
             raise FP8ProbeError(f"{sorted(keep_set & force_set)[0]} is both kept and forced; choose one")
         by_name = {g.group: g for g in groups}
         free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
-        if form in ("free", "keywords"):
-            ranked = rank_groups(free)
-            candidates = [ranked[:k] for k in range(len(ranked) + 1)]
-        elif form == "first-last":
-            candidates = _first_last_candidates(free, n_blocks, keep_first, keep_last)
-        else:
-            candidates = [[], free] if form == "all" else [[]]
+        candidates = form.candidates(free, rank_groups, n_blocks, keep_first, keep_last)
         return cls(groups, members, blocked, keep_set, [by_name[g] for g in sorted(force_set)], free, candidates)
 
     def chosen(self, k: int) -> list[GroupScore]:
@@ -383,7 +378,7 @@ class _Search:
                  "bytes_saved": sum(g.bytes_saved for g in self.plan.chosen(k)), "predicted": self.predicted(k),
                  "measured": v[0]} for k, v in sorted(self.memo.items())]
 
-    def reach(self, memory: MemoryTarget, weights: int, form: str) -> int:
+    def reach(self, memory: MemoryTarget, weights: int, form: Form) -> int:
         """The fewest candidates that meet the memory target (measured once)."""
         n = len(self.plan.candidates) - 1
         need = memory.amount(weights)
@@ -391,13 +386,13 @@ class _Search:
         k = next((k for k in range(n + 1) if have[k] >= need), None)
         if k is None:
             others = ", the others cannot take " + self.scheme.name if self.plan.blocked else ""
-            raise FP8ProbeError(f"{memory.describe(need)} is more than {'this form' if form != 'free' else 'FP8'} can "
+            raise FP8ProbeError(f"{memory.describe(need)} is more than {'FP8' if form.chooses else 'this form'} can "
                                 f"reach on this model: at most {memory.describe(have[-1])} ({len(self.plan.chosen(n))} "
                                 f"of {len(self.plan.members)} fused groups{others}); lower the target")
         self.measured(k)
         return k
 
-    def everything(self, budget: float, form: str) -> int:
+    def everything(self, budget: float) -> int:
         """Form all: every group, if it fits."""
         if self.measured(1) > budget:
             raise FP8ProbeError(f"every Linear in {self.scheme.name}{' with the FP8 KV cache' if self.kv else ''} (the "
@@ -405,12 +400,12 @@ class _Search:
                                 f"{budget}; at this budget keep the weights BF16 (`form` none for the KV cache alone)")
         return 1
 
-    def longest_prefix(self, budget: float, form: str, max_passes: int) -> int:
+    def longest_prefix(self, budget: float, form: Form, max_passes: int) -> int:
         """The most candidates whose measured mismatch stays within the budget: bisection, started at the
         prediction's guess, at most max_passes measured passes."""
         n = len(self.plan.candidates) - 1
         if self.measured(0) > budget:
-            what = "the FP8 KV cache alone" if form == "none" else (
+            what = form.smallest if not form.weights else (
                 f"only the forced groups{' and the FP8 KV cache' if self.kv else ''} in FP8")
             raise FP8ProbeError(f"even with {what} the measured {self.metric} is {self.measured(0):.3g} > budget "
                                 f"{budget}; raise the budget")
@@ -430,23 +425,7 @@ class _Search:
                 else:
                     hi = mid
         if lo == 0 and not self.plan.forced and self.kv is None and n:
-            smallest = "the least sensitive group" if form in ("free", "keywords") else "the smallest first-last recipe"
-            raise FP8ProbeError(f"no fused group fits the budget: {smallest} alone measures {self.metric} "
+            raise FP8ProbeError(f"no fused group fits the budget: {form.smallest} alone measures {self.metric} "
                                 f"{self.measured(1):.3g} > {budget}; raise the budget")
         return lo
 
-
-def _first_last_candidates(free: list[GroupScore], n_blocks: int, keep_first: int, keep_last: int) -> list:
-    """For each number of FP8 blocks, the split (first N, last M BF16) whose FP8 middle scores least."""
-    out = []
-    for kept in range(n_blocks - keep_first - keep_last, -1, -1):  # from all kept to none kept
-        kept_total = kept + keep_first + keep_last
-        best = None
-        for first in range(keep_first, kept_total - keep_last + 1):
-            last = kept_total - first
-            mid = [g for g in free if first <= g.block < n_blocks - last]
-            score = sum(g.score for g in mid)
-            if best is None or score < best[0]:
-                best = (score, mid)
-        out.append(best[1])
-    return out

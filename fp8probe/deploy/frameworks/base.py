@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ...core.errors import FP8ProbeError
 from ...core.schemes import Scheme
-from ...recipe.forms import FORMS
+from ...recipe.forms import FORMS, narrower
 
 if TYPE_CHECKING:  # kept light: `fp8probe --help` lists the targets without importing torch
     from ...model.structure import Unit
@@ -54,7 +54,7 @@ class Target:
 
     @property
     def weights(self) -> bool:
-        return self.form != "none"
+        return FORMS[self.form].weights
 
 
 TARGETS: dict[str, Target] = {}  # name -> Target, in the order their modules register them
@@ -99,9 +99,6 @@ def resolve_targets(names) -> list[Target]:
     return out
 
 
-# the forms a framework of each form can also express (one that takes an ignore list can write first-last too)
-NARROWER = {"free": FORMS, "keywords": FORMS, "first-last": ("first-last", "all", "none"), "all": ("all", "none"),
-            "none": ("none",)}
 
 
 def recipe_form(target: Target | None, form: str | None, kv_cache: str | None, sweep_scheme: str,
@@ -110,13 +107,13 @@ def recipe_form(target: Target | None, form: str | None, kv_cache: str | None, s
     form = form or (target.form if target else "free")
     if target is None:
         return form, sweep_scheme, "calibrated"
-    if form not in NARROWER[target.form]:
+    if form not in narrower(target.form):
         raise FP8ProbeError(f"{target.title} cannot apply `form` {form} recipes (it takes {target.form}); "
-                            f"use one of: {', '.join(NARROWER[target.form])}")
+                            f"use one of: {', '.join(narrower(target.form))}")
     if kv_cache and target.kv is None:
         raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop `kv_cache_scheme`")
     scheme = target.scheme or sweep_scheme
-    if form in ("free", "keywords", "first-last") and scheme != sweep_scheme:
+    if not FORMS[form].fixed and scheme != sweep_scheme:  # its groups are chosen on the sweep's scores
         raise FP8ProbeError(f"{target.title} quantizes with {scheme}, but {sweep_dir} was swept with {sweep_scheme}: "
                             f"run `fp8probe sweep --rollouts {sweep_dir} --scheme {scheme} --out DIR` and make the "
                             "recipe from DIR")
@@ -164,10 +161,10 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
     fp8 = [u.name for u in recipe.fp8_units(units)]
     fp8_set = set(fp8)
     kept = [g for g, us in groups.items() if us[0].name not in fp8_set]
-    t = target.title
+    t, form = target.title, FORMS[target.form]
     if fp8 and not target.weights:
         raise Inexpressible(f"{t}: {target.how}; it would run the recipe's {len(fp8)} FP8 units in BF16")
-    if fp8 and target.form == "all":
+    if fp8 and form.every:
         from ...model.structure import scheme_blockers
 
         blocked = scheme_blockers([u for u in units if u.quantizable], Scheme.from_name(target.scheme))
@@ -180,18 +177,18 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
         raise Inexpressible(f"{t} quantizes with {target.scheme}, this recipe is {recipe.scheme}: make one with "
                             f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with --scheme "
                             f"{target.scheme})")
-    if fp8 and target.form == "all" and kept:
+    if fp8 and form.every and kept:
         raise Inexpressible(f"{t} cannot keep layers in BF16 ({target.how}): it would quantize the recipe's "
                             f"{len(kept)} kept groups too; make one with "
                             f"`fp8probe recipe SWEEP --target {target.name}`")
-    if not fp8 and target.form == "all" and recipe.kv_cache is None:
+    if not fp8 and form.every and recipe.kv_cache is None:
         raise Inexpressible(f"{t}: the recipe has no FP8 units; run BF16 rollouts (nothing to configure)")
     kept_blocks = {u.block for g in kept for u in groups[g]}
     full = {b for b in kept_blocks if all(u.name not in fp8_set for u in units if u.quantizable and u.block == b)}
     first, last = _edge_blocks(full, n_blocks) if fp8 else (0, 0)
     edge = set(range(first)) | set(range(n_blocks - last, n_blocks))
     rest = [g for g in kept if groups[g][0].block not in edge]
-    if fp8 and target.form == "first-last" and rest:
+    if fp8 and form.edges and rest:
         raise Inexpressible(f"{t} keeps only whole leading/trailing blocks in BF16; this recipe also keeps "
                             f"{rest[0]} (and {len(rest) - 1} more): make one with `--form first-last`")
     kv = None
