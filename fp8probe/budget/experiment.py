@@ -41,8 +41,7 @@ from pathlib import Path
 
 from ..core.errors import FP8ProbeError
 from ..sources.sources import SourceSpec, parse_source
-from .runs import (QUALITY_NAME, SCHEMA_VERSION, check_objectives, finished, load_pair, perturbation_maker, run_dir,
-                   runs_table, train_one)
+from .runs import QUALITY_NAME, SCHEMA_VERSION, check_objectives, finished, load_pair, run_dir, runs_table, train_one
 from .settings import TrainSettings
 
 BOOTSTRAP = 1000  # resamples behind every budget the ladder fits
@@ -169,7 +168,7 @@ class _Ladder:
         self.teacher, self.initial = load_pair(calibration.teacher, calibration.student, device)
         self.levels = [parse_source(x) for x in calibration.levels]
         for lv in self.levels:  # a level the student cannot take is refused before any run starts
-            perturbation_maker(lv, self.initial, 0)
+            lv.rollout(self.initial, 0)
         todo = [(o, lv, s) for o in calibration.objectives for lv in self.levels for s in range(calibration.seeds)]
         self.bar = tqdm(total=sum(calibration.train.steps for o, lv, s in todo if finished(out, o, lv, s) is None),
                         desc="calibrate", unit="step", disable=not progress)

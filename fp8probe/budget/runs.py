@@ -77,34 +77,6 @@ def curve_quality(evals: list[dict]) -> dict[str, float]:
     return {"plateau": sum(late_half) / len(late_half), "auc": auc, "final": q[-1], "late_improvement": late}
 
 
-def perturbation_maker(level: SourceSpec, student, seed: int):
-    """step -> Perturbation of the rollout engine at that step (stale levels get their weights from the
-    opd_train.Perturber)."""
-    from dataclasses import replace
-
-    from ..core.schemes import KVCacheScheme, Scheme
-    from ..measurement.perturbation import Perturbation
-
-    units = student.unit_names
-    if level.kind == "noise":
-        return lambda step: Perturbation(noise=level.value, noise_units=units, noise_seed=seed * 1_000_003 + step)
-    if level.kind == "fp8":
-        from ..model.structure import scheme_blockers
-
-        scheme = Scheme.from_name(level.scheme)
-        blocked = scheme_blockers(student.quantizable, scheme)  # groups its kernels refuse stay BF16, as in a sweep
-        units = tuple(u.name for u in student.quantizable if u.group not in blocked)
-        if not units:
-            raise FP8ProbeError(f"`levels` {level.name}: {level.scheme} fits none of the student's units "
-                                f"({next(iter(blocked.values()))}); use fp8 (FP8_DYNAMIC)")
-        return lambda step: Perturbation(units=units, scheme=scheme)
-    if level.kind == "kv":
-        kv = replace(KVCacheScheme.from_name(level.scheme), scale="unit")
-        layers = student.layers
-        return lambda step: Perturbation(kv_layers=layers, kv=kv)
-    return lambda step: Perturbation()
-
-
 def run_dir(out: Path, objective: str, level: SourceSpec, seed: int) -> Path:
     return Path(out) / "runs" / objective / f"{level.slug}-seed{seed}"
 
@@ -151,8 +123,7 @@ def train_one(teacher, initial_student, objective: str, level: SourceSpec, seed:
 
     perturber = None
     if level.kind != "none":
-        perturber = Perturber(student.model, perturbation_maker(level, student, seed),
-                              stale=int(level.value) if level.kind == "stale" else 0)
+        perturber = Perturber(student.model, level.rollout(student, seed), stale=level.stale_steps)
     t0 = time.perf_counter()
     make = OBJECTIVES[objective][0]
     trainer = make(student, teacher, list(calibration.train_prompts), tr, seed, str(d / "trl"), perturber,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..core.errors import FP8ProbeError
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
@@ -35,7 +35,8 @@ CALIBRATION_LEVELS = ("0", "0.003", "0.01", "0.03", "0.1")  # calibrate's defaul
 class SourceSpec:
     """A mismatch source as a user names it, before a student is at hand: `none`, `noise` σ, `fp8` (every unit, a
     scheme), `kv` (an FP8 KV cache, scale 1.0 as online engines use it) or `stale` K steps (a calibration's rollouts
-    from the weights of K updates ago). What `calibrate --levels` takes, one parser for every command."""
+    from the weights of K updates ago). What `calibrate --levels` takes, one parser for every command; what each
+    kind means lives in LEVEL_KINDS."""
 
     kind: str
     value: float | None = None
@@ -43,17 +44,101 @@ class SourceSpec:
 
     @property
     def name(self) -> str:
-        if self.kind == "none":
-            return "0"
-        if self.kind == "noise":
-            return f"{self.value:g}"
-        if self.kind == "stale":
-            return f"stale:{int(self.value)}"
-        return f"{self.kind}:{self.scheme}"
+        return LEVEL_KINDS[self.kind].label(self)
 
     @property
     def slug(self) -> str:
-        return "noise-" + self.name if self.kind == "noise" else self.name.replace(":", "-")
+        return LEVEL_KINDS[self.kind].slug(self)
+
+    def rollout(self, student, seed: int):
+        """step -> the Perturbation of the rollout engine at that training step (a stale level's weights come from
+        the trainer's Perturber, `stale_steps` updates back)."""
+        return LEVEL_KINDS[self.kind].rollout(self, student, seed)
+
+    @property
+    def stale_steps(self) -> int:
+        return int(self.value) if self.kind == "stale" else 0
+
+
+@dataclass(frozen=True)
+class LevelKind:
+    """A kind of calibration level: `parse(text, arg)` reads "KIND:ARG" into a SourceSpec (None: written as a
+    number), `label` and `slug` name it in files and tables, `rollout(spec, student, seed)` is its engine."""
+
+    name: str
+    parse: Callable | None
+    label: Callable
+    rollout: Callable
+    slug: Callable = lambda spec: spec.name.replace(":", "-")
+
+
+def _parse_fp8(text: str, arg: str) -> SourceSpec:
+    scheme = arg or "FP8_DYNAMIC"
+    if scheme not in SCHEMES or scheme == "FP8":
+        dynamic = ', '.join(s for s in SCHEMES if s != 'FP8')
+        raise FP8ProbeError(f"`levels` {text}: fp8 takes a dynamic scheme ({dynamic}); "
+                            "static activation scales need a calibration the rollout engine does not redo per step")
+    return SourceSpec("fp8", scheme=scheme)
+
+
+def _parse_kv(text: str, arg: str) -> SourceSpec:
+    dtype = arg or "fp8"
+    if dtype not in KV_CACHE_DTYPES:
+        raise FP8ProbeError(f"`levels` {text}: unknown KV-cache dtype; one of {', '.join(KV_CACHE_DTYPES)}")
+    return SourceSpec("kv", scheme=dtype)
+
+
+def _parse_stale(text: str, arg: str) -> SourceSpec:
+    try:
+        k = int(arg)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise FP8ProbeError(f"`levels` {text}: stale:K needs a whole number of steps K >= 1")
+    return SourceSpec("stale", float(k))
+
+
+def _unperturbed(spec, student, seed):
+    from ..measurement.perturbation import Perturbation
+
+    return lambda step: Perturbation()
+
+
+def _noise_rollout(spec, student, seed):
+    from ..measurement.perturbation import Perturbation
+
+    units = student.unit_names
+    return lambda step: Perturbation(noise=spec.value, noise_units=units, noise_seed=seed * 1_000_003 + step)
+
+
+def _fp8_rollout(spec, student, seed):
+    from ..measurement.perturbation import Perturbation
+    from ..model.structure import scheme_blockers
+
+    scheme = Scheme.from_name(spec.scheme)
+    blocked = scheme_blockers(student.quantizable, scheme)  # groups its kernels refuse stay BF16, as in a sweep
+    units = tuple(u.name for u in student.quantizable if u.group not in blocked)
+    if not units:
+        raise FP8ProbeError(f"`levels` {spec.name}: {spec.scheme} fits none of the student's units "
+                            f"({next(iter(blocked.values()))}); use fp8 (FP8_DYNAMIC)")
+    return lambda step: Perturbation(units=units, scheme=scheme)
+
+
+def _kv_rollout(spec, student, seed):
+    from ..measurement.perturbation import Perturbation
+
+    kv = replace(KVCacheScheme.from_name(spec.scheme), scale="unit")
+    layers = student.layers
+    return lambda step: Perturbation(kv_layers=layers, kv=kv)
+
+
+LEVEL_KINDS: dict[str, LevelKind] = {k.name: k for k in (
+    LevelKind("none", None, lambda spec: "0", _unperturbed),
+    LevelKind("noise", None, lambda spec: f"{spec.value:g}", _noise_rollout, slug=lambda spec: f"noise-{spec.name}"),
+    LevelKind("fp8", _parse_fp8, lambda spec: f"fp8:{spec.scheme}", _fp8_rollout),
+    LevelKind("kv", _parse_kv, lambda spec: f"kv:{spec.scheme}", _kv_rollout),
+    LevelKind("stale", _parse_stale, lambda spec: f"stale:{int(spec.value)}", _unperturbed),
+)}
 
 
 SOURCE_HELP = ("a number: weight noise σ (x each tensor's std; 0: no mismatch); fp8[:SCHEME] (every unit in FP8, "
@@ -72,29 +157,9 @@ def parse_source(text: str) -> SourceSpec:
             raise FP8ProbeError(f"`levels` {text}: a noise level must be a finite number >= 0")
         return SourceSpec("none") if v == 0 else SourceSpec("noise", v)
     kind, _, arg = t.partition(":")
-    if kind == "fp8":
-        scheme = arg or "FP8_DYNAMIC"
-        if scheme not in SCHEMES or scheme == "FP8":
-            dynamic = ', '.join(s for s in SCHEMES if s != 'FP8')
-            raise FP8ProbeError(f"`levels` {text}: fp8 takes a dynamic scheme ({dynamic}); "
-                                "static activation scales need a calibration the rollout engine does not redo per step")
-        return SourceSpec("fp8", scheme=scheme)
-    if kind == "kv":
-        dtype = arg or "fp8"
-        if dtype not in KV_CACHE_DTYPES:
-            raise FP8ProbeError(f"`levels` {text}: unknown KV-cache dtype; one of {', '.join(KV_CACHE_DTYPES)}")
-        return SourceSpec("kv", scheme=dtype)
-    if kind == "stale":
-        try:
-            k = int(arg)
-        except ValueError:
-            k = 0
-        if k < 1:
-            raise FP8ProbeError(f"`levels` {text}: stale:K needs a whole number of steps K >= 1")
-        return SourceSpec("stale", float(k))
-    raise FP8ProbeError(f"`levels` {text}: not a level; {SOURCE_HELP}")
-
-
+    if kind not in LEVEL_KINDS or LEVEL_KINDS[kind].parse is None:
+        raise FP8ProbeError(f"`levels` {text}: not a level; {SOURCE_HELP}")
+    return LEVEL_KINDS[kind].parse(text, arg)
 
 
 @dataclass(frozen=True)

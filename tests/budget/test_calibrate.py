@@ -104,19 +104,21 @@ def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
 
 def test_a_level_the_student_cannot_take_is_refused(tmp_path):
     """FP8_BLOCK on dims that are not whole 128-groups: refused (calibrate checks every level before any run)."""
-    from fp8probe.budget.runs import perturbation_maker
-
     m = tiny_model("llama", hidden_size=96, intermediate_size=192)
     narrow = Student(m, tiny_tokenizer(), list_units(m), "narrow", "", "llama")
     with pytest.raises(FP8ProbeError, match="FP8_BLOCK fits none"):
-        perturbation_maker(parse_source("fp8:FP8_BLOCK"), narrow, 0)
-    assert perturbation_maker(parse_source("fp8"), narrow, 0)(1).units
+        parse_source("fp8:FP8_BLOCK").rollout(narrow, 0)
+    assert parse_source("fp8").rollout(narrow, 0)(1).units
 
 
 def test_levels_parse_and_refuse():
     assert parse_source("0") == SourceSpec("none") and parse_source("0.01") == SourceSpec("noise", 0.01)
     assert parse_source("fp8").scheme == "FP8_DYNAMIC" and parse_source("kv").scheme == "fp8"
     assert parse_source("stale:3") == SourceSpec("stale", 3.0)
+    # names and run-directory slugs as the shipped calibration spells them (calibrate --resume finds runs by them)
+    texts = ("0", "0.01", "fp8", "kv", "stale:3")
+    assert [parse_source(t).name for t in texts] == ["0", "0.01", "fp8:FP8_DYNAMIC", "kv:fp8", "stale:3"]
+    assert [parse_source(t).slug for t in texts] == ["0", "noise-0.01", "fp8-FP8_DYNAMIC", "kv-fp8", "stale-3"]
     for bad in ("-1", "nan", "fp8:FP8", "stale:0", "kv:int4", "hot"):
         with pytest.raises(FP8ProbeError):
             parse_source(bad)
