@@ -49,7 +49,7 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
         raise FP8ProbeError(f"{out} holds a finished sweep already; choose another `out` (or delete it first)")
     method = settings.method_of(rollouts.seed)
     exact_run = exact_run_for(rollouts.rollouts, settings.compare, settings.preset.name, settings.granularity,
-                              settings.include_kv, settings.kv_cache_dtype) if method.name != "exact" else None
+                              settings.include_kv, settings.kv_cache_dtype) if method.kind.estimate else None
     check_sweep_fits(model, rollouts, method.name, inputs.rollouts)
     t0 = time.perf_counter()
     with output_dir(out, keep=("rollouts.safetensors", "rollouts.json")) as d:
@@ -60,9 +60,8 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
         if exact_run is not None:
             check_comparable(exact_run, settings.preset.name, settings.granularity, settings.include_kv,
                              settings.kv_cache_dtype, r, same_file=rollouts.rollouts)
-        log.info("%s (%s, %s granularity%s)", {"exact": "reference pass and sweep", "fisher": "fast estimate",
-                                               "auto": "reference pass, fast estimate, exact top rows"}[
-            method.name], settings.preset.name, settings.granularity, ", KV rows" if settings.include_kv else "")
+        log.info("%s (%s, %s granularity%s)", method.kind.words, settings.preset.name, settings.granularity,
+                 ", KV rows" if settings.include_kv else "")
         t = time.perf_counter()
         kept: dict = {}
         with row_workers(model, cluster) as executor:

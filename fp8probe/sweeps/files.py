@@ -34,7 +34,6 @@ from ..model.embedded import NAME as EMBEDDED
 # the fast estimate wherever one was made (--method fisher or auto), empty after an exact-only sweep
 COLUMNS = ["unit", "kind", "block", "group", "params", "bytes_saved", "kv_bytes_saved_per_token", "method", "sqnr_db",
            *METRICS, "kl_fisher"]
-METHODS = ("exact", "fisher", "auto")
 PARTIAL = "sensitivity.partial.csv"
 PARTIAL_SETTINGS = "sweep.partial.json"
 _INT_COLUMNS = ("block", "params", "bytes_saved", "kv_bytes_saved_per_token")

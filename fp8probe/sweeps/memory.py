@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..core.errors import FP8ProbeError
 from ..core.units import GiB
+from .methods import METHODS
 
 MARGIN = 0.9  # use at most this share of what the device (or the host) has free
 
@@ -68,7 +69,8 @@ def estimate(config, dtype_bytes: int, method: str, batch_size: int, num_sequenc
     chunk = CHUNK_ROWS * vocab * 4 * 3
     weights = params * dtype_bytes
     quantizable = params - 2 * vocab * h  # about: embeddings and lm_head stay BF16
-    if method == "fisher":
+    kind = METHODS[method]
+    if not kind.reference:  # the estimate alone
         recorded = 0
         working = batch_tokens * layers * (10 * h + 4 * inter) * dtype_bytes + chunk
         working += quantizable * dtype_bytes if quantizable * dtype_bytes <= DEQUANTIZED_CACHE_BYTES else 0
@@ -81,7 +83,7 @@ def estimate(config, dtype_bytes: int, method: str, batch_size: int, num_sequenc
         # the reference: fp32 log-probs, or the hidden states they are recomputed from (reference_storage's rule)
         stored = vocab if reference_storage("auto", config, response_tokens) == "logp" else h
         host = response_tokens * stored * 4
-    if method == "auto":  # the estimate's pass and the exact rows do not run at the same time
+    if kind.reference and kind.estimate:  # the estimate's pass and the exact rows do not run at the same time
         fisher = estimate(config, dtype_bytes, "fisher", batch_size, num_sequences, seq_len, response_tokens)
         working = max(working, fisher.working)
         host += fisher.host
@@ -140,7 +142,7 @@ def _what_fits(est: MemoryEstimate, budget: float, on_host: bool) -> str:
     if est.weights > budget:
         gpus = "" if on_host else "use `device` auto to spread it over this machine's GPUs, or "
         return f"the weights alone take {est.weights / GiB:.1f} GiB: {gpus}a device with more memory"
-    if est.method != "fisher" and est.recorded > rest:
+    if METHODS[est.method].reference and est.recorded > rest:
         return ("the reference's per-block records do not fit: use `method` fisher (no records), or fewer "
                 "`num_prompts` / `max_new_tokens`")
     per_token = est.working / max(est.batch_tokens, 1)

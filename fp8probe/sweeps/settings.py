@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..core.errors import FP8ProbeError
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
 from ..core.settings import Settings, opt
-from .files import METHODS
+from .methods import METHODS
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class SweepSettings(Settings):
     kv_cache_dtype: str = opt("fp8", f"KV rows in {', '.join(KV_CACHE_DTYPES)}")
     method: str = opt("exact", "exact: measure every row; fisher: estimate every row from one pass with backward "
                       "(fast); auto: estimate, then measure the top-k highest, controls others and the whole model",
-                      choices=METHODS)
+                      choices=tuple(METHODS))
     top_k: int = opt(24, "method auto: rows measured exactly", low=0)
     controls: int = opt(8, "method auto: random other rows measured exactly, as a check", low=0)
     fisher_samples: int = opt(2, "label draws per position for the estimate, one backward each", low=1)

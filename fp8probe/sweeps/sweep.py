@@ -32,7 +32,8 @@ from ..measurement.fisher import DEFAULT_ESTIMATOR, DEFAULT_SAMPLES, ESTIMATORS,
 from ..measurement.perturbation import TOKEN_STATS, Perturbation, measure_perturbation
 from ..measurement.reference import Reference
 from ..model.structure import kv_geometry, scheme_blockers
-from .files import COLUMNS, METHODS, PartialWriter, open_partial, sweep_settings
+from .files import COLUMNS, PartialWriter, open_partial, sweep_settings
+from .methods import METHODS, MethodKind
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +126,9 @@ def _row_result(row: Row, metrics: dict, method: str = "exact", kl_fisher: float
 
 @dataclass(frozen=True)
 class Method:
-    """How the rows are scored: "exact" (every row measured), "fisher" (every row estimated from one pass with
-    backward, fisher.py) or "auto" (estimated, then the `top_k` highest estimates, `controls` other rows drawn
-    at random and the whole-model rows measured exactly). `seed` draws the Fisher labels and the controls."""
+    """How the rows are scored (methods.METHODS: "exact", "fisher" or "auto") with its settings: `top_k` and
+    `controls` of auto's exact rows, the estimate's label draws (`samples`) and `estimator`; `seed` draws the Fisher
+    labels and the controls."""
 
     name: str = "exact"
     top_k: int = 24
@@ -142,26 +143,12 @@ class Method:
         if self.estimator not in ESTIMATORS:
             raise FP8ProbeError(f"unknown estimator {self.estimator!r}; supported: {', '.join(ESTIMATORS)}")
 
+    @property
+    def kind(self) -> MethodKind:
+        return METHODS[self.name]
+
     def settings(self) -> dict:
-        if self.name == "exact":
-            return {"method": "exact"}
-        out = {"method": self.name, "samples": self.samples, "estimator": self.estimator, "seed": self.seed}
-        if self.name == "auto":
-            out.update(top_k=self.top_k, controls=self.controls)
-        return out
-
-
-def exact_rows(rows: list[Row], estimates: dict[str, float], method: Method) -> set[str]:
-    """The rows --method auto measures exactly: the whole-model rows, the `top_k` highest estimates and
-    `controls` of the others drawn at random (seeded), which show how far the estimate holds below the top."""
-    import random
-
-    units = [r.unit for r in rows if r.kind != "model"]
-    ranked = sorted(units, key=lambda u: -estimates[u])  # stable: ties keep model order
-    top = ranked[:method.top_k]
-    rest = ranked[method.top_k:]
-    controls = random.Random(method.seed).sample(rest, min(method.controls, len(rest)))
-    return {*top, *controls, *(r.unit for r in rows if r.kind == "model")}
+        return {"method": self.name, **{k: getattr(self, k) for k in self.kind.recorded}}
 
 
 def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", include_kv: bool = True,
@@ -192,27 +179,26 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
                                   method.settings())
         done = open_partial(Path(out_dir), settings, resume)
         writer = PartialWriter(Path(out_dir), settings)
-    if reference is None and method.name != "fisher":
+    if reference is None and method.kind.reference:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
     if keep is not None:
         keep["reference"] = reference
     estimates: dict[str, float] = {}
-    exact = {r.unit for r in rows}
-    if method.name != "exact":
+    if method.kind.estimate:
         fr = fisher_rows(student, rollouts, rows, scheme, kv, batch_size,
                          calibration=reference.calibration if reference is not None else None,
                          samples=method.samples, seed=method.seed, fused=granularity == "group", progress=progress)
         estimates = fr.column(method.estimator)
         seconds["fisher"] = fr.seconds
-        exact = exact_rows(rows, estimates, method) if method.name == "auto" else set()
-        for row in rows:
-            if row.unit not in exact and row.unit not in done:
-                metrics = {m: float("nan") for m in METRICS}
-                metrics.update(kl_q_p=estimates[row.unit], sqnr_db=fr.sqnr_db[row.unit])
-                done[row.unit] = _row_result(row, metrics, "fisher", estimates[row.unit])
-                if writer:
-                    writer.append(done[row.unit])
+    exact = method.kind.exact(rows, estimates, method)
+    for row in rows:  # the others keep their estimate
+        if row.unit not in exact and row.unit not in done:
+            metrics = {m: float("nan") for m in METRICS}
+            metrics.update(kl_q_p=estimates[row.unit], sqnr_db=fr.sqnr_db[row.unit])
+            done[row.unit] = _row_result(row, metrics, "fisher", estimates[row.unit])
+            if writer:
+                writer.append(done[row.unit])
     todo = [r for r in rows if r.unit not in done]
     t_exact = time.perf_counter()
     bar = tqdm(total=len(exact), initial=len(exact) - len(todo), desc="sweep", unit="row",
