@@ -76,9 +76,9 @@ def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_s
     fr = runs[0]
     if exact_df is None:
         t = time.perf_counter()
-        exact_df = sweep(student, rollouts, reference=reference)
+        exact_df = sweep(student, rollouts, reference=reference).table
         exact_seconds = time.perf_counter() - t + t_ref  # a sweep includes its reference pass
-    fast_df = sweep(student, rollouts, method="fisher")
+    fast_df = sweep(student, rollouts, method="fisher").table
     ex = dict(zip(exact_df["unit"], exact_df["kl_q_p"]))
     units = [r.unit for r in rows if r.kind != "model"]
     rho = {e: spearman([fr.column(e)[u] for u in units], [ex[u] for u in units]) for e in ESTIMATORS}

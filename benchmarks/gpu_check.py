@@ -92,7 +92,9 @@ def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) ->
 
     ref, out["reference_s"], _ = timed(lambda: Reference(student, r, batch_size))
     fr, out["fisher_s"], out["fisher_peak_gib"] = timed(lambda: fisher_rows(student, r, rows, batch_size=batch_size))
-    df, out["exact_s"], out["exact_peak_gib"] = timed(lambda: sweep(student, r, batch_size=batch_size, reference=ref))
+    swept, out["exact_s"], out["exact_peak_gib"] = timed(lambda: sweep(student, r, batch_size=batch_size,
+                                                                       reference=ref))
+    df = swept.table
     out["exact_s_per_row"] = out["exact_s"] / len(rows)
     units = [x.unit for x in rows if x.kind != "model"]
     ex = dict(zip(df["unit"], df["kl_q_p"]))

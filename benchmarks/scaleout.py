@@ -103,7 +103,7 @@ def main() -> None:
         print(f"  {th} thread(s): t_block {tb * 1e3:.1f} ms, t_head {th_ * 1e3:.1f} ms")
 
     t = time.perf_counter()
-    single = sweep(student, rollouts, reference=reference)
+    single = sweep(student, rollouts, reference=reference).table
     t_single = time.perf_counter() - t
 
     cluster = Cluster(args.workers, threads=threads)
@@ -113,7 +113,7 @@ def main() -> None:
         t_ray = time.perf_counter() - t
         ex = RayRows(cluster, load)
         try:
-            multi = sweep(student, rollouts, reference=reference, rows_executor=ex)
+            multi = sweep(student, rollouts, reference=reference, rows_executor=ex).table
         finally:
             ex.close()
     t_multi = time.perf_counter() - t

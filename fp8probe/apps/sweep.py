@@ -63,15 +63,13 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
         log.info("%s (%s, %s granularity%s)", method.kind.words, settings.preset.name, settings.granularity,
                  ", KV rows" if settings.include_kv else "")
         t = time.perf_counter()
-        kept: dict = {}
         with row_workers(model, cluster) as executor:
-            df = sweep(student, r, scheme=settings.preset, granularity=settings.granularity,
-                       include_kv=settings.include_kv, kv=settings.kv, batch_size=rollouts.batch_size,
-                       progress=progress, out_dir=d, resume=resume, method=method, rows_executor=executor,
-                       keep=kept)
-        reference = kept.get("reference")
+            swept = sweep(student, r, scheme=settings.preset, granularity=settings.granularity,
+                          include_kv=settings.include_kv, kv=settings.kv, batch_size=rollouts.batch_size,
+                          progress=progress, out_dir=d, resume=resume, method=method, rows_executor=executor)
+        df, reference = swept.table, swept.reference
         whole = (whole_model_rows(reference, student, r, settings.preset, settings.granularity, settings.include_kv,
-                                  settings.kv, rollouts.batch_size, kept.get("model_rows"))
+                                  settings.kv, rollouts.batch_size, swept.model_rows)
                  if reference is not None else None)
         t_sweep = time.perf_counter() - t
         agree = None
@@ -92,7 +90,7 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
                "num_tokens": int(r.attention_mask.sum()),
                "num_response_tokens": r.num_response_tokens, "rows": len(df), "whole_model": whole,
                "seconds": {"load": round(t_load, 3), "rollouts": round(t_roll, 3),
-                           **{k: round(v, 3) for k, v in df.attrs["seconds"].items()},
+                           **{k: round(v, 3) for k, v in swept.seconds.items()},
                            "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)}}
         write_run(d, run)
         finish_sweep(d)

@@ -151,19 +151,30 @@ class Method:
         return {"method": self.name, **{k: getattr(self, k) for k in self.kind.recorded}}
 
 
+@dataclass
+class Swept:
+    """What sweep() returns: the `table` (COLUMNS, a row per plan row), the `reference` the exact rows were measured
+    against (None for the estimate alone), the whole-model rows measured in this call with their per-token
+    statistics (`model_rows`: unit -> measure.Measured; rows found in a resumed sweep's partial file are not among
+    them) and the `seconds` of each phase (reference, fisher, exact)."""
+
+    table: object  # pandas.DataFrame
+    reference: Reference | None
+    model_rows: dict
+    seconds: dict
+
+
 def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", include_kv: bool = True,
           kv="fp8", batch_size: int = 8, progress: bool = False, out_dir: str | Path | None = None,
           resume: bool = False, reference: Reference | None = None, method: Method | str = "exact",
-          rows_executor=None, keep: dict | None = None):
-    """Score every row of plan_rows() by `method`; returns a pandas DataFrame with COLUMNS.
+          rows_executor=None) -> Swept:
+    """Score every row of plan_rows() by `method`; returns a Swept (its `table` a pandas DataFrame with COLUMNS).
 
     With out_dir, each finished row is appended to out_dir/sensitivity.partial.csv; with resume=True,
     rows already there are not measured again (the settings must match). The fast estimate itself is not
     saved there: one pass, repeated on resume with the same seed. `rows_executor(reference, rows)`, when
     given, measures the exact rows elsewhere and yields (row, metrics) in any order (scaleout.RayRows);
-    by default they are measured here, in plan order. `keep`, a dict, receives the reference it measured against
-    ("reference") and the whole-model rows measured in this call with their per-token statistics ("model_rows":
-    unit -> measure.Measured; rows found in the partial file of a resumed sweep are not among them).
+    by default they are measured here, in plan order.
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -182,8 +193,6 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     if reference is None and method.kind.reference:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
-    if keep is not None:
-        keep["reference"] = reference
     estimates: dict[str, float] = {}
     if method.kind.estimate:
         fr = fisher_rows(student, rollouts, rows, scheme, kv, batch_size,
@@ -200,6 +209,7 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
             if writer:
                 writer.append(done[row.unit])
     todo = [r for r in rows if r.unit not in done]
+    model_rows: dict = {}
     t_exact = time.perf_counter()
     bar = tqdm(total=len(exact), initial=len(exact) - len(todo), desc="sweep", unit="row",
                disable=not progress or not todo, mininterval=bar_interval())
@@ -210,7 +220,7 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
             if row.unit in done:  # a re-run shard's row that already arrived: written once
                 continue
             bar.set_postfix_str(row.unit[-32:], refresh=False)
-            _keep_stats(keep, row, metrics, reference)
+            _keep_stats(model_rows, row, metrics, reference)
             result = _row_result(row, metrics, "exact", estimates.get(row.unit, float("nan")))
             if row.unit == "model.reference" and not _at_zero(result):
                 raise RuntimeError(f"the reference against itself is not at the zero point: {result}; "
@@ -224,18 +234,16 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
         if writer:
             writer.close()
     seconds["exact"] = time.perf_counter() - t_exact
-    df = pd.DataFrame([done[r.unit] for r in rows], columns=COLUMNS)
-    df.attrs["seconds"] = seconds
-    return df
+    return Swept(pd.DataFrame([done[r.unit] for r in rows], columns=COLUMNS), reference, model_rows, seconds)
 
 
-def _keep_stats(keep: dict | None, row: Row, metrics: dict, reference: Reference) -> None:
-    """A whole-model row's per-token statistics (measure_row) out of its metrics, into keep["model_rows"]."""
+def _keep_stats(model_rows: dict, row: Row, metrics: dict, reference: Reference) -> None:
+    """A whole-model row's per-token statistics (measure_row) out of its metrics, into model_rows."""
     stats = metrics.pop(TOKEN_STATS, None)
-    if stats is not None and keep is not None:
+    if stats is not None:
         from ..measurement.measure import Measured
 
-        keep.setdefault("model_rows", {})[row.unit] = Measured(dict(metrics), stats, reference.prompt)
+        model_rows[row.unit] = Measured(dict(metrics), stats, reference.prompt)
 
 
 SANITY_TOLERANCE = 1e-5  # the sanity row's largest excess: fp32 GEMMs on CPU can round differently by alignment
@@ -284,7 +292,7 @@ def whole_model_rows(reference, student, rollouts, scheme: Scheme, granularity: 
     FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same tokens,
     measurement.measure.paired_change): whether adding the KV cache raises, lowers, or cannot be told to change the
     mismatch. run.json's `whole_model`. `measured`: the rows the sweep measured with their per-token statistics
-    (sweep's keep["model_rows"]); a row missing there (measured before a resume, or estimated) is measured here."""
+    (Swept.model_rows); a row missing there (measured before a resume, or estimated) is measured here."""
     from ..measurement.measure import measure_with_interval, paired_change
 
     rows = [row for row in plan_rows(student, scheme, granularity, include_kv, kv)

@@ -25,7 +25,7 @@ from fp8probe.sweeps.sweep import Method, plan_rows, sweep
 def tiny():
     s = tiny_student("llama", num_hidden_layers=4)
     r = make_rollouts(s, num_prompts=8, max_new_tokens=24, seed=0)
-    return s, r, sweep(s, r)
+    return s, r, sweep(s, r).table
 
 
 def _units(rows):
@@ -87,11 +87,11 @@ def test_estimate_other_architectures(arch):
     """Experts (one unit holding every expert) and a logit softcap."""
     s = tiny_student(arch, num_hidden_layers=2)
     r = make_rollouts(s, num_prompts=6, max_new_tokens=16, seed=0)
-    df = sweep(s, r, method="fisher")
+    df = sweep(s, r, method="fisher").table
     assert (df["method"] == "fisher").all()
     units = df[df["kind"] != "model"]
     assert (units["kl_q_p"] > 0).all() and units["kl_q_p"].notna().all()
-    exact = sweep(s, r)
+    exact = sweep(s, r).table
     rho = spearman(units["kl_q_p"], exact[exact["kind"] != "model"]["kl_q_p"])
     assert rho >= 0.8, rho
 
@@ -99,7 +99,7 @@ def test_estimate_other_architectures(arch):
 def test_auto_measures_the_top_rows_exactly(tiny, tmp_path):
     s, r, exact = tiny
     method = Method("auto", top_k=6, controls=3)
-    df = sweep(s, r, method=method, out_dir=tmp_path)
+    df = sweep(s, r, method=method, out_dir=tmp_path).table
     units = df[df["kind"] != "model"]
     measured = units[units["method"] == "exact"]
     assert len(measured) == 9

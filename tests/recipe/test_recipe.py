@@ -21,7 +21,7 @@ def setup():
     st = tiny_student("llama", num_hidden_layers=4)
     r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
     ref = Reference(st, r)
-    df = sweep(st, r, reference=ref)
+    df = sweep(st, r, reference=ref).table
     return st, r, ref, df
 
 
@@ -113,7 +113,7 @@ def test_bad_recipe_files(tmp_path):
 
 def test_group_granularity_sweep(setup):
     st, r, ref, _ = setup
-    df = sweep(st, r, granularity="group", include_kv=False, reference=ref)
+    df = sweep(st, r, granularity="group", include_kv=False, reference=ref).table
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
     rec = make_recipe(df, whole * 0.3, st, r, reference=ref)
     assert rec.measured <= whole * 0.3 and rec.quantized
@@ -286,7 +286,7 @@ def twelve():
 
     st = tiny_student("llama", num_hidden_layers=4)
     r = sample(st, num_prompts=12, max_new_tokens=10)
-    return st, r, sweep(st, r, reference=Reference(st, r))
+    return st, r, sweep(st, r, reference=Reference(st, r)).table
 
 
 def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):

@@ -72,7 +72,7 @@ def test_a_killed_worker_loses_no_row_and_duplicates_none(tiny_dirs, single, tmp
     with ray_session(cluster):
         ex = KillOne(cluster, load, on_start=on_start)
         try:
-            df = sweep(student, rollouts, out_dir=tmp_path, reference=reference, rows_executor=ex)
+            df = sweep(student, rollouts, out_dir=tmp_path, reference=reference, rows_executor=ex).table
         finally:
             ex.close()
     assert ex.stats["worker_deaths"] == 1 and ex.stats["retried_shards"] >= 1

@@ -45,7 +45,7 @@ def _naive(student, rollouts, row, ref_cal, scheme, kv=KVCacheScheme()):
 def test_prefix_reuse_equals_naive_forward(arch, scheme):
     student = _student(arch)
     r = make_rollouts(student, num_prompts=5, max_new_tokens=8, batch_size=8)
-    df = sweep(student, r, scheme=scheme, batch_size=8)  # one batch: the naive forward sees the same padding
+    df = sweep(student, r, scheme=scheme, batch_size=8).table  # one batch: the naive forward sees the same padding
     ref = Reference(student, r, batch_size=8)
     sch = Scheme.from_name(scheme)
     rows = {row.unit: row for row in plan_rows(student, sch, "unit", True)}
@@ -64,7 +64,7 @@ def test_prefix_reuse_equals_naive_forward(arch, scheme):
 def test_group_granularity_and_bytes():
     student = _student("llama")
     r = make_rollouts(student, num_prompts=3, max_new_tokens=6)
-    df = sweep(student, r, scheme="FP8_DYNAMIC", granularity="group", include_kv=False)
+    df = sweep(student, r, scheme="FP8_DYNAMIC", granularity="group", include_kv=False).table
     kinds = df[df.block == 0]["kind"].tolist()
     assert kinds == ["qkv", "o", "gate_up", "down"]
     qkv = df[df.unit == "model.layers.0.self_attn.qkv_proj"].iloc[0]
@@ -124,7 +124,7 @@ def test_whole_model_rows_carry_intervals_and_the_kv_effect():
 
     student = tiny_student("gemma3_text")  # sliding-window layers and a single KV group per kind
     r = make_rollouts(student, num_prompts=6, max_new_tokens=8, seed=3)
-    df = sweep(student, r).set_index("unit")
+    df = sweep(student, r).table.set_index("unit")
     w = whole_model_rows(Reference(student, r, 8), student, r, Scheme.from_name("FP8_DYNAMIC"))
     for name in ("model.fp8_all", "model.fp8_all_kv"):
         lo, hi = w[name]["interval"]
@@ -151,22 +151,22 @@ def test_whole_model_intervals_come_from_the_sweeps_own_rows(monkeypatch):
 
     student = tiny_student("gemma3_text")
     r = make_rollouts(student, num_prompts=6, max_new_tokens=8, seed=3)
-    kept: dict = {}
-    df = sweep(student, r, keep=kept).set_index("unit")
-    assert set(kept["model_rows"]) == {"model.reference", "model.fp8_all", "model.fp8_all_kv"}
+    swept = sweep(student, r)
+    df = swept.table.set_index("unit")
+    assert set(swept.model_rows) == {"model.reference", "model.fp8_all", "model.fp8_all_kv"}
     # the rows measured a second time
-    again = whole_model_rows(kept["reference"], student, r, Scheme.from_name("FP8_DYNAMIC"))
+    again = whole_model_rows(swept.reference, student, r, Scheme.from_name("FP8_DYNAMIC"))
     calls = []
     real = measure.measure_with_interval
     monkeypatch.setattr(measure, "measure_with_interval", lambda *a, **k: calls.append(a) or real(*a, **k))
-    w = whole_model_rows(kept["reference"], student, r, Scheme.from_name("FP8_DYNAMIC"), measured=kept["model_rows"])
+    w = whole_model_rows(swept.reference, student, r, Scheme.from_name("FP8_DYNAMIC"), measured=swept.model_rows)
     assert calls == []
     for name in ("model.fp8_all", "model.fp8_all_kv"):
         assert w[name]["kl_q_p"] == df.loc[name, "kl_q_p"]
         assert w[name]["interval"] == pytest.approx(again[name]["interval"], rel=1e-4)
     assert w["kv_effect"]["interval"] == pytest.approx(again["kv_effect"]["interval"], rel=1e-4, abs=1e-9)
-    partial = {"model.fp8_all": kept["model_rows"]["model.fp8_all"]}
-    mixed = whole_model_rows(kept["reference"], student, r, Scheme.from_name("FP8_DYNAMIC"),
+    partial = {"model.fp8_all": swept.model_rows["model.fp8_all"]}
+    mixed = whole_model_rows(swept.reference, student, r, Scheme.from_name("FP8_DYNAMIC"),
                              measured=partial)["kv_effect"]
     assert len(calls) == 1 and mixed["kl_q_p"] == pytest.approx(w["kv_effect"]["kl_q_p"], rel=1e-4, abs=1e-9)
 
@@ -180,7 +180,7 @@ def test_reference_kept_as_hidden_states_gives_the_same_rows_bit_for_bit():
     student = tiny_student("gemma3_text")  # softcapped logits, sliding-window layers
     r = make_rollouts(student, num_prompts=5, max_new_tokens=9, seed=2)
     refs = {s: Reference(student, r, 4, storage=s) for s in ("logp", "hidden")}
-    tables = {s: sweep(student, r, reference=ref, batch_size=4) for s, ref in refs.items()}
+    tables = {s: sweep(student, r, reference=ref, batch_size=4).table for s, ref in refs.items()}
     pd.testing.assert_frame_equal(tables["logp"], tables["hidden"], check_exact=True)
     assert refs["hidden"].rows.storage == "hidden" and refs["logp"].rows.storage == "logp"
     # the whole [M, V] view recomputes in chunks counted from row 0, where the pass chunked each batch from its own
