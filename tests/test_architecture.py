@@ -167,6 +167,28 @@ def test_the_entry_points_are_thin():
     assert not training, f"training code in apps/: {training}"
 
 
+def test_every_entry_point_returns_a_result():
+    """One contract: each run_x of apps/ is annotated to return a core.results.Result (what it made, `out`,
+    `exit_code`, `describe(seconds)`), and the CLI prints that and exits with it (cli/main.py)."""
+    import importlib
+    import inspect
+    import typing
+
+    from fp8probe.core.results import Result
+    from fp8probe.deploy import export
+
+    found, bad = [], []
+    for p in sorted((PKG / "apps").glob("*.py")):
+        mod = importlib.import_module(f"fp8probe.apps.{p.stem}")
+        for name, fn in inspect.getmembers(mod, inspect.isfunction):
+            if name.startswith("run_") and fn.__module__ == mod.__name__:
+                found.append(name)
+                ret = typing.get_type_hints(fn, {**vars(export), **vars(mod)}).get("return")
+                if not (inspect.isclass(ret) and issubclass(ret, Result)):
+                    bad.append(f"{p.stem}.{name} -> {ret}")
+    assert len(found) >= 12 and not bad, bad
+
+
 def test_the_public_api_names_each_concept_at_its_one_home():
     """`fp8probe.X` is the object defined in the module _HOMES names (not a re-export found elsewhere), and every
     public name resolves; importing the package loads no torch (names load on first use)."""

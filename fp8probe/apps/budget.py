@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..budget.fit import FITS, fit_budget
+from ..core.results import Result
 from ..core.settings import Settings, opt
 
 
@@ -22,7 +24,7 @@ class BudgetSettings(Settings):
                    choices=FITS)
 
 
-def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()):
+def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()) -> BudgetResult:
     """The budget fitted to a runs table (budget/fit.py), written as DIR/budget.json and DIR/budget.png."""
     from ..core.files import atomic_write_json, check_writable, output_dir
     from ..plots import budget_fit
@@ -33,7 +35,15 @@ def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()):
     with output_dir(out) as d:
         atomic_write_json(d / "budget.json", b.to_json())
         budget_fit(b, d / "budget.png")
-    return b
+    return BudgetResult(Path(out), b)
+
+
+@dataclass(frozen=True)
+class BudgetResult(Result):
+    budget: object  # budget.fit.Budget, budget.json
+
+    def describe(self, seconds: float) -> str:
+        return describe_budget(self.budget, self.out)
 
 
 def describe_budget(b, out) -> str:

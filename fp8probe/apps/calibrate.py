@@ -8,16 +8,18 @@ by seed (the experiment: budget/experiment.py; one run: budget/runs.py; the fit:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..budget.experiment import Experiment, calibrate, check_resume, prepare, read_marks
+from ..core.results import Result
 from .budget import fit_lines, interval_words
 
-__all__ = ["run_calibrate", "describe", "prepare", "Experiment"]
+__all__ = ["run_calibrate", "CalibrateResult", "prepare", "Experiment"]
 
 
 def run_calibrate(calibration: Experiment, out, resume: bool = False, device: str = "cpu", progress: bool = True,
-                  marks=(), log=None) -> dict:
+                  marks=(), log=None) -> CalibrateResult:
     """`fp8probe calibrate`: every run, runs.csv, the budgets and calibration.png in `out` (calibrate()), after
     TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`."""
     from ..budget.opd import require_trl
@@ -28,10 +30,20 @@ def run_calibrate(calibration: Experiment, out, resume: bool = False, device: st
     out = check_writable(out)
     check_resume(out, calibration, resume)
     with output_dir(out, keep=("runs",)) as d:
-        return calibrate(calibration, d, device=device, progress=progress, marks=marks, log=log)
+        summary = calibrate(calibration, d, device=device, progress=progress, marks=marks, log=log)
+    return CalibrateResult(out, summary, calibration)
 
 
-def describe(res: dict, calibration: Experiment, out, seconds: float) -> str:
+@dataclass(frozen=True)
+class CalibrateResult(Result):
+    summary: dict  # the runs table, the budgets, the levels added, the runs allocated, the ratios
+    calibration: Experiment
+
+    def describe(self, seconds: float) -> str:
+        return _describe(self.summary, self.calibration, self.out, seconds)
+
+
+def _describe(res: dict, calibration: Experiment, out, seconds: float) -> str:
     """What `fp8probe calibrate` prints: per objective, each level's measured mismatch, quality and paired loss, the
     plateau check, then its budget with its interval and the seeds' spread."""
     df = res["runs"]

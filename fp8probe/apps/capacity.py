@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.results import Result
 from ..core.settings import Settings, opt
 from ..deploy.serving import KV_DTYPE_BYTES
 
@@ -21,7 +23,7 @@ class CapacitySettings(Settings):
 
 
 def run_capacity(model: str | None, settings: CapacitySettings, serving, out=None, plot: bool = False,
-                 trust_remote_code: bool = False, allow_pickle: bool = False) -> dict:
+                 trust_remote_code: bool = False, allow_pickle: bool = False) -> CapacityResult:
     """KV-cache capacity, BF16 vs the recipe (or every unit in `scheme`), by vLLM's accounting, from the config alone
     (deploy/capacity.py); with `out`, DIR/capacity.json (and DIR/capacity.png with `plot`)."""
     from ..core.files import atomic_write_json, check_writable, output_dir
@@ -51,11 +53,15 @@ def run_capacity(model: str | None, settings: CapacitySettings, serving, out=Non
                 from ..plots import capacity_bars
 
                 capacity_bars(rep, d / "capacity.png")
-    return rep
+    return CapacityResult(Path(out) if out else None, rep)
 
 
-def describe(rep: dict, out=None) -> str:
-    """What `fp8probe capacity` prints: the report, and where it was written."""
-    from ..deploy.capacity import format_report
+@dataclass(frozen=True)
+class CapacityResult(Result):
+    report: dict  # capacity.json
 
-    return format_report(rep) + (f"\ncapacity: -> {out}/capacity.json" if out else "")
+    def describe(self, seconds: float) -> str:
+        """What `fp8probe capacity` prints: the report, and where it was written."""
+        from ..deploy.capacity import format_report
+
+        return format_report(self.report) + (f"\ncapacity: -> {self.out}/capacity.json" if self.out else "")

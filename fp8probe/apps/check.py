@@ -9,20 +9,30 @@ Writes DIR/check.json; exit codes 0 ADMIT, 1 REJECT, 3 UNCERTAIN.
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass
+from pathlib import Path
 
 from ..budget.admission import check
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
+from ..core.results import Result
 from ..core.settings import Settings, opt
 from ..sources.shortcuts import Shortcuts
 from ..sources.sources import combine
 
 
-def exit_code(report: dict) -> int:
-    """The check's documented exit code: 0 ADMIT, 1 REJECT, 3 UNCERTAIN (core/errors.py)."""
-    from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
+@dataclass(frozen=True)
+class CheckResult(Result):
+    report: dict  # check.json
 
-    return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(report["verdict"], EXIT_UNCERTAIN)
+    @property
+    def exit_code(self) -> int:
+        """The check's documented exit code: 0 ADMIT, 1 REJECT, 3 UNCERTAIN (core/errors.py)."""
+        from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
+
+        return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(self.report["verdict"], EXIT_UNCERTAIN)
+
+    def describe(self, seconds: float) -> str:
+        return format_check(self.report)
 
 
 def format_check(report: dict) -> str:
@@ -79,8 +89,8 @@ class CheckSettings(Settings):
                                 "(compare several with `fp8probe ladder`)")
 
 
-def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = False) -> dict:
-    """The verdict (check()) written as DIR/check.json; returns the report."""
+def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = False) -> CheckResult:
+    """The verdict (check()) written as DIR/check.json; returns it with the report."""
     from ..budget.fit import read_budget
     from ..core.files import atomic_write_json, output_dir
     from .inputs import check_inputs, load, rollouts_for
@@ -98,4 +108,4 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         report = check(student, r, config, budget, teacher=teacher, prefix_tokens=rollouts.max_new_tokens,
                        seed=rollouts.seed, batch_size=rollouts.batch_size, engine=sc.engine)
         atomic_write_json(d / "check.json", report)
-    return report
+    return CheckResult(Path(out), report)

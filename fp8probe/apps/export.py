@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports this module for --help: deploy/export.py loads torch
+    from ..deploy.export import Exported
 
 log = logging.getLogger(__name__)
 
 
 def run_export(model: str | None, recipes, out, rollouts: str | None = None, max_model_len: int | None = None,
-               targets=("vllm",), trust_remote_code: bool = False, allow_pickle: bool = False):
+               targets=("vllm",), trust_remote_code: bool = False, allow_pickle: bool = False) -> Exported:
     """Export `model` under `recipes` into `out` for `targets` (calibrating static scales on the `rollouts` of a sweep
-    directory when a recipe needs them); returns deploy.export's result, whose describe() is what the CLI prints."""
+    directory when a recipe needs them); returns deploy.export's Exported (a Result: the plan per target)."""
     from ..deploy.export import export
     from ..model.rollouts import load_rollouts
 

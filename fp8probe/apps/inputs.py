@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.files import check_writable
+from ..core.results import Result
 from ..core.schemes import Scheme
 from ..model.settings import ModelSource, RolloutSettings
 
@@ -76,28 +77,46 @@ def rollouts_for(student, settings: RolloutSettings, out: Path, reuse_from: Path
     return r, time.perf_counter() - t
 
 
-def run_rollouts(model: ModelSource, settings: RolloutSettings, out, progress: bool = False):
+def run_rollouts(model: ModelSource, settings: RolloutSettings, out, progress: bool = False) -> RolloutsResult:
     """`fp8probe rollouts`: sample (or copy) the student's rollouts into `out`."""
     from ..core.files import output_dir
 
     check_inputs(model, settings, out)
     with output_dir(out) as d:
         student, _ = load(model)
-        return rollouts_for(student, settings, d, progress=progress)
+        return RolloutsResult(Path(out), *rollouts_for(student, settings, d, progress=progress))
 
 
-def describe_rollouts(r, seconds: float, out) -> str:
-    """What `fp8probe rollouts` prints."""
-    return f"rollouts: {r.num_sequences} sequences, {r.num_response_tokens} response tokens in {seconds:.0f} s -> {out}"
+@dataclass(frozen=True)
+class RolloutsResult(Result):
+    rollouts: object  # model.rollouts.Rollouts: rollouts.json, rollouts.safetensors
+    sampling_seconds: float
+
+    def describe(self, seconds: float) -> str:
+        r = self.rollouts
+        return (f"rollouts: {r.num_sequences} sequences, {r.num_response_tokens} response tokens in "
+                f"{self.sampling_seconds:.0f} s -> {self.out}")
 
 
-def run_units(model: ModelSource) -> str:
-    """What `fp8probe units` prints: every unit, its kind, block, size and fused group."""
-    from ..model.structure import fused_groups, list_units, meta_model
+@dataclass(frozen=True)
+class UnitsResult(Result):
+    units: list  # model.structure.Unit, in model order
 
-    units = list_units(meta_model(model.check()))  # the config alone: shapes on the meta device, no weights read
-    lines = [f"{u.name:<48} {u.kind:<8} block {u.block:>3}  {u.params:>12,}  group {u.group}"
-             f"{'' if u.quantizable else '  (kept BF16)'}" for u in units]
-    q = [u for u in units if u.quantizable]
-    return "\n".join(lines + [f"units: {len(q)} quantizable in {len(fused_groups(units))} fused groups, "
-                              f"{sum(u.params for u in q):,} parameters"])
+    def describe(self, seconds: float) -> str:
+        """What `fp8probe units` prints: every unit, its kind, block, size and fused group."""
+        from ..model.structure import fused_groups
+
+        units = self.units
+        lines = [f"{u.name:<48} {u.kind:<8} block {u.block:>3}  {u.params:>12,}  group {u.group}"
+                 f"{'' if u.quantizable else '  (kept BF16)'}" for u in units]
+        q = [u for u in units if u.quantizable]
+        return "\n".join(lines + [f"units: {len(q)} quantizable in {len(fused_groups(units))} fused groups, "
+                                  f"{sum(u.params for u in q):,} parameters"])
+
+
+def run_units(model: ModelSource) -> UnitsResult:
+    """Every unit of the model, its kind, block, size and fused group, from its config alone."""
+    from ..model.structure import list_units, meta_model
+
+    # the config alone: shapes on the meta device, no weights read
+    return UnitsResult(None, list_units(meta_model(model.check())))

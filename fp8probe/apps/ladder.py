@@ -9,7 +9,9 @@ Writes DIR/ladder.csv (sources/ladder.py's table) and DIR/ladder.json.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from ..core.results import Result
 from ..core.settings import Settings, opt
 from ..sources.ladder import ladder
 from ..sources.shortcuts import Shortcuts
@@ -29,7 +31,7 @@ class LadderSettings(Settings):
     prefix_shift: bool = opt(True, "skip the prefix-shift columns (faster)", flag="--no-prefix-shift")
 
 
-def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = False):
+def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = False) -> LadderResult:
     """Every source on one scale (ladder()), written as DIR/ladder.csv and DIR/ladder.json; returns the table."""
     import time
 
@@ -63,11 +65,16 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
             "noise_seed": settings.noise_seed, "prefix_seed": rollouts.seed,
             "arithmetic": arithmetic(rollouts.batch_size),
             "seconds": round(time.perf_counter() - t0, 3), "versions": versions()}))
-    return df
+    return LadderResult(Path(out), df)
 
 
-def describe(df, out, seconds: float) -> str:
-    cols = [c for c in ("source", "kl_q_p", "k3", "top1_agree", "sum_of_parts", "diverged", "first_div_mean",
-                        "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_verl") if c in df.columns]
-    return (df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
-            + f"\nladder: {len(df)} sources in {seconds:.0f} s -> {out}/ladder.csv")
+@dataclass(frozen=True)
+class LadderResult(Result):
+    table: object  # pandas DataFrame, ladder.csv
+
+    def describe(self, seconds: float) -> str:
+        df = self.table
+        cols = [c for c in ("source", "kl_q_p", "k3", "top1_agree", "sum_of_parts", "diverged", "first_div_mean",
+                            "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_verl") if c in df.columns]
+        return (df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+                + f"\nladder: {len(df)} sources in {seconds:.0f} s -> {self.out}/ladder.csv")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.artifacts import arithmetic, stamped, versions
+from ..core.results import Result
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
 from ..core.settings import Settings, opt
 from ..measurement.engines import ENGINES
@@ -41,7 +42,7 @@ class MeasureSettings(Settings):
 
 
 def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: MeasureSettings, out,
-                progress: bool = False) -> dict:
+                progress: bool = False) -> MeasureResult:
     """mismatch.json's content (every metric, the tokens it was measured on), after writing it into `out`."""
     from ..core.files import atomic_write_json, output_dir
     from ..measurement.measure import measure
@@ -60,10 +61,18 @@ def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: Measure
             "arithmetic": arithmetic(rollouts.batch_size),
             "seconds": round(time.perf_counter() - t0, 3), "versions": versions()})
         atomic_write_json(d / "mismatch.json", doc)
-    return doc
+    return MeasureResult(Path(out), doc)
 
 
-def describe(doc: dict, out, seconds: float) -> str:
+@dataclass(frozen=True)
+class MeasureResult(Result):
+    doc: dict  # mismatch.json
+
+    def describe(self, seconds: float) -> str:
+        return _describe(self.doc, self.out, seconds)
+
+
+def _describe(doc: dict, out, seconds: float) -> str:
     what = doc["scheme"] + (f" + {doc['kv_cache_dtype']} KV cache" if doc["kv_cache_dtype"] else "")
     engine = "" if doc["engine"] == "sim" else f" as {doc['engine']} runs it"
     return "\n".join([f"\nwhole-model {what}{engine} vs reference on {doc['num_response_tokens']} response tokens:",

@@ -26,12 +26,15 @@ Writes plan.csv, plan.json (schema-versioned) and plan.png; prints the table sor
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 from ..budget.plan import (COLUMNS, PlanSettings, check_plan, has_weights, lengths, measure_costs, rollout_cost,
                            time_to_target, train_seconds)
+from ..core.results import Result
 
 
-def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> dict:
+def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> PlanResult:
     """`fp8probe plan`: the table (plan.csv), plan.json and plan.png in `out`; returns plan.json's content."""
     import time
 
@@ -101,42 +104,45 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
         from ..plots import plan_plot
 
         plan_plot(doc, d / "plan.png")
-    return doc
+    return PlanResult(Path(out), doc)
 
 
-def describe(doc: dict, out, seconds: float) -> str:
-    """The printed table, sorted by time to target (refused and unreached last)."""
-    def key(row):
-        t = row["time_to_target_s"]
-        return (t is None, t or 0.0)
+@dataclass(frozen=True)
+class PlanResult(Result):
+    doc: dict  # plan.json
 
-    def f(v, fmt):
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+    def describe(self, seconds: float) -> str:
+        """The printed table, sorted by time to target (refused and unreached last)."""
+        doc, out = self.doc, self.out
 
-    lines = [f"{doc['model']} on {doc['gpu']} x{doc['tensor_parallel_size']}: {doc['rollout_batch']} rollouts of "
-             f"{doc['mean_prompt_len']:.0f} + {doc['mean_response_len']:.0f} tokens per step ({doc['lengths']}); "
-             f"train step {doc['train_step_s']:.3g} s ({doc['train_step']}); throughput MODELLED",
-             f"{'configuration':<34}{'mismatch [90% interval]':>30}{'verdict':>11}{'KV tokens':>12}{'tok/s':>10}"
-             f"{'step s':>9}{'steps':>8}{'to target':>11}{'speed-up [90%]':>22}"]
-    for row in sorted(doc["rows"], key=key):
-        mm = "not measured" if row["mismatch"] is None else (
-            f"{row['mismatch']:.3g} [{row['mismatch_lo']:.3g}, {row['mismatch_hi']:.3g}]")
-        sp = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x [{f(row['speedup_lo'], '.2f')}, " \
-            f"{f(row['speedup_hi'], '.2f')}]"
-        t = row["time_to_target_s"]
-        lines.append(f"{row['configuration']:<34}{mm:>30}{row['verdict'] or '-':>11}{row['kv_tokens']:>12,}"
-                     f"{row['rollout_tokens_per_s']:>10.0f}{row['step_s']:>9.3g}{f(row['steps_to_target'], '.1f'):>8}"
-                     f"{'-' if t is None else f'{t / 60:.1f} min':>11}{sp:>22}")
-    cal = doc["calibration"]
-    assumed = [r["configuration"] for r in doc["rows"] if str(r["steps_source"]).startswith("assumed")]
-    if cal and assumed:
-        lines.append(f"{len(assumed)} configurations not measured: ASSUMED to need BF16's steps")
-    if cal:
-        lines.append(f"steps to target: {cal['objective']} learning curves of {cal['source']} "
-                     f"(target {cal['target']:.4g},"
-                     f" {cal['target_rule']}); budget {doc['budget']['metric']} <= {doc['budget']['value']:.4g}")
-    else:
-        lines.append(f"steps to target: no calibration; every admitted configuration is ASSUMED to need BF16's "
-                     f"{doc['assumed_steps']} steps")
-    lines.append(f"plan: {len(doc['rows'])} configurations in {seconds:.0f} s -> {out}/plan.csv")
-    return "\n".join(lines)
+        def f(v, fmt):
+            return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+        lines = [f"{doc['model']} on {doc['gpu']} x{doc['tensor_parallel_size']}: {doc['rollout_batch']} rollouts of "
+                 f"{doc['mean_prompt_len']:.0f} + {doc['mean_response_len']:.0f} tokens per step ({doc['lengths']}); "
+                 f"train step {doc['train_step_s']:.3g} s ({doc['train_step']}); throughput MODELLED",
+                 f"{'configuration':<34}{'mismatch [90% interval]':>30}{'verdict':>11}{'KV tokens':>12}{'tok/s':>10}"
+                 f"{'step s':>9}{'steps':>8}{'to target':>11}{'speed-up [90%]':>22}"]
+        for row in sorted(doc["rows"], key=lambda r: (r["time_to_target_s"] is None, r["time_to_target_s"] or 0.0)):
+            mm = "not measured" if row["mismatch"] is None else (
+                f"{row['mismatch']:.3g} [{row['mismatch_lo']:.3g}, {row['mismatch_hi']:.3g}]")
+            sp = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x [{f(row['speedup_lo'], '.2f')}, " \
+                f"{f(row['speedup_hi'], '.2f')}]"
+            t = row["time_to_target_s"]
+            lines.append(f"{row['configuration']:<34}{mm:>30}{row['verdict'] or '-':>11}{row['kv_tokens']:>12,}"
+                         f"{row['rollout_tokens_per_s']:>10.0f}{row['step_s']:>9.3g}"
+                         f"{f(row['steps_to_target'], '.1f'):>8}"
+                         f"{'-' if t is None else f'{t / 60:.1f} min':>11}{sp:>22}")
+        cal = doc["calibration"]
+        assumed = [r["configuration"] for r in doc["rows"] if str(r["steps_source"]).startswith("assumed")]
+        if cal and assumed:
+            lines.append(f"{len(assumed)} configurations not measured: ASSUMED to need BF16's steps")
+        if cal:
+            lines.append(f"steps to target: {cal['objective']} learning curves of {cal['source']} "
+                         f"(target {cal['target']:.4g},"
+                         f" {cal['target_rule']}); budget {doc['budget']['metric']} <= {doc['budget']['value']:.4g}")
+        else:
+            lines.append(f"steps to target: no calibration; every admitted configuration is ASSUMED to need BF16's "
+                         f"{doc['assumed_steps']} steps")
+        lines.append(f"plan: {len(doc['rows'])} configurations in {seconds:.0f} s -> {out}/plan.csv")
+        return "\n".join(lines)

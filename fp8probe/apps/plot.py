@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.results import Result
 
-def run_plot(run_dir, out=None, fmt: str = "png") -> str:
-    """`fp8probe plot`: every figure the files of `run_dir` allow; returns the summary line."""
+
+def run_plot(run_dir, out=None, fmt: str = "png") -> PlotResult:
+    """`fp8probe plot`: every figure the files of `run_dir` allow."""
     from ..plots import plot_run
 
     written = plot_run(run_dir, out, fmt, extra=budget_figures(Path(run_dir)))
-    return f"plot: {len(written)} figures ({', '.join(written)}) -> {next(iter(written.values())).parent}"
+    return PlotResult(next(iter(written.values())).parent, written)
+
+
+@dataclass(frozen=True)
+class PlotResult(Result):
+    figures: dict  # figure name -> its file
+
+    def describe(self, seconds: float) -> str:
+        return f"plot: {len(self.figures)} figures ({', '.join(self.figures)}) -> {self.out}"
 
 
 def budget_figures(d: Path) -> list:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
+from ..core.results import Result
 from ..core.schemes import KV_CACHE_SCHEMES
 from ..core.settings import Settings, opt
 from ..deploy.frameworks import TARGETS
@@ -73,9 +74,9 @@ class RecipeSettings(Settings):
 
 
 def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", trust_remote_code: bool = False,
-               allow_pickle: bool = False):
+               allow_pickle: bool = False) -> RecipeResult:
     """The recipe of `sweep_dir` (its table, rollouts and model) as `settings` say, written into `out`; returns it
-    and the seconds its search took."""
+    with the seconds its search took."""
     from ..core.files import check_writable, output_dir
     from ..deploy.frameworks import recipe_form
     from ..model.rollouts import load_rollouts
@@ -107,10 +108,20 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
         raise FP8ProbeError(f"{target.title}: {e}") from e
     with output_dir(out) as d:
         recipe.write(d)
-    return recipe, time.perf_counter() - t0
+    return RecipeResult(Path(out), recipe, settings, time.perf_counter() - t0)
 
 
-def describe(r, s: RecipeSettings, out, seconds: float) -> str:
+@dataclass(frozen=True)
+class RecipeResult(Result):
+    recipe: object  # recipe.recipe.Recipe: recipe.yaml, recipe.json
+    settings: RecipeSettings
+    search_seconds: float  # loading the student and the search
+
+    def describe(self, seconds: float) -> str:
+        return _describe(self.recipe, self.settings, self.out, self.search_seconds)
+
+
+def _describe(r, s: RecipeSettings, out, seconds: float) -> str:
     """The line `fp8probe recipe` ends with: what it chose, predicted and measured (on the search set, and on the
     held-out prompts with its interval), what it saves."""
     m = s.memory

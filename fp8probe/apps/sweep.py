@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..core.artifacts import arithmetic
 from ..core.errors import FP8ProbeError
+from ..core.results import Result
 from ..model.settings import ModelSource, RolloutSettings
 from ..sweeps.settings import SweepSettings
 from .inputs import check_inputs, load, rollouts_for
@@ -23,12 +24,26 @@ from .inputs import check_inputs, load, rollouts_for
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class SweepResult:
+@dataclass(frozen=True)
+class SweepResult(Result):
     table: object  # pandas DataFrame, sensitivity.csv
     run: dict  # run.json
     agreement: dict | None
-    directory: Path
+
+    @property
+    def directory(self) -> Path:
+        return self.out
+
+    def describe(self, seconds: float) -> str:
+        """What `fp8probe sweep` prints: the ten most sensitive rows, the whole model, the agreement, one summary
+        line."""
+        from ..recipe.agreement import describe as agreement_line
+        from ..sweeps.sweep import summary
+
+        lines = [summary(self.table, self.run.get("whole_model"))]
+        lines += [agreement_line(self.agreement)] if self.agreement is not None else []
+        table = self.out / "sensitivity.csv"
+        return "\n".join(lines + [f"sweep: {len(self.table)} rows in {seconds:.0f} s -> {table}"])
 
 
 def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSettings, out, resume: bool = False,
@@ -94,15 +109,5 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
                            "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)}}
         write_run(d, run)
         finish_sweep(d)
-    return SweepResult(df, run, agree, out)
+    return SweepResult(out, df, run, agree)
 
-
-def describe(res: SweepResult, seconds: float) -> str:
-    """What `fp8probe sweep` prints: the ten most sensitive rows, the whole model, the agreement, one summary line."""
-    from ..recipe.agreement import describe as agreement_line
-    from ..sweeps.sweep import summary
-
-    lines = [summary(res.table, res.run.get("whole_model"))]
-    lines += [agreement_line(res.agreement)] if res.agreement is not None else []
-    table = res.directory / "sensitivity.csv"
-    return "\n".join(lines + [f"sweep: {len(res.table)} rows in {seconds:.0f} s -> {table}"])

@@ -5,7 +5,6 @@ flags from this table and main.py dispatches through it. Imports no torch: `fp8p
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,7 +23,8 @@ log = logging.getLogger("fp8probe")
 @dataclass(frozen=True)
 class Command:
     """A command: its `settings` classes (their fields are flags), other `flags` ((name, add_argument kwargs)), and
-    `run(args, t0)`, which returns what the command prints: a text (exit 0) or (text, exit code)."""
+    `run(args)`, which calls the command's entry point with the settings parsed from the flags and returns its
+    Result (core/results.py): main.py prints its describe() and exits with its exit_code."""
 
     name: str
     help: str
@@ -38,60 +38,52 @@ def _inputs(a):
     return settings_from(ModelSource, a), settings_from(RolloutSettings, a)
 
 
-def _sweep(a, t0):
-    res = sweep.run_sweep(*_inputs(a), settings_from(SweepSettings, a), a.out, a.resume, a.progress)
-    return sweep.describe(res, time.perf_counter() - t0)
+def _sweep(a):
+    return sweep.run_sweep(*_inputs(a), settings_from(SweepSettings, a), a.out, a.resume, a.progress)
 
 
-def _measure(a, t0):
-    doc = measure.run_measure(*_inputs(a), settings_from(measure.MeasureSettings, a), a.out, a.progress)
-    return measure.describe(doc, a.out, time.perf_counter() - t0)
+def _measure(a):
+    return measure.run_measure(*_inputs(a), settings_from(measure.MeasureSettings, a), a.out, a.progress)
 
 
-def _recipe(a, t0):
-    s = settings_from(recipe.RecipeSettings, a)
-    r, secs = recipe.run_recipe(a.sweep_dir, s, a.out, a.device, a.trust_remote_code, a.allow_pickle)
-    return recipe.describe(r, s, a.out, secs)
+def _recipe(a):
+    return recipe.run_recipe(a.sweep_dir, settings_from(recipe.RecipeSettings, a), a.out, a.device,
+                             a.trust_remote_code, a.allow_pickle)
 
 
-def _export(a, t0):
-    done = export.run_export(a.model, a.recipe, a.out, a.rollouts, a.max_model_len, a.target, a.trust_remote_code,
+def _export(a):
+    return export.run_export(a.model, a.recipe, a.out, a.rollouts, a.max_model_len, a.target, a.trust_remote_code,
                              a.allow_pickle)
-    return done.describe(time.perf_counter() - t0)
 
 
-def _capacity(a, t0):
-    rep = capacity.run_capacity(a.model, settings_from(capacity.CapacitySettings, a), settings_from(Serving, a),
-                                a.out, a.plot, a.trust_remote_code, a.allow_pickle)
-    return capacity.describe(rep, a.out)
+def _capacity(a):
+    return capacity.run_capacity(a.model, settings_from(capacity.CapacitySettings, a), settings_from(Serving, a),
+                                 a.out, a.plot, a.trust_remote_code, a.allow_pickle)
 
 
-def _ladder(a, t0):
-    df = ladder.run_ladder(*_inputs(a), settings_from(ladder.LadderSettings, a, shortcuts=settings_from(Shortcuts, a)),
-                           a.out, a.progress)
-    return ladder.describe(df, a.out, time.perf_counter() - t0)
+def _ladder(a):
+    return ladder.run_ladder(*_inputs(a), settings_from(ladder.LadderSettings, a,
+                                                        shortcuts=settings_from(Shortcuts, a)), a.out, a.progress)
 
 
-def _check(a, t0):
+def _check(a):
     s = settings_from(check.CheckSettings, a, shortcuts=settings_from(Shortcuts, a))
-    report = check.run_check(*_inputs(a), s, a.out, a.progress)
-    return check.format_check(report), check.exit_code(report)
+    return check.run_check(*_inputs(a), s, a.out, a.progress)
 
 
-def _plan(a, t0):
-    doc = plan.run_plan(*_inputs(a), settings_from(plan.PlanSettings, a), settings_from(Serving, a), a.out, a.progress)
-    return plan.describe(doc, a.out, time.perf_counter() - t0)
+def _plan(a):
+    return plan.run_plan(*_inputs(a), settings_from(plan.PlanSettings, a), settings_from(Serving, a), a.out,
+                         a.progress)
 
 
-def _budget(a, t0):
-    return budget.describe_budget(budget.run_budget(a.runs, a.out, settings_from(budget.BudgetSettings, a)), a.out)
+def _budget(a):
+    return budget.run_budget(a.runs, a.out, settings_from(budget.BudgetSettings, a))
 
 
-def _calibrate(a, t0):
+def _calibrate(a):
     c = settings_from(CalibrateSettings, a)
     s = calibrate.prepare(c, settings_from(TrainSettings, a))
-    res = calibrate.run_calibrate(s, a.out, a.resume, c.device, a.progress, c.mark, log.info)
-    return calibrate.describe(res, s, a.out, time.perf_counter() - t0)
+    return calibrate.run_calibrate(s, a.out, a.resume, c.device, a.progress, c.mark, log.info)
 
 
 OUT = ("--out", {"required": True, "help": "output directory"})
@@ -110,7 +102,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             ("measure --out runs/whole                 # whole-model FP8_DYNAMIC as vLLM runs it on a Hopper GPU",
              "measure --rollouts runs/smollm2 --engine sim --out runs/whole_sim   # the sweep's simulation"), _measure),
     Command("rollouts", "sample the student's own rollouts and save them", STUDENT, (OUT,), (),
-            lambda a, t0: inputs.describe_rollouts(*inputs.run_rollouts(*_inputs(a), a.out, a.progress), a.out)),
+            lambda a: inputs.run_rollouts(*_inputs(a), a.out, a.progress)),
     Command("recipe", "pick the FP8 recipe that saves the most under a mismatch budget", (recipe.RecipeSettings,),
             (("sweep_dir", {"help": "a directory written by `fp8probe sweep`"}), OUT, ("--device", {"default": "cpu"}),
              *LOADING),
@@ -136,7 +128,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             ("capacity ./Qwen3-8B/config.json --gpu H100 --max-model-len 32768",
              "capacity ./Llama-3.1-70B --tensor-parallel-size 4 --gpu H200 --out runs/cap --plot"), _capacity),
     Command("units", "list the quantizable units and their fused groups", (ModelSource,), (), (),
-            lambda a, t0: inputs.run_units(settings_from(ModelSource, a))),
+            lambda a: inputs.run_units(settings_from(ModelSource, a))),
     Command("ladder", "every rollout shortcut on one mismatch scale: noise ruler, recipes, FP8 KV, stale weights",
             (*STUDENT, Shortcuts, ladder.LadderSettings), (OUT,),
             ("ladder --out runs/ladder --recipe runs/recipe/recipe.yaml --kv-cache-dtype fp8 --combine",
@@ -167,5 +159,5 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             (("run_dir", {"help": "a directory written by fp8probe"}),
              ("--out", {"help": "where the figures go (default: RUN_DIR/plots)"}),
              ("--format", {"default": "png", "choices": ["png", "svg"]})), (),
-            lambda a, t0: plot.run_plot(a.run_dir, a.out, a.format)),
+            lambda a: plot.run_plot(a.run_dir, a.out, a.format)),
 )}

@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 
-from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FP8ProbeError, one_line, os_error_line,
+from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, FP8ProbeError, one_line, os_error_line,
                            with_resume_hint)
 from ..core.progress import quiet_dependencies
 from .commands import COMMANDS
@@ -30,9 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        done = COMMANDS[args.command].run(args, time.perf_counter())  # its summary, or (summary, exit code)
-        print(done[0] if isinstance(done, tuple) else done)
-        return done[1] if isinstance(done, tuple) else EXIT_OK
+        t0 = time.perf_counter()
+        result = COMMANDS[args.command].run(args)  # core/results.Result: what it made, says and exits with
+        print(result.describe(time.perf_counter() - t0))
+        return result.exit_code
     except KeyboardInterrupt as e:
         where = getattr(e, "resumable_dir", None)
         tail = (f"finished rows are kept in {where}: rerun the same command with --resume to continue"

@@ -29,6 +29,7 @@ import yaml
 
 from ..core.errors import FP8ProbeError, MissingExtra, one_line
 from ..core.files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
+from ..core.results import Result
 from ..model.structure import list_units, meta_model
 from ..model.student import check_finite_weights, config_kwargs, load_config, resolve_source
 from ..recipe.recipe import Recipe, read_recipe
@@ -81,10 +82,15 @@ def plan_targets(targets: list[Target], recipes: list[tuple[Path, Recipe]], unit
     return plans
 
 
-@dataclass
-class Exported:
-    path: Path  # the output directory (with the vllm target: the checkpoint)
+@dataclass(frozen=True)
+class Exported(Result):
+    """What `export` made: `out` the output directory (with the vllm target: the checkpoint), a plan per target."""
+
     plans: list[TargetPlan]
+
+    @property
+    def path(self) -> Path:
+        return self.out
 
     def warnings(self) -> list[str]:
         return [w for p in self.plans if p.expression for w in p.expression.warnings]

@@ -31,7 +31,8 @@ def test_library_page_runs(tmp_path, monkeypatch):
     printed = out.getvalue().splitlines()
     # run_check's verdict line: the verdict, the measured value and the budget, as check.json holds them
     check = json.loads((tmp_path / "runs/lib/check/check.json").read_text())
-    assert printed[0] == f"{check['verdict']} {check['measured']} {check['budget']}"
+    code_of = {"ADMIT": 0, "REJECT": 1, "UNCERTAIN": 3}  # the check's exit codes, as core/errors.py documents them
+    assert printed[0] == f"{check['verdict']} {check['measured']} {check['budget']} {code_of[check['verdict']]}"
     assert check["verdict"] in ("ADMIT", "REJECT", "UNCERTAIN")
     assert printed[1] == "`num_prompts` 0 must be >= 1"  # what the page says the error prints
     # the sweep, the recipe and its read-back
