@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # the real embedded student
 
 def test_embedded_sweep_end_to_end(cli, tmp_path):
     out = tmp_path / "run"
-    r = cli("-q", "sweep", "--out", out, "--num-prompts", 3, "--max-new-tokens", 8, "--granularity", "group")
+    r = cli("-q", "sweep", "--out", out, "--num-prompts", 2, "--max-new-tokens", 6, "--granularity", "group")
     assert r.code == 0, r.err
     assert "ten most sensitive rows" in r.out and "model.fp8_all:" in r.out
     df = pd.read_csv(out / "sensitivity.csv")
@@ -27,7 +27,7 @@ def test_embedded_sweep_end_to_end(cli, tmp_path):
     assert whole.kl_q_p > groups.kl_q_p.max() > 0  # everything in FP8 hurts more than any one group
     assert set(df.kind) == {"qkv", "o", "gate_up", "down", "kv", "model"}
     run = json.loads((out / "run.json").read_text())
-    assert run["model_type"] == "llama" and run["num_sequences"] == 3 and run["rows"] == len(df)
+    assert run["model_type"] == "llama" and run["num_sequences"] == 2 and run["rows"] == len(df)
     assert set(run["seconds"]) == {"load", "rollouts", "reference", "exact", "sweep", "total"}
     assert not (out / "sensitivity.partial.csv").exists()
     meta = json.loads((out / "rollouts.json").read_text())

@@ -30,8 +30,8 @@ def swept(tmp_path_factory):
     from fp8probe.cli import main
 
     d = tmp_path_factory.mktemp("gemma") / "sweep"
-    assert main(["-q", "sweep", "gemma3-270m", "--method", "auto", "--num-prompts", "4", "--max-new-tokens", "16",
-                 "--out", str(d)]) == 0
+    assert main(["-q", "sweep", "gemma3-270m", "--method", "auto", "--num-prompts", "4", "--max-new-tokens", "8",
+                 "--top-k", "8", "--controls", "4", "--out", str(d)]) == 0
     return d
 
 
