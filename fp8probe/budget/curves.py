@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.artifacts import read_artifact
 from ..core.errors import FP8ProbeError
 from ..core.stats import LEVEL, expansion
 
@@ -134,7 +135,6 @@ def steps_with_interval(curves: Curves, seed_curves, baseline, target: float, n:
 
 def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
     """The learning curves of one objective in a calibration directory (the only one, or `objective`)."""
-    import json
 
     import numpy as np
     import pandas as pd
@@ -145,7 +145,7 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
     if not (d / "runs.csv").is_file() or not (d / "calibrate.json").is_file():
         raise FP8ProbeError(f"`calibration` {directory}: not a directory written by `fp8probe calibrate` (no runs.csv "
                             "and calibrate.json)")
-    meta = json.loads((d / "calibrate.json").read_text(encoding="utf-8"))
+    meta = read_artifact("calibrate.json", d / "calibrate.json", "run `fp8probe calibrate` again")
     df = pd.read_csv(d / "runs.csv", dtype={"level": str})
     objectives = sorted(df["objective"].unique())
     if objective is None:

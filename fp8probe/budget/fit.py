@@ -32,12 +32,11 @@ acceptable), labelled uncalibrated in every output that uses it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..core.artifacts import version
+from ..core.artifacts import read_artifact, version
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
 
@@ -101,12 +100,7 @@ def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
     p = Path(text)
     if not p.is_file():
         raise FP8ProbeError(f"`budget` {text}: neither a number nor a budget.json file")
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FP8ProbeError(f"{text} is not valid JSON ({e}); write it with `fp8probe budget`") from e
-    if not isinstance(d, dict) or d.get("schema_version") not in (1, 2, SCHEMA_VERSION):
-        raise FP8ProbeError(f"{text} is not a budget.json of schema {SCHEMA_VERSION}; write it with `fp8probe budget`")
+    d = read_artifact("budget.json", p, "write it with `fp8probe budget`")
     try:
         interval = tuple(d["interval"]) if d.get("interval") is not None else None
         return Budget(d["metric"], d["value"], bool(d.get("calibrated", False)), str(d.get("source", text)),

@@ -21,14 +21,18 @@ are the benchmark dose of a dose–response fit (`method`, `dose_response`: fami
 the isotonic fit where no family fits; a level holds both fits (`fitted`, `isotonic`).
 calibrate.json is at 2: objectives, tolerance, quality, bracket, max_added, added_levels; runs under runs/<objective>/.
 check.json is at 2: the verdict may be UNCERTAIN; measured_interval, interval_level, prompts_to_decide, num_prompts.
-An optional field that readers default may be added within a version (rollouts.json's
+Readers go through read_artifact (the plots, read_budget, the calibration's learning curves; read_sweep,
+load_rollouts and calibrate --resume check their own files with their own lines), which refuses a version not listed
+here or in ALSO_READ. An optional field that readers default may be added within a version (rollouts.json's
 sampling.samples_per_prompt, default 1; the `arithmetic` record). Changing what a file holds otherwise means a new
 version here, and a reader that refuses the old one in one line (or reads it, as read_recipe reads version 1).
 """
 
 from __future__ import annotations
 
+import json
 import platform
+from pathlib import Path
 
 from .errors import FP8ProbeError
 
@@ -47,6 +51,10 @@ SCHEMAS = {
 }
 
 
+# the older versions each reader still takes (read_recipe reads 1 and 2; read_budget 1 and 2)
+ALSO_READ = {"recipe.json": (1, 2), "budget.json": (1, 2)}
+
+
 def version(kind: str) -> int:
     """The schema version `kind` (a file name of SCHEMAS) is written with."""
     if kind not in SCHEMAS:
@@ -59,11 +67,21 @@ def stamped(kind: str, doc: dict) -> dict:
     return {"schema_version": version(kind), **doc}
 
 
-def check_version(kind: str, doc, where, redo: str) -> None:
-    """Refuse, in one line that says what to do (`redo`), a file of `kind` written with another schema."""
+def read_artifact(kind: str, path, redo: str) -> dict:
+    """The versioned JSON file of `kind` at `path`, read and checked: one that is missing, not JSON, not an object, or
+    of a schema version this fp8probe does not read (SCHEMAS, ALSO_READ) fails in one line that says what to do
+    (`redo`). Every reader of a versioned file goes through here."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise FP8ProbeError(f"no {kind} at {p}: {redo}") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FP8ProbeError(f"{p} is not a readable {kind} ({type(e).__name__}: {e}): {redo}") from e
     got = doc.get("schema_version") if isinstance(doc, dict) else None
-    if got != version(kind):
-        raise FP8ProbeError(f"{where} has schema_version {got!r}; this fp8probe reads {version(kind)}: {redo}")
+    if got != version(kind) and got not in ALSO_READ.get(kind, ()):
+        raise FP8ProbeError(f"{p} has schema_version {got!r}; this fp8probe reads {kind} {version(kind)}: {redo}")
+    return doc
 
 
 def versions() -> dict:

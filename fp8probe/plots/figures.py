@@ -7,9 +7,10 @@ ladder table) and an optional path; it returns the figure, so a notebook shows i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..core.artifacts import read_artifact
+from ..core.errors import FP8ProbeError
 from ..recipe.selection import group_scores, rank_groups
 
 KIND_ORDER = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "expert", "kv")
@@ -348,7 +349,6 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
     of figures whose files a layer above reads (a calibration's budgets: apps/plot.py)."""
     import pandas as pd
 
-    from ..core.errors import FP8ProbeError
     from ..sweeps.files import read_sweep
 
     d = Path(run_dir)
@@ -369,10 +369,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
         if pair:
             todo.append(("fast_vs_exact", lambda p: fast_vs_exact(*pair, p)))
     for cap in sorted(d.rglob("capacity.json")):
-        report = json.loads(cap.read_text())
+        report = read_artifact("capacity.json", cap, "run `fp8probe capacity` again")
         todo.append((_name("capacity", cap, d), lambda p, r=report: capacity_bars(r, p)))
     for plan in sorted(d.rglob("plan.json")):
-        doc = json.loads(plan.read_text())
+        doc = read_artifact("plan.json", plan, "run `fp8probe plan` again")
         todo.append((_name("plan", plan, d), lambda p, r=doc: plan_plot(r, p)))
     for lad in sorted(d.rglob("ladder.csv")):
         table = pd.read_csv(lad)
@@ -399,7 +399,7 @@ def recipes_of(d: Path) -> list[dict]:
     """recipe.json files below the run directory made from its sweep, named by their directory."""
     out = []
     for f in sorted(d.rglob("recipe.json")):
-        r = json.loads(f.read_text())
+        r = read_artifact("recipe.json", f, "run `fp8probe recipe` again")
         sweep = r.get("sweep")  # absolute, or relative to the recipe's directory (shipped recipes)
         if sweep and (f.parent / sweep).resolve() != d.resolve():
             continue
@@ -416,7 +416,7 @@ def fast_exact_pair(d: Path, df):
 
     agreement = d / "agreement.json"
     if agreement.exists():
-        other = Path(json.loads(agreement.read_text()).get("exact_sweep", ""))
+        other = Path(read_artifact("agreement.json", agreement, "run the fast sweep again").get("exact_sweep", ""))
         if (other / "sensitivity.csv").exists():
             ex = read_sweep(other).table
             units = df[df["kind"] != "model"]
@@ -432,7 +432,10 @@ def _budget_beside(f: Path) -> float | None:
     for name in ("check.json", "budget.json"):
         p = f.parent / name
         if p.exists():
-            b = json.loads(p.read_text())
+            try:
+                b = read_artifact(name, p, "")
+            except FP8ProbeError:  # a line is drawn where a file allows it; the ladder is drawn either way
+                continue
             value = b.get("budget", b.get("value"))
             if isinstance(value, (int, float)):
                 return float(value)
