@@ -3,7 +3,7 @@
     fp8probe calibrate [--teacher T] [--student S|pruned[:K]] --out DIR [--objectives opd grpo grpo-is]
                        [--levels ...] [--seeds N] [--tolerance 0.02] [--quality auc|final] [--bracket 2]
 
-Each run trains the student toward the teacher (an objective of calibration_runs.OBJECTIVES: on-policy
+Each run trains the student toward the teacher (an objective of runs.OBJECTIVES: on-policy
 distillation, or GRPO rewarded by the teacher's log-likelihood, with or without importance-sampling correction),
 its rollouts taken from a perturbed copy of the student at one *level*: seeded weight noise σ (a fresh draw each
 step, as a rollout engine re-quantizing new weights makes a fresh error), the FP8 weights of every unit, an FP8 KV
@@ -11,7 +11,7 @@ cache, or k-step stale weights. The mismatch of every rollout batch is measured 
 one scale, so the x-axis is measured, not assumed.
 
 The design is paired: every level runs each seed with the same data order, generation and evaluation seeds as
-its mismatch-free twin, a run's quality loss is its relative rise over its twin's (calibration_runs), and the
+its mismatch-free twin, a run's quality loss is its relative rise over its twin's (runs.py), and the
 budget's interval comes from a paired bootstrap over seeds (budget/fit.py). The tolerance is the user's choice
 (default 2 %); the seeds' own spread is reported beside it.
 
@@ -23,7 +23,7 @@ rejected it climbs (σ x 3), with none admitted it descends (σ / 3). Every obje
 The directory:
 
     DIR/calibrate.json            the calibration (schema_version); calibrate.partial.json until it is done
-    DIR/runs/<objective>/...      one directory per run (calibration_runs.py)
+    DIR/runs/<objective>/...      one directory per run (runs.py)
     DIR/runs.csv                  one row per finished run, in the format `fp8probe budget` reads
     DIR/budget.json               the first objective's budget; DIR/budget-<objective>.json for each
     DIR/calibration.png           quality loss vs measured mismatch per objective, the budgets, learning curves

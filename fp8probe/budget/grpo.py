@@ -1,6 +1,6 @@
 """GRPO runs whose rollouts come from a perturbed copy of the student (TRL's GRPOTrainer underneath): the RL side of
-the controlled comparison with on-policy distillation (opd_train.py). Everything but the objective is shared: the
-pair, the prompts, the perturbation of the generation (opd_train.Perturber), the mismatch measured on every rollout
+the controlled comparison with on-policy distillation (opd.py). Everything but the objective is shared: the
+pair, the prompts, the perturbation of the generation (opd.Perturber), the mismatch measured on every rollout
 batch and the held-out quality.
 
 The reward is the teacher's mean per-token log-likelihood of the completion (`TeacherLikelihood`): the teacher's
