@@ -21,9 +21,19 @@ def test_committed_without_outputs():
 
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
+    """The README's first command's sweep (auto, 2 prompts x 8 tokens): CI made it in its step 1 and says where
+    (FP8PROBE_QUICKSTART_RUN), so it is copied; elsewhere it is run here."""
+    import shutil
+
     from fp8probe.cli import main
 
     d = tmp_path_factory.mktemp("nb") / "run"
+    given = Path(os.environ.get("FP8PROBE_QUICKSTART_RUN", "/nonexistent"))
+    if (given / "run.json").exists():
+        run = json.loads((given / "run.json").read_text())
+        if run["method"]["method"] == "auto" and run["num_sequences"] == 2 and run["model"] == "smollm2-135m":
+            shutil.copytree(given, d)
+            return d
     assert main(["-q", "sweep", "--out", str(d), "--method", "auto", "--num-prompts", "2", "--max-new-tokens",
                  "8"]) == 0
     return d
