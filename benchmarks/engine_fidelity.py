@@ -160,7 +160,7 @@ def main() -> None:
                               calibration=ref.calibration) as m:
                 lp_rows, _ = response_logp(m, rollouts)
             c.update(profile=sampled(lp_rows), kl_profile=kl_full(lp_rows), bound_profile=kl_bound(lp_rows))
-            ckpt = (export(None, path, Path(tmp) / f"ckpt-{len(configs)}", rollouts=rollouts, max_model_len=8192).path
+            ckpt = (export(None, path, Path(tmp) / f"ckpt-{len(configs)}", rollouts=rollouts, max_model_len=8192).out
                     if path is not None else embedded_student_dir())
             c["vllm"], c["bound_vllm"] = vllm_logp(ckpt, engine_kwargs)
             configs[name] = c

@@ -95,7 +95,7 @@ def main():
     print()
     for p in exported.plans:
         print(f"- {p.summary().replace(str(out) + '/', '')}")
-    print(f"\nall in {time.perf_counter() - t0:.0f} s; configs in {exported.path}/frameworks/")
+    print(f"\nall in {time.perf_counter() - t0:.0f} s; configs in {exported.out}/frameworks/")
 
 
 def _why(student, rollouts, reference, target, scheme, err) -> str:

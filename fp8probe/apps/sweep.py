@@ -30,10 +30,6 @@ class SweepResult(Result):
     run: dict  # run.json
     agreement: dict | None
 
-    @property
-    def directory(self) -> Path:
-        return self.out
-
     def describe(self, seconds: float) -> str:
         """What `fp8probe sweep` prints: the ten most sensitive rows, the whole model, the agreement, one summary
         line."""

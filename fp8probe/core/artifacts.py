@@ -70,7 +70,7 @@ def stamped(kind: str, doc: dict) -> dict:
 def read_artifact(kind: str, path, redo: str) -> dict:
     """The versioned JSON file of `kind` at `path`, read and checked: one that is missing, not JSON, not an object, or
     of a schema version this fp8probe does not read (SCHEMAS, ALSO_READ) fails in one line that says what to do
-    (`redo`). Every reader of a versioned file goes through here."""
+    (`redo`). The readers the module's docstring names go through here."""
     p = Path(path)
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))

@@ -88,18 +88,14 @@ class Exported(Result):
 
     plans: list[TargetPlan]
 
-    @property
-    def path(self) -> Path:
-        return self.out
-
     def warnings(self) -> list[str]:
         return [w for p in self.plans if p.expression for w in p.expression.warnings]
 
     def describe(self, seconds: float) -> str:
         """What `fp8probe export` prints: per target, what it applies (or why it cannot), then where it all is."""
-        config = self.path / "vllm.yaml"
-        serve = f" (vllm serve {self.path} --config {config})" if config.exists() else ""
-        return "\n".join([p.summary() for p in self.plans] + [f"export: {seconds:.0f} s -> {self.path}{serve}"])
+        config = self.out / "vllm.yaml"
+        serve = f" (vllm serve {self.out} --config {config})" if config.exists() else ""
+        return "\n".join([p.summary() for p in self.plans] + [f"export: {seconds:.0f} s -> {self.out}{serve}"])
 
 
 def export(model: str | None, recipe, out: str | Path, rollouts=None, max_model_len: int | None = None,

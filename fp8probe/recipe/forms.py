@@ -21,7 +21,6 @@ class Form:
     the groups neither kept nor forced, `rank` orders groups from the least sensitive."""
 
     name: str
-    shape: str  # what it expresses, one line
     candidates: Callable
     chooses: bool = False  # any set of groups: the search ranks them and a refinement may swap them
     edges: bool = False  # whole leading/trailing blocks only: keep_first/keep_last are its candidates' floor
@@ -58,16 +57,12 @@ def _edges(free, rank, n_blocks, keep_first, keep_last) -> list:
 
 
 FORMS: dict[str, Form] = {f.name: f for f in (
-    Form("free", "any set of fused groups in BF16 (an ignore list of module names)", _ranked, chooses=True,
-         smallest="the least sensitive group"),
-    Form("keywords", "first/last N blocks in BF16 plus substring keywords (NeMo-RL)", _ranked, chooses=True,
-         smallest="the least sensitive group"),
-    Form("first-last", "the first N and last M decoder blocks in BF16, the rest in FP8", _edges, edges=True,
-         narrower=("all", "none"), smallest="the smallest first-last recipe"),
-    Form("all", "every Linear in FP8 (lm_head, embeddings and MoE routers stay BF16)",
-         lambda free, *_: [[], free], every=True, narrower=("none",), smallest="every Linear"),
-    Form("none", "no FP8 weights; an FP8 KV cache only where the framework takes one", lambda *_: [[]],
-         weights=False, smallest="the FP8 KV cache alone"),
+    # what each expresses: the table in this module's docstring
+    Form("free", _ranked, chooses=True, smallest="the least sensitive group"),
+    Form("keywords", _ranked, chooses=True, smallest="the least sensitive group"),
+    Form("first-last", _edges, edges=True, narrower=("all", "none"), smallest="the smallest first-last recipe"),
+    Form("all", lambda free, *_: [[], free], every=True, narrower=("none",), smallest="every Linear"),
+    Form("none", lambda *_: [[]], weights=False, smallest="the FP8 KV cache alone"),
 )}
 
 

@@ -57,19 +57,21 @@ class SourceSpec:
 
     @property
     def stale_steps(self) -> int:
-        return int(self.value) if self.kind == "stale" else 0
+        return LEVEL_KINDS[self.kind].stale_steps(self)
 
 
 @dataclass(frozen=True)
 class LevelKind:
     """A kind of calibration level: `parse(text, arg)` reads "KIND:ARG" into a SourceSpec (None: written as a
-    number), `label` and `slug` name it in files and tables, `rollout(spec, student, seed)` is its engine."""
+    number), `label` and `slug` name it in files and tables, `rollout(spec, student, seed)` is its engine and
+    `stale_steps(spec)` how many updates old the weights it rolls out from are (the trainer's Perturber swaps them)."""
 
     name: str
     parse: Callable | None
     label: Callable
     rollout: Callable
     slug: Callable = lambda spec: spec.name.replace(":", "-")
+    stale_steps: Callable = lambda spec: 0
 
 
 def _parse_fp8(text: str, arg: str) -> SourceSpec:
@@ -137,7 +139,8 @@ LEVEL_KINDS: dict[str, LevelKind] = {k.name: k for k in (
     LevelKind("noise", None, lambda spec: f"{spec.value:g}", _noise_rollout, slug=lambda spec: f"noise-{spec.name}"),
     LevelKind("fp8", _parse_fp8, lambda spec: f"fp8:{spec.scheme}", _fp8_rollout),
     LevelKind("kv", _parse_kv, lambda spec: f"kv:{spec.scheme}", _kv_rollout),
-    LevelKind("stale", _parse_stale, lambda spec: f"stale:{int(spec.value)}", _unperturbed),
+    LevelKind("stale", _parse_stale, lambda spec: f"stale:{int(spec.value)}", _unperturbed,
+              stale_steps=lambda spec: int(spec.value)),
 )}
 
 

@@ -31,7 +31,7 @@ def exported(embedded, tmp_path_factory):
     doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
         "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}
     (root / "recipe.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    ckpt = export(None, root / "recipe.yaml", root / "ckpt", max_model_len=8192).path
+    ckpt = export(None, root / "recipe.yaml", root / "ckpt", max_model_len=8192).out
     return ckpt, [u.name for u in read_recipe(root / "recipe.yaml").fp8_units(embedded.units)]
 
 

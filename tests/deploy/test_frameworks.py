@@ -369,7 +369,7 @@ def test_export_all_targets_on_a_tiny_model(tmp_path):
         paths.append(tmp_path / name / "recipe.yaml")
     done = export(str(model_dir), paths, tmp_path / "out", targets=["all"],
                   rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6))
-    ckpt = done.path
+    ckpt = done.out
     qc = json.loads((ckpt / "config.json").read_text())["quantization_config"]
     assert list(qc["config_groups"]) == ["group_0"] and qc["kv_cache_scheme"]["strategy"] == "tensor"
     with safe_open(str(ckpt / "model.safetensors"), "pt") as f:

@@ -99,8 +99,6 @@ def resolve_targets(names) -> list[Target]:
     return out
 
 
-
-
 def recipe_form(target: Target | None, form: str | None, kv_cache: str | None, sweep_scheme: str,
                 sweep_dir="SWEEP") -> tuple[str, str, str]:
     """(form, scheme, kv_scale) of the recipe search for `target`, refusing what it or the sweep cannot give."""
