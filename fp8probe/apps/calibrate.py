@@ -83,5 +83,3 @@ def _describe(res: dict, calibration: Experiment, out, seconds: float) -> str:
             lines.append(f"{r['objective']} tolerates {r['ratio']:.2g}x the mismatch {r['other']} does (benchmark "
                          f"doses, 90 % paired over {r['seeds']} seeds: {lo:.2g} .. {hi:.2g})")
     return "\n".join(lines)
-
-

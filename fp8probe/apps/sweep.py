@@ -106,4 +106,3 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
         write_run(d, run)
         finish_sweep(d)
     return SweepResult(out, df, run, agree)
-

@@ -85,4 +85,3 @@ def _setup_logging(args) -> None:
     args.progress = not args.quiet
     if not args.verbose:
         quiet_dependencies()
-

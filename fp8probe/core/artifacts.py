@@ -107,4 +107,3 @@ def arithmetic(batch_size: int) -> dict:
     import torch
 
     return {"batch_size": int(batch_size), "batching": BATCHING, "torch_threads": torch.get_num_threads()}
-

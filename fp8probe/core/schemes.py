@@ -34,6 +34,7 @@ FP8_FORMATS = {
     "e5m2": ("float8_e5m2", 57344.0),
 }
 
+
 class Strategy(str, Enum):
     """Over what one scale is shared (compressed-tensors' QuantizationStrategy names; a str, so it compares with and
     serializes as its name)."""

@@ -20,7 +20,6 @@ def top_overlap(a: dict[str, float], b: dict[str, float], k: int = 10) -> int:
     return sum(1 for x in ta if x in tb)
 
 
-
 BOOTSTRAP = 2000  # resamples behind every interval fp8probe reports
 LEVEL = 0.9  # the intervals' coverage: 90 %
 

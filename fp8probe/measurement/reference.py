@@ -64,7 +64,7 @@ class Reference:
         self.calibration: Calibration | None = cal
         # [M, V] fp32 reference log-probs of the rows that predict response tokens, or [M, H] hidden states the same
         # log-probs are recomputed from, chunk by chunk as each batch was (bit for bit the same numbers)
-        cat = (lambda xs: torch.cat(xs))
+        cat = torch.cat
         self.rows = RefRows(cat(logps) if self.storage == "logp" else None, cat(top1), cat(tokens), cat(token_logp),
                             cat(logps) if self.storage == "hidden" else None, _Head(self.model, self.softcap))
         self.sequence = torch.cat(sequence)  # [M] the rollout each row belongs to

@@ -61,7 +61,6 @@ GROUP_EPS = 1e-10  # per_token_group_quant_fp8's eps
 MAX_OFFSET = 8  # FlashAttention 3's Max_offset for FP8: P = exp2(s - max + 8), in [0, 256]
 
 
-
 # ---------------------------------------------------------------------------------------------------
 # Linear
 

@@ -235,5 +235,3 @@ def check_finite_weights(model: nn.Module, name: str) -> None:
             bad = int((~torch.isfinite(p)).sum())
             raise FP8ProbeError(f"the weights of {name} hold {bad} NaN/inf values in {pname}; the checkpoint is "
                                 "broken: fix or re-export it before measuring")
-
-

@@ -113,8 +113,6 @@ def linear_params(student) -> int:
         math.prod(u.shape) for u in student.units if u.kind in ("lm_head", "router"))
 
 
-
-
 @dataclass(frozen=True)
 class MemoryTarget:
     """What a recipe must at least save, in one of the three ways a user says it.
@@ -428,4 +426,3 @@ class _Search:
             raise FP8ProbeError(f"no fused group fits the budget: {form.smallest} alone measures {self.metric} "
                                 f"{self.measured(1):.3g} > {budget}; raise the budget")
         return lo
-

@@ -83,8 +83,6 @@ def header(t: Target) -> str:
     return f"# fp8probe: {t.title}. {t.how}.\n# Read from {t.source}.\n"
 
 
-
-
 def resolve_targets(names) -> list[Target]:
     """`--target` values: names, or "all" for every target."""
     names = list(names) or ["vllm"]
