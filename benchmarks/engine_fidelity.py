@@ -131,7 +131,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         def recipe_file(name, scheme, kv=None):
             path = Path(tmp) / f"{name}.yaml"
-            path.write_text(Recipe(model=student.name, scheme=scheme, ignore=["lm_head"], kv_cache=kv).to_yaml())
+            path.write_text(Recipe(model=student.name, scheme=scheme, ignore=["lm_head"], kv_cache_dtype=kv).to_yaml())
             return path
 
         # name -> (recipe or None for the BF16 student, FP8 KV cache of the simulations, vLLM's engine kwargs)

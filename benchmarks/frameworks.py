@@ -73,7 +73,7 @@ def main():
             continue
         d = out / "recipes" / (name if name != "vllm" else f"vllm-{form}")
         try:
-            rec = make_recipe(run.table, args.budget, student, rollouts, scheme=scheme, kv_cache=kv, form=form,
+            rec = make_recipe(run.table, args.budget, student, rollouts, scheme=scheme, kv_cache_dtype=kv, form=form,
                               kv_scale=target.kv_scale, target=name if form == target.form else None,
                               batch_size=run.run["batch_size"], reference=reference, sweep_dir=str(run.directory),
                               refine_passes=DEFAULT_REFINE_PASSES)
@@ -85,7 +85,7 @@ def main():
         made.append(d / "recipe.yaml")
         what = (f"{len(rec.quantized)}/{len(rec.quantized) + len(rec.kept)} groups FP8, "
                 f"{rec.bytes_saved / 2**20:.1f} MiB saved" if rec.quantized else "BF16 weights") + \
-            (" + FP8 KV (scales 1.0)" if rec.kv_cache and rec.kv_scale == "unit" else "")
+            (" + FP8 KV (scales 1.0)" if rec.kv_cache_dtype and rec.kv_scale == "unit" else "")
         rows.append((label, form, scheme if rec.quantized else "-", what, f"{rec.measured:.4g}"))
     exported = export(None, made, out / "export", targets=["all"], rollouts=rollouts)
     print(f"| framework | can apply | FP8 scheme | best recipe at kl_q_p <= {args.budget} | measured kl_q_p | keys |")

@@ -21,7 +21,7 @@ from ..recipe.refine import DEFAULT_REFINE_PASSES
 class RecipeSettings(Settings):
     """Exactly one goal: `budget` (the most bytes with the measured `metric` within it) or a memory target
     (`min_bytes_saved`, `effective_bits`, `fp8_share`: the least measured mismatch that reaches it). Constraints:
-    `kv_cache_scheme`, `keep_first`/`keep_last` blocks, `keep`/`force` units or groups, the recipe `form`, a
+    `kv_cache_dtype`, `keep_first`/`keep_last` blocks, `keep`/`force` units or groups, the recipe `form`, a
     rollout framework `target`; `refine` measured passes that see interactions (free and keywords forms)."""
 
     budget: float | None = opt(None, "largest allowed measured mismatch of the recipe (it saves the most bytes "
@@ -35,8 +35,10 @@ class RecipeSettings(Settings):
                                   high=1.0, group="goal", metavar="F")
     metric: str = opt("kl_q_p", f"the metric the budget bounds: {', '.join(METRICS)}", choices=METRICS,
                       metavar="METRIC")
-    kv_cache_scheme: str | None = opt(None, "also put the KV cache in FP8 (counts in the budget)",
-                                      choices=KV_CACHE_SCHEMES)
+    kv_cache_dtype: str | None = opt(None, "also put the KV cache in FP8, as vLLM's --kv-cache-dtype names it; "
+                                     "written as llm-compressor's kv_cache_scheme with calibrated k/v scales, and "
+                                     "counted in the budget", choices=KV_CACHE_SCHEMES,
+                                     aliases=("--kv-cache-scheme",))
     keep_first: int = opt(0, "keep the first N blocks in BF16", low=0)
     keep_last: int = opt(0, "keep the last N blocks in BF16", low=0)
     keep: tuple[str, ...] = opt((), "units or groups to keep in BF16")
@@ -86,7 +88,7 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
 
     run = read_sweep(sweep_dir)
     target = TARGETS[settings.target] if settings.target else None
-    form, scheme, kv_scale = recipe_form(target, settings.form, settings.kv_cache_scheme, run.run["scheme"], sweep_dir)
+    form, scheme, kv_scale = recipe_form(target, settings.form, settings.kv_cache_dtype, run.run["scheme"], sweep_dir)
     rollouts = load_rollouts(sweep_dir)
     check_writable(out)
     t0 = time.perf_counter()
@@ -96,7 +98,7 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
     rollouts.check_fits(student.model.config, f"the rollouts of {sweep_dir}")
     try:
         recipe = make_recipe(run.table, settings.budget, student, rollouts, scheme=scheme, metric=settings.metric,
-                             kv_cache=settings.kv_cache_scheme, keep_first=settings.keep_first,
+                             kv_cache_dtype=settings.kv_cache_dtype, keep_first=settings.keep_first,
                              keep_last=settings.keep_last, keep=settings.keep, force=settings.force,
                              batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()), form=form,
                              kv_scale=kv_scale, target=target.name if target else None, memory=settings.memory,
@@ -137,7 +139,8 @@ def _describe(r, s: RecipeSettings, out, seconds: float) -> str:
         lo, hi = e['interval']
         measured += f"; as {e['engine']} computes it {e['measured']:.4g} [{lo:.4g}, {hi:.4g}]"
     return (f"recipe{f' for {s.target}' if s.target else ''} (form {r.form}): {len(r.quantized)}/"
-            f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}{' + FP8 KV cache' if r.kv_cache else ''}; "
+            f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
+            f"{' + FP8 KV cache' if r.kv_cache_dtype else ''}; "
             f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
             f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {seconds:.0f} s -> "
             f"{Path(out) / 'recipe.yaml'}")

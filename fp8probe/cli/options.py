@@ -64,7 +64,7 @@ def add_settings(p, cls, **overrides):
             where = groups[cli["group"]]
         elif cli.get("required"):
             kw["required"] = True
-        where.add_argument(cli.get("flag") or "--" + f.name.replace("_", "-"), **kw)
+        where.add_argument(cli.get("flag") or "--" + f.name.replace("_", "-"), *cli.get("aliases", ()), **kw)
 
 
 def settings_from(cls, args, **extra):

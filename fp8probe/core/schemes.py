@@ -185,6 +185,17 @@ KV_CACHE_SCHEMES = {
 }
 
 
+def check_recipe_kv(kv_cache_dtype: str | None) -> None:
+    """A recipe's FP8 KV cache is named as the engines name it (vLLM's --kv-cache-dtype) and written as
+    llm-compressor's kv_cache_scheme (KV_CACHE_SCHEMES): only the dtypes with a kv_cache_scheme can be in a recipe."""
+    if kv_cache_dtype is None or kv_cache_dtype in KV_CACHE_SCHEMES:
+        return
+    why = ("an engine setting with no calibrated scales in llm-compressor's kv_cache_scheme: measure it with "
+           f"`fp8probe check --kv-cache-dtype {kv_cache_dtype}`" if kv_cache_dtype in KV_CACHE_DTYPES
+           else "not a KV-cache dtype")
+    raise FP8ProbeError(f"`kv_cache_dtype` {kv_cache_dtype!r} is {why}; a recipe takes: {', '.join(KV_CACHE_SCHEMES)}")
+
+
 def kv_cache_name(d: dict) -> str | None:
     """The KV_CACHE_SCHEMES name of a kv_cache_scheme mapping, whichever observer calibrates it."""
     strip = lambda m: {k: v for k, v in m.items() if k not in ("observer", "observer_kwargs")}  # noqa: E731

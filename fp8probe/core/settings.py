@@ -21,7 +21,8 @@ from .errors import FP8ProbeError
 def opt(default=MISSING, help: str = "", *, low=None, high=None, open_low: bool = False, choices=None, **cli):
     """A settings field: its default, one line of help, numeric bounds (`low`, `high`; `open_low`: > low), the
     values it takes (`choices`: a collection, or a callable giving one), and how the command line spells it
-    (`cli`: flag="--no-kv" for a negated switch, positional=True, metavar, group=NAME for one-of groups)."""
+    (`cli`: flag="--no-kv" for a negated switch, aliases=("--old-name",) for other spellings a flag answers to,
+    positional=True, metavar, group=NAME for one-of groups)."""
     meta = {"help": help, "low": low, "high": high, "open_low": open_low, "choices": choices, "cli": cli}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda d=tuple(default): d, metadata=meta)

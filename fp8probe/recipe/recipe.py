@@ -31,7 +31,7 @@ from pathlib import Path
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..core.files import atomic_write_json, atomic_write_text
-from ..core.schemes import KV_CACHE_SCHEMES, Scheme, kv_cache_name
+from ..core.schemes import KV_CACHE_SCHEMES, Scheme, check_recipe_kv, kv_cache_name
 from ..model.structure import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim, scheme_blockers
 from .forms import FORMS
 
@@ -45,7 +45,7 @@ MODIFIER_KEYS = {"targets", "ignore", "scheme", "config_groups", "kv_cache_schem
 class Recipe:
     scheme: str  # a schemes.SCHEMES name: a compressed-tensors preset, or FP8_TENSOR_DYNAMIC (vLLM's online FP8)
     ignore: list[str]  # llm-compressor's ignore list: module names / "re:" patterns kept BF16
-    kv_cache: str | None = None  # a KV_CACHE_SCHEMES key, or None for the model's own KV dtype
+    kv_cache_dtype: str | None = None  # an FP8 KV cache as vLLM names it (a KV_CACHE_SCHEMES key), None: the model's
     kv_cache_scheme: dict | None = None  # the kv_cache_scheme mapping as written
     model: str | None = None
     # how it was chosen (recipe.json); empty for a recipe read back from its YAML
@@ -74,10 +74,9 @@ class Recipe:
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
-        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_SCHEMES:
-            raise FP8ProbeError(f"unknown KV-cache scheme {self.kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
-        if self.kv_cache is not None and self.kv_cache_scheme is None:
-            self.kv_cache_scheme = dict(KV_CACHE_SCHEMES[self.kv_cache])
+        check_recipe_kv(self.kv_cache_dtype)
+        if self.kv_cache_dtype is not None and self.kv_cache_scheme is None:
+            self.kv_cache_scheme = dict(KV_CACHE_SCHEMES[self.kv_cache_dtype])
 
     # ------------------------------------------------------------------------------------------------
     # building one
@@ -93,9 +92,10 @@ class Recipe:
         return cls(scheme=Scheme.from_name(scheme).name, ignore=ignore, **info)
 
     @classmethod
-    def whole_model(cls, units: list[Unit], scheme: str = "FP8_DYNAMIC", kv_cache: str | None = None) -> "Recipe":
+    def whole_model(cls, units: list[Unit], scheme: str = "FP8_DYNAMIC",
+                    kv_cache_dtype: str | None = None) -> "Recipe":
         """Every quantizable unit in FP8: the usual "all but lm_head" rollout setup."""
-        return cls.from_groups(units, scheme, fused_groups(units), kv_cache=kv_cache)
+        return cls.from_groups(units, scheme, fused_groups(units), kv_cache_dtype=kv_cache_dtype)
 
     # ------------------------------------------------------------------------------------------------
     # precision per unit
@@ -182,7 +182,7 @@ class Recipe:
     def to_json(self) -> dict:
         return {
             "schema_version": SCHEMA_VERSION, "model": self.model, "scheme": self.scheme,
-            "kv_cache_scheme": self.kv_cache, "budget": self.budget, "metric": self.metric,
+            "kv_cache_scheme": self.kv_cache_dtype, "budget": self.budget, "metric": self.metric,
             "predicted": self.predicted, "measured": self.measured, "measured_metrics": self.measured_metrics,
             "bytes_saved": self.bytes_saved, "kept": self.kept, "quantized": self.quantized,
             "kept_scores": self.kept_scores, "group_units": self.group_units, "search": self.search,
@@ -248,7 +248,7 @@ def read_recipe(path: str | Path) -> Recipe:
     if kv is not None and not isinstance(kv, dict):
         raise FP8ProbeError(f"{path}: `kv_cache_scheme` must be a mapping such as {KV_CACHE_SCHEMES['fp8']}")
     kv_name = kv_cache_name(kv) if kv is not None else None
-    recipe = Recipe(scheme=scheme.name, ignore=list(ignore), kv_cache=kv_name, kv_cache_scheme=kv)
+    recipe = Recipe(scheme=scheme.name, ignore=list(ignore), kv_cache_dtype=kv_name, kv_cache_scheme=kv)
     _read_info(recipe, p.parent / "recipe.json")
     return recipe
 
@@ -267,7 +267,7 @@ def _read_info(recipe: Recipe, path: Path) -> None:
     except (OSError, ValueError):
         return
     if not isinstance(info, dict) or info.get("scheme") != recipe.scheme \
-            or info.get("kv_cache_scheme") != recipe.kv_cache:
+            or info.get("kv_cache_scheme") != recipe.kv_cache_dtype:
         return
     for k in INFO_FIELDS:
         if k in info and info[k] is not None:

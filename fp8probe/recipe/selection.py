@@ -29,7 +29,7 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, excess
 from ..core.metrics import metric as metric_info
 from ..core.metrics import no_mismatch
-from ..core.schemes import KV_CACHE_SCHEMES, KVCacheScheme, Scheme
+from ..core.schemes import KVCacheScheme, Scheme, check_recipe_kv
 from ..measurement.measure import Measured, measure_with_interval
 from ..measurement.perturbation import Perturbation
 from ..measurement.reference import Reference
@@ -151,7 +151,7 @@ class MemoryTarget:
 
 
 def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAMIC", metric: str = "kl_q_p",
-                kv_cache: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
+                kv_cache_dtype: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
                 reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
                 form: str = "free", kv_scale: str = "calibrated", target: str | None = None,
                 memory: MemoryTarget | None = None, refine_passes: int = 0, holdout: int = 0,
@@ -173,7 +173,7 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
     how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
-    _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep_last)
+    _check_request(form, budget, memory, kv_cache_dtype, keep, force, keep_first, keep_last)
     shape = FORMS[form]
     if holdout and reference is not None:
         raise ValueError("make_recipe: a reference is only reused without a held-out split")
@@ -184,7 +184,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                     rollouts.num_prompts, holdout)
         holdout = 0
     search_set, held, split = rollouts.split(holdout) if holdout else (rollouts, None, None)
-    kv_scheme = KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache).fmt, scale=kv_scale) if kv_cache else None
+    kv_scheme = (KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache_dtype).fmt, scale=kv_scale) if kv_cache_dtype
+                 else None)
     search = _Search(plan, student, search_set, scheme, metric, kv_scheme,
                      reference if reference is not None else Reference(student, search_set, batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
@@ -205,12 +206,12 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                      batch_size, engine)
     fp8_params = sum(g.params for g in final)
     return Recipe.from_groups(
-        student.units, scheme.name, {g.group for g in final}, model=student.name, kv_cache=kv_cache,
+        student.units, scheme.name, {g.group for g in final}, model=student.name, kv_cache_dtype=kv_cache_dtype,
         **plan.membership(final, scheme), budget=budget, metric=metric,
         predicted=sum(g.score for g in final), **report, split=split,
         bytes_saved=sum(g.bytes_saved for g in final),
         search=search.log() + (refined.log if refined is not None else []),
-        sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache else "calibrated",
+        sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache_dtype else "calibrated",
         memory_target=memory.to_json() if memory is not None else None,
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
@@ -241,7 +242,7 @@ def _report(final, found, result, student, sets, search_reference, scheme, metri
     return report
 
 
-def _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep_last) -> None:
+def _check_request(form, budget, memory, kv_cache_dtype, keep, force, keep_first, keep_last) -> None:
     if form not in FORMS:
         raise FP8ProbeError(f"unknown `form` {form!r}; choose from {', '.join(FORMS)}")
     if (budget is None) == (memory is None):
@@ -249,12 +250,11 @@ def _check_request(form, budget, memory, kv_cache, keep, force, keep_first, keep
                             "(`min_bytes_saved`, `effective_bits`, `fp8_share`)")
     if budget is not None and budget < 0:
         raise FP8ProbeError("`budget` must be a non-negative number")
-    if kv_cache is not None and kv_cache not in KV_CACHE_SCHEMES:
-        raise FP8ProbeError(f"unknown KV-cache scheme {kv_cache!r}; supported: {', '.join(KV_CACHE_SCHEMES)}")
+    check_recipe_kv(kv_cache_dtype)
     if FORMS[form].fixed and (keep or force or keep_first or keep_last):
         raise FP8ProbeError(f"`form` {form} takes no `keep`/`force`/`keep_first`/`keep_last`: its recipe is fixed")
-    if not FORMS[form].weights and kv_cache is None:
-        raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_scheme` fp8")
+    if not FORMS[form].weights and kv_cache_dtype is None:
+        raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_dtype` fp8")
 
 
 @dataclass

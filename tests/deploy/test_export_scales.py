@@ -32,7 +32,7 @@ def setup(tmp_path_factory):
     tiny_tokenizer().save_pretrained(root / "model")
     st = tiny_student("llama")  # the same weights
     r = make_rollouts(st, num_prompts=8, max_new_tokens=12, seed=0)
-    recipe = Recipe.whole_model(st.units, "FP8", kv_cache="fp8")
+    recipe = Recipe.whole_model(st.units, "FP8", kv_cache_dtype="fp8")
     recipe.write(root / "recipe")
     return root, st, r, Reference(st, r).calibration
 

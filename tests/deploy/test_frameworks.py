@@ -67,7 +67,7 @@ def student():
 def _recipe(student, scheme, kept_blocks=(), kept_groups=(), kv=None, **info):
     groups = student.groups()
     fp8 = [g for g, us in groups.items() if us[0].block not in kept_blocks and g not in kept_groups]
-    return Recipe.from_groups(student.units, scheme, fp8, kv_cache=kv, **info)
+    return Recipe.from_groups(student.units, scheme, fp8, kv_cache_dtype=kv, **info)
 
 
 def _files(student, target, recipe):

@@ -50,7 +50,7 @@ def test_budgets_hold_and_savings_grow(setup, tmp_path):
 def test_yaml_parsed_by_llmcompressor(setup, tmp_path):
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, whole * 0.3, st, r, reference=ref, kv_cache="fp8", keep_first=1)
+    rec = make_recipe(df, whole * 0.3, st, r, reference=ref, kv_cache_dtype="fp8", keep_first=1)
     rec.write(tmp_path)
     from llmcompressor.recipe import Recipe
 
@@ -70,7 +70,7 @@ def test_yaml_parsed_by_llmcompressor(setup, tmp_path):
         assert k in meta
     back = read_recipe(tmp_path / "recipe.yaml")
     assert fp8_names(back, st) == fp8_names(rec, st)
-    assert back.ignore == rec.ignore and back.kv_cache == "fp8" and back.scheme == rec.scheme
+    assert back.ignore == rec.ignore and back.kv_cache_dtype == "fp8" and back.scheme == rec.scheme
 
 
 def test_split_group_refused(setup, tmp_path):
@@ -193,7 +193,7 @@ def test_all_and_none_forms(setup):
     assert rec.kept == [] and rec.measured == pytest.approx(whole, rel=1e-9)
     with pytest.raises(FP8ProbeError, match=r"every Linear in FP8_DYNAMIC .* measures kl_q_p .* > budget"):
         make_recipe(df, whole * 0.5, st, r, reference=ref, form="all")
-    kv_only = make_recipe(df, 1.0, st, r, reference=ref, form="none", kv_cache="fp8", kv_scale="unit")
+    kv_only = make_recipe(df, 1.0, st, r, reference=ref, form="none", kv_cache_dtype="fp8", kv_scale="unit")
     assert kv_only.quantized == [] and kv_only.kv_scale == "unit" and kv_only.measured > 0
     from fp8probe import measure
     from fp8probe.core.schemes import KVCacheScheme
@@ -201,8 +201,16 @@ def test_all_and_none_forms(setup):
     unit = measure(st, r, units=[], kv=KVCacheScheme(scale="unit"), reference=ref)["kl_q_p"]
     calibrated = measure(st, r, units=[], kv="fp8", reference=ref)["kl_q_p"]
     assert kv_only.measured == pytest.approx(unit, rel=1e-9) and unit != calibrated
-    with pytest.raises(FP8ProbeError, match="`form` none .* add `kv_cache_scheme` fp8"):
+    with pytest.raises(FP8ProbeError, match="`form` none .* add `kv_cache_dtype` fp8"):
         make_recipe(df, 1.0, st, r, reference=ref, form="none")
+    # the KV cache is named as the engines name it; a dtype llm-compressor's kv_cache_scheme cannot hold is refused
+    # with the command that measures it instead
+    with pytest.raises(FP8ProbeError, match=r"'fp8_e5m2' is an engine setting .* `fp8probe check --kv-cache-dtype "
+                       r"fp8_e5m2`; a recipe takes: fp8"):
+        make_recipe(df, 1.0, st, r, reference=ref, form="none", kv_cache_dtype="fp8_e5m2")
+    from fp8probe.recipe.recipe import Recipe
+    with pytest.raises(FP8ProbeError, match="'int8' is not a KV-cache dtype"):
+        Recipe(scheme="FP8_DYNAMIC", ignore=[], kv_cache_dtype="int8")
 
 
 @pytest.mark.slow  # the real embedded student
@@ -325,7 +333,7 @@ def test_held_out_figure_uses_the_search_prompts_scales(twelve):
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.5
-    rec = make_recipe(df, budget, st, r, holdout=2, scheme="FP8", kv_cache="fp8")
+    rec = make_recipe(df, budget, st, r, holdout=2, scheme="FP8", kv_cache_dtype="fp8")
     search, held = r.subset(rec.split["search_sequences"]), r.subset(rec.split["heldout_sequences"])
     units = fp8_names(rec, st)
     assert units, "the recipe keeps some groups in FP8"

@@ -311,8 +311,11 @@ def test_bad_sweep_dirs(cli, tmp_path, finished):
     (["--budget", "0.1", "--keep", "model.layers.99.mlp"], "--keep model.layers.99.mlp: no such unit or group"),
     (["--budget", "0.1", "--keep-first", "-1"], "argument --keep-first: -1 must be >= 0"),
     (["--budget", "1e-30"], "raise the budget"),
-    (["--budget", "0.1", "--target", "trl"], "measures the FP8 KV cache alone: add --kv-cache-scheme fp8"),
-    (["--budget", "0.1", "--target", "openrlhf", "--kv-cache-scheme", "fp8"], "has no FP8 KV-cache setting"),
+    (["--budget", "0.1", "--target", "trl"], "measures the FP8 KV cache alone: add --kv-cache-dtype fp8"),
+    (["--budget", "0.1", "--target", "openrlhf", "--kv-cache-scheme", "fp8"],  # llm-compressor's name, an alias
+     "has no FP8 KV-cache setting; drop --kv-cache-dtype"),
+    (["--budget", "0.1", "--kv-cache-dtype", "fp8_e5m2"],
+     "argument --kv-cache-dtype/--kv-cache-scheme: invalid choice: 'fp8_e5m2' (choose from 'fp8')"),
     (["--budget", "0.1", "--target", "verl", "--form", "free"],
      "cannot apply --form free recipes (it takes all); use one of: all, none"),
     (["--budget", "0.1", "--target", "nemo-rl"], "was swept with FP8_DYNAMIC: run `fp8probe sweep --rollouts "),

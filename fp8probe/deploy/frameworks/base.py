@@ -97,7 +97,7 @@ def resolve_targets(names) -> list[Target]:
     return out
 
 
-def recipe_form(target: Target | None, form: str | None, kv_cache: str | None, sweep_scheme: str,
+def recipe_form(target: Target | None, form: str | None, kv_cache_dtype: str | None, sweep_scheme: str,
                 sweep_dir="SWEEP") -> tuple[str, str, str]:
     """(form, scheme, kv_scale) of the recipe search for `target`, refusing what it or the sweep cannot give."""
     form = form or (target.form if target else "free")
@@ -106,8 +106,8 @@ def recipe_form(target: Target | None, form: str | None, kv_cache: str | None, s
     if form not in narrower(target.form):
         raise FP8ProbeError(f"{target.title} cannot apply `form` {form} recipes (it takes {target.form}); "
                             f"use one of: {', '.join(narrower(target.form))}")
-    if kv_cache and target.kv is None:
-        raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop `kv_cache_scheme`")
+    if kv_cache_dtype and target.kv is None:
+        raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop `kv_cache_dtype`")
     scheme = target.scheme or sweep_scheme
     if not FORMS[form].fixed and scheme != sweep_scheme:  # its groups are chosen on the sweep's scores
         raise FP8ProbeError(f"{target.title} quantizes with {scheme}, but {sweep_dir} was swept with {sweep_scheme}: "
@@ -177,7 +177,7 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
         raise Inexpressible(f"{t} cannot keep layers in BF16 ({target.how}): it would quantize the recipe's "
                             f"{len(kept)} kept groups too; make one with "
                             f"`fp8probe recipe SWEEP --target {target.name}`")
-    if not fp8 and form.every and recipe.kv_cache is None:
+    if not fp8 and form.every and recipe.kv_cache_dtype is None:
         raise Inexpressible(f"{t}: the recipe has no FP8 units; run BF16 rollouts (nothing to configure)")
     kept_blocks = {u.block for g in kept for u in groups[g]}
     full = {b for b in kept_blocks if all(u.name not in fp8_set for u in units if u.quantizable and u.block == b)}
@@ -188,7 +188,7 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
         raise Inexpressible(f"{t} keeps only whole leading/trailing blocks in BF16; this recipe also keeps "
                             f"{rest[0]} (and {len(rest) - 1} more): make one with `--form first-last`")
     kv = None
-    if recipe.kv_cache is not None:
+    if recipe.kv_cache_dtype is not None:
         if target.kv is None:
             raise Inexpressible(f"{t} has no FP8 KV-cache setting ({target.how}); it would keep the KV cache BF16")
         kv = target.kv
