@@ -63,6 +63,10 @@ class RecipeSettings(Settings):
             raise FP8ProbeError("give exactly one of `budget`, `min_bytes_saved`, `effective_bits`, `fp8_share`")
         if self.holdout == 1:
             raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
+        from ..recipe.selection import check_request
+
+        check_request(self.form or "free", self.budget, self.memory, self.kv_cache_dtype, self.keep, self.force,
+                      self.keep_first, self.keep_last)
 
     @property
     def memory(self):

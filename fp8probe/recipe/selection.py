@@ -173,7 +173,7 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
     how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
-    _check_request(form, budget, memory, kv_cache_dtype, keep, force, keep_first, keep_last)
+    check_request(form, budget, memory, kv_cache_dtype, keep, force, keep_first, keep_last)
     shape = FORMS[form]
     if holdout and reference is not None:
         raise ValueError("make_recipe: a reference is only reused without a held-out split")
@@ -242,7 +242,10 @@ def _report(final, found, result, student, sets, search_reference, scheme, metri
     return report
 
 
-def _check_request(form, budget, memory, kv_cache_dtype, keep, force, keep_first, keep_last) -> None:
+def check_request(form, budget, memory, kv_cache_dtype, keep, force, keep_first, keep_last) -> None:
+    """The rules a recipe request obeys before anything is loaded: one goal, a known form, a KV dtype a recipe can
+    hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights. make_recipe and the command's
+    settings (apps/recipe.RecipeSettings) both call it: the rules live here once."""
     if form not in FORMS:
         raise FP8ProbeError(f"unknown `form` {form!r}; choose from {', '.join(FORMS)}")
     if (budget is None) == (memory is None):

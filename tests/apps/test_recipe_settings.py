@@ -1,0 +1,23 @@
+"""The recipe command's settings refuse a bad request when they are made, by the same rules make_recipe applies."""
+
+import pytest
+
+from fp8probe import FP8ProbeError
+from fp8probe.apps.recipe import RecipeSettings
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"budget": 0.1, "form": "none"}, "`form` none .* add `kv_cache_dtype` fp8"),
+    ({"budget": 0.1, "form": "all", "keep": ("model.layers.0.mlp",)}, "`form` all takes no `keep`"),
+    ({"budget": 0.1, "kv_cache_dtype": "fp8_e5m2"}, "is not one of fp8"),
+    ({"budget": 0.1, "fp8_share": 0.5}, "give exactly one of"),
+    ({"budget": 0.1, "holdout": 1}, "would hold out every prompt"),
+])
+def test_a_bad_request_is_refused_by_the_settings(kw, match):
+    with pytest.raises(FP8ProbeError, match=match):
+        RecipeSettings(**kw)
+
+
+def test_a_good_request_is_taken():
+    s = RecipeSettings(fp8_share=0.5, form="none", kv_cache_dtype="fp8", keep=())
+    assert s.memory.kind == "fp8_share" and s.kv_cache_dtype == "fp8"
