@@ -219,16 +219,34 @@ def _level_stats(losses: dict, levels: list[float]):
 def draws(losses: dict, paired: bool, n: int, seed: int) -> list[dict]:
     """`n` bootstrap tables {level: {key: loss}}: seeds resampled together (paired: the same draw for every level,
     a seed's runs stay together) or runs within each level (unpaired). Draw keys are positions, so a seed drawn
-    twice counts twice."""
+    twice counts twice.
+
+    Paired draws are stratified by level: every level keeps as many runs as it has, from its own seeds. A level with
+    m of the K seeds takes the draw's first m slots; a slot holding a seed it has keeps it, a slot holding one it
+    lacks (the allocation adds seeds to some levels only) takes one of its own seeds instead, uniformly, so each of
+    its runs is drawn with probability 1/K + (K − m)/K · 1/m = 1/m, and levels with the same seeds take the same
+    replacements (they stay paired). A draw over all seeds alone lost whole levels (19 of 1,000 draws on pair A once
+    8 allocated runs made the seeds unequal) and drew the levels with fewer seeds with fewer runs. Where every level
+    has every seed this is the plain paired draw, unchanged."""
     np = _np()
     rng = np.random.default_rng(seed)
+    fill = np.random.default_rng([seed, 1])  # the replacements: a stream of their own, so balanced draws are unchanged
     seeds = sorted({s for d in losses.values() for s in d})
     out = []
     for _ in range(n):
         if paired:
-            pick = rng.choice(seeds, size=len(seeds), replace=True)
-            t = {lv: {i: d[s] for i, s in enumerate(pick) if s in d} for lv, d in losses.items()}
-            out.append({lv: d for lv, d in t.items() if d})
+            pick = list(rng.choice(seeds, size=len(seeds), replace=True))
+            instead: dict = {}  # (the level's seeds, slot) -> its replacement, shared by levels with the same seeds
+            table = {}
+            for lv, d in losses.items():
+                own = tuple(sorted(d))
+                slots = []
+                for i, s in enumerate(pick[:len(own)]):
+                    if s not in d and (own, i) not in instead:
+                        instead[own, i] = own[int(fill.integers(len(own)))]
+                    slots.append(s if s in d else instead[own, i])
+                table[lv] = {i: d[s] for i, s in enumerate(slots)}
+            out.append(table)
         else:
             out.append({lv: dict(enumerate(rng.choice(list(d.values()), size=len(d), replace=True)))
                         for lv, d in losses.items()})

@@ -167,6 +167,26 @@ def test_older_budget_files_still_read(tmp_path):
     assert back.dose_response["rulers"]["noise"]["bmd"] == new.value
 
 
+def test_paired_draws_keep_every_level_when_the_seeds_are_unequal():
+    """The allocation adds seeds to some levels only. Every paired draw keeps every level with as many runs as it
+    has, each of a level's runs drawn with probability 1 / its count, levels with the same seeds drawn alike (still
+    paired); with equal seeds the draw is the plain paired one (rng.choice over the seeds, every level alike)."""
+    from fp8probe.budget.dose import draws
+
+    unequal = {0.0: {s: 0.0 for s in range(8)}, 0.1: {s: float(s) for s in range(3)},
+               0.2: {s: 10.0 + s for s in range(3)}, 0.5: {s: 20.0 + s for s in (0, 1, 2, 5, 6, 7)}}
+    tables = draws(unequal, True, 4000, seed=3)
+    assert all({lv: len(t[lv]) for lv in unequal} == {0.0: 8, 0.1: 3, 0.2: 3, 0.5: 6} for t in tables)
+    seen = np.array([[v for v in t[0.1].values()] for t in tables]).ravel()
+    assert np.allclose([np.mean(seen == s) for s in range(3)], 1 / 3, atol=0.015)  # 12,000 slots: sd 0.004
+    assert all([v - 10.0 for v in t[0.2].values()] == list(t[0.1].values()) for t in tables)  # same seeds, same draw
+    equal = {lv: {s: 100 * lv + s for s in range(4)} for lv in (0.0, 0.1, 0.3)}
+    rng = np.random.default_rng(5)
+    for t in draws(equal, True, 50, seed=5):
+        pick = rng.choice(range(4), size=4, replace=True)
+        assert all(list(t[lv].values()) == [100 * lv + s for s in pick] for lv in equal)
+
+
 def test_the_allocation_spends_runs_near_the_edge():
     """After the demo's four levels (0.005 … 2.1, seven-fold apart), the runs that narrow the benchmark dose most
     are at the edge: a new level at the current BMD, then more runs there; never the two lowest levels, whose
