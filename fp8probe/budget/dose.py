@@ -443,12 +443,55 @@ def bmd_variance(fits: list[Fit], weights: list[float], u, information, bmd_u: f
 NEW_LEVEL_FACTOR = 1.5  # a new level at the BMD only when no tested level lies within this factor of it
 
 
-def allocate(losses: dict, levels: list[float], tolerance: float, runs: int = 1) -> list[dict]:
+def binding(ruler: dict | None) -> tuple[str, str] | None:
+    """What decides a ruler's interval width (fit_ruler's record): (part, side), side "low" or "high" the hull's
+    wider side on the log scale about the BMD, part "seed" when the seed bootstrap's end is the hull's there,
+    "parametric" when the parametric bootstrap's is; None without both intervals."""
+    if not ruler or not ruler.get("interval") or not ruler.get("parametric_interval") or not ruler.get("bmd"):
+        return None
+    (lo, hi), (plo, phi), b = ruler["interval"], ruler["parametric_interval"], ruler["bmd"]
+    if lo <= 0 or math.log(b / lo) >= math.log(hi / b):
+        return ("seed" if lo < plo else "parametric"), "low"
+    return ("seed" if hi > phi else "parametric"), "high"
+
+
+TAIL_DRAWS = 300  # the seed bootstrap's draws the allocation reads the tail off
+TAIL = 0.10  # the share of those draws, on the binding side, that make the tail
+
+
+def _tail_shifts(losses: dict, levels: list[float], fits, u, se, nu: float, tolerance: float, side: str):
+    """Per level, how many of its standard errors its resampled mean sits away, in the seed bootstrap's draws that
+    make the binding tail (the TAIL of draws with the lowest BMD for side "low", the highest for "high"), from
+    where it sits in the other draws; None when too few draws could be fitted."""
+    np = _np()
+    boot = draws({lv: d for lv, d in losses.items() if lv == 0 or lv in levels}, True, TAIL_DRAWS, seed=len(levels))
+    bmds = np.array(_resample(fits, levels, u, se, nu, tolerance, boot, u[:1], {})["aligned"])
+    ok = np.isfinite(bmds)
+    if ok.sum() < 20:
+        return None
+    means = np.array([[np.mean(list(t[lv].values())) for lv in levels] for t in boot])[ok]
+    cut = np.quantile(bmds[ok], TAIL if side == "low" else 1 - TAIL)
+    tail = bmds[ok] <= cut if side == "low" else bmds[ok] >= cut
+    if tail.all() or not tail.any():
+        return None
+    return (means[tail].mean(axis=0) - means[~tail].mean(axis=0)) / np.asarray(se)
+
+
+def allocate(losses: dict, levels: list[float], tolerance: float, runs: int = 1,
+             bind: tuple[str, str] | None = None) -> list[dict]:
     """Where the next `runs` runs inform the benchmark dose most: each one the tested level, or a new level at the
     current BMD (when no tested level lies within NEW_LEVEL_FACTOR of it), whose added run most lowers the
     delta-method variance of the BMD (bmd_variance), greedily: a c-optimal design for the BMD, the criterion
-    toxicology uses to design benchmark-dose studies. Returns [{"mismatch", "new_level", "variance_before",
-    "variance_after"}] (empty when the ruler cannot be fitted)."""
+    toxicology uses to design benchmark-dose studies. Returns [{"mismatch", "new_level", "criterion", "share",
+    "variance_before", "variance_after"}] (empty when the ruler cannot be fitted).
+
+    When the seed bootstrap's end decides the interval (`bind` = binding(ruler) = ("seed", side)) and a tested level
+    lies at the BMD, the runs go where that tail comes from instead: the delta method sees one curve and the
+    parametric bootstrap draws about it, the seed bootstrap also redraws which curve, and a level whose three seeds
+    scatter can make a curve of another shape fit (on pair A, the draws with the lowest tenth of BMDs read the KL
+    0.50 level 3 standard errors higher than the rest did: a rise to a plateau). Each tested level's `share` is
+    its tail shift (_tail_shifts, in standard errors) squared × 1/(n + 1), the part of its variance one more run
+    removes, per run it costs (two when its next seed has no mismatch-free twin yet)."""
     np = _np()
     levels = sorted(lv for lv in levels if lv > 0 and lv in losses)
     if not levels:
@@ -463,6 +506,10 @@ def allocate(losses: dict, levels: list[float], tolerance: float, runs: int = 1)
     bmd_u, _ = benchmark_dose(fits, weights, tolerance)
     counts = [len(losses[lv]) for lv in levels]
     var_one = list(se ** 2 * np.array(counts))  # one run's variance at each level
+    if bind and bind[0] == "seed" and any(max(x, bmd_u) <= NEW_LEVEL_FACTOR * min(x, bmd_u) for x in u):
+        shifts = _tail_shifts(losses, levels, fits, np.array(u), se, nu, tolerance, bind[1])
+        if shifts is not None:
+            return _allocate_to_the_tail(losses, levels, shifts, counts, runs)
     pooled = float(np.mean(var_one))
     info = [c / v for c, v in zip(counts, var_one)]
     out = []
@@ -490,5 +537,24 @@ def allocate(losses: dict, levels: list[float], tolerance: float, runs: int = 1)
             info.append(1 / pooled)
             var_one.append(pooled)
         out.append({"mismatch": float((u[i] if new is None else new) * scale), "new_level": new is not None,
-                    "variance_before": before * scale ** 2, "variance_after": after * scale ** 2})
+                    "criterion": "delta method", "share": None, "variance_before": before * scale ** 2,
+                    "variance_after": after * scale ** 2})
+    return out
+
+
+def _allocate_to_the_tail(losses: dict, levels: list[float], shifts, counts, runs: int) -> list[dict]:
+    """allocate()'s seed-bootstrap criterion, greedily over `runs`: the level whose next run takes the most of the
+    tail's shift away per run it costs."""
+    twins = set(losses.get(0.0, {}))
+    counts, out = list(counts), []
+    for _ in range(runs):
+        shares = []
+        for i, lv in enumerate(levels):
+            added = counts[i] - len(losses[lv])  # runs this call already gave the level
+            nxt = [s for s in range(counts[i] + 1) if s not in losses[lv]][added]  # the seed its next run takes
+            shares.append(float(shifts[i]) ** 2 / (counts[i] + 1) / (1 if nxt in twins else 2))
+        i = max(range(len(levels)), key=lambda k: shares[k])
+        counts[i] += 1
+        out.append({"mismatch": float(levels[i]), "new_level": False, "criterion": "seed bootstrap's tail",
+                    "share": shares[i], "variance_before": None, "variance_after": None})
     return out

@@ -227,12 +227,13 @@ class _Ladder:
 
     def allocate(self, objective: str, pairs: list, df, budget):
         """Runs added where they narrow the benchmark dose's interval most (dose.allocate: a new noise level at the
-        current BMD, run with the ladder's seeds, or one more seed at a tested level, with its mismatch-free twin),
+        current BMD, run with the ladder's seeds, or one more seed at a tested level, with its mismatch-free twin;
+        at the level the seed bootstrap's tail comes from when that end decides the interval),
         refitting after each, until the interval is `target_ratio` narrow or `max_runs` / `max_hours` is spent.
         The decisions follow from the results alone, so a resumed calibration takes them again."""
         import time
 
-        from .dose import allocate
+        from .dose import allocate, binding
         from .fit import fit_budget, paired_losses, ruler_levels
 
         spent = {"runs": 0, "levels": [], "seeds": [], "hours": 0.0}
@@ -247,7 +248,8 @@ class _Ladder:
                 break
             ruler = sorted(lv for lv in ruler_levels(df) if lv > 0)
             higher = str(df["higher_is_better"].iloc[0]).lower() in ("true", "1")
-            step = allocate(paired_losses(df, higher, True), ruler, self.c.tolerance, runs=1)
+            fitted = (budget.dose_response or {}).get("rulers", {}).get("noise")
+            step = allocate(paired_losses(df, higher, True), ruler, self.c.tolerance, runs=1, bind=binding(fitted))
             if not step:
                 spent["stopped"] = "no fit to allocate from"
                 break

@@ -203,6 +203,31 @@ def test_the_allocation_spends_runs_near_the_edge():
             assert s["variance_after"] < s["variance_before"]
 
 
+def test_where_the_seed_bootstraps_tail_decides_the_runs_go_to_the_level_it_comes_from():
+    """The interval's wider side decides (binding); where the seed bootstrap's low end is the hull's, the runs go to
+    the level whose scattered seeds make the low draws (here 0.3: two seeds on the true linear curve, one 8 points
+    above it, so draws that repeat it fit a rise to a plateau), not to the BMD's level, where the delta method sends
+    them: pair A's pattern (its KL 0.50 level), synthetic."""
+    from fp8probe.budget.dose import allocate, binding
+
+    assert binding({"bmd": 1.0, "interval": [0.1, 2.0], "parametric_interval": [0.5, 2.0]}) == ("seed", "low")
+    assert binding({"bmd": 1.0, "interval": [0.5, 2.0], "parametric_interval": [0.5, 2.0]}) == ("parametric", "low")
+    assert binding({"bmd": 1.0, "interval": [0.8, 9.0], "parametric_interval": [0.8, 2.0]}) == ("seed", "high")
+    assert binding({"bmd": 1.0, "interval": [0.8, 9.0], "parametric_interval": [0.9, 9.0]}) == ("parametric", "high")
+    assert binding({"bmd": 1.0, "interval": None, "parametric_interval": [0.9, 9.0]}) is None
+    rng = np.random.default_rng(11)
+    levels = (0.005, 0.04, 0.3, 0.5, 2.1)
+    losses = {0.0: {s: 0.0 for s in range(6)}}
+    for x in levels:
+        losses[x] = {s: TRUE["linear"](x) + rng.normal(0, 0.004) for s in range(3)}
+    losses[0.3][2] += 0.08
+    delta = allocate(losses, list(levels), TOL, runs=2)
+    tail = allocate(losses, list(levels), TOL, runs=2, bind=("seed", "low"))
+    assert [s["mismatch"] for s in delta] == [0.5, 0.5] and delta[0]["criterion"] == "delta method"
+    assert [s["mismatch"] for s in tail] == [0.3, 0.3] and tail[0]["criterion"] == "seed bootstrap's tail"
+    assert tail[1]["share"] < tail[0]["share"]  # one more run at a level takes less of the tail away than the last
+
+
 def test_plot_draws_a_calibrations_curves_and_a_budgets_fit(cli, tmp_path):
     """`fp8probe plot` on a calibration (runs.csv beside budget-opd.json and budget-grpo.json) draws one figure with
     both objectives' fitted curves; on a `fp8probe budget` directory, its fit."""
