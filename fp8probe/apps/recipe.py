@@ -13,7 +13,7 @@ from ..core.results import Result
 from ..core.schemes import KV_CACHE_SCHEMES
 from ..core.settings import Settings, opt
 from ..deploy.frameworks import TARGETS
-from ..recipe.forms import FORMS
+from ..recipe.forms import FORMS, check_request
 from ..recipe.refine import DEFAULT_REFINE_PASSES
 
 
@@ -63,10 +63,8 @@ class RecipeSettings(Settings):
             raise FP8ProbeError("give exactly one of `budget`, `min_bytes_saved`, `effective_bits`, `fp8_share`")
         if self.holdout == 1:
             raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
-        from ..recipe.selection import check_request
-
-        check_request(self.form or "free", self.budget, self.memory, self.kv_cache_dtype, self.keep, self.force,
-                      self.keep_first, self.keep_last)
+        check_request(self.form or "free", self.kv_cache_dtype, self.keep, self.force, self.keep_first,
+                      self.keep_last)
 
     @property
     def memory(self):

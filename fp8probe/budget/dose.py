@@ -232,6 +232,7 @@ def draws(losses: dict, paired: bool, n: int, seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     fill = np.random.default_rng([seed, 1])  # the replacements: a stream of their own, so balanced draws are unchanged
     seeds = sorted({s for d in losses.values() for s in d})
+    owns = {lv: tuple(sorted(d)) for lv, d in losses.items()}  # each level's own seeds
     out = []
     for _ in range(n):
         if paired:
@@ -239,7 +240,7 @@ def draws(losses: dict, paired: bool, n: int, seed: int) -> list[dict]:
             instead: dict = {}  # (the level's seeds, slot) -> its replacement, shared by levels with the same seeds
             table = {}
             for lv, d in losses.items():
-                own = tuple(sorted(d))
+                own = owns[lv]
                 slots = []
                 for i, s in enumerate(pick[:len(own)]):
                     if s not in d and (own, i) not in instead:

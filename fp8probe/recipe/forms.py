@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..core.errors import FP8ProbeError
+from ..core.schemes import check_recipe_kv
+
 
 @dataclass(frozen=True)
 class Form:
@@ -71,3 +74,17 @@ def narrower(name: str) -> tuple[str, ...]:
     set of groups takes every form)."""
     f = FORMS[name]
     return tuple(FORMS) if f.chooses else (name, *f.narrower)
+
+
+def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first: int, keep_last: int) -> None:
+    """What a recipe request's form takes, checked before anything is loaded (and without torch): a known form, a KV
+    dtype a recipe can hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights.
+    selection.make_recipe and the command's settings (apps/recipe.RecipeSettings) both call it: the rules live here
+    once."""
+    if form not in FORMS:
+        raise FP8ProbeError(f"unknown `form` {form!r}; choose from {', '.join(FORMS)}")
+    check_recipe_kv(kv_cache_dtype)
+    if FORMS[form].fixed and (keep or force or keep_first or keep_last):
+        raise FP8ProbeError(f"`form` {form} takes no `keep`/`force`/`keep_first`/`keep_last`: its recipe is fixed")
+    if not FORMS[form].weights and kv_cache_dtype is None:
+        raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_dtype` fp8")

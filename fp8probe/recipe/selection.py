@@ -29,12 +29,12 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, excess
 from ..core.metrics import metric as metric_info
 from ..core.metrics import no_mismatch
-from ..core.schemes import KVCacheScheme, Scheme, check_recipe_kv
+from ..core.schemes import KVCacheScheme, Scheme
 from ..measurement.measure import Measured, measure_with_interval
 from ..measurement.perturbation import Perturbation
 from ..measurement.reference import Reference
 from ..model.structure import scheme_blockers
-from .forms import FORMS, Form
+from .forms import FORMS, Form, check_request
 from .recipe import Recipe
 from .refine import refine
 
@@ -173,7 +173,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
     how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
-    check_request(form, budget, memory, kv_cache_dtype, keep, force, keep_first, keep_last)
+    check_request(form, kv_cache_dtype, keep, force, keep_first, keep_last)
+    _check_goal(budget, memory)
     shape = FORMS[form]
     if holdout and reference is not None:
         raise ValueError("make_recipe: a reference is only reused without a held-out split")
@@ -242,22 +243,12 @@ def _report(final, found, result, student, sets, search_reference, scheme, metri
     return report
 
 
-def check_request(form, budget, memory, kv_cache_dtype, keep, force, keep_first, keep_last) -> None:
-    """The rules a recipe request obeys before anything is loaded: one goal, a known form, a KV dtype a recipe can
-    hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights. make_recipe and the command's
-    settings (apps/recipe.RecipeSettings) both call it: the rules live here once."""
-    if form not in FORMS:
-        raise FP8ProbeError(f"unknown `form` {form!r}; choose from {', '.join(FORMS)}")
+def _check_goal(budget, memory) -> None:
     if (budget is None) == (memory is None):
         raise FP8ProbeError("give exactly one of a mismatch budget (`budget`) or a memory target "
                             "(`min_bytes_saved`, `effective_bits`, `fp8_share`)")
     if budget is not None and budget < 0:
         raise FP8ProbeError("`budget` must be a non-negative number")
-    check_recipe_kv(kv_cache_dtype)
-    if FORMS[form].fixed and (keep or force or keep_first or keep_last):
-        raise FP8ProbeError(f"`form` {form} takes no `keep`/`force`/`keep_first`/`keep_last`: its recipe is fixed")
-    if not FORMS[form].weights and kv_cache_dtype is None:
-        raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_dtype` fp8")
 
 
 @dataclass

@@ -21,3 +21,15 @@ def test_a_bad_request_is_refused_by_the_settings(kw, match):
 def test_a_good_request_is_taken():
     s = RecipeSettings(fp8_share=0.5, form="none", kv_cache_dtype="fp8", keep=())
     assert s.memory.kind == "fp8_share" and s.kv_cache_dtype == "fp8"
+
+
+def test_the_settings_check_without_torch():
+    """The request rules run where the command's settings are made, before anything is loaded: no torch import."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom fp8probe.apps.recipe import RecipeSettings\nRecipeSettings(budget=0.1, form='all')\n"
+            "try:\n    RecipeSettings(budget=0.1, form='none')\nexcept Exception:\n    pass\n"
+            "print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
+        == "False"
