@@ -1,0 +1,194 @@
+"""A damage model: a recipe's mismatch predicted before it is measured, from per-group terms and a link.
+
+Selection adds single-group costs: a recipe R is predicted to cost S(R) = Σ_{i in R} u_i. Groups interact through the
+residual stream, so the measured cost of a combination is not that sum: on a large recipe it can fall short (the
+errors partly cancel or saturate: ModelOpt's saturation-aware AutoQuantize models D = c·(1 − Π(1 − a_i)), NVIDIA
+Model-Optimizer PR #2183) or exceed it (errors compound through later layers). One link covers both:
+
+    D(R) = (1 − exp(−ρ·S(R))) / ρ,      S(R) = Σ_{i in R} u_i,      u_i = k · s_i · exp(ε_i)
+
+ρ > 0 saturates at 1/ρ (ModelOpt's form with c = 1/ρ and a_i = 1 − exp(−ρ·u_i)), ρ = 0 is the plain sum, ρ < 0
+compounds. s_i is a prior cost per group (its single-group row of the sweep, its in-context cost or its path
+attribution: context.py), k one scale for all of them, and ε_i a per-group correction in log units, shrunk toward 0
+with a prior standard deviation τ (a ridge penalty), so that a group only moves away from its prior where the
+measured combinations say so. τ is chosen by k-fold cross-validation over the measured combinations (τ = 0: the prior
+costs, rescaled, with the link). The fit is scipy's least_squares on log D − log m (relative errors, as the mismatch
+spans decades), so the median relative error is what it minimises.
+
+Since D is increasing in S for every ρ, the recipe with the least predicted damage under a memory target is the
+knapsack on u_i per byte, and the most bytes under a damage budget b the knapsack with S ≤ S(b) (damage_to_sum):
+selection.py ranks groups by any per-group score, so the model plugs in by handing it u_i.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..core.errors import FP8ProbeError
+
+TAUS = (0.0, 0.1, 0.3, 1.0)  # prior sd of the per-group log-corrections tried by cross-validation
+FOLDS = 5
+_FLOOR = 1e-12  # measured values below this are not fitted (log scale)
+
+
+def link(s: np.ndarray | float, rho: float) -> np.ndarray | float:
+    """D = (1 − exp(−ρ·S)) / ρ, the plain sum S at ρ = 0, continuous through it."""
+    s = np.asarray(s, dtype=float)
+    if abs(rho) < 1e-12:
+        return s
+    return -np.expm1(np.clip(-rho * s, -700, 700)) / rho
+
+
+def damage_to_sum(d: float, rho: float) -> float:
+    """The sum S at which the link reaches damage d (inf where a saturating link never does)."""
+    if abs(rho) < 1e-12:
+        return d
+    x = 1 - rho * d
+    return -math.log(x) / rho if x > 0 else math.inf
+
+
+@dataclass
+class DamageModel:
+    """Fitted per-group terms and link: predict(groups) is the recipe's predicted mismatch."""
+
+    names: list[str]
+    u: np.ndarray  # per group: its additive term (on the link's input scale)
+    rho: float
+    k: float  # the prior costs' fitted scale
+    tau: float  # the per-group corrections' prior sd, chosen by cross-validation
+    fitted_on: int  # measured combinations
+    cv_error: float  # the chosen tau's cross-validated median |relative error|
+    cv: dict = field(default_factory=dict)  # tau -> its cross-validated median |relative error|
+
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+    def terms(self) -> dict[str, float]:
+        return dict(zip(self.names, map(float, self.u)))
+
+    def predict(self, groups: Iterable[str]) -> float:
+        idx = self.index()
+        return float(link(sum(self.u[idx[g]] for g in groups), self.rho))
+
+    def to_json(self) -> dict:
+        return {"link": "(1 - exp(-rho*S)) / rho, S = sum of the groups' terms", "rho": self.rho, "k": self.k,
+                "tau": self.tau, "fitted_on": self.fitted_on, "cv_median_rel_error": self.cv_error,
+                "cv": {str(t): e for t, e in self.cv.items()}, "terms": self.terms()}
+
+
+def _design(names: Sequence[str], sets: Sequence[Iterable[str]]) -> np.ndarray:
+    idx = {n: i for i, n in enumerate(names)}
+    x = np.zeros((len(sets), len(names)))
+    for j, s in enumerate(sets):
+        for g in s:
+            if g not in idx:
+                raise FP8ProbeError(f"damage model: {g} has no prior cost (is it a group of this model?)")
+            x[j, idx[g]] = 1.0
+    return x
+
+
+def _fit(x: np.ndarray, m: np.ndarray, prior: np.ndarray, tau: float,
+         sigma: float = 0.05) -> tuple[float, float, np.ndarray]:
+    """(log k, rho, eps) minimising Σ (log D − log m)² + σ² Σ (ε / τ)²: the posterior mode with residuals of sd σ and
+    corrections of prior sd τ (τ = 0: ε ≡ 0)."""
+    from scipy.optimize import least_squares
+
+    n = x.shape[1]
+    logm = np.log(m)
+    # start: the additive fit's scale, no saturation
+    base = x @ prior
+    lk0 = float(np.median(logm - np.log(np.maximum(base, _FLOOR))))
+    free_eps = tau > 0
+
+    def unpack(th):
+        return th[0], th[1], (th[2:] if free_eps else np.zeros(n))
+
+    def resid(th):
+        lk, rho, eps = unpack(th)
+        s = x @ (np.exp(lk) * prior * np.exp(eps))
+        d = np.maximum(link(s, rho), _FLOOR)
+        r = np.log(d) - logm
+        return np.concatenate([r, eps / tau * sigma]) if free_eps else r
+
+    th0 = np.concatenate([[lk0, 0.0], np.zeros(n if free_eps else 0)])
+    # the link's scale 1/rho stays beyond a tenth of the largest sum seen (a link that saturates inside the data
+    # range cannot be told from noise); the bound keeps exp() finite for rho < 0
+    smax = float(np.max(base)) * math.exp(lk0)
+    lim = 10.0 / max(smax, _FLOOR)
+    res = least_squares(resid, th0, bounds=(np.concatenate([[-np.inf, -lim], np.full(len(th0) - 2, -np.inf)]),
+                                            np.concatenate([[np.inf, lim], np.full(len(th0) - 2, np.inf)])))
+    lk, rho, eps = unpack(res.x)
+    return float(lk), float(rho), np.asarray(eps, dtype=float)
+
+
+def _rel_errors(x, m, prior, lk, rho, eps) -> np.ndarray:
+    d = link(x @ (np.exp(lk) * prior * np.exp(eps)), rho)
+    return np.abs(d / m - 1)
+
+
+def fit_damage(sets: Sequence[Iterable[str]], measured: Sequence[float], prior: dict[str, float],
+               taus: Sequence[float] = TAUS, folds: int = FOLDS, seed: int = 0) -> DamageModel:
+    """Fit the model on measured combinations (each a set of group names in FP8 and its measured excess mismatch),
+    starting from the prior per-group costs (every group a recipe may hold, each > 0). τ by `folds`-fold
+    cross-validation over the combinations (median |relative error| on the left-out fold), then refitted on all."""
+    names = list(prior)
+    p = np.array([max(float(prior[n]), _FLOOR) for n in names])
+    sets = [list(s) for s in sets]
+    m = np.asarray(measured, dtype=float)
+    keep = m > _FLOOR
+    if keep.sum() < 4:
+        raise FP8ProbeError(f"damage model: {int(keep.sum())} measured combinations with a mismatch above zero; "
+                            "it needs at least 4 (measure more recipes)")
+    x = _design(names, sets)[keep]
+    m = m[keep]
+    order = np.random.default_rng(seed).permutation(len(m))
+    parts = [order[i::folds] for i in range(min(folds, len(m)))]
+    # the residuals' scale: the fit without per-group corrections (their log sd, at least 1 %)
+    lk, rho, eps = _fit(x, m, p, 0.0)
+    sigma = max(float(np.sqrt(np.mean((np.log(np.maximum(link(x @ (np.exp(lk) * p), rho), _FLOOR)) - np.log(m)) ** 2))),
+                0.01)
+    cv = {}
+    for tau in taus:
+        errs = []
+        for test in parts:
+            train = np.setdiff1d(order, test)
+            lk, rho, eps = _fit(x[train], m[train], p, tau, sigma)
+            errs.append(_rel_errors(x[test], m[test], p, lk, rho, eps))
+        cv[float(tau)] = float(np.median(np.concatenate(errs)))
+    tau = min(cv, key=lambda t: (cv[t], t))
+    lk, rho, eps = _fit(x, m, p, tau, sigma)
+    return DamageModel(names, math.exp(lk) * p * np.exp(eps), rho, math.exp(lk), tau, int(len(m)), cv[tau], cv)
+
+
+def random_recipes(names: Sequence[str], sizes: Sequence[int], per_size: int, seed: int = 0) -> list[frozenset]:
+    """`per_size` distinct random sets of each size (uniform over the groups): the combinations a damage model is
+    fitted on, or judged on (another seed)."""
+    rng = np.random.default_rng(seed)
+    out, seen = [], set()
+    for size in sizes:
+        if not 0 < size <= len(names):
+            raise FP8ProbeError(f"damage model: a recipe of {size} groups out of {len(names)}")
+        tries = 0
+        got = 0
+        while got < per_size and tries < per_size * 50:
+            tries += 1
+            s = frozenset(names[i] for i in rng.choice(len(names), size=size, replace=False))
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+                got += 1
+    return out
+
+
+def prediction_errors(model: DamageModel, sets: Sequence[Iterable[str]], measured: Sequence[float]) -> dict:
+    """|relative error| of the model on combinations (not fitted on): median and 90th percentile."""
+    sets = [list(s) for s in sets]
+    m = np.asarray(measured, dtype=float)
+    pred = np.array([model.predict(s) for s in sets])
+    err = np.abs(pred / m - 1)
+    return {"n": len(m), "median": float(np.median(err)), "p90": float(np.quantile(err, 0.9)),
+            "predicted": pred.tolist()}
