@@ -204,7 +204,8 @@ def _swap_out_hook(original):
 
 
 def fp8_forwards(model: nn.Module, names, scheme: Scheme,
-                 calibration: Calibration | None = None, fused: bool = True) -> dict[str, object]:
+                 calibration: Calibration | None = None, fused: bool = True,
+                 straight_through: bool = False) -> dict[str, object]:
     """For each named unit, a function of that module's forward arguments giving the output it would have in
     FP8 (weights as vLLM holds them, inputs quantized as the scheme does), computed without changing the model.
 
@@ -213,7 +214,9 @@ def fp8_forwards(model: nn.Module, names, scheme: Scheme,
     so that a 32B student's estimate needs no second copy of the model.
     The fast sensitivity estimate (fisher.py) takes a unit's perturbation y_fp8 - y from these. fused=False
     quantizes each unit as if it were the only one in FP8 (a per-tensor scale of its own, as a one-unit row of
-    the sweep does) instead of sharing the largest scale over a fused group, as vLLM does for a whole group."""
+    the sweep does) instead of sharing the largest scale over a fused group, as vLLM does for a whole group.
+    straight_through: the input's quantization passes gradients as if it were the identity (a straight-through
+    estimator), so that d(output)/d(input) is the FP8 weight (the path attribution differentiates through it)."""
     names = list(names)
     if scheme.static_input and calibration is None:
         raise FP8ProbeError(f"scheme {scheme.name} has static input scales: pass a Calibration from the rollouts")
@@ -242,7 +245,8 @@ def fp8_forwards(model: nn.Module, names, scheme: Scheme,
 
         def forward(x, *_, weight=weight_of(n), mod=mod, quant_input=quant_input):
             if scheme.static_input or last.get("x") is not x:
-                last.update(x=x, xq=quant_input(x))
+                xq = quant_input(x)
+                last.update(x=x, xq=x + (xq - x).detach() if straight_through else xq)
             return nn.functional.linear(last["xq"], weight(), mod.bias)
 
         out[n] = forward

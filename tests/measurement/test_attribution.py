@@ -1,0 +1,92 @@
+"""In-context costs and path attributions (measurement/attribution.py, recipe/context.py): a pair of groups that
+costs little alone and much together, and the path attribution's completeness against the measured mismatch."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from conftest import tiny_student
+
+from fp8probe.core.schemes import Scheme
+from fp8probe.measurement.attribution import path_attribution, path_integral
+from fp8probe.measurement.measure import measure
+from fp8probe.measurement.reference import Reference
+from fp8probe.model.rollouts import make_rollouts
+from fp8probe.recipe.context import in_context_costs, score_as
+
+# a synthetic objective with a known interaction: L(t) = Σ a_i t_i² + b t_0 t_1 (groups 0 and 1 cheap alone, dear
+# together), its exact gradient; a set in FP8 is t_i = 1 for its members
+A = np.array([0.1, 0.1, 0.5, 0.3])
+B = 2.0
+
+
+def _loss(t):
+    return float(A @ (t * t) + B * t[0] * t[1])
+
+
+def _grad(t):
+    g = 2 * A * t
+    g[0] += B * t[1]
+    g[1] += B * t[0]
+    return g
+
+
+@dataclass
+class G:
+    group: str
+    score: float = 0.0
+
+
+def _measure(groups):
+    t = np.zeros(len(A))
+    for g in groups:
+        t[int(g.group)] = 1.0
+    return _loss(t), {}
+
+
+def test_in_context_costs_see_the_pair_single_costs_miss():
+    gs = [G(str(i)) for i in range(4)]
+    single = {g.group: _measure([g])[0] for g in gs}
+    assert single["0"] == pytest.approx(0.1) and single["2"] == pytest.approx(0.5)  # alone, 0 and 1 look cheapest
+    # operating point {0, 1, 2}: leaving 0 out saves its own 0.1 and the pair's 2.0; adding 3 costs its 0.3
+    ctx = in_context_costs(gs[:3], gs, _measure)
+    assert ctx == pytest.approx({"0": 2.1, "1": 2.1, "2": 0.5, "3": 0.3})
+    # ranked by the in-context costs, 0 and 1 are now the dearest
+    ranked = sorted(score_as(gs, ctx), key=lambda g: g.score)
+    assert [g.group for g in ranked[:2]] == ["3", "2"]
+    # the path attribution splits the pair's cost between its two members and adds up to the whole set's cost
+    shares, path = path_integral(lambda t: (_grad(np.full(4, t)), _loss(np.full(4, t))), nodes=2)
+    assert shares == pytest.approx([0.1 + B / 2, 0.1 + B / 2, 0.5, 0.3])
+    assert shares.sum() == pytest.approx(_loss(np.ones(4)))
+    assert [t for t, _ in path] == pytest.approx([0.5 - 0.5 / 3**0.5, 0.5 + 0.5 / 3**0.5])
+
+
+def test_a_negative_marginal_cost_is_free_not_a_gain():
+    assert [g.score for g in score_as([G("0"), G("1")], {"0": -0.01, "1": 0.02})] == [0.0, 0.02]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    s = tiny_student("llama", num_hidden_layers=4)
+    r = make_rollouts(s, num_prompts=6, max_new_tokens=20, seed=0)
+    return s, r
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8"])
+def test_path_shares_add_up_to_the_measured_mismatch(tiny, scheme):
+    """Completeness against the simulation's own measurement (measure: quantize_units and a forward, not the path's
+    hooks): Σ shares = KL of the whole set in FP8, and a one-group path is that group's measured row."""
+    s, r = tiny
+    sch = Scheme.from_name(scheme)
+    ref = Reference(s, r)
+    groups = {g: [u.name for u in us] for g, us in s.groups().items()}
+    att = path_attribution(s, r, ref, groups, sch, nodes=4)
+    whole = measure(s, r, scheme, [u for us in groups.values() for u in us], reference=ref)["kl_q_p"]
+    assert att.total == pytest.approx(whole, rel=0.03)
+    assert all(v > -0.05 * whole for v in att.shares.values())
+    one = sorted(groups)[3]
+    alone = path_attribution(s, r, ref, {one: groups[one]}, sch, nodes=4)
+    assert alone.total == pytest.approx(measure(s, r, scheme, groups[one], reference=ref)["kl_q_p"], rel=0.03)
+    # the loss along the path rises from 0 toward the whole set's mismatch
+    losses = [v for _, v in att.path]
+    assert losses == sorted(losses) and losses[-1] < whole
