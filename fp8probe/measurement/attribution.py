@@ -72,13 +72,22 @@ def path_integral(grad_at, nodes: int = DEFAULT_NODES) -> tuple[np.ndarray, list
 
 
 def path_attribution(student, rollouts, reference: Reference, groups: dict[str, list[str]], scheme: Scheme,
-                     nodes: int = DEFAULT_NODES, batch_size: int = 8) -> Attribution:
+                     nodes: int = DEFAULT_NODES, batch_size: int = 8,
+                     fixed: dict[str, list[str]] | None = None) -> Attribution:
     """The path attribution of every group in `groups` (group -> its unit names) in `scheme`, on `rollouts` (those
-    `reference` was made on, with the same batch size; static input scales from its calibration)."""
+    `reference` was made on, with the same batch size; static input scales from its calibration). `fixed` groups
+    are in FP8 all along the path (t = 1, not attributed): the shares are then what `groups` add to the mismatch of
+    `fixed` in FP8, in that context (they sum to m(fixed ∪ groups) − m(fixed))."""
     model = student.model
     device = next(model.parameters()).device
-    names = list(groups)
-    units = [u for g in names for u in groups[g]]
+    fixed = dict(fixed or {})
+    overlap = set(fixed) & set(groups)
+    if overlap:
+        raise ValueError(f"path attribution: {sorted(overlap)[0]} is both fixed and on the path")
+    members = {**groups, **fixed}
+    names = list(members)  # the path's groups first, then the fixed ones
+    on_path = len(groups)
+    units = [u for g in names for u in members[g]]
     fwd = fp8_forwards(model, units, scheme, reference.calibration if scheme.static_input else None, fused=True,
                        straight_through=True)
     t0 = time.perf_counter()
@@ -91,16 +100,16 @@ def path_attribution(student, rollouts, reference: Reference, groups: dict[str, 
         fn = fwd[unit]
 
         def hook(mod, args, out):
-            return out + state["t"][g] * (fn(*args) - out)
+            return out + (state["t"][g] if g < on_path else 1.0) * (fn(*args) - out)
 
         return hook
 
     handles = [model.get_submodule(u).register_forward_hook(hook_for(u, i)) for i, g in enumerate(names)
-               for u in groups[g]]
+               for u in members[g]]
     grads = [p.requires_grad for p in model.parameters()]
 
     def grad_at(t: float):
-        state["t"] = [torch.tensor(t, requires_grad=True) for _ in names]
+        state["t"] = [torch.tensor(t, requires_grad=True) for _ in range(on_path)]
         loss_sum = 0.0
         offset = 0
         for ids, am, resp in rollouts.batches(batch_size):
@@ -131,4 +140,5 @@ def path_attribution(student, rollouts, reference: Reference, groups: dict[str, 
             hd.remove()
         for p, g in zip(model.parameters(), grads):
             p.requires_grad_(g)
-    return Attribution(dict(zip(names, map(float, shares))), float(np.sum(shares)), path, time.perf_counter() - t0)
+    return Attribution(dict(zip(names[:on_path], map(float, shares))), float(np.sum(shares)), path,
+                       time.perf_counter() - t0)

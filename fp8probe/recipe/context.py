@@ -49,3 +49,25 @@ def score_as(groups: list, costs: dict[str, float], floor: float = 0.0) -> list:
     """The GroupScores with `costs` as their scores (a cost below `floor` is taken as the floor: a group whose
     marginal cost measures negative is free, not a gain the knapsack should chase)."""
     return [replace(g, score=max(float(costs[g.group]), floor)) for g in groups]
+
+
+def operating_point_costs(costs: str, current: list, pool: list, measure: Callable, path: Callable) -> dict[str, float]:
+    """Every group of `pool` priced at the operating point `current` (a recipe the single scores chose):
+
+        context  in_context_costs: one measured pass per group
+        path     two path attributions (measurement/attribution.py): `current`'s groups from BF16 to FP8 (their shares
+                 of its mismatch), then the rest from BF16 to FP8 with `current` fixed in FP8 (what each adds to it)
+
+    path(groups, fixed) -> {group: share} runs one attribution (selection.py binds the student and its rollouts)."""
+    if costs not in COSTS:
+        raise ValueError(f"costs {costs!r}: one of {', '.join(COSTS)}")
+    if costs == "single":
+        return {g.group: g.score for g in pool}
+    if costs == "context":
+        return in_context_costs(current, pool, measure)
+    inside = {g.group: g.units for g in current}
+    outside = {g.group: g.units for g in pool if g.group not in inside}
+    out = path(inside, {}) if inside else {}
+    if outside:
+        out.update(path(outside, inside))
+    return out

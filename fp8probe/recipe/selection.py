@@ -155,7 +155,7 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                 reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
                 form: str = "free", kv_scale: str = "calibrated", target: str | None = None,
                 memory: MemoryTarget | None = None, refine_passes: int = 0, holdout: int = 0,
-                engine: str | None = None) -> Recipe:
+                engine: str | None = None, costs: str = "single", path_nodes: int = 4) -> Recipe:
     """The FP8 recipe of the given form that saves the most weight bytes while the measured `metric` stays
     <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
     or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
@@ -168,6 +168,11 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     rollouts it was chosen on is biased low there; the held-out one is not. `reference` (the search set's) only
     without a split. `engine` (an engines.py profile, e.g. "vllm-cuda") adds the same figure as that rollout engine
     computes it (`measured_engine`): the search and the budget use the simulation; the engine is what will run.
+
+    costs (context.COSTS): how groups are priced before they are ranked: "single" (the sweep's rows), or at the
+    operating point the single rows choose, with the rest of that recipe in FP8: "context" (leave-one-out / add-one,
+    one measured pass per group) or "path" (two path attributions with `path_nodes` nodes each); only forms that
+    choose groups (free, keywords).
 
     form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
@@ -190,6 +195,10 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     search = _Search(plan, student, search_set, scheme, metric, kv_scheme,
                      reference if reference is not None else Reference(student, search_set, batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
+    priced = None
+    if costs != "single" and shape.chooses:
+        plan, search, priced = _reprice(costs, plan, search, (sensitivity, shape, keep, force, keep_first, keep_last),
+                                        memory, weights, budget, path_nodes, batch_size)
     if memory is not None:
         k = search.reach(memory, weights, shape)
     elif shape.every:
@@ -213,10 +222,45 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         bytes_saved=sum(g.bytes_saved for g in final),
         search=search.log() + (refined.log if refined is not None else []),
         sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache_dtype else "calibrated",
-        memory_target=memory.to_json() if memory is not None else None,
+        memory_target=memory.to_json() if memory is not None else None, costs=priced,
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
+
+
+def _reprice(costs, plan, search, request, memory, weights, budget, nodes, batch_size):
+    """The plan again, its groups priced at the operating point the single scores choose (context.py), and a fresh
+    search over it; with what recipe.json records of the pricing."""
+    import time
+
+    from ..measurement.attribution import path_attribution
+    from .context import operating_point_costs
+
+    t0 = time.perf_counter()
+    n = len(plan.candidates) - 1
+    if memory is not None:
+        need = memory.amount(weights)
+        k0 = next((k for k in range(n + 1) if memory.value(plan.chosen(k)) >= need), n)
+    else:
+        k0 = max((k for k in range(n + 1) if search.predicted(k) <= budget), default=0)
+    current = plan.chosen(k0)
+
+    def path(groups, fixed):
+        return path_attribution(search.student, search.rollouts, search.reference, groups, search.scheme, nodes,
+                                batch_size, fixed=fixed).shares
+
+    priced = operating_point_costs(costs, current, plan.free, search.measure_groups, path)
+    sensitivity, shape, keep, force, keep_first, keep_last = request
+    new = _Plan.of(sensitivity, search.student, search.scheme, search.metric, shape, keep, force, keep_first,
+                   keep_last, scores=priced)
+    log.info("recipe: %d groups priced %s at an operating point of %d groups (%.1f s)", len(priced), costs,
+             len(current), time.perf_counter() - t0)
+    info = {"method": costs, "operating_point": [g.group for g in current], "seconds": time.perf_counter() - t0,
+            "scores": priced}
+    if costs == "path":
+        info["nodes"] = nodes
+    return new, _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv,
+                        search.reference), info
 
 
 def _report(final, found, result, student, sets, search_reference, scheme, metric, kv_scheme, batch_size,
@@ -265,7 +309,9 @@ class _Plan:
     candidates: list[list[GroupScore]]
 
     @classmethod
-    def of(cls, sensitivity, student, scheme, metric, form: Form, keep, force, keep_first, keep_last) -> "_Plan":
+    def of(cls, sensitivity, student, scheme, metric, form: Form, keep, force, keep_first, keep_last,
+           scores: dict[str, float] | None = None) -> "_Plan":
+        """`scores`: the free groups' prices (context.py) in place of their single rows' scores."""
         members = {g: [u.name for u in us] for g, us in student.groups().items()}
         blocked = scheme_blockers(student.quantizable, scheme)
         if form.every and blocked:
@@ -297,6 +343,10 @@ class _Plan:
                                 f"({blocked[unquantizable[0]]})")
         if keep_set & force_set:
             raise FP8ProbeError(f"{sorted(keep_set & force_set)[0]} is both kept and forced; choose one")
+        if scores is not None:
+            from .context import score_as
+
+            groups = [score_as([g], scores)[0] if g.group in scores else g for g in groups]
         by_name = {g.group: g for g in groups}
         free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
         candidates = form.candidates(free, rank_groups, n_blocks, keep_first, keep_last)

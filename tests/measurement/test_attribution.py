@@ -90,3 +90,23 @@ def test_path_shares_add_up_to_the_measured_mismatch(tiny, scheme):
     # the loss along the path rises from 0 toward the whole set's mismatch
     losses = [v for _, v in att.path]
     assert losses == sorted(losses) and losses[-1] < whole
+
+
+def test_a_path_from_a_fixed_recipe_prices_what_the_rest_adds(tiny):
+    """Groups fixed in FP8 all along the path: the shares of the others add up to m(fixed ∪ path) − m(fixed), both
+    measured by the simulation."""
+    s, r = tiny
+    ref = Reference(s, r)
+    groups = {g: [u.name for u in us] for g, us in s.groups().items()}
+    names = sorted(groups)
+    fixed = {g: groups[g] for g in names[::2]}
+    rest = {g: groups[g] for g in names[1::2]}
+    att = path_attribution(s, r, ref, rest, Scheme.from_name("FP8_DYNAMIC"), nodes=4, fixed=fixed)
+    assert set(att.shares) == set(rest)
+
+    def m(gs):
+        return measure(s, r, "FP8_DYNAMIC", [u for g in gs for u in groups[g]], reference=ref)["kl_q_p"]
+
+    assert att.total == pytest.approx(m(names) - m(fixed), rel=0.05)
+    with pytest.raises(ValueError, match="both fixed"):
+        path_attribution(s, r, ref, rest, Scheme.from_name("FP8_DYNAMIC"), fixed=rest)

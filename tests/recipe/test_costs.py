@@ -1,0 +1,65 @@
+"""Recipes chosen on groups priced at the operating point (make_recipe(costs=...)): what recipe.json records, and the
+prices checked against the simulation's own measurements."""
+
+import pytest
+from conftest import tiny_student
+
+from fp8probe import measure
+from fp8probe.measurement.reference import Reference
+from fp8probe.model.rollouts import make_rollouts
+from fp8probe.recipe.selection import MemoryTarget, make_recipe
+from fp8probe.sweeps.sweep import sweep
+
+
+@pytest.fixture(scope="module")
+def setup():
+    st = tiny_student("llama", num_hidden_layers=4)
+    r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
+    ref = Reference(st, r)
+    return st, r, ref, sweep(st, r, reference=ref, granularity="group").table
+
+
+def _m(st, r, ref, groups, members):
+    return measure(st, r, "FP8_DYNAMIC", units=[u for g in groups for u in members[g]], reference=ref)["kl_q_p"]
+
+
+@pytest.mark.parametrize("costs", ["context", "path"])
+def test_groups_priced_at_the_operating_point(setup, costs):
+    st, r, ref, df = setup
+    members = {g: [u.name for u in us] for g, us in st.groups().items()}
+    rec = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5), costs=costs)
+    info = rec.costs
+    assert info["method"] == costs and info["seconds"] > 0
+    point = info["operating_point"]
+    single = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5))
+    assert sorted(point) == sorted(single.quantized)  # the single rows' choice is where groups are priced
+    prices = info["scores"]
+    assert set(prices) == set(members)
+    m_point = _m(st, r, ref, point, members)
+    if costs == "context":
+        # leave-one-out and add-one, each one measured pass: checked against measure() for one of each
+        inside, outside = point[0], next(g for g in members if g not in point)
+        assert prices[inside] == pytest.approx(m_point - _m(st, r, ref, [g for g in point if g != inside], members),
+                                               rel=1e-6)
+        assert prices[outside] == pytest.approx(_m(st, r, ref, point + [outside], members) - m_point, rel=1e-6)
+    else:
+        # the members' shares add up to the operating point's mismatch, the others' to what they add to it
+        assert sum(prices[g] for g in point) == pytest.approx(m_point, rel=0.05)
+        m_all = _m(st, r, ref, list(members), members)
+        assert sum(v for g, v in prices.items() if g not in point) == pytest.approx(m_all - m_point, rel=0.05)
+    # the recipe is the cheapest prefix by the new prices per byte (negative prices count as free), meets its target
+    # and is measured as reported
+    size = {g: sum(st.unit(u).params for u in us) for g, us in members.items()}
+    block = {g: st.unit(us[0]).block for g, us in members.items()}
+    order = sorted(members, key=lambda g: (max(prices[g], 0.0) / size[g], -block[g], g))
+    total = sum(size.values()) + st.model.lm_head.weight.numel()
+    want, have = [], 0
+    for g in order:
+        if have >= 0.5 * total:
+            break
+        want.append(g)
+        have += size[g]
+    assert sorted(rec.quantized) == sorted(want)
+    assert rec.fp8_share >= 0.5
+    assert _m(st, r, ref, rec.quantized, members) == pytest.approx(rec.measured, rel=1e-9)
+    assert rec.to_json()["costs"]["method"] == costs and "costs" not in single.to_json()
