@@ -13,6 +13,7 @@ from ..core.results import Result
 from ..core.schemes import KV_CACHE_SCHEMES
 from ..core.settings import Settings, opt
 from ..deploy.frameworks import TARGETS
+from ..recipe.context import COSTS
 from ..recipe.forms import FORMS, check_request
 from ..recipe.refine import DEFAULT_REFINE_PASSES
 
@@ -47,6 +48,10 @@ class RecipeSettings(Settings):
                            "none (FP8 KV cache only)", choices=FORMS)
     target: str | None = opt(None, "a rollout framework: its form, FP8 scheme and KV-cache scales (see `fp8probe "
                              "export`)", choices=lambda: TARGETS)
+    costs: str = opt("single", "how groups are priced before they are ranked: single (the sweep's rows), or at the "
+                     "operating point the single rows choose, the rest of that recipe in FP8: context (one measured "
+                     "pass per group), path (path attributions: a few forward and backward passes); free and "
+                     "keywords forms", choices=COSTS)
     refine: int = opt(DEFAULT_REFINE_PASSES, "measured passes that refine a free recipe with interactions (0: off)",
                       low=0, metavar="PASSES")
     engine: str = opt("vllm-cuda", "also report the recipe's figure as this rollout engine computes it (the search "
@@ -64,7 +69,7 @@ class RecipeSettings(Settings):
         if self.holdout == 1:
             raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
         check_request(self.form or "free", self.kv_cache_dtype, self.keep, self.force, self.keep_first,
-                      self.keep_last)
+                      self.keep_last, self.costs)
 
     @property
     def memory(self):
@@ -105,7 +110,7 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
                              batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()), form=form,
                              kv_scale=kv_scale, target=target.name if target else None, memory=settings.memory,
                              refine_passes=settings.refine, holdout=settings.holdout,
-                             engine=None if settings.engine == "none" else settings.engine)
+                             engine=None if settings.engine == "none" else settings.engine, costs=settings.costs)
     except FP8ProbeError as e:
         if target is None:
             raise

@@ -76,9 +76,11 @@ def narrower(name: str) -> tuple[str, ...]:
     return tuple(FORMS) if f.chooses else (name, *f.narrower)
 
 
-def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first: int, keep_last: int) -> None:
+def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first: int, keep_last: int,
+                  costs: str = "single") -> None:
     """What a recipe request's form takes, checked before anything is loaded (and without torch): a known form, a KV
-    dtype a recipe can hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights.
+    dtype a recipe can hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights, prices at
+    the operating point (context.COSTS) only for a form that chooses groups.
     selection.make_recipe and the command's settings (apps/recipe.RecipeSettings) both call it: the rules live here
     once."""
     if form not in FORMS:
@@ -88,3 +90,6 @@ def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first
         raise FP8ProbeError(f"`form` {form} takes no `keep`/`force`/`keep_first`/`keep_last`: its recipe is fixed")
     if not FORMS[form].weights and kv_cache_dtype is None:
         raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_dtype` fp8")
+    if costs != "single" and not FORMS[form].chooses:
+        raise FP8ProbeError(f"`costs` {costs} prices groups for a form that chooses them (free, keywords); `form` "
+                            f"{form} does not: drop `costs`")

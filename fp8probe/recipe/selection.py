@@ -178,7 +178,7 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
     how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
-    check_request(form, kv_cache_dtype, keep, force, keep_first, keep_last)
+    check_request(form, kv_cache_dtype, keep, force, keep_first, keep_last, costs)
     _check_goal(budget, memory)
     shape = FORMS[form]
     if holdout and reference is not None:
@@ -196,7 +196,7 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                      reference if reference is not None else Reference(student, search_set, batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
     priced = None
-    if costs != "single" and shape.chooses:
+    if costs != "single":
         plan, search, priced = _reprice(costs, plan, search, (sensitivity, shape, keep, force, keep_first, keep_last),
                                         memory, weights, budget, path_nodes, batch_size)
     if memory is not None:

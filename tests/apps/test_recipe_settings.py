@@ -12,6 +12,7 @@ from fp8probe.apps.recipe import RecipeSettings
     ({"budget": 0.1, "kv_cache_dtype": "fp8_e5m2"}, "is not one of fp8"),
     ({"budget": 0.1, "fp8_share": 0.5}, "give exactly one of"),
     ({"budget": 0.1, "holdout": 1}, "would hold out every prompt"),
+    ({"budget": 0.1, "form": "first-last", "costs": "path"}, "`costs` path prices groups for a form that chooses"),
 ])
 def test_a_bad_request_is_refused_by_the_settings(kw, match):
     with pytest.raises(FP8ProbeError, match=match):
