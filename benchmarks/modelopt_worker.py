@@ -4,7 +4,9 @@
 
 TOKENS.pt holds the rollouts (input_ids, attention_mask, response_mask) as fp8probe sampled them. Candidates:
 FP8_DEFAULT_CFG (per-tensor FP8 weights and inputs, max-calibrated) or no quantization, lm_head disabled, at
-EFFECTIVE_BITS. The gradient method's loss is the cross-entropy of the student's own sampled response
+EFFECTIVE_BITS. METHOD: gradient, kl_div, or aumann_shapley (the saturation-aware mode of Model-Optimizer PR
+#2183, in a venv built from that source; label-free like kl_div, its default method_options). The gradient
+method's loss is the cross-entropy of the student's own sampled response
 tokens (the same tokens the KL method compares logits on). Writes the modules it put in FP8 and its time.
 """
 
@@ -42,8 +44,13 @@ def main():
     seconds = time.perf_counter() - t
     fp8 = sorted(name for name, mod in model.named_modules()
                  if hasattr(mod, "weight_quantizer") and getattr(mod.weight_quantizer, "is_enabled", False))
+    res = {"method": method, "effective_bits": float(bits), "fp8_modules": fp8, "seconds": seconds}
+    damage = state.get("damage_model") if isinstance(state, dict) else None
+    if damage:  # the saturation-aware mode's own prediction for its recipe
+        res["damage_model"] = {k: damage[k] for k in ("valid", "completeness", "approximation_flags") if k in damage}
+        res["predicted_damage"] = state.get("best", {}).get("predicted_damage", damage.get("predicted_damage"))
     with open(out, "w") as f:
-        json.dump({"method": method, "effective_bits": float(bits), "fp8_modules": fp8, "seconds": seconds}, f)
+        json.dump(res, f, default=str)
 
 
 if __name__ == "__main__":

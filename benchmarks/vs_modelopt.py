@@ -1,20 +1,23 @@
-"""fp8probe against NVIDIA ModelOpt's auto_quantize at equal bytes saved, judged where neither searched.
+"""fp8probe against NVIDIA ModelOpt's auto_quantize at three sizes, judged where neither searched, beside the headroom.
 
-    python benchmarks/vs_modelopt.py [--sweep runs/smollm2] [--effective-bits 12] [--out runs/vs-modelopt]
+    python benchmarks/vs_modelopt.py [--sweep runs/smollm2] [--bits 14 12 10] [--headroom 200] [--out runs/vs-modelopt]
 
 1. ModelOpt, in its own venv (~/.cache/fp8probe/modelopt-venv, made on first use: nvidia-modelopt with a
    transformers it accepts, on the CPU torch wheel), runs auto_quantize on the embedded student with the sweep's
    rollouts (modelopt_worker.py), in its kl_div and gradient modes, FP8_DEFAULT_CFG or BF16 per layer group,
-   lm_head disabled, at --effective-bits. Its results are kept in --out (a rerun reuses them, wall time included).
+   lm_head disabled, at each size's effective bits (14, 12, 10: about 25 %, 50 % and 75 % of the Linear weights in
+   FP8). Its results are kept in --out (a rerun reuses them, wall time included).
 2. fp8probe sweeps the same rollouts with the same kind of FP8 (scheme FP8: per-tensor weights and static per-tensor
-   inputs, as FP8_DEFAULT_CFG), per fused group, with each method (exact, auto, fisher), then chooses the recipe that
-   saves at least each ModelOpt recipe's bytes (`--min-bytes-saved`), without refinement and with the default.
-   Both tools search on the same rollouts.
-3. Judged on rollouts neither tool saw: the student's samples of other prompts (the built-in prompts the sweep did
-   not use) with another seed. Two evaluators that no search used: the simulation on those tokens (static input
-   scales calibrated on the search rollouts, as an export would) and the vllm-cuda engine profile (vLLM's bf16
-   model with its FP8 GEMMs; vllm-cpu does not cover per-tensor FP8). Each KL with its 90 % bootstrap interval
-   over the held-out prompts, and each ratio to ModelOpt's with a paired one (the same tokens under both recipes).
+   inputs, as FP8_DEFAULT_CFG), per fused group (exact and fisher), then chooses the recipe that saves at least
+   ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the sweep's single rows (with and
+   without refinement), and groups priced at the operating point (`--costs path`, `--costs context`).
+3. The headroom: an evolutionary search (recipe/evolve.py) measures --headroom candidates at those bytes on the search
+   rollouts, from the best fp8probe recipe there: the best any selection found at that size.
+4. Judged on rollouts no search saw: the student's samples of other prompts (the built-in prompts the sweep did not
+   use) with another seed. Two evaluators that no search used: the simulation on those tokens (static input scales
+   calibrated on the search rollouts, as an export would) and the vllm-cuda engine profile (vLLM's bf16 model with
+   its FP8 GEMMs; vllm-cpu does not cover per-tensor FP8). Each KL with its 90 % bootstrap interval over the
+   held-out prompts, and each ratio to ModelOpt gradient's with a paired one (the same tokens under both recipes).
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ from fp8probe.recipe.selection import MemoryTarget, group_scores, linear_params,
 from fp8probe.sweeps.files import read_sweep
 
 VENV = Path.home() / ".cache" / "fp8probe" / "modelopt-venv"
+VENV_AS = Path.home() / ".cache" / "fp8probe" / "modelopt-as-venv"  # ModelOpt built from PR #2183's source
 WORKER = Path(__file__).with_name("modelopt_worker.py")
-METHODS = ("exact", "auto", "fisher")
+METHODS = ("exact", "fisher")
 ENGINES = ("sim", "vllm-cuda")
 
 
@@ -62,15 +66,31 @@ def modelopt_python() -> Path:
     return py
 
 
-def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient")) -> dict:
+def modelopt_as_python(source: str | None) -> Path:
+    """A venv with ModelOpt built from the saturation-aware mode's source (NVIDIA Model-Optimizer PR #2183, a checkout
+    given as --as-source): ModelOpt's own venv with that package installed over it."""
+    py = VENV_AS / "bin" / "python"
+    if not (VENV_AS / ".ready").exists():
+        if source is None:
+            raise SystemExit("ModelOpt's aumann_shapley mode: pass --as-source, a checkout of Model-Optimizer PR #2183")
+        modelopt_python()
+        subprocess.run(["cp", "-a", str(VENV), str(VENV_AS)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", source],
+                       check=True)
+        (VENV_AS / ".ready").touch()
+    return py
+
+
+def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient"), as_source: str | None = None) -> dict:
     tokens = out / "tokens.pt"
     torch.save({"input_ids": rollouts.input_ids, "attention_mask": rollouts.attention_mask,
                 "response_mask": rollouts.response_mask}, tokens)
     mo = {}
     for method in modes:
-        res = out / f"modelopt-{method}.json"
+        res = out / f"modelopt-{method}-{bits:g}.json"
         if not res.exists():
-            subprocess.run([str(modelopt_python()), str(WORKER), str(embedded_student_dir()), str(tokens), method,
+            py = modelopt_as_python(as_source) if method == "aumann_shapley" else modelopt_python()
+            subprocess.run([str(py), str(WORKER), str(embedded_student_dir()), str(tokens), method,
                             str(bits), str(res)], check=True)
         mo[method] = json.loads(res.read_text())
     return mo
@@ -114,20 +134,30 @@ class Judge:
         return ra(np.arange(len(self.prompt))) / rb(np.arange(len(self.prompt))), lo, hi
 
 
+SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the Linear weights in FP8
+# fp8probe's paths: (sweep method, how groups are priced, refinement passes)
+PATHS = (("exact", "single", 0), ("exact", "single", DEFAULT_REFINE_PASSES), ("fisher", "single", 0),
+         ("fisher", "path", 0), ("exact", "path", 0), ("exact", "context", 0))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", default="runs/smollm2",
-                    help="a sweep dir of the embedded student: its rollouts are what both tools search on")
-    ap.add_argument("--effective-bits", type=float, default=12.0)
+                    help="a sweep dir of the embedded student: its rollouts are what every tool searches on")
+    ap.add_argument("--bits", type=float, nargs="+", default=list(SIZES), help="effective bits of the sizes compared")
     ap.add_argument("--heldout-seed", type=int, default=1)
-    ap.add_argument("--modes", nargs="+", default=["kl_div", "gradient"], choices=["kl_div", "gradient"],
-                    help="ModelOpt's search modes (gradient was the better one at 12 bits: 0.01658 against 0.02403)")
+    ap.add_argument("--modes", nargs="+", default=["kl_div", "gradient"],
+                    choices=["kl_div", "gradient", "aumann_shapley"],
+                    help="ModelOpt's search modes (aumann_shapley: the saturation-aware mode, from --as-source)")
+    ap.add_argument("--as-source", help="a checkout of Model-Optimizer PR #2183 (ModelOpt's aumann_shapley mode)")
+    ap.add_argument("--headroom", type=int, default=200,
+                    help="candidates the evolutionary search measures per size (0: no headroom row)")
     ap.add_argument("--out", default="runs/vs-modelopt")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rollouts = load_rollouts(args.sweep)
-    mo = run_modelopt(rollouts, out, args.effective_bits, args.modes)
+    mo = {bits: run_modelopt(rollouts, out, bits, args.modes, args.as_source) for bits in args.bits}
     tables = sweeps(args.sweep, out)
     student = load_student()
     search_ref = Reference(student, rollouts)
@@ -138,36 +168,76 @@ def main():
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
     unit_group = {u.name: u.group for u in student.quantizable}
     total = linear_params(student)
+    groups = group_scores(tables["exact"][0], "kl_q_p", members)
+    by_name = {g.group: g for g in groups}
 
-    print(f"embedded student; both tools search on the sweep's {rollouts.num_sequences} rollouts; judged on "
+    print(f"embedded student; every tool searches on the sweep's {rollouts.num_sequences} rollouts; judged on "
           f"{held.num_sequences} samples of {len(unseen)} other prompts (seed {args.heldout_seed}, "
           f"{held.num_response_tokens} response tokens) by the simulation and the vllm-cuda profile; FP8 per-tensor "
-          "(FP8_DEFAULT_CFG / scheme FP8); KL(q||p) per token [90 % interval over the held-out prompts]")
-    print(f"{'recipe':<30}{'groups':>7}{'MiB':>7}{'bits':>6}  {'KL sim':<28}{'KL vllm-cuda':<28}"
-          f"{'ratio sim':<24}{'ratio vllm-cuda':<24}{'time s':>7}")
+          "(FP8_DEFAULT_CFG / scheme FP8); KL(q||p) per token [90 % interval over the held-out prompts]; ratios to "
+          "ModelOpt gradient's recipe of the size, paired on the held-out tokens")
     rows = []
-    for mode, res in mo.items():
-        groups = group_scores(tables["exact"][0], "kl_q_p", members)
-        by_name = {g.group: g for g in groups}
-        chosen = sorted({unit_group[n] for n in res["fp8_modules"] if n in unit_group})
-        saved = sum(by_name[g].bytes_saved for g in chosen)
-        bits = 16 - 8 * sum(by_name[g].params for g in chosen) / total
-        base = judge([u for g in chosen for u in members[g]])
-        _row(f"ModelOpt {mode}", len(chosen), saved, bits, base, None, judge, res["seconds"])
-        for method in METHODS:
+    for bits in args.bits:
+        print(f"\n{bits:g} effective bits")
+        print(f"{'recipe':<34}{'groups':>7}{'MiB':>7}{'bits':>6}  {'KL sim':<28}{'KL vllm-cuda':<28}"
+              f"{'ratio sim':<24}{'ratio vllm-cuda':<24}{'time s':>7}")
+        chosen = {mode: sorted({unit_group[n] for n in res["fp8_modules"] if n in unit_group})
+                  for mode, res in mo[bits].items()}
+        base_mode = "gradient" if "gradient" in chosen else next(iter(chosen))
+        saved = sum(by_name[g].bytes_saved for g in chosen[base_mode])
+        base = judge([u for g in chosen[base_mode] for u in members[g]])
+        recipes = {}
+        for mode in chosen:
+            gs = chosen[mode]
+            got = base if mode == base_mode else judge([u for g in gs for u in members[g]])
+            b = 16 - 8 * sum(by_name[g].params for g in gs) / total
+            rows.append(_row(f"ModelOpt {mode}", len(gs), sum(by_name[g].bytes_saved for g in gs), b, got,
+                             None if mode == base_mode else base, judge, mo[bits][mode]["seconds"])
+                        | {"bits_target": bits, "tool": "modelopt", "mode": mode})
+        for method, costs, passes in PATHS:
             table, t_sweep = tables[method]
-            for passes in (0, DEFAULT_REFINE_PASSES):
-                t0 = time.perf_counter()
-                rec = make_recipe(table, None, student, rollouts, scheme="FP8", reference=search_ref,
-                                  memory=MemoryTarget("bytes_saved", saved), refine_passes=passes)
-                secs = t_sweep + time.perf_counter() - t0
-                got = judge([u for g in rec.quantized for u in members[g]])
-                name = f"  {method}, refine {passes}"
-                rows.append(_row(name, len(rec.quantized), rec.bytes_saved, rec.effective_bits, got, base, judge, secs)
-                            | {"vs": mode, "method": method, "refine": passes})
+            t0 = time.perf_counter()
+            rec = make_recipe(table, None, student, rollouts, scheme="FP8", reference=search_ref,
+                              memory=MemoryTarget("bytes_saved", saved), refine_passes=passes, costs=costs)
+            secs = t_sweep + time.perf_counter() - t0
+            got = judge([u for g in rec.quantized for u in members[g]])
+            recipes[(method, costs, passes)] = (rec.quantized, got)
+            rows.append(_row(f"  {method}, {costs}, refine {passes}", len(rec.quantized), rec.bytes_saved,
+                             rec.effective_bits, got, base, judge, secs)
+                        | {"bits_target": bits, "tool": "fp8probe", "method": method, "costs": costs,
+                           "refine": passes})
+        if args.headroom:
+            rows.append(_headroom(args.headroom, recipes, student, rollouts, search_ref, members, by_name, saved,
+                                  total, judge, base, bits))
     (out / "table.json").write_text(json.dumps(rows, indent=1))
     print("time: ModelOpt = auto_quantize (calibration, scores, search; model loading excluded), fp8probe = its sweep "
-          "(reference + group rows) + the recipe search; ratios below 1 favour fp8probe, paired on the held-out tokens")
+          "(reference + group rows) + the recipe (pricing and search); headroom = the evolutionary search alone; "
+          "ratios below 1 favour fp8probe")
+
+
+def _headroom(evaluations, recipes, student, rollouts, search_ref, members, by_name, saved, total, judge, base,
+              bits) -> dict:
+    """The best recipe at these bytes an evolutionary search finds, measuring `evaluations` candidates on the search
+    rollouts, started from the best fp8probe recipe there; judged like the others."""
+    from fp8probe.recipe.evolve import evolve
+    from fp8probe.recipe.selection import measure_groups
+
+    def fitness(s):
+        gs = [by_name[g] for g in s]
+        return measure_groups(gs, student, rollouts, Scheme.from_name("FP8"), "kl_q_p", None, search_ref)[0]
+
+    def value(s):
+        return sum(by_name[g].bytes_saved for g in s)
+
+    start = min((frozenset(q) for q, _ in recipes.values()), key=fitness)
+    t0 = time.perf_counter()
+    ev = evolve(list(by_name), value, saved, fitness, start, evaluations)
+    secs = time.perf_counter() - t0
+    got = judge([u for g in ev.best for u in members[g]])
+    b = 16 - 8 * sum(by_name[g].params for g in ev.best) / total
+    return _row(f"  headroom ({ev.evaluations} measured)", len(ev.best), value(ev.best), b, got, base, judge, secs) \
+        | {"bits_target": bits, "tool": "headroom", "evaluations": ev.evaluations, "search_kl": ev.fitness,
+           "start_search_kl": fitness(start)}
 
 
 def _row(name, groups, saved, bits, got, base, judge, secs) -> dict:

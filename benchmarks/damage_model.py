@@ -1,0 +1,117 @@
+"""How well a recipe's mismatch is predicted before it is measured: the damage model (recipe/damage.py) against the
+plain sum of single-group costs that selection predicted with, on random recipes it was not fitted on.
+
+    python benchmarks/damage_model.py [--model smollm2-135m|gemma3-270m] [--scheme FP8] [--fit 50] [--test 40]
+
+1. The student samples its own rollouts (--num-prompts, --max-new-tokens, seed 0); every measurement below is the
+   simulation on those tokens (mean per-token KL(q||p) against the BF16 reference).
+2. Prior per-group costs, two kinds: each fused group alone in FP8 (the sweep's group rows, measured), and its path
+   attribution from BF16 to every group in FP8 (measurement/attribution.py: a few forward and backward passes).
+3. Random recipes (uniform sets of fused groups) measured: --fit of them, at sizes spread from 10 % to 90 % of the
+   groups, to fit on; --test others (another seed, other sizes) to judge on.
+4. Each predictor's |relative error| on the test recipes: median and 90th percentile, and its Spearman correlation
+   with the measured values. Predictors: the plain sum of single costs (selection's prediction), the plain sum of
+   path shares, and the damage model fitted on each prior. Wall time of each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fp8probe import load_student
+from fp8probe.core.schemes import Scheme
+from fp8probe.core.stats import spearman
+from fp8probe.measurement.attribution import path_attribution
+from fp8probe.measurement.reference import Reference
+from fp8probe.model.rollouts import make_rollouts
+from fp8probe.recipe.damage import fit_damage, prediction_errors, random_recipes
+from fp8probe.recipe.selection import group_scores, measure_groups
+from fp8probe.sweeps.sweep import sweep
+
+FIT_SIZES = (0.1, 0.25, 0.5, 0.75, 0.9)
+TEST_SIZES = (0.15, 0.35, 0.6, 0.85)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--scheme", default="FP8")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--fit", type=int, default=50, help="random recipes fitted on")
+    ap.add_argument("--test", type=int, default=40, help="random recipes judged on")
+    ap.add_argument("--nodes", type=int, default=4, help="path attribution's nodes")
+    ap.add_argument("--out", default="runs/damage-model")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scheme = Scheme.from_name(args.scheme)
+    t0 = time.perf_counter()
+    student = load_student(args.model)
+    rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
+    ref = Reference(student, rollouts)
+    secs = {"rollouts_and_reference": time.perf_counter() - t0}
+    members = {g: [u.name for u in us] for g, us in student.groups().items()}
+
+    t = time.perf_counter()
+    table = sweep(student, rollouts, scheme=scheme.name, granularity="group", include_kv=False, reference=ref).table
+    single = {g.group: g for g in group_scores(table, "kl_q_p", members)}
+    secs["single_rows"] = time.perf_counter() - t
+    t = time.perf_counter()
+    att = path_attribution(student, rollouts, ref, members, scheme, nodes=args.nodes)
+    secs["path_attribution"] = time.perf_counter() - t
+    names = list(single)
+
+    def m(s):
+        return measure_groups([single[g] for g in s], student, rollouts, scheme, "kl_q_p", None, ref)[0]
+
+    n = len(names)
+    fit_sets = random_recipes(names, [max(1, round(f * n)) for f in FIT_SIZES], -(-args.fit // len(FIT_SIZES)), 1)
+    test_sets = random_recipes(names, [max(1, round(f * n)) for f in TEST_SIZES], -(-args.test // len(TEST_SIZES)), 2)
+    t = time.perf_counter()
+    fit_m = [m(s) for s in fit_sets]
+    test_m = [m(s) for s in test_sets]
+    secs["measured_recipes"] = time.perf_counter() - t
+    priors = {"single": {g: single[g].score for g in names}, "path": {g: att.shares[g] for g in names}}
+
+    rows = []
+    for pname, prior in priors.items():
+        plain = np.array([sum(prior[g] for g in s) for s in test_sets])
+        rows.append(_judge(f"sum of {pname} costs", plain, test_m))
+        t = time.perf_counter()
+        model = fit_damage(fit_sets, fit_m, {g: max(v, 1e-12) for g, v in prior.items()})
+        fit_s = time.perf_counter() - t
+        pred = np.array(prediction_errors(model, test_sets, test_m)["predicted"])
+        rows.append(_judge(f"damage model on {pname}", pred, test_m) | {
+            "rho": model.rho, "k": model.k, "tau": model.tau, "cv_median": model.cv_error, "fit_seconds": fit_s})
+    whole = m(names)
+    print(f"{args.model}, {scheme.name}, {rollouts.num_sequences} rollouts ({rollouts.num_response_tokens} response "
+          f"tokens); {n} fused groups; every group in FP8: KL {whole:.5f}, path shares sum {att.total:.5f} "
+          f"(completeness {att.total / whole:.3f}); {len(fit_sets)} random recipes fitted on, {len(test_sets)} others "
+          f"judged on (sizes {', '.join(f'{f:.0%}' for f in TEST_SIZES)} of the groups)")
+    print(f"{'predictor':<30}{'median |err|':>14}{'p90 |err|':>11}{'spearman':>10}   fitted")
+    for r in rows:
+        extra = (f"rho {r['rho']:.3g}, k {r['k']:.3g}, tau {r['tau']:g}, cv {r['cv_median']:.3f}" if "rho" in r
+                 else "")
+        print(f"{r['predictor']:<30}{r['median']:>14.3f}{r['p90']:>11.3f}{r['spearman']:>10.3f}   {extra}")
+    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in secs.items()))
+    (out / f"{args.model}-{scheme.name}.json").write_text(json.dumps(
+        {"model": args.model, "scheme": scheme.name, "groups": n, "whole": whole, "path_total": att.total,
+         "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
+         "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)], "rows": rows, "seconds": secs}, indent=1))
+
+
+def _judge(name, pred, measured) -> dict:
+    measured = np.asarray(measured)
+    err = np.abs(np.asarray(pred) / measured - 1)
+    return {"predictor": name, "median": float(np.median(err)), "p90": float(np.quantile(err, 0.9)),
+            "spearman": float(spearman(list(pred), list(measured)))}
+
+
+if __name__ == "__main__":
+    main()
