@@ -52,6 +52,9 @@ class RecipeSettings(Settings):
                      "operating point the single rows choose, the rest of that recipe in FP8: context (one measured "
                      "pass per group), path (path attributions: a few forward and backward passes); free and "
                      "keywords forms", choices=COSTS)
+    damage_model: int = opt(0, "measure N random recipes around the operating point, fit a damage model (per-group "
+                            "terms, a saturating or compounding link) on them, rank groups by it and predict each "
+                            "recipe with it (0: off; free and keywords forms)", low=0, metavar="N")
     refine: int = opt(DEFAULT_REFINE_PASSES, "measured passes that refine a free recipe with interactions (0: off)",
                       low=0, metavar="PASSES")
     engine: str = opt("vllm-cuda", "also report the recipe's figure as this rollout engine computes it (the search "
@@ -69,7 +72,7 @@ class RecipeSettings(Settings):
         if self.holdout == 1:
             raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
         check_request(self.form or "free", self.kv_cache_dtype, self.keep, self.force, self.keep_first,
-                      self.keep_last, self.costs)
+                      self.keep_last, self.costs, self.damage_model)
 
     @property
     def memory(self):
@@ -110,7 +113,8 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
                              batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()), form=form,
                              kv_scale=kv_scale, target=target.name if target else None, memory=settings.memory,
                              refine_passes=settings.refine, holdout=settings.holdout,
-                             engine=None if settings.engine == "none" else settings.engine, costs=settings.costs)
+                             engine=None if settings.engine == "none" else settings.engine, costs=settings.costs,
+                             damage_recipes=settings.damage_model)
     except FP8ProbeError as e:
         if target is None:
             raise

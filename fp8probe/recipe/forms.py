@@ -77,10 +77,10 @@ def narrower(name: str) -> tuple[str, ...]:
 
 
 def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first: int, keep_last: int,
-                  costs: str = "single") -> None:
+                  costs: str = "single", damage_recipes: int = 0) -> None:
     """What a recipe request's form takes, checked before anything is loaded (and without torch): a known form, a KV
     dtype a recipe can hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights, prices at
-    the operating point (context.COSTS) only for a form that chooses groups.
+    the operating point (context.COSTS) and a damage model only for a form that chooses groups.
     selection.make_recipe and the command's settings (apps/recipe.RecipeSettings) both call it: the rules live here
     once."""
     if form not in FORMS:
@@ -93,3 +93,8 @@ def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first
     if costs != "single" and not FORMS[form].chooses:
         raise FP8ProbeError(f"`costs` {costs} prices groups for a form that chooses them (free, keywords); `form` "
                             f"{form} does not: drop `costs`")
+    if damage_recipes and not FORMS[form].chooses:
+        raise FP8ProbeError(f"`damage_model` ranks groups for a form that chooses them (free, keywords); `form` {form} "
+                            "does not: drop `damage_model`")
+    if damage_recipes and damage_recipes < 4:
+        raise FP8ProbeError(f"`damage_model` {damage_recipes}: a model is fitted on at least 4 measured recipes")

@@ -72,6 +72,7 @@ class Recipe:
     split: dict | None = None  # the held-out split (Rollouts.split), or None: measured on the rollouts searched
     measured_engine: dict | None = None  # the same figure as a rollout engine's profile computes it (measured_as)
     costs: dict | None = None  # how groups were priced when not by their single rows (selection._reprice)
+    damage_model: dict | None = None  # the damage model the groups were ranked and predicted by (selection)
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
@@ -191,7 +192,7 @@ class Recipe:
             "memory_target": self.memory_target, "fp8_share": self.fp8_share, "effective_bits": self.effective_bits,
             "measured_search": self.measured_search, "measured_interval": self.measured_interval, "split": self.split,
             "measured_engine": self.measured_engine,
-        } | ({"costs": self.costs} if self.costs is not None else {})
+        } | {k: v for k, v in (("costs", self.costs), ("damage_model", self.damage_model)) if v is not None}
 
     def write(self, out_dir: str | Path) -> None:
         """DIR/recipe.yaml (llm-compressor's format) and DIR/recipe.json (how it was chosen)."""

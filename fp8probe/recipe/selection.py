@@ -155,7 +155,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
                 reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
                 form: str = "free", kv_scale: str = "calibrated", target: str | None = None,
                 memory: MemoryTarget | None = None, refine_passes: int = 0, holdout: int = 0,
-                engine: str | None = None, costs: str = "single", path_nodes: int = 4) -> Recipe:
+                engine: str | None = None, costs: str = "single", path_nodes: int = 4,
+                damage_recipes: int = 0) -> Recipe:
     """The FP8 recipe of the given form that saves the most weight bytes while the measured `metric` stays
     <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
     or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
@@ -174,11 +175,16 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     one measured pass per group) or "path" (two path attributions with `path_nodes` nodes each); only forms that
     choose groups (free, keywords).
 
+    damage_recipes n > 0 (free and keywords forms): measure n random recipes around the operating point, fit the
+    damage model (damage.py: per-group terms and a saturating or compounding link) on them, rank groups by its
+    terms and predict each candidate by it; the search then measures the model's choice (under a budget, bisecting
+    from the model's guess only if that measurement exceeds the budget).
+
     form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
     how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
     scheme = Scheme.from_name(scheme)
-    check_request(form, kv_cache_dtype, keep, force, keep_first, keep_last, costs)
+    check_request(form, kv_cache_dtype, keep, force, keep_first, keep_last, costs, damage_recipes)
     _check_goal(budget, memory)
     shape = FORMS[form]
     if holdout and reference is not None:
@@ -195,10 +201,12 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     search = _Search(plan, student, search_set, scheme, metric, kv_scheme,
                      reference if reference is not None else Reference(student, search_set, batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
-    priced = None
+    priced = modelled = None
+    request = (sensitivity, shape, keep, force, keep_first, keep_last)
     if costs != "single":
-        plan, search, priced = _reprice(costs, plan, search, (sensitivity, shape, keep, force, keep_first, keep_last),
-                                        memory, weights, budget, path_nodes, batch_size)
+        plan, search, priced = _reprice(costs, plan, search, request, memory, weights, budget, path_nodes, batch_size)
+    if damage_recipes:
+        plan, search, modelled = _model_damage(plan, search, request, damage_recipes, memory, weights, budget)
     if memory is not None:
         k = search.reach(memory, weights, shape)
     elif shape.every:
@@ -218,11 +226,11 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     return Recipe.from_groups(
         student.units, scheme.name, {g.group for g in final}, model=student.name, kv_cache_dtype=kv_cache_dtype,
         **plan.membership(final, scheme), budget=budget, metric=metric,
-        predicted=sum(g.score for g in final), **report, split=split,
+        predicted=search.predict(final), **report, split=split,
         bytes_saved=sum(g.bytes_saved for g in final),
         search=search.log() + (refined.log if refined is not None else []),
         sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache_dtype else "calibrated",
-        memory_target=memory.to_json() if memory is not None else None, costs=priced,
+        memory_target=memory.to_json() if memory is not None else None, costs=priced, damage_model=modelled,
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
@@ -237,13 +245,7 @@ def _reprice(costs, plan, search, request, memory, weights, budget, nodes, batch
     from .context import operating_point_costs
 
     t0 = time.perf_counter()
-    n = len(plan.candidates) - 1
-    if memory is not None:
-        need = memory.amount(weights)
-        k0 = next((k for k in range(n + 1) if memory.value(plan.chosen(k)) >= need), n)
-    else:
-        k0 = max((k for k in range(n + 1) if search.predicted(k) <= budget), default=0)
-    current = plan.chosen(k0)
+    current = plan.chosen(_operating_point(plan, search, memory, weights, budget))
 
     def path(groups, fixed):
         return path_attribution(search.student, search.rollouts, search.reference, groups, search.scheme, nodes,
@@ -261,6 +263,35 @@ def _reprice(costs, plan, search, request, memory, weights, budget, nodes, batch
         info["nodes"] = nodes
     return new, _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv,
                         search.reference), info
+
+
+def _operating_point(plan, search, memory, weights, budget) -> int:
+    """The candidate the current scores choose without measuring: the first that meets the memory target, or the
+    last predicted within the budget."""
+    n = len(plan.candidates) - 1
+    if memory is not None:
+        need = memory.amount(weights)
+        return next((k for k in range(n + 1) if memory.value(plan.chosen(k)) >= need), n)
+    return max((k for k in range(n + 1) if search.predicted(k) <= budget), default=0)
+
+
+def _model_damage(plan, search, request, n, memory, weights, budget):
+    """The plan ranked by a damage model fitted on n random recipes around the operating point (damage.fit_around),
+    and a search that predicts by it; with what recipe.json records of the model."""
+    import time
+
+    from .damage import fit_around
+
+    t0 = time.perf_counter()
+    size = len(plan.candidates[_operating_point(plan, search, memory, weights, budget)])
+    model = fit_around(plan.free, plan.forced, search.measure_groups, max(size, 1), n)
+    new = _Plan.of(request[0], search.student, search.scheme, search.metric, *request[1:],
+                   scores=model.terms())
+    log.info("recipe: damage model fitted on %d random recipes (rho %.3g, cross-validated median error %.1f %%)",
+             model.fitted_on, model.rho, 100 * model.cv_error)
+    return new, _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv,
+                        search.reference, predict=lambda gs: model.predict(g.group for g in gs)), \
+        model.to_json() | {"recipes_measured": n, "seconds": time.perf_counter() - t0}
 
 
 def _report(final, found, result, student, sets, search_reference, scheme, metric, kv_scheme, batch_size,
@@ -390,13 +421,15 @@ def _perturbation(gs, student, scheme: Scheme, kv: KVCacheScheme | None) -> Pert
 class _Search:
     """Measured passes over the plan's candidates, each measured once (memo), and the three ways to choose one."""
 
-    def __init__(self, plan: _Plan, student, rollouts, scheme, metric, kv_scheme, reference):
+    def __init__(self, plan: _Plan, student, rollouts, scheme, metric, kv_scheme, reference, predict=None):
         self.plan, self.student, self.rollouts, self.scheme = plan, student, rollouts, scheme
         self.metric, self.kv, self.reference = metric, kv_scheme, reference
         self.memo: dict[int, dict] = {}
+        # a set of groups' predicted mismatch: the sum of their scores, or a damage model's prediction
+        self.predict = predict or (lambda gs: sum(g.score for g in gs))
 
     def predicted(self, k: int) -> float:
-        return sum(g.score for g in self.plan.chosen(k))
+        return self.predict(self.plan.chosen(k))
 
     def measure_groups(self, gs) -> tuple[float, dict, Measured | None]:
         """One measured pass of these groups in FP8 (+ the KV cache) on the search set: (the metric's excess, every

@@ -13,6 +13,8 @@ from fp8probe.apps.recipe import RecipeSettings
     ({"budget": 0.1, "fp8_share": 0.5}, "give exactly one of"),
     ({"budget": 0.1, "holdout": 1}, "would hold out every prompt"),
     ({"budget": 0.1, "form": "first-last", "costs": "path"}, "`costs` path prices groups for a form that chooses"),
+    ({"budget": 0.1, "form": "all", "damage_model": 20}, "`damage_model` ranks groups for a form that chooses"),
+    ({"budget": 0.1, "damage_model": 3}, "at least 4 measured recipes"),
 ])
 def test_a_bad_request_is_refused_by_the_settings(kw, match):
     with pytest.raises(FP8ProbeError, match=match):

@@ -1,6 +1,7 @@
 """Recipes chosen on groups priced at the operating point (make_recipe(costs=...)): what recipe.json records, and the
 prices checked against the simulation's own measurements."""
 
+import numpy as np
 import pytest
 from conftest import tiny_student
 
@@ -63,3 +64,54 @@ def test_groups_priced_at_the_operating_point(setup, costs):
     assert rec.fp8_share >= 0.5
     assert _m(st, r, ref, rec.quantized, members) == pytest.approx(rec.measured, rel=1e-9)
     assert rec.to_json()["costs"]["method"] == costs and "costs" not in single.to_json()
+
+
+def test_a_recipe_chosen_on_a_damage_model(setup, monkeypatch):
+    """recipe --damage-model: random recipes measured around the operating point, a model fitted on them; the groups
+    ranked by its terms, the recipe's prediction its figure, close to what the recipe measures (not fitted on it)."""
+    import fp8probe.recipe.damage as damage
+
+    st, r, ref, df = setup
+    members = {g: [u.name for u in us] for g, us in st.groups().items()}
+    fitted = {}
+
+    def fit_around(*a, **kw):  # the real fit; its terms then re-ordered, so that the ranking must follow the model
+        m = real(*a, **kw)
+        if fitted.get("shuffle"):  # the cheapest term becomes the dearest, and so on
+            m.u = np.sort(m.u)[::-1][np.argsort(np.argsort(m.u))]
+        return m
+
+    real = damage.fit_around
+    monkeypatch.setattr(damage, "fit_around", fit_around)
+    rec = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5), damage_recipes=12)
+    dm = rec.damage_model
+    assert dm["recipes_measured"] == 12 and 4 <= dm["fitted_on"] <= 12 and set(dm["terms"]) == set(members)
+    size = {g: sum(st.unit(u).params for u in us) for g, us in members.items()}
+    block = {g: st.unit(us[0]).block for g, us in members.items()}
+    order = sorted(members, key=lambda g: (dm["terms"][g] / size[g], -block[g], g))
+    total = sum(size.values()) + st.model.lm_head.weight.numel()
+    want, have = [], 0
+    for g in order:
+        if have >= 0.5 * total:
+            break
+        want.append(g)
+        have += size[g]
+    assert sorted(rec.quantized) == sorted(want)
+    measured = _m(st, r, ref, rec.quantized, members)
+    assert rec.predicted == pytest.approx(measured, rel=0.3)
+    # under a budget the model's guess is measured and holds
+    whole = _m(st, r, ref, list(members), members)
+    under = make_recipe(df, whole / 2, st, r, reference=ref, damage_recipes=12)
+    assert under.measured <= whole / 2 and under.damage_model["recipes_measured"] == 12
+    # terms in another order than the prior's: the recipe follows them, not the sweep's rows
+    fitted["shuffle"] = True
+    other = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5), damage_recipes=12)
+    terms = other.damage_model["terms"]
+    order = sorted(members, key=lambda g: (terms[g] / size[g], -block[g], g))
+    want, have = [], 0
+    for g in order:
+        if have >= 0.5 * total:
+            break
+        want.append(g)
+        have += size[g]
+    assert sorted(other.quantized) == sorted(want) and sorted(want) != sorted(rec.quantized)
