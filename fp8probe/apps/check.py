@@ -44,7 +44,11 @@ def format_check(report: dict) -> str:
     if report.get("budget_interval"):
         b += f" [{report['budget_interval'][0]:.4g}, {report['budget_interval'][1]:.4g}]"
     sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
-    lines = [f"{v}: {report['configuration']}{as_run}: {report['metric']} {report['measured']:.4g} "
+    pred = report.get("predicted")
+    lines = [f"predicted before measuring: {report['metric']} {pred['value']:.4g} by the damage model in "
+             f"{pred['source']} (its cross-validated median error {pred['cv_median_rel_error']:.0%})"] \
+        if pred and pred.get("value") is not None else []
+    lines += [f"{v}: {report['configuration']}{as_run}: {report['metric']} {report['measured']:.4g} "
              f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report['margin']:+.3g}; budget "
              f"{'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}: {report['budget_source']})"]
     if report.get("undecided_because"):
@@ -89,6 +93,35 @@ class CheckSettings(Settings):
                                 "(compare several with `fp8probe ladder`)")
 
 
+def predict(sc: Shortcuts, student, config, metric: str) -> dict | None:
+    """The checked recipe's mismatch as the damage model in its recipe.json predicts it (`recipe --damage-model`),
+    logged before anything is measured: {"value", "source", "cv_median_rel_error", "fitted_on"}, value None (with
+    why) for what the model does not cover; None without such a model."""
+    import json
+    import logging
+
+    if not sc.recipe:
+        return None
+    rj = Path(sc.recipe[0]).with_name("recipe.json")
+    doc = json.loads(rj.read_text()) if rj.is_file() else {}
+    info = doc.get("damage_model")
+    if not info:
+        return None
+    out = {"value": None, "source": str(rj), "cv_median_rel_error": info["cv_median_rel_error"],
+           "fitted_on": info["fitted_on"], "metric": doc.get("metric", "kl_q_p")}
+    p = config.perturbation
+    if p.kv_layers or p.stale is not None or p.noise or metric != out["metric"]:
+        out["why"] = f"the damage model predicts FP8 weights alone, on {out['metric']}"
+        return out
+    from ..recipe.damage import DamageModel
+
+    unit_group = {u.name: u.group for u in student.quantizable}
+    out["value"] = DamageModel.from_json(info).predict({unit_group[u] for u in p.units if u in unit_group})
+    logging.getLogger(__name__).info("check: predicted %s %.4g by the damage model in %s, before measuring",
+                                     metric, out["value"], rj)
+    return out
+
+
 def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = False) -> CheckResult:
     """The verdict (check()) written as DIR/check.json; returns it with the report."""
     from ..budget.fit import read_budget
@@ -105,7 +138,10 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
         named = sc.sources(student, model.allow_pickle)
         config = named[0] if len(named) == 1 else combine(named)
+        predicted = predict(sc, student, config, budget.metric)
         report = check(student, r, config, budget, teacher=teacher, prefix_tokens=rollouts.max_new_tokens,
                        seed=rollouts.seed, batch_size=rollouts.batch_size, engine=sc.engine)
+        if predicted is not None:
+            report["predicted"] = predicted
         atomic_write_json(d / "check.json", report)
     return CheckResult(Path(out), report)

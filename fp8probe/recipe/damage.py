@@ -74,6 +74,14 @@ class DamageModel:
         idx = self.index()
         return float(link(sum(self.u[idx[g]] for g in groups), self.rho))
 
+    @classmethod
+    def from_json(cls, d: dict) -> "DamageModel":
+        """The model as recipe.json records it (to_json)."""
+        terms = d["terms"]
+        return cls(list(terms), np.array([float(v) for v in terms.values()]), float(d["rho"]), float(d["k"]),
+                   float(d["tau"]), int(d["fitted_on"]), float(d["cv_median_rel_error"]),
+                   {float(t): e for t, e in d.get("cv", {}).items()})
+
     def to_json(self) -> dict:
         return {"link": "(1 - exp(-rho*S)) / rho, S = sum of the groups' terms", "rho": self.rho, "k": self.k,
                 "tau": self.tau, "fitted_on": self.fitted_on, "cv_median_rel_error": self.cv_error,

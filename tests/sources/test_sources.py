@@ -323,3 +323,28 @@ def test_check_gives_the_other_engines_figure(setup):
     rep = check(st, r, kv, point, reference=ref)
     assert rep["also_measured"]["measured"] is None and "FlashAttention 3" in rep["also_measured"]["not_covered"]
     assert "not measured as vllm-cuda computes it" in format_check(rep)
+
+
+def test_check_predicts_a_modelled_recipe_before_measuring(cli, tmp_path, tiny_dirs, caplog):
+    """A recipe chosen with `--damage-model`: check reads the model beside it and reports its prediction for the
+    checked configuration (logged before the measurement), close to what check then measures; with an FP8 KV cache
+    added the model does not cover it and says so."""
+    model = tiny_dirs["llama"]
+    r = cli("-q", "sweep", model, "--out", tmp_path / "s", "--num-prompts", 4, "--max-new-tokens", 8, "--no-kv")
+    assert r.code == 0, r.err
+    r = cli("-q", "recipe", tmp_path / "s", "--fp8-share", 0.5, "--damage-model", 12, "--out", tmp_path / "r",
+            "--holdout", 0, "--refine", 0)
+    assert r.code == 0, r.err
+    rj = json.loads((tmp_path / "r" / "recipe.json").read_text())
+    common = ["--rollouts", tmp_path / "s", "--recipe", tmp_path / "r" / "recipe.yaml", "--max-new-tokens", 8]
+    r = cli("check", model, "--budget", 1.0, "--out", tmp_path / "c1", *common)
+    assert r.code == 0, r.err
+    rep = json.loads((tmp_path / "c1" / "check.json").read_text())
+    pred = rep["predicted"]
+    assert pred["value"] == pytest.approx(rj["predicted"], rel=1e-9)  # the recipe's own groups
+    assert pred["value"] == pytest.approx(rep["measured"], rel=0.3) and pred["fitted_on"] >= 4
+    assert r.out.splitlines()[0].startswith("predicted before measuring: kl_q_p")
+    assert any("before measuring" in x.getMessage() for x in caplog.records)  # logged ahead of the measurement
+    r = cli("-q", "check", model, "--budget", 1.0, "--out", tmp_path / "c2", "--kv-cache-dtype", "fp8", *common)
+    rep = json.loads((tmp_path / "c2" / "check.json").read_text())
+    assert rep["predicted"]["value"] is None and "FP8 weights alone" in rep["predicted"]["why"]
