@@ -40,7 +40,7 @@ from fp8probe.measurement.measure import measure_with_interval
 from fp8probe.measurement.mismatch import metric_over
 from fp8probe.measurement.perturbation import Perturbation
 from fp8probe.measurement.reference import Reference
-from fp8probe.model.embedded import embedded_student_dir
+from fp8probe.model.embedded import STUDENTS
 from fp8probe.model.prompts import BUILTIN_PROMPTS
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.refine import DEFAULT_REFINE_PASSES
@@ -81,7 +81,8 @@ def modelopt_as_python(source: str | None) -> Path:
     return py
 
 
-def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient"), as_source: str | None = None) -> dict:
+def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient"), as_source: str | None = None,
+                 model: str = "smollm2-135m") -> dict:
     tokens = out / "tokens.pt"
     torch.save({"input_ids": rollouts.input_ids, "attention_mask": rollouts.attention_mask,
                 "response_mask": rollouts.response_mask}, tokens)
@@ -90,19 +91,19 @@ def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient"),
         res = out / f"modelopt-{method}-{bits:g}.json"
         if not res.exists():
             py = modelopt_as_python(as_source) if method == "aumann_shapley" else modelopt_python()
-            subprocess.run([str(py), str(WORKER), str(embedded_student_dir()), str(tokens), method,
+            subprocess.run([str(py), str(WORKER), str(STUDENTS[model]()), str(tokens), method,
                             str(bits), str(res)], check=True)
         mo[method] = json.loads(res.read_text())
     return mo
 
 
-def sweeps(sweep: str, out: Path) -> dict:
+def sweeps(sweep: str, out: Path, model: str = "smollm2-135m") -> dict:
     """method -> (the per-group FP8 sweep table, its seconds: reference + rows)."""
     tables = {}
     for method in METHODS:
         d = out / f"sweep-fp8-{method}"
         if not (d / "sensitivity.csv").exists():
-            assert cli(["-q", "sweep", "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group", "--no-kv",
+            assert cli(["-q", "sweep", model, "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group", "--no-kv",
                         "--method", method, "--out", str(d)]) == 0
         run = read_sweep(d)
         tables[method] = (run.table, sum(v for v in run.run["seconds"].values() if isinstance(v, (int, float))))
@@ -142,8 +143,10 @@ PATHS = (("exact", "single", 0), ("exact", "single", DEFAULT_REFINE_PASSES), ("f
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m", choices=sorted(STUDENTS),
+                    help="the student (the embedded one, or Gemma 3 270M)")
     ap.add_argument("--sweep", default="runs/smollm2",
-                    help="a sweep dir of the embedded student: its rollouts are what every tool searches on")
+                    help="a sweep dir of that student: its rollouts are what every tool searches on")
     ap.add_argument("--bits", type=float, nargs="+", default=list(SIZES), help="effective bits of the sizes compared")
     ap.add_argument("--heldout-seed", type=int, default=1)
     ap.add_argument("--modes", nargs="+", default=["kl_div", "gradient"],
@@ -157,9 +160,9 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rollouts = load_rollouts(args.sweep)
-    mo = {bits: run_modelopt(rollouts, out, bits, args.modes, args.as_source) for bits in args.bits}
-    tables = sweeps(args.sweep, out)
-    student = load_student()
+    mo = {bits: run_modelopt(rollouts, out, bits, args.modes, args.as_source, args.model) for bits in args.bits}
+    tables = sweeps(args.sweep, out, args.model)
+    student = load_student(args.model)
     search_ref = Reference(student, rollouts)
     seen = set(rollouts.meta.get("prompts", []))
     unseen = [p for p in BUILTIN_PROMPTS if p not in seen]
@@ -171,7 +174,7 @@ def main():
     groups = group_scores(tables["exact"][0], "kl_q_p", members)
     by_name = {g.group: g for g in groups}
 
-    print(f"embedded student; every tool searches on the sweep's {rollouts.num_sequences} rollouts; judged on "
+    print(f"{args.model}; every tool searches on the sweep's {rollouts.num_sequences} rollouts; judged on "
           f"{held.num_sequences} samples of {len(unseen)} other prompts (seed {args.heldout_seed}, "
           f"{held.num_response_tokens} response tokens) by the simulation and the vllm-cuda profile; FP8 per-tensor "
           "(FP8_DEFAULT_CFG / scheme FP8); KL(q||p) per token [90 % interval over the held-out prompts]; ratios to "
