@@ -103,8 +103,8 @@ def sweeps(sweep: str, out: Path, model: str = "smollm2-135m") -> dict:
     for method in METHODS:
         d = out / f"sweep-fp8-{method}"
         if not (d / "sensitivity.csv").exists():
-            assert cli(["-q", "sweep", model, "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group", "--no-kv",
-                        "--method", method, "--out", str(d)]) == 0
+            assert cli(["-q", "sweep", model, "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group",
+                        "--no-kv", "--method", method, "--out", str(d)]) == 0
         run = read_sweep(d)
         tables[method] = (run.table, sum(v for v in run.run["seconds"].values() if isinstance(v, (int, float))))
     return tables

@@ -20,13 +20,11 @@ from ..recipe.refine import DEFAULT_REFINE_PASSES
 
 @dataclass(frozen=True)
 class RecipeSettings(Settings):
-    """Exactly one goal: `budget` (the most bytes with the measured `metric` within it) or a memory target
-    (`min_bytes_saved`, `effective_bits`, `fp8_share`: the least measured mismatch that reaches it). Constraints:
-    `kv_cache_dtype`, `keep_first`/`keep_last` blocks, `keep`/`force` units or groups, the recipe `form`, a
-    rollout framework `target`; `refine` measured passes that see interactions (free and keywords forms)."""
+    """Exactly one goal, `budget` or a memory target (`min_bytes_saved`, `effective_bits`, `fp8_share`); the
+    constraints on what is searched; how groups are priced and ranked; the refinement and the held-out report."""
 
-    budget: float | None = opt(None, "largest allowed measured mismatch of the recipe (it saves the most bytes "
-                               "within it)", low=0.0, group="goal", required=True)
+    budget: float | None = opt(None, "largest allowed measured mismatch (the recipe saves the most bytes within it)",
+                               low=0.0, group="goal", required=True)
     min_bytes_saved: int | None = opt(None, "instead of a budget: save at least this many weight bytes, with the "
                                       "least mismatch", low=0, group="goal", metavar="BYTES")
     effective_bits: float | None = opt(None, "instead: at most B bits per weight of every Linear, lm_head included "
@@ -48,13 +46,10 @@ class RecipeSettings(Settings):
                            "none (FP8 KV cache only)", choices=FORMS)
     target: str | None = opt(None, "a rollout framework: its form, FP8 scheme and KV-cache scales (see `fp8probe "
                              "export`)", choices=lambda: TARGETS)
-    costs: str = opt("single", "how groups are priced before they are ranked: single (the sweep's rows), or at the "
-                     "operating point the single rows choose, the rest of that recipe in FP8: context (one measured "
-                     "pass per group), path (path attributions: a few forward and backward passes); free and "
-                     "keywords forms", choices=COSTS)
-    damage_model: int = opt(0, "measure N random recipes around the operating point, fit a damage model (per-group "
-                            "terms, a saturating or compounding link) on them, rank groups by it and predict each "
-                            "recipe with it (0: off; free and keywords forms)", low=0, metavar="N")
+    costs: str = opt("single", "how groups are priced: single (the sweep's rows), or with the rest of the recipe the "
+                     "rows choose in FP8: context (a measured pass per group), path (path attributions)", choices=COSTS)
+    damage_model: int = opt(0, "rank and predict by a damage model fitted on N measured random recipes (0: off)",
+                            low=0, metavar="N")
     refine: int = opt(DEFAULT_REFINE_PASSES, "measured passes that refine a free recipe with interactions (0: off)",
                       low=0, metavar="PASSES")
     engine: str = opt("vllm-cuda", "also report the recipe's figure as this rollout engine computes it (the search "
@@ -87,8 +82,7 @@ class RecipeSettings(Settings):
 
 def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", trust_remote_code: bool = False,
                allow_pickle: bool = False) -> RecipeResult:
-    """The recipe of `sweep_dir` (its table, rollouts and model) as `settings` say, written into `out`; returns it
-    with the seconds its search took."""
+    """The recipe of `sweep_dir` (its table, rollouts and model) as `settings` say, written into `out`."""
     from ..core.files import check_writable, output_dir
     from ..deploy.frameworks import recipe_form
     from ..model.rollouts import load_rollouts
@@ -112,8 +106,8 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
                              keep_last=settings.keep_last, keep=settings.keep, force=settings.force,
                              batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()), form=form,
                              kv_scale=kv_scale, target=target.name if target else None, memory=settings.memory,
-                             refine_passes=settings.refine, holdout=settings.holdout,
-                             engine=None if settings.engine == "none" else settings.engine, costs=settings.costs,
+                             refine_passes=settings.refine, holdout=settings.holdout, costs=settings.costs,
+                             engine=None if settings.engine == "none" else settings.engine,
                              damage_recipes=settings.damage_model)
     except FP8ProbeError as e:
         if target is None:
@@ -147,8 +141,7 @@ def _describe(r, s: RecipeSettings, out, seconds: float) -> str:
         measured = f"measured {r.measured:.4g} {goal}"
     e = r.measured_engine
     if e and e.get("measured") is not None:
-        lo, hi = e['interval']
-        measured += f"; as {e['engine']} computes it {e['measured']:.4g} [{lo:.4g}, {hi:.4g}]"
+        measured += "; as {} computes it {:.4g} [{:.4g}, {:.4g}]".format(e["engine"], e["measured"], *e["interval"])
     return (f"recipe{f' for {s.target}' if s.target else ''} (form {r.form}): {len(r.quantized)}/"
             f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
             f"{' + FP8 KV cache' if r.kv_cache_dtype else ''}; "

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from ..apps import budget, calibrate, capacity, check, export, inputs, ladder, measure, plan, plot, recipe, sweep
+from ..apps import audit, budget, calibrate, capacity, check, export, inputs, ladder, measure, plan, plot, recipe, sweep
 from ..budget.settings import CalibrateSettings, TrainSettings
 from ..deploy.frameworks import TARGETS
 from ..deploy.serving import Serving
@@ -120,6 +120,15 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
              *LOADING),
             ("export --recipe runs/recipe-0.01/recipe.yaml --out ckpt/smollm2-fp8",
              "export --recipe runs/r-*/recipe.yaml --target all --out runs/rollout-configs"), _export),
+    Command("audit", "is the engine running the recipe? an export against its recipe, as vLLM resolves it (exit 0 "
+            "clean, 1 findings, 2 error)", (),
+            (("export_dir", {"help": "a checkpoint directory written by `fp8probe export --target vllm`"}),
+             ("--recipe", {"help": "the recipe.yaml it was exported from (default: the copy in EXPORT_DIR)"}),
+             ("--model", {"help": "the BF16 student it was exported from (HF directory, .gguf, smollm2-135m), for "
+                          "the weight scales; default: weights not checked"}),
+             OUT, ("--allow-pickle", {"action": "store_true", "help": "allow .bin/.pt weights for --model"})),
+            ("audit ckpt/smollm2-fp8 --model smollm2-135m --out runs/audit",),
+            lambda a: audit.run_audit(a.export_dir, a.recipe, a.model, a.out, a.allow_pickle)),
     Command("capacity", "KV-cache tokens and concurrency, BF16 vs FP8, as vLLM accounts them; config only",
             (capacity.CapacitySettings, Serving),
             (("model", {"nargs": "?", "help": "HF directory or id, .gguf, a bare config.json; default: the embedded "

@@ -18,6 +18,7 @@ import errno
 EXIT_OK = 0
 EXIT_REJECT = 1  # `fp8probe check` only: the configuration exceeds the budget
 EXIT_UNCERTAIN = 3  # `fp8probe check` only: the measured interval and the budget's overlap
+EXIT_FINDINGS = 1  # `fp8probe audit` only: the export does not run the recipe as written
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -201,12 +201,8 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
     search = _Search(plan, student, search_set, scheme, metric, kv_scheme,
                      reference if reference is not None else Reference(student, search_set, batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
-    priced = modelled = None
-    request = (sensitivity, shape, keep, force, keep_first, keep_last)
-    if costs != "single":
-        plan, search, priced = _reprice(costs, plan, search, request, memory, weights, budget, path_nodes, batch_size)
-    if damage_recipes:
-        plan, search, modelled = _model_damage(plan, search, request, damage_recipes, memory, weights, budget)
+    plan, search, priced, modelled = _scored(costs, damage_recipes, plan, search, (
+        sensitivity, shape, keep, force, keep_first, keep_last), memory, weights, budget, path_nodes, batch_size)
     if memory is not None:
         k = search.reach(memory, weights, shape)
     elif shape.every:
@@ -234,6 +230,17 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
+
+
+def _scored(costs, damage_recipes, plan, search, request, memory, weights, budget, nodes, batch_size):
+    """The plan and search with the groups priced at the operating point (`costs`) and/or ranked by a damage model
+    (`damage_recipes`), and what recipe.json records of each (None where not asked)."""
+    priced = modelled = None
+    if costs != "single":
+        plan, search, priced = _reprice(costs, plan, search, request, memory, weights, budget, nodes, batch_size)
+    if damage_recipes:
+        plan, search, modelled = _model_damage(plan, search, request, damage_recipes, memory, weights, budget)
+    return plan, search, priced, modelled
 
 
 def _reprice(costs, plan, search, request, memory, weights, budget, nodes, batch_size):

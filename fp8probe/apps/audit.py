@@ -1,0 +1,55 @@
+"""`fp8probe audit EXPORT`: is the engine running the recipe? The checkpoint `export` wrote, against the recipe it was
+made from (deploy/audit.py), one line per finding; exit 0 clean, 1 with findings, 2 on an error; DIR/audit.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.results import Result
+
+
+@dataclass(frozen=True)
+class AuditResult(Result):
+    report: dict  # audit.json
+
+    @property
+    def exit_code(self) -> int:
+        """0 clean, 1 with findings (core/errors.py)."""
+        from ..core.errors import EXIT_FINDINGS, EXIT_OK
+
+        return EXIT_OK if self.report["clean"] else EXIT_FINDINGS
+
+    def describe(self, seconds: float) -> str:
+        r = self.report
+        c = r["checked"]
+        verdict = "clean" if r["clean"] else f"{len(r['findings'])} finding(s)"
+        head = (f"{verdict}: {c['modules']} Linear modules "
+                f"({c['engine_fp8']} in FP8 as vLLM resolves the checkpoint, {c['recipe_fp8']} in the recipe), "
+                f"{c['input_scales']} input and {c['kv_scales']} KV-cache scales, "
+                + (f"{c['weights']} FP8 weights against the student's" if "weights" in c else
+                   "weights not checked (give `model`, the BF16 student it was exported from)"))
+        return "\n".join([head] + [f"{f['kind']}: {f['where']}: {f['message']}" for f in r["findings"]])
+
+
+def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pickle: bool = False) -> AuditResult:
+    """Audit `export_dir` (a checkpoint `fp8probe export` wrote) against `recipe` (default: the recipe.yaml the
+    export copied) and, with `model`, the BF16 student's weights; writes DIR/audit.json."""
+    from ..core.errors import FP8ProbeError
+    from ..core.files import atomic_write_json, output_dir
+    from ..deploy.audit import audit_checkpoint
+    from ..recipe.recipe import read_recipe
+
+    if not Path(export_dir).is_dir():
+        raise FP8ProbeError(f"no such export directory: {export_dir}")
+    rec = read_recipe(recipe) if recipe else None
+    student = None
+    if model is not None:
+        from ..model.student import load_student
+
+        student = load_student(model, allow_pickle=allow_pickle)
+    a = audit_checkpoint(export_dir, rec, student)
+    with output_dir(out) as d:
+        report = a.to_json()
+        atomic_write_json(d / "audit.json", report)
+    return AuditResult(Path(out), report)
