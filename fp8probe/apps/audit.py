@@ -21,15 +21,18 @@ class AuditResult(Result):
         return EXIT_OK if self.report["clean"] else EXIT_FINDINGS
 
     def describe(self, seconds: float) -> str:
-        r = self.report
-        c = r["checked"]
+        r, c = self.report, self.report["checked"]
+        parts = []
+        if "modules" in c:
+            parts.append(f"{c['modules']} Linear modules ({c['engine_fp8']} in FP8 as vLLM resolves the checkpoint, "
+                         f"{c['recipe_fp8']} in the recipe), {c['input_scales']} input and {c['kv_scales']} KV-cache "
+                         "scales, " + (f"{c['weights']} FP8 weights against the student's" if "weights" in c else
+                                       "weights not checked (give `model`, the BF16 student it was exported from)"))
+        if c.get("frameworks"):
+            parts.append(f"the fragments of {', '.join(c['frameworks'])} as each framework reads them")
         verdict = "clean" if r["clean"] else f"{len(r['findings'])} finding(s)"
-        head = (f"{verdict}: {c['modules']} Linear modules "
-                f"({c['engine_fp8']} in FP8 as vLLM resolves the checkpoint, {c['recipe_fp8']} in the recipe), "
-                f"{c['input_scales']} input and {c['kv_scales']} KV-cache scales, "
-                + (f"{c['weights']} FP8 weights against the student's" if "weights" in c else
-                   "weights not checked (give `model`, the BF16 student it was exported from)"))
-        return "\n".join([head] + [f"{f['kind']}: {f['where']}: {f['message']}" for f in r["findings"]])
+        lines = [f"{verdict}: {'; '.join(parts)}"]
+        return "\n".join(lines + [f"{f['kind']}: {f['where']}: {f['message']}" for f in r["findings"]])
 
 
 def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pickle: bool = False) -> AuditResult:

@@ -21,6 +21,8 @@ what an engine reads and checks it against the recipe, one finding per defect:
                  never gives
     kv-scale     with an FP8 KV cache, each attention layer's k_scale and v_scale present, finite, positive, and not
                  1.0 where the recipe calibrated them
+    framework    every RL framework's fragment under frameworks/, read as that framework reads it (each target's
+                 reader in frameworks/*.py), module by module and for the KV cache against the recipe
 
 audit.json holds every finding and what was checked; the command exits 0 when clean, 1 with findings (2 on an error).
 """
@@ -136,33 +138,93 @@ def _read(ckpt: Path, names: list[str]) -> dict:
 
 
 def audit_checkpoint(ckpt: str | Path, recipe=None, student=None) -> Audit:
-    """Audit an exported checkpoint directory against `recipe` (a Recipe; default: the recipe.yaml export copied
-    into it) and, when given, the BF16 `student` it was made from (for the weight scales)."""
+    """Audit what `fp8probe export` wrote into a directory against `recipe` (a Recipe; default: the recipe.yaml the
+    export copied) and, when given, the BF16 `student` it was made from (its units; the weight scales): the
+    checkpoint when there is one (config.json), and every framework fragment under frameworks/."""
     from ..model.structure import list_units, meta_model
     from ..model.student import load_config
     from ..recipe.recipe import read_recipe
 
     ckpt = Path(ckpt)
-    cfg_path = ckpt / "config.json"
-    if not cfg_path.is_file():
-        raise FP8ProbeError(f"{ckpt} has no config.json: pass the directory `fp8probe export` wrote")
-    qc = json.loads(cfg_path.read_text()).get("quantization_config")
-    if not qc or qc.get("quant_method") != "compressed-tensors":
+    has_ckpt = (ckpt / "config.json").is_file()
+    frameworks = _fragments(ckpt / "frameworks")
+    if not has_ckpt and not frameworks:
+        raise FP8ProbeError(f"{ckpt} has no config.json and no framework fragments: pass the directory "
+                            "`fp8probe export` wrote")
+    qc = json.loads((ckpt / "config.json").read_text()).get("quantization_config") if has_ckpt else None
+    if has_ckpt and (not qc or qc.get("quant_method") != "compressed-tensors"):
         raise FP8ProbeError(f"{ckpt}/config.json has no compressed-tensors quantization_config: not an FP8 export")
     if recipe is None:
         if not (ckpt / "recipe.yaml").is_file():
             raise FP8ProbeError(f"{ckpt} holds no recipe.yaml: pass the recipe it was exported from (`recipe`)")
         recipe = read_recipe(ckpt / "recipe.yaml")
-    meta = meta_model(load_config(str(ckpt)))
+    if has_ckpt:
+        meta = meta_model(load_config(str(ckpt)))
+    elif student is not None:
+        meta = student.model
+    else:
+        raise FP8ProbeError(f"{ckpt} holds framework fragments only: pass `model`, the student they were made for")
     units = list_units(meta)
     a = Audit()
+    if has_ckpt:
+        _audit_checkpoint(a, ckpt, qc, recipe, units, {name for name, _ in meta.named_modules()}, student)
+    _audit_frameworks(a, ckpt / "frameworks", frameworks, recipe, units, int(meta.config.num_hidden_layers))
+    return a
+
+
+def _audit_checkpoint(a: Audit, ckpt: Path, qc: dict, recipe, units, modules: set[str], student) -> None:
     fp8 = _membership(a, recipe, units, qc)
     tensors = _tensors(ckpt)
-    _check_tensors(a, fp8, {name for name, _ in meta.named_modules()}, tensors)
+    _check_tensors(a, fp8, modules, tensors)
     _check_scales(a, ckpt, fp8, qc, units, tensors, recipe)
     if student is not None:
         _check_weights(a, ckpt, fp8, tensors, student, recipe)
-    return a
+
+
+def _fragments(d: Path) -> dict[str, dict[str, str]]:
+    """target -> {file: text} of every framework fragment `export` wrote under frameworks/."""
+    from .frameworks.base import RESOLVERS
+
+    out = {}
+    for name, (files, _) in RESOLVERS.items():
+        if files and all((d / f).is_file() for f in files):
+            out[name] = {f: (d / f).read_text() for f in files}
+    return out
+
+
+def _audit_frameworks(a: Audit, d: Path, fragments: dict, recipe, units, n_blocks: int) -> None:
+    """Each fragment read as its framework reads it (frameworks/*.py: resolves), against the recipe."""
+    from .frameworks.base import RESOLVERS
+
+    applies = _applied_recipes(d)
+    for name, files in fragments.items():
+        rec = applies[name][0] if name in applies else recipe
+        want = {u.name for u in rec.fp8_units(units)}
+        applied = RESOLVERS[name][1](files, units, n_blocks)
+        for u in sorted(applied.fp8 ^ want):
+            a.add("framework", f"{name}: {u}", f"{name} quantizes it, the recipe keeps it BF16" if u in applied.fp8
+                  else f"the recipe puts it in FP8, {name} keeps it BF16")
+        if (rec.kv_cache_dtype is not None) != (applied.kv is not None):
+            a.add("framework", f"{name}: kv_cache_dtype", f"{name} sets {applied.kv}, the recipe has "
+                  f"{rec.kv_cache_dtype or 'a BF16 KV cache'}" if applied.kv else
+                  f"the recipe has an FP8 KV cache ({rec.kv_cache_dtype}), {name}'s fragment sets none")
+    a.checked["frameworks"] = sorted(fragments)
+    a.checked["framework_recipes"] = {n: applies[n][1] if n in applies else "the audited recipe"
+                                      for n in sorted(fragments)}
+
+
+def _applied_recipes(d: Path) -> dict:
+    """target -> (the Recipe it applies, its path), as frameworks/README.md records it ("- NAME: ... from PATH"),
+    where that file is still there: an export of several recipes gives each target its own."""
+    from ..recipe.recipe import read_recipe
+
+    readme = d / "README.md"
+    out = {}
+    for line in readme.read_text().splitlines() if readme.is_file() else []:
+        m = re.match(r"^- ([\w-]+): .* from (.+)$", line)
+        if m and Path(m.group(2)).is_file():
+            out[m.group(1)] = (read_recipe(m.group(2)), m.group(2))
+    return out
 
 
 def _membership(a: Audit, recipe, units, qc) -> list[str]:

@@ -142,3 +142,54 @@ def test_the_command(cli, exported, tmp_path):
         r = cli("audit", *args, "--out", out)
         assert r.code == 2 and len(r.lines) == 1 and match in r.lines[0], (args, r.err)
         assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def all_targets(tmp_path_factory):
+    """One export to every target of two recipes (block FP8 with block 0 kept, and vLLM's online FP8 made for
+    SkyRL), as test_frameworks exports them."""
+    root = tmp_path_factory.mktemp("audit-all")
+    tiny_model("llama", num_key_value_heads=4, num_hidden_layers=4).save_pretrained(root / "model")
+    tiny_tokenizer().save_pretrained(root / "model")
+    st = tiny_student("llama", num_key_value_heads=4, num_hidden_layers=4)
+    groups = fused_groups(st.units)
+    keep = {"model.layers.0.", "model.layers.2.mlp.gate_up"}
+    recipes = {"block": Recipe.from_groups(st.units, "FP8_BLOCK", [g for g in groups if not any(
+                   g.startswith(k) for k in keep)], kv_cache_dtype="fp8"),
+               "online": Recipe.from_groups(st.units, "FP8_TENSOR_DYNAMIC", list(groups), kv_cache_dtype="fp8",
+                                            kv_scale="unit", target="skyrl")}
+    paths = []
+    for name, r in recipes.items():
+        r.write(root / name)
+        paths.append(root / name / "recipe.yaml")
+    out = export(str(root / "model"), paths, root / "out", targets=["all"],
+                 rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6)).out
+    return Path(out), st
+
+
+def test_every_framework_fragment_is_read_as_its_framework_reads_it(all_targets, tmp_path):
+    ckpt, st = all_targets
+    a = audit_checkpoint(ckpt, student=st)
+    assert a.findings == [], [f.line() for f in a.findings]
+    assert a.checked["frameworks"] == ["nemo-rl", "skyrl", "verl-sglang"]
+    assert a.checked["framework_recipes"]["skyrl"].endswith("online/recipe.yaml")  # each target its own recipe
+    fw = ckpt / "frameworks"
+
+    def planted(name, edit):
+        bad = tmp_path / name
+        shutil.copytree(ckpt, bad)
+        f = bad / "frameworks" / name
+        f.write_text(edit(f.read_text()))
+        return [x for x in audit_checkpoint(bad, student=st).findings if x.kind == "framework"]
+
+    # NeMo-RL's keyword for the kept gate/up dropped: it would quantize them
+    text = (fw / "nemo-rl.yaml").read_text()
+    assert "model.layers.2.mlp.gate_proj" in text
+    got = planted("nemo-rl.yaml", lambda t: t.replace("- model.layers.2.mlp.gate_proj\n", ""))
+    assert [f.where for f in got] == ["nemo-rl: model.layers.2.mlp.gate_proj"]
+    # verl-SGLang's ignore list loses its first entry (block 0's modules, kept by the recipe)
+    got = planted("verl-sglang.sh", lambda t: t.replace('IGNORED_LAYERS="', 'IGNORED_LAYERS="x.', 1))
+    assert got and all(f.where.startswith("verl-sglang: model.layers.") for f in got)
+    # SkyRL's FP8 KV cache dropped
+    got = planted("skyrl.sh", lambda t: "\n".join(ln for ln in t.splitlines() if "kv_cache_dtype" not in ln) + "\n")
+    assert [f.where for f in got] == ["skyrl: kv_cache_dtype"]

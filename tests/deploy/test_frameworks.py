@@ -285,6 +285,14 @@ def test_verl_sglang_ignores_exactly_the_kept_modules(released, student, rendere
     for u in student.quantizable:
         kept_by_verl = any(matches(u.name + ".weight", layer) for layer in ignored)
         assert kept_by_verl == (u.name not in fp8), u.name
+    # `fp8probe audit` reads the fragment with its own copy of that rule: the same answer for every module and entry,
+    # and for entries of other shapes ("re:", a bare suffix, a block prefix, case, stray dots)
+    from fp8probe.deploy.frameworks.verl import _matches_ignored
+
+    entries = ignored + ["re:.*layers\\.2\\..*", "mlp", "down_proj", "model.layers.1", ".Self_Attn.", "layers.3.mlp.up"]
+    for u in student.quantizable:
+        for entry in entries:
+            assert _matches_ignored(u.name, entry) == matches(u.name + ".weight", entry), (u.name, entry)
 
 
 @pytest.mark.parametrize("kept_groups,keywords", [

@@ -59,6 +59,56 @@ class Target:
 
 TARGETS: dict[str, Target] = {}  # name -> Target, in the order their modules register them
 RENDERERS: dict[str, object] = {}  # name -> fn(expression, model_path, units) -> {file name: text}
+# name -> (the files it reads, fn(files {name: text}, units, n_blocks) -> Applied): what its engine would run
+RESOLVERS: dict[str, tuple] = {}
+
+
+@dataclass
+class Applied:
+    """What a framework's engine runs, read back from the fragment it reads (`fp8probe audit`)."""
+
+    fp8: set  # quantizable units in FP8
+    kv: str | None  # the FP8 KV-cache dtype it sets, or None
+
+
+def resolves(target: "Target", *files: str):
+    """Decorator of a framework's reader: the fragment's files, read as that framework reads them."""
+    def deco(fn):
+        RESOLVERS[target.name] = (files, fn)
+        return fn
+    return deco
+
+
+def every_linear(units) -> set:
+    """The units a framework that quantizes every Linear puts in FP8 (MoE routers are not quantizable units)."""
+    return {u.name for u in units if u.quantizable}
+
+
+def overrides(text: str) -> dict[str, str]:
+    """key -> value of the Hydra/OmegaConf overrides (or key -> "" of bare flags) in a rendered shell fragment, its
+    command and comments left out."""
+    body = [ln.rstrip("\\ ").strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    out = {}
+    for tok in shlex.split(" ".join(body[1:])):
+        key, _, value = tok.partition("=")
+        out[key.lstrip("+")] = value
+    return out
+
+
+def flags(text: str) -> dict[str, str]:
+    """--flag -> value ("" for a bare flag) of the last command in a rendered shell fragment."""
+    lines = [ln.rstrip("\\ ").strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    start = max(i for i, ln in enumerate(lines) if not ln.startswith("--"))
+    toks = shlex.split(" ".join(lines[start:]))
+    out, i = {}, 0
+    while i < len(toks):
+        if toks[i].startswith("--"):
+            has_value = i + 1 < len(toks) and not toks[i + 1].startswith("--")
+            out[toks[i]] = toks[i + 1] if has_value else ""
+            i += 2 if has_value else 1
+        else:
+            i += 1
+    return out
 
 
 def register(target: Target):

@@ -2,7 +2,7 @@
 
 import shlex
 
-from .base import IS_CLIP, Target, cli, header, register
+from .base import IS_CLIP, Applied, Target, cli, every_linear, flags, header, register, resolves
 
 SLIME = Target("slime", "slime (SGLang rollout)", "all", "FP8_BLOCK", "fp8_e4m3", "unit", "cli",
                "THUDM/slime@002fa9d6bac4 slime/utils/arguments.py, tools/convert_hf_to_fp8.py",
@@ -23,3 +23,12 @@ def render(e, model_path, units) -> dict[str, str]:
                f"python tools/convert_hf_to_fp8.py --model-dir {shlex.quote(model_path)} --save-dir MODEL_FP8 "
                "--strategy block --block-size 128 128\n# 2. the training command's rollout flags:\n")
     return {"slime.sh": header(e.target) + pre + cli("python3 train.py", flags)}
+
+
+@resolves(SLIME, "slime.sh")
+def read(files, units, n_blocks) -> Applied:
+    """slime serves the checkpoint --hf-checkpoint names: the block-FP8 one its converter writes (every Linear) or
+    the BF16 model."""
+    f = flags(files["slime.sh"])
+    return Applied(every_linear(units) if f.get("--hf-checkpoint") == "MODEL_FP8" else set(),
+                   f.get("--sglang-kv-cache-dtype"))

@@ -1,6 +1,6 @@
 """TRL: `trl vllm-serve` takes an FP8 KV cache only; GRPOConfig carries the importance-sampling correction."""
 
-from .base import IS_CLIP, Target, cli, header, register, yaml_text
+from .base import IS_CLIP, Applied, Target, cli, flags, header, register, resolves, yaml_text
 
 TRL = Target("trl", "TRL (trl vllm-serve)", "none", None, "fp8", "unit", "cli",
              "trl==1.16.0 trl/scripts/vllm_serve.py (kv_cache_dtype), trl/trainer/grpo_config.py",
@@ -16,3 +16,9 @@ def render(e, model_path, units) -> dict[str, str]:
     return {"trl.sh": head + cli("trl vllm-serve", flags),
             "trl_grpo_config.yaml": head + "# GRPOConfig fields (TRL's DistillationConfig has no IS-correction "
             "field)\n" + yaml_text(grpo)}
+
+
+@resolves(TRL, "trl.sh")
+def read(files, units, n_blocks) -> Applied:
+    """trl vllm-serve: BF16 weights; --kv_cache_dtype."""
+    return Applied(set(), flags(files["trl.sh"]).get("--kv_cache_dtype"))
