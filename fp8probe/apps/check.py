@@ -81,6 +81,9 @@ class CheckSettings(Settings):
     shortcuts: Shortcuts
     budget: str = opt(MISSING, "a number (on the metric) or a budget.json from `fp8probe budget`", required=True)
     metric: str = opt("kl_q_p", "the metric a numeric budget bounds", choices=METRICS, metavar="METRIC")
+    checkpoints: tuple[str, ...] = opt((), "instead of MODEL: checkpoints of the student along training; the "
+                                       "configuration at each, on rollouts re-sampled from it (series.json)",
+                                       metavar="CKPT")
 
     def __post_init__(self):
         super().__post_init__()
@@ -88,44 +91,25 @@ class CheckSettings(Settings):
         if not (sc.recipe or sc.kv_cache_dtype or sc.stale):
             raise FP8ProbeError("nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout "
                                 "configuration)")
+        if len(self.checkpoints) == 1:
+            raise FP8ProbeError("`checkpoints` takes a series: give at least two (or MODEL for one)")
+        if self.checkpoints and sc.stale:
+            raise FP8ProbeError("`checkpoints` and `stale` both name checkpoints: check stale weights one at a time")
         if len(sc.recipe) > 1 or len(sc.kv_cache_dtype) > 1 or len(sc.stale) > 1:
             raise FP8ProbeError("check takes one configuration: at most one `recipe`, `kv_cache_dtype` and `stale` "
                                 "(compare several with `fp8probe ladder`)")
 
 
-def predict(sc: Shortcuts, student, config, metric: str) -> dict | None:
-    """The checked recipe's mismatch as the damage model in its recipe.json predicts it (`recipe --damage-model`),
-    logged before anything is measured: {"value", "source", "cv_median_rel_error", "fitted_on"}, value None (with
-    why) for what the model does not cover; None without such a model."""
-    import json
-    import logging
-
-    if not sc.recipe:
-        return None
-    rj = Path(sc.recipe[0]).with_name("recipe.json")
-    doc = json.loads(rj.read_text()) if rj.is_file() else {}
-    info = doc.get("damage_model")
-    if not info:
-        return None
-    out = {"value": None, "source": str(rj), "cv_median_rel_error": info["cv_median_rel_error"],
-           "fitted_on": info["fitted_on"], "metric": doc.get("metric", "kl_q_p")}
-    p = config.perturbation
-    if p.kv_layers or p.stale is not None or p.noise or metric != out["metric"]:
-        out["why"] = f"the damage model predicts FP8 weights alone, on {out['metric']}"
-        return out
-    from ..recipe.damage import DamageModel
-
-    unit_group = {u.name: u.group for u in student.quantizable}
-    out["value"] = DamageModel.from_json(info).predict({unit_group[u] for u in p.units if u in unit_group})
-    logging.getLogger(__name__).info("check: predicted %s %.4g by the damage model in %s, before measuring",
-                                     metric, out["value"], rj)
-    return out
-
-
 def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = False) -> CheckResult:
-    """The verdict (check()) written as DIR/check.json; returns it with the report."""
+    """The verdict (check()) written as DIR/check.json; returns it with the report (with `checkpoints`: the series,
+    apps/series.py)."""
+    if settings.checkpoints:
+        from .series import run_series
+
+        return run_series(model, rollouts, settings, out, progress)
     from ..budget.fit import read_budget
     from ..core.files import atomic_write_json, output_dir
+    from ..recipe.damage import predict
     from .inputs import check_inputs, load, rollouts_for
 
     budget = read_budget(settings.budget, settings.metric)  # a negative, NaN or unreadable budget fails here
@@ -138,7 +122,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
         named = sc.sources(student, model.allow_pickle)
         config = named[0] if len(named) == 1 else combine(named)
-        predicted = predict(sc, student, config, budget.metric)
+        predicted = predict(sc.recipe[0], student, config.perturbation, budget.metric) if sc.recipe else None
         report = check(student, r, config, budget, teacher=teacher, prefix_tokens=rollouts.max_new_tokens,
                        seed=rollouts.seed, batch_size=rollouts.batch_size, engine=sc.engine)
         if predicted is not None:

@@ -13,6 +13,7 @@
     calibrate.json       2        budget/experiment.py (and each run's run.json, budget/runs.py)  calibrate --resume
     plan.json            1        apps/plan.py (plan; plan.csv beside it)  plots
     audit.json           1        deploy/audit.py (audit)           -
+    series.json          1        apps/series.py (check --checkpoints)  -
 
 recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves; at 3
 `measured` is the held-out prompts' value (measured_search the search set's, measured_interval, split), and a move
@@ -42,6 +43,7 @@ SCHEMAS = {
     "run.json": 1,
     "recipe.json": 3,
     "audit.json": 1,
+    "series.json": 1,
     "budget.json": 3,
     "agreement.json": 1,
     "capacity.json": 1,

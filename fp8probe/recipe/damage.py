@@ -220,3 +220,29 @@ def fit_around(free: list, forced: list, measure, size: int, n: int = DEFAULT_RE
         r = measure([by[g] for g in s])
         measured.append(float(r[0] if isinstance(r, tuple) else r))
     return fit_damage(sets, measured, {g: max(float(x.score), _FLOOR) for g, x in by.items()})
+
+
+def predict(recipe_yaml, student, perturbation, metric: str) -> dict | None:
+    """A checked configuration's mismatch as the damage model in the recipe's recipe.json predicts it (`recipe
+    --damage-model`), before anything is measured: {"value", "source", "cv_median_rel_error", "fitted_on", "metric"},
+    value None (with why) for what the model does not cover; None without such a model."""
+    import json
+    import logging
+    from pathlib import Path
+
+    rj = Path(recipe_yaml).with_name("recipe.json")
+    doc = json.loads(rj.read_text()) if rj.is_file() else {}
+    info = doc.get("damage_model")
+    if not info:
+        return None
+    out = {"value": None, "source": str(rj), "cv_median_rel_error": info["cv_median_rel_error"],
+           "fitted_on": info["fitted_on"], "metric": doc.get("metric", "kl_q_p")}
+    p = perturbation
+    if p.kv_layers or p.stale is not None or p.noise or metric != out["metric"]:
+        out["why"] = f"the damage model predicts FP8 weights alone, on {out['metric']}"
+        return out
+    unit_group = {u.name: u.group for u in student.quantizable}
+    out["value"] = DamageModel.from_json(info).predict({unit_group[u] for u in p.units if u in unit_group})
+    logging.getLogger(__name__).info("check: predicted %s %.4g by the damage model in %s, before measuring",
+                                     metric, out["value"], rj)
+    return out

@@ -1,0 +1,69 @@
+"""`fp8probe check --checkpoints C1 C2 ...`: one rollout configuration at a series of checkpoints of the student
+(budget/series.py): per checkpoint, rollouts re-sampled from it, the figure with its interval and its verdict; the
+trend and the first checkpoint outside the budget. Writes DIR/series.json (and each checkpoint's rollouts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..core.results import Result
+
+
+@dataclass(frozen=True)
+class SeriesResult(Result):
+    report: dict  # series.json
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every checkpoint is admitted, 1 when one is rejected, 3 otherwise (as check's)."""
+        from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
+
+        verdicts = {r["verdict"] for r in self.report["checkpoints"]}
+        return EXIT_REJECT if "REJECT" in verdicts else EXIT_OK if verdicts == {"ADMIT"} else EXIT_UNCERTAIN
+
+    def describe(self, seconds: float) -> str:
+        r = self.report
+        lines = [f"{r['configuration']} across {len(r['checkpoints'])} checkpoints, {r['metric']} against budget "
+                 f"{r['budget']:.4g}:"]
+        for p in r["checkpoints"]:
+            lo, hi = p["measured_interval"]
+            lines.append(f"  {p['verdict']:<9} {p['checkpoint']}: {p['measured']:.4g} [{lo:.4g}, {hi:.4g}]")
+        t = r["trend"]
+        lines.append(f"trend: last / first {t['ratio_last_first']:.3g} [{t['interval'][0]:.3g}, {t['interval'][1]:.3g}]"
+                     f" ({t['reading']}); first outside the budget: {r['first_outside'] or 'none'}")
+        return "\n".join(lines)
+
+
+def run_series(model, rollouts, settings, out, progress: bool = False) -> SeriesResult:
+    """The configuration of `settings` (a check.CheckSettings with `checkpoints`) at each checkpoint."""
+    from ..budget.fit import read_budget
+    from ..budget.series import measure_point, summarize_series
+    from ..core.artifacts import version
+    from ..core.files import atomic_write_json, output_dir
+    from ..sources.sources import combine
+    from .inputs import check_inputs, load, rollouts_for
+
+    budget = read_budget(settings.budget, settings.metric)
+    sc = settings.shortcuts
+    sources = [replace(model, model=c) for c in settings.checkpoints]
+    for s in sources:
+        check_inputs(s, rollouts, out)
+        sc.check(s)
+    rows, measured = [], []
+    with output_dir(out) as d:
+        for i, src in enumerate(sources):
+            student, _ = load(src)
+            (d / f"checkpoint-{i}").mkdir()
+            r, _ = rollouts_for(student, rollouts, d / f"checkpoint-{i}", progress=progress)
+            named = sc.sources(student, src.allow_pickle)
+            config = named[0] if len(named) == 1 else combine(named)
+            row, got = measure_point(student, r, config, budget, sc.engine, rollouts.batch_size)
+            rows.append({"checkpoint": src.model, **row})
+            measured.append(got)
+        report = {"schema_version": version("series.json"), "configuration": config.name, "engine": sc.engine,
+                  "metric": budget.metric, "budget": budget.value, "budget_interval": budget.interval,
+                  "budget_source": budget.source, "checkpoints": rows,
+                  **summarize_series(rows, measured[0], measured[-1], budget.metric)}
+        atomic_write_json(d / "series.json", report)
+    return SeriesResult(Path(out), report)
