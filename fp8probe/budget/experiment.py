@@ -68,6 +68,7 @@ class Experiment:
     max_runs: int = 0
     max_hours: float = 0.0
     target_ratio: float = 3.0
+    save_checkpoints: bool = False  # the mismatch-free runs keep their student at the first, middle and last step
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -107,7 +108,7 @@ def prepare(settings, train: TrainSettings) -> Experiment:
     return Experiment(settings.teacher, settings.student, tuple(settings.levels), settings.seeds, train, tuple(tr),
                        tuple(held), tuple(dict.fromkeys(settings.objectives)), settings.tolerance, settings.quality,
                        settings.bracket, settings.max_added, settings.max_runs, settings.max_hours,
-                       settings.target_ratio)
+                       settings.target_ratio, settings.save_checkpoints)
 
 
 def check_resume(out: Path, calibration: Experiment, resume: bool) -> None:

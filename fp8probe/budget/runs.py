@@ -111,13 +111,23 @@ def train_one(teacher, initial_student, objective: str, level: SourceSpec, seed:
     def evaluate(step):
         evals.append({"step": step, **heldout_quality(student, teacher, list(calibration.heldout_prompts), tr, step)})
 
+    keep = {0, tr.steps // 2, tr.steps} if getattr(calibration, "save_checkpoints", False) and level.kind == "none" \
+        else set()
+
+    def save(step):  # the mismatch-free student along training, for `check --checkpoints`
+        if step in keep:
+            student.model.save_pretrained(d / "checkpoints" / f"step-{step}")
+            student.tokenizer.save_pretrained(d / "checkpoints" / f"step-{step}")
+
     class Progress(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
             evals.append({"step": 0, **start}) if start is not None else evaluate(0)
+            save(0)
 
         def on_step_end(self, args, state, control, **kw):
             if state.global_step % tr.eval_every == 0 or state.global_step == tr.steps:
                 evaluate(state.global_step)
+            save(state.global_step)
             if on_step is not None:
                 on_step(state.global_step, evals[-1]["reverse_kl"])
 

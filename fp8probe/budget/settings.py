@@ -72,6 +72,8 @@ class CalibrateSettings(Settings):
                            "(0: no limit)", low=0.0)
     target_ratio: float = opt(3.0, "... or once the budget's interval is this narrow (BMDU / BMDL)", low=1.0,
                               open_low=True)
+    save_checkpoints: bool = opt(False, "the mismatch-free runs keep the student at the first, middle and last step "
+                                 "(runs/<objective>/0-seed<k>/checkpoints/step-N), for `check --checkpoints`")
     mark: tuple[str, ...] = opt((), "configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
                                 "sensitivity.csv (whole-model rows)", metavar="FILE")
     device: str = opt("cpu", "torch device")

@@ -8,6 +8,7 @@ steps each: the same code as the demo, at a size CI runs in seconds.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pandas as pd
@@ -447,3 +448,23 @@ def test_a_resume_of_one_objective_keeps_the_others_runs_and_budget(tmp_path, mo
     c = json.loads((tmp_path / "calibrate.json").read_text())
     assert c["objectives"] == ["opd", "grpo"] and c["kept_objectives"] == ["grpo"]
     assert set(res["budgets"]) == {"opd", "grpo"} and res["ratios"][0]["other"] == "grpo"
+
+
+def test_mismatch_free_runs_keep_their_checkpoints_for_a_series(pair, tmp_path):
+    """calibrate --save-checkpoints: the level-0 run keeps the student at steps 0, 1 and 2 of 2 (first, middle,
+    last; here 1 is both), each loading as the weights it had then (step 0: the initial student); a perturbed run
+    keeps none."""
+    from fp8probe import load_student
+
+    teacher, student = pair
+    s = dataclasses.replace(_settings(("0", "0.3"), steps=2), save_checkpoints=True)
+    train_one(teacher, student, "opd", SourceSpec("none"), 0, s, tmp_path)
+    d = run_dir(tmp_path, "opd", SourceSpec("none"), 0) / "checkpoints"
+    assert sorted(p.name for p in d.iterdir()) == ["step-0", "step-1", "step-2"]
+    first = load_student(str(d / "step-0")).model
+    last = load_student(str(d / "step-2")).model
+    w = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(first.state_dict()[w], student.model.state_dict()[w])
+    assert not torch.equal(last.state_dict()[w], first.state_dict()[w])  # it trained
+    train_one(teacher, student, "opd", parse_source("0.3"), 0, s, tmp_path)
+    assert not (run_dir(tmp_path, "opd", parse_source("0.3"), 0) / "checkpoints").exists()
