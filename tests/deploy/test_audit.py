@@ -13,6 +13,7 @@ import torch
 from conftest import tiny_model, tiny_student, tiny_tokenizer
 from safetensors.torch import load_file, save_file
 
+from fp8probe.core.errors import FP8ProbeError
 from fp8probe.deploy.audit import audit_checkpoint, engine_quantizes
 from fp8probe.deploy.export import export
 from fp8probe.model.rollouts import make_rollouts
@@ -193,3 +194,16 @@ def test_every_framework_fragment_is_read_as_its_framework_reads_it(all_targets,
     # SkyRL's FP8 KV cache dropped
     got = planted("skyrl.sh", lambda t: "\n".join(ln for ln in t.splitlines() if "kv_cache_dtype" not in ln) + "\n")
     assert [f.where for f in got] == ["skyrl: kv_cache_dtype"]
+
+
+def test_a_moe_checkpoint_is_refused_not_misread(tmp_path, tiny_dirs):
+    """MoE experts' per-expert tensors are not resolved yet: one line says so instead of findings that are not."""
+    d = tmp_path / "moe"
+    shutil.copytree(tiny_dirs["qwen3_moe"], d)
+    c = json.loads((d / "config.json").read_text())
+    c["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {}, "ignore": []}
+    (d / "config.json").write_text(json.dumps(c))
+    st = tiny_student("qwen3_moe")
+    (d / "recipe.yaml").write_text(Recipe.whole_model(st.units, "FP8_DYNAMIC").to_yaml())
+    with pytest.raises(FP8ProbeError, match="MoE experts"):
+        audit_checkpoint(d)
