@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,6 +191,27 @@ def cli_process(*args, **kw):
     env.update(kw.pop("env", {}))
     return subprocess.Popen([sys.executable, "-m", "fp8probe.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_interactive_signals, env=env, **kw)
+
+
+def planted_copy(ckpt, dst, tensors=None, config=None):
+    """A copy of an exported checkpoint with a defect planted: tensors(dict) edits its safetensors tensors in place,
+    config(dict) its quantization_config; returns the copy's directory."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(ckpt, dst)
+    if tensors is not None:
+        (f,) = Path(dst).glob("*.safetensors")
+        t = load_file(str(f))
+        tensors(t)
+        save_file(t, str(f), metadata={"format": "pt"})
+    if config is not None:
+        c = json.loads((Path(dst) / "config.json").read_text())
+        config(c["quantization_config"])
+        (Path(dst) / "config.json").write_text(json.dumps(c))
+    return Path(dst)
 
 
 def same_arithmetic(*run_dirs) -> bool:

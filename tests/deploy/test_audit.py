@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_model, tiny_student, tiny_tokenizer
-from safetensors.torch import load_file, save_file
+from conftest import planted_copy, tiny_model, tiny_student, tiny_tokenizer
 
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.deploy.audit import audit_checkpoint, engine_quantizes
@@ -33,19 +32,6 @@ def exported(tmp_path_factory):
     rec.write(root / "recipe")
     ckpt = export(str(root / "model"), root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
     return Path(ckpt), st
-
-
-def _copy(ckpt: Path, dst: Path, tensors=None, config=None) -> Path:
-    shutil.copytree(ckpt, dst)
-    if tensors is not None:
-        t = load_file(str(dst / "model.safetensors"))
-        tensors(t)
-        save_file(t, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    if config is not None:
-        c = json.loads((dst / "config.json").read_text())
-        config(c["quantization_config"])
-        (dst / "config.json").write_text(json.dumps(c))
-    return dst
 
 
 def test_the_clean_export_passes(exported):
@@ -91,7 +77,7 @@ DEFECTS = {
 def test_each_planted_defect_is_found_where_it_was_planted(exported, tmp_path, defect):
     ckpt, st = exported
     edit, kind, where = DEFECTS[defect]
-    bad = _copy(ckpt, tmp_path / "bad", **edit)
+    bad = planted_copy(ckpt, tmp_path / "bad", **edit)
     a = audit_checkpoint(bad, student=st)
     assert any(f.kind == kind and f.where == where for f in a.findings), [f.line() for f in a.findings]
     # nothing far from the defect: every finding names the planted module (or its layer / tensor)
@@ -128,7 +114,7 @@ def test_the_command(cli, exported, tmp_path):
     assert r.code == 0 and r.out.startswith("clean: 21 Linear modules (14 in FP8"), (r.code, r.out, r.err)
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert rep["clean"] and rep["schema_version"] == 1 and rep["checked"]["weights"] == 14
-    bad = _copy(ckpt, tmp_path / "bad", tensors=_kv_reset, config=lambda q: q["ignore"].remove(
+    bad = planted_copy(ckpt, tmp_path / "bad", tensors=_kv_reset, config=lambda q: q["ignore"].remove(
         "model.layers.1.mlp.down_proj"))
     r = cli("audit", bad, "--out", tmp_path / "b")
     lines = r.out.splitlines()

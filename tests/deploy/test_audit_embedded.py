@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from conftest import planted_copy
 
 from fp8probe.deploy.audit import audit_checkpoint
 from fp8probe.deploy.export import export
@@ -32,22 +32,6 @@ def exported(embedded, tmp_path_factory):
     r = make_rollouts(embedded, num_prompts=4, max_new_tokens=8, seed=0)
     ckpt = export(None, root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
     return Path(ckpt)
-
-
-def _planted(ckpt: Path, dst: Path, tensors=None, config=None) -> Path:
-    import json
-
-    shutil.copytree(ckpt, dst)
-    if tensors is not None:
-        (f,) = dst.glob("*.safetensors")
-        t = load_file(str(f))
-        tensors(t)
-        save_file(t, str(f), metadata={"format": "pt"})
-    if config is not None:
-        c = json.loads((dst / "config.json").read_text())
-        config(c["quantization_config"])
-        (dst / "config.json").write_text(json.dumps(c))
-    return dst
 
 
 def _rename(t):
@@ -86,7 +70,7 @@ def test_the_clean_export_passes_and_every_planted_defect_is_found(embedded, exp
     assert clean.checked["engine_fp8"] == clean.checked["recipe_fp8"] == clean.checked["weights"] == n - 15
     assert clean.checked["kv_scales"] == 60
     for name, (edit, kind, where) in DEFECTS.items():
-        bad = _planted(exported, tmp_path / name.replace(" ", "-"), **edit)
+        bad = planted_copy(exported, tmp_path / name.replace(" ", "-"), **edit)
         # the weight check only where it is what finds the defect (it reads every FP8 weight: the slow part)
         a = audit_checkpoint(bad, student=embedded if kind == "weight-scale" else None)
         assert any(f.kind == kind and f.where == where for f in a.findings), (name, [f.line() for f in a.findings])

@@ -4,12 +4,11 @@ The vLLM tests create (once, cached) a separate virtual environment with vllm-cp
 """
 
 import json
-import shutil
 
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
+from conftest import planted_copy
 
 from fp8probe.core.schemes import Scheme
 from fp8probe.deploy.capacity import capacity
@@ -112,12 +111,11 @@ def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path, cli):
     # them must be the closer one.
     assert abs(real["k3"] - pred["k3"]) < abs(real["k3"] - w_only["k3"])
     assert real["k3"] > 5 * floor["k3"]  # FP8 is far above the BF16 noise floor here
-    bad = tmp_path / "doubled"
-    shutil.copytree(ckpt, bad)
-    (f,) = bad.glob("*.safetensors")
-    t = load_file(str(f))
-    for k in [k for k in t if k.endswith("o_proj.weight_scale")]:
-        t[k] = t[k] * 2
-    save_file(t, str(f), metadata={"format": "pt"})
+
+    def double(t):
+        for k in [k for k in t if k.endswith("o_proj.weight_scale")]:
+            t[k] = t[k] * 2
+
+    bad = planted_copy(ckpt, tmp_path / "doubled", tensors=double)
     worse = audit_self_check(bad, read_recipe(bad / "recipe.yaml"), embedded, None, floor=floor)
     assert not worse["agrees"] and worse["realised"]["k3"] > 2 * pred["k3"], worse["realised"]

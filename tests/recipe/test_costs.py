@@ -20,6 +20,21 @@ def setup():
     return st, r, ref, sweep(st, r, reference=ref, granularity="group").table
 
 
+def _cheapest_half(st, members, prices) -> list:
+    """The groups a 50 % FP8 share takes when ranked by price per weight, cheapest first (ties: later blocks, then
+    name), sorted: selection.rank_groups's order, written out."""
+    size = {g: sum(st.unit(u).params for u in us) for g, us in members.items()}
+    block = {g: st.unit(us[0]).block for g, us in members.items()}
+    total = sum(size.values()) + st.model.lm_head.weight.numel()
+    want, have = [], 0
+    for g in sorted(members, key=lambda g: (prices[g] / size[g], -block[g], g)):
+        if have >= 0.5 * total:
+            break
+        want.append(g)
+        have += size[g]
+    return sorted(want)
+
+
 def _m(st, r, ref, groups, members):
     return measure(st, r, "FP8_DYNAMIC", units=[u for g in groups for u in members[g]], reference=ref)["kl_q_p"]
 
@@ -50,17 +65,7 @@ def test_groups_priced_at_the_operating_point(setup, costs):
         assert sum(v for g, v in prices.items() if g not in point) == pytest.approx(m_all - m_point, rel=0.05)
     # the recipe is the cheapest prefix by the new prices per byte (negative prices count as free), meets its target
     # and is measured as reported
-    size = {g: sum(st.unit(u).params for u in us) for g, us in members.items()}
-    block = {g: st.unit(us[0]).block for g, us in members.items()}
-    order = sorted(members, key=lambda g: (max(prices[g], 0.0) / size[g], -block[g], g))
-    total = sum(size.values()) + st.model.lm_head.weight.numel()
-    want, have = [], 0
-    for g in order:
-        if have >= 0.5 * total:
-            break
-        want.append(g)
-        have += size[g]
-    assert sorted(rec.quantized) == sorted(want)
+    assert sorted(rec.quantized) == _cheapest_half(st, members, {g: max(v, 0.0) for g, v in prices.items()})
     assert rec.fp8_share >= 0.5
     assert _m(st, r, ref, rec.quantized, members) == pytest.approx(rec.measured, rel=1e-9)
     assert rec.to_json()["costs"]["method"] == costs and "costs" not in single.to_json()
@@ -86,17 +91,7 @@ def test_a_recipe_chosen_on_a_damage_model(setup, monkeypatch):
     rec = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5), damage_recipes=12)
     dm = rec.damage_model
     assert dm["recipes_measured"] == 12 and 4 <= dm["fitted_on"] <= 12 and set(dm["terms"]) == set(members)
-    size = {g: sum(st.unit(u).params for u in us) for g, us in members.items()}
-    block = {g: st.unit(us[0]).block for g, us in members.items()}
-    order = sorted(members, key=lambda g: (dm["terms"][g] / size[g], -block[g], g))
-    total = sum(size.values()) + st.model.lm_head.weight.numel()
-    want, have = [], 0
-    for g in order:
-        if have >= 0.5 * total:
-            break
-        want.append(g)
-        have += size[g]
-    assert sorted(rec.quantized) == sorted(want)
+    assert sorted(rec.quantized) == _cheapest_half(st, members, dm["terms"])
     measured = _m(st, r, ref, rec.quantized, members)
     assert rec.predicted == pytest.approx(measured, rel=0.3)
     # under a budget the model's guess is measured and holds
@@ -106,12 +101,5 @@ def test_a_recipe_chosen_on_a_damage_model(setup, monkeypatch):
     # terms in another order than the prior's: the recipe follows them, not the sweep's rows
     fitted["shuffle"] = True
     other = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5), damage_recipes=12)
-    terms = other.damage_model["terms"]
-    order = sorted(members, key=lambda g: (terms[g] / size[g], -block[g], g))
-    want, have = [], 0
-    for g in order:
-        if have >= 0.5 * total:
-            break
-        want.append(g)
-        have += size[g]
-    assert sorted(other.quantized) == sorted(want) and sorted(want) != sorted(rec.quantized)
+    want = _cheapest_half(st, members, other.damage_model["terms"])
+    assert sorted(other.quantized) == want and want != sorted(rec.quantized)
