@@ -12,7 +12,7 @@ configuration leaves the budget.
 from __future__ import annotations
 
 from ..core.metrics import excess
-from ..core.stats import BOOTSTRAP, LEVEL
+from ..core.stats import BOOTSTRAP, LEVEL, group_members
 from .admission import verdict
 from .fit import Budget
 
@@ -44,9 +44,7 @@ def ratio_interval(first, last, metric: str, n: int = BOOTSTRAP, level: float = 
     fns = []
     for m in (first, last):
         _, r = metric_over(m.stats, metric)
-        labels = m.prompt.numpy()
-        members = [np.flatnonzero(labels == g) for g in np.unique(labels)]
-        fns.append((r, members))
+        fns.append((r, group_members(m.prompt.numpy())))
 
     def value(r, members, pick):
         return excess(metric, float(r(np.concatenate([members[g] for g in pick]))))

@@ -80,6 +80,18 @@ def expansion(n: int, level: float = LEVEL) -> float:
     return math.sqrt(n / (n - 1)) * t_quantile((1 + level) / 2, n - 1) / NormalDist().inv_cdf((1 + level) / 2)
 
 
+def group_members(groups) -> list:
+    """The item indices of each group (a token's prompt), groups in sorted order: what a bootstrap over the groups
+    draws from."""
+    import numpy as np
+
+    labels = np.asarray(groups)
+    if not labels.size:
+        return []
+    _, inverse = np.unique(labels, return_inverse=True)
+    return [np.flatnonzero(inverse == g) for g in range(int(inverse.max()) + 1)]
+
+
 def bootstrap_interval(groups, statistic, n: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0,
                        bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float]:
     """A bootstrap interval of `statistic(index)` over groups resampled with replacement: the percentile interval,
@@ -93,8 +105,7 @@ def bootstrap_interval(groups, statistic, n: int = BOOTSTRAP, level: float = LEV
     import numpy as np
 
     labels = np.asarray(groups)
-    _, inverse = np.unique(labels, return_inverse=True)
-    members = [np.flatnonzero(inverse == g) for g in range(int(inverse.max()) + 1)] if labels.size else []
+    members = group_members(labels)
     point = float(statistic(np.arange(labels.size)))
     if len(members) < 2:
         return point, point
