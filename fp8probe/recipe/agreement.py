@@ -22,6 +22,7 @@ import math
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..core.stats import spearman, top_overlap
+from ..sweeps.methods import ESTIMATED
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,9 @@ def agreement(fast_df, exact_df, student, rollouts, scheme: str, batch_size: int
 
     exact = exact_df.set_index("unit")
     fast = fast_df.set_index("unit")
-    units = [u for u in fast.index if fast.loc[u, "kind"] != "model" and u in exact.index]
+    # the rows the fast sweep estimated (method path measures its KV rows: they hold no estimate)
+    units = [u for u in fast.index if fast.loc[u, "kind"] != "model" and u in exact.index
+             and (fast.loc[u, "method"] in ESTIMATED or not math.isnan(float(fast.loc[u, "kl_fisher"])))]
     est = {u: float(fast.loc[u, "kl_fisher"]) for u in units}
     ex = {u: float(exact.loc[u, "kl_q_p"]) for u in units}
     if not units or any(math.isnan(v) for v in est.values()):

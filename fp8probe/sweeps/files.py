@@ -28,10 +28,12 @@ from ..core.errors import FP8ProbeError
 from ..core.files import atomic_write_json, atomic_write_text
 from ..core.metrics import METRICS
 from ..model.embedded import NAME as EMBEDDED
+from .methods import ESTIMATED
 
-# the columns of sensitivity.csv, in order. `method`: "exact" (measured against the reference) or "fisher" (the
-# fast estimate, fisher.py: only kl_q_p holds a number, the estimate; the other metrics are empty); kl_fisher:
-# the fast estimate wherever one was made (--method fisher or auto), empty after an exact-only sweep
+# the columns of sensitivity.csv, in order. `method`: "exact" (measured against the reference), "fisher" (the
+# fast estimate, fisher.py) or "path" (the path attribution, attribution.py): on an estimated row only kl_q_p holds
+# a number, the estimate; the other metrics are empty; kl_fisher: the estimate wherever one was made (--method
+# fisher, auto or path), empty after an exact-only sweep
 COLUMNS = ["unit", "kind", "block", "group", "params", "bytes_saved", "kv_bytes_saved_per_token", "method", "sqnr_db",
            *METRICS, "kl_fisher"]
 PARTIAL = "sensitivity.partial.csv"
@@ -123,12 +125,13 @@ def read_sweep(directory: str | Path) -> SweepRun:
         raise FP8ProbeError(f"{table}: column {bad[0]!r} holds values that are not numbers; run the sweep again")
     if df[list(_TEXT_COLUMNS)].isna().any().any():
         raise FP8ProbeError(f"{table} has rows without a unit, kind or group (truncated?); run the sweep again")
-    bad_method = sorted(set(df["method"]) - {"exact", "fisher"})
+    bad_method = sorted(set(df["method"]) - {"exact", *ESTIMATED})
     if bad_method:
-        raise FP8ProbeError(f"{table}: unknown method {bad_method[0]!r} (exact or fisher); run the sweep again")
+        raise FP8ProbeError(f"{table}: unknown method {bad_method[0]!r} (exact, {', '.join(ESTIMATED)}); run the "
+                            "sweep again")
     # every value is a number except sqnr_db (NaN on whole-model rows by definition), kl_fisher (NaN where no
     # estimate was made) and, on rows of the fast estimate, every metric but kl_q_p
-    estimated = df["method"] == "fisher"
+    estimated = df["method"].isin(ESTIMATED)
     for c in numeric:
         if c in ("sqnr_db", "kl_fisher"):
             continue

@@ -4,9 +4,13 @@
     fisher  every row estimated from one pass with backward (measurement/fisher.py): no reference, no exact row
     auto    the estimate, then the `top_k` highest estimates, `controls` other rows drawn at random and the
             whole-model rows measured exactly
+    path    the reference pass, then every row's path attribution from BF16 to every row in FP8
+            (measurement/attribution.py: `nodes` forward and backward passes, each row priced with the others
+            partly in FP8); the whole-model and KV-cache rows (not on the path) measured exactly
 
 The Method (sweep.py) holds a run's settings; its `kind` says what runs. The memory model (memory.py) and the
-sweep itself read the kind's `reference` and `estimate`, and `exact` picks the rows measured exactly.
+sweep itself read the kind's `reference` and `estimate`, `by` names the estimate (sweep.ESTIMATES: "fisher" or
+"path") and `exact` picks the rows measured exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class MethodKind:
     estimate: bool  # the fast estimate runs
     exact: Callable  # (rows, estimates, method) -> the units measured exactly
     recorded: tuple[str, ...] = ()  # the Method fields run.json records beside the name
+    by: str = "fisher"  # which estimate, where `estimate`
 
 
 def _every_row(rows, estimates, method) -> set[str]:
@@ -45,10 +50,18 @@ def top_and_controls(rows, estimates, method) -> set[str]:
     return {*top, *controls, *(r.unit for r in rows if r.kind == "model")}
 
 
+def _whole_and_kv(rows, estimates, method) -> set[str]:
+    """The rows --method path measures exactly: those the path does not cover (the whole model, the KV caches)."""
+    return {r.unit for r in rows if r.kind in ("model", "kv")}
+
+
 _ESTIMATE = ("samples", "estimator", "seed")
 METHODS: dict[str, MethodKind] = {m.name: m for m in (
     MethodKind("exact", "reference pass and sweep", reference=True, estimate=False, exact=_every_row),
     MethodKind("fisher", "fast estimate", reference=False, estimate=True, exact=_no_row, recorded=_ESTIMATE),
     MethodKind("auto", "reference pass, fast estimate, exact top rows", reference=True, estimate=True,
                exact=top_and_controls, recorded=(*_ESTIMATE, "top_k", "controls")),
+    MethodKind("path", "reference pass and path attributions", reference=True, estimate=True, exact=_whole_and_kv,
+               recorded=("nodes",), by="path"),
 )}
+ESTIMATED = ("fisher", "path")  # the `method` of a sensitivity.csv row that holds an estimate, not a measurement

@@ -14,9 +14,9 @@ from .methods import METHODS
 @dataclass(frozen=True)
 class SweepSettings(Settings):
     """What a sweep measures (`scheme`, a row per unit or fused `group`, KV-cache rows in `kv_cache_dtype` unless not
-    `include_kv`), how (`method` exact | fisher | auto: `top_k`, `controls`, `fisher_samples`), compared with which
-    exact sweep (`compare`, `agreement_budget`), and where the rows are measured (`workers` Ray actors, at
-    `ray_address`, with `threads_per_worker` each)."""
+    `include_kv`), how (`method` exact | fisher | auto | path: `top_k`, `controls`, `fisher_samples`,
+    `path_nodes`), compared with which exact sweep (`compare`, `agreement_budget`), and where the rows are measured
+    (`workers` Ray actors, at `ray_address`, with `threads_per_worker` each)."""
 
     scheme: str = opt("FP8_DYNAMIC", f"FP8 scheme: {', '.join(SCHEMES)}")
     granularity: str = opt("unit", "a row per Linear (unit) or per fused group as vLLM loads it (group)",
@@ -24,11 +24,13 @@ class SweepSettings(Settings):
     include_kv: bool = opt(True, "skip the per-layer FP8 KV-cache rows", flag="--no-kv")
     kv_cache_dtype: str = opt("fp8", f"KV rows in {', '.join(KV_CACHE_DTYPES)}")
     method: str = opt("exact", "exact: measure every row; fisher: estimate every row from one pass with backward "
-                      "(fast); auto: estimate, then measure the top-k highest, controls others and the whole model",
+                      "(fast); auto: estimate, then measure the top-k highest, controls others and the whole model; "
+                      "path: each row's path attribution with the others partly in FP8 (fast)",
                       choices=tuple(METHODS))
     top_k: int = opt(24, "method auto: rows measured exactly", low=0)
     controls: int = opt(8, "method auto: random other rows measured exactly, as a check", low=0)
     fisher_samples: int = opt(2, "label draws per position for the estimate, one backward each", low=1)
+    path_nodes: int = opt(2, "method path: points on the path, one forward and backward each", low=1)
     compare: str | None = opt(None, "an exact sweep of the same rollouts: write agreement.json", metavar="EXACT_DIR")
     agreement_budget: float | None = opt(None, "kl_q_p budget of the agreement's recipes (default: half the "
                                          "whole-model FP8 mismatch)", low=0.0, metavar="X")
@@ -57,4 +59,5 @@ class SweepSettings(Settings):
         """The sweep's Method (sweeps/sweep.py); its label draws and controls seeded with the rollouts' seed."""
         from ..sweeps.sweep import Method
 
-        return Method(self.method, top_k=self.top_k, controls=self.controls, samples=self.fisher_samples, seed=seed)
+        return Method(self.method, top_k=self.top_k, controls=self.controls, samples=self.fisher_samples, seed=seed,
+                      nodes=self.path_nodes)

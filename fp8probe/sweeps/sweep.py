@@ -28,12 +28,13 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, no_mismatch
 from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
+from ..measurement.attribution import DEFAULT_NODES, path_attribution
 from ..measurement.fisher import DEFAULT_ESTIMATOR, DEFAULT_SAMPLES, ESTIMATORS, fisher_rows
 from ..measurement.perturbation import TOKEN_STATS, Perturbation, measure_perturbation
 from ..measurement.reference import Reference
 from ..model.structure import kv_geometry, scheme_blockers
 from .files import COLUMNS, PartialWriter, open_partial, sweep_settings
-from .methods import METHODS, MethodKind
+from .methods import ESTIMATED, METHODS, MethodKind
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +127,9 @@ def _row_result(row: Row, metrics: dict, method: str = "exact", kl_fisher: float
 
 @dataclass(frozen=True)
 class Method:
-    """How the rows are scored (methods.METHODS: "exact", "fisher" or "auto") with its settings: `top_k` and
-    `controls` of auto's exact rows, the estimate's label draws (`samples`) and `estimator`; `seed` draws the Fisher
-    labels and the controls."""
+    """How the rows are scored (methods.METHODS: "exact", "fisher", "auto" or "path") with its settings: `top_k`
+    and `controls` of auto's exact rows, the Fisher estimate's label draws (`samples`) and `estimator`, the path
+    attribution's `nodes`; `seed` draws the Fisher labels and the controls."""
 
     name: str = "exact"
     top_k: int = 24
@@ -136,8 +137,11 @@ class Method:
     samples: int = DEFAULT_SAMPLES
     estimator: str = DEFAULT_ESTIMATOR
     seed: int = 0
+    nodes: int = DEFAULT_NODES
 
     def __post_init__(self):
+        if self.nodes < 1:
+            raise FP8ProbeError(f"`path_nodes` must be 1 or more, got {self.nodes}")
         if self.name not in METHODS:
             raise FP8ProbeError(f"unknown method {self.name!r}; supported: {', '.join(METHODS)}")
         if self.estimator not in ESTIMATORS:
@@ -195,17 +199,14 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
     estimates: dict[str, float] = {}
     if method.kind.estimate:
-        fr = fisher_rows(student, rollouts, rows, scheme, kv, batch_size,
-                         calibration=reference.calibration if reference is not None else None,
-                         samples=method.samples, seed=method.seed, fused=granularity == "group", progress=progress)
-        estimates = fr.column(method.estimator)
-        seconds["fisher"] = fr.seconds
+        estimates, sqnr, seconds[method.kind.by] = ESTIMATES[method.kind.by](
+            student, rollouts, rows, scheme, kv, batch_size, reference, method, granularity == "group", progress)
     exact = method.kind.exact(rows, estimates, method)
     for row in rows:  # the others keep their estimate
         if row.unit not in exact and row.unit not in done:
             metrics = {m: float("nan") for m in METRICS}
-            metrics.update(kl_q_p=estimates[row.unit], sqnr_db=fr.sqnr_db[row.unit])
-            done[row.unit] = _row_result(row, metrics, "fisher", estimates[row.unit])
+            metrics.update(kl_q_p=estimates[row.unit], sqnr_db=sqnr[row.unit])
+            done[row.unit] = _row_result(row, metrics, method.kind.by, estimates[row.unit])
             if writer:
                 writer.append(done[row.unit])
     todo = [r for r in rows if r.unit not in done]
@@ -237,6 +238,29 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     return Swept(pd.DataFrame([done[r.unit] for r in rows], columns=COLUMNS), reference, model_rows, seconds)
 
 
+def _fisher(student, rollouts, rows, scheme, kv, batch_size, reference, method, fused, progress):
+    """Every row's Fisher estimate (measurement/fisher.py): (estimates, output SQNR, seconds)."""
+    fr = fisher_rows(student, rollouts, rows, scheme, kv, batch_size,
+                     calibration=reference.calibration if reference is not None else None,
+                     samples=method.samples, seed=method.seed, fused=fused, progress=progress)
+    return fr.column(method.estimator), fr.sqnr_db, fr.seconds
+
+
+def _path(student, rollouts, rows, scheme, kv, batch_size, reference, method, fused, progress):
+    """Every weight row's path attribution from BF16 to every weight row in FP8 (measurement/attribution.py):
+    (shares, no SQNR, seconds). Experts are not on the path: a MoE student is refused."""
+    on_path = [r for r in rows if r.kind not in ("model", "kv")]
+    if any(r.kind == "expert" for r in on_path):
+        raise FP8ProbeError("`method` path does not cover MoE experts yet; use exact, auto or fisher")
+    att = path_attribution(student, rollouts, reference, {r.unit: list(r.perturbation.units) for r in on_path},
+                           scheme, nodes=method.nodes, batch_size=batch_size)
+    return att.shares, {r.unit: float("nan") for r in on_path}, att.seconds
+
+
+# how a method's estimate is made (methods.MethodKind.by)
+ESTIMATES = {"fisher": _fisher, "path": _path}
+
+
 def _keep_stats(model_rows: dict, row: Row, metrics: dict, reference: Reference) -> None:
     """A whole-model row's per-token statistics (measure_row) out of its metrics, into model_rows."""
     stats = metrics.pop(TOKEN_STATS, None)
@@ -264,13 +288,13 @@ def summary(df, intervals: dict | None = None) -> str:
     if (df["method"] != "exact").any():
         cols.insert(2, "method")
         title = ("ten most sensitive rows (mean KL(q||p) per response token; method fisher: the fast estimate, "
-                 "exact: measured):")
+                 "path: the path attribution, exact: measured):")
     lines = ["", title, units[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")]
     whole = df[df["kind"] == "model"].set_index("unit")
     for name in ("model.fp8_all", "model.fp8_all_kv"):
         if name in whole.index:
             r = whole.loc[name]
-            if r.method == "fisher":
+            if r.method in ESTIMATED:
                 lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g} (the fast estimate; `fp8probe measure` measures it)")
                 continue
             iv = (intervals or {}).get(name)

@@ -1,6 +1,7 @@
 """In-context costs and path attributions (measurement/attribution.py, recipe/context.py): a pair of groups that
 costs little alone and much together, and the path attribution's completeness against the measured mismatch."""
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,3 +111,31 @@ def test_a_path_from_a_fixed_recipe_prices_what_the_rest_adds(tiny):
     assert att.total == pytest.approx(m(names) - m(fixed), rel=0.05)
     with pytest.raises(ValueError, match="both fixed"):
         path_attribution(s, r, ref, rest, Scheme.from_name("FP8_DYNAMIC"), fixed=rest)
+
+
+def test_sweep_method_path_prices_rows_that_add_up_to_the_whole_model(cli, tiny_dirs, tmp_path):
+    """`sweep --method path`: every weight row is its path share, and the shares add up to the whole model's FP8
+    mismatch measured by the same sweep's exact row (measure(): quantized weights and a forward, not the path's
+    hooks); the KV and whole-model rows are measured; the ranking follows an exact sweep of the same rollouts."""
+    from fp8probe.core.stats import spearman
+    from fp8probe.sweeps.files import read_sweep
+
+    exact = tmp_path / "exact"
+    common = ["--granularity", "group", "--scheme", "FP8"]
+    assert cli("sweep", tiny_dirs["llama"], "--out", exact, "--num-prompts", "4", "--max-new-tokens", "10",
+               *common).code == 0
+    path = tmp_path / "path"
+    res = cli("sweep", tiny_dirs["llama"], "--out", path, "--rollouts", exact, "--method", "path", "--path-nodes", "4",
+              *common)
+    assert res.code == 0, res.err
+    df = read_sweep(path).table.set_index("unit")
+    weights = df[~df["kind"].isin(["model", "kv"])]
+    assert set(weights["method"]) == {"path"} and (weights["kl_fisher"] == weights["kl_q_p"]).all()
+    assert set(df[df["kind"].isin(["model", "kv"])]["method"]) == {"exact"}
+    whole = df.loc["model.fp8_all", "kl_q_p"]
+    assert weights["kl_q_p"].sum() == pytest.approx(whole, rel=0.03)
+    ex = read_sweep(exact).table.set_index("unit").loc[weights.index, "kl_q_p"]
+    assert spearman(list(weights["kl_q_p"]), list(ex)) > 0.8
+    run = json.loads((path / "run.json").read_text())
+    assert run["method"] == {"method": "path", "nodes": 4} and run["seconds"]["path"] > 0
+    assert cli("recipe", path, "--budget", str(whole / 2), "--out", tmp_path / "r").code == 0

@@ -20,6 +20,8 @@ def test_each_method_measures_its_rows_exactly():
     assert {"u1", "u3", "model.fp8"} <= got and len(got) == 4 and (got - {"u1", "u3", "model.fp8"}) <= {"u0", "u2",
                                                                                                        "u4", "u5"}
     assert got == METHODS["auto"].exact(rows, est, Method("auto", top_k=2, controls=1, seed=3))  # seeded
+    # path: what the path does not cover (the whole model, the KV caches)
+    assert METHODS["path"].exact(rows + [R("kv.3", "kv")], est, Method("path")) == {"model.fp8", "kv.3"}
 
 
 def test_run_json_records_each_methods_settings():
@@ -29,5 +31,6 @@ def test_run_json_records_each_methods_settings():
         ("method", "fisher"), ("samples", 3), ("estimator", Method().estimator), ("seed", 5)]
     assert list(Method("auto", top_k=4, controls=2).settings()) == ["method", "samples", "estimator", "seed", "top_k",
                                                                      "controls"]
-    assert [m for m in METHODS if METHODS[m].reference] == ["exact", "auto"]
-    assert [m for m in METHODS if METHODS[m].estimate] == ["fisher", "auto"]
+    assert Method("path", nodes=3).settings() == {"method": "path", "nodes": 3}
+    assert [m for m in METHODS if METHODS[m].reference] == ["exact", "auto", "path"]
+    assert [m for m in METHODS if METHODS[m].estimate] == ["fisher", "auto", "path"]
