@@ -8,9 +8,10 @@
    lm_head disabled, at each size's effective bits (14, 12, 10: about 25 %, 50 % and 75 % of the Linear weights in
    FP8). Its results are kept in --out (a rerun reuses them, wall time included).
 2. fp8probe sweeps the same rollouts with the same kind of FP8 (scheme FP8: per-tensor weights and static per-tensor
-   inputs, as FP8_DEFAULT_CFG), per fused group (exact and fisher), then chooses the recipe that saves at least
-   ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the sweep's single rows (with and
-   without refinement), and groups priced at the operating point (`--costs path`, `--costs context`).
+   inputs, as FP8_DEFAULT_CFG), per fused group (exact, fisher and path: `sweep --method path`), then chooses the
+   recipe that saves at least ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the
+   sweep's rows (with and without refinement), and groups priced at the operating point (`--costs path`,
+   `--costs context`).
 3. The headroom: an evolutionary search (recipe/evolve.py) measures --headroom candidates at those bytes on the search
    rollouts, from the best fp8probe recipe there: the best any selection found at that size.
 4. Judged on rollouts no search saw: the student's samples of other prompts (the built-in prompts the sweep did not
@@ -50,7 +51,7 @@ from fp8probe.sweeps.files import read_sweep
 VENV = Path.home() / ".cache" / "fp8probe" / "modelopt-venv"
 VENV_AS = Path.home() / ".cache" / "fp8probe" / "modelopt-as-venv"  # ModelOpt built from PR #2183's source
 WORKER = Path(__file__).with_name("modelopt_worker.py")
-METHODS = ("exact", "fisher")
+METHODS = ("exact", "fisher", "path")
 ENGINES = ("sim", "vllm-cuda")
 
 
@@ -138,7 +139,7 @@ class Judge:
 SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the Linear weights in FP8
 # fp8probe's paths: (sweep method, how groups are priced, refinement passes)
 PATHS = (("exact", "single", 0), ("exact", "single", DEFAULT_REFINE_PASSES), ("fisher", "single", 0),
-         ("fisher", "path", 0), ("exact", "path", 0), ("exact", "context", 0))
+         ("path", "single", 0), ("fisher", "path", 0), ("exact", "path", 0), ("exact", "context", 0))
 
 
 def main():

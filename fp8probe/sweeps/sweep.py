@@ -287,8 +287,9 @@ def summary(df, intervals: dict | None = None) -> str:
     title = "ten most sensitive rows (mean KL(q||p) per response token):"
     if (df["method"] != "exact").any():
         cols.insert(2, "method")
-        title = ("ten most sensitive rows (mean KL(q||p) per response token; method fisher: the fast estimate, "
-                 "path: the path attribution, exact: measured):")
+        words = {"fisher": "the fast estimate", "path": "the path attribution", "exact": "measured"}
+        present = ", ".join(f"{m}: {w}" for m, w in words.items() if (df["method"] == m).any())
+        title = f"ten most sensitive rows (mean KL(q||p) per response token; method {present}):"
     lines = ["", title, units[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")]
     whole = df[df["kind"] == "model"].set_index("unit")
     for name in ("model.fp8_all", "model.fp8_all_kv"):
