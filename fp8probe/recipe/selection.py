@@ -71,7 +71,7 @@ def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[st
     if df.empty:
         raise FP8ProbeError("the sensitivity table has no unit rows")
     if df[metric].isna().any():
-        raise FP8ProbeError(f"the sweep's rows of the fast estimate (method fisher) hold only kl_q_p, not {metric}: "
+        raise FP8ProbeError(f"the sweep's estimated rows (method fisher or path) hold only kl_q_p, not {metric}: "
                             "use `metric` kl_q_p, or a sweep run with `method` exact")
     out = []
     for g, rows in df.groupby("group", sort=False):
