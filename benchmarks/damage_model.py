@@ -103,7 +103,8 @@ def main():
     (out / f"{args.model}-{scheme.name}.json").write_text(json.dumps(
         {"model": args.model, "scheme": scheme.name, "groups": n, "whole": whole, "path_total": att.total,
          "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
-         "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)], "rows": rows, "seconds": secs}, indent=1))
+         "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)], "priors": priors, "path": att.path,
+         "rows": rows, "seconds": secs}, indent=1))
 
 
 def _judge(name, pred, measured) -> dict:
