@@ -6,7 +6,7 @@
    transformers it accepts, on the CPU torch wheel), runs auto_quantize on the embedded student with the sweep's
    rollouts (modelopt_worker.py), in its kl_div and gradient modes, FP8_DEFAULT_CFG or BF16 per layer group,
    lm_head disabled, at each size's effective bits (14, 12, 10: about 25 %, 50 % and 75 % of the Linear weights in
-   FP8). Its results are kept in --out (a rerun reuses them, wall time included).
+   FP8). Its results are kept in --out (a rerun reuses them, wall time included, and shows every mode kept there).
 2. fp8probe sweeps the same rollouts with the same kind of FP8 (scheme FP8: per-tensor weights and static per-tensor
    inputs, as FP8_DEFAULT_CFG), per fused group (exact, fisher and path: `sweep --method path`), then chooses the
    recipe that saves at least ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the
@@ -98,6 +98,10 @@ def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient"),
                 print(f"ModelOpt {method} at {bits:g} bits failed (exit {done.returncode}): no row", flush=True)
                 continue
         mo[method] = json.loads(res.read_text())
+    for method in ("kl_div", "gradient", "aumann_shapley"):  # a mode run before at this size, kept in --out
+        res = out / f"modelopt-{method}-{bits:g}.json"
+        if method not in mo and res.exists():
+            mo[method] = json.loads(res.read_text())
     return mo
 
 
@@ -110,7 +114,7 @@ def sweeps(sweep: str, out: Path, model: str = "smollm2-135m") -> dict:
             assert cli(["-q", "sweep", model, "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group",
                         "--no-kv", "--method", method, "--out", str(d)]) == 0
         run = read_sweep(d)
-        tables[method] = (run.table, sum(v for v in run.run["seconds"].values() if isinstance(v, (int, float))))
+        tables[method] = (run.table, run.run["seconds"]["sweep"])  # reference, estimate and rows; no loading
     return tables
 
 
