@@ -53,6 +53,7 @@ VENV_AS = Path.home() / ".cache" / "fp8probe" / "modelopt-as-venv"  # ModelOpt b
 WORKER = Path(__file__).with_name("modelopt_worker.py")
 METHODS = ("exact", "fisher", "path")
 ENGINES = ("sim", "vllm-cuda")
+MODES = ("kl_div", "gradient", "aumann_shapley")  # ModelOpt's search modes
 
 
 def modelopt_python() -> Path:
@@ -88,19 +89,17 @@ def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient"),
     torch.save({"input_ids": rollouts.input_ids, "attention_mask": rollouts.attention_mask,
                 "response_mask": rollouts.response_mask}, tokens)
     mo = {}
-    for method in modes:
+    # the modes asked for, then any other mode run before at this size and kept in --out
+    for method in [*modes, *(m for m in MODES if m not in modes)]:
         res = out / f"modelopt-{method}-{bits:g}.json"
-        if not res.exists():
+        if method in modes and not res.exists():
             py = modelopt_as_python(as_source) if method == "aumann_shapley" else modelopt_python()
             done = subprocess.run([str(py), str(WORKER), str(STUDENTS[model]()), str(tokens), method,
                                    str(bits), str(res)])
             if done.returncode != 0:  # said in the table's place, the other modes still compared
                 print(f"ModelOpt {method} at {bits:g} bits failed (exit {done.returncode}): no row", flush=True)
                 continue
-        mo[method] = json.loads(res.read_text())
-    for method in ("kl_div", "gradient", "aumann_shapley"):  # a mode run before at this size, kept in --out
-        res = out / f"modelopt-{method}-{bits:g}.json"
-        if method not in mo and res.exists():
+        if res.exists():
             mo[method] = json.loads(res.read_text())
     return mo
 
@@ -158,7 +157,7 @@ def main():
     ap.add_argument("--bits", type=float, nargs="+", default=list(SIZES), help="effective bits of the sizes compared")
     ap.add_argument("--heldout-seed", type=int, default=1)
     ap.add_argument("--modes", nargs="+", default=["kl_div", "gradient"],
-                    choices=["kl_div", "gradient", "aumann_shapley"],
+                    choices=MODES,
                     help="ModelOpt's search modes (aumann_shapley: the saturation-aware mode, from --as-source)")
     ap.add_argument("--as-source", help="a checkout of Model-Optimizer PR #2183 (ModelOpt's aumann_shapley mode)")
     ap.add_argument("--headroom", type=int, default=200,
