@@ -46,11 +46,12 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
               progress: bool = False) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
     from ..core.files import atomic_write_json, output_dir
+    from ..model.structure import list_units, meta_model
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable, exact_run_for
     from ..sweeps.files import RUN_FILE, check_resume_state, finish_sweep, write_run, write_table
     from ..sweeps.memory import check_sweep_fits
     from ..sweeps.scaleout import cluster_for, row_workers
-    from ..sweeps.sweep import sweep, whole_model_rows
+    from ..sweeps.sweep import ESTIMATES, sweep, whole_model_rows
 
     inputs = check_inputs(model, rollouts, out, settings.preset, partial=True)
     cluster = cluster_for(model, settings.workers, settings.ray_address, settings.threads_per_worker)
@@ -59,6 +60,8 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
     if not resume and (out / RUN_FILE).exists():
         raise FP8ProbeError(f"{out} holds a finished sweep already; choose another `out` (or delete it first)")
     method = settings.method_of(rollouts.seed)
+    if method.kind.estimate:  # a student the estimate cannot price, refused from its config before any output
+        ESTIMATES[method.kind.by].check(list_units(meta_model(model.config())))
     exact_run = exact_run_for(rollouts.rollouts, settings.compare, settings.preset.name, settings.granularity,
                               settings.include_kv, settings.kv_cache_dtype) if method.kind.estimate else None
     check_sweep_fits(model, rollouts, method.name, inputs.rollouts)

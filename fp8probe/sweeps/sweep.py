@@ -23,6 +23,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, no_mismatch
@@ -187,6 +188,8 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     kv = KVCacheScheme.from_name(kv)
     method = Method(method) if isinstance(method, str) else method
     rows = plan_rows(student, scheme, granularity, include_kv, kv)
+    if method.kind.estimate:
+        ESTIMATES[method.kind.by].check(rows)  # before any pass: a student the estimate cannot price is refused now
     done: dict[str, dict] = {}
     writer = None
     if out_dir is not None:
@@ -199,7 +202,7 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
     estimates: dict[str, float] = {}
     if method.kind.estimate:
-        estimates, sqnr, seconds[method.kind.by] = ESTIMATES[method.kind.by](
+        estimates, sqnr, seconds[method.kind.by] = ESTIMATES[method.kind.by].run(
             student, rollouts, rows, scheme, kv, batch_size, reference, method, granularity == "group", progress)
     exact = method.kind.exact(rows, estimates, method)
     for row in rows:  # the others keep their estimate
@@ -248,17 +251,29 @@ def _fisher(student, rollouts, rows, scheme, kv, batch_size, reference, method, 
 
 def _path(student, rollouts, rows, scheme, kv, batch_size, reference, method, fused, progress):
     """Every weight row's path attribution from BF16 to every weight row in FP8 (measurement/attribution.py):
-    (shares, no SQNR, seconds). Experts are not on the path: a MoE student is refused."""
+    (shares, no SQNR, seconds)."""
     on_path = [r for r in rows if r.kind not in ("model", "kv")]
-    if any(r.kind == "expert" for r in on_path):
-        raise FP8ProbeError("`method` path does not cover MoE experts yet; use exact, auto or fisher")
     att = path_attribution(student, rollouts, reference, {r.unit: list(r.perturbation.units) for r in on_path},
                            scheme, nodes=method.nodes, batch_size=batch_size)
     return att.shares, {r.unit: float("nan") for r in on_path}, att.seconds
 
 
-# how a method's estimate is made (methods.MethodKind.by)
-ESTIMATES = {"fisher": _fisher, "path": _path}
+def _no_experts(rows) -> None:
+    """Experts are not on the path (attribution.py scales the dense Linears' weights): a MoE student is refused."""
+    if any(r.kind == "expert" for r in rows):
+        raise FP8ProbeError("`method` path does not cover MoE experts yet; use exact, auto or fisher")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """How a method's estimate is made (`run`: (estimates, output SQNR, seconds)) and which plans it refuses
+    (`check(rows)` raises FP8ProbeError; called before the reference or any other pass)."""
+
+    run: Callable
+    check: Callable = lambda rows: None
+
+
+ESTIMATES = {"fisher": Estimate(_fisher), "path": Estimate(_path, _no_experts)}  # methods.MethodKind.by
 
 
 def _keep_stats(model_rows: dict, row: Row, metrics: dict, reference: Reference) -> None:

@@ -139,3 +139,16 @@ def test_sweep_method_path_prices_rows_that_add_up_to_the_whole_model(cli, tiny_
     run = json.loads((path / "run.json").read_text())
     assert run["method"] == {"method": "path", "nodes": 4} and run["seconds"]["path"] > 0
     assert cli("recipe", path, "--budget", str(whole / 2), "--out", tmp_path / "r").code == 0
+
+
+def test_sweep_method_path_refuses_a_moe_student_before_any_output(cli, tiny_dirs, tmp_path):
+    """Experts are not on the path: `sweep --method path` on a MoE student is one line with the usage exit code,
+    said from the config before the rollouts are sampled, and leaves no output directory."""
+    from fp8probe.core.errors import EXIT_USAGE
+
+    out = tmp_path / "path"
+    res = cli("sweep", tiny_dirs["qwen3_moe"], "--out", out, "--num-prompts", "2", "--max-new-tokens", "4",
+              "--method", "path")
+    assert res.code == EXIT_USAGE
+    assert res.err.count("\n") == 1 and "does not cover MoE experts" in res.err and "Traceback" not in res.err
+    assert not out.exists()
