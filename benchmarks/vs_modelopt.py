@@ -1,6 +1,7 @@
 """fp8probe against NVIDIA ModelOpt's auto_quantize at three sizes, judged where neither searched, beside the headroom.
 
-    python benchmarks/vs_modelopt.py [--sweep runs/smollm2] [--bits 14 12 10] [--headroom 200] [--out runs/vs-modelopt]
+    python benchmarks/vs_modelopt.py [--model smollm2-135m] [--sweep runs/smollm2] [--bits 14 12 10] [--headroom 200]
+        [--modes kl_div gradient] [--methods exact fisher path] [--costs single path context] [--out runs/vs-modelopt]
 
 1. ModelOpt, in its own venv (~/.cache/fp8probe/modelopt-venv, made on first use: nvidia-modelopt with a
    transformers it accepts, on the CPU torch wheel), runs auto_quantize on the embedded student with the sweep's
@@ -104,10 +105,10 @@ def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient"),
     return mo
 
 
-def sweeps(sweep: str, out: Path, model: str = "smollm2-135m") -> dict:
+def sweeps(sweep: str, out: Path, model: str = "smollm2-135m", methods=METHODS) -> dict:
     """method -> (the per-group FP8 sweep table, its seconds: reference + rows)."""
     tables = {}
-    for method in METHODS:
+    for method in methods:
         d = out / f"sweep-fp8-{method}"
         if not (d / "sensitivity.csv").exists():
             assert cli(["-q", "sweep", model, "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group",
@@ -146,6 +147,7 @@ SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the L
 # fp8probe's paths: (sweep method, how groups are priced, refinement passes)
 PATHS = (("exact", "single", 0), ("exact", "single", DEFAULT_REFINE_PASSES), ("fisher", "single", 0),
          ("path", "single", 0), ("fisher", "path", 0), ("exact", "path", 0), ("exact", "context", 0))
+COSTS = ("single", "path", "context")
 
 
 def main():
@@ -162,13 +164,18 @@ def main():
     ap.add_argument("--as-source", help="a checkout of Model-Optimizer PR #2183 (ModelOpt's aumann_shapley mode)")
     ap.add_argument("--headroom", type=int, default=200,
                     help="candidates the evolutionary search measures per size (0: no headroom row)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                    help="fp8probe's sweep methods compared (the paths of the others are left out)")
+    ap.add_argument("--costs", nargs="+", default=list(COSTS), choices=COSTS,
+                    help="how fp8probe's recipes price groups (context: one measured pass per group, slow)")
     ap.add_argument("--out", default="runs/vs-modelopt")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rollouts = load_rollouts(args.sweep)
     mo = {bits: run_modelopt(rollouts, out, bits, args.modes, args.as_source, args.model) for bits in args.bits}
-    tables = sweeps(args.sweep, out, args.model)
+    tables = sweeps(args.sweep, out, args.model, args.methods)
+    paths = [p for p in PATHS if p[0] in args.methods and p[1] in args.costs]
     student = load_student(args.model)
     search_ref = Reference(student, rollouts)
     seen = set(rollouts.meta.get("prompts", []))
@@ -178,7 +185,7 @@ def main():
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
     unit_group = {u.name: u.group for u in student.quantizable}
     total = linear_params(student)
-    groups = group_scores(tables["exact"][0], "kl_q_p", members)
+    groups = group_scores(tables[args.methods[0]][0], "kl_q_p", members)  # bytes and params: the same in any
     by_name = {g.group: g for g in groups}
 
     print(f"{args.model}; every tool searches on the sweep's {rollouts.num_sequences} rollouts; judged on "
@@ -204,7 +211,7 @@ def main():
             rows.append(_row(f"ModelOpt {mode}", len(gs), sum(by_name[g].bytes_saved for g in gs), b, got,
                              None if mode == base_mode else base, judge, mo[bits][mode]["seconds"])
                         | {"bits_target": bits, "tool": "modelopt", "mode": mode})
-        for method, costs, passes in PATHS:
+        for method, costs, passes in paths:
             table, t_sweep = tables[method]
             t0 = time.perf_counter()
             rec = make_recipe(table, None, student, rollouts, scheme="FP8", reference=search_ref,
