@@ -2,6 +2,7 @@
 plain sum of single-group costs that selection predicted with, on random recipes it was not fitted on.
 
     python benchmarks/damage_model.py [--model smollm2-135m|gemma3-270m] [--scheme FP8] [--fit 50] [--test 40]
+    python benchmarks/damage_model.py --refit runs/damage-model/gemma3-270m-FP8.json [--fit 50]   # no measuring
 
 1. The student samples its own rollouts (--num-prompts, --max-new-tokens, seed 0); every measurement below is the
    simulation on those tokens (mean per-token KL(q||p) against the BF16 reference).
@@ -9,15 +10,17 @@ plain sum of single-group costs that selection predicted with, on random recipes
    attribution from BF16 to every group in FP8 (measurement/attribution.py: a few forward and backward passes).
 3. Random recipes (uniform sets of fused groups) measured: --fit of them, at sizes spread from 10 % to 90 % of the
    groups, to fit on; --test others (another seed, other sizes) to judge on.
-4. Each predictor's |relative error| on the test recipes: median and 90th percentile, and its Spearman correlation
-   with the measured values. Predictors: the plain sum of single costs (selection's prediction), the plain sum of
-   path shares, and the damage model fitted on each prior. Wall time of each step.
+4. Each predictor's |relative error| on the test recipes: median (with its 90 % bootstrap interval over the test
+   recipes) and 90th percentile, and its Spearman correlation with the measured values. Predictors: the plain sum of
+   single costs (selection's prediction), the plain sum of path shares, and the damage model fitted on each prior.
+   Wall time of each step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -25,7 +28,7 @@ import numpy as np
 
 from fp8probe import load_student
 from fp8probe.core.schemes import Scheme
-from fp8probe.core.stats import spearman
+from fp8probe.core.stats import bootstrap_interval, spearman
 from fp8probe.measurement.attribution import path_attribution
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
@@ -47,9 +50,24 @@ def main():
     ap.add_argument("--test", type=int, default=40, help="random recipes judged on")
     ap.add_argument("--nodes", type=int, default=4, help="path attribution's nodes")
     ap.add_argument("--out", default="runs/damage-model")
+    ap.add_argument("--refit", metavar="JSON", help="a JSON this benchmark wrote: fit and judge its measured recipes "
+                    "again (--fit of its fitted ones, evenly spaced), measuring nothing")
     args = ap.parse_args()
+    if args.refit:
+        doc = json.loads(Path(args.refit).read_text())
+        step = max(1, len(doc["fit"]) // args.fit)  # every size kept: the recipes are stored size by size
+        doc["fit"] = doc["fit"][::step][:args.fit]
+        report(doc)
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    doc = measure(args)
+    doc["rows"] = report(doc)
+    (out / f"{args.model}-{args.scheme}.json").write_text(json.dumps(doc, indent=1))
+
+
+def measure(args) -> dict:
+    """The priors and the measured random recipes: everything the fits need (written to the JSON)."""
     scheme = Scheme.from_name(args.scheme)
     t0 = time.perf_counter()
     student = load_student(args.model)
@@ -77,10 +95,21 @@ def main():
     fit_m = [m(s) for s in fit_sets]
     test_m = [m(s) for s in test_sets]
     secs["measured_recipes"] = time.perf_counter() - t
-    priors = {"single": {g: single[g].score for g in names}, "path": {g: att.shares[g] for g in names}}
+    return {"model": args.model, "scheme": scheme.name, "groups": n, "whole": m(names), "path_total": att.total,
+            "rollouts": [rollouts.num_sequences, rollouts.num_response_tokens],
+            "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
+            "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)],
+            "priors": {"single": {g: single[g].score for g in names}, "path": {g: att.shares[g] for g in names}},
+            "path": att.path, "seconds": secs}
 
+
+def report(doc: dict) -> list[dict]:
+    """Each predictor on the test recipes (the plain sums and the damage model fitted on the fit recipes, on each
+    prior), printed; the median |error| with its 90 % bootstrap interval over the test recipes."""
+    fit_sets, fit_m = [s for s, _ in doc["fit"]], [v for _, v in doc["fit"]]
+    test_sets, test_m = [s for s, _ in doc["test"]], [v for _, v in doc["test"]]
     rows = []
-    for pname, prior in priors.items():
+    for pname, prior in doc["priors"].items():
         plain = np.array([sum(prior[g] for g in s) for s in test_sets])
         rows.append(_judge(f"sum of {pname} costs", plain, test_m))
         t = time.perf_counter()
@@ -89,29 +118,29 @@ def main():
         pred = np.array(prediction_errors(model, test_sets, test_m)["predicted"])
         rows.append(_judge(f"damage model on {pname}", pred, test_m) | {
             "rho": model.rho, "k": model.k, "tau": model.tau, "cv_median": model.cv_error, "fit_seconds": fit_s})
-    whole = m(names)
-    print(f"{args.model}, {scheme.name}, {rollouts.num_sequences} rollouts ({rollouts.num_response_tokens} response "
-          f"tokens); {n} fused groups; every group in FP8: KL {whole:.5f}, path shares sum {att.total:.5f} "
-          f"(completeness {att.total / whole:.3f}); {len(fit_sets)} random recipes fitted on, {len(test_sets)} others "
-          f"judged on (sizes {', '.join(f'{f:.0%}' for f in TEST_SIZES)} of the groups)")
-    print(f"{'predictor':<30}{'median |err|':>14}{'p90 |err|':>11}{'spearman':>10}   fitted")
+    sizes = sorted({len(s) for s in test_sets})
+    n_roll, n_tok = doc.get("rollouts", ["?", "?"])
+    print(f"{doc['model']}, {doc['scheme']}, {n_roll} rollouts ({n_tok} response tokens); {doc['groups']} fused "
+          f"groups; every group in FP8: KL {doc['whole']:.5f}, path shares sum {doc['path_total']:.5f} (completeness "
+          f"{doc['path_total'] / doc['whole']:.3f}); {len(fit_sets)} random recipes fitted on, {len(test_sets)} "
+          f"others judged on (sizes {', '.join(map(str, sizes))} of the {doc['groups']} groups)")
+    print(f"{'predictor':<30}{'median |err| [90 %]':>24}{'p90 |err|':>11}{'spearman':>10}   fitted")
     for r in rows:
         extra = (f"rho {r['rho']:.3g}, k {r['k']:.3g}, tau {r['tau']:g}, cv {r['cv_median']:.3f}" if "rho" in r
                  else "")
-        print(f"{r['predictor']:<30}{r['median']:>14.3f}{r['p90']:>11.3f}{r['spearman']:>10.3f}   {extra}")
-    print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in secs.items()))
-    (out / f"{args.model}-{scheme.name}.json").write_text(json.dumps(
-        {"model": args.model, "scheme": scheme.name, "groups": n, "whole": whole, "path_total": att.total,
-         "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
-         "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)], "priors": priors, "path": att.path,
-         "rows": rows, "seconds": secs}, indent=1))
+        med = f"{r['median']:.3f} [{r['median_interval'][0]:.3f}, {r['median_interval'][1]:.3f}]"
+        print(f"{r['predictor']:<30}{med:>24}{r['p90']:>11.3f}{r['spearman']:>10.3f}   {extra}")
+    if "seconds" in doc:
+        print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in doc["seconds"].items()))
+    return rows
 
 
 def _judge(name, pred, measured) -> dict:
     measured = np.asarray(measured)
     err = np.abs(np.asarray(pred) / measured - 1)
-    return {"predictor": name, "median": float(np.median(err)), "p90": float(np.quantile(err, 0.9)),
-            "spearman": float(spearman(list(pred), list(measured)))}
+    lo, hi = bootstrap_interval(np.arange(len(err)), lambda i: float(np.median(err[i])), bounds=(0.0, math.inf))
+    return {"predictor": name, "median": float(np.median(err)), "median_interval": [lo, hi],
+            "p90": float(np.quantile(err, 0.9)), "spearman": float(spearman(list(pred), list(measured)))}
 
 
 if __name__ == "__main__":
