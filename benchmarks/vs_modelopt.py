@@ -6,8 +6,11 @@
 1. ModelOpt, in its own venv (~/.cache/fp8probe/modelopt-venv, made on first use: nvidia-modelopt with a
    transformers it accepts, on the CPU torch wheel), runs auto_quantize on the embedded student with the sweep's
    rollouts (modelopt_worker.py), in its kl_div and gradient modes, FP8_DEFAULT_CFG or BF16 per layer group,
-   lm_head disabled, at each size's effective bits (14, 12, 10: about 25 %, 50 % and 75 % of the Linear weights in
-   FP8). Its results are kept in --out (a rerun reuses them, wall time included, and shows every mode kept there).
+   lm_head disabled, at each size's effective bits over the weights ModelOpt counts (every Linear, lm_head included
+   at its full size): 14, 12, 10 on the embedded student put about 25 %, 50 % and 75 % of those in FP8 (32, 63 and
+   95 % of the decoder's); Gemma 3 270M's lm_head is 63 % of them and stays BF16 (ModelOpt's floor: 13.0 bits), so
+   its sizes are 15.25, 14.5 and 13.75 (a quarter, half and three quarters of the decoder's Linear weights). Its
+   results are kept in --out (a rerun reuses them, wall time included, and shows every mode kept there).
 2. fp8probe sweeps the same rollouts with the same kind of FP8 (scheme FP8: per-tensor weights and static per-tensor
    inputs, as FP8_DEFAULT_CFG), per fused group (exact, fisher and path: `sweep --method path`), then chooses the
    recipe that saves at least ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the
@@ -143,7 +146,7 @@ class Judge:
         return ra(np.arange(len(self.prompt))) / rb(np.arange(len(self.prompt))), lo, hi
 
 
-SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the Linear weights in FP8
+SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the Linear weights (lm_head included) in FP8
 # fp8probe's paths: (sweep method, how groups are priced, refinement passes)
 PATHS = (("exact", "single", 0), ("exact", "single", DEFAULT_REFINE_PASSES), ("fisher", "single", 0),
          ("path", "single", 0), ("fisher", "path", 0), ("exact", "path", 0), ("exact", "context", 0))
