@@ -150,7 +150,7 @@ SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the L
 # fp8probe's paths: (sweep method, how groups are priced, refinement passes)
 PATHS = (("exact", "single", 0), ("exact", "single", DEFAULT_REFINE_PASSES), ("fisher", "single", 0),
          ("path", "single", 0), ("fisher", "path", 0), ("exact", "path", 0), ("exact", "context", 0))
-COSTS = ("single", "path", "context")
+COSTS = tuple(dict.fromkeys(costs for _, costs, _ in PATHS))  # single, path, context
 
 
 def main():
