@@ -52,8 +52,8 @@ def main():
     out, t0 = Path(args.out), time.perf_counter()
     block_dir = out / "sweep-fp8-block"
     if not (block_dir / "sensitivity.csv").exists():
-        code = cli(["-q", "sweep", "--rollouts", args.sweep, "--scheme", "FP8_BLOCK", "--no-kv", "--out",
-                    str(block_dir)])
+        code = cli(["-q", "sweep", "--rollouts", args.sweep, "--method", "exact", "--scheme", "FP8_BLOCK", "--no-kv",
+                    "--out", str(block_dir)])
         assert code == 0, "the FP8_BLOCK sweep failed"
     runs = {"FP8_DYNAMIC": read_sweep(args.sweep), "FP8_BLOCK": read_sweep(block_dir)}
     student = load_student()

@@ -23,7 +23,7 @@ class SweepSettings(Settings):
                            choices=("unit", "group"))
     include_kv: bool = opt(True, "skip the per-layer FP8 KV-cache rows", flag="--no-kv")
     kv_cache_dtype: str = opt("fp8", f"KV rows in {', '.join(KV_CACHE_DTYPES)}")
-    method: str = opt("exact", "exact: measure every row; fisher: estimate every row from one pass with backward "
+    method: str = opt("fisher", "exact: measure every row; fisher: estimate every row from one pass with backward "
                       "(fast); auto: estimate, then measure the top-k highest, controls others and the whole model; "
                       "path: each row's path attribution with the others partly in FP8 (fast)",
                       choices=tuple(METHODS))
@@ -46,6 +46,11 @@ class SweepSettings(Settings):
         KVCacheScheme.from_name(self.kv_cache_dtype)
         if self.threads_per_worker is not None and self.workers == 1 and not self.ray_address:
             raise FP8ProbeError("`threads_per_worker` needs `workers` N (N > 1) or `ray_address`")
+        if (self.workers > 1 or self.ray_address) and not METHODS[self.method].reference:
+            *others, last = [m for m, kind in METHODS.items() if kind.reference]
+            measuring = f"{', '.join(others)} or {last}"
+            raise FP8ProbeError(f"Ray workers (`workers`, `ray_address`) measure rows exactly and method "
+                                f"{self.method} measures none: pass `method` {measuring} (or run without Ray)")
 
     @property
     def preset(self) -> Scheme:

@@ -122,8 +122,8 @@ def test_sweep_method_path_prices_rows_that_add_up_to_the_whole_model(cli, tiny_
 
     exact = tmp_path / "exact"
     common = ["--granularity", "group", "--scheme", "FP8"]
-    assert cli("sweep", tiny_dirs["llama"], "--out", exact, "--num-prompts", "4", "--max-new-tokens", "10",
-               *common).code == 0
+    assert cli("sweep", tiny_dirs["llama"], "--out", exact, "--method", "exact", "--num-prompts", "4",
+               "--max-new-tokens", "10", *common).code == 0
     path = tmp_path / "path"
     res = cli("sweep", tiny_dirs["llama"], "--out", path, "--rollouts", exact, "--method", "path", "--path-nodes", "4",
               *common)

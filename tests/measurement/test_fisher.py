@@ -125,7 +125,7 @@ def test_auto_measures_the_top_rows_exactly(tiny, tmp_path):
 def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path, caplog):
     exact = tmp_path / "exact"
     common = ["--num-prompts", "4", "--max-new-tokens", "10"]
-    assert cli("sweep", deep_tiny_dir, "--out", exact, *common).code == 0
+    assert cli("sweep", deep_tiny_dir, "--out", exact, "--method", "exact", *common).code == 0
     fast = tmp_path / "fast"
     res = cli("sweep", deep_tiny_dir, "--out", fast, "--rollouts", exact, "--method", "fisher")
     assert res.code == 0, res.err

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import cli_process, same_arithmetic
 
-COMMON = ["--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
+COMMON = ["--method", "exact", "--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
 SENTINEL = 12345.0
 
 

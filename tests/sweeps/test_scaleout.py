@@ -28,7 +28,7 @@ def single(tiny_dirs, tmp_path_factory):
     from fp8probe.cli import main
 
     out = tmp_path_factory.mktemp("single") / "run"
-    assert main(["-q", "sweep", str(tiny_dirs["llama"]), "--out", str(out), "--num-prompts", "6",
+    assert main(["-q", "sweep", str(tiny_dirs["llama"]), "--out", str(out), "--method", "exact", "--num-prompts", "6",
                  "--max-new-tokens", "10"]) == 0
     return out
 
@@ -36,7 +36,7 @@ def single(tiny_dirs, tmp_path_factory):
 @ray_workers
 def test_two_workers_write_the_single_process_table_byte_for_byte(tiny_dirs, single, tmp_path, cli):
     out = tmp_path / "ray"
-    r = cli("-q", "sweep", tiny_dirs["llama"], "--out", out, "--rollouts", single, "--workers", "2",
+    r = cli("-q", "sweep", tiny_dirs["llama"], "--out", out, "--rollouts", single, "--method", "exact", "--workers", "2",
             "--threads-per-worker", "1")
     assert r.code == 0, r.err
     assert (out / "sensitivity.csv").read_bytes() == (single / "sensitivity.csv").read_bytes()
@@ -91,7 +91,7 @@ def test_a_killed_driver_resumes_with_workers(deep_tiny_dir, tmp_path):
     activation cast can flip its rounding; one CI run in about ten measured most rows 0.01-1 % apart this way
     (kl_q_p 0.02807 vs 0.02807 on the first row, 0.1625 vs 0.1613 on model.fp8_all). The byte-for-byte
     equality of Ray and single-process tables is test_two_workers_write_the_single_process_table_byte_for_byte's."""
-    common = ["-q", "sweep", str(deep_tiny_dir), "--num-prompts", "6", "--max-new-tokens", "12"]
+    common = ["-q", "sweep", str(deep_tiny_dir), "--method", "exact", "--num-prompts", "6", "--max-new-tokens", "12"]
     full = tmp_path / "full"
     assert subprocess.run([sys.executable, "-m", "fp8probe.cli", *common, "--out", str(full)],
                           capture_output=True, timeout=600).returncode == 0
@@ -131,18 +131,28 @@ def test_an_address_nobody_answers_is_refused_in_one_line(tiny_dirs, tmp_path, c
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2", "--ray-address",
+    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2", "--ray-address",
             f"127.0.0.1:{port}")
     assert r.code == 2 and len(r.lines) == 1 and "nothing answers" in r.err and not (tmp_path / "x").exists()
-    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2", "--ray-address", "headnode")
+    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2", "--ray-address", "headnode")
     assert r.code == 2 and len(r.lines) == 1 and "HOST:PORT" in r.err
 
 
 def test_without_ray_one_line_names_the_extra(tiny_dirs, tmp_path, cli, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
-    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--workers", "2")
+    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2")
     assert r.code == 2 and len(r.lines) == 1 and "pip install 'fp8probe[ray]'" in r.err
     assert not (tmp_path / "x").exists()
+
+
+def test_workers_with_the_default_fisher_estimate_are_refused_in_one_line(tiny_dirs, tmp_path, cli):
+    """The default method (fisher) measures no row exactly, so Ray workers would have nothing to do: asking for them
+    is one line naming the methods that measure rows, with the usage exit code, before any output or Ray start."""
+    for ray in (["--workers", "2"], ["--ray-address", "127.0.0.1:1"], ["--method", "fisher", "--workers", "4"]):
+        r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", *ray)
+        assert r.code == 2 and len(r.lines) == 1, r.err
+        assert "method fisher measures none" in r.err and "--method exact, auto or path" in r.err
+        assert not (tmp_path / "x").exists()
 
 
 @ray_workers
@@ -164,7 +174,7 @@ def test_joins_an_existing_cluster_and_leaves_it_running(tiny_dirs, single, tmp_
     try:
         out = tmp_path / "joined"
         r = subprocess.run([sys.executable, "-m", "fp8probe.cli", "-q", "sweep", str(tiny_dirs["llama"]), "--out",
-                            str(out), "--rollouts", str(single), "--workers", "2", "--threads-per-worker", "1",
+                            str(out), "--rollouts", str(single), "--method", "exact", "--workers", "2", "--threads-per-worker", "1",
                             "--ray-address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=300,
                            env=env)
         assert r.returncode == 0, r.stderr

@@ -80,7 +80,7 @@ def _cli(*args):
 
 def test_kill_resume_and_determinism(deep_tiny_dir, tmp_path):
     slow_tiny = deep_tiny_dir
-    common = ["--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
+    common = ["--method", "exact", "--num-prompts", 6, "--max-new-tokens", 12, "--seed", 5]
     full = tmp_path / "full"
     p = _cli("sweep", slow_tiny, "--out", full, *common)
     assert p.wait(timeout=600) == 0, p.stderr.read()
@@ -104,8 +104,7 @@ def test_kill_resume_and_determinism(deep_tiny_dir, tmp_path):
     with open(partial, "a") as f:  # a row cut off mid-write by the kill
         f.write("model.layers.9.self_attn.q_proj,q,9,model.layers.9.self")
 
-    bad = _cli("sweep", slow_tiny, "--out", killed, "--resume", "--num-prompts", 6, "--max-new-tokens", 12,
-               "--seed", 5, "--scheme", "FP8_BLOCK")
+    bad = _cli("sweep", slow_tiny, "--out", killed, "--resume", *common, "--scheme", "FP8_BLOCK")
     assert bad.wait(timeout=600) == 2
     assert "other settings (scheme)" in bad.stderr.read()
 
