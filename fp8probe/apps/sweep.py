@@ -61,7 +61,7 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
         raise FP8ProbeError(f"{out} holds a finished sweep already; choose another `out` (or delete it first)")
     method = settings.method_of(rollouts.seed)
     if method.kind.estimate:  # a student the estimate cannot price, refused from its config before any output
-        ESTIMATES[method.kind.by].check(list_units(meta_model(model.config())))
+        ESTIMATES[method.kind.by].check(list_units(meta_model(inputs.config)))
     exact_run = exact_run_for(rollouts.rollouts, settings.compare, settings.preset.name, settings.granularity,
                               settings.include_kv, settings.kv_cache_dtype) if method.kind.estimate else None
     check_sweep_fits(model, rollouts, method.name, inputs.rollouts)
