@@ -3,6 +3,7 @@ plain sum of single-group costs that selection predicted with, on random recipes
 
     python benchmarks/damage_model.py [--model smollm2-135m|gemma3-270m] [--scheme FP8] [--fit 50] [--test 40]
     python benchmarks/damage_model.py --refit runs/damage-model/gemma3-270m-FP8.json [--fit 50]   # no measuring
+    python benchmarks/damage_model.py --extend runs/damage-model/gemma3-270m-FP8.json --fit 100 --test 60
 
 1. The student samples its own rollouts (--num-prompts, --max-new-tokens, seed 0); every measurement below is the
    simulation on those tokens (mean per-token KL(q||p) against the BF16 reference).
@@ -14,6 +15,11 @@ plain sum of single-group costs that selection predicted with, on random recipes
    recipes) and 90th percentile, and its Spearman correlation with the measured values. Predictors: the plain sum of
    single costs (selection's prediction), the plain sum of path shares, and the damage model fitted on each prior.
    Wall time of each step.
+
+--extend measures --fit and --test more random recipes (fresh seeds, none measured before) on the same rollouts as a
+JSON this benchmark wrote, keeps its priors, and judges again on all: more recipes without the priors' cost (the
+sweep's group rows are most of it on Gemma 3). It re-measures one stored recipe first and stops if the value differs
+(other rollouts, another reference).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from fp8probe.measurement.attribution import path_attribution
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.damage import fit_damage, prediction_errors, random_recipes
-from fp8probe.recipe.selection import group_scores, measure_groups
+from fp8probe.recipe.selection import GroupScore, group_scores, measure_groups
 from fp8probe.sweeps.sweep import sweep
 
 FIT_SIZES = (0.1, 0.25, 0.5, 0.75, 0.9)
@@ -52,7 +58,14 @@ def main():
     ap.add_argument("--out", default="runs/damage-model")
     ap.add_argument("--refit", metavar="JSON", help="a JSON this benchmark wrote: fit and judge its measured recipes "
                     "again (--fit of its fitted ones, evenly spaced), measuring nothing")
+    ap.add_argument("--extend", metavar="JSON", help="a JSON this benchmark wrote: measure --fit and --test more "
+                    "random recipes on its rollouts, then fit and judge on all of them (written back to it)")
     args = ap.parse_args()
+    if args.extend:
+        doc = extend(args)
+        doc["rows"] = report(doc)
+        Path(args.extend).write_text(json.dumps(doc, indent=1))
+        return
     if args.refit:
         doc = json.loads(Path(args.refit).read_text())
         step = max(1, len(doc["fit"]) // args.fit)  # every size kept: the recipes are stored size by size
@@ -101,6 +114,41 @@ def measure(args) -> dict:
             "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)],
             "priors": {"single": {g: single[g].score for g in names}, "path": {g: att.shares[g] for g in names}},
             "path": att.path, "seconds": secs}
+
+
+def extend(args) -> dict:
+    """The JSON `args.extend` with --fit and --test more random recipes measured on its rollouts (see the module
+    doc)."""
+    doc = json.loads(Path(args.extend).read_text())
+    scheme = Scheme.from_name(doc["scheme"])
+    t0 = time.perf_counter()
+    student = load_student(doc["model"])
+    rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
+    ref = Reference(student, rollouts)
+    members = {g: [u.name for u in us] for g, us in student.groups().items()}
+    names = list(doc["priors"]["single"])
+
+    def m(s):
+        return measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in s], student, rollouts, scheme,
+                              "kl_q_p", None, ref)[0]
+
+    stored, value = doc["fit"][0]
+    again = m(stored)
+    if not math.isclose(again, value, rel_tol=1e-6):
+        raise SystemExit(f"a stored recipe measures {again:.6g} here, {value:.6g} in {args.extend}: not the same "
+                         "rollouts or reference (pass the run's --num-prompts and --max-new-tokens)")
+    seen = {frozenset(s) for s, _ in doc["fit"] + doc["test"]}
+    rnd = doc.get("extended", 0) + 1
+    for key, sizes, n, seed in (("fit", FIT_SIZES, args.fit, 1 + 2 * rnd),
+                                ("test", TEST_SIZES, args.test, 2 + 2 * rnd)):
+        sets = random_recipes(names, [max(1, round(f * len(names))) for f in sizes], -(-n // len(sizes)), seed)
+        new = [s for s in sets if s not in seen][:n]
+        t = time.perf_counter()
+        doc[key] += [[sorted(s), m(s)] for s in new]
+        print(f"{len(new)} more {key} recipes measured in {time.perf_counter() - t:.0f} s", flush=True)
+    doc["extended"] = rnd
+    doc["seconds"][f"extended_{rnd}"] = time.perf_counter() - t0
+    return doc
 
 
 def report(doc: dict) -> list[dict]:

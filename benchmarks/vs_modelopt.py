@@ -15,7 +15,9 @@
    inputs, as FP8_DEFAULT_CFG), per fused group (exact, fisher and path: `sweep --method path`), then chooses the
    recipe that saves at least ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the
    sweep's rows (with and without refinement), and groups priced at the operating point (`--costs path`,
-   `--costs context`).
+   `--costs context`); the row "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told
+   otherwise (the defaults read from their settings: the fisher estimate, refinement, the recipe's own held-out
+   split).
 3. The headroom: an evolutionary search (recipe/evolve.py) measures --headroom candidates at those bytes on the search
    rollouts, from the best fp8probe recipe there: the best any selection found at that size.
 4. Judged on rollouts no search saw: the student's samples of other prompts (the built-in prompts the sweep did not
@@ -28,6 +30,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -37,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fp8probe import load_rollouts, load_student
+from fp8probe import RecipeSettings, SweepSettings, load_rollouts, load_student
 from fp8probe.cli import main as cli
 from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import bootstrap_interval
@@ -147,10 +150,15 @@ class Judge:
 
 
 SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the Linear weights (lm_head included) in FP8
-# fp8probe's paths: (sweep method, how groups are priced, refinement passes)
-PATHS = (("exact", "single", 0), ("exact", "single", DEFAULT_REFINE_PASSES), ("fisher", "single", 0),
-         ("path", "single", 0), ("fisher", "path", 0), ("exact", "path", 0), ("exact", "context", 0))
-COSTS = tuple(dict.fromkeys(costs for _, costs, _ in PATHS))  # single, path, context
+# fp8probe's paths: (sweep method, how groups are priced, refinement passes, the recipe's own held-out split); the
+# CLI's default path, `sweep` then `recipe` with neither told otherwise, is DEFAULT_PATH
+_RECIPE = {f.name: f.default for f in dataclasses.fields(RecipeSettings)}
+DEFAULT_PATH = (SweepSettings.__dataclass_fields__["method"].default, _RECIPE["costs"], _RECIPE["refine"],
+                _RECIPE["holdout"])
+PATHS = (("exact", "single", 0, 0), ("exact", "single", DEFAULT_REFINE_PASSES, 0), ("fisher", "single", 0, 0),
+         DEFAULT_PATH, ("path", "single", 0, 0), ("fisher", "path", 0, 0), ("exact", "path", 0, 0),
+         ("exact", "context", 0, 0))
+COSTS = tuple(dict.fromkeys(p[1] for p in PATHS))  # single, path, context
 
 
 def main():
@@ -203,6 +211,9 @@ def main():
               f"{'ratio sim':<24}{'ratio vllm-cuda':<24}{'time s':>7}")
         chosen = {mode: sorted({unit_group[n] for n in res["fp8_modules"] if n in unit_group})
                   for mode, res in mo[bits].items()}
+        if not chosen:  # every ModelOpt mode failed at this size (said above): nothing to compare against
+            print(f"no ModelOpt recipe at {bits:g} bits: the size is skipped")
+            continue
         base_mode = "gradient" if "gradient" in chosen else next(iter(chosen))
         saved = sum(by_name[g].bytes_saved for g in chosen[base_mode])
         base = judge([u for g in chosen[base_mode] for u in members[g]])
@@ -214,18 +225,21 @@ def main():
             rows.append(_row(f"ModelOpt {mode}", len(gs), sum(by_name[g].bytes_saved for g in gs), b, got,
                              None if mode == base_mode else base, judge, mo[bits][mode]["seconds"])
                         | {"bits_target": bits, "tool": "modelopt", "mode": mode})
-        for method, costs, passes in paths:
+        for method, costs, passes, holdout in paths:
             table, t_sweep = tables[method]
             t0 = time.perf_counter()
-            rec = make_recipe(table, None, student, rollouts, scheme="FP8", reference=search_ref,
-                              memory=MemoryTarget("bytes_saved", saved), refine_passes=passes, costs=costs)
+            # with its own held-out split the recipe makes its references (the CLI's time), else it reuses one
+            rec = make_recipe(table, None, student, rollouts, scheme="FP8", reference=None if holdout else search_ref,
+                              memory=MemoryTarget("bytes_saved", saved), refine_passes=passes, costs=costs,
+                              holdout=holdout)
             secs = t_sweep + time.perf_counter() - t0
             got = judge([u for g in rec.quantized for u in members[g]])
-            recipes[(method, costs, passes)] = (rec.quantized, got)
-            rows.append(_row(f"  {method}, {costs}, refine {passes}", len(rec.quantized), rec.bytes_saved,
-                             rec.effective_bits, got, base, judge, secs)
+            recipes[(method, costs, passes, holdout)] = (rec.quantized, got)
+            label = ("default path (sweep, recipe)" if (method, costs, passes, holdout) == DEFAULT_PATH
+                     else f"  {method}, {costs}, refine {passes}")
+            rows.append(_row(label, len(rec.quantized), rec.bytes_saved, rec.effective_bits, got, base, judge, secs)
                         | {"bits_target": bits, "tool": "fp8probe", "method": method, "costs": costs,
-                           "refine": passes})
+                           "refine": passes, "holdout": holdout})
         if args.headroom:
             rows.append(_headroom(args.headroom, recipes, student, rollouts, search_ref, members, by_name, saved,
                                   total, judge, base, bits))
