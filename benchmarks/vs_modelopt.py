@@ -153,8 +153,8 @@ SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the L
 # fp8probe's paths: (sweep method, how groups are priced, refinement passes, the recipe's own held-out split); the
 # CLI's default path, `sweep` then `recipe` with neither told otherwise, is DEFAULT_PATH
 _RECIPE = {f.name: f.default for f in dataclasses.fields(RecipeSettings)}
-DEFAULT_PATH = (SweepSettings.__dataclass_fields__["method"].default, _RECIPE["costs"], _RECIPE["refine"],
-                _RECIPE["holdout"])
+_SWEEP = {f.name: f.default for f in dataclasses.fields(SweepSettings)}
+DEFAULT_PATH = (_SWEEP["method"], _RECIPE["costs"], _RECIPE["refine"], _RECIPE["holdout"])
 PATHS = (("exact", "single", 0, 0), ("exact", "single", DEFAULT_REFINE_PASSES, 0), ("fisher", "single", 0, 0),
          DEFAULT_PATH, ("path", "single", 0, 0), ("fisher", "path", 0, 0), ("exact", "path", 0, 0),
          ("exact", "context", 0, 0))

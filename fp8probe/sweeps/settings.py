@@ -23,9 +23,9 @@ class SweepSettings(Settings):
                            choices=("unit", "group"))
     include_kv: bool = opt(True, "skip the per-layer FP8 KV-cache rows", flag="--no-kv")
     kv_cache_dtype: str = opt("fp8", f"KV rows in {', '.join(KV_CACHE_DTYPES)}")
-    method: str = opt("fisher", "exact: measure every row; fisher: estimate every row from one pass with backward "
-                      "(fast); auto: estimate, then measure the top-k highest, controls others and the whole model; "
-                      "path: each row's path attribution with the others partly in FP8 (fast)",
+    method: str = opt("fisher", "fisher: estimate every row from one pass with backward (fast; the default); "
+                      "exact: measure every row; auto: estimate, then measure the top-k highest, controls others and "
+                      "the whole model; path: each row's path attribution with the others partly in FP8 (fast)",
                       choices=tuple(METHODS))
     top_k: int = opt(24, "method auto: rows measured exactly", low=0)
     controls: int = opt(8, "method auto: random other rows measured exactly, as a check", low=0)

@@ -36,8 +36,8 @@ def single(tiny_dirs, tmp_path_factory):
 @ray_workers
 def test_two_workers_write_the_single_process_table_byte_for_byte(tiny_dirs, single, tmp_path, cli):
     out = tmp_path / "ray"
-    r = cli("-q", "sweep", tiny_dirs["llama"], "--out", out, "--rollouts", single, "--method", "exact", "--workers", "2",
-            "--threads-per-worker", "1")
+    r = cli("-q", "sweep", tiny_dirs["llama"], "--out", out, "--rollouts", single, "--method", "exact",
+            "--workers", "2", "--threads-per-worker", "1")
     assert r.code == 0, r.err
     assert (out / "sensitivity.csv").read_bytes() == (single / "sensitivity.csv").read_bytes()
     import json
@@ -131,10 +131,11 @@ def test_an_address_nobody_answers_is_refused_in_one_line(tiny_dirs, tmp_path, c
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2", "--ray-address",
-            f"127.0.0.1:{port}")
+    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2",
+            "--ray-address", f"127.0.0.1:{port}")
     assert r.code == 2 and len(r.lines) == 1 and "nothing answers" in r.err and not (tmp_path / "x").exists()
-    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2", "--ray-address", "headnode")
+    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2",
+            "--ray-address", "headnode")
     assert r.code == 2 and len(r.lines) == 1 and "HOST:PORT" in r.err
 
 
@@ -174,9 +175,9 @@ def test_joins_an_existing_cluster_and_leaves_it_running(tiny_dirs, single, tmp_
     try:
         out = tmp_path / "joined"
         r = subprocess.run([sys.executable, "-m", "fp8probe.cli", "-q", "sweep", str(tiny_dirs["llama"]), "--out",
-                            str(out), "--rollouts", str(single), "--method", "exact", "--workers", "2", "--threads-per-worker", "1",
-                            "--ray-address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=300,
-                           env=env)
+                            str(out), "--rollouts", str(single), "--method", "exact", "--workers", "2",
+                            "--threads-per-worker", "1", "--ray-address", f"127.0.0.1:{port}"],
+                           capture_output=True, text=True, timeout=300, env=env)
         assert r.returncode == 0, r.stderr
         assert (out / "sensitivity.csv").read_bytes() == (single / "sensitivity.csv").read_bytes()
         status = subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{port}"], capture_output=True, text=True,
