@@ -152,9 +152,9 @@ class Judge:
 SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the Linear weights (lm_head included) in FP8
 # fp8probe's paths: (sweep method, how groups are priced, refinement passes, the recipe's own held-out split); the
 # CLI's default path, `sweep` then `recipe` with neither told otherwise, is DEFAULT_PATH
-_RECIPE = {f.name: f.default for f in dataclasses.fields(RecipeSettings)}
+_RECIPE = RecipeSettings(effective_bits=SIZES[0])  # every size here is a memory target: its defaults resolved
 _SWEEP = {f.name: f.default for f in dataclasses.fields(SweepSettings)}
-DEFAULT_PATH = (_SWEEP["method"], _RECIPE["costs"], _RECIPE["refine"], _RECIPE["holdout"])
+DEFAULT_PATH = (_SWEEP["method"], _RECIPE.costs, _RECIPE.refine_passes, _RECIPE.holdout)
 PATHS = (("exact", "single", 0, 0), ("exact", "single", DEFAULT_REFINE_PASSES, 0), ("fisher", "single", 0, 0),
          DEFAULT_PATH, ("path", "single", 0, 0), ("fisher", "path", 0, 0), ("exact", "path", 0, 0),
          ("exact", "context", 0, 0))

@@ -15,7 +15,7 @@ from ..core.settings import Settings, opt
 from ..deploy.frameworks import TARGETS
 from ..recipe.context import COSTS
 from ..recipe.forms import FORMS, check_request
-from ..recipe.refine import DEFAULT_REFINE_PASSES
+from ..recipe.refine import DEFAULT_REFINE_PASSES, default_passes
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,9 @@ class RecipeSettings(Settings):
                      "rows choose in FP8: context (a measured pass per group), path (path attributions)", choices=COSTS)
     damage_model: int = opt(0, "rank and predict by a damage model fitted on N measured random recipes (0: off)",
                             low=0, metavar="N")
-    refine: int = opt(DEFAULT_REFINE_PASSES, "measured passes that refine a free recipe with interactions (0: off)",
-                      low=0, metavar="PASSES")
+    refine: int | None = opt(None, "measured passes that refine a free recipe with interactions (0: off; default "
+                             f"{DEFAULT_REFINE_PASSES} under a budget, 0 under a memory target)", low=0,
+                             metavar="PASSES")
     engine: str = opt("vllm-cuda", "also report the recipe's figure as this rollout engine computes it (the search "
                       "and budgets use the simulation; none: off)", choices=("vllm-cuda", "vllm-cpu", "none"))
     holdout: int = opt(2, "select on one set, report on another: every k-th prompt of the rollouts is held out and "
@@ -68,6 +69,11 @@ class RecipeSettings(Settings):
             raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
         check_request(self.form or "free", self.kv_cache_dtype, self.keep, self.force, self.keep_first,
                       self.keep_last, self.costs, self.damage_model)
+
+    @property
+    def refine_passes(self) -> int:
+        """The refinement's measured passes: as given, or the goal's default (recipe.refine.default_passes)."""
+        return self.refine if self.refine is not None else default_passes(self.memory is not None)
 
     @property
     def memory(self):
@@ -106,7 +112,7 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
                              keep_last=settings.keep_last, keep=settings.keep, force=settings.force,
                              batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()), form=form,
                              kv_scale=kv_scale, target=target.name if target else None, memory=settings.memory,
-                             refine_passes=settings.refine, holdout=settings.holdout, costs=settings.costs,
+                             refine_passes=settings.refine_passes, holdout=settings.holdout, costs=settings.costs,
                              engine=None if settings.engine == "none" else settings.engine,
                              damage_recipes=settings.damage_model)
     except FP8ProbeError as e:

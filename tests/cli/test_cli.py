@@ -94,9 +94,21 @@ def test_help_imports_no_torch_and_the_api_resolves():
     assert callable(fp8probe.sweep) and callable(fp8probe.measure) and callable(fp8probe.capacity)
 
 
-def test_recipe_refine_default_is_the_library_default():
+def test_recipe_refine_default_is_the_goals_library_default():
+    """Untold, the CLI refines a budget's recipe with the library's default passes and a memory target's not at all
+    (recipe.refine.default_passes); a number given is kept under either goal."""
+    from fp8probe.apps.recipe import RecipeSettings
     from fp8probe.cli.main import build_parser
+    from fp8probe.cli.options import settings_from
     from fp8probe.recipe.refine import DEFAULT_REFINE_PASSES
 
-    args = build_parser().parse_args(["recipe", "SWEEP", "--budget", "0.1", "--out", "X"])
-    assert args.refine == DEFAULT_REFINE_PASSES
+    def passes(*argv):
+        args = build_parser().parse_args(["recipe", "SWEEP", *argv, "--out", "X"])
+        return settings_from(RecipeSettings, args).refine_passes
+
+    assert DEFAULT_REFINE_PASSES > 0
+    assert passes("--budget", "0.1") == DEFAULT_REFINE_PASSES
+    for goal in (["--effective-bits", "12"], ["--fp8-share", "0.5"], ["--min-bytes-saved", "1000"]):
+        assert passes(*goal) == 0
+        assert passes(*goal, "--refine", "3") == 3
+    assert passes("--budget", "0.1", "--refine", "0") == 0
