@@ -83,11 +83,8 @@ def measure(args) -> dict:
     """The priors and the measured random recipes: everything the fits need (written to the JSON)."""
     scheme = Scheme.from_name(args.scheme)
     t0 = time.perf_counter()
-    student = load_student(args.model)
-    rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
-    ref = Reference(student, rollouts)
+    student, rollouts, ref, members = _setup(args.model, args)
     secs = {"rollouts_and_reference": time.perf_counter() - t0}
-    members = {g: [u.name for u in us] for g, us in student.groups().items()}
 
     t = time.perf_counter()
     table = sweep(student, rollouts, scheme=scheme.name, granularity="group", include_kv=False, reference=ref).table
@@ -116,16 +113,22 @@ def measure(args) -> dict:
             "path": att.path, "seconds": secs}
 
 
+def _setup(model: str, args):
+    """The student, its own rollouts (seed 0, as every run of this benchmark samples them), their BF16 reference,
+    and its fused groups' member units."""
+    student = load_student(model)
+    rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
+    members = {g: [u.name for u in us] for g, us in student.groups().items()}
+    return student, rollouts, Reference(student, rollouts), members
+
+
 def extend(args) -> dict:
     """The JSON `args.extend` with --fit and --test more random recipes measured on its rollouts (see the module
     doc)."""
     doc = json.loads(Path(args.extend).read_text())
     scheme = Scheme.from_name(doc["scheme"])
     t0 = time.perf_counter()
-    student = load_student(doc["model"])
-    rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
-    ref = Reference(student, rollouts)
-    members = {g: [u.name for u in us] for g, us in student.groups().items()}
+    student, rollouts, ref, members = _setup(doc["model"], args)
     names = list(doc["priors"]["single"])
 
     def m(s):
