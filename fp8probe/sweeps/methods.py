@@ -30,6 +30,11 @@ class MethodKind:
     recorded: tuple[str, ...] = ()  # the Method fields run.json records beside the name
     by: str = "fisher"  # which estimate, where `estimate`
 
+    @property
+    def measures(self) -> bool:
+        """Whether any row is measured exactly (what Ray workers do: sweeps/scaleout.py)."""
+        return self.exact is not _no_row
+
 
 def _every_row(rows, estimates, method) -> set[str]:
     return {r.unit for r in rows}

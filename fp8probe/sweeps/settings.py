@@ -46,8 +46,8 @@ class SweepSettings(Settings):
         KVCacheScheme.from_name(self.kv_cache_dtype)
         if self.threads_per_worker is not None and self.workers == 1 and not self.ray_address:
             raise FP8ProbeError("`threads_per_worker` needs `workers` N (N > 1) or `ray_address`")
-        if (self.workers > 1 or self.ray_address) and not METHODS[self.method].reference:
-            *others, last = [m for m, kind in METHODS.items() if kind.reference]
+        if (self.workers > 1 or self.ray_address) and not METHODS[self.method].measures:
+            *others, last = [m for m, kind in METHODS.items() if kind.measures]
             measuring = f"{', '.join(others)} or {last}"
             raise FP8ProbeError(f"Ray workers (`workers`, `ray_address`) measure rows exactly and method "
                                 f"{self.method} measures none: pass `method` {measuring} (or run without Ray)")
