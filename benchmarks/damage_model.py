@@ -8,18 +8,21 @@ plain sum of single-group costs that selection predicted with, on random recipes
 1. The student samples its own rollouts (--num-prompts, --max-new-tokens, seed 0); every measurement below is the
    simulation on those tokens (mean per-token KL(q||p) against the BF16 reference).
 2. Prior per-group costs, two kinds: each fused group alone in FP8 (the sweep's group rows, measured), and its path
-   attribution from BF16 to every group in FP8 (measurement/attribution.py: a few forward and backward passes).
+   attribution from BF16 to every group in FP8 (measurement/attribution.py: a few forward and backward passes);
+   and each group's in-context cost, left out of the whole model in FP8 (one measured pass per group), for the
+   damage model's in-context term (recipe/damage.py).
 3. Random recipes (uniform sets of fused groups) measured: --fit of them, at sizes spread from 10 % to 90 % of the
    groups, to fit on; --test others (another seed, other sizes) to judge on.
 4. Each predictor's |relative error| on the test recipes: median (with its 90 % bootstrap interval over the test
    recipes) and 90th percentile, and its Spearman correlation with the measured values. Predictors: the plain sum of
-   single costs (selection's prediction), the plain sum of path shares, and the damage model fitted on each prior.
+   single costs (selection's prediction), the plain sum of path shares, the damage model fitted on each prior, and
+   the damage model on the single costs with the in-context term.
    Wall time of each step.
 
 --extend measures --fit and --test more random recipes (fresh seeds, none measured before) on the same rollouts as a
 JSON this benchmark wrote, keeps its priors, and judges again on all: more recipes without the priors' cost (the
 sweep's group rows are most of it on Gemma 3). It re-measures one stored recipe first and stops if the value differs
-(other rollouts, another reference).
+(other rollouts, another reference). A JSON written before the in-context costs were measured gets them measured.
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ def measure(args) -> dict:
     def m(s):
         return measure_groups([single[g] for g in s], student, rollouts, scheme, "kl_q_p", None, ref)[0]
 
+    t = time.perf_counter()
+    whole, loo = _in_context(m, names)
+    secs["in_context"] = time.perf_counter() - t
     n = len(names)
     fit_sets = random_recipes(names, [max(1, round(f * n)) for f in FIT_SIZES], -(-args.fit // len(FIT_SIZES)), 1)
     test_sets = random_recipes(names, [max(1, round(f * n)) for f in TEST_SIZES], -(-args.test // len(TEST_SIZES)), 2)
@@ -105,12 +111,23 @@ def measure(args) -> dict:
     fit_m = [m(s) for s in fit_sets]
     test_m = [m(s) for s in test_sets]
     secs["measured_recipes"] = time.perf_counter() - t
-    return {"model": args.model, "scheme": scheme.name, "groups": n, "whole": m(names), "path_total": att.total,
+    return {"model": args.model, "scheme": scheme.name, "groups": n, "whole": whole, "path_total": att.total,
             "rollouts": [rollouts.num_sequences, rollouts.num_response_tokens],
             "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
             "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)],
             "priors": {"single": {g: single[g].score for g in names}, "path": {g: att.shares[g] for g in names}},
-            "path": att.path, "seconds": secs}
+            "in_context": loo, "path": att.path, "seconds": secs}
+
+
+def _in_context(m, names) -> tuple[float, dict]:
+    """The whole model in FP8 measured, and each group's in-context cost: the whole minus the whole without it."""
+    whole = m(names)
+    loo = {}
+    for i, g in enumerate(names):
+        loo[g] = whole - m([h for h in names if h != g])
+        if (i + 1) % 12 == 0 or i + 1 == len(names):
+            print(f"in-context costs: {i + 1}/{len(names)} groups", flush=True)
+    return whole, loo
 
 
 def _setup(model: str, args):
@@ -140,6 +157,10 @@ def extend(args) -> dict:
     if not math.isclose(again, value, rel_tol=1e-6):
         raise SystemExit(f"a stored recipe measures {again:.6g} here, {value:.6g} in {args.extend}: not the same "
                          "rollouts or reference (pass the run's --num-prompts and --max-new-tokens)")
+    if "in_context" not in doc:
+        t = time.perf_counter()
+        _, doc["in_context"] = _in_context(m, names)
+        doc["seconds"]["in_context"] = time.perf_counter() - t
     seen = {frozenset(s) for s, _ in doc["fit"] + doc["test"]}
     rnd = doc.get("extended", 0) + 1
     for key, sizes, n, seed in (("fit", FIT_SIZES, args.fit, 1 + 2 * rnd),
@@ -167,8 +188,14 @@ def report(doc: dict) -> list[dict]:
         model = fit_damage(fit_sets, fit_m, {g: max(v, 1e-12) for g, v in prior.items()})
         fit_s = time.perf_counter() - t
         pred = np.array(prediction_errors(model, test_sets, test_m)["predicted"])
-        rows.append(_judge(f"damage model on {pname}", pred, test_m) | {
-            "rho": model.rho, "k": model.k, "tau": model.tau, "cv_median": model.cv_error, "fit_seconds": fit_s})
+        rows.append(_judge(f"damage model on {pname}", pred, test_m) | _fitted(model, fit_s))
+    if "in_context" in doc:  # the single costs with the in-context term
+        single = {g: max(v, 1e-12) for g, v in doc["priors"]["single"].items()}
+        t = time.perf_counter()
+        model = fit_damage(fit_sets, fit_m, single, context=doc["in_context"])
+        pred = np.array(prediction_errors(model, test_sets, test_m)["predicted"])
+        rows.append(_judge("damage model, single + context", pred, test_m) | _fitted(model, time.perf_counter() - t)
+                    | {"gamma": model.context.gamma})
     sizes = sorted({len(s) for s in test_sets})
     n_roll, n_tok = doc.get("rollouts", ["?", "?"])
     print(f"{doc['model']}, {doc['scheme']}, {n_roll} rollouts ({n_tok} response tokens); {doc['groups']} fused "
@@ -178,12 +205,16 @@ def report(doc: dict) -> list[dict]:
     print(f"{'predictor':<30}{'median |err| [90 %]':>24}{'p90 |err|':>11}{'spearman':>10}   fitted")
     for r in rows:
         extra = (f"rho {r['rho']:.3g}, k {r['k']:.3g}, tau {r['tau']:g}, cv {r['cv_median']:.3f}" if "rho" in r
-                 else "")
+                 else "") + (f", gamma {r['gamma']:.3g}" if "gamma" in r else "")
         med = f"{r['median']:.3f} [{r['median_interval'][0]:.3f}, {r['median_interval'][1]:.3f}]"
         print(f"{r['predictor']:<30}{med:>24}{r['p90']:>11.3f}{r['spearman']:>10.3f}   {extra}")
     if "seconds" in doc:
         print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in doc["seconds"].items()))
     return rows
+
+
+def _fitted(model, seconds) -> dict:
+    return {"rho": model.rho, "k": model.k, "tau": model.tau, "cv_median": model.cv_error, "fit_seconds": seconds}
 
 
 def _judge(name, pred, measured) -> dict:

@@ -15,6 +15,18 @@ measured combinations say so. τ is chosen by k-fold cross-validation over the m
 costs, rescaled, with the link). The fit is scipy's least_squares on log D − log m (relative errors, as the mismatch
 spans decades), so the median relative error is what it minimises.
 
+With in-context costs (`context`: each group's cost left out of the whole model in FP8, l_i = m(all) − m(all \\ i),
+against its single cost s_i), a group's marginal cost is interpolated between the two ends by how much of the whole
+is already in FP8, linearly in the prior mass: m_i(E) = s_i + (l_i − s_i)·S_s(E)/S_s(all) for the groups E already
+in FP8 (S_s: the plain sum of single costs). Adding a recipe's groups one at a time along the straight path from
+BF16 to R averages that over E = τ·R, τ in [0, 1], and adds a per-recipe interaction term to the link's input:
+
+    S(R) = Σ_{i in R} u_i + k·γ·q(R),      q(R) = S_s(R) · Σ_{i in R} (l_i − s_i) / (2·S_s(all))
+
+(γ = 1 is that interpolation; it is fitted), a group's own interaction with the rest: one that saturates (l_i < s_i)
+costs less in a large recipe, one that compounds (l_i > s_i) more, each by its own measured amount, where the link
+alone bends every group alike.
+
 Since D is increasing in S for every ρ, the recipe with the least predicted damage under a memory target is the
 knapsack on u_i per byte, and the most bytes under a damage budget b the knapsack with S ≤ S(b) (damage_to_sum):
 selection.py ranks groups by any per-group score, so the model plugs in by handing it u_i.
@@ -63,29 +75,66 @@ class DamageModel:
     fitted_on: int  # measured combinations
     cv_error: float  # the chosen tau's cross-validated median |relative error|
     cv: dict = field(default_factory=dict)  # tau -> its cross-validated median |relative error|
+    context: "Context | None" = None  # the in-context interaction term, where in-context costs were given
 
     def index(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self.names)}
 
     def terms(self) -> dict[str, float]:
+        """The additive terms u_i (without the in-context interaction, which depends on the whole recipe)."""
         return dict(zip(self.names, map(float, self.u)))
 
     def predict(self, groups: Iterable[str]) -> float:
         idx = self.index()
-        return float(link(sum(self.u[idx[g]] for g in groups), self.rho))
+        rows = [idx[g] for g in groups]
+        s = sum(self.u[i] for i in rows)
+        if self.context is not None:
+            s += self.k * self.context.gamma * self.context.q(rows)
+        return float(link(s, self.rho))
 
     @classmethod
     def from_json(cls, d: dict) -> "DamageModel":
         """The model as recipe.json records it (to_json)."""
         terms = d["terms"]
+        ctx = d.get("context")
         return cls(list(terms), np.array([float(v) for v in terms.values()]), float(d["rho"]), float(d["k"]),
                    float(d["tau"]), int(d["fitted_on"]), float(d["cv_median_rel_error"]),
-                   {float(t): e for t, e in d.get("cv", {}).items()})
+                   {float(t): e for t, e in d.get("cv", {}).items()},
+                   Context.of([ctx["single"][n] for n in terms], [ctx["in_context"][n] for n in terms],
+                              float(ctx["gamma"])) if ctx else None)
 
     def to_json(self) -> dict:
-        return {"link": "(1 - exp(-rho*S)) / rho, S = sum of the groups' terms", "rho": self.rho, "k": self.k,
-                "tau": self.tau, "fitted_on": self.fitted_on, "cv_median_rel_error": self.cv_error,
-                "cv": {str(t): e for t, e in self.cv.items()}, "terms": self.terms()}
+        out = {"link": "(1 - exp(-rho*S)) / rho, S = sum of the groups' terms", "rho": self.rho, "k": self.k,
+               "tau": self.tau, "fitted_on": self.fitted_on, "cv_median_rel_error": self.cv_error,
+               "cv": {str(t): e for t, e in self.cv.items()}, "terms": self.terms()}
+        if self.context is not None:
+            c = self.context
+            out["context"] = {"gamma": c.gamma, "single": dict(zip(self.names, map(float, c.single))),
+                              "in_context": dict(zip(self.names, map(float, c.single + c.delta)))}
+        return out
+
+
+@dataclass
+class Context:
+    """The in-context interaction term (module doc): per group its single cost s_i and l_i − s_i, and γ."""
+
+    single: np.ndarray
+    delta: np.ndarray  # l_i − s_i
+    gamma: float = 1.0
+
+    @classmethod
+    def of(cls, single, in_context, gamma: float = 1.0) -> "Context":
+        s = np.asarray(single, dtype=float)
+        return cls(s, np.asarray(in_context, dtype=float) - s, gamma)
+
+    def q(self, rows) -> float:
+        """q(R) for the groups at index `rows`."""
+        rows = list(rows)
+        return float(self.single[rows].sum() * self.delta[rows].sum() / (2 * self.single.sum()))
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """q(R) of every combination, rows of the 0/1 design matrix x."""
+        return (x @ self.single) * (x @ self.delta) / (2 * self.single.sum())
 
 
 def _design(names: Sequence[str], sets: Sequence[Iterable[str]]) -> np.ndarray:
@@ -99,50 +148,55 @@ def _design(names: Sequence[str], sets: Sequence[Iterable[str]]) -> np.ndarray:
     return x
 
 
-def _fit(x: np.ndarray, m: np.ndarray, prior: np.ndarray, tau: float,
-         sigma: float = 0.05) -> tuple[float, float, np.ndarray]:
-    """(log k, rho, eps) minimising Σ (log D − log m)² + σ² Σ (ε / τ)²: the posterior mode with residuals of sd σ and
-    corrections of prior sd τ (τ = 0: ε ≡ 0)."""
+def _fit(x: np.ndarray, m: np.ndarray, prior: np.ndarray, tau: float, sigma: float = 0.05,
+         q: np.ndarray | None = None) -> tuple[float, float, np.ndarray, float]:
+    """(log k, rho, eps, gamma) minimising Σ (log D − log m)² + σ² Σ (ε / τ)²: the posterior mode with residuals of sd
+    σ and corrections of prior sd τ (τ = 0: ε ≡ 0); q, each combination's in-context term (Context.features), adds
+    k·γ·q to the link's input (γ fitted; 0 without q)."""
     from scipy.optimize import least_squares
 
     n = x.shape[1]
     logm = np.log(m)
-    # start: the additive fit's scale, no saturation
+    # start: the additive fit's scale, no saturation, the in-context term as the interpolation has it
     base = x @ prior
     lk0 = float(np.median(logm - np.log(np.maximum(base, _FLOOR))))
-    free_eps = tau > 0
+    free_eps, free_gamma = tau > 0, q is not None
+    head = 3 if free_gamma else 2
 
     def unpack(th):
-        return th[0], th[1], (th[2:] if free_eps else np.zeros(n))
+        return th[0], th[1], (th[head:] if free_eps else np.zeros(n)), (th[2] if free_gamma else 0.0)
 
     def resid(th):
-        lk, rho, eps = unpack(th)
-        s = x @ (np.exp(lk) * prior * np.exp(eps))
+        lk, rho, eps, gamma = unpack(th)
+        s = x @ (np.exp(lk) * prior * np.exp(eps)) + (np.exp(lk) * gamma * q if free_gamma else 0.0)
         d = np.maximum(link(s, rho), _FLOOR)
         r = np.log(d) - logm
         return np.concatenate([r, eps / tau * sigma]) if free_eps else r
 
-    th0 = np.concatenate([[lk0, 0.0], np.zeros(n if free_eps else 0)])
+    th0 = np.concatenate([[lk0, 0.0], [1.0] if free_gamma else [], np.zeros(n if free_eps else 0)])
     # the link's scale 1/rho stays beyond a tenth of the largest sum seen (a link that saturates inside the data
     # range cannot be told from noise); the bound keeps exp() finite for rho < 0
     smax = float(np.max(base)) * math.exp(lk0)
     lim = 10.0 / max(smax, _FLOOR)
-    res = least_squares(resid, th0, bounds=(np.concatenate([[-np.inf, -lim], np.full(len(th0) - 2, -np.inf)]),
-                                            np.concatenate([[np.inf, lim], np.full(len(th0) - 2, np.inf)])))
-    lk, rho, eps = unpack(res.x)
-    return float(lk), float(rho), np.asarray(eps, dtype=float)
+    lo = np.concatenate([[-np.inf, -lim], [-10.0] if free_gamma else [], np.full(len(th0) - head, -np.inf)])
+    hi = np.concatenate([[np.inf, lim], [10.0] if free_gamma else [], np.full(len(th0) - head, np.inf)])
+    lk, rho, eps, gamma = unpack(least_squares(resid, th0, bounds=(lo, hi)).x)
+    return float(lk), float(rho), np.asarray(eps, dtype=float), float(gamma)
 
 
-def _rel_errors(x, m, prior, lk, rho, eps) -> np.ndarray:
-    d = link(x @ (np.exp(lk) * prior * np.exp(eps)), rho)
-    return np.abs(d / m - 1)
+def _rel_errors(x, m, prior, lk, rho, eps, gamma=0.0, q=None) -> np.ndarray:
+    s = x @ (np.exp(lk) * prior * np.exp(eps)) + (np.exp(lk) * gamma * q if q is not None else 0.0)
+    return np.abs(link(s, rho) / m - 1)
 
 
 def fit_damage(sets: Sequence[Iterable[str]], measured: Sequence[float], prior: dict[str, float],
-               taus: Sequence[float] = TAUS, folds: int = FOLDS, seed: int = 0) -> DamageModel:
+               taus: Sequence[float] = TAUS, folds: int = FOLDS, seed: int = 0,
+               context: dict[str, float] | None = None) -> DamageModel:
     """Fit the model on measured combinations (each a set of group names in FP8 and its measured excess mismatch),
     starting from the prior per-group costs (every group a recipe may hold, each > 0). τ by `folds`-fold
-    cross-validation over the combinations (median |relative error| on the left-out fold), then refitted on all."""
+    cross-validation over the combinations (median |relative error| on the left-out fold), then refitted on all.
+    `context` (every group's in-context cost l_i, with the prior as its single cost s_i) adds the in-context
+    interaction term (module doc)."""
     names = list(prior)
     p = np.array([max(float(prior[n]), _FLOOR) for n in names])
     sets = [list(s) for s in sets]
@@ -151,25 +205,36 @@ def fit_damage(sets: Sequence[Iterable[str]], measured: Sequence[float], prior: 
     if keep.sum() < 4:
         raise FP8ProbeError(f"damage model: {int(keep.sum())} measured combinations with a mismatch above zero; "
                             "it needs at least 4 (measure more recipes)")
+    if context is not None and set(context) != set(names):
+        raise FP8ProbeError("damage model: in-context costs for other groups than the prior's")
+    ctx = Context.of(p, [float(context[n]) for n in names]) if context is not None else None
     x = _design(names, sets)[keep]
     m = m[keep]
+    q = ctx.features(x) if ctx is not None else None
     order = np.random.default_rng(seed).permutation(len(m))
     parts = [order[i::folds] for i in range(min(folds, len(m)))]
     # the residuals' scale: the fit without per-group corrections (their log sd, at least 1 %)
-    lk, rho, eps = _fit(x, m, p, 0.0)
-    sigma = max(float(np.sqrt(np.mean((np.log(np.maximum(link(x @ (np.exp(lk) * p), rho), _FLOOR)) - np.log(m)) ** 2))),
-                0.01)
+    sigma = max(_log_sd(x, m, p, q), 0.01)
     cv = {}
     for tau in taus:
         errs = []
         for test in parts:
             train = np.setdiff1d(order, test)
-            lk, rho, eps = _fit(x[train], m[train], p, tau, sigma)
-            errs.append(_rel_errors(x[test], m[test], p, lk, rho, eps))
+            fit = _fit(x[train], m[train], p, tau, sigma, q[train] if q is not None else None)
+            errs.append(_rel_errors(x[test], m[test], p, *fit, q=q[test] if q is not None else None))
         cv[float(tau)] = float(np.median(np.concatenate(errs)))
     tau = min(cv, key=lambda t: (cv[t], t))
-    lk, rho, eps = _fit(x, m, p, tau, sigma)
-    return DamageModel(names, math.exp(lk) * p * np.exp(eps), rho, math.exp(lk), tau, int(len(m)), cv[tau], cv)
+    lk, rho, eps, gamma = _fit(x, m, p, tau, sigma, q)
+    if ctx is not None:
+        ctx.gamma = gamma
+    return DamageModel(names, math.exp(lk) * p * np.exp(eps), rho, math.exp(lk), tau, int(len(m)), cv[tau], cv, ctx)
+
+
+def _log_sd(x, m, p, q) -> float:
+    """The sd of log(predicted / measured) of the fit without per-group corrections."""
+    lk, rho, eps, gamma = _fit(x, m, p, 0.0, q=q)
+    s = x @ (np.exp(lk) * p) + (np.exp(lk) * gamma * q if q is not None else 0.0)
+    return float(np.sqrt(np.mean((np.log(np.maximum(link(s, rho), _FLOOR)) - np.log(m)) ** 2)))
 
 
 def random_recipes(names: Sequence[str], sizes: Sequence[int], per_size: int, seed: int = 0) -> list[frozenset]:
