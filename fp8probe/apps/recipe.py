@@ -17,6 +17,8 @@ from ..recipe.context import COSTS
 from ..recipe.forms import FORMS, check_request
 from ..recipe.refine import DEFAULT_REFINE_PASSES, default_passes
 
+GOALS = ("budget", "min_bytes_saved", "effective_bits", "fp8_share")  # exactly one: a budget, or a memory target
+
 
 @dataclass(frozen=True)
 class RecipeSettings(Settings):
@@ -50,9 +52,8 @@ class RecipeSettings(Settings):
                      "rows choose in FP8: context (a measured pass per group), path (path attributions)", choices=COSTS)
     damage_model: int = opt(0, "rank and predict by a damage model fitted on N measured random recipes (0: off)",
                             low=0, metavar="N")
-    refine: int | None = opt(None, "measured passes that refine a free recipe with interactions (0: off; default "
-                             f"{DEFAULT_REFINE_PASSES} under a budget, 0 under a memory target)", low=0,
-                             metavar="PASSES")
+    refine: int | None = opt(None, f"measured passes refining a free recipe (0: off; default {DEFAULT_REFINE_PASSES} "
+                             "under a budget, 0 under a memory target)", low=0, metavar="PASSES")
     engine: str = opt("vllm-cuda", "also report the recipe's figure as this rollout engine computes it (the search "
                       "and budgets use the simulation; none: off)", choices=("vllm-cuda", "vllm-cpu", "none"))
     holdout: int = opt(2, "select on one set, report on another: every k-th prompt of the rollouts is held out and "
@@ -61,8 +62,7 @@ class RecipeSettings(Settings):
 
     def __post_init__(self):
         super().__post_init__()
-        goals = [g for g in ("budget", "min_bytes_saved", "effective_bits", "fp8_share")
-                 if getattr(self, g) is not None]
+        goals = [g for g in GOALS if getattr(self, g) is not None]
         if len(goals) != 1:
             raise FP8ProbeError("give exactly one of `budget`, `min_bytes_saved`, `effective_bits`, `fp8_share`")
         if self.holdout == 1:
@@ -80,10 +80,8 @@ class RecipeSettings(Settings):
         """The memory target (recipe.selection.MemoryTarget), or None with a budget."""
         from ..recipe.selection import MemoryTarget
 
-        for kind in ("min_bytes_saved", "effective_bits", "fp8_share"):
-            if getattr(self, kind) is not None:
-                return MemoryTarget(kind.replace("min_", ""), getattr(self, kind))
-        return None
+        kind = next((k for k in GOALS[1:] if getattr(self, k) is not None), None)
+        return MemoryTarget(kind.replace("min_", ""), getattr(self, kind)) if kind else None
 
 
 def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", trust_remote_code: bool = False,
@@ -131,26 +129,22 @@ class RecipeResult(Result):
     search_seconds: float  # loading the student and the search
 
     def describe(self, seconds: float) -> str:
-        return _describe(self.recipe, self.settings, self.out, self.search_seconds)
-
-
-def _describe(r, s: RecipeSettings, out, seconds: float) -> str:
-    """The line `fp8probe recipe` ends with: what it chose, predicted and measured (on the search set, and on the
-    held-out prompts with its interval), what it saves."""
-    m = s.memory
-    goal = f"<= budget {s.budget}" if s.budget is not None else f"(memory target {m.kind} {m.given})"
-    if r.split:
-        lo, hi = r.measured_interval
-        measured = (f"measured {r.measured_search:.4g} on the search set ({r.split['search_prompts']} prompts) {goal}, "
-                    f"{r.measured:.4g} [{lo:.4g}, {hi:.4g}] on the {r.split['heldout_prompts']} held out")
-    else:
-        measured = f"measured {r.measured:.4g} {goal}"
-    e = r.measured_engine
-    if e and e.get("measured") is not None:
-        measured += "; as {} computes it {:.4g} [{:.4g}, {:.4g}]".format(e["engine"], e["measured"], *e["interval"])
-    return (f"recipe{f' for {s.target}' if s.target else ''} (form {r.form}): {len(r.quantized)}/"
-            f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
-            f"{' + FP8 KV cache' if r.kv_cache_dtype else ''}; "
-            f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
-            f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {seconds:.0f} s -> "
-            f"{Path(out) / 'recipe.yaml'}")
+        """The line `fp8probe recipe` ends with: what it chose, predicted and measured (on the search set, and on the
+        held-out prompts with its interval), what it saves, in how long (loading the student and the search)."""
+        r, s, m, out, seconds = self.recipe, self.settings, self.settings.memory, self.out, self.search_seconds
+        goal = f"<= budget {s.budget}" if s.budget is not None else f"(memory target {m.kind} {m.given})"
+        if r.split:
+            lo, hi = r.measured_interval
+            measured = (f"measured {r.measured_search:.4g} on the search set ({r.split['search_prompts']} prompts) "
+                        f"{goal}, {r.measured:.4g} [{lo:.4g}, {hi:.4g}] on the {r.split['heldout_prompts']} held out")
+        else:
+            measured = f"measured {r.measured:.4g} {goal}"
+        e = r.measured_engine
+        if e and e.get("measured") is not None:
+            measured += "; as {} computes it {:.4g} [{:.4g}, {:.4g}]".format(e["engine"], e["measured"], *e["interval"])
+        return (f"recipe{f' for {s.target}' if s.target else ''} (form {r.form}): {len(r.quantized)}/"
+                f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
+                f"{' + FP8 KV cache' if r.kv_cache_dtype else ''}; "
+                f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
+                f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {seconds:.0f} s -> "
+                f"{Path(out) / 'recipe.yaml'}")

@@ -89,7 +89,7 @@ class DamageModel:
         rows = [idx[g] for g in groups]
         s = sum(self.u[i] for i in rows)
         if self.context is not None:
-            s += self.k * self.context.gamma * self.context.q(rows)
+            s = max(s + self.k * self.context.gamma * self.context.q(rows), 0.0)  # no recipe gains from FP8
         return float(link(s, self.rho))
 
     @classmethod
@@ -109,6 +109,8 @@ class DamageModel:
                "cv": {str(t): e for t, e in self.cv.items()}, "terms": self.terms()}
         if self.context is not None:
             c = self.context
+            out["link"] += (" + k*gamma*q(R), q(R) = S_single(R) * sum over R of (in_context - single) / "
+                            "(2 S_single(all))")
             out["context"] = {"gamma": c.gamma, "single": dict(zip(self.names, map(float, c.single))),
                               "in_context": dict(zip(self.names, map(float, c.single + c.delta)))}
         return out
