@@ -63,7 +63,15 @@ def main():
                     "again (--fit of its fitted ones, evenly spaced), measuring nothing")
     ap.add_argument("--extend", metavar="JSON", help="a JSON this benchmark wrote: measure --fit and --test more "
                     "random recipes on its rollouts, then fit and judge on all of them (written back to it)")
+    ap.add_argument("--by-prompts", action="store_true", help="measure every group alone and the random recipes "
+                    "again, each figure kept over the first 4, 8 and all prompts, and judge the model at each: does "
+                    "its error shrink with the tokens (cross terms between groups' errors) or not?")
     args = ap.parse_args()
+    if args.by_prompts:
+        doc = by_prompts(args)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"{args.model}-{args.scheme}-by-prompts.json").write_text(json.dumps(doc, indent=1))
+        return
     if args.extend:
         doc = extend(args)
         doc["rows"] = report(doc)
@@ -173,6 +181,53 @@ def extend(args) -> dict:
     doc["extended"] = rnd
     doc["seconds"][f"extended_{rnd}"] = time.perf_counter() - t0
     return doc
+
+
+def by_prompts(args) -> dict:
+    """Each group alone and --fit / --test random recipes measured once, each figure kept over the first k prompts
+    (k = 4, 8, all); the damage model fitted and judged at each k, printed. If a recipe's error is cross terms
+    between groups' errors, zero on average over rollouts, the model's error falls about as 1/sqrt(k)."""
+    from fp8probe.measurement.mismatch import metric_over
+
+    scheme = Scheme.from_name(args.scheme)
+    student, rollouts, ref, members = _setup(args.model, args)
+    names = list(members)
+    steps = sorted({min(k, args.num_prompts) for k in (4, 8, args.num_prompts)})
+
+    def m(s):
+        meas = measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in s], student, rollouts, scheme,
+                              "kl_q_p", None, ref)[2]
+        _, reduce = metric_over(meas.stats, "kl_q_p")
+        p = meas.prompt.numpy()
+        first = np.unique(p)
+        return {str(k): reduce(np.where(np.isin(p, first[:k]))[0]) for k in steps}
+
+    t = time.perf_counter()
+    single = {g: m([g]) for g in names}
+    print(f"{len(names)} groups alone in {time.perf_counter() - t:.0f} s", flush=True)
+    fit_sets = random_recipes(names, [max(1, round(f * len(names))) for f in FIT_SIZES], -(-args.fit // len(FIT_SIZES)),
+                              1)
+    test_sets = random_recipes(names, [max(1, round(f * len(names))) for f in TEST_SIZES],
+                               -(-args.test // len(TEST_SIZES)), 2)
+    t = time.perf_counter()
+    fit_m, test_m = [m(s) for s in fit_sets], [m(s) for s in test_sets]
+    print(f"{len(fit_sets) + len(test_sets)} recipes in {time.perf_counter() - t:.0f} s", flush=True)
+    rows = []
+    print(f"{args.model}: the damage model on single costs, fitted and judged on the first k prompts' tokens")
+    print(f"{'prompts':>8}{'sum: median |err|':>20}{'model: median |err| [90 %]':>30}{'p90':>8}")
+    for k in map(str, steps):
+        prior = {g: max(v[k], 1e-12) for g, v in single.items()}
+        tm = np.array([v[k] for v in test_m])
+        plain = np.array([sum(prior[g] for g in s) for s in test_sets])
+        model = fit_damage(fit_sets, [v[k] for v in fit_m], prior)
+        r = _judge(k, np.array(prediction_errors(model, test_sets, tm)["predicted"]), tm)
+        r["sum_median"] = float(np.median(np.abs(plain / tm - 1)))
+        rows.append(r | {"rho": model.rho})
+        print(f"{k:>8}{r['sum_median']:>20.3f}{r['median']:>13.3f} [{r['median_interval'][0]:.3f}, "
+              f"{r['median_interval'][1]:.3f}]{r['p90']:>8.3f}")
+    return {"model": args.model, "scheme": scheme.name, "steps": steps, "single": single,
+            "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
+            "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)], "rows": rows}
 
 
 def report(doc: dict) -> list[dict]:
