@@ -4,6 +4,7 @@ plain sum of single-group costs that selection predicted with, on random recipes
     python benchmarks/damage_model.py [--model smollm2-135m|gemma3-270m] [--scheme FP8] [--fit 50] [--test 40]
     python benchmarks/damage_model.py --refit runs/damage-model/gemma3-270m-FP8.json [--fit 50]   # no measuring
     python benchmarks/damage_model.py --extend runs/damage-model/gemma3-270m-FP8.json --fit 100 --test 60
+    python benchmarks/damage_model.py --model gemma3-270m --by-prompts --fit 50 --test 40   # error against tokens
 
 1. The student samples its own rollouts (--num-prompts, --max-new-tokens, seed 0); every measurement below is the
    simulation on those tokens (mean per-token KL(q||p) against the BF16 reference).
