@@ -131,8 +131,9 @@ class Context:
 
     def q(self, rows) -> float:
         """q(R) for the groups at index `rows`."""
-        rows = list(rows)
-        return float(self.single[rows].sum() * self.delta[rows].sum() / (2 * self.single.sum()))
+        x = np.zeros(len(self.single))
+        x[list(rows)] = 1.0
+        return float(self.features(x))
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """q(R) of every combination, rows of the 0/1 design matrix x."""
@@ -148,6 +149,13 @@ def _design(names: Sequence[str], sets: Sequence[Iterable[str]]) -> np.ndarray:
                 raise FP8ProbeError(f"damage model: {g} has no prior cost (is it a group of this model?)")
             x[j, idx[g]] = 1.0
     return x
+
+
+def _sums(x, prior, lk, eps, gamma=0.0, q=None) -> np.ndarray:
+    """The link's input S of every combination (rows of x): the scaled, corrected prior terms, plus k·γ·q with an
+    in-context term."""
+    s = x @ (np.exp(lk) * prior * np.exp(eps))
+    return s + np.exp(lk) * gamma * q if q is not None else s
 
 
 def _fit(x: np.ndarray, m: np.ndarray, prior: np.ndarray, tau: float, sigma: float = 0.05,
@@ -170,8 +178,7 @@ def _fit(x: np.ndarray, m: np.ndarray, prior: np.ndarray, tau: float, sigma: flo
 
     def resid(th):
         lk, rho, eps, gamma = unpack(th)
-        s = x @ (np.exp(lk) * prior * np.exp(eps)) + (np.exp(lk) * gamma * q if free_gamma else 0.0)
-        d = np.maximum(link(s, rho), _FLOOR)
+        d = np.maximum(link(_sums(x, prior, lk, eps, gamma, q), rho), _FLOOR)
         r = np.log(d) - logm
         return np.concatenate([r, eps / tau * sigma]) if free_eps else r
 
@@ -187,8 +194,7 @@ def _fit(x: np.ndarray, m: np.ndarray, prior: np.ndarray, tau: float, sigma: flo
 
 
 def _rel_errors(x, m, prior, lk, rho, eps, gamma=0.0, q=None) -> np.ndarray:
-    s = x @ (np.exp(lk) * prior * np.exp(eps)) + (np.exp(lk) * gamma * q if q is not None else 0.0)
-    return np.abs(link(s, rho) / m - 1)
+    return np.abs(link(_sums(x, prior, lk, eps, gamma, q), rho) / m - 1)
 
 
 def fit_damage(sets: Sequence[Iterable[str]], measured: Sequence[float], prior: dict[str, float],
@@ -235,8 +241,8 @@ def fit_damage(sets: Sequence[Iterable[str]], measured: Sequence[float], prior: 
 def _log_sd(x, m, p, q) -> float:
     """The sd of log(predicted / measured) of the fit without per-group corrections."""
     lk, rho, eps, gamma = _fit(x, m, p, 0.0, q=q)
-    s = x @ (np.exp(lk) * p) + (np.exp(lk) * gamma * q if q is not None else 0.0)
-    return float(np.sqrt(np.mean((np.log(np.maximum(link(s, rho), _FLOOR)) - np.log(m)) ** 2)))
+    return float(np.sqrt(np.mean((np.log(np.maximum(link(_sums(x, p, lk, eps, gamma, q), rho), _FLOOR))
+                                  - np.log(m)) ** 2)))
 
 
 def random_recipes(names: Sequence[str], sizes: Sequence[int], per_size: int, seed: int = 0) -> list[frozenset]:
