@@ -114,8 +114,7 @@ def measure(args) -> dict:
     whole, loo = _in_context(m, names)
     secs["in_context"] = time.perf_counter() - t
     n = len(names)
-    fit_sets = random_recipes(names, [max(1, round(f * n)) for f in FIT_SIZES], -(-args.fit // len(FIT_SIZES)), 1)
-    test_sets = random_recipes(names, [max(1, round(f * n)) for f in TEST_SIZES], -(-args.test // len(TEST_SIZES)), 2)
+    fit_sets, test_sets = _sets(names, FIT_SIZES, args.fit, 1), _sets(names, TEST_SIZES, args.test, 2)
     t = time.perf_counter()
     fit_m = [m(s) for s in fit_sets]
     test_m = [m(s) for s in test_sets]
@@ -126,6 +125,12 @@ def measure(args) -> dict:
             "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)],
             "priors": {"single": {g: single[g].score for g in names}, "path": {g: att.shares[g] for g in names}},
             "in_context": loo, "path": att.path, "seconds": secs}
+
+
+def _sets(names, fractions, n, seed) -> list:
+    """About n random recipes (random_recipes), as many at each size, a fraction of the groups each."""
+    sizes = [max(1, round(f * len(names))) for f in fractions]
+    return random_recipes(names, sizes, -(-n // len(sizes)), seed)
 
 
 def _in_context(m, names) -> tuple[float, dict]:
@@ -174,7 +179,7 @@ def extend(args) -> dict:
     rnd = doc.get("extended", 0) + 1
     for key, sizes, n, seed in (("fit", FIT_SIZES, args.fit, 1 + 2 * rnd),
                                 ("test", TEST_SIZES, args.test, 2 + 2 * rnd)):
-        sets = random_recipes(names, [max(1, round(f * len(names))) for f in sizes], -(-n // len(sizes)), seed)
+        sets = _sets(names, sizes, n, seed)
         new = [s for s in sets if s not in seen][:n]
         t = time.perf_counter()
         doc[key] += [[sorted(s), m(s)] for s in new]
@@ -206,10 +211,7 @@ def by_prompts(args) -> dict:
     t = time.perf_counter()
     single = {g: m([g]) for g in names}
     print(f"{len(names)} groups alone in {time.perf_counter() - t:.0f} s", flush=True)
-    fit_sets = random_recipes(names, [max(1, round(f * len(names))) for f in FIT_SIZES], -(-args.fit // len(FIT_SIZES)),
-                              1)
-    test_sets = random_recipes(names, [max(1, round(f * len(names))) for f in TEST_SIZES],
-                               -(-args.test // len(TEST_SIZES)), 2)
+    fit_sets, test_sets = _sets(names, FIT_SIZES, args.fit, 1), _sets(names, TEST_SIZES, args.test, 2)
     t = time.perf_counter()
     fit_m, test_m = [m(s) for s in fit_sets], [m(s) for s in test_sets]
     print(f"{len(fit_sets) + len(test_sets)} recipes in {time.perf_counter() - t:.0f} s", flush=True)
