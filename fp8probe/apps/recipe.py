@@ -64,7 +64,7 @@ class RecipeSettings(Settings):
         super().__post_init__()
         goals = [g for g in GOALS if getattr(self, g) is not None]
         if len(goals) != 1:
-            raise FP8ProbeError("give exactly one of `budget`, `min_bytes_saved`, `effective_bits`, `fp8_share`")
+            raise FP8ProbeError("give exactly one of " + ", ".join(f"`{g}`" for g in GOALS))
         if self.holdout == 1:
             raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
         check_request(self.form or "free", self.kv_cache_dtype, self.keep, self.force, self.keep_first,
