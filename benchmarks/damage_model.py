@@ -58,7 +58,7 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--fit", type=int, default=50, help="random recipes fitted on")
     ap.add_argument("--test", type=int, default=40, help="random recipes judged on")
-    ap.add_argument("--nodes", type=int, default=4, help="path attribution's nodes")
+    ap.add_argument("--nodes", type=int, default=4, help="path attribution's nodes (0: no path attribution)")
     ap.add_argument("--out", default="runs/damage-model")
     ap.add_argument("--refit", metavar="JSON", help="a JSON this benchmark wrote: fit and judge its measured recipes "
                     "again (--fit of its fitted ones, evenly spaced), measuring nothing")
@@ -103,9 +103,10 @@ def measure(args) -> dict:
     single = {g.group: g for g in group_scores(table, "kl_q_p", members)}
     secs["single_rows"] = time.perf_counter() - t
     t = time.perf_counter()
-    att = path_attribution(student, rollouts, ref, members, scheme, nodes=args.nodes)
+    att = path_attribution(student, rollouts, ref, members, scheme, nodes=args.nodes) if args.nodes else None
     secs["path_attribution"] = time.perf_counter() - t
     names = list(single)
+    priors = {"single": {g: single[g].score for g in names}} | ({"path": att.shares} if att else {})
 
     def m(s):
         return measure_groups([single[g] for g in s], student, rollouts, scheme, "kl_q_p", None, ref)[0]
@@ -119,12 +120,12 @@ def measure(args) -> dict:
     fit_m = [m(s) for s in fit_sets]
     test_m = [m(s) for s in test_sets]
     secs["measured_recipes"] = time.perf_counter() - t
-    return {"model": args.model, "scheme": scheme.name, "groups": n, "whole": whole, "path_total": att.total,
-            "rollouts": [rollouts.num_sequences, rollouts.num_response_tokens],
-            "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
+    return {"model": args.model, "scheme": scheme.name, "groups": n, "whole": whole,
+            **({"path_total": att.total, "path": att.path} if att else {}),
+            "rollouts": [rollouts.num_sequences, rollouts.num_response_tokens], "num_prompts": args.num_prompts,
+            "max_new_tokens": args.max_new_tokens, "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
             "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)],
-            "priors": {"single": {g: single[g].score for g in names}, "path": {g: att.shares[g] for g in names}},
-            "in_context": loo, "path": att.path, "seconds": secs}
+            "priors": priors, "in_context": loo, "seconds": secs}
 
 
 def _sets(names, fractions, n, seed) -> list:
@@ -159,6 +160,9 @@ def extend(args) -> dict:
     doc = json.loads(Path(args.extend).read_text())
     scheme = Scheme.from_name(doc["scheme"])
     t0 = time.perf_counter()
+    # the run's rollout settings where the JSON records them (an older one: pass them)
+    args.num_prompts = doc.get("num_prompts", args.num_prompts)
+    args.max_new_tokens = doc.get("max_new_tokens", args.max_new_tokens)
     student, rollouts, ref, members = _setup(doc["model"], args)
     names = list(doc["priors"]["single"])
 
@@ -257,8 +261,9 @@ def report(doc: dict) -> list[dict]:
     sizes = sorted({len(s) for s in test_sets})
     n_roll, n_tok = doc.get("rollouts", ["?", "?"])
     print(f"{doc['model']}, {doc['scheme']}, {n_roll} rollouts ({n_tok} response tokens); {doc['groups']} fused "
-          f"groups; every group in FP8: KL {doc['whole']:.5f}, path shares sum {doc['path_total']:.5f} (completeness "
-          f"{doc['path_total'] / doc['whole']:.3f}); {len(fit_sets)} random recipes fitted on, {len(test_sets)} "
+          f"groups; every group in FP8: KL {doc['whole']:.5f}"
+          + (f", path shares sum {doc['path_total']:.5f} (completeness {doc['path_total'] / doc['whole']:.3f})"
+             if "path_total" in doc else "") + f"; {len(fit_sets)} random recipes fitted on, {len(test_sets)} "
           f"others judged on (sizes {', '.join(map(str, sizes))} of the {doc['groups']} groups)")
     print(f"{'predictor':<30}{'median |err| [90 %]':>24}{'p90 |err|':>11}{'spearman':>10}   fitted")
     for r in rows:
