@@ -20,6 +20,9 @@ plain sum of single-group costs that selection predicted with, on random recipes
    the damage model on the single costs with the in-context term.
    Wall time of each step.
 
+A run keeps each stage as it ends in `<out>/<model>-<scheme>.partial.json` and, started again with the same
+settings, resumes there (the file goes when the JSON is written).
+
 --extend measures --fit and --test more random recipes (fresh seeds, none measured before) on the same rollouts as a
 JSON this benchmark wrote, keeps its priors, and judges again on all: more recipes without the priors' cost (the
 sweep's group rows are most of it on Gemma 3). It re-measures one stored recipe first and stops if the value differs
@@ -88,44 +91,67 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     doc = measure(args)
     doc["rows"] = report(doc)
-    (out / f"{args.model}-{args.scheme}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{args.model}-{doc['scheme']}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{args.model}-{doc['scheme']}.partial.json").unlink()
 
 
 def measure(args) -> dict:
-    """The priors and the measured random recipes: everything the fits need (written to the JSON)."""
+    """The priors and the measured random recipes: everything the fits need (written to the JSON). Each stage is
+    kept in `<out>/<model>-<scheme>.partial.json` as it ends (the recipes every 10), and a run with the same
+    settings resumes from it: on Gemma 3 at 32 prompts the stages take hours here."""
     scheme = Scheme.from_name(args.scheme)
+    part = Path(args.out) / f"{args.model}-{scheme.name}.partial.json"
+    settings = {"model": args.model, "scheme": scheme.name, "num_prompts": args.num_prompts,
+                "max_new_tokens": args.max_new_tokens, "nodes": args.nodes}
+    doc = json.loads(part.read_text()) if part.is_file() else {}
+    if doc and doc["settings"] != settings:
+        raise SystemExit(f"{part} was measured with {doc['settings']}: delete it or pass those settings")
+    doc.setdefault("settings", settings)
+    secs = doc.setdefault("seconds", {})
+
+    def save():
+        part.write_text(json.dumps(doc))
+
     t0 = time.perf_counter()
     student, rollouts, ref, members = _setup(args.model, args)
-    secs = {"rollouts_and_reference": time.perf_counter() - t0}
-
-    t = time.perf_counter()
-    table = sweep(student, rollouts, scheme=scheme.name, granularity="group", include_kv=False, reference=ref).table
-    single = {g.group: g for g in group_scores(table, "kl_q_p", members)}
-    secs["single_rows"] = time.perf_counter() - t
-    t = time.perf_counter()
-    att = path_attribution(student, rollouts, ref, members, scheme, nodes=args.nodes) if args.nodes else None
-    secs["path_attribution"] = time.perf_counter() - t
-    names = list(single)
-    priors = {"single": {g: single[g].score for g in names}} | ({"path": att.shares} if att else {})
+    secs["rollouts_and_reference"] = time.perf_counter() - t0
 
     def m(s):
-        return measure_groups([single[g] for g in s], student, rollouts, scheme, "kl_q_p", None, ref)[0]
+        return measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in s], student, rollouts, scheme,
+                              "kl_q_p", None, ref)[0]
 
+    if "priors" not in doc:
+        t = time.perf_counter()
+        table = sweep(student, rollouts, scheme=scheme.name, granularity="group", include_kv=False,
+                      reference=ref).table
+        doc["priors"] = {"single": {g.group: g.score for g in group_scores(table, "kl_q_p", members)}}
+        secs["single_rows"] = time.perf_counter() - t
+        if args.nodes:
+            t = time.perf_counter()
+            att = path_attribution(student, rollouts, ref, members, scheme, nodes=args.nodes)
+            doc["priors"]["path"] = att.shares
+            doc |= {"path_total": att.total, "path": att.path}
+            secs["path_attribution"] = time.perf_counter() - t
+        save()
+        print("single costs measured", flush=True)
+    names = list(doc["priors"]["single"])
     t = time.perf_counter()
-    whole, loo = _in_context(m, names)
-    secs["in_context"] = time.perf_counter() - t
-    n = len(names)
-    fit_sets, test_sets = _sets(names, FIT_SIZES, args.fit, 1), _sets(names, TEST_SIZES, args.test, 2)
-    t = time.perf_counter()
-    fit_m = [m(s) for s in fit_sets]
-    test_m = [m(s) for s in test_sets]
-    secs["measured_recipes"] = time.perf_counter() - t
-    return {"model": args.model, "scheme": scheme.name, "groups": n, "whole": whole,
-            **({"path_total": att.total, "path": att.path} if att else {}),
-            "rollouts": [rollouts.num_sequences, rollouts.num_response_tokens], "num_prompts": args.num_prompts,
-            "max_new_tokens": args.max_new_tokens, "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
-            "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)],
-            "priors": priors, "in_context": loo, "seconds": secs}
+    if "whole" not in doc:
+        doc["whole"] = m(names)
+    _in_context(m, names, doc["whole"], doc.setdefault("in_context", {}), save)
+    secs["in_context"] = secs.get("in_context", 0.0) + time.perf_counter() - t
+    for key, sets in (("fit", _sets(names, FIT_SIZES, args.fit, 1)), ("test", _sets(names, TEST_SIZES, args.test, 2))):
+        done = doc.setdefault(key, [])
+        t = time.perf_counter()
+        for s in sets[len(done):]:
+            done.append([sorted(s), m(s)])
+            if len(done) % 10 == 0 or len(done) == len(sets):
+                secs[f"measured_{key}"] = secs.get(f"measured_{key}", 0.0) + time.perf_counter() - t
+                t = time.perf_counter()
+                save()
+                print(f"{len(done)}/{len(sets)} {key} recipes measured", flush=True)
+    return doc | {"groups": len(names), "rollouts": [rollouts.num_sequences, rollouts.num_response_tokens],
+                  **settings}
 
 
 def _sets(names, fractions, n, seed) -> list:
@@ -134,15 +160,17 @@ def _sets(names, fractions, n, seed) -> list:
     return random_recipes(names, sizes, -(-n // len(sizes)), seed)
 
 
-def _in_context(m, names) -> tuple[float, dict]:
-    """The whole model in FP8 measured, and each group's in-context cost: the whole minus the whole without it."""
-    whole = m(names)
-    loo = {}
+def _in_context(m, names, whole: float, loo: dict, save=None) -> dict:
+    """Each group's in-context cost, into `loo` (those already there kept): `whole` (every group in FP8, measured)
+    minus the whole without it; save() every 12 groups."""
     for i, g in enumerate(names):
-        loo[g] = whole - m([h for h in names if h != g])
+        if g not in loo:
+            loo[g] = whole - m([h for h in names if h != g])
         if (i + 1) % 12 == 0 or i + 1 == len(names):
             print(f"in-context costs: {i + 1}/{len(names)} groups", flush=True)
-    return whole, loo
+            if save:
+                save()
+    return loo
 
 
 def _setup(model: str, args):
@@ -177,7 +205,7 @@ def extend(args) -> dict:
                          "rollouts or reference (pass the run's --num-prompts and --max-new-tokens)")
     if "in_context" not in doc:
         t = time.perf_counter()
-        _, doc["in_context"] = _in_context(m, names)
+        doc["in_context"] = _in_context(m, names, doc["whole"], {})
         doc["seconds"]["in_context"] = time.perf_counter() - t
     seen = {frozenset(s) for s, _ in doc["fit"] + doc["test"]}
     rnd = doc.get("extended", 0) + 1
