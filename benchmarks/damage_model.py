@@ -103,22 +103,22 @@ def measure(args) -> dict:
     part = Path(args.out) / f"{args.model}-{scheme.name}.partial.json"
     settings = {"model": args.model, "scheme": scheme.name, "num_prompts": args.num_prompts,
                 "max_new_tokens": args.max_new_tokens, "nodes": args.nodes}
-    doc = json.loads(part.read_text()) if part.is_file() else {}
-    if doc and doc["settings"] != settings:
-        raise SystemExit(f"{part} was measured with {doc['settings']}: delete it or pass those settings")
-    doc.setdefault("settings", settings)
+    doc = json.loads(part.read_text()) if part.is_file() else dict(settings)
+    if any(doc.get(k) != v for k, v in settings.items()):
+        raise SystemExit(f"{part} was measured with other settings ({', '.join(f'{k} {doc.get(k)}' for k in settings)})"
+                         ": delete it or pass those")
     secs = doc.setdefault("seconds", {})
 
     def save():
         part.write_text(json.dumps(doc))
 
     t0 = time.perf_counter()
-    student, rollouts, ref, members = _setup(args.model, args)
+    student, rollouts, ref, members = _setup(args.model, args.num_prompts, args.max_new_tokens)
     secs["rollouts_and_reference"] = time.perf_counter() - t0
+    measure_as = measurer(student, rollouts, ref, members, scheme)
 
     def m(s):
-        return measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in s], student, rollouts, scheme,
-                              "kl_q_p", None, ref)[0]
+        return measure_as(s)[0]
 
     if "priors" not in doc:
         t = time.perf_counter()
@@ -150,8 +150,7 @@ def measure(args) -> dict:
                 t = time.perf_counter()
                 save()
                 print(f"{len(done)}/{len(sets)} {key} recipes measured", flush=True)
-    return doc | {"groups": len(names), "rollouts": [rollouts.num_sequences, rollouts.num_response_tokens],
-                  **settings}
+    return doc | {"groups": len(names), "rollouts": [rollouts.num_sequences, rollouts.num_response_tokens]}
 
 
 def _sets(names, fractions, n, seed) -> list:
@@ -173,36 +172,48 @@ def _in_context(m, names, whole: float, loo: dict, save=None) -> dict:
     return loo
 
 
-def _setup(model: str, args):
+def _setup(model: str, num_prompts: int, max_new_tokens: int):
     """The student, its own rollouts (seed 0, as every run of this benchmark samples them), their BF16 reference,
     and its fused groups' member units."""
     student = load_student(model)
-    rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
+    rollouts = make_rollouts(student, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=0)
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
     return student, rollouts, Reference(student, rollouts), members
+
+
+def setup_as_measured(doc: dict, num_prompts: int, max_new_tokens: int, source):
+    """_setup on the rollouts a JSON of this benchmark was measured on (the settings it records; an older one does
+    not: these), and measurer() on them, checked: one stored recipe must measure as stored."""
+    student, rollouts, ref, members = _setup(doc["model"], doc.get("num_prompts", num_prompts),
+                                             doc.get("max_new_tokens", max_new_tokens))
+    measure_as = measurer(student, rollouts, ref, members, Scheme.from_name(doc["scheme"]))
+    stored, value = doc["fit"][0]
+    again = measure_as(stored)[0]
+    if not math.isclose(again, value, rel_tol=1e-6):
+        raise SystemExit(f"a stored recipe measures {again:.6g} here, {value:.6g} in {source}: not the same "
+                         "rollouts or reference (pass the run's --num-prompts and --max-new-tokens)")
+    return measure_as
+
+
+def measurer(student, rollouts, ref, members, scheme):
+    """measure_as(groups): measure_groups' (excess KL(q||p), every metric, the Measured) with these fused groups in
+    FP8 on the rollouts, against the reference."""
+    def measure_as(groups):
+        return measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in groups], student, rollouts, scheme,
+                              "kl_q_p", None, ref)
+    return measure_as
 
 
 def extend(args) -> dict:
     """The JSON `args.extend` with --fit and --test more random recipes measured on its rollouts (see the module
     doc)."""
     doc = json.loads(Path(args.extend).read_text())
-    scheme = Scheme.from_name(doc["scheme"])
     t0 = time.perf_counter()
-    # the run's rollout settings where the JSON records them (an older one: pass them)
-    args.num_prompts = doc.get("num_prompts", args.num_prompts)
-    args.max_new_tokens = doc.get("max_new_tokens", args.max_new_tokens)
-    student, rollouts, ref, members = _setup(doc["model"], args)
+    measure_as = setup_as_measured(doc, args.num_prompts, args.max_new_tokens, args.extend)
     names = list(doc["priors"]["single"])
 
     def m(s):
-        return measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in s], student, rollouts, scheme,
-                              "kl_q_p", None, ref)[0]
-
-    stored, value = doc["fit"][0]
-    again = m(stored)
-    if not math.isclose(again, value, rel_tol=1e-6):
-        raise SystemExit(f"a stored recipe measures {again:.6g} here, {value:.6g} in {args.extend}: not the same "
-                         "rollouts or reference (pass the run's --num-prompts and --max-new-tokens)")
+        return measure_as(s)[0]
     if "in_context" not in doc:
         t = time.perf_counter()
         doc["in_context"] = _in_context(m, names, doc["whole"], {})
@@ -224,17 +235,19 @@ def extend(args) -> dict:
 def by_prompts(args) -> dict:
     """Each group alone and --fit / --test random recipes measured once, each figure kept over the first k prompts
     (k = 4, 8, all); the damage model fitted and judged at each k, printed. If a recipe's error is cross terms
-    between groups' errors, zero on average over rollouts, the model's error falls about as 1/sqrt(k)."""
+    between groups' errors, zero on average over rollouts, the model's error falls with k (as 1/sqrt(k) for tokens of
+    finite variance; more slowly for a heavy-tailed KL, which one subset per k cannot tell from a systematic part:
+    benchmarks/damage_noise.py can)."""
     from fp8probe.measurement.mismatch import metric_over
 
     scheme = Scheme.from_name(args.scheme)
-    student, rollouts, ref, members = _setup(args.model, args)
+    student, rollouts, ref, members = _setup(args.model, args.num_prompts, args.max_new_tokens)
+    measure_as = measurer(student, rollouts, ref, members, scheme)
     names = list(members)
     steps = sorted({min(k, args.num_prompts) for k in (4, 8, args.num_prompts)})
 
     def m(s):
-        meas = measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in s], student, rollouts, scheme,
-                              "kl_q_p", None, ref)[2]
+        meas = measure_as(s)[2]
         _, reduce = metric_over(meas.stats, "kl_q_p")
         p = meas.prompt.numpy()
         first = np.unique(p)

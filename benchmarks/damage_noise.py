@@ -30,9 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fp8probe.core.schemes import Scheme
 from fp8probe.recipe.damage import fit_damage
-from fp8probe.recipe.selection import GroupScore, measure_groups
 
 
 def main():
@@ -43,6 +41,9 @@ def main():
     ap.add_argument("--splits", type=int, default=60, help="random pairs of disjoint prompt subsets per size")
     args = ap.parse_args()
     doc = json.loads(Path(args.json).read_text())
+    n = doc.get("num_prompts", doc["rollouts"][0])
+    if n < 4:
+        raise SystemExit(f"{args.json}: {n} prompts; the split needs two disjoint subsets of at least 2 (measure >= 4)")
     tok = tokens(doc, Path(args.json), args.fit, args.test)
     out = analyse(doc, tok, args.fit, args.test, args.splits)
     Path(args.json).with_name(Path(args.json).stem + "-noise.json").write_text(json.dumps(out, indent=1))
@@ -55,32 +56,28 @@ def tokens(doc: dict, path: Path, n_fit: int, n_test: int) -> dict:
         z = dict(np.load(cache))
         if len(z["fit"]) >= n_fit and len(z["test"]) >= n_test:
             return z
-    import types
-
-    from damage_model import _setup
+    from damage_model import setup_as_measured
 
     # an older JSON does not record its settings: one rollout per prompt, damage_model.py's default length
-    args = types.SimpleNamespace(num_prompts=doc.get("num_prompts", doc["rollouts"][0]),
-                                 max_new_tokens=doc.get("max_new_tokens", 48))
-    student, rollouts, ref, members = _setup(doc["model"], args)
-    scheme = Scheme.from_name(doc["scheme"])
+    measure_as = setup_as_measured(doc, doc["rollouts"][0], 48, path)
     names = list(doc["priors"]["single"])
 
     def m(s):
-        r = measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in s], student, rollouts, scheme, "kl_q_p",
-                           None, ref)
-        return r[0], r[2].stats["kl_q_p"].double().numpy()
+        return measure_as(s)[2]
 
-    stored, value = doc["fit"][0]
-    if not math.isclose(m(stored)[0], value, rel_tol=1e-6):
-        raise SystemExit(f"a stored recipe does not measure as stored in {path}: not the same rollouts")
-    z = {"names": np.array(names), "prompt": ref.prompt.numpy(), "single": np.stack([m([g])[1] for g in names])}
+    singles = [m([g]) for g in names]
+    z = {"names": np.array(names), "prompt": singles[0].prompt.numpy(), "single": np.stack([_kl(x) for x in singles])}
     print(f"{len(names)} groups alone measured", flush=True)
     for key, n in (("fit", n_fit), ("test", n_test)):
-        z[key] = np.stack([m(s)[1] for s, _ in doc[key][:n]])
+        z[key] = np.stack([_kl(m(s)) for s, _ in doc[key][:n]])
         print(f"{n} {key} recipes measured", flush=True)
     np.savez(cache, **z)
     return z
+
+
+def _kl(measured) -> np.ndarray:
+    """A Measured's per-token KL(q||p), float64."""
+    return measured.stats["kl_q_p"].double().numpy()
 
 
 def analyse(doc: dict, z: dict, n_fit: int, n_test: int, splits: int) -> dict:
