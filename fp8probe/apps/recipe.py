@@ -131,7 +131,7 @@ class RecipeResult(Result):
     def describe(self, seconds: float) -> str:
         """The line `fp8probe recipe` ends with: what it chose, predicted and measured (on the search set, and on the
         held-out prompts with its interval), what it saves, in how long (loading the student and the search)."""
-        r, s, m, out, seconds = self.recipe, self.settings, self.settings.memory, self.out, self.search_seconds
+        r, s, m, out, searched = self.recipe, self.settings, self.settings.memory, self.out, self.search_seconds
         goal = f"<= budget {s.budget}" if s.budget is not None else f"(memory target {m.kind} {m.given})"
         if r.split:
             lo, hi = r.measured_interval
@@ -146,5 +146,5 @@ class RecipeResult(Result):
                 f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
                 f"{' + FP8 KV cache' if r.kv_cache_dtype else ''}; "
                 f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
-                f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {seconds:.0f} s -> "
+                f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {searched:.0f} s -> "
                 f"{Path(out) / 'recipe.yaml'}")

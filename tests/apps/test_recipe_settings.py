@@ -36,3 +36,18 @@ def test_the_settings_check_without_torch():
             "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"
+
+
+def test_the_closing_line_times_the_search_not_the_command():
+    """The line `fp8probe recipe` ends with names the search's own seconds (the student loaded and searched), not the
+    whole command's the CLI passes; and what it chose, as the recipe says."""
+    from types import SimpleNamespace
+
+    from fp8probe.apps.recipe import RecipeResult
+
+    recipe = SimpleNamespace(form="free", split=None, measured=0.012, measured_engine=None, quantized=["a", "b", "c"],
+                             kept=["d"], scheme="FP8_DYNAMIC", kv_cache_dtype=None, predicted=0.01,
+                             bytes_saved=3 * 2**20, effective_bits=10.0, search=[{}, {}])
+    line = RecipeResult("/tmp/r", recipe, RecipeSettings(budget=0.05), 12.4).describe(999.0)
+    assert "3/4 fused groups in FP8_DYNAMIC" in line and "3.0 MiB saved" in line
+    assert "2 measured passes in 12 s" in line and "999" not in line
