@@ -19,7 +19,8 @@ and projects the error at more prompts: a modelled figure, checked against the e
    finite variance; less for a heavy-tailed KL, where a few tokens carry much of the mean). Projected to all the
    prompts, V is compared with the V measured there; projected to 2 and 4 times the prompts, the median |error|
    scales with sqrt(V). That projection assumes new prompts are like these; on Gemma 3 it was not borne out (9.7 %
-   projected at 32 prompts, 16.6 % measured: docs/modelopt.md).
+   projected at 32 prompts; 16.6 % [12.8, 19.7] measured there for the damage model on single costs:
+   docs/modelopt.md).
 """
 
 from __future__ import annotations
