@@ -8,12 +8,17 @@ signal that OPD takes per token over the full vocabulary, here one number per se
 (`scale_rewards="group"`), TRL 1.16's defaults otherwise (loss "dapo", beta 0, one iteration per generation).
 `num_generations` completions per prompt (`TrainSettings.group_size`).
 
-Two variants, as the frameworks run them:
+Three variants, as the frameworks run them (verl's names: docs/algo/rollout_corr.md, "Operation Modes"):
 
-    grpo      the policy gradient taken on q's samples as if they were p's (no correction)
-    grpo-is   each token's loss weighted by the truncated importance ratio min(p(y) / q(y), 2.0): verl's token-level
-              TIS (`algorithm.rollout_correction.rollout_is=token`, threshold 2.0) and TRL's
-              `vllm_importance_sampling_mode="token_truncate"` with `vllm_importance_sampling_clip_max=2.0`
+    grpo         the policy gradient taken on q's samples as if they were p's (no correction); with `iterations` >= 2
+                 the PPO ratio's anchor is the trainer's own log-probs at generation time (TRL's `old_per_token_logps`),
+                 the "common implementation mistake" verl's rollout-correction guide names
+    grpo-is      each token's loss weighted by the truncated importance ratio min(p(y) / q(y), 2.0): verl's decoupled
+                 token-level TIS (`algorithm.rollout_correction.rollout_is=token`, threshold 2.0) and TRL's
+                 `vllm_importance_sampling_mode="token_truncate"` with `vllm_importance_sampling_clip_max=2.0`
+    grpo-bypass  the PPO ratio's anchor is the rollout's own log-probs, π_θ / q, clipped at 1 ± 0.2 (verl's bypass
+                 mode, `ppo_is_bypass`; slime's `--use-rollout-logprobs`): the mismatch enters the clipped ratio itself,
+                 so tokens where q strays from p are clipped out of the gradient
 
 TRL computes and applies that ratio only when vLLM generates (trl/trainer/grpo_trainer.py, trl 1.16.0:
 `_generate_and_score_completions` builds `importance_sampling_ratio` from vLLM's sampling logprobs when
@@ -83,14 +88,16 @@ def grpo_config(settings: TrainSettings, seed: int, output_dir: str, device: str
         top_p=1.0, beta=0.0, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=seed,
         data_seed=seed, use_cpu=device == "cpu", bf16=False, fp16=False, dataloader_num_workers=0,
         vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=IS_CAP,
+        num_iterations=settings.iterations,
     )
 
 
 def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: TrainSettings, seed: int,
                       output_dir: str, perturber: Perturber | None = None, callbacks=(), device: str = "cpu",
-                      correction: bool = False):
+                      correction: bool = False, bypass: bool = False):
     """A GRPOTrainer for one run; with a `perturber`, rollouts come from the perturbed student, each step's mismatch
-    lands in `trainer.rollout_mismatch`, and with `correction` every token's loss is weighted by min(p/q, IS_CAP)."""
+    lands in `trainer.rollout_mismatch`, with `correction` every token's loss is weighted by min(p/q, IS_CAP), and
+    with `bypass` the PPO ratio's anchor is q's log-probs of the sampled tokens (without a perturbation q is p)."""
     GRPOTrainer, _ = require_grpo()
     args = grpo_config(settings, seed, output_dir, device)
 
@@ -112,14 +119,20 @@ def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: Trai
                 metrics, logp_p, logp_q = measure_rollouts(student, p, seqs)
             self.rollout_mismatch.append({"step": self.state.global_step + 1, "tokens": seqs.num_response_tokens,
                                           **metrics})
-            self._ratio = _split(logp_p - logp_q, [len(c) for c in completions]) if correction else None
+            lengths = [len(c) for c in completions]
+            self._ratio = _split(logp_p - logp_q, lengths) if correction else None
+            self._anchor = _split(logp_q, lengths) if bypass else None
             return completions, None
 
         def _generate_and_score_completions(self, inputs):
+            self._anchor = None
             out = super()._generate_and_score_completions(inputs)
             if correction and getattr(self, "_ratio", None) is not None:
                 out["importance_sampling_ratio"] = _padded_ratio(self._ratio, out["completion_mask"])
                 self._ratio = None
+            if bypass and self._anchor is not None:  # q's log-probs: the rollout engine's, as verl's bypass keeps them
+                out["old_per_token_logps"] = _padded(self._anchor, out["completion_mask"])
+                self._anchor = None
             return out
 
         def _compute_loss(self, model, inputs):
@@ -143,6 +156,15 @@ def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: Trai
 
 def _split(values: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     return list(torch.split(values, lengths))
+
+
+def _padded(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """Per-completion values right-padded with 0 as TRL pads completions ([B, T])."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    for i, v in enumerate(values):
+        n = min(len(v), mask.shape[1])
+        out[i, :n] = v[:n].float().to(mask.device)
+    return out
 
 
 def _padded_ratio(log_ratios: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:

@@ -40,26 +40,33 @@ RUN_COLUMNS = ["objective", "level", "kind", "value", "seed", "metric", "mismatc
                "quality_start", "teacher_logp", "teacher_logp_start", "steps", "rollout_tokens", "seconds"]
 
 
+# what TRL logs per step that steps.csv keeps beside the loss (GRPO: the reward, the policy's entropy, the share of
+# tokens the PPO clip cut; the collapse of an RL run shows in these first)
+STEP_LOGS = ("reward", "reward_std", "entropy", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
+
+
 def _opd(student, teacher, prompts, settings, seed, out, perturber, callbacks, device):
     from .opd import make_trainer
 
     return make_trainer(student, teacher, prompts, settings, seed, out, perturber, callbacks, device)
 
 
-def _grpo(correction: bool):
+def _grpo(correction: bool = False, bypass: bool = False):
     def make(student, teacher, prompts, settings, seed, out, perturber, callbacks, device):
         from .grpo import make_grpo_trainer
 
         return make_grpo_trainer(student, teacher, prompts, settings, seed, out, perturber, callbacks, device,
-                                 correction=correction)
+                                 correction=correction, bypass=bypass)
     return make
 
 
 # objective -> (how its trainer is made, what it is)
 OBJECTIVES = {
     "opd": (_opd, "on-policy distillation: TRL's DistillationTrainer, per-token reverse KL to the teacher"),
-    "grpo": (_grpo(False), "GRPO, reward the teacher's log-likelihood of the completion, no correction"),
-    "grpo-is": (_grpo(True), "GRPO as above with token-level truncated importance sampling (cap 2.0)"),
+    "grpo": (_grpo(), "GRPO, reward the teacher's log-likelihood of the completion, no correction"),
+    "grpo-is": (_grpo(correction=True), "GRPO as above with token-level truncated importance sampling (cap 2.0)"),
+    "grpo-bypass": (_grpo(bypass=True), "GRPO as above, the PPO ratio anchored at the rollout's own log-probs "
+                                        "(verl's bypass mode)"),
 }
 
 
@@ -149,7 +156,8 @@ def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, s
 
     if (d / "trl").is_dir() and not any((d / "trl").iterdir()):
         (d / "trl").rmdir()  # TRL makes its output_dir; nothing is saved there
-    losses = [{"step": h["step"], "loss": h["loss"]} for h in trainer.state.log_history if "loss" in h]
+    losses = [{"step": h["step"], "loss": h["loss"], **{k: h[k] for k in STEP_LOGS if k in h}}
+              for h in trainer.state.log_history if "loss" in h]
     steps = pd.DataFrame(losses)
     if trainer.rollout_mismatch:
         steps = steps.merge(pd.DataFrame(trainer.rollout_mismatch), on="step", how="left")

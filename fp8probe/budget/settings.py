@@ -21,6 +21,8 @@ class TrainSettings(Settings):
     lr_schedule: str = opt("constant", "the learning rate along the run: constant, or linear / cosine decay to 0 at "
                            "the last step (transformers' schedulers, no warm-up)",
                            choices=("constant", "linear", "cosine"))
+    iterations: int = opt(1, "GRPO: optimisation steps per generation (TRL's num_iterations, PPO's epochs); from 2 "
+                          "on, the PPO ratio's anchor matters (grpo-bypass: the rollout's own log-probs)", low=1)
     temperature: float = 1.0  # OPD samples its rollouts
     eval_every: int = opt(5, "held-out evaluation interval (steps)", low=1)
     eval_samples: int = opt(1, "responses sampled per held-out prompt", low=1)
@@ -51,8 +53,11 @@ class CalibrateSettings(Settings):
     student: str = opt("pruned:3", "the student (same tokenizer as the teacher), or pruned[:K]: the teacher "
                        "depth-pruned to every K-th decoder block (K=2 by default), initialised from its weights")
     objectives: tuple[str, ...] = opt(("opd",), "training objectives, each with its own budget: opd, grpo (reward: "
-                                      "the teacher's log-likelihood), grpo-is (with truncated importance sampling)",
-                                      nargs="+", choices=("opd", "grpo", "grpo-is"), metavar="OBJECTIVE")
+                                      "the teacher's log-likelihood; PPO anchor: the trainer's own log-probs), grpo-is "
+                                      "(with token-level truncated importance sampling: verl's decoupled mode), "
+                                      "grpo-bypass (PPO anchor: the rollout's log-probs: verl's bypass mode)",
+                                      nargs="+", choices=("opd", "grpo", "grpo-is", "grpo-bypass"),
+                                      metavar="OBJECTIVE")
     levels: tuple[str, ...] = opt(CALIBRATION_LEVELS, f"rollout mismatch levels (0 included): {SOURCE_HELP}",
                                   nargs="+", metavar="LEVEL")
     seeds: int = opt(3, "runs per level, paired by seed with the mismatch-free runs", low=2)

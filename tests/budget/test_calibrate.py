@@ -259,6 +259,66 @@ def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(
     assert noisy["losses"][0] != corrected["losses"][0]
 
 
+def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_path, monkeypatch):
+    """verl's bypass mode: the PPO ratio is π_θ / q. At the first step π_θ is p, so the loss TRL takes must be, by
+    hand, Σ −min(r·A, clip(r, 0.8, 1.2)·A) over the completion tokens / TRL's token count, with r = exp(log p − log q)
+    and q's log-probs recomputed here from the perturbed student on the very tokens TRL trained on. Plain grpo (the
+    trainer's own anchor) takes r = 1 on the same rollouts, so its first loss is another number; at level 0 bypass
+    is plain grpo, loss for loss."""
+    from trl import GRPOTrainer
+
+    from fp8probe.budget.grpo import make_grpo_trainer
+    from fp8probe.budget.opd import Perturber, sampled_logps
+    from fp8probe.measurement.perturbation import apply_perturbation
+    from fp8probe.model.rollouts import Rollouts
+
+    teacher, student = pair
+    s = _settings(("0", "0.3"), steps=1, batch_size=4, group_size=2)
+    seen = []
+    original = GRPOTrainer._compute_loss
+
+    def spy(self, model, inputs):
+        loss = original(self, model, inputs)
+        seen.append((dict(inputs), float(loss.detach())))
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", spy)
+    level = parse_source("0.3")
+    losses = {}
+    for name, bypass in (("grpo", False), ("grpo-bypass", True)):
+        st = trainable_student(copy.deepcopy(student.model), student.tokenizer, name)
+        perturber = Perturber(st.model, level.rollout(st, 0))
+        probe = copy.deepcopy(st.model)  # p before the update (copied before TRL patches the model's LM head)
+        trainer = make_grpo_trainer(st, teacher, list(s.train_prompts), s.train, 0, str(tmp_path / name), perturber,
+                                    bypass=bypass)
+        trainer.train()
+        inputs, loss = seen[-1]
+        losses[name] = loss
+    prompts, completions, mask = inputs["prompt_ids"], inputs["completion_ids"], inputs["completion_mask"]
+    lengths = mask.sum(1).tolist()
+    seqs = Rollouts.from_sequences([[t for t, m in zip(p, pm) if m] for p, pm in zip(prompts.tolist(),
+                                                                                   inputs["prompt_mask"].tolist())],
+                                   [c[:n] for c, n in zip(completions.tolist(), lengths)],
+                                   student.tokenizer.pad_token_id)
+    probe_student = Student(probe, student.tokenizer, list_units(probe), "probe", "", "llama")
+    probe.eval()
+    with torch.no_grad():
+        lp, _ = sampled_logps(probe, seqs)
+        with apply_perturbation(probe_student, perturber.make(0), many_forwards=True):
+            lq, _ = sampled_logps(probe, seqs)
+    r = torch.exp(lp - lq).split(lengths)
+    adv = inputs["advantages"].flatten().tolist()
+    total = sum(float(-torch.minimum(ri * a, ri.clamp(0.8, 1.2) * a).sum()) for ri, a in zip(r, adv))
+    want = total / float(inputs["num_items_in_batch"])
+    assert losses["grpo-bypass"] == pytest.approx(want, rel=1e-4, abs=1e-6)
+    anchor = inputs["old_per_token_logps"]
+    assert torch.cat([anchor[i, :n] for i, n in enumerate(lengths)]).tolist() == pytest.approx(lq.tolist(), abs=1e-4)
+    assert abs(losses["grpo"] - losses["grpo-bypass"]) > 1e-4  # the anchor changed the loss
+    zero = [train_one(teacher, student, o, SourceSpec("none"), 0, s, tmp_path)["losses"] for o in ("grpo",
+                                                                                                  "grpo-bypass")]
+    assert zero[0] == zero[1]
+
+
 def test_heldout_quality_by_hand_with_each_steps_seed(pair):
     """The held-out reverse KL by hand (sum over the vocabulary of q (log q - log p) at every sampled response token,
     q the student, p the teacher) on responses sampled with the step's seed: eval_seed at every step (fixed, the
