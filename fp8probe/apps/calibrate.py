@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..budget.experiment import Experiment, calibrate, check_resume, prepare, read_marks
+from ..budget.words import budget_text, fit_lines, loss_words
 from ..core.results import Result
-from .budget import fit_lines, interval_words
 
 __all__ = ["run_calibrate", "CalibrateResult", "prepare", "Experiment"]
 
@@ -44,42 +44,50 @@ class CalibrateResult(Result):
 
 
 def _describe(res: dict, calibration: Experiment, out, seconds: float) -> str:
-    """What `fp8probe calibrate` prints: per objective, each level's measured mismatch, quality and paired loss, the
-    plateau check, then its budget with its interval and the seeds' spread."""
+    """What `fp8probe calibrate` prints: per objective, each level's dose (and the run-mean KL beside it), quality and
+    loss, the plateau check, then its budget with its interval and the seeds' spread; the objectives' ratio."""
     df = res["runs"]
     lines = [f"calibrate: {len(df)} runs ({', '.join(calibration.objectives)}; {calibration.seeds} seeds per level) "
              f"in {seconds / 60:.0f} min -> {out}"]
     for objective, b in res["budgets"].items():
         d = df[df["objective"] == objective]
-        lines.append(f"{objective}: quality = {calibration.quality} of the held-out reverse KL; levels added: "
-                     f"{', '.join(res['added'][objective]) or 'none'}")
-        for lv in b.levels:
-            rows = d[(d["mismatch"] - lv["mismatch"]).abs() <= 1e-12 * max(1.0, lv["mismatch"])]
+        lines.append(f"{objective}: quality = {calibration.quality} of the held-out reverse KL, loss = {b.response} "
+                     f"against the twin; levels added: {', '.join(res['added'][objective]) or 'none'}")
+        rows = [(lv, "") for lv in b.levels] + [(lv, f"  ({lv['kind']}: shown, not fitted)")
+                                                for lv in b.other_levels or []]
+        for lv, note in rows:
+            at = d[(d["mismatch"] - lv["mismatch"]).abs() <= 1e-12 * max(1.0, lv["mismatch"])]
+            if "level" in lv:
+                at = d[d["level"] == lv["level"]]
             lo, hi = lv["loss_interval"] or (math.nan, math.nan)
-            lines.append(f"  level {rows['level'].iloc[0]:<10} mismatch kl_q_p {lv['mismatch']:<10.4g} quality "
-                         f"{rows['quality'].mean():.4f}   paired loss {lv['loss']:+.2%} [{lo:+.2%}, {hi:+.2%}]")
-        for lv in b.other_levels or []:
-            lo, hi = lv["loss_interval"] or (math.nan, math.nan)
-            lines.append(f"  level {lv['level']:<10} mismatch kl_q_p {lv['mismatch']:<10.4g} quality "
-                         f"{d[d['level'] == lv['level']]['quality'].mean():.4f}   paired loss {lv['loss']:+.2%} "
-                         f"[{lo:+.2%}, {hi:+.2%}]  ({lv['kind']}: shown, not fitted)")
+            run_mean = at["mismatch_run_mean"].iloc[0] if "mismatch_run_mean" in at else math.nan
+            lines.append(f"  level {at['level'].iloc[0]:<16} dose {lv['mismatch']:<10.4g} (run-mean KL "
+                         f"{run_mean:<8.4g}) quality {at['quality'].mean():.4f}   loss {lv['loss']:+.2%} "
+                         f"[{lo:+.2%}, {hi:+.2%}]{note}")
         clean = d[d["kind"] == "none"]
-        lo, hi = b.interval or (math.nan, math.nan)
         late = clean['late_improvement'].mean()
         lines.append(f"  mismatch-free runs: the last fifth of training improved them {late:.1%}"
                      f" on average; the seeds alone spread {b.seed_spread or 0:.1%}")
-        lines.append(f"  budget: kl_q_p <= {b.value:.4g} (90 % {interval_words(b)} {lo:.4g} .. {hi:.4g}, x"
-                     f"{hi / lo if lo > 0 else math.inf:.2g}) at a relative quality loss <= {b.tolerance:g} -> "
+        lines.append(f"  budget: kl_q_p {budget_text(b)} at {loss_words(b)} -> "
                      f"{Path(out) / f'budget-{objective}.json'}")
         lines += fit_lines(b)
         spent = res.get("allocated", {}).get(objective)
-        if spent and spent["runs"]:
+        if spent and spent.get("runs"):
             where = "; ".join(f"{x['level']} seeds {', '.join(map(str, x['seeds']))}" for x in spent["seeds"])
             lines.append(f"  runs added where they narrow the interval most: {spent['runs']} ({where}) in "
                          f"{spent['hours']:.2f} h; stopped: {spent.get('stopped', 'done')}")
     for r in res.get("ratios", []):
-        if r["ratio"] is not None:
-            lo, hi = r["interval"] or (math.nan, math.nan)
-            lines.append(f"{r['objective']} tolerates {r['ratio']:.2g}x the mismatch {r['other']} does (benchmark "
-                         f"doses, 90 % paired over {r['seeds']} seeds: {lo:.2g} .. {hi:.2g})")
+        lines.append(ratio_line(r))
     return "\n".join(lines)
+
+
+def ratio_line(r: dict) -> str:
+    """How much more mismatch one objective tolerates than another, or why that cannot be said."""
+    if r.get("ratio") is None:
+        return f"{r['objective']} against {r['other']}: undetermined ({r.get('undetermined')})"
+    lo, hi = r["interval"]
+    low = f"< {lo:.2g}" if r.get("open_low") else f"{lo:.2g}"  # a censored end: the interval reaches past it
+    high = f"> {hi:.2g}" if r.get("open_high") else f"{hi:.2g}"
+    sigma = f"; on σ {r['sigma_ratio']:.2g}x" if r.get("sigma_ratio") else ""
+    return (f"{r['objective']} tolerates {r['ratio']:.2g}x the dose {r['other']} does (benchmark doses, each on all "
+            f"its runs; 90 % {low} .. {high}){sigma}")

@@ -40,17 +40,23 @@ def format_check(report: dict) -> str:
     as_run = "" if engine == "sim" else f" as {engine} runs it"
     v = report["verdict"]
     lo, hi = report["measured_interval"]
-    b = f"budget {report['budget']:.4g}"
+    b = f"budget {'> ' if report.get('budget_censored') else ''}{report['budget']:.4g}"
     if report.get("budget_interval"):
-        b += f" [{report['budget_interval'][0]:.4g}, {report['budget_interval'][1]:.4g}]"
+        top = report["budget_interval"][1]
+        b += (f" [{report['budget_interval'][0]:.4g}, {'> ' if report.get('budget_interval_censored') else ''}"
+              f"{top:.4g}]")
     sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
     pred = report.get("predicted")
     lines = [f"predicted before measuring: {report['metric']} {pred['value']:.4g} by the damage model in "
              f"{pred['source']} (its cross-validated median error {pred['cv_median_rel_error']:.0%})"] \
         if pred and pred.get("value") is not None else []
     lines += [f"{v}: {report['configuration']}{as_run}: {report['metric']} {report['measured']:.4g} "
-             f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report['margin']:+.3g}; budget "
-             f"{'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}: {report['budget_source']})"]
+              f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report['margin']:+.3g}; budget "
+              f"{'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}: {report['budget_source']})"]
+    if report.get("judged_on") and report["judged_on"] != "the noise ruler":
+        lines.append(f"judged on {report['judged_on']}")
+    if report.get("budget_student_note"):
+        lines.append(f"note: {report['budget_student_note']}")
     if report.get("undecided_because"):
         lines.append(f"undecided: {report['undecided_because']}")
     a = report.get("also_measured")
@@ -84,6 +90,8 @@ class CheckSettings(Settings):
     checkpoints: tuple[str, ...] = opt((), "instead of MODEL: checkpoints of the student along training; the "
                                        "configuration at each, on rollouts re-sampled from it (series.json)",
                                        metavar="CKPT")
+    other_student: bool = opt(False, "judge this student against a budget calibrated on another one (refused "
+                              "otherwise; the verdict says so)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -107,7 +115,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         from .series import run_series
 
         return run_series(model, rollouts, settings, out, progress)
-    from ..budget.fit import read_budget
+    from ..budget.fit import check_student, read_budget
     from ..core.files import atomic_write_json, output_dir
     from ..recipe.damage import predict
     from .inputs import check_inputs, load, rollouts_for
@@ -118,13 +126,16 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
     sc.check(model)
     with output_dir(out) as d:
         student, _ = load(model)
+        note = check_student(budget, student, settings.other_student)  # another student's budget: refused here
         teacher = sc.load_teacher(model)
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
         named = sc.sources(student, model.allow_pickle)
         config = named[0] if len(named) == 1 else combine(named)
         predicted = predict(sc.recipe[0], student, config.perturbation, budget.metric) if sc.recipe else None
         report = check(student, r, config, budget, teacher=teacher, prefix_tokens=rollouts.max_new_tokens,
-                       seed=rollouts.seed, batch_size=rollouts.batch_size, engine=sc.engine)
+                       seed=rollouts.seed, batch_size=rollouts.batch_size, engine=sc.engine,
+                       kinds=config.perturbation.kinds())
+        report["budget_student_note"] = note
         if predicted is not None:
             report["predicted"] = predicted
         atomic_write_json(d / "check.json", report)

@@ -16,9 +16,9 @@ cache (each `kv_cache_dtype`) and the staleness (each `async` K). For each:
   `train_step_s`, or modelled as 6 x active parameters x tokens / (`mfu` x BF16 peak x GPUs).
 - time to quality: with a calibration, the steps to the target quality read off its learning curves at the
   measured mismatch (budget/curves.py; rejected or beyond the calibrated levels: refused, never extrapolated; an
-  UNCERTAIN verdict is computed and flagged as such in `verdict`) with a paired
-  bootstrap interval over the calibration's seeds; without one, every admitted configuration is assumed to need
-  BF16's `steps`, and plan.json says so.
+  UNCERTAIN verdict is computed and flagged as such in `verdict`) with a paired bootstrap interval over the
+  calibration's seeds; without one, every admitted configuration is assumed to need BF16's `steps`, and plan.json
+  says so.
 
 Writes plan.csv, plan.json (schema-versioned) and plan.png; prints the table sorted by time to target.
 """
@@ -38,10 +38,12 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
     """`fp8probe plan`: the table (plan.csv), plan.json and plan.png in `out`; returns plan.json's content."""
     import time
 
+    from ..budget.fit import check_student
     from ..core.artifacts import arithmetic, stamped, versions
     from ..core.files import atomic_write_json, atomic_write_text, check_writable, output_dir
     from ..deploy.gpus import gpu
     from ..model.structure import list_units, meta_model
+    from ..plots import plan_plot
     from .inputs import check_inputs, load, rollouts_for
 
     t0 = time.perf_counter()
@@ -52,9 +54,10 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
         check_inputs(model, rollouts, out)
     cfg = model.check() if not measured else model.config()
     with output_dir(out) as d:
-        student, r, costs = None, None, {}
+        student, r, costs, note = None, None, {}, None
         if measured:
             student, _ = load(model)
+            note = check_student(budget, student, settings.other_student)  # another student's budget: refused
             r, _ = rollouts_for(student, rollouts, d, progress=progress)
             costs = measure_costs(student, r, settings, budget, curves, rollouts.batch_size, model.allow_pickle,
                                   progress)
@@ -87,7 +90,8 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
             "mean_prompt_len": sum(prompts) / len(prompts), "mean_response_len": sum(responses) / len(responses),
             "train_step_s": train_s, "train_step": train_how,
             "budget": {"metric": budget.metric, "value": budget.value, "interval": budget.interval,
-                       "calibrated": budget.calibrated, "source": budget.source},
+                       "calibrated": budget.calibrated, "source": budget.source, "student": budget.student,
+                       "student_note": note},
             "calibration": None if curves is None else {
                 "source": curves.source, "objective": curves.objective, "steps": list(curves.steps),
                 "seeds": list(curves.seeds), "target": target,
@@ -101,8 +105,6 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
         table = pd.DataFrame([{c: row.get(c) for c in COLUMNS} for row in rows], columns=COLUMNS)
         atomic_write_text(d / "plan.csv", table.to_csv(index=False, float_format="%.6g"))
         atomic_write_json(d / "plan.json", doc)
-        from ..plots import plan_plot
-
         plan_plot(doc, d / "plan.png")
     return PlanResult(Path(out), doc)
 

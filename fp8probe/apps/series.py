@@ -37,7 +37,7 @@ class SeriesResult(Result):
 
 def run_series(model, rollouts, settings, out, progress: bool = False) -> SeriesResult:
     """The configuration of `settings` (a check.CheckSettings with `checkpoints`) at each checkpoint."""
-    from ..budget.fit import read_budget
+    from ..budget.fit import check_student, read_budget
     from ..budget.series import measure_point, summarize_series
     from ..core.artifacts import version
     from ..core.files import atomic_write_json, output_dir
@@ -50,10 +50,12 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
     for s in sources:
         check_inputs(s, rollouts, out)
         sc.check(s)
-    rows, measured = [], []
+    rows, measured, note = [], [], None
     with output_dir(out) as d:
         for i, src in enumerate(sources):
             student, _ = load(src)
+            if i == 0:  # one student along training: its first checkpoint is the one a budget was calibrated on
+                note = check_student(budget, student, settings.other_student)
             (d / f"checkpoint-{i}").mkdir()
             r, _ = rollouts_for(student, rollouts, d / f"checkpoint-{i}", progress=progress)
             named = sc.sources(student, src.allow_pickle)
@@ -63,7 +65,7 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
             measured.append(got)
         report = {"schema_version": version("series.json"), "configuration": config.name, "engine": sc.engine,
                   "metric": budget.metric, "budget": budget.value, "budget_interval": budget.interval,
-                  "budget_source": budget.source, "checkpoints": rows,
+                  "budget_source": budget.source, "budget_student_note": note, "checkpoints": rows,
                   **summarize_series(rows, measured[0], measured[-1], budget.metric)}
         atomic_write_json(d / "series.json", report)
     return SeriesResult(Path(out), report)

@@ -8,6 +8,13 @@ when the measured interval lies within the budget's, REJECT when above it, UNCER
 number of prompts that would decide it (`verdict`). Beside the verdict: every metric, the prefix shift and, with
 a teacher, the OPD-signal distortion. Minutes, not a training run: one reference pass, one candidate pass,
 two continuations of the prompts and one pass on the candidate's own samples.
+
+Each kind on its evidence (`judge`): stale weights go to the stale ruler where one was fitted and fits; a kind the
+calibration ran as a level of its own (FP8 weights, the FP8 KV cache) is judged on that level's measured loss for a
+configuration of that kind alone (at or below its dose and the level lost less than the tolerance: ADMIT; at or
+above and it lost more: REJECT), and where that level "costs more than the ruler predicts" the noise ruler cannot
+ADMIT a configuration holding it. A budget's end censored at its highest tested dose (the runs never lost the
+tolerance there) cannot REJECT: the verdict is UNCERTAIN, and what would decide it is calibration at higher doses.
 """
 
 from __future__ import annotations
@@ -28,17 +35,17 @@ SCHEMA_VERSION = version("check.json")
 
 
 def check(student, rollouts, config: Source, budget: Budget, teacher=None, reference: Reference | None = None,
-          prefix_tokens: int | None = None, seed: int = 0, batch_size: int = 8, engine: str = "sim") -> dict:
+          prefix_tokens: int | None = None, seed: int = 0, batch_size: int = 8, engine: str = "sim",
+          kinds: tuple[str, ...] = ()) -> dict:
     """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
     ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
-    engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda")."""
+    engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda"). `kinds`: the kinds of source in the
+    configuration (fp8, kv, stale), what `judge` reads the budget's evidence for."""
     from ..measurement.measure import measure_with_interval, measured_as
     from ..measurement.opd import OPDSignal
     from ..measurement.prefix import PrefixShift, prompt_ids
     from ..measurement.reference import Reference
 
-    if config.perturbation.stale is not None:  # stale weights are judged on their own curve where one was fitted
-        budget = budget.for_kind("stale")
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
     got = measure_with_interval(reference, student, rollouts, config.perturbation, engine, batch_size)
@@ -50,19 +57,57 @@ def check(student, rollouts, config: Source, budget: Budget, teacher=None, refer
     opd = None
     if teacher is not None:
         opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
-    v = verdict(measured, interval, budget, got.num_prompts)
+    v = judge(measured, interval, budget, got.num_prompts, kinds)
+    ruler = v["ruler"]
     also = measured_as(OTHER_ENGINE.get(engine, "sim"), reference, student, rollouts, config.perturbation,
                        budget.metric, batch_size)
     return {
         "schema_version": SCHEMA_VERSION, "verdict": v["verdict"], "configuration": config.name, "engine": engine,
         "metric": budget.metric, "measured": measured, "measured_interval": list(interval), "interval_level": LEVEL,
-        "budget": budget.value, "margin": budget.value - measured, "budget_calibrated": budget.calibrated,
-        "budget_source": budget.source, "budget_interval": budget.interval,
+        "budget": ruler.value, "margin": ruler.value - measured, "budget_calibrated": budget.calibrated,
+        "budget_source": ruler.source, "budget_interval": ruler.interval, "budget_censored": ruler.censored,
+        "budget_interval_censored": ruler.interval_censored, "judged_on": v["judged_on"],
+        "kind_evidence": v["kind_evidence"], "budget_student": budget.student, "budget_objective": budget.objective,
+        "budget_response": budget.response, "budget_tolerance": budget.tolerance,
         "prompts_to_decide": v["prompts_to_decide"], "undecided_because": v["undecided_because"],
         "metrics": got.metrics, "also_measured": also, "prefix_shift": shift, "opd_signal": opd,
         "num_prompts": got.num_prompts, "num_sequences": rollouts.num_sequences,
         "num_response_tokens": rollouts.num_response_tokens, "arithmetic": arithmetic(batch_size),
     }
+
+
+def judge(measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int,
+          kinds: tuple[str, ...] = ()) -> dict:
+    """The verdict of a configuration holding `kinds` of source, each kind on its evidence (module docstring):
+    verdict()'s fields and `ruler` (the Budget it was judged against), `judged_on` (in words), `kind_evidence` (the
+    calibration levels read)."""
+    ruler = budget.for_kind("stale") if "stale" in kinds else budget
+    judged_on = "the stale ruler" if ruler is not budget else "the noise ruler"
+    out = verdict(measured, interval, ruler, num_prompts)
+    evidence = []
+    for kind in dict.fromkeys(k for k in kinds if k in (budget.kinds or {})):
+        for e in budget.kinds[kind]:
+            evidence.append({**e, "kind": kind})
+            lo_e, hi_e = e["loss_interval"] or (math.nan, math.nan)
+            alone = len(set(kinds)) == 1
+            if alone and interval[1] <= e["mismatch"] and hi_e <= budget.tolerance:
+                out = {"verdict": "ADMIT", "prompts_to_decide": None, "undecided_because": None}
+                judged_on = (f"{kind}'s own calibration level {e['level']}: at or below its dose "
+                             f"({e['mismatch']:.4g}) it lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}], within the "
+                             f"tolerance")
+            elif alone and interval[0] >= e["mismatch"] and lo_e > budget.tolerance:
+                out = {"verdict": "REJECT", "prompts_to_decide": None, "undecided_because": None}
+                judged_on = (f"{kind}'s own calibration level {e['level']}: at or above its dose "
+                             f"({e['mismatch']:.4g}) it lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}], more than "
+                             f"the tolerance")
+            elif e.get("reading") == "costs more than the ruler predicts" and out["verdict"] == "ADMIT":
+                out = {"verdict": "UNCERTAIN", "prompts_to_decide": None,
+                       "undecided_because": f"{kind} cost more than the noise ruler predicts at its calibration level "
+                                            f"{e['level']} (lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}]): the "
+                                            f"noise ruler cannot admit it; a calibration level of {kind} at this "
+                                            "dose would decide it"}
+                judged_on = f"the noise ruler, which cannot admit {kind}"
+    return {**out, "ruler": ruler, "judged_on": judged_on, "kind_evidence": evidence}
 
 
 # the second figure beside the verdict: the simulation's verdict shows the rollout engine's profile, and the other
@@ -84,7 +129,8 @@ def decide_factor(level: float = LEVEL, power: float = POWER) -> float:
 
 def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int) -> dict:
     """ADMIT when the measured value's whole interval lies at or below the budget's (its interval's lower end, or the
-    number itself when uncalibrated), REJECT when it lies wholly above, UNCERTAIN otherwise. An UNCERTAIN verdict
+    number itself when uncalibrated), REJECT when it lies wholly above (unless that end is censored: UNCERTAIN),
+    UNCERTAIN otherwise. An UNCERTAIN verdict
     says what would decide it: when the measured value lies outside the budget's interval, about how many prompts
     (an interval narrows as 1/sqrt(n): n x (half-width / expansion(n) / distance to the budget)^2 x decide_factor());
     when it lies inside, more prompts cannot, only a narrower budget (more calibration runs)."""
@@ -94,6 +140,10 @@ def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_
     out = {"verdict": "UNCERTAIN", "prompts_to_decide": None, "undecided_because": None}
     if hi <= b_lo:
         out["verdict"] = "ADMIT"
+    elif lo > b_hi and (budget.censored or budget.interval_censored):
+        out["undecided_because"] = (f"the budget's upper end is censored at its highest tested dose ({b_hi:.4g}): "
+                                    "its runs never lost the tolerance there, so nothing above it can be rejected; "
+                                    "calibration at higher doses, not more prompts, would decide it")
     elif lo > b_hi:
         out["verdict"] = "REJECT"
     elif b_lo <= measured <= b_hi:

@@ -1,123 +1,57 @@
 """The budget as a benchmark dose: one dose–response curve fitted to every run, averaged over model families.
 
-A run's paired quality loss (fit.py) is the response, its level's measured mismatch the dose. Monotone families
-with zero loss at zero mismatch (MODELS: linear, power, exponential, Hill, with BMDS's restrictions: power and Hill
-exponents ≥ 1) are fitted to the level means by weighted least squares, each level weighted by its runs over its
-own variance moderated toward the pooled one (three seeds that happen to agree cannot take all the weight). The
-families are averaged with Akaike weights, exp(−ΔAIC/2) with AIC = χ² + 2k, as EPA's BMDS averages its models. The
-benchmark dose (BMD) is where the averaged curve reaches the tolerance; its 90 % interval (BMDL, BMDU) comes from
-the paired bootstrap over seeds (the same draw for every level; runs within a level when unpaired), each draw
-refitting every family with the first fit's weights, the percentiles widened for few seeds (expanded), joined
-with a parametric bootstrap's (_parametric: level means drawn about the averaged curve, t noise): at three or four
-seeds the seed bootstrap alone spread 0.57-0.74x as wide as the estimate really does on synthetic runs (its few
-distinct resamples), and the hull covers (tests/budget/test_dose.py). A BMD not reached
-within the tested doses is censored at the highest one (`above_range`): no curve is extrapolated.
+A run's quality loss against its mismatch-free twin (design.py: on the training gain by default) is the response,
+its level's dose the x-axis. Monotone families with zero loss at zero dose (families.py: linear, power, exponential,
+Hill, with BMDS's restrictions) are fitted to the level means by weighted least squares, each level weighted by its
+runs over its own variance moderated toward the pooled one (three seeds that happen to agree cannot take all the
+weight), and averaged with Akaike weights that count only the parameters off their bounds. The benchmark dose
+(BMD) is where the averaged curve reaches the tolerance; a BMD not reached within the fitted doses is censored at
+the highest one (`above_range`, printed "> x"): no curve is extrapolated.
 
-Goodness of fit: each family's lack-of-fit test, χ²/(L − k) against F(L − k, ν) (L levels, k parameters, ν the
-degrees of freedom of the pooled variance; p ≥ 0.1 fits, BMDS's rule); a family with no degree left is not tested.
-A ruler fits when some tested family fits, is untested (None) when none could be tested; when every tested family
-fails, fit.py falls back to the isotonic fit.
+Its 90 % interval (BMDL, BMDU) is the hull of two bootstraps, each refitting every family (with the first fit's
+weights) to a thousand redrawn tables:
 
-Beneficial low doses (hormesis): a level whose loss interval lies wholly below zero is reported and left out of
-the monotone fit, so the edge is fitted above it instead of a monotone curve being forced through it.
+- by seed: the seeds resampled, a seed's runs together (so the twin a seed's levels share is redrawn with them),
+  its percentile interval widened for few seeds by core/stats.expansion, counting the seeds of the levels that
+  carry the BMD (the fitted levels on either side of it), not the twins';
+- parametric: every run drawn from the fitted model with the seed as a random effect (design.parametric: a shared
+  shift per seed, the twins' and the perturbed runs' own noise, their variances drawn from pivotal distributions).
 
-Implementation: scipy.optimize.least_squares (bounded trust-region), scipy.stats.f, scipy.optimize.brentq.
-EPA's own `pybmds` (25.2) installs here and fits this data, but it fits the unpaired quality with a free
-background (no paired losses, no paired bootstrap), and on the demo's pair A its BMDU failed (−9999) for every
-model; the families and the averaging follow its documentation.
+budget.json says which one set each end (`low_from`, `high_from`). Whether each seed's own twin or the twins' mean
+is the baseline is decided from the estimated variance components (design.choose_pairing) and recorded.
+
+Goodness of fit: each family's lack-of-fit test, χ²/(L − k) against F(L − k, ν) (L levels, k the parameters off
+their bounds, ν the degrees of freedom of the pooled variance; p ≥ 0.1 fits, BMDS's rule); a family with no degree
+left is not tested. A ruler fits when some tested family fits, is untested (None) when none could be, and when every
+tested one fails, fit.py falls back to the isotonic fit. BMDS's flags beside it: the scaled residual at the level
+nearest the BMD (|r| > 2), BMD / BMDL (> 3), a BMD below a third of the lowest fitted dose.
+
+Beneficial low doses (hormesis): the lowest levels whose mean loss lies below zero by a one-sided t test on the
+seed-paired losses at 5 %, in order from the lowest (a fixed-sequence test: at most 5 % false positives over the
+whole sequence under no effect), are reported and left out of the monotone fit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
 
-MAX_NFEV = 50  # evaluations per least-squares fit (a degenerate fit of two levels would take hundreds)
+import numpy as np
+
+from ..core.stats import expansion
+from . import families as fam
+from .design import Design, by_seed, choose_pairing, components, level_means, losses, parametric, twins_of
+
 LEVEL = 0.90  # the BMD interval: (BMDL, BMDU) = its 5 % and 95 % bootstrap quantiles
 FIT_P = 0.10  # a family fits when its χ² p-value is at least this (BMDS's default for continuous models)
+HORMESIS_ALPHA = 0.05  # the hormesis test's false-positive rate under no effect (the whole fixed sequence)
+OTHER_TOLERANCES = (0.05, 0.10)  # BMDs reported beside the tolerance, with one control SD
+MODELS = fam.MODELS
 
 
-@dataclass(frozen=True)
-class Family:
-    """A monotone dose–response family f(u; θ) on the scaled dose u = mismatch / highest tested mismatch, with
-    f(0) = 0: its parameters' bounds and the starting points a fit tries."""
-
-    name: str
-    f: Callable
-    lower: tuple[float, ...]
-    upper: tuple[float, ...]
-    starts: Callable  # (u, y) -> list of starting parameter vectors
-    formula: str
-
-    @property
-    def k(self) -> int:
-        return len(self.lower)
-
-
-def _np():
-    import numpy as np
-
-    return np
-
-
-def _linear(u, b):
-    return b * u
-
-
-def _power(u, b, g):
-    return b * _np().power(u, g)
-
-
-def _exponential(u, c, b):
-    return c * _np().expm1(b * u) / b  # c: the slope at zero, so a nearly linear curve stays well conditioned
-
-
-def _hill(u, v, k, n):
-    np = _np()
-    un = np.power(u, n)
-    return v * un / (np.power(k, n) + un)
-
-
-def _top(u, y) -> float:
-    return max(float(max(y)), 1e-6)
-
-
-# the registry: every family the average may use (a family needs at least as many levels as parameters)
-MODELS: dict[str, Family] = {f.name: f for f in (
-    Family("linear", _linear, (0.0,), (math.inf,), lambda u, y: [[_top(u, y)]], "b·d"),
-    Family("power", _power, (0.0, 1.0), (math.inf, 18.0), lambda u, y: [[_top(u, y), g] for g in (1.0, 2.0, 4.0)],
-           "b·d^g (g ≥ 1)"),
-    Family("exponential", _exponential, (0.0, 1e-3), (math.inf, 30.0),
-           lambda u, y: [[_top(u, y) * b / math.expm1(b), b] for b in (0.5, 3.0, 10.0)], "c·(exp(b·d) − 1) / b"),
-    Family("hill", _hill, (0.0, 1e-3, 1.0), (math.inf, 10.0, 18.0),
-           lambda u, y: [[2 * _top(u, y), k, n] for k in (0.1, 0.5) for n in (1.0, 3.0)],
-           "v·d^n / (k^n + d^n) (n ≥ 1)"),
-)}
-
-
-@dataclass(frozen=True)
-class Fit:
-    family: str
-    params: tuple[float, ...]
-    chi2: float
-    dof: int
-    p: float | None  # None: no degree of freedom left to test the fit
-
-    @property
-    def aic(self) -> float:
-        return self.chi2 + 2 * MODELS[self.family].k
-
-    @property
-    def fits(self) -> bool | None:
-        """Whether the χ² test accepts the fit; None when no degree of freedom is left to test it."""
-        return None if self.p is None else self.p >= FIT_P
-
-
-def ruler_fits(fits: list[Fit]) -> bool | None:
+def ruler_fits(fits: list[dict]) -> bool | None:
     """A ruler fits when some family passes its χ² test; None when no family could be tested (as few levels as
-    parameters), False when every tested one fails."""
-    tested = [f.fits for f in fits if f.fits is not None]
+    parameters off their bounds), False when every tested one fails."""
+    tested = [f["fits"] for f in fits if f["fits"] is not None]
     return any(tested) if tested else None
 
 
@@ -132,134 +66,30 @@ def _p_value(chi2: float, dof: int, nu: float) -> float | None:
     return float(f_dist.sf(chi2 / dof, dof, nu)) if nu > 0 else float(chi2_dist.sf(chi2, dof))
 
 
-def fit_family(family: Family, u, y, se, starts=None, nu: float = 0.0) -> Fit | None:
-    """Weighted least squares of `family` to the level means `y` (standard errors `se`, from variances of `nu`
-    degrees of freedom) at scaled doses `u`; the best of its starting points (or `starts`); None when the levels
-    are too few for its parameters."""
-    from scipy.optimize import least_squares
-
-    np = _np()
-    if len(u) < family.k:
-        return None
-    if family.name == "linear":  # closed form: the weighted least-squares slope, held at zero from below
-        w = 1 / se ** 2
-        b = max(0.0, float(np.sum(w * u * y) / np.sum(w * u * u)))
-        chi2 = float(np.sum(((b * u - y) / se) ** 2))
-        dof = len(u) - 1
-        return Fit("linear", (b,), chi2, dof, _p_value(chi2, dof, nu))
-    best = None
-    for x0 in (starts or family.starts(u, y)):
-        x0 = np.clip(np.asarray(x0, dtype=float), family.lower, [min(h, 1e6) for h in family.upper])
-        try:
-            r = least_squares(lambda th: (family.f(u, *th) - y) / se, x0, bounds=(family.lower, family.upper),
-                              method="trf", ftol=1e-7, xtol=1e-7, max_nfev=MAX_NFEV)
-        except (ValueError, FloatingPointError):
-            continue
-        if np.isfinite(r.cost) and (best is None or r.cost < best.cost):
-            best = r
-    if best is None:
-        return None
-    chi2 = float(2 * best.cost)
-    dof = len(u) - family.k
-    return Fit(family.name, tuple(float(t) for t in best.x), chi2, dof, _p_value(chi2, dof, nu))
-
-
-def akaike_weights(fits: list[Fit]) -> list[float]:
-    best = min(f.aic for f in fits)
-    w = [math.exp(-(f.aic - best) / 2) for f in fits]
-    return [x / sum(w) for x in w]
-
-
-def averaged(fits: list[Fit], weights: list[float], u):
-    np = _np()
-    u = np.asarray(u, dtype=float)
-    return sum(w * MODELS[f.family].f(u, *f.params) for f, w in zip(fits, weights))
-
-
-def benchmark_dose(fits: list[Fit], weights: list[float], tolerance: float) -> tuple[float, bool]:
-    """The scaled dose at which the averaged curve reaches `tolerance`, and whether it does within the tested
-    doses (u ≤ 1); when it does not, 1 (censored at the highest tested dose)."""
-    from scipy.optimize import brentq
-
-    def g(u):
-        return float(averaged(fits, weights, u)) - tolerance
-
-    if g(1.0) < 0:
-        return 1.0, False
-    if g(0.0) >= 0:
-        return 0.0, True
-    return float(brentq(g, 0.0, 1.0, xtol=1e-10)), True
-
-
-def _fit_all(u, y, se, nu: float, starts: dict | None = None) -> list[Fit]:
-    out = []
-    for name, fam in MODELS.items():
-        f = fit_family(fam, u, y, se, [starts[name]] if starts and name in starts else None, nu)
-        if f is not None:
-            out.append(f)
-    return out
-
-
-def _level_stats(losses: dict, levels: list[float]):
-    """Each level's mean loss, its standard error and the variances' degrees of freedom. A level's variance is its
-    own spread moderated toward the pooled one, each weighted by its degrees of freedom ((ν s² + ν_p s_p²) / (ν +
-    ν_p), as limma moderates gene-wise variances): three seeds that happen to agree cannot take all the weight."""
-    np = _np()
-    values = [np.array(list(losses[lv].values()), dtype=float) for lv in levels]
-    nu = np.array([len(v) - 1 for v in values], dtype=float)
-    spread = np.array([v.var(ddof=1) if len(v) > 1 else 0.0 for v in values])
+def level_stats(y: np.ndarray):
+    """Each level's mean loss, its standard error and the pooled variance's degrees of freedom, from responses
+    y [L, S] (NaN where no run). A level's variance is its own spread moderated toward the pooled one, each weighted
+    by its degrees of freedom ((ν s² + ν_p s_p²) / (ν + ν_p), as limma moderates gene-wise variances)."""
+    n = (~np.isnan(y)).sum(axis=1)
+    nu = np.maximum(n - 1, 0).astype(float)
+    spread = np.array([np.nanvar(r, ddof=1) if k > 1 else 0.0 for r, k in zip(y, n)])
     nu_p = float(nu.sum())
     pooled = float((nu * spread).sum() / nu_p) if nu_p > 0 else 0.0
     var = (nu * spread + nu_p * pooled) / np.maximum(nu + nu_p, 1e-12)
     var = np.maximum(var, max(pooled, 1e-12) * 1e-3)
-    se = np.sqrt(var / np.array([len(v) for v in values]))
-    return np.array([v.mean() for v in values]), se, nu_p
+    return level_means(y), np.sqrt(var / np.maximum(n, 1)), nu_p
 
 
-def draws(losses: dict, paired: bool, n: int, seed: int) -> list[dict]:
-    """`n` bootstrap tables {level: {key: loss}}: seeds resampled together (paired: the same draw for every level,
-    a seed's runs stay together) or runs within each level (unpaired). Draw keys are positions, so a seed drawn
-    twice counts twice.
-
-    Paired draws are stratified by level: every level keeps as many runs as it has, from its own seeds. A level with
-    m of the K seeds takes the draw's first m slots; a slot holding a seed it has keeps it, a slot holding one it
-    lacks (the allocation adds seeds to some levels only) takes one of its own seeds instead, uniformly, so each of
-    its runs is drawn with probability 1/K + (K − m)/K · 1/m = 1/m, and levels with the same seeds take the same
-    replacements (they stay paired). A draw over all seeds alone lost whole levels (19 of 1,000 draws on pair A once
-    8 allocated runs made the seeds unequal) and drew the levels with fewer seeds with fewer runs. Where every level
-    has every seed this is the plain paired draw, unchanged."""
-    np = _np()
-    rng = np.random.default_rng(seed)
-    fill = np.random.default_rng([seed, 1])  # the replacements: a stream of their own, so balanced draws are unchanged
-    seeds = sorted({s for d in losses.values() for s in d})
-    owns = {lv: tuple(sorted(d)) for lv, d in losses.items()}  # each level's own seeds
-    out = []
-    for _ in range(n):
-        if paired:
-            pick = list(rng.choice(seeds, size=len(seeds), replace=True))
-            instead: dict = {}  # (the level's seeds, slot) -> its replacement, shared by levels with the same seeds
-            table = {}
-            for lv, d in losses.items():
-                own = owns[lv]
-                slots = []
-                for i, s in enumerate(pick[:len(own)]):
-                    if s not in d and (own, i) not in instead:
-                        instead[own, i] = own[int(fill.integers(len(own)))]
-                    slots.append(s if s in d else instead[own, i])
-                table[lv] = {i: d[s] for i, s in enumerate(slots)}
-            out.append(table)
-        else:
-            out.append({lv: dict(enumerate(rng.choice(list(d.values()), size=len(d), replace=True)))
-                        for lv, d in losses.items()})
-    return out
+def quantiles(v) -> list[float] | None:
+    v = np.asarray(v, dtype=float)
+    v = v[np.isfinite(v)]
+    return [float(np.quantile(v, (1 - LEVEL) / 2)), float(np.quantile(v, (1 + LEVEL) / 2))] if len(v) else None
 
 
 def expanded(point: float, interval: list[float] | None, groups: int, top: float) -> list[float] | None:
     """The percentile interval widened about the point by core/stats.expansion (few seeds: sqrt(n / (n − 1)) x t / z,
     2.17 at three seeds), on the log scale a dose lives on, so the low end stays above zero; the high end stays
     within the tested doses (`top`), as the BMD itself does."""
-    from ..core.stats import expansion
-
     if interval is None or point <= 0 or interval[0] <= 0:
         return interval
     e = expansion(groups, LEVEL)
@@ -268,151 +98,240 @@ def expanded(point: float, interval: list[float] | None, groups: int, top: float
     return [point * (interval[0] / point) ** e, min(point * (interval[1] / point) ** e, max(top, interval[1]))]
 
 
-def _quantiles(v) -> list[float] | None:
-    np = _np()
-    return [float(np.quantile(v, (1 - LEVEL) / 2)), float(np.quantile(v, (1 + LEVEL) / 2))] if len(v) else None
+def hormesis(y: np.ndarray, rows: list[int], alpha: float = HORMESIS_ALPHA) -> tuple[list[int], list[dict]]:
+    """The lowest rows (in dose order), in a row, whose seed-paired losses lie below zero by a one-sided t test at
+    `alpha` (fixed sequence: the first row that fails ends it), and each tested row's t and p."""
+    from scipy.stats import t as t_dist
 
-
-def _hormesis(losses: dict, levels: list[float], boot: list[dict]) -> list[float]:
-    """The lowest levels, in a row, whose loss interval (the bootstrap's) lies wholly below zero."""
-    np = _np()
-    beneficial = []
-    for lv in levels:
-        means = [float(np.mean(list(t[lv].values()))) for t in boot if lv in t]
-        if not (means and np.quantile(means, (1 + LEVEL) / 2) < 0):
+    beneficial, tests = [], []
+    for r in rows:
+        v = y[r][~np.isnan(y[r])]
+        if len(v) < 2:
             break
-        beneficial.append(lv)
-    return beneficial
+        sd = float(np.std(v, ddof=1))
+        t = float(np.mean(v)) / (sd / math.sqrt(len(v))) if sd > 0 else (-math.inf if np.mean(v) < 0 else math.inf)
+        p = float(t_dist.cdf(t, len(v) - 1))
+        tests.append({"row": r, "t": t, "p": p})
+        if p >= alpha:
+            break
+        beneficial.append(r)
+    return beneficial, tests
 
 
-def fit_ruler(losses: dict, levels: list[float], tolerance: float, boot: list[dict],
-              predict_at: dict[str, float] | None = None, groups: int | None = None) -> dict:
-    """One ruler's dose–response fit: `losses` {level: {seed: loss}} (0.0 the mismatch-free level), `levels` its
-    non-zero levels, `boot` the bootstrap tables (draws()); `predict_at` {name: mismatch} where to read the
-    averaged curve off (other sources' levels), with its bootstrap band and the paired difference to that level's
-    own loss when it has one; `groups` the seeds (or runs per level) the bootstrap resamples, for the small-sample
-    widening of the BMD's interval (expanded; None: the plain percentiles). Returns the ruler's record for
-    budget.json ("fits": False when no family fits)."""
-    np = _np()
-    levels = sorted(lv for lv in levels if lv > 0 and lv in losses)
-    out: dict = {"levels": levels, "fits": False}
-    if not levels:
+class _Fitted:
+    """Every family fitted to B tables of level means at scaled doses u, averaged; the BMDs at a tolerance."""
+
+    def __init__(self, u, means, w):
+        self.fits = fam.fit_all(u, means, w)
+        self.w = fam.weights(self.fits)
+
+    def bmd(self, tolerance: float):
+        return fam.benchmark_doses(self.fits, self.w, tolerance)
+
+    def curve(self, u):
+        return fam.averaged(self.fits, self.w, u)
+
+
+def _carrying_seeds(design: Design, fitted: list[int], bmd: float) -> int:
+    """The seeds of the levels that carry the BMD: the fitted levels on either side of it (the fewest of the two)."""
+    doses = design.doses[fitted]
+    counts = design.counts()[fitted]
+    below = [i for i, d in enumerate(doses) if d <= bmd]
+    above = [i for i, d in enumerate(doses) if d >= bmd]
+    near = ([max(below, key=lambda i: doses[i])] if below else []) + ([min(above, key=lambda i: doses[i])]
+                                                                       if above else [])
+    return int(min(counts[i] for i in near))
+
+
+def _quality_means(design: Design, loss: np.ndarray, response: str) -> np.ndarray:
+    """The level means of quality [L] that the losses `loss` [L − 1] of a design's levels imply against its twins'
+    mean (the inverse of design.response); the twins keep their own mean."""
+    q0 = float(np.mean(design.q[0]))
+    if response == "gain":
+        levels = q0 - loss * (q0 - design.start)
+    else:
+        levels = q0 - loss * abs(q0) if design.higher else q0 + loss * abs(q0)
+    return np.concatenate([[q0], levels])
+
+
+def _models(point: _Fitted, levels: int, nu: float, tolerance: float, scale: float) -> list[dict]:
+    """Each family's fit as budget.json records it: its parameters, the ones off their bounds, AIC, weight, the
+    lack-of-fit test and its own BMD."""
+    models = []
+    for m, f in enumerate(point.fits):
+        dof = levels - int(f.k_eff[0])
+        p = _p_value(float(f.chi2[0]), dof, nu)
+        alone = fam.benchmark_doses([f], np.ones((1, 1)), tolerance)[0][0]
+        models.append({"name": f.family.name, "formula": f.family.formula, "params": list(f.params()),
+                       "parameters_off_bounds": int(f.k_eff[0]), "aic": float(f.chi2[0] + 2 * f.k_eff[0]),
+                       "weight": float(point.w[0, m]), "chi2": float(f.chi2[0]), "dof": dof, "p": p,
+                       "fits": None if p is None else p >= FIT_P, "bmd": float(alone) * scale})
+    return models
+
+
+def control_sd(design: Design, response: str) -> float:
+    """One standard deviation of the mismatch-free runs' quality, on the response's scale."""
+    q0 = design.q[0]
+    sd = float(np.std(q0, ddof=1)) if len(q0) > 1 else 0.0
+    scale = abs(float(np.mean(q0)) - design.start) if response == "gain" else abs(float(np.mean(q0)))
+    return sd / scale if scale > 0 else math.nan
+
+
+def fit_ruler(design: Design, rows: list[int], tolerance: float, *, response: str = "gain", pairing: str = "auto",
+              n: int = 1000, seed: int = 0, predict: dict[str, int] | None = None) -> dict:
+    """One ruler's dose–response fit: `design` the objective's runs (twins in row 0), `rows` the ruler's levels (its
+    other rows: levels of other kinds, read against the curve by `predict` {name: row}), `n` draws per bootstrap.
+    Returns the ruler's record for budget.json ("fits": False when no family fits)."""
+    rows = sorted((r for r in rows if design.doses[r] > 0), key=lambda r: design.doses[r])
+    out: dict = {"levels": [float(design.doses[r]) for r in rows], "fits": False}
+    if not rows:
         return out
-    beneficial = _hormesis(losses, levels, boot)
-    out["hormesis"] = {"levels": beneficial, "supported": bool(beneficial),
-                       "note": ("loss interval wholly below zero at these levels: fitted above them" if beneficial
-                                else "no level's loss interval lies wholly below zero")}
-    fitted_levels = levels[len(beneficial):]
-    if not fitted_levels:
+    ruler = design.rows(rows)  # twins + this ruler's levels: the components and the parametric draws
+    comp = components(ruler) if ruler.q.shape[1] > 1 else None
+    if not design.paired:
+        pairing, why = "mean", "the twins' mean: the runs carry no seeds to pair by"
+    elif pairing == "auto":
+        pairing, why = choose_pairing(comp, ruler.q.shape[1]) if comp else ("seed", "one seed")
+    else:
+        why = "asked for"
+    y = losses(design, design.q, twins_of(design.q), response, pairing)
+    y_seed = y if not design.paired else losses(design, design.q, twins_of(design.q), response, "seed")
+    beneficial, tests = hormesis(y_seed, rows)
+    out["response"] = {"kind": response, "pairing": pairing, "pairing_reason": why}
+    if comp is not None:
+        out["components"] = {"seed": comp.seed, "twin": comp.twin, "run": comp.run, "df_seed": comp.df_seed,
+                             "df_twin": comp.df_twin, "df_run": comp.df_run, "twin_share": comp.twin_share(),
+                             "seed_share": comp.seed_share()}
+    out["hormesis"] = {"levels": [float(design.doses[r]) for r in beneficial], "supported": bool(beneficial),
+                       "test": f"one-sided t test of the seed-paired mean loss < 0, lowest level first, at "
+                               f"{HORMESIS_ALPHA:.0%} (fixed sequence)",
+                       "tests": [{"level": float(design.doses[t["row"]]), "t": t["t"], "p": t["p"]} for t in tests]}
+    fitted = rows[len(beneficial):]
+    if not fitted:
         return out
-    scale = max(fitted_levels)
-    u = np.array(fitted_levels) / scale
-    y, se, nu = _level_stats(losses, fitted_levels)
-    fits = _fit_all(u, y, se, nu)
-    if not fits:
+    scale = float(design.doses[fitted[-1]])
+    u = design.doses[fitted] / scale
+    mean, se, nu = level_stats(y[fitted])
+    w = 1 / se ** 2
+    point = _Fitted(u, mean[None], w)
+    if not point.fits:
         return out
-    weights = akaike_weights(fits)
-    bmd_u, reached = benchmark_dose(fits, weights, tolerance)
-    grid = np.unique(np.concatenate([np.geomspace(min(fitted_levels) / 4, scale, 60), fitted_levels]))
-    res = _resample(fits, fitted_levels, u, se, nu, tolerance, boot, grid / scale,
-                    {k: (x, x / scale) for k, x in (predict_at or {}).items()})
-    bmds = [b * scale for b in res["bmds"]]
-    curves = res["curves"]
+    bmd_u, reached = (float(x[0]) for x in point.bmd(tolerance))
+    reached = bool(reached)
+    models = _models(point, len(u), nu, tolerance, scale)
+    rng = np.random.default_rng(seed)
+    qb, twb = by_seed(design, n, rng)
+    seed_means = level_means(losses(design, qb, twb, response, pairing))  # [n, L]
+    seeded = _Fitted(u, seed_means[:, fitted], w)
+    ok = np.isfinite(seed_means[:, fitted]).all(axis=1)
+    par = None
+    if comp is not None:
+        sub = ruler.rows(range(len(beneficial) + 1, len(rows) + 1))  # twins + the fitted levels
+        qp = parametric(sub, _quality_means(sub, point.curve(u)[0], response), comp, n, rng)
+        par = _Fitted(u, level_means(losses(sub, qp, twins_of(qp), response, pairing))[:, 1:], w)
+    carrying = _carrying_seeds(design, fitted, bmd_u * scale)
+    bmd = bmd_u * scale
+    ints = _interval(seeded, par, ok, tolerance, bmd, carrying, scale)
     out.update({
-        "fits": ruler_fits(fits), "scale": float(scale), "fitted_levels": fitted_levels,
-        "bmd": float(bmd_u * scale), "percentile_interval": _quantiles(bmds), "above_range": not reached,
-        "interval": expanded(float(bmd_u * scale), _quantiles(bmds), groups, scale) if groups else _quantiles(bmds),
-        "bootstrap": len(bmds),
-        "models": [{"name": f.family, "formula": MODELS[f.family].formula, "params": list(f.params),
-                    "aic": f.aic, "weight": w, "chi2": f.chi2, "dof": f.dof, "p": f.p, "fits": f.fits,
-                    "bmd": benchmark_dose([f], [1.0], tolerance)[0] * scale} for f, w in zip(fits, weights)],
-        "fitted": {str(lv): float(averaged(fits, weights, lv / scale)) for lv in levels},
-        "curve": [{"mismatch": float(x), "loss": float(averaged(fits, weights, x / scale)),
-                   "band": _quantiles(curves[:, i]) if len(curves) else None} for i, x in enumerate(grid)],
+        "fits": ruler_fits(models), "scale": scale, "fitted_levels": [float(design.doses[r]) for r in fitted],
+        "bmd": bmd, "above_range": not reached, **ints,
+        "widening": {"factor": expansion(carrying, LEVEL), "seeds": carrying,
+                     "why": "the seeds of the fitted levels on either side of the BMD"},
+        "bootstrap": int(ok.sum()), "parametric_draws": n if par is not None else 0, "models": models,
+        "fitted": {str(float(design.doses[r])): float(point.curve([design.doses[r] / scale])[0, 0]) for r in rows},
     })
-    sims = _parametric(fits, weights, u, se, nu, tolerance, len(boot), seed=len(levels))
-    out["parametric_interval"] = _quantiles([x * scale for x in sims])
-    if out["interval"] and out["parametric_interval"]:  # the hull: the seed bootstrap alone is too narrow at 3-4 seeds
-        out["interval"] = [min(out["interval"][0], out["parametric_interval"][0]),
-                           max(out["interval"][1], out["parametric_interval"][1])]
     out["interval_censored"] = bool(out["interval"]) and out["interval"][1] >= scale * (1 - 1e-9)
-    out["draws"] = [b * scale for b in res["aligned"]]  # not written: fit.py pops it (bmd_ratio pairs two rulers)
-    if predict_at:
-        out["predictions"] = {name: _prediction(losses, x, float(averaged(fits, weights, x / scale)), scale,
-                                                res["predictions"][name], groups)
-                              for name, x in predict_at.items()}
+    out["other_responses"] = _other_responses(control_sd(design, response), point, seeded, par, ok, carrying, scale)
+    out["flags"] = _flags(out, design, fitted, mean, se, point, u, scale)
+    grid = np.unique(np.concatenate([np.geomspace(design.doses[fitted[0]] / 4, scale, 60), design.doses[fitted]]))
+    band = seeded.curve(grid / scale)[ok]
+    mid = point.curve(grid / scale)[0]
+    out["curve"] = [{"mismatch": float(x), "loss": float(mid[i]), "band": quantiles(band[:, i])}
+                    for i, x in enumerate(grid)]
+    if predict:
+        out["predictions"] = {name: _prediction(design, r, seed_means[ok], seeded, ok, point, scale, y)
+                              for name, r in predict.items()}
     return out
 
 
-def _resample(fits, fitted_levels, u, se, nu, tolerance, boot, grid_u, predict_u: dict) -> dict:
-    """Every bootstrap table refitted: its BMD (scaled; `aligned` keeps NaN where a draw could not be fitted, so two
-    rulers' draws pair up), the averaged curve on `grid_u`, and (predicted loss, the level's own loss) at each
-    `predict_u` (name -> (its mismatch, scaled))."""
-    np = _np()
-    starts = {f.family: list(f.params) for f in fits}
-    bmds, curves, aligned = [], [], []
-    predictions = {k: [] for k in predict_u}
-    for t in boot:
-        aligned.append(math.nan)
-        if not all(lv in t for lv in fitted_levels):
-            continue
-        fb = _fit_all(u, np.array([np.mean(list(t[lv].values())) for lv in fitted_levels]), se, nu, starts)
-        if not fb:
-            continue
-        wb = akaike_weights(fb)
-        bmds.append(benchmark_dose(fb, wb, tolerance)[0])
-        aligned[-1] = bmds[-1]
-        curves.append(averaged(fb, wb, grid_u))
-        for name, (x, xu) in predict_u.items():
-            own = t.get(x)
-            predictions[name].append((float(averaged(fb, wb, xu)),
-                                      float(np.mean(list(own.values()))) if own else math.nan))
-    return {"bmds": bmds, "aligned": aligned, "predictions": predictions,
-            "curves": np.array(curves) if curves else np.zeros((0, len(grid_u)))}
+def _other_responses(sd: float, point: _Fitted, seeded: _Fitted, par, ok, carrying: int, scale: float) -> dict:
+    """BMDs at 5 %, 10 % and one control SD (`sd`, on the response's scale) of the same curve, each with its interval
+    from the same two bootstraps."""
+    out = {}
+    for name, tol in [*((f"{t:g}", t) for t in OTHER_TOLERANCES), ("one control sd", sd)]:
+        if math.isfinite(tol) and tol > 0:
+            b, got = (float(x[0]) for x in point.bmd(tol))
+            i = _interval(seeded, par, ok, tol, b * scale, carrying, scale)
+            out[name] = {"tolerance": tol, "bmd": b * scale, "above_range": not bool(got), "interval": i["interval"],
+                         "low_from": i["low_from"], "high_from": i["high_from"],
+                         "interval_censored": bool(i["interval"]) and i["interval"][1] >= scale * (1 - 1e-9)}
+    return out
 
 
-def _prediction(losses: dict, x: float, predicted: float, scale: float, pairs: list, groups: int | None) -> dict:
-    """The noise ruler read at another source's level `x`: its predicted loss and interval, and measured − predicted
-    (paired by draw, widened about the point for few seeds as the BMD's interval is) with what it says."""
-    from ..core.stats import expansion
+def _interval(seeded: _Fitted, par: _Fitted | None, ok, tolerance: float, at: float, carrying: int,
+              scale: float) -> dict:
+    """The BMD's interval at `tolerance` about the point `at`: the seed bootstrap's percentiles widened for the
+    seeds carrying the BMD, the parametric bootstrap's, their hull, and which one set each end."""
+    pct = quantiles(seeded.bmd(tolerance)[0][ok] * scale)
+    widened = expanded(at, pct, carrying, scale)
+    p_int = quantiles(par.bmd(tolerance)[0] * scale) if par is not None else None
+    hull, low_from, high_from = widened, "seed bootstrap", "seed bootstrap"
+    if widened and p_int:
+        hull = [min(widened[0], p_int[0]), max(widened[1], p_int[1])]
+        low_from = "seed bootstrap" if widened[0] <= p_int[0] else "parametric bootstrap"
+        high_from = "seed bootstrap" if widened[1] >= p_int[1] else "parametric bootstrap"
+    elif p_int:
+        hull, low_from, high_from = p_int, "parametric bootstrap", "parametric bootstrap"
+    return {"percentile_interval": pct, "seed_interval": widened, "parametric_interval": p_int, "interval": hull,
+            "low_from": low_from, "high_from": high_from}
 
-    np = _np()
-    pairs = np.array(pairs) if pairs else np.zeros((0, 2))
-    diff = pairs[:, 1] - pairs[:, 0] if len(pairs) and np.isfinite(pairs[:, 1]).all() else []
-    di = _quantiles(diff)
-    if di is not None and groups and x in losses:
-        point = float(np.mean(list(losses[x].values()))) - predicted
-        e = expansion(groups, LEVEL)
-        di = [point - e * (point - di[0]), point + e * (di[1] - point)]
-    return {"mismatch": float(x), "predicted": predicted,
-            "predicted_interval": _quantiles(pairs[:, 0]) if len(pairs) else None,
-            "beyond_tested": bool(x > scale), "difference_interval": di,
-            "reading": (None if di is None else "as the ruler predicts" if di[0] <= 0 <= di[1]
-                        else "costs more than the ruler predicts" if di[0] > 0
+
+def _flags(out: dict, design: Design, fitted, mean, se, point, u, scale) -> dict:
+    """BMDS-style warnings: the scaled residual at the fitted level nearest the BMD, BMD / BMDL, a BMD far below
+    the lowest fitted dose."""
+    bmd = out["bmd"]
+    i = int(np.argmin(np.abs(np.log(design.doses[fitted] / max(bmd, 1e-300)))))
+    resid = float((mean[i] - point.curve([u[i]])[0, 0]) / se[i])
+    lo = (out["interval"] or [math.nan])[0]
+    ratio = bmd / lo if lo and lo > 0 else math.inf
+    warnings = []
+    if abs(resid) > 2:
+        warnings.append(f"the scaled residual at the level nearest the BMD is {resid:+.2f} (|r| > 2)")
+    if ratio > 3:
+        warnings.append(f"BMD / BMDL is {ratio:.3g} (> 3)")
+    if bmd < design.doses[fitted[0]] / 3:
+        warnings.append("the BMD lies below a third of the lowest fitted dose: extrapolated")
+    return {"nearest_level": float(design.doses[fitted[i]]), "scaled_residual": resid, "bmd_bmdl": ratio,
+            "warnings": warnings}
+
+
+def _prediction(design: Design, row: int, seed_means, seeded, ok, point, scale, y) -> dict:
+    """The ruler's curve read at another source's level: its predicted loss there, that level's measured loss (its
+    own interval, widened for its seeds), and measured − predicted paired by seed draw, with what it says."""
+    x = float(design.doses[row])
+    predicted = float(point.curve([x / scale])[0, 0])
+    pred_draws = seeded.curve([x / scale])[ok][:, 0]
+    own = seed_means[:, row]
+    k = int((~np.isnan(y[row])).sum())
+    e = expansion(k, LEVEL)
+    measured = float(np.nanmean(y[row]))
+    d = quantiles(own - pred_draws)
+    diff = None if d is None else [measured - predicted - e * (measured - predicted - d[0]),
+                                   measured - predicted + e * (d[1] - (measured - predicted))]
+    li = quantiles(own)
+    loss_interval = None if li is None else [measured - e * (measured - li[0]), measured + e * (li[1] - measured)]
+    return {"mismatch": x, "predicted": predicted, "predicted_interval": quantiles(pred_draws),
+            "measured": measured, "measured_interval": loss_interval, "seeds": k,
+            "beyond_tested": bool(x > scale), "difference_interval": diff,
+            "reading": (None if diff is None else "as the ruler predicts" if diff[0] <= 0 <= diff[1]
+                        else "costs more than the ruler predicts" if diff[0] > 0
                         else "costs less than the ruler predicts")}
 
 
-def _parametric(fits: list[Fit], weights: list[float], u, se, nu: float, tolerance: float, n: int,
-                seed: int = 0) -> list[float]:
-    """The parametric bootstrap's benchmark doses (scaled): level means drawn about the averaged curve with their
-    standard errors, the noise Student-t with the pooled variance's degrees of freedom (an estimated variance),
-    every family refitted and averaged again."""
-    np = _np()
-    rng = np.random.default_rng(seed)
-    mean = averaged(fits, weights, u)
-    starts = {f.family: list(f.params) for f in fits}
-    out = []
-    for _ in range(n):
-        noise = rng.standard_t(nu, size=len(u)) if nu > 0 else rng.standard_normal(len(u))
-        fb = _fit_all(u, mean + np.asarray(se) * noise, se, nu, starts)
-        if fb:
-            out.append(benchmark_dose(fb, akaike_weights(fb), tolerance)[0])
-    return out
+# -- where the next runs inform the BMD most ---------------------------------------------------------------------
 
-
-def _jacobian(family: Family, u, params, h: float = 1e-6):
+def _jacobian(family, u, params, h: float = 1e-6):
     """∂f/∂θ at the doses `u` (rows) by central differences, each step relative to its parameter."""
-    np = _np()
     u = np.atleast_1d(np.asarray(u, dtype=float))
     cols = []
     for i, t in enumerate(params):
@@ -423,19 +342,20 @@ def _jacobian(family: Family, u, params, h: float = 1e-6):
     return np.stack(cols, axis=1)
 
 
-def bmd_variance(fits: list[Fit], weights: list[float], u, information, bmd_u: float) -> float:
+def bmd_variance(fits, wts, u, information, bmd_u: float) -> float:
     """The delta method's variance of the benchmark dose (scaled) for a design: `information` the weight (runs /
     variance) of each scaled dose in `u`. Each family's var f̂(BMD) = gᵀ (JᵀWJ)⁻¹ g over its slope there squared,
     averaged with the Akaike weights (the spread between families does not change with the design)."""
-    np = _np()
     total = 0.0
-    for fit, a in zip(fits, weights):
-        fam = MODELS[fit.family]
-        J = _jacobian(fam, u, fit.params)
-        g = _jacobian(fam, [bmd_u], fit.params)[0]
-        step = 1e-6 * max(bmd_u, 1e-3)  # df/du at the BMD, by the same central difference as _jacobian's
-        slope = float((fam.f(np.asarray([bmd_u + step]), *fit.params) - fam.f(np.asarray([bmd_u - step]),
-                                                                             *fit.params))[0] / (2 * step))
+    for fit, a in zip(fits, wts):
+        if a <= 0:
+            continue
+        family, params = fit.family, fit.params()
+        J = _jacobian(family, u, params)
+        g = _jacobian(family, [bmd_u], params)[0]
+        step = 1e-6 * max(bmd_u, 1e-3)
+        slope = float((family.f(np.asarray([bmd_u + step]), *params) - family.f(np.asarray([bmd_u - step]),
+                                                                               *params))[0] / (2 * step))
         cov = np.linalg.pinv(J.T @ (np.asarray(information)[:, None] * J))
         total += a * float(g @ cov @ g) / max(slope * slope, 1e-300)
     return total
@@ -450,7 +370,12 @@ def binding(ruler: dict | None) -> tuple[str, str] | None:
     "parametric" when the parametric bootstrap's is; None without both intervals."""
     if not ruler or not ruler.get("interval") or not ruler.get("parametric_interval") or not ruler.get("bmd"):
         return None
-    (lo, hi), (plo, phi), b = ruler["interval"], ruler["parametric_interval"], ruler["bmd"]
+    (lo, hi), b = ruler["interval"], ruler["bmd"]
+    if "low_from" in ruler:
+        side = "low" if lo <= 0 or math.log(b / lo) >= math.log(hi / b) else "high"
+        part = ruler["low_from" if side == "low" else "high_from"]
+        return ("seed" if part.startswith("seed") else "parametric"), side
+    plo, phi = ruler["parametric_interval"]
     if lo <= 0 or math.log(b / lo) >= math.log(hi / b):
         return ("seed" if lo < plo else "parametric"), "low"
     return ("seed" if hi > phi else "parametric"), "high"
@@ -460,62 +385,63 @@ TAIL_DRAWS = 300  # the seed bootstrap's draws the allocation reads the tail off
 TAIL = 0.10  # the share of those draws, on the binding side, that make the tail
 
 
-def _tail_shifts(losses: dict, levels: list[float], fits, u, se, nu: float, tolerance: float, side: str):
-    """Per level, how many of its standard errors its resampled mean sits away, in the seed bootstrap's draws that
-    make the binding tail (the TAIL of draws with the lowest BMD for side "low", the highest for "high"), from
+def _tail_shifts(design: Design, fitted: list[int], u, w, tolerance: float, side: str, response: str,
+                 pairing: str, se):
+    """Per fitted level, how many of its standard errors its resampled mean sits away, in the seed bootstrap's draws
+    that make the binding tail (the TAIL of draws with the lowest BMD for side "low", the highest for "high"), from
     where it sits in the other draws; None when too few draws could be fitted."""
-    np = _np()
-    boot = draws({lv: d for lv, d in losses.items() if lv == 0 or lv in levels}, True, TAIL_DRAWS, seed=len(levels))
-    bmds = np.array(_resample(fits, levels, u, se, nu, tolerance, boot, u[:1], {})["aligned"])
-    ok = np.isfinite(bmds)
+    rng = np.random.default_rng(len(fitted))
+    qb, twb = by_seed(design, TAIL_DRAWS, rng)
+    means = level_means(losses(design, qb, twb, response, pairing))[:, fitted]
+    ok = np.isfinite(means).all(axis=1)
     if ok.sum() < 20:
         return None
-    means = np.array([[np.mean(list(t[lv].values())) for lv in levels] for t in boot])[ok]
-    cut = np.quantile(bmds[ok], TAIL if side == "low" else 1 - TAIL)
-    tail = bmds[ok] <= cut if side == "low" else bmds[ok] >= cut
+    means = means[ok]
+    bmds = _Fitted(u, means, w).bmd(tolerance)[0]
+    cut = np.quantile(bmds, TAIL if side == "low" else 1 - TAIL)
+    tail = bmds <= cut if side == "low" else bmds >= cut
     if tail.all() or not tail.any():
         return None
     return (means[tail].mean(axis=0) - means[~tail].mean(axis=0)) / np.asarray(se)
 
 
-def allocate(losses: dict, levels: list[float], tolerance: float, runs: int = 1,
-             bind: tuple[str, str] | None = None) -> list[dict]:
-    """Where the next `runs` runs inform the benchmark dose most: each one the tested level, or a new level at the
-    current BMD (when no tested level lies within NEW_LEVEL_FACTOR of it), whose added run most lowers the
-    delta-method variance of the BMD (bmd_variance), greedily: a c-optimal design for the BMD, the criterion
+def allocate(design: Design, rows: list[int], tolerance: float, runs: int = 1, bind: tuple[str, str] | None = None,
+             response: str = "gain", pairing: str = "seed") -> list[dict]:
+    """Where the next `runs` runs inform the benchmark dose most: each one a tested level (its next seed), or a new
+    level at the current BMD (when no tested level lies within NEW_LEVEL_FACTOR of it), whose added run most lowers
+    the delta-method variance of the BMD (bmd_variance), greedily: a c-optimal design for the BMD, the criterion
     toxicology uses to design benchmark-dose studies. Returns [{"mismatch", "new_level", "criterion", "share",
     "variance_before", "variance_after"}] (empty when the ruler cannot be fitted).
 
     When the seed bootstrap's end decides the interval (`bind` = binding(ruler) = ("seed", side)) and a tested level
-    lies at the BMD, the runs go where that tail comes from instead: the delta method sees one curve and the
-    parametric bootstrap draws about it, the seed bootstrap also redraws which curve, and a level whose three seeds
-    scatter can make a curve of another shape fit (on pair A, the draws with the lowest tenth of BMDs read the KL
-    0.50 level 3 standard errors higher than the rest did: a rise to a plateau). Each tested level's `share` is
-    its tail shift (_tail_shifts, in standard errors) squared × 1/(n + 1), the part of its variance one more run
-    removes, per run it costs (two when its next seed has no mismatch-free twin yet)."""
-    np = _np()
-    levels = sorted(lv for lv in levels if lv > 0 and lv in losses)
-    if not levels:
+    lies at the BMD, the runs go where that tail comes from instead: the delta method sees one curve, the seed
+    bootstrap also redraws which curve, and a level whose three seeds scatter can make a curve of another shape fit.
+    Each tested level's `share` is its tail shift (_tail_shifts, in standard errors) squared × 1/(n + 1), the part of
+    its variance one more run removes, per run it costs (two when its next seed has no mismatch-free twin yet)."""
+    rows = sorted((r for r in rows if design.doses[r] > 0), key=lambda r: design.doses[r])
+    if not rows:
         return []
-    scale = max(levels)
-    u = list(np.array(levels) / scale)
-    y, se, nu = _level_stats(losses, levels)
-    fits = _fit_all(np.array(u), y, se, nu)
-    if not fits:
+    scale = float(design.doses[rows[-1]])
+    u = list(design.doses[rows] / scale)
+    y = losses(design, design.q, twins_of(design.q), response, pairing)
+    mean, se, nu = level_stats(y[rows])
+    w = 1 / se ** 2
+    point = _Fitted(np.array(u), mean[None], w)
+    if not point.fits:
         return []
-    weights = akaike_weights(fits)
-    bmd_u, _ = benchmark_dose(fits, weights, tolerance)
-    counts = [len(losses[lv]) for lv in levels]
+    wts = list(point.w[0])
+    bmd_u = float(point.bmd(tolerance)[0][0])
+    counts = [int(c) for c in design.counts()[rows]]
     var_one = list(se ** 2 * np.array(counts))  # one run's variance at each level
     if bind and bind[0] == "seed" and any(max(x, bmd_u) <= NEW_LEVEL_FACTOR * min(x, bmd_u) for x in u):
-        shifts = _tail_shifts(losses, levels, fits, np.array(u), se, nu, tolerance, bind[1])
+        shifts = _tail_shifts(design, rows, np.array(u), w, tolerance, bind[1], response, pairing, se)
         if shifts is not None:
-            return _allocate_to_the_tail(losses, levels, shifts, counts, runs)
+            return _allocate_to_the_tail(design, rows, shifts, counts, runs)
     pooled = float(np.mean(var_one))
     info = [c / v for c, v in zip(counts, var_one)]
     out = []
     for _ in range(runs):
-        before = bmd_variance(fits, weights, u, info, bmd_u)
+        before = bmd_variance(point.fits, wts, u, info, bmd_u)
         options = [(i, None) for i in range(len(u))]
         if all(max(x, bmd_u) > NEW_LEVEL_FACTOR * min(x, bmd_u) for x in u):
             options.append((None, bmd_u))
@@ -527,7 +453,7 @@ def allocate(losses: dict, levels: list[float], tolerance: float, runs: int = 1,
             else:
                 uu.append(new)
                 ii.append(1 / pooled)
-            after = bmd_variance(fits, weights, uu, ii, bmd_u)
+            after = bmd_variance(point.fits, wts, uu, ii, bmd_u)
             if best is None or after < best[0]:
                 best = (after, i, new)
         after, i, new = best
@@ -543,19 +469,20 @@ def allocate(losses: dict, levels: list[float], tolerance: float, runs: int = 1,
     return out
 
 
-def _allocate_to_the_tail(losses: dict, levels: list[float], shifts, counts, runs: int) -> list[dict]:
+def _allocate_to_the_tail(design: Design, rows: list[int], shifts, counts, runs: int) -> list[dict]:
     """allocate()'s seed-bootstrap criterion, greedily over `runs`: the level whose next run takes the most of the
     tail's shift away per run it costs."""
-    twins = set(losses.get(0.0, {}))
+    seeds = list(design.seeds)
     counts, out = list(counts), []
     for _ in range(runs):
         shares = []
-        for i, lv in enumerate(levels):
-            added = counts[i] - len(losses[lv])  # runs this call already gave the level
-            nxt = [s for s in range(counts[i] + 1) if s not in losses[lv]][added]  # the seed its next run takes
-            shares.append(float(shifts[i]) ** 2 / (counts[i] + 1) / (1 if nxt in twins else 2))
-        i = max(range(len(levels)), key=lambda k: shares[k])
+        for i, r in enumerate(rows):
+            added = counts[i] - int(design.counts()[r])  # runs this call already gave the level
+            have = {seeds[s] for s in np.flatnonzero(design.present[r])}
+            nxt = [s for s in range(counts[i] + 1 + len(seeds)) if s not in have][added]  # the seed its next run takes
+            shares.append(float(shifts[i]) ** 2 / (counts[i] + 1) / (1 if nxt in seeds else 2))
+        i = max(range(len(rows)), key=lambda k: shares[k])
         counts[i] += 1
-        out.append({"mismatch": float(levels[i]), "new_level": False, "criterion": "seed bootstrap's tail",
+        out.append({"mismatch": float(design.doses[rows[i]]), "new_level": False, "criterion": "seed bootstrap's tail",
                     "share": shares[i], "variance_before": None, "variance_after": None})
     return out

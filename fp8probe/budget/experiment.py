@@ -67,7 +67,7 @@ class Experiment:
     max_added: int = 3
     max_runs: int = 0
     max_hours: float = 0.0
-    target_ratio: float = 3.0
+    response: str = "gain"  # what a level's loss is (design.RESPONSES)
     save_checkpoints: bool = False  # the mismatch-free runs keep their student at the first, middle and last step
 
     def to_json(self) -> dict:
@@ -93,8 +93,8 @@ def prepare(settings, train: TrainSettings) -> Experiment:
     """The Experiment from what a user asks for (CalibrateSettings): levels parsed, no level twice, objectives and
     training settings checked, every 10th prompt held out; before any output exists."""
     from ..model.prompts import TRAINING_PROMPTS
+    from ..model.pruning import pruned_every
     from ..model.rollouts import read_prompts
-    from .runs import pruned_every
 
     names = [parse_source(x).name for x in settings.levels]
     if len(set(names)) != len(names):
@@ -108,7 +108,7 @@ def prepare(settings, train: TrainSettings) -> Experiment:
     return Experiment(settings.teacher, settings.student, tuple(settings.levels), settings.seeds, train, tuple(tr),
                        tuple(held), tuple(dict.fromkeys(settings.objectives)), settings.tolerance, settings.quality,
                        settings.bracket, settings.max_added, settings.max_runs, settings.max_hours,
-                       settings.target_ratio, settings.save_checkpoints)
+                       settings.response, settings.save_checkpoints)
 
 
 def check_resume(out: Path, calibration: Experiment, resume: bool) -> None:
@@ -128,8 +128,9 @@ def check_resume(out: Path, calibration: Experiment, resume: bool) -> None:
     new = json.loads(json.dumps(calibration.to_json()))
     if isinstance(old.get("train"), dict):  # settings added since it was written held their defaults then
         old["train"] = {**json.loads(json.dumps(asdict(TrainSettings()))), **old["train"]}
-    for key in ("schema_version", "teacher", "student", "train", "train_prompts", "heldout_prompts", "tolerance",
-                "quality", "bracket", "max_added"):
+    old.setdefault("response", "relative")  # before budget.json 4 every loss was relative
+    for key in ("teacher", "student", "train", "train_prompts", "heldout_prompts", "tolerance", "quality", "bracket",
+                "max_added"):
         if old.get(key) != new.get(key):
             raise FP8ProbeError(f"{out} was calibrated with another {key.replace('_', ' ')}: resume with the same "
                                 "settings, or choose another `out`")
@@ -159,23 +160,152 @@ def _round(x: float) -> float:
     return float(f"{x:.3g}")
 
 
-class _Ladder:
-    """The runs of one calibration: trained or found finished, the adaptive levels, the progress bar."""
+class Ladder:
+    """One calibration's decisions, given how a run is made: every level of the ladder for an objective, the adaptive
+    levels, then the runs allocated where they narrow the benchmark dose most, with the stop rule. `run(objective,
+    level, seed)` returns a run's run.json (runs.py: trained, found finished, or synthetic in
+    benchmarks/budget_coverage.py), `dose(objective, level)` its level's dose (doses.py; None: the run-mean KL)."""
+
+    def __init__(self, calibration: Experiment, run, dose=None, bootstrap: int = BOOTSTRAP, on_more=None):
+        self.c, self._run, self._dose, self.bootstrap = calibration, run, dose, bootstrap
+        self.on_more = on_more or (lambda runs: None)  # told how many runs the ladder added (a progress bar)
+        self.levels = [parse_source(x) for x in calibration.levels]
+        self.results: dict[tuple, dict] = {}
+        self.spent: dict[str, dict] = {}  # per objective: the runs allocate() added
+
+    def run(self, objective: str, level: SourceSpec, seed: int) -> dict:
+        done = self._run(objective, level, seed)
+        self.results[(objective, level.name, seed)] = done
+        return done
+
+    def table(self, objective: str, pairs: list):
+        dose = None if self._dose is None else (lambda o, lv: self._dose(o, parse_source(lv))["dose"])
+        return runs_table([self.results[(objective, lv.name, s)] for lv, s in pairs], self.c.quality, dose)
+
+    def fit(self, df):
+        from .fit import fit_budget
+
+        return fit_budget(df, tolerance=self.c.tolerance, bootstrap=self.bootstrap, response=self.c.response)
+
+    def objective(self, objective: str):
+        """Every level of the ladder for one objective, then the adaptive levels, then the runs that narrow the
+        benchmark dose most (allocated); its runs table and budget."""
+        levels, added = list(self.levels), []
+        while True:
+            for lv in levels:
+                for seed in range(self.c.seeds):
+                    self.run(objective, lv, seed)
+            pairs = [(lv, s) for lv in levels for s in range(self.c.seeds)]
+            df = self.table(objective, pairs)
+            budget = self.fit(df)
+            nxt = next_level(budget, df, self.c.bracket)
+            if nxt is None or len(added) >= self.c.max_added or nxt.name in {lv.name for lv in levels}:
+                break
+            added.append(nxt.name)
+            levels.append(nxt)
+            self.on_more(self.c.seeds)
+        df, budget, spent = self.allocate(objective, pairs, df, budget)
+        self.spent[objective] = spent
+        return df, budget, added + [name for name in spent["levels"] if name not in added]
+
+    def allocate(self, objective: str, pairs: list, df, budget):
+        """Runs added where they narrow the benchmark dose's interval most (dose.allocate: a new noise level at the
+        current BMD, run with the ladder's seeds, or one more seed at a tested level, with its mismatch-free twin;
+        at the level the seed bootstrap's tail comes from when that end decides the interval), refitting after
+        each, until `max_runs` (or `max_hours`) is spent. The stop rule is the preset run budget alone: stopping when
+        the interval first looks narrow enough is optional stopping, and its intervals under-cover. The decisions
+        follow from the results alone, so a resumed calibration takes them again."""
+        import time
+
+        from .dose import allocate, binding
+        from .fit import ruler_design
+
+        spent = {"runs": 0, "levels": [], "seeds": [], "hours": 0.0,
+                 "stop_rule": "the preset run budget (max_runs, max_hours): never the interval's width"}
+        start = time.time()
+        while self.c.max_runs and spent["runs"] < self.c.max_runs:
+            if self.c.max_hours and (time.time() - start) / 3600 >= self.c.max_hours:
+                spent["stopped"] = "max_hours"
+                break
+            fitted = (budget.dose_response or {}).get("rulers", {}).get("noise")
+            design, rows, pairing = ruler_design(df, fitted)
+            step = allocate(design, rows, self.c.tolerance, runs=1, bind=binding(fitted), response=self.c.response,
+                            pairing=pairing)
+            if not step:
+                spent["stopped"] = "no fit to allocate from"
+                break
+            todo = self._next_runs(pairs, df, step[0])
+            left = self.c.max_runs - spent["runs"]
+            if len(todo) > left:  # a new level takes the seeds the cap allows; a twin is not run without its level
+                todo = todo[:left] if step[0]["new_level"] else []
+                if not todo:
+                    spent["stopped"] = "max_runs"
+                    break
+            for lv, seed in todo:
+                self.run(objective, lv, seed)
+                pairs.append((lv, seed))
+                spent["runs"] += 1
+            self.on_more(len(todo))
+            if not todo:
+                spent["stopped"] = "nothing left to run at the allocated level"
+                break
+            if step[0]["new_level"]:
+                spent["levels"].append(todo[-1][0].name)
+            spent["seeds"].append({"level": todo[-1][0].name, "seeds": [s for lv, s in todo if lv.kind != "none"]})
+            df = self.table(objective, pairs)
+            budget = self.fit(df)
+        else:
+            if self.c.max_runs:
+                spent["stopped"] = "max_runs"
+        spent["hours"] = (time.time() - start) / 3600
+        return df, budget, spent
+
+    def _next_runs(self, pairs: list, df, step: dict) -> list:
+        """The (level, seed) runs one allocation step asks for: a new noise level (σ read off the tested levels'
+        dose, log-log) with the ladder's seeds, or the next seed at a tested level, its mismatch-free twin first when
+        that seed has none."""
+        noise = df[df["kind"] == "noise"].groupby("value")["mismatch"].mean().sort_index()
+        if step["new_level"]:
+            level = SourceSpec("noise", _round(sigma_for(noise, step["mismatch"])))
+            done = {s for lv, s in pairs if lv.name == level.name}
+            return [(level, s) for s in range(self.c.seeds) if s not in done]
+        level = next(lv for lv, _ in pairs if lv.kind == "noise" and
+                     abs(float(noise.get(lv.value, -1)) - step["mismatch"]) <= 1e-9 * max(1.0, step["mismatch"]))
+        seeds = {s for lv, s in pairs if lv.name == level.name}
+        seed = next(s for s in range(10 ** 6) if s not in seeds)
+        twin = next(lv for lv, _ in pairs if lv.kind == "none")
+        has_twin = any(lv.name == twin.name and s == seed for lv, s in pairs)
+        return ([] if has_twin else [(twin, seed)]) + [(level, seed)]
+
+
+class _Trainer:
+    """The runs of a calibration trained for real: the pair loaded once, each run trained or found finished on disk,
+    each level's dose measured once (doses.py), the progress bar."""
 
     def __init__(self, calibration: Experiment, out: Path, device: str, progress: bool, log):
         from tqdm.auto import tqdm
 
+        from .doses import Doses
+        from .runs import after_steps
+
         self.c, self.out, self.device, self.log = calibration, out, device, log
         self.teacher, self.initial = load_pair(calibration.teacher, calibration.student, device)
-        self.levels = [parse_source(x) for x in calibration.levels]
-        for lv in self.levels:  # a level the student cannot take is refused before any run starts
+        levels = [parse_source(x) for x in calibration.levels]
+        for lv in levels:  # a level the student cannot take is refused before any run starts
             lv.rollout(self.initial, 0)
-        todo = [(o, lv, s) for o in calibration.objectives for lv in self.levels for s in range(calibration.seeds)]
+        todo = [(o, lv, s) for o in calibration.objectives for lv in levels for s in range(calibration.seeds)]
         self.bar = tqdm(total=sum(calibration.train.steps for o, lv, s in todo if finished(out, o, lv, s) is None),
                         desc="calibrate", unit="step", disable=not progress)
-        self.spent: dict[str, dict] = {}  # per objective: the runs allocate() added
+        self.doses = Doses(self.initial, out / "doses.json",
+                           lambda o, seed, k: after_steps(self.teacher, self.initial, o, seed, calibration, k, device))
         self.start = None  # the held-out evaluation before training: one student, one seed, the same for every run
-        self.results: dict[tuple, dict] = {}
+
+    def more(self, runs: int) -> None:
+        self.bar.total += self.c.train.steps * runs
+        self.bar.refresh()
+
+    def dose(self, objective: str, level: SourceSpec) -> dict:
+        return self.doses.dose(objective, level)
 
     def run(self, objective: str, level: SourceSpec, seed: int) -> dict:
         done = finished(self.out, objective, level, seed)
@@ -198,106 +328,7 @@ class _Ladder:
                 self.log(f"{objective} level {level.name} seed {seed}: mismatch {done['mismatch']['kl_q_p']:.4g}, "
                          f"held-out reverse KL {done['quality_start']['reverse_kl']:.4f} -> {q['final']:.4f} "
                          f"(mean along training {q['auc']:.4f}; {done['seconds']:.0f} s)")
-        self.results[(objective, level.name, seed)] = done
         return done
-
-    def objective(self, objective: str):
-        """Every level of the ladder for one objective, then the adaptive levels, then the runs that narrow the
-        benchmark dose most (allocated); its runs table and budget."""
-        from .fit import fit_budget
-
-        levels, added = list(self.levels), []
-        pairs = []
-        while True:
-            for lv in levels:
-                for seed in range(self.c.seeds):
-                    self.run(objective, lv, seed)
-            pairs = [(lv, s) for lv in levels for s in range(self.c.seeds)]
-            df = runs_table([self.results[(objective, lv.name, s)] for lv, s in pairs], self.c.quality)
-            budget = fit_budget(df, tolerance=self.c.tolerance, bootstrap=BOOTSTRAP)
-            nxt = next_level(budget, df, self.c.bracket)
-            if nxt is None or len(added) >= self.c.max_added or nxt.name in {lv.name for lv in levels}:
-                break
-            added.append(nxt.name)
-            levels.append(nxt)
-            self.bar.total += self.c.train.steps * self.c.seeds
-            self.bar.refresh()
-        df, budget, spent = self.allocate(objective, pairs, df, budget)
-        self.spent[objective] = spent
-        return df, budget, added + [name for name in spent["levels"] if name not in added]
-
-    def allocate(self, objective: str, pairs: list, df, budget):
-        """Runs added where they narrow the benchmark dose's interval most (dose.allocate: a new noise level at the
-        current BMD, run with the ladder's seeds, or one more seed at a tested level, with its mismatch-free twin;
-        at the level the seed bootstrap's tail comes from when that end decides the interval),
-        refitting after each, until the interval is `target_ratio` narrow or `max_runs` / `max_hours` is spent.
-        The decisions follow from the results alone, so a resumed calibration takes them again."""
-        import time
-
-        from .dose import allocate, binding
-        from .fit import fit_budget, paired_losses, ruler_levels
-
-        spent = {"runs": 0, "levels": [], "seeds": [], "hours": 0.0}
-        start = time.time()
-        while self.c.max_runs and spent["runs"] < self.c.max_runs:
-            if self.c.max_hours and (time.time() - start) / 3600 >= self.c.max_hours:
-                spent["stopped"] = "max_hours"
-                break
-            lo, hi = budget.interval or (0.0, math.inf)
-            if budget.method == "benchmark dose" and lo > 0 and hi / lo <= self.c.target_ratio:
-                spent["stopped"] = "target_ratio"
-                break
-            ruler = sorted(lv for lv in ruler_levels(df) if lv > 0)
-            higher = str(df["higher_is_better"].iloc[0]).lower() in ("true", "1")
-            fitted = (budget.dose_response or {}).get("rulers", {}).get("noise")
-            step = allocate(paired_losses(df, higher, True), ruler, self.c.tolerance, runs=1, bind=binding(fitted))
-            if not step:
-                spent["stopped"] = "no fit to allocate from"
-                break
-            todo = self._next_runs(pairs, df, step[0])
-            left = self.c.max_runs - spent["runs"]
-            if len(todo) > left:  # a new level takes the seeds the cap allows; a twin is not run without its level
-                todo = todo[:left] if step[0]["new_level"] else []
-                if not todo:
-                    spent["stopped"] = "max_runs"
-                    break
-            for lv, seed in todo:
-                self.run(objective, lv, seed)
-                pairs.append((lv, seed))
-                spent["runs"] += 1
-                self.bar.total += self.c.train.steps
-            if not todo:
-                spent["stopped"] = "nothing left to run at the allocated level"
-                break
-            if step[0]["new_level"]:
-                spent["levels"].append(todo[-1][0].name)
-            spent["seeds"].append({"level": todo[-1][0].name, "seeds": [s for lv, s in todo if lv.kind != "none"]})
-            df = runs_table([self.results[(objective, lv.name, s)] for lv, s in pairs], self.c.quality)
-            budget = fit_budget(df, tolerance=self.c.tolerance, bootstrap=BOOTSTRAP)
-        else:
-            if self.c.max_runs:
-                spent["stopped"] = "max_runs"
-        spent["hours"] = (time.time() - start) / 3600
-        return df, budget, spent
-
-    def _next_runs(self, pairs: list, df, step: dict) -> list:
-        """The (level, seed) runs one allocation step asks for: a new noise level (σ read off the tested levels'
-        measured mismatch, log-log) with the ladder's seeds, or the next seed at a tested level, its mismatch-free
-        twin first when that seed has none."""
-        from ..sources.sources import SourceSpec
-
-        noise = df[df["kind"] == "noise"].groupby("value")["mismatch"].mean().sort_index()
-        if step["new_level"]:
-            level = SourceSpec("noise", _round(sigma_for(noise, step["mismatch"])))
-            done = {s for lv, s in pairs if lv.name == level.name}
-            return [(level, s) for s in range(self.c.seeds) if s not in done]
-        level = next(lv for lv, _ in pairs if lv.kind == "noise" and
-                     abs(float(noise.get(lv.value, -1)) - step["mismatch"]) <= 1e-9 * max(1.0, step["mismatch"]))
-        seeds = {s for lv, s in pairs if lv.name == level.name}
-        seed = next(s for s in range(10 ** 6) if s not in seeds)
-        twin = next(lv for lv, _ in pairs if lv.kind == "none")
-        has_twin = any(lv.name == twin.name and s == seed for lv, s in pairs)
-        return ([] if has_twin else [(twin, seed)]) + [(level, seed)]
 
 
 def sigma_for(noise, mismatch: float) -> float:
@@ -315,30 +346,41 @@ def sigma_for(noise, mismatch: float) -> float:
 
 def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress: bool = True, marks=(),
               log=None) -> dict:
-    """Every objective's ladder (finished runs kept), then runs.csv, the budgets and calibration.png."""
+    """Every objective's ladder (finished runs kept), then runs.csv, the budgets (each naming its student, teacher,
+    objective and dose) and calibration.png."""
+    from dataclasses import replace
+
     import pandas as pd
 
     from ..core.files import atomic_write_json, atomic_write_text
-    from .fit import bmd_ratio, fit_budget
+    from ..model.identity import identity
+    from .doses import HOW, mapping
+    from .fit import budget_ratio
 
-    ladder = _Ladder(calibration, out, device, progress, log)
+    trainer = _Trainer(calibration, out, device, progress, log)
+    ladder = Ladder(calibration, trainer.run, trainer.dose, on_more=trainer.more)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / PARTIAL, calibration.to_json())
+    student, teacher = identity(trainer.initial), identity(trainer.teacher)
+    if calibration.teacher is not None and student["name"].startswith("pruned"):
+        student["name"] = f"{student['name']} of {calibration.teacher}"
     tables, budgets, added = [], {}, {}
     for objective in calibration.objectives:
-        df, budget, added[objective] = ladder.objective(objective)
-        source = f"fp8probe calibrate ({objective}): {len(df)} runs in {out}"
-        budgets[objective] = type(budget)(**{**budget.__dict__, "source": source})
+        df, budgets[objective], added[objective] = ladder.objective(objective)
         tables.append(df)
-    ladder.bar.close()
+    trainer.bar.close()
     kept = _kept_objectives(out, calibration)
     for objective, (table, extra) in kept.items():  # a resume of fewer objectives keeps the others' runs
-        b = fit_budget(table, tolerance=calibration.tolerance, bootstrap=BOOTSTRAP)
-        budgets[objective] = type(b)(**{**b.__dict__, "source": f"fp8probe calibrate ({objective}): {len(table)} "
-                                                                   f"runs in {out}"})
+        table = table.assign(mismatch=[trainer.dose(o, parse_source(lv))["dose"]
+                                       for o, lv in zip(table["objective"], table["level"])])
+        budgets[objective] = ladder.fit(table)
         tables.append(table)
         added[objective] = extra.get("added_levels", [])
         ladder.spent.setdefault(objective, extra.get("allocated", {}))
+    for objective, b in budgets.items():
+        n = sum(len(t[t["objective"] == objective]) for t in tables)
+        budgets[objective] = replace(b, source=f"fp8probe calibrate ({objective}): {n} runs in {out}",
+                                     objective=objective, student=student, teacher=teacher, dose=HOW)
     df = pd.concat(tables, ignore_index=True)
     atomic_write_text(out / "runs.csv", df.to_csv(index=False))
     for i, (objective, b) in enumerate(budgets.items()):
@@ -351,12 +393,26 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
     calibration_plot(df, out / "calibration.png", budgets=budgets, marks=read_marks(marks), quality=QUALITY_NAME,
                      curves=curves)
     objectives = list(budgets)
-    ratios = [bmd_ratio(df, objectives[0], o, calibration.tolerance, BOOTSTRAP) for o in objectives[1:]]
+    first = budgets[objectives[0]]
+    ratios = [{**budget_ratio(first, budgets[o]), **sigma_ratio(df, first, budgets[o])} for o in objectives[1:]]
     atomic_write_json(out / "calibrate.json", {**calibration.to_json(), "objectives": objectives,
                                                 "added_levels": added, "allocated": ladder.spent, "ratios": ratios,
-                                                "kept_objectives": sorted(kept)})
+                                                "kept_objectives": sorted(kept), "dose": HOW,
+                                                "dose_mapping": mapping(df)})
     (out / PARTIAL).unlink()
     return {"runs": df, "budgets": budgets, "added": added, "allocated": ladder.spent, "ratios": ratios}
+
+
+def sigma_ratio(df, a, b) -> dict:
+    """The two budgets' ratio on the noise ruler's σ: each BMD's σ read off that objective's tested noise levels
+    (log-log, sigma_for), their ratio (the dose grows about as σ², so this is about the square root of the doses')."""
+    out = {}
+    for key, x in (("a", a), ("b", b)):
+        noise = df[(df["objective"] == x.objective) & (df["kind"] == "noise")].groupby("value")["mismatch"].mean()
+        if x.method != "benchmark dose" or noise.empty:
+            return {"sigma_ratio": None}
+        out[key] = sigma_for(noise.sort_index(), x.value)
+    return {"sigma": {a.objective: out["a"], b.objective: out["b"]}, "sigma_ratio": out["a"] / out["b"]}
 
 
 def _kept_objectives(out: Path, calibration: Experiment) -> dict:
@@ -369,6 +425,9 @@ def _kept_objectives(out: Path, calibration: Experiment) -> dict:
     if not runs.exists():
         return {}
     old = pd.read_csv(runs, dtype={"level": str})
+    if "mismatch_run_mean" not in old.columns:  # runs.csv before doses.py: its `mismatch` was the run-mean KL
+        old.insert(old.columns.get_loc("mismatch") + 1, "mismatch_run_mean",
+                   old.groupby(["objective", "level"])["mismatch_run"].transform("mean"))
     info = {}
     for name in ("calibrate.json", PARTIAL):
         if (out / name).exists():

@@ -2,16 +2,18 @@
 
     fp8probe budget RUNS.csv --out DIR [--tolerance 0.02] [--objective opd]
 
-RUNS.csv has one row per training run: `mismatch` (the run's rollout mismatch on one of our metrics, 0 for
-mismatch-free runs), `quality` (its quality), and optionally `metric` (which metric `mismatch` is; one value for
-the whole table, default kl_q_p), `seed`, `objective` (pick one with `objective` when there are several) and
-`higher_is_better` (the quality's direction, default true).
+RUNS.csv has one row per training run: `mismatch` (the dose: the run's rollout mismatch on one of our metrics, 0
+for mismatch-free runs), `quality` (its quality), `quality_start` (the quality before training, the same for every
+run: the gain response needs it), and optionally `metric` (which metric `mismatch` is; one value for the whole
+table, default kl_q_p), `seed`, `objective` (pick one with `objective` when there are several),
+`higher_is_better` (the quality's direction, default true) and `kind` / `level` (which source a level is).
 
-Paired design (when every run has a seed and every seed has its mismatch-free twin, as `fp8probe calibrate`
-runs them: the same seeds for data order, generation and evaluation): a run's quality loss is its relative
-shortfall against *its own seed's* mismatch-free run, so what the seeds do alike cancels; the interval comes from
-a paired bootstrap that resamples seeds, one draw for every level. Otherwise (unpaired) a run's loss is its
-shortfall against the mean of the mismatch-free runs, and runs are resampled within each level.
+The response (design.py) is the share of the training gain a run lost against its mismatch-free twin, (q_twin − q)
+/ (q_twin − q_start); `response="relative"` takes budget.json 3's relative shortfall instead. With seeds whose
+every seed has its mismatch-free twin (as `fp8probe calibrate` runs them) the design is paired: the seed is a random
+effect, its runs resampled together, and the baseline is each seed's own twin or the twins' mean, whichever the
+estimated variance components say is steadier (both recorded). Otherwise (unpaired) a run's loss is against the
+mean of the mismatch-free runs, and runs are resampled within each level.
 
 The budget is a benchmark dose (budget/dose.py): monotone dose–response families (linear, power, exponential,
 Hill; zero loss at zero mismatch) fitted to every level's mean loss, each weighted by its own spread, averaged with
@@ -39,6 +41,7 @@ from pathlib import Path
 from ..core.artifacts import read_artifact, version
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
+from .design import RESPONSES
 
 SCHEMA_VERSION = version("budget.json")
 
@@ -61,6 +64,14 @@ class Budget:
     other_levels: list | None = None  # levels of other sources (stale:K, fp8, kv): their loss, not fitted
     method: str = "isotonic"  # "benchmark dose" (dose.py's averaged curve) or "isotonic" (no family fits; schema <3)
     dose_response: dict | None = None  # per ruler: families, fits, the BMD and its interval, the curve; predictions
+    response: str = "relative"  # what a level's loss is (design.RESPONSES); budget.json < 4: relative
+    censored: bool = False  # the BMD lies beyond the highest tested dose: the value is only "> value"
+    interval_censored: bool = False  # the interval's upper end is the highest tested dose: "> its upper end"
+    objective: str | None = None  # the training objective the runs trained (calibrate's, or the table's)
+    student: dict | None = None  # the student the budget was calibrated on: name, sha256 (model/identity.py)
+    teacher: dict | None = None  # ... and its teacher
+    dose: str | None = None  # what the dose is: how `mismatch` was measured
+    kinds: dict | None = None  # per kind of source run as a calibration level: its own measured loss and reading
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -73,15 +84,43 @@ class Budget:
 
     def for_kind(self, kind: str) -> Budget:
         """The budget a configuration of this kind of mismatch is judged against: the kind's own dose–response
-        curve where the calibration fitted one (stale weights: the demo's stale:1 cost 7 % at a KL where noise
-        cost 1 %), else this (the noise ruler's)."""
+        curve where the calibration fitted one that fits (stale weights: the demo's stale:1 cost 7 % at a KL where
+        noise cost 1 %), else this (the noise ruler's)."""
         from dataclasses import replace
 
         r = ((self.dose_response or {}).get("rulers") or {}).get(kind)
-        if self.method != "benchmark dose" or not r or "bmd" not in r or r.get("fits") is False:
+        if self.method != "benchmark dose" or not r or "bmd" not in r or r.get("fits") is not True:
             return self
         return replace(self, value=float(r["bmd"]), interval=tuple(r["interval"]) if r.get("interval") else None,
-                       source=f"{self.source} ({kind} ruler)")
+                       source=f"{self.source} ({kind} ruler)", censored=bool(r.get("above_range")),
+                       interval_censored=bool(r.get("interval_censored")))
+
+
+OTHER_STUDENT = "other_student"  # the setting (--other-student) that judges a student against another's budget
+
+
+def check_student(budget: Budget, student, override: bool = False) -> str | None:
+    """Refuse, in one line, to judge `student` against a budget calibrated on another one (budget.json records its
+    student's content hash: model/identity.py); with `override`, judge it anyway and return the note every output
+    of the verdict carries. A budget that records no student (budget.json < 4, a number, a table fitted without
+    `student`) returns a note saying so."""
+    from ..model.identity import SHORT, content_hash
+
+    if not budget.calibrated:
+        return None
+    if not budget.student:
+        return ("the budget does not record the student it was calibrated on (budget.json < 4, or `fp8probe budget` "
+                "without `student`): it may belong to another")
+    mine = content_hash(student.model)
+    theirs = budget.student["sha256"]
+    if mine == theirs:
+        return None
+    which = (f"{budget.source} was calibrated on {budget.student['name']} (sha256 {theirs[:SHORT]}), not on "
+             f"{student.name} (sha256 {mine[:SHORT]})")
+    if not override:
+        raise FP8ProbeError(f"{which}: check that student's configurations (MODEL {budget.student['name']}), or pass "
+                            f"`{OTHER_STUDENT}` to judge this one against it anyway (the verdict will say so)")
+    return f"judged against another student's budget ({which}; `{OTHER_STUDENT}` given)"
 
 
 def default_budget() -> Budget:
@@ -90,7 +129,8 @@ def default_budget() -> Budget:
 
 
 def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
-    """A budget from the command line: a number (on `metric`), or a budget.json written by `fp8probe budget`."""
+    """A budget from the command line: a number (on `metric`), or a budget.json written by `fp8probe budget` or
+    `calibrate` (versions 1-3 read too: relative responses, no student recorded)."""
     try:
         value = float(text)
     except ValueError:
@@ -103,10 +143,14 @@ def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
     d = read_artifact("budget.json", p, "write it with `fp8probe budget`")
     try:
         interval = tuple(d["interval"]) if d.get("interval") is not None else None
+        noise = ((d.get("dose_response") or {}).get("rulers") or {}).get("noise") or {}
         return Budget(d["metric"], d["value"], bool(d.get("calibrated", False)), str(d.get("source", text)),
                       interval, d.get("tolerance"), d.get("runs"), bool(d.get("paired", False)), d.get("levels"),
                       d.get("seed_spread"), d.get("other_levels"), str(d.get("method", "isotonic")),
-                      d.get("dose_response"))
+                      d.get("dose_response"), str(d.get("response", "relative")),
+                      bool(d.get("censored", noise.get("above_range", False))),
+                      bool(d.get("interval_censored", noise.get("interval_censored", False))), d.get("objective"),
+                      d.get("student"), d.get("teacher"), d.get("dose"), d.get("kinds"))
     except KeyError as e:
         raise FP8ProbeError(f"{text} lacks {e}; write it with `fp8probe budget`") from e
 
@@ -127,20 +171,6 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     return [m for m, _, n in blocks for _ in range(n)]
 
 
-def paired_losses(df, higher: bool, paired: bool) -> dict[float, dict]:
-    """mismatch level -> {seed: relative quality loss}: against the same seed's mismatch-free run (paired), or
-    against the mean of every mismatch-free run (unpaired; the rows are numbered instead of seeded)."""
-    clean = df[df["mismatch"] == 0]
-    base_all = float(clean["quality"].mean())
-    base = dict(zip(clean["seed"], clean["quality"])) if paired else {}
-    out: dict[float, dict] = {}
-    for i, r in enumerate(df.itertuples(index=False)):
-        b = base[r.seed] if paired else base_all
-        loss = ((b - r.quality) if higher else (r.quality - b)) / abs(b)
-        out.setdefault(float(r.mismatch), {})[r.seed if paired else i] = loss
-    return out
-
-
 def _threshold(levels: list[float], means: dict[float, float], weights: dict[float, int],
                tolerance: float) -> tuple[float, list[float]]:
     """The largest level whose isotonic (non-decreasing) fit of the mean loss stays within the tolerance, and the
@@ -153,10 +183,15 @@ def _threshold(levels: list[float], means: dict[float, float], weights: dict[flo
 
 def _is_paired(df) -> bool:
     """Every run has a seed, each seed runs once per level, and every seed of a level has its mismatch-free twin."""
-    if "seed" not in df.columns or df["seed"].isna().any() or df.duplicated(["mismatch", "seed"]).any():
+    if "seed" not in df.columns or df["seed"].isna().any() or df.duplicated(["_level", "seed"]).any():
         return False
     clean = set(df[df["mismatch"] == 0]["seed"])
     return len(clean) >= 2 and set(df["seed"]) <= clean
+
+
+def _where(runs) -> str:
+    """How an error line names the runs: the file, or "the runs table" for a DataFrame."""
+    return str(runs) if isinstance(runs, (str, Path)) else "the runs table"
 
 
 def _read_runs(runs, where: str):
@@ -168,7 +203,7 @@ def _read_runs(runs, where: str):
         if not p.is_file():
             raise FP8ProbeError(f"no such runs table: {runs}")
         try:
-            runs = pd.read_csv(p)
+            runs = pd.read_csv(p, dtype={"level": str})
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise FP8ProbeError(f"{where} is not a readable CSV ({str(e).splitlines()[0]})") from e
     missing = {"mismatch", "quality"} - set(runs.columns)
@@ -182,6 +217,11 @@ def _read_runs(runs, where: str):
             raise FP8ProbeError(f"{where}: column {c!r} must hold finite numbers on every row")
     if (df["mismatch"] < 0).any():
         raise FP8ProbeError(f"{where}: a mismatch level below 0; every metric is 0 without mismatch")
+    kind = df["kind"].astype(str) if "kind" in df.columns else pd.Series(["noise"] * len(df), index=df.index)
+    kind = kind.where(df["mismatch"] != 0, "none")
+    name = df["level"].astype(str) if "level" in df.columns else df["mismatch"].map(lambda x: f"{x:g}")
+    df["_kind"] = kind
+    df["_level"] = [("0" if k == "none" else f"{k}|{n}") for k, n in zip(kind, name)]
     return df
 
 
@@ -194,22 +234,56 @@ def _one_value(df, column: str, where: str, default, what: str):
     return names.pop()
 
 
+START_SPREAD = 1e-3  # quality_start may differ this much (relative) between runs: one evaluation, other arithmetic
 FITS = ("dose", "isotonic")  # how the budget is read off the runs: the benchmark dose, or the isotonic fit alone
+RULER_KINDS = ("stale",)  # kinds of level that get a dose–response curve of their own beside the noise ruler
+FITTED_KINDS = ("none", "noise")  # the ruler: a budget is read off random weight noise; other sources are shown beside
 
 
-def fit_budget(runs, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000, seed: int = 0,
-               paired: bool | None = None, objective: str | None = None, fit: str = "dose") -> Budget:
-    """The calibrated budget from a runs table (a pandas DataFrame or a CSV path); see the module docstring.
-    `paired`: None decides from the table (_is_paired); `objective` picks one objective of a table with several;
-    `fit` "dose" reads the benchmark dose (the isotonic fit where no family fits), "isotonic" the isotonic fit only."""
+def design_of(df, higher: bool, paired: bool):
+    """The runs table (one objective, read by _read_runs) as a design.Design: row 0 the mismatch-free twins, then
+    one row per level (its kind and name), the seeds as columns (paired) or the runs numbered (unpaired); and per
+    row its kind and name."""
     import numpy as np
 
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise FP8ProbeError(f"`tolerance` {tolerance}: must be a finite, non-negative fraction")
-    if fit not in FITS:
-        raise FP8ProbeError(f"`fit` {fit}: one of {', '.join(FITS)}")
-    where = str(runs)
-    df = _read_runs(runs, where)
+    from .design import Design
+
+    def dose(lv) -> float:  # a level's runs share one dose (calibrate); a table may give each run its own
+        x = df[df["_level"] == lv]["mismatch"]
+        return float(x.iloc[0]) if x.nunique() == 1 else float(x.mean())
+
+    levels = sorted(set(df["_level"]) - {"0"}, key=lambda lv: (dose(lv), lv))
+    order = ["0"] + levels
+    if paired:
+        seeds = tuple(sorted(set(df[df["mismatch"] == 0]["seed"])))
+        col = {s: i for i, s in enumerate(seeds)}
+        q = np.full((len(order), len(seeds)), np.nan)
+        for lv, sd, quality in zip(df["_level"], df["seed"], df["quality"]):
+            q[order.index(lv), col[sd]] = quality
+    else:
+        counts = df.groupby("_level").size()
+        seeds = tuple(range(int(counts.max())))
+        q = np.full((len(order), len(seeds)), np.nan)
+        for i, lv in enumerate(order):
+            vals = df[df["_level"] == lv]["quality"].to_numpy()
+            q[i, :len(vals)] = vals
+    doses = np.array([0.0] + [dose(lv) for lv in levels])
+    start = None
+    if "quality_start" in df.columns:
+        st = df["quality_start"].astype(float)
+        if st.notna().all():
+            if float(st.max() - st.min()) > START_SPREAD * max(1e-12, abs(st.mean())):
+                raise FP8ProbeError(f"the runs' quality_start ranges {st.min():.6g} .. {st.max():.6g}: one quality "
+                                    "before training per table (the same student evaluated once) is what the gain "
+                                    "is from")
+            start = float(st.mean())
+    kinds = ["none"] + [str(df[df["_level"] == lv]["_kind"].iloc[0]) for lv in levels]
+    names = ["0"] + [lv.split("|", 1)[1] for lv in levels]
+    return Design(doses, q, seeds, start, higher, paired), kinds, names
+
+
+def _one_objective(df, objective: str | None, where: str):
+    """(the runs of one objective, its name, the mismatch metric, whether higher quality is better)."""
     if "objective" in df.columns:
         names = sorted(set(df["objective"].astype(str)))
         if objective is None and len(names) > 1:
@@ -219,159 +293,197 @@ def fit_budget(runs, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000
             if objective not in names:
                 raise FP8ProbeError(f"`objective` {objective}: {where} holds {', '.join(names)}")
             df = df[df["objective"].astype(str) == objective]
+        objective = objective or names[0]
     metric = _one_value(df, "metric", where, "kl_q_p", "mismatch metric")
     direction = _one_value(df, "higher_is_better", where, "true", "quality direction").lower()
     if direction not in {"true", "false", "1", "0"}:
         raise FP8ProbeError(f"{where}: higher_is_better must be one value, true or false")
-    higher = direction in ("true", "1")
-    clean = df[df["mismatch"] == 0]["quality"]
-    if clean.empty:
+    return df, objective, metric, direction in ("true", "1")
+
+
+def ruler_design(runs, fitted: dict | None = None):
+    """(the design of a paired runs table of one objective, the noise ruler's rows, the baseline its fit chose):
+    what dose.allocate needs. `fitted`: the noise ruler's record of the last fit (its `response.pairing`)."""
+    df = _read_runs(runs, _where(runs))
+    higher = str(df["higher_is_better"].iloc[0]).lower() in ("true", "1") if "higher_is_better" in df else True
+    design, kinds, _ = design_of(df, higher, _is_paired(df))
+    rows = [i for i, k in enumerate(kinds) if k in FITTED_KINDS and i > 0]
+    pairing = ((fitted or {}).get("response") or {}).get("pairing") or ("seed" if design.paired else "mean")
+    return design, rows, pairing
+
+
+def fit_budget(runs, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000, seed: int = 0,
+               paired: bool | None = None, objective: str | None = None, fit: str = "dose",
+               response: str = "gain", pairing: str = "auto") -> Budget:
+    """The calibrated budget from a runs table (a pandas DataFrame or a CSV path); see the module docstring.
+    `paired`: None decides from the table (_is_paired); `objective` picks one objective of a table with several;
+    `fit` "dose" reads the benchmark dose (the isotonic fit where no family fits), "isotonic" the isotonic fit only;
+    `response` what a run's loss is (design.RESPONSES); `pairing` "auto" (from the variance components), "seed" or
+    "mean" (the baseline of a paired design)."""
+    import numpy as np
+
+    from .design import check_response, losses, twins_of
+
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise FP8ProbeError(f"`tolerance` {tolerance}: must be a finite, non-negative fraction")
+    if fit not in FITS:
+        raise FP8ProbeError(f"`fit` {fit}: one of {', '.join(FITS)}")
+    if response not in RESPONSES:
+        raise FP8ProbeError(f"`response` {response}: one of {', '.join(RESPONSES)}")
+    where = _where(runs)
+    df, objective, metric, higher = _one_objective(_read_runs(runs, where), objective, where)
+    if df[df["mismatch"] == 0].empty:
         raise FP8ProbeError(f"{where} has no mismatch-free run (mismatch 0): the quality loss needs that baseline")
-    if (clean == 0).any() if _is_paired(df) else float(clean.mean()) == 0:
-        raise FP8ProbeError(f"{where}: a mismatch-free run's quality is 0; a relative loss needs another scale")
     if paired is None:
         paired = _is_paired(df)
     elif paired and not _is_paired(df):
         raise FP8ProbeError(f"{where}: pairing needs a seed per run, each seed once per level and its mismatch-free "
                             "twin (two seeds at least)")
-    losses = paired_losses(df, higher, paired)
-    ruler = ruler_levels(df)
-    levels = sorted(lv for lv in losses if lv in ruler)
-    mean = {lv: float(np.mean(list(d.values()))) for lv, d in losses.items()}
-    value, fitted = _threshold(levels, mean, {lv: len(losses[lv]) for lv in levels}, tolerance)
-    boot, level_boot = _bootstrap(losses, levels, paired, tolerance, bootstrap, seed)
-    interval = (float(np.quantile(boot, 0.05)), float(np.quantile(boot, 0.95))) if boot else None
-    dose_response = _dose_response(df, losses, levels, paired, tolerance, bootstrap, seed) if fit == "dose" else None
-    noise = dose_response["rulers"]["noise"] if dose_response else {}
+    design, kinds, names = design_of(df, higher, paired)
+    check_response(design, response, where)
+    rows = {k: [i for i, kk in enumerate(kinds) if kk == k and i > 0] for k in set(kinds)}
+    ruler = sorted(i for k in FITTED_KINDS for i in rows.get(k, []))
+    y = losses(design, design.q, twins_of(design.q), response, "seed" if paired else "mean")
+    mean = {i: float(np.nanmean(y[i])) for i in range(len(kinds))}
+    dr = _dose_response(design, kinds, names, rows, ruler, tolerance, bootstrap, seed, response,
+                        pairing if paired else "mean") if fit == "dose" else None
+    noise = dr["rulers"]["noise"] if dr else {}
+    if noise.get("response"):  # the baseline the fit chose: the level table shows the same losses
+        y = losses(design, design.q, twins_of(design.q), response, noise["response"]["pairing"])
+        mean = {i: float(np.nanmean(y[i])) for i in range(len(kinds))}
+    doses = {i: float(design.doses[i]) for i in range(len(kinds))}
+    fitted_rows = [0] + ruler
+    value, isotonic = _threshold([doses[i] for i in fitted_rows], {doses[i]: mean[i] for i in fitted_rows},
+                                 {doses[i]: int(design.counts()[i]) for i in fitted_rows}, tolerance)
+    base = noise.get("response", {}).get("pairing", "seed" if paired else "mean")
+    interval = _isotonic_interval(design, fitted_rows, tolerance, bootstrap, seed, response, base)
     method = "benchmark dose" if noise.get("fits") is not False and "bmd" in noise else "isotonic"
     if method == "benchmark dose":
         value, interval = noise["bmd"], tuple(noise["interval"]) if noise["interval"] else None
+    level_intervals = _level_intervals(design, y, response, base, bootstrap, seed)
 
-    def row(lv):
-        return {"mismatch": lv, "loss": mean[lv], "runs": len(losses[lv]),
-                "loss_interval": ([float(np.quantile(level_boot[lv], q)) for q in (0.05, 0.95)]
-                                  if level_boot.get(lv) else None)}
+    def row(i):
+        return {"mismatch": doses[i], "loss": mean[i] if i else 0.0, "runs": int(design.counts()[i]),
+                "loss_interval": [0.0, 0.0] if i == 0 and paired else level_intervals[i]}
 
     curve = noise.get("fitted", {})
-    table = [{**row(lv), "fitted": curve.get(str(lv), f) if method == "benchmark dose" else f, "isotonic": f}
-             for lv, f in zip(levels, fitted)]
-    others = [{**row(lv), "level": ruler_name, "kind": kind}
-              for lv, (ruler_name, kind) in sorted(_others(df).items()) if lv in losses] or None
-    q0 = df[df["mismatch"] == 0]["quality"]
+    table = [{**row(i), "fitted": curve.get(str(doses[i]), f) if method == "benchmark dose" else f, "isotonic": f}
+             for i, f in zip(fitted_rows, isotonic)]
+    others = [{**row(i), "level": names[i], "kind": kinds[i]} for i in range(1, len(kinds)) if i not in ruler] or None
+    q0 = design.q[0]
     spread = float((q0.max() - q0.min()) / abs(q0.mean())) if len(q0) > 1 and q0.mean() else None
+    censored = method == "benchmark dose" and bool(noise.get("above_range"))
     return Budget(metric, float(value), calibrated=True, source=f"fit to {len(df)} training runs in {where}",
-                  interval=interval, tolerance=tolerance, runs=df.to_dict(orient="records"), paired=paired,
-                  levels=table, seed_spread=spread, other_levels=others, method=method,
-                  dose_response=dose_response)
+                  interval=interval, tolerance=tolerance,
+                  runs=df.drop(columns=["_kind", "_level"]).to_dict(orient="records"), paired=paired, levels=table,
+                  seed_spread=spread, other_levels=others, method=method, dose_response=dr, response=response,
+                  censored=censored, interval_censored=method == "benchmark dose"
+                  and bool(noise.get("interval_censored")), objective=objective,
+                  kinds=_kind_evidence(noise, kinds, names) if dr else None)
 
 
-def _dose_response(df, losses: dict, ruler: list[float], paired: bool, tolerance: float, n: int,
-                   seed: int) -> dict:
+def _dose_response(design, kinds, names, rows, ruler, tolerance, n, seed, response, pairing) -> dict:
     """budget.json's `dose_response`: the noise ruler's benchmark-dose fit (dose.py), a curve for every other kind
     of level with runs of its own (stale weights), and the noise ruler's prediction at each level of a source no
-    ruler stands for (FP8, the FP8 KV cache), paired with that level's measured loss."""
-    from .dose import FIT_P, LEVEL, MODELS, draws, fit_ruler
+    ruler stands for (FP8, the FP8 KV cache), paired by seed with that level's measured loss."""
+    from .dose import FIT_P, HORMESIS_ALPHA, LEVEL, MODELS, fit_ruler
 
-    boot = draws(losses, paired, n, seed)
-    groups = len(losses[0.0]) if paired else min(len(d) for d in losses.values())
-    others = _others(df)
-    kinds: dict[str, list[float]] = {}
-    for lv, (_, kind) in others.items():
-        kinds.setdefault(kind, []).append(lv)
-    predict = {name: lv for lv, (name, kind) in others.items() if kind not in RULER_KINDS and lv in losses}
-    rulers = {"noise": fit_ruler(losses, ruler, tolerance, boot, predict, groups)}
+    predict = {names[i]: i for k, rs in rows.items() if k not in (*FITTED_KINDS, *RULER_KINDS) for i in rs}
+    rulers = {"noise": fit_ruler(design, ruler, tolerance, response=response, pairing=pairing, n=n, seed=seed,
+                                 predict=predict)}
     for kind in RULER_KINDS:
-        if kinds.get(kind):
-            rulers[kind] = fit_ruler(losses, kinds[kind], tolerance, boot, groups=groups)
-    for r in rulers.values():
-        r.pop("draws", None)
-    return {"families": {name: f.formula for name, f in MODELS.items()}, "averaging": "Akaike weights, AIC = χ² + 2k",
+        if rows.get(kind):
+            rulers[kind] = fit_ruler(design, rows[kind], tolerance, response=response, pairing=pairing, n=n,
+                                     seed=seed)
+    return {"families": {name: f.formula for name, f in MODELS.items()},
+            "averaging": "Akaike weights, AIC = χ² + 2k over the parameters off their bounds, duplicates dropped",
             "fits_when": f"lack-of-fit F test p >= {FIT_P}", "interval_level": LEVEL, "bootstrap": n,
-            "interval": f"the {LEVEL:.0%} bootstrap percentiles over {'seeds' if paired else 'runs'}, widened about "
-                        f"the BMD on the log scale by core/stats.expansion({groups})",
-            "implementation": "scipy.optimize.least_squares (budget/dose.py)", "rulers": rulers}
+            "hormesis_false_positive_rate": HORMESIS_ALPHA,
+            "interval": f"the hull of the seed bootstrap's {LEVEL:.0%} percentiles (widened about the BMD on the log "
+                        "scale by core/stats.expansion of the seeds at the levels carrying it) and a parametric "
+                        "bootstrap with the seed as a random effect",
+            "implementation": "budget/families.py (profiled grid fits), budget/design.py, budget/dose.py",
+            "rulers": rulers}
 
 
-RULER_KINDS = ("stale",)  # kinds of level that get a dose–response curve of their own beside the noise ruler
+def _kind_evidence(noise: dict, kinds, names) -> dict | None:
+    """Per kind run as a calibration level beside the ruler (FP8 weights, the FP8 KV cache): its own measured loss,
+    its interval, its dose and the ruler's reading there: what `check` judges a configuration of that kind on."""
+    out = {}
+    for name, p in (noise.get("predictions") or {}).items():
+        kind = kinds[names.index(name)]
+        out.setdefault(kind, []).append({"level": name, "mismatch": p["mismatch"], "loss": p["measured"],
+                                         "loss_interval": p["measured_interval"], "seeds": p["seeds"],
+                                         "predicted": p["predicted"], "reading": p["reading"]})
+    return out or None
 
 
-FITTED_KINDS = ("none", "noise")  # the ruler: a budget is read off random weight noise; other sources are shown beside
-
-
-def ruler_levels(df) -> set[float]:
-    """The mismatch levels the budget is fitted to: every level of a table without a `kind` column, else those of
-    the noise ruler (and the mismatch-free runs). Stale weights, FP8 or an FP8 KV cache as calibration levels are
-    reported beside it (other_levels), not fitted: the demo's stale:1 runs lost 7 % at a KL where noise lost 1 %,
-    so a KL from one source does not cost what the same KL from another does."""
-    if "kind" not in df.columns:
-        return set(df["mismatch"].astype(float))
-    return set(df[df["kind"].astype(str).isin(FITTED_KINDS)]["mismatch"].astype(float))
-
-
-def _others(df) -> dict[float, tuple[str, str]]:
-    if "kind" not in df.columns:
-        return {}
-    rest = df[~df["kind"].astype(str).isin(FITTED_KINDS)]
-    name = rest["level"].astype(str) if "level" in rest.columns else rest["kind"].astype(str)
-    return {float(m): (n, str(k)) for m, n, k in zip(rest["mismatch"], name, rest["kind"])}
-
-
-def _bootstrap(losses: dict, levels: list[float], paired: bool, tolerance: float, n: int, seed: int):
-    """Thresholds of resampled tables, and each level's resampled mean loss. Paired: the seeds are resampled, the
-    same draw for every level (a seed's runs stay together). Unpaired: runs are resampled within each level."""
+def _level_intervals(design, y, response: str, pairing: str, n: int, seed: int) -> dict:
+    """Each level's mean loss interval: the seed bootstrap's percentiles widened for the level's own seeds."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
-    seeds = sorted(losses[0.0]) if paired else None
-    boot, level_boot = [], {lv: [] for lv in losses}
-    for _ in range(n):
-        if paired:
-            draw = rng.choice(seeds, size=len(seeds), replace=True)
-            means = {lv: float(np.mean([d[s] for s in draw if s in d])) for lv, d in losses.items()
-                     if any(s in d for s in draw)}
-        else:
-            means = {lv: float(np.mean(rng.choice(list(d.values()), size=len(d), replace=True)))
-                     for lv, d in losses.items()}
-        for lv, m in means.items():
-            level_boot[lv].append(m)
-        boot.append(_threshold(levels, means, {lv: len(losses[lv]) for lv in levels}, tolerance)[0])
-    return boot, level_boot
+    from ..core.stats import expansion
+    from .design import by_seed, level_means, losses
+    from .dose import LEVEL, quantiles
+
+    if n <= 0:
+        return {i: None for i in range(len(design.doses))}
+    qb, twb = by_seed(design, n, np.random.default_rng(seed + 1))
+    means = level_means(losses(design, qb, twb, response, pairing))
+    out = {}
+    for i in range(len(design.doses)):
+        k = int(design.counts()[i])
+        pct = quantiles(means[:, i])
+        m = float(np.nanmean(y[i]))
+        e = expansion(k, LEVEL)
+        out[i] = None if pct is None or not math.isfinite(e) else [m - e * (m - pct[0]), m + e * (pct[1] - m)]
+    return out
 
 
-def bmd_ratio(runs, objective: str, other: str, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000,
-              seed: int = 0) -> dict:
-    """How much more mismatch `objective` tolerates than `other`: the ratio of their noise rulers' benchmark doses,
-    its interval from one paired bootstrap over the seeds both ran (the same seeds drawn for both objectives, as a
-    calibration runs them with the same data order and generation seeds), widened for few seeds as the budget's."""
+def _isotonic_interval(design, rows, tolerance: float, n: int, seed: int, response: str, pairing: str):
+    """The isotonic threshold's interval: its 5 % and 95 % quantiles over the seed bootstrap."""
     import numpy as np
 
-    from .dose import LEVEL, draws, expanded, fit_ruler
+    from .design import by_seed, level_means, losses
 
-    where = str(runs)
-    df = _read_runs(runs, where)
-    if "objective" not in df.columns:
-        raise FP8ProbeError(f"{where} has no `objective` column: a ratio needs the runs of two objectives")
-    fits, seeds = {}, None
-    tables = {o: df[df["objective"].astype(str) == o] for o in (objective, other)}
-    for o, d in tables.items():
-        if d.empty or not _is_paired(d):
-            raise FP8ProbeError(f"{where}: the {o} runs are missing or not paired by seed")
-        s = set(d[d["mismatch"] == 0]["seed"])
-        seeds = s if seeds is None else seeds & s
-    for o, d in tables.items():
-        d = d[d["seed"].isin(seeds)]
-        higher = str(d["higher_is_better"].iloc[0]).lower() in ("true", "1") if "higher_is_better" in d else True
-        losses = paired_losses(d, higher, True)
-        fits[o] = fit_ruler(losses, sorted(lv for lv in ruler_levels(d) if lv > 0), tolerance,
-                            draws(losses, True, bootstrap, seed), groups=len(seeds))
-    a, b = fits[objective], fits[other]
-    if "bmd" not in a or "bmd" not in b or b["bmd"] <= 0:
-        return {"objective": objective, "other": other, "ratio": None, "interval": None, "seeds": len(seeds)}
-    pairs = [x / y for x, y in zip(a["draws"], b["draws"]) if math.isfinite(x) and math.isfinite(y) and y > 0]
-    q = [float(np.quantile(pairs, (1 - LEVEL) / 2)), float(np.quantile(pairs, (1 + LEVEL) / 2))] if pairs else None
-    ratio = a["bmd"] / b["bmd"]
-    censored = [o for o, f in fits.items() if f.get("above_range") or f.get("interval_censored")]
-    return {"objective": objective, "other": other, "ratio": ratio, "percentile_interval": q,
-            "interval": expanded(ratio, q, len(seeds), math.inf), "seeds": len(seeds),
-            "bmd": {objective: a["bmd"], other: b["bmd"]}, "fits": {objective: a["fits"], other: b["fits"]},
-            "censored": censored}
+    if n <= 0:
+        return None
+    qb, twb = by_seed(design, n, np.random.default_rng(seed + 2))
+    means = level_means(losses(design, qb, twb, response, pairing))
+    doses = [float(design.doses[i]) for i in rows]
+    counts = {d: int(design.counts()[i]) for d, i in zip(doses, rows)}
+    th = [_threshold(doses, {d: float(m[i]) if i else 0.0 for d, i in zip(doses, rows)}, counts, tolerance)[0]
+          for m in means]
+    return (float(np.quantile(th, 0.05)), float(np.quantile(th, 0.95))) if th else None
+
+
+def budget_ratio(a: Budget, b: Budget) -> dict:
+    """How much more mismatch `a`'s objective tolerates than `b`'s: the ratio of the two budgets' benchmark doses,
+    each fitted on all of its own runs. Refused (ratio None, `undetermined` the reason) when either budget is not a
+    fitted benchmark dose, its curve fails its lack-of-fit test, or its BMD lies beyond its highest tested dose.
+    The interval combines the two intervals on the log scale, each side's half-widths in quadrature (the runs of
+    two objectives are independent): a's low end with b's high end for the ratio's low end, and the other way
+    round; an end of either budget censored at its highest tested dose leaves that side of the ratio open
+    (`open_low`, `open_high`: "> lo" or "< hi")."""
+    def refused(why: str) -> dict:
+        return {"objective": a.objective, "other": b.objective, "ratio": None, "interval": None, "undetermined": why}
+
+    for x in (a, b):
+        noise = ((x.dose_response or {}).get("rulers") or {}).get("noise") or {}
+        if x.method != "benchmark dose" or not x.interval:
+            return refused(f"{x.objective}'s budget is not a fitted benchmark dose ({x.method})")
+        if noise.get("fits") is False:
+            return refused(f"{x.objective}'s dose–response curve fails its lack-of-fit test")
+        if x.censored:
+            return refused(f"{x.objective}'s BMD lies beyond its highest tested dose ({x.value:.3g})")
+        if x.response != a.response or x.tolerance != a.tolerance:
+            return refused("the two budgets are read at different responses or tolerances")
+    ratio = a.value / b.value
+    (alo, ahi), (blo, bhi) = a.interval, b.interval
+    down = math.hypot(math.log(a.value / alo), math.log(bhi / b.value))
+    up = math.hypot(math.log(ahi / a.value), math.log(b.value / blo))
+    return {"objective": a.objective, "other": b.objective, "ratio": ratio,
+            "interval": [ratio * math.exp(-down), ratio * math.exp(up)],
+            "open_low": bool(b.interval_censored), "open_high": bool(a.interval_censored),
+            "bmd": {a.objective: a.value, b.objective: b.value}, "undetermined": None,
+            "how": "log-scale half-widths of the two budgets' intervals combined in quadrature (independent runs)"}

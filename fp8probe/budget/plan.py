@@ -36,6 +36,8 @@ class PlanSettings(Settings):
     calibration: str | None = opt(None, "a `fp8probe calibrate` directory: budget and learning curves")
     objective: str | None = opt(None, "the calibration's objective (one with several)")
     budget: str | None = opt(None, "a number (kl_q_p) or budget.json; default: the calibration's, else uncalibrated")
+    other_student: bool = opt(False, "measure this student against a budget calibrated on another one (refused "
+                              "otherwise; plan.json says so)")
     target: float | None = opt(None, "target held-out quality (lower is better); default: the mismatch-free runs' "
                                "final quality within the calibration's tolerance", low=0.0)
     steps: int = opt(100, "without a calibration: the training steps every admitted configuration is assumed to need",
@@ -179,14 +181,15 @@ def _perturbation(student, conf: Configuration, stale_ckpt: str | None, allow_pi
 def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, batch_size: int = 8,
                   allow_pickle: bool = False, progress: bool = False) -> dict[str, dict]:
     """Per configuration: its mismatch on `budget.metric` (the excess) with its interval, where it came from, and
-    the check's verdict (admission.verdict). One measurement per distinct engine configuration; asynchronous rows
-    measure with their `stale` checkpoint, or add the calibration's stale:K mismatch (its seeds' range)."""
+    the check's verdict (admission.judge: each kind on its evidence). One measurement per distinct engine
+    configuration; asynchronous rows measure with their `stale` checkpoint, or add the calibration's stale:K mismatch
+    (its seeds' range)."""
     from tqdm.auto import tqdm
 
     from ..core.metrics import excess
     from ..measurement.measure import measure_with_interval
     from ..measurement.reference import Reference
-    from .admission import verdict
+    from .admission import judge
 
     metric = budget.metric
     reference = Reference(student, rollouts, batch_size)
@@ -199,11 +202,12 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
         if key not in seen:
             source = _perturbation(student, conf, ckpt, allow_pickle)
             if source is None:
-                seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel())
+                seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel(), ())
             else:
                 m = measure_with_interval(reference, student, rollouts, source.perturbation, "sim", batch_size)
-                seen[key] = (excess(metric, m.metrics[metric]), m.excess_interval(metric), m.num_prompts)
-        value, (lo, hi), prompts = seen[key]
+                seen[key] = (excess(metric, m.metrics[metric]), m.excess_interval(metric), m.num_prompts,
+                             source.perturbation.kinds())
+        value, (lo, hi), prompts, kinds = seen[key]
         how = "measured" if conf.base != (None, None, None) or ckpt else "none (the reference)"
         if conf.async_steps and not ckpt:
             level = f"stale:{conf.async_steps}"
@@ -211,7 +215,7 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
             value, lo, hi = value + at, lo + min(at, runs.min()), hi + max(at, runs.max())
             how = f"sum: measured + the calibration's {level} (its seeds' range)" if conf.base != (None, None, None) \
                 else f"the calibration's {level} (its seeds' range)"
-        v = verdict(value, (lo, hi), budget.for_kind("stale") if conf.async_steps else budget, int(prompts))
+        v = judge(value, (lo, hi), budget, int(prompts), (*kinds, *(("stale",) if conf.async_steps else ())))
         out[conf.name] = {"mismatch": value, "mismatch_lo": lo, "mismatch_hi": hi, "mismatch_source": how,
                           "verdict": v["verdict"], "prompts_to_decide": v["prompts_to_decide"]}
     return out

@@ -35,7 +35,8 @@ from .settings import TrainSettings
 
 SCHEMA_VERSION = version("calibrate.json")
 QUALITY_NAME = "held-out reverse KL(student ‖ teacher) per token, full vocabulary"
-RUN_COLUMNS = ["objective", "level", "kind", "value", "seed", "metric", "mismatch", "mismatch_run", "k3", "quality",
+RUN_COLUMNS = ["objective", "level", "kind", "value", "seed", "metric", "mismatch", "mismatch_run_mean", "mismatch_run",
+               "k3", "quality",
                "quality_plateau", "quality_auc", "quality_final", "paired_loss", "late_improvement", "higher_is_better",
                "quality_start", "teacher_logp", "teacher_logp_start", "steps", "rollout_tokens", "seconds"]
 
@@ -149,6 +150,35 @@ def train_one(teacher, initial_student, objective: str, level: SourceSpec, seed:
     return _write_run(d, trainer, evals, perturber, objective, level, seed, tr, time.perf_counter() - t0)
 
 
+def after_steps(teacher, initial_student, objective: str, seed: int, calibration, steps: int, device: str = "cpu"):
+    """The mismatch-free student of `objective` and `seed` after `steps` optimizer steps, trained exactly as its run
+    trains (the run's settings, schedule and seeds, stopped there): what a stale level's dose checks against the
+    student before training (doses.py)."""
+    import copy
+    import tempfile
+
+    from transformers import TrainerCallback
+
+    from .opd import trainable_student
+
+    student = trainable_student(copy.deepcopy(initial_student.model), initial_student.tokenizer,
+                                f"{calibration.student}@{objective}-seed{seed}-step{steps}")
+
+    class Stop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step >= steps:
+                control.should_training_stop = True
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make = OBJECTIVES[objective][0]
+        trainer = make(student, teacher, list(calibration.train_prompts), calibration.train, seed, tmp, None, [Stop()],
+                       device)
+        trainer.train()
+    student.model.eval()
+    student.model.requires_grad_(False)
+    return student
+
+
 def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, seconds) -> dict:
     import pandas as pd
 
@@ -178,11 +208,12 @@ def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, s
     return result
 
 
-def runs_table(results: list[dict], quality: str = "auc"):
-    """runs.csv: one row per run. `mismatch` is the level's mean measured kl_q_p over its seeds (what a budget fits;
-    `mismatch_run` the run's own), `quality` the run's `quality` score (plateau, auc or final), `paired_loss` its
-    relative
-    rise over its own seed's mismatch-free run of the same objective (0 for that run itself)."""
+def runs_table(results: list[dict], quality: str = "auc", dose=None):
+    """runs.csv: one row per run. `mismatch` is the level's dose (what a budget fits): `dose(objective, level)`, the
+    level's kl_q_p as `check` measures it (doses.py), or without `dose` the level's mean run-mean KL;
+    `mismatch_run_mean` the level's mean of its runs' mean KL over training, `mismatch_run` the run's own;
+    `quality` the run's `quality` score (plateau, auc or final), `quality_start` its quality before training,
+    `paired_loss` its relative rise over its own seed's mismatch-free run of the same objective (0 for that run)."""
     import pandas as pd
 
     rows = []
@@ -201,9 +232,12 @@ def runs_table(results: list[dict], quality: str = "auc"):
                      "teacher_logp": r["quality_end"]["teacher_logp"],
                      "teacher_logp_start": r["quality_start"]["teacher_logp"], "steps": r["steps"],
                      "rollout_tokens": r["mismatch"]["tokens"], "seconds": r["seconds"]})
-    df = pd.DataFrame(rows, columns=[c for c in RUN_COLUMNS if c not in ("mismatch", "paired_loss")])
+    df = pd.DataFrame(rows, columns=[c for c in RUN_COLUMNS if c not in ("mismatch", "mismatch_run_mean",
+                                                                          "paired_loss")])
+    run_mean = df.groupby(["objective", "level"])["mismatch_run"].transform("mean")
     df.insert(RUN_COLUMNS.index("mismatch"), "mismatch",
-              df.groupby(["objective", "level"])["mismatch_run"].transform("mean"))
+              run_mean if dose is None else [float(dose(o, lv)) for o, lv in zip(df["objective"], df["level"])])
+    df.insert(RUN_COLUMNS.index("mismatch_run_mean"), "mismatch_run_mean", run_mean)
     twin = df[df["kind"] == "none"].set_index(["objective", "seed"])["quality"]
     base = [twin.get((o, s), float("nan")) for o, s in zip(df["objective"], df["seed"])]
     df.insert(RUN_COLUMNS.index("paired_loss"), "paired_loss", (df["quality"] - base) / [abs(b) for b in base])
@@ -214,7 +248,7 @@ def load_pair(teacher_path: str | None, student_spec: str, device: str = "cpu"):
     """(teacher, initial student): the student a model of the teacher's tokenizer, or `pruned[:K]` (every K-th
     decoder block of the teacher kept, K=2 by default; see model/pruning.py)."""
     from ..measurement.opd import check_teacher
-    from ..model.pruning import depth_pruned
+    from ..model.pruning import depth_pruned, pruned_every
     from ..model.structure import list_units
     from ..model.student import Student, load_student
 
@@ -227,18 +261,6 @@ def load_pair(teacher_path: str | None, student_spec: str, device: str = "cpu"):
         student = load_student(student_spec, device=device)
         check_teacher(student, teacher)
     return teacher, student
-
-
-def pruned_every(spec: str) -> int:
-    """K of `pruned[:K]` (2 by default)."""
-    _, _, k = spec.partition(":")
-    try:
-        every = int(k) if k else 2
-    except ValueError:
-        every = 0
-    if every < 2:
-        raise FP8ProbeError(f"`student` {spec}: pruned:K takes a whole number K >= 2")
-    return every
 
 
 def check_objectives(objectives, train: TrainSettings) -> None:

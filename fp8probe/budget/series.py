@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..core.metrics import excess
 from ..core.stats import BOOTSTRAP, LEVEL, group_members
-from .admission import verdict
+from .admission import judge
 from .fit import Budget
 
 
@@ -26,7 +26,7 @@ def measure_point(student, rollouts, config, budget: Budget, engine: str = "sim"
                                 engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = got.excess_interval(budget.metric)
-    v = verdict(measured, tuple(interval), budget, got.num_prompts)
+    v = judge(measured, tuple(interval), budget, got.num_prompts, config.perturbation.kinds())
     return {"measured": measured, "measured_interval": list(interval), "verdict": v["verdict"],
             "num_prompts": got.num_prompts, "num_response_tokens": int(got.prompt.numel())}, got
 

@@ -71,12 +71,14 @@ class CalibrateSettings(Settings):
     bracket: float = opt(2.0, "adaptive ladder: add noise levels until the edge is bracketed within this factor of "
                          "measured mismatch", low=1.0, open_low=True)
     max_added: int = opt(3, "adaptive ladder: at most this many added levels per objective (0: none)", low=0)
-    max_runs: int = opt(0, "after the ladder, add runs where they narrow the benchmark dose's interval most, at most "
-                        "this many per objective (0: none)", low=0)
+    max_runs: int = opt(0, "after the ladder, add runs where they narrow the benchmark dose's interval most: this "
+                        "many per objective, all of them (a preset budget: stopping once the interval looks narrow "
+                        "would make it under-cover)", low=0)
     max_hours: float = opt(0.0, "... and stop adding once this many hours of training were spent in this invocation "
                            "(0: no limit)", low=0.0)
-    target_ratio: float = opt(3.0, "... or once the budget's interval is this narrow (BMDU / BMDL)", low=1.0,
-                              open_low=True)
+    response: str = opt("gain", "a run's quality loss: gain (the share of what training gained that the mismatch cost, "
+                        "against its twin) or relative (its relative shortfall against its twin)",
+                        choices=("gain", "relative"))
     save_checkpoints: bool = opt(False, "the mismatch-free runs keep the student at the first, middle and last step "
                                  "(runs/<objective>/0-seed<k>/checkpoints/step-N), for `check --checkpoints`")
     mark: tuple[str, ...] = opt((), "configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "

@@ -4,13 +4,13 @@
     rollouts.json        1        model/rollouts.py (and .safetensors)  load_rollouts
     run.json             1        sweeps/files.py (a sweep)         read_sweep
     recipe.json          3        recipe/recipe.py                  read_recipe (beside recipe.yaml; also 1, 2)
-    budget.json          3        budget/fit.py                     read_budget (also 1, 2)
+    budget.json          4        budget/fit.py                     read_budget (also 1, 2, 3)
     agreement.json       1        recipe/agreement.py               plots
     capacity.json        1        deploy/capacity.py                plots
     mismatch.json        1        apps/measure.py (measure)         -
     ladder.json          1        apps/ladder.py (ladder)           -
     check.json           2        budget/admission.py (check)       plots
-    calibrate.json       2        budget/experiment.py (and each run's run.json, budget/runs.py)  calibrate --resume
+    calibrate.json       3        budget/experiment.py (and each run's run.json, budget/runs.py)  calibrate --resume
     plan.json            1        apps/plan.py (plan; plan.csv beside it)  plots
     audit.json           1        deploy/audit.py (audit)           -
     series.json          1        apps/series.py (check --checkpoints)  -
@@ -20,8 +20,13 @@ recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective
 of the search has an `outcome` (taken, not better, noise, probe).
 budget.json is at 2: paired, levels (each level's loss, interval and fit), seed_spread; at 3 the value and interval
 are the benchmark dose of a dose–response fit (`method`, `dose_response`: families, fits, curves, predictions), or
-the isotonic fit where no family fits; a level holds both fits (`fitted`, `isotonic`).
+the isotonic fit where no family fits; a level holds both fits (`fitted`, `isotonic`). At 4 the loss is `response`
+(gain: the share of the training gain lost; relative before), the seed a random effect in the interval, and the
+budget names its `student` and `teacher` (name, sha256), `objective` and `dose` (what `mismatch` measured), its
+`censored` and `interval_censored` ends and the `kinds` run as levels with their own loss.
 calibrate.json is at 2: objectives, tolerance, quality, bracket, max_added, added_levels; runs under runs/<objective>/.
+At 3: `response`, the levels' `dose` on check's scale (`dose_mapping` beside the run-mean KL), no target_ratio
+(the allocation's stop rule is its preset budget); a resume reads 2.
 check.json is at 2: the verdict may be UNCERTAIN; measured_interval, interval_level, prompts_to_decide, num_prompts.
 Readers go through read_artifact (the plots, read_budget, the calibration's learning curves; read_sweep,
 load_rollouts and calibrate --resume check their own files with their own lines), which refuses a version not listed
@@ -44,19 +49,19 @@ SCHEMAS = {
     "recipe.json": 3,
     "audit.json": 1,
     "series.json": 1,
-    "budget.json": 3,
+    "budget.json": 4,
     "agreement.json": 1,
     "capacity.json": 1,
     "mismatch.json": 1,
     "ladder.json": 1,
     "check.json": 2,
-    "calibrate.json": 2,
+    "calibrate.json": 3,
     "plan.json": 1,
 }
 
 
-# the older versions each reader still takes (read_recipe reads 1 and 2; read_budget 1 and 2)
-ALSO_READ = {"recipe.json": (1, 2), "budget.json": (1, 2)}
+# the older versions each reader still takes (read_recipe reads 1 and 2; read_budget 1, 2 and 3)
+ALSO_READ = {"recipe.json": (1, 2), "budget.json": (1, 2, 3), "calibrate.json": (2,)}
 
 
 def version(kind: str) -> int:

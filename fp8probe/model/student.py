@@ -16,6 +16,7 @@ from torch import nn
 from ..core.errors import FP8ProbeError, one_line
 from . import embedded
 from .devices import parse_dtype
+from .pruning import depth_pruned, is_pruned, pruned_config, pruned_every
 from .structure import Unit, check_supported, fused_groups, list_units
 
 
@@ -131,6 +132,8 @@ def load_config(name_or_path: str | None = None, trust_remote_code: bool = False
 
     if is_shape(name_or_path):  # a public architecture's shape (shapes.py): config only, no weights
         return shape_config(name_or_path)
+    if is_pruned(name_or_path):  # the embedded student depth-pruned (pruning.py)
+        return pruned_config(name_or_path, load_config(None))
     if str(name_or_path or "").strip().lower() == embedded.GEMMA3:  # its GGUF's metadata: nothing converted
         name_or_path = str(embedded.gemma3_gguf())
     if name_or_path is not None:
@@ -207,6 +210,11 @@ def load_student(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = parse_dtype(dtype)
+    if is_pruned(name_or_path):  # the embedded student depth-pruned, as `calibrate --student pruned:K` makes it
+        teacher = load_student(None, device, dtype)
+        pruned = depth_pruned(teacher.model, pruned_every(name_or_path))
+        return Student(pruned, teacher.tokenizer, list_units(pruned), str(name_or_path).strip(), teacher.path,
+                       teacher.model_type)
     config = load_config(name_or_path, trust_remote_code, allow_pickle)
     model_type = check_supported(config)
     src, kwargs = resolve_source(name_or_path, allow_pickle)

@@ -1,0 +1,122 @@
+"""A calibration level's dose on `check`'s scale: its perturbation measured on the budget's student before
+training, exactly as `fp8probe check` measures a configuration.
+
+A run's mean KL over training is not that number. The student sharpens as it trains, and the KL of one
+perturbation on it falls 4-60x in 20 steps (pair A, OPD, σ = 0.0405: 1.68 at step 1, 0.076 at step 20), at a rate
+that depends on the objective, while whole-model FP8's rose; `check` measures a configuration once, on the student
+it is given. So a budget's dose is the check's measurement of the level's perturbation, on the budget's student,
+with check's default rollouts (the first 16 built-in prompts, up to 48 tokens, seed 0, temperature 1), the same
+metric (kl_q_p, its excess), the same engine (the simulation):
+
+    noise σ     the mean over DOSE_DRAWS noise draws (seeds 0..3; training draws a fresh one every step)
+    fp8, kv     the level's one perturbation (every unit in FP8; the FP8 KV cache at scale 1.0 as online engines
+                run it)
+    stale:K     the objective's own mismatch-free student after K optimizer steps, checked with its weights of K
+                steps before (the student before training) as the stale rollout policy: `check MODEL_AT_K --stale
+                MODEL_AT_0` on MODEL_AT_K's own rollouts, averaged over the calibration's first seeds. This is the
+                largest K-step lag of the run (the first steps move the student most); a user's `check --stale
+                OLD` at a later checkpoint measures their own lag the same way.
+
+The run-mean KL stays in runs.csv (`mismatch_run`, `mismatch_run_mean`) with its ratio to the dose per level in
+calibrate.json (`dose_mapping`).
+"""
+
+from __future__ import annotations
+
+import math
+
+DOSE_DRAWS = 4  # noise draws averaged into a noise level's dose
+STALE_SEEDS = 3  # seeds of the mismatch-free run whose first K steps give a stale level's dose
+HOW = ("kl_q_p as `fp8probe check` measures it on the student before training: its own rollouts to the first 16 "
+       "built-in prompts (up to 48 tokens, seed 0), the simulation; noise: the mean of 4 draws; stale:K: the "
+       "mismatch-free student after K steps against its weights before training, mean of 3 seeds")
+
+
+def check_rollouts(student):
+    """The rollouts `fp8probe check` samples when given none: RolloutSettings' defaults."""
+    from ..model.rollouts import make_rollouts
+    from ..model.settings import RolloutSettings
+
+    s = RolloutSettings()
+    return make_rollouts(student, prompts=s.prompts, num_prompts=s.num_prompts, max_new_tokens=s.max_new_tokens,
+                         seed=s.seed, temperature=s.temperature, batch_size=s.batch_size,
+                         samples_per_prompt=s.samples_per_prompt)
+
+
+def _measured(student, rollouts, perturbation, reference=None) -> dict:
+    """check's measurement of one perturbation: kl_q_p's excess and its 90 % interval over the prompts."""
+    from ..core.metrics import excess
+    from ..measurement.measure import measure_with_interval
+    from ..measurement.reference import Reference
+
+    reference = reference or Reference(student, rollouts, 8)
+    m = measure_with_interval(reference, student, rollouts, perturbation, "sim", 8)
+    return {"dose": excess("kl_q_p", m.metrics["kl_q_p"]), "interval": m.excess_interval("kl_q_p")}
+
+
+class Doses:
+    """The doses of one calibration's levels, measured once each on the student before training (and for stale
+    levels, on the objective's mismatch-free student after K steps), kept in DIR/doses.json so a resume does not
+    measure again."""
+
+    def __init__(self, student, path, after_steps=None):
+        """`after_steps(objective, seed, k)`: the mismatch-free student of that objective and seed after k steps
+        (for stale levels)."""
+        import json
+        from pathlib import Path
+
+        self.student, self.path, self.after_steps = student, Path(path), after_steps
+        self.known: dict = json.loads(self.path.read_text(encoding="utf-8")) if self.path.exists() else {}
+        self._rollouts = self._reference = None
+
+    def _key(self, objective: str, level) -> str:
+        return f"{objective}/{level.name}" if level.kind == "stale" else level.name
+
+    def dose(self, objective: str, level) -> dict:
+        """{"dose", "interval", "draws"} of `level` (a SourceSpec) for `objective`; 0 for the mismatch-free level."""
+        from ..core.files import atomic_write_json
+
+        if level.kind == "none":
+            return {"dose": 0.0, "interval": [0.0, 0.0], "draws": []}
+        key = self._key(objective, level)
+        if key not in self.known:
+            self.known[key] = self._stale(objective, level) if level.kind == "stale" else self._measure(level)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, self.known)
+        return self.known[key]
+
+    def _measure(self, level) -> dict:
+        from ..measurement.reference import Reference
+
+        if self._rollouts is None:
+            self._rollouts = check_rollouts(self.student)
+            self._reference = Reference(self.student, self._rollouts, 8)
+        draws = [_measured(self.student, self._rollouts, level.rollout(self.student, k)(0), self._reference)
+                 for k in range(DOSE_DRAWS if level.kind == "noise" else 1)]  # noise: seed k's draw at step 0
+        return _mean(draws)
+
+    def _stale(self, objective: str, level) -> dict:
+        from ..measurement.perturbation import Perturbation
+
+        before = {n: p.detach().clone() for n, p in self.student.model.named_parameters()}
+        draws = []
+        for seed in range(STALE_SEEDS):
+            moved = self.after_steps(objective, seed, level.stale_steps)
+            draws.append(_measured(moved, check_rollouts(moved), Perturbation(stale=before)))
+        return _mean(draws)
+
+
+def _mean(draws: list[dict]) -> dict:
+    return {"dose": sum(d["dose"] for d in draws) / len(draws),
+            "interval": [sum(d["interval"][i] for d in draws) / len(draws) for i in (0, 1)],
+            "draws": [d["dose"] for d in draws]}
+
+
+def mapping(table) -> list[dict]:
+    """Per objective and level: the run-mean KL over training beside the dose, and their ratio (runs.csv's rows)."""
+    out = []
+    for (objective, level), d in table[table["mismatch"] > 0].groupby(["objective", "level"]):
+        dose, run = float(d["mismatch"].iloc[0]), float(d["mismatch_run"].mean())
+        out.append({"objective": str(objective), "level": str(level), "kind": str(d["kind"].iloc[0]), "dose": dose,
+                    "run_mean": run, "run_mean_over_dose": run / dose if dose > 0 else math.nan})
+    return out
