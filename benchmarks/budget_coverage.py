@@ -11,14 +11,14 @@ budget/design.py,
     q = m0 + u_seed + e_run + f(dose) · (start − m0)
 
 with the twins' mean m0 = 4, the quality before training start = 8 (lower is better: a gain of 4), a seed effect u
-shared by every run of a seed, and each run's own noise e (the twins' σ0, the perturbed runs' σ1): against a twin
-at m0 a run's gain-based loss is f(dose) exactly, so f is the true curve on the response the budget reads. The noise is set by the
-paired loss's per-run standard deviation (`sd`: pair A measured 5-8 % for OPD, 11 % for GRPO) and the twin's share of
-it (`twin`: σ0² / (σ0² + σ1²), 0-0.5), the seed effect by its share of a run's variance (`seed`). A level's dose
-grows as σ² (`DOSE_PER_SIGMA2`, pair A's doses on check's scale). The truths include curves no family of the fit
-has: a plateau, a threshold, a concave low dose, a dip below zero before the rise. The true BMD is where the true
-curve first reaches the tolerance (by bisection; hand values in TRUTHS' notes); a draw covers it when its interval
-holds it, an end censored at the highest tested dose counting as open.
+shared by every run of a seed, and each run's own noise e (the twins' σ0, the perturbed runs' σ1): against a twin at m0
+a run's gain-based loss is f(dose) exactly, so f is the true curve on the response the budget reads. The noise is set by
+the paired loss's per-run standard deviation (`sd`: pair A measured 5-8 % for OPD, 11 % for GRPO) and the twin's share
+of it (`twin`: σ0² / (σ0² + σ1²), 0-0.5), the seed effect by its share of a run's variance (`seed`). A level's dose
+grows as σ² (`DOSE_PER_SIGMA2`, pair A's doses on check's scale). The truths include curves no family of the fit has: a
+plateau, a threshold, a concave low dose, a dip below zero before the rise. The true BMD is where the true curve first
+reaches the tolerance (by bisection; hand values in TRUTHS' notes); a draw covers it when its interval holds it, an end
+censored at the highest tested dose counting as open.
 
 Coverage per scenario with its 90 % Clopper-Pearson interval; resumable (one JSON line per draw in --out); the fits
 inside use --bootstrap draws per bootstrap (300 by default; the command line's default is 1000), stated with the
@@ -181,7 +181,8 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"draws-{args.stop_rule}.jsonl"
-    done = {(d["scenario"], d["draw"]) for d in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
+    done = {(d["scenario"], d["draw"]) for d in map(json.loads, log.read_text().splitlines())} if log.exists() \
+        else set()
     chosen = [s for s in SCENARIOS if not args.scenarios or any(s.name.startswith(p) for p in args.scenarios)]
     todo = [(s, k, args.bootstrap, args.stop_rule) for k in range(args.draws) for s in chosen
             if (s.name, k) not in done]
@@ -211,9 +212,10 @@ def report(log: Path, path: Path, bootstrap: int, stop_rule: str) -> None:
         lo, hi = clopper_pearson(k, n)
         widths = [x["interval"][1] / x["interval"][0] for x in r if x["interval"][0] > 0 and not x["open_high"]]
         width = float(np.median(widths)) if widths else math.nan
-        table.append({"scenario": sc.name, "truth": sc.truth, "true_bmd": true_bmd(sc.truth), "note": TRUTHS[sc.truth][1],
-                      "sd": sc.sd, "twin_share": sc.twin, "seed_share": sc.seed, "seeds": sc.seeds,
-                      "max_runs": sc.max_runs, "draws": n, "covered": k, "coverage": k / n, "clopper_pearson_90": [lo, hi],
+        table.append({"scenario": sc.name, "truth": sc.truth, "true_bmd": true_bmd(sc.truth),
+                      "note": TRUTHS[sc.truth][1], "sd": sc.sd, "twin_share": sc.twin, "seed_share": sc.seed,
+                      "seeds": sc.seeds, "max_runs": sc.max_runs, "draws": n, "covered": k, "coverage": k / n,
+                      "clopper_pearson_90": [lo, hi],
                       "median_width": width, "open_high": sum(x["open_high"] for x in r),
                       "median_seconds": float(np.median([x["seconds"] for x in r]))})
         print(f"{sc.name:<40} {true_bmd(sc.truth):>9.3g} {n:>6} {k / n:>9.3f} [{lo:.3f}, {hi:.3f}] {width:>12.3g}x")

@@ -19,16 +19,22 @@ __all__ = ["run_calibrate", "CalibrateResult", "prepare", "Experiment"]
 
 
 def run_calibrate(calibration: Experiment, out, resume: bool = False, device: str = "cpu", progress: bool = True,
-                  marks=(), log=None) -> CalibrateResult:
+                  marks=(), log=None, refit: bool = False) -> CalibrateResult:
     """`fp8probe calibrate`: every run, runs.csv, the budgets and calibration.png in `out` (calibrate()), after
-    TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`."""
+    TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`. With `refit`:
+    the finished calibration in `out` refitted as this fp8probe reads budgets (every level's dose measured on check's
+    scale, the response asked for), nothing trained but a stale level's first steps."""
+    from ..budget.experiment import read_experiment
     from ..budget.opd import require_trl
     from ..core.files import check_writable, output_dir
 
     require_trl()
     read_marks(marks)
     out = check_writable(out)
-    check_resume(out, calibration, resume)
+    if refit:
+        calibration = read_experiment(out, calibration.response)
+    else:
+        check_resume(out, calibration, resume)
     with output_dir(out, keep=("runs",)) as d:
         summary = calibrate(calibration, d, device=device, progress=progress, marks=marks, log=log)
     return CalibrateResult(out, summary, calibration)

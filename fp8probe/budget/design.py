@@ -144,6 +144,7 @@ class Components:
     ss_seed: float = 0.0
     c_seed: float = 0.0
     resid_in_seed: tuple[float, float] = (0.0, 0.0)  # coefficients of (σ0², σ1²) in E[reduction]
+    raw: tuple[float, float, float] | None = None  # the moments before clipping at 0 (unbiased; they can be < 0)
 
     def twin_share(self) -> float:
         """The share of a seed-paired loss's variance that its twin puts there: σ0² / (σ0² + σ1²)."""
@@ -164,8 +165,10 @@ def components(design: Design) -> Components:
     """σ_u², σ0², σ1² by Henderson's method III on the two-way layout (levels fixed, seeds random) with missing
     cells: the residuals of the additive fit give σ0² and σ1² (their expected squares are linear in both, through
     the residual-maker's squared entries), the reduction in the residual sum of squares that the seeds bring gives
-    σ_u² (clipped at 0). Degrees of freedom: the residual-maker's trace over each group; S − 1 for the seeds.
-    Unpaired (no seeds): no seed effect; σ0² the twins' variance, σ1² the levels' pooled variance."""
+    σ_u². The moments are unbiased (`raw`); a variance is clipped at 0, which raises its mean where the raw moment
+    is often negative (a twin's σ0² from four degrees of freedom: a third of the time), erring wide. Degrees of
+    freedom: the residual-maker's trace over each group; S − 1 for the seeds. Unpaired (no seeds): no seed effect;
+    σ0² the twins' variance, σ1² the levels' pooled variance."""
     if not design.paired:
         q0 = design.q[0][~np.isnan(design.q[0])]
         rest = [r[~np.isnan(r)] for r in design.q[1:]]
@@ -186,6 +189,7 @@ def components(design: Design) -> Components:
     M2 = M * M
     A = np.array([[M2[np.ix_(g, h)].sum() for h in (twin, ~twin)] for g in (twin, ~twin)])
     b = np.array([float((r[twin] ** 2).sum()), float((r[~twin] ** 2).sum())])
+    unclipped = np.linalg.lstsq(A, b, rcond=None)[0]
     sig = _nonnegative_solve(A, b)
     df = (np.diag(M)[twin].sum(), np.diag(M)[~twin].sum())
     Px = _projection(X)
@@ -194,8 +198,9 @@ def components(design: Design) -> Components:
     c = float(np.trace(R @ Z @ Z.T))
     coef = (float(np.diag(R)[twin].sum()), float(np.diag(R)[~twin].sum()))
     seed = max(0.0, (ss_seed - coef[0] * sig[0] - coef[1] * sig[1]) / c) if c > 1e-12 else 0.0
+    raw_seed = (ss_seed - coef[0] * unclipped[0] - coef[1] * unclipped[1]) / c if c > 1e-12 else 0.0
     return Components(seed, float(sig[0]), float(sig[1]), float(max(S - 1, 0)), float(df[0]), float(df[1]),
-                      ss_seed, c, coef)
+                      ss_seed, c, coef, (float(raw_seed), float(unclipped[0]), float(unclipped[1])))
 
 
 def _nonnegative_solve(A: np.ndarray, b: np.ndarray) -> np.ndarray:

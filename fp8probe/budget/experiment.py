@@ -369,7 +369,7 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
         df, budgets[objective], added[objective] = ladder.objective(objective)
         tables.append(df)
     trainer.bar.close()
-    kept = _kept_objectives(out, calibration)
+    kept = _kept_objectives(out, calibration)  # with no objectives (refit): every objective of runs.csv
     for objective, (table, extra) in kept.items():  # a resume of fewer objectives keeps the others' runs
         table = table.assign(mismatch=[trainer.dose(o, parse_source(lv))["dose"]
                                        for o, lv in zip(table["objective"], table["level"])])
@@ -389,7 +389,8 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
             atomic_write_json(out / "budget.json", b.to_json())
     from ..plots.figures import calibration_plot
 
-    curves = {(o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv" for (o, lv, s) in ladder.results}
+    curves = {(o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv"
+              for o, lv, s in zip(df["objective"], df["level"], df["seed"])}
     calibration_plot(df, out / "calibration.png", budgets=budgets, marks=read_marks(marks), quality=QUALITY_NAME,
                      curves=curves)
     objectives = list(budgets)
@@ -401,6 +402,24 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
                                                 "dose_mapping": mapping(df)})
     (out / PARTIAL).unlink()
     return {"runs": df, "budgets": budgets, "added": added, "allocated": ladder.spent, "ratios": ratios}
+
+
+def read_experiment(out: Path, response: str) -> Experiment:
+    """The Experiment a calibration in `out` ran (its calibrate.json; version 2 too), with every objective left to
+    its runs.csv (`calibrate(refit)`: nothing is trained) and the budgets read on `response`."""
+    import dataclasses
+
+    f = Path(out) / "calibrate.json"
+    if not f.is_file():
+        raise FP8ProbeError(f"no calibrate.json in {out}: `refit` refits a finished calibration; run it first")
+    from ..core.artifacts import read_artifact
+
+    d = read_artifact("calibrate.json", f, "run `fp8probe calibrate` again")
+    names = {x.name for x in dataclasses.fields(Experiment)}
+    train = TrainSettings(**{k: v for k, v in d["train"].items() if k in {x.name for x in dataclasses.fields(
+        TrainSettings)}})
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names and k != "train"}
+    return Experiment(**{**kw, "train": train, "objectives": (), "response": response})
 
 
 def sigma_ratio(df, a, b) -> dict:

@@ -84,3 +84,5 @@ class CalibrateSettings(Settings):
     mark: tuple[str, ...] = opt((), "configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
                                 "sensitivity.csv (whole-model rows)", metavar="FILE")
     device: str = opt("cpu", "torch device")
+    refit: bool = opt(False, "refit the finished calibration in `out` as this fp8probe reads budgets (each level's "
+                      "dose measured on check's scale; nothing trained but a stale level's first steps)")

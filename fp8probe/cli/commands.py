@@ -87,7 +87,7 @@ def _budget(a):
 def _calibrate(a):
     c = settings_from(CalibrateSettings, a)
     s = calibrate.prepare(c, settings_from(TrainSettings, a))
-    return calibrate.run_calibrate(s, a.out, a.resume, c.device, a.progress, c.mark, log.info)
+    return calibrate.run_calibrate(s, a.out, a.resume, c.device, a.progress, c.mark, log.info, c.refit)
 
 
 OUT = ("--out", {"required": True, "help": "output directory"})

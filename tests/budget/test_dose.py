@@ -1,7 +1,9 @@
 """The budget as a benchmark dose (budget/dose.py through budget.fit_budget): synthetic paired runs whose true curve,
 and so whose true benchmark dose, is known by hand."""
 
+import dataclasses
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -310,3 +312,80 @@ def test_stale_configurations_are_judged_on_the_stale_curve():
     assert verdict(0.3, (0.29, 0.31), stale, 16)["verdict"] == "REJECT"
     plain = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), tolerance=TOL, bootstrap=30)
     assert plain.for_kind("stale") is plain
+
+
+def test_a_curve_below_the_tolerance_everywhere_is_censored_at_the_top_dose():
+    """Every level loses at most 0.4 % of the gain (0.002·x at the top dose 2.1): the fitted curve never reaches
+    2 %, so the budget is not a number but "> 2.1" (censored at the highest tested dose, no curve extrapolated), and
+    a configuration above it cannot be rejected. Seen failing with the censoring flag dropped."""
+    from fp8probe.budget.admission import verdict
+    from fp8probe.budget.words import budget_text
+
+    b = fit_budget(synthetic(lambda x: 0.002 * x, seeds=4, sd=0.0005), tolerance=TOL, bootstrap=100)
+    assert b.method == "benchmark dose" and b.censored and b.value == pytest.approx(2.1)
+    assert b.dose_response["rulers"]["noise"]["above_range"] is True
+    assert budget_text(b).startswith("> 2.1")
+    assert verdict(5.0, (4.5, 5.5), b, 16)["verdict"] == "UNCERTAIN"
+
+
+def test_an_unfit_stale_ruler_is_not_used_nor_printed_as_a_budget():
+    """Two stale levels that no monotone curve through the origin follows (stale:1 at 0.1 loses 10 %, stale:2 at 0.4
+    loses 6 %, quiet runs): every family fails its lack-of-fit test, so a stale configuration is judged on the noise
+    ruler (BMD 0.5: KL 0.3 is ADMIT), not on the unfit curve's "BMD" (about 0.1, which would REJECT it), and
+    `fp8probe budget` prints no dose for it. Seen failing with for_kind taking any stale curve."""
+    from fp8probe.budget.admission import judge
+    from fp8probe.budget.words import fit_lines
+
+    extra = [("stale:1", "stale", 0.1, 0.10), ("stale:2", "stale", 0.4, 0.06)]
+    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001, extra=extra), tolerance=TOL, bootstrap=60)
+    stale = b.dose_response["rulers"]["stale"]
+    assert stale["fits"] is False and stale["bmd"] < 0.2 and stale["interval"][1] < 0.29
+    assert b.for_kind("stale") is b
+    assert judge(0.3, (0.29, 0.31), b, 16, ("stale",))["verdict"] == "ADMIT"
+    line = next(x for x in fit_lines(b) if x.strip().startswith("stale ruler"))
+    assert "no family fits" in line and f"{stale['bmd']:.4g}" not in line
+
+
+def test_the_interval_is_widened_for_three_seeds_by_hand():
+    """expansion(3) = sqrt(3/2) x t(2, 0.95) / z(0.95) = 1.224745 x 2.919986 / 1.644854 = 2.17420, applied on the
+    log scale about the point: [0.5, 2.0] about 1.0 becomes [0.5^2.17420, 2^2.17420] = [0.22157, 4.51335]; the upper end
+    stays within the tested doses (here 3.0). Seen failing with the upper end left unwidened."""
+    from fp8probe.budget.dose import expanded
+
+    e = math.sqrt(1.5) * 2.919986 / 1.644854
+    assert expanded(1.0, [0.5, 2.0], 3, 10.0) == pytest.approx([0.5 ** e, 2.0 ** e], rel=1e-5)
+    assert expanded(1.0, [0.5, 2.0], 3, 10.0) == pytest.approx([0.22157, 4.51335], rel=1e-4)
+    assert expanded(1.0, [0.5, 2.0], 3, 3.0) == pytest.approx([0.22157, 3.0], rel=1e-4)
+
+
+def test_two_objectives_ratio_a_known_two_fold_with_its_interval():
+    """One objective loses 4 % per unit of dose (BMD 0.5), the other 2 % (BMD 1.0): the second tolerates 2x the
+    first's dose. Seen failing with the ratio inverted (0.5, outside its own interval)."""
+    from fp8probe.budget.fit import budget_ratio
+
+    levels = (0.05, 0.2, 0.6, 1.2, 2.1)
+    a = fit_budget(synthetic(lambda x: 0.02 * x, seeds=4, sd=0.001, levels=levels), tolerance=TOL, bootstrap=200)
+    b = fit_budget(synthetic(lambda x: 0.04 * x, seeds=4, sd=0.001, levels=levels), tolerance=TOL, bootstrap=200)
+    a, b = (dataclasses.replace(x, objective=o) for x, o in ((a, "grpo"), (b, "opd")))
+    r = budget_ratio(a, b)
+    assert r["ratio"] == pytest.approx(2.0, rel=0.05) and r["undetermined"] is None
+    assert r["interval"][0] <= 2.0 <= r["interval"][1] and r["interval"][0] > 1.0
+    assert budget_ratio(b, a)["ratio"] == pytest.approx(0.5, rel=0.05)
+
+
+def test_the_ratio_is_refused_for_a_failed_fit_and_for_a_censored_dose():
+    """A budget read off the isotonic fit (no family fits) or one whose BMD lies beyond its highest tested dose gives
+    no ratio: "undetermined", with the reason."""
+    from fp8probe.budget.fit import budget_ratio
+
+    ok = dataclasses.replace(fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001), tolerance=TOL, bootstrap=60),
+                             objective="opd")
+    unfit = dataclasses.replace(fit_budget(synthetic({0.005: 0.0, 0.04: 0.08, 0.3: 0.0, 2.1: 0.08}.get, seeds=4,
+                                                     sd=0.002), tolerance=TOL, bootstrap=50), objective="grpo")
+    censored = dataclasses.replace(fit_budget(synthetic(lambda x: 0.002 * x, seeds=4, sd=0.0005), tolerance=TOL,
+                                              bootstrap=60), objective="grpo")
+    assert unfit.method == "isotonic" and censored.censored
+    r = budget_ratio(unfit, ok)
+    assert r["ratio"] is None and "not a fitted benchmark dose" in r["undetermined"]
+    r = budget_ratio(censored, ok)
+    assert r["ratio"] is None and "beyond its highest tested dose" in r["undetermined"]

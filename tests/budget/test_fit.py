@@ -1,13 +1,18 @@
 """The mismatch budget from training runs (budget.fit_budget): a known threshold, both directions of quality."""
 
+import functools
 import json
 
 import pandas as pd
 import pytest
 import torch
 
-from fp8probe.budget.fit import fit_budget, read_budget
+from fp8probe.budget.fit import fit_budget as _fit_budget
+from fp8probe.budget.fit import read_budget
 from fp8probe.core.errors import FP8ProbeError
+
+# these tables carry no quality before training: their losses are relative (budget.json 3's response)
+fit_budget = functools.partial(_fit_budget, response="relative")
 
 LEVELS = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
@@ -27,10 +32,10 @@ def _runs(threshold_index=3, levels=LEVELS, seeds=3):
 
 def test_budget_recovers_a_known_threshold():
     runs = _runs()
-    b = fit_budget(runs, tolerance=0.01, bootstrap=300, fit="isotonic", response="relative")
+    b = fit_budget(runs, tolerance=0.01, bootstrap=300, fit="isotonic")
     assert b.value == 1e-3 and b.metric == "k3" and b.calibrated
     assert b.interval[0] <= 1e-3 <= b.interval[1]
-    assert fit_budget(_runs(threshold_index=1), bootstrap=50, fit="isotonic", response="relative").value == 1e-4
+    assert fit_budget(_runs(threshold_index=1), bootstrap=50, fit="isotonic").value == 1e-4
 
 
 def test_lower_is_better_and_the_direction_decides():
@@ -38,12 +43,12 @@ def test_lower_is_better_and_the_direction_decides():
     up to 1e-3 (within +-0.4 %), then 0.24 (+20 %) and 0.28 (+40 %). At a 5 % tolerance the budget is exactly
     1e-3. Read the other way round the rises would be improvements and every level would pass: 1e-2."""
     inv = _runs().assign(quality=lambda d: 1.0 - d.quality)
-    lower = fit_budget(inv.assign(higher_is_better="false"), tolerance=0.05, bootstrap=0, fit="isotonic", response="relative")
+    lower = fit_budget(inv.assign(higher_is_better="false"), tolerance=0.05, bootstrap=0, fit="isotonic")
     assert lower.value == 1e-3
-    assert fit_budget(inv.assign(higher_is_better="true"), tolerance=0.05, bootstrap=0, fit="isotonic", response="relative").value == 1e-2
+    assert fit_budget(inv.assign(higher_is_better="true"), tolerance=0.05, bootstrap=0, fit="isotonic").value == 1e-2
     bool_column = inv.assign(higher_is_better=False)
-    assert fit_budget(bool_column, tolerance=0.05, bootstrap=0, fit="isotonic", response="relative").value == 1e-3
-    assert fit_budget(inv, tolerance=0.05, bootstrap=0, fit="isotonic", response="relative").value == 1e-2  # the default: higher is better
+    assert fit_budget(bool_column, tolerance=0.05, bootstrap=0, fit="isotonic").value == 1e-3
+    assert fit_budget(inv, tolerance=0.05, bootstrap=0, fit="isotonic").value == 1e-2  # the default: higher is better
 
 
 def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
@@ -67,7 +72,7 @@ def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
     assert list(df["paired_loss"][:2]) == [0.0, 0.0]
     assert list(df["paired_loss"][2:4]) == pytest.approx([0.004, 0.004]) and list(df["paired_loss"][4:]) == \
         pytest.approx([0.14, 0.14])
-    b = fit_budget(df, tolerance=0.02, bootstrap=200, response="relative")
+    b = fit_budget(df, tolerance=0.02, bootstrap=200)
     assert b.paired and b.value == 0.01 and b.interval == (0.01, 0.01)
     assert list(runs_table(results)["quality"]) == [r["quality"]["auc"] for r in results]  # auc by default
     assert list(runs_table(results, "plateau")["quality"]) == [r["quality"]["plateau"] for r in results]
@@ -79,7 +84,8 @@ def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
 
 def test_budget_command_and_bad_tables(cli, tmp_path):
     _runs().to_csv(tmp_path / "runs.csv", index=False)
-    r = cli("-q", "budget", tmp_path / "runs.csv", "--out", tmp_path / "b", "--bootstrap", 200, "--fit", "isotonic", "--response", "relative")
+    r = cli("-q", "budget", tmp_path / "runs.csv", "--out", tmp_path / "b", "--bootstrap", 200, "--fit", "isotonic",
+            "--response", "relative")
     assert r.code == 0, r.err
     d = json.loads((tmp_path / "b" / "budget.json").read_text())
     assert d["value"] == 1e-3 and d["metric"] == "k3" and d["schema_version"] == 4 and d["paired"]
@@ -117,11 +123,11 @@ def test_paired_bootstrap_recovers_a_known_edge_that_seed_spread_hides():
     the edge (1e-3) with an interval of one level; the unpaired fit, whose losses carry the seeds' spread, cannot
     place it as tightly. The mismatch-free twins' paired losses are exactly 0."""
     runs = _seeded_runs()
-    paired = fit_budget(runs, tolerance=0.02, bootstrap=500, fit="isotonic", response="relative")
+    paired = fit_budget(runs, tolerance=0.02, bootstrap=500, fit="isotonic")
     assert paired.paired and paired.value == 1e-3 and paired.interval == (1e-3, 1e-3)
     assert paired.levels[0]["mismatch"] == 0 and paired.levels[0]["loss"] == 0.0
     assert paired.levels[0]["loss_interval"] == [0.0, 0.0] and paired.seed_spread > 0.05
-    unpaired = fit_budget(runs, tolerance=0.02, bootstrap=500, paired=False, fit="isotonic", response="relative")
+    unpaired = fit_budget(runs, tolerance=0.02, bootstrap=500, paired=False, fit="isotonic")
     assert not unpaired.paired
     lo, hi = unpaired.interval
     assert lo < 1e-3 or hi > 1e-3 or unpaired.value != 1e-3  # the seeds' spread blurs the edge
@@ -130,14 +136,14 @@ def test_paired_bootstrap_recovers_a_known_edge_that_seed_spread_hides():
 def test_pairing_needs_twins_and_one_objective():
     runs = _seeded_runs()
     no_twin = runs[~((runs["mismatch"] == 0) & (runs["seed"] == 3))]
-    assert not fit_budget(no_twin, bootstrap=0, fit="isotonic", response="relative").paired  # seed 3 has no mismatch-free run: unpaired
+    assert not fit_budget(no_twin, bootstrap=0, fit="isotonic").paired  # seed 3 has no mismatch-free run: unpaired
     with pytest.raises(FP8ProbeError, match="pairing needs"):
-        fit_budget(no_twin, bootstrap=0, paired=True, fit="isotonic", response="relative")
+        fit_budget(no_twin, bootstrap=0, paired=True, fit="isotonic")
     two = pd.concat([runs.assign(objective="opd"), _seeded_runs(edge_index=1).assign(objective="grpo")])
     with pytest.raises(FP8ProbeError, match="several objectives"):
-        fit_budget(two, bootstrap=0, fit="isotonic", response="relative")
-    assert fit_budget(two, bootstrap=0, objective="opd", fit="isotonic", response="relative").value == 1e-3
-    assert fit_budget(two, bootstrap=0, objective="grpo", fit="isotonic", response="relative").value == 1e-4
+        fit_budget(two, bootstrap=0, fit="isotonic")
+    assert fit_budget(two, bootstrap=0, objective="opd", fit="isotonic").value == 1e-3
+    assert fit_budget(two, bootstrap=0, objective="grpo", fit="isotonic").value == 1e-4
 
 
 def test_other_sources_are_shown_beside_the_ruler_not_fitted():
@@ -146,8 +152,6 @@ def test_other_sources_are_shown_beside_the_ruler_not_fitted():
     reported beside it with its own paired loss."""
     import pandas as pd
 
-    from fp8probe.budget.fit import fit_budget
-
     rows = []
     for seed in range(3):
         for level, kind, mismatch, quality in (("0", "none", 0.0, 10.0), ("0.01", "noise", 0.01, 10.1),
@@ -155,9 +159,9 @@ def test_other_sources_are_shown_beside_the_ruler_not_fitted():
             rows.append({"level": level, "kind": kind, "seed": seed, "mismatch": mismatch, "quality": quality,
                          "higher_is_better": False})
     df = pd.DataFrame(rows)
-    b = fit_budget(df, tolerance=0.02, bootstrap=50, fit="isotonic", response="relative")
+    b = fit_budget(df, tolerance=0.02, bootstrap=50, fit="isotonic")
     assert b.value == 0.01 and [lv["mismatch"] for lv in b.levels] == [0.0, 0.01, 0.1]
     (other,) = b.other_levels
     assert other["level"] == "stale:1" and other["kind"] == "stale" and other["loss"] == pytest.approx(0.08)
-    all_fitted = fit_budget(df.drop(columns="kind"), tolerance=0.02, bootstrap=50, fit="isotonic", response="relative")
+    all_fitted = fit_budget(df.drop(columns="kind"), tolerance=0.02, bootstrap=50, fit="isotonic")
     assert all_fitted.value == 0.0  # all fitted: dragged to 0

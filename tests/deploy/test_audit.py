@@ -163,7 +163,7 @@ def test_every_framework_fragment_is_read_as_its_framework_reads_it(all_targets,
     fw = ckpt / "frameworks"
 
     def planted(name, edit):
-        bad = tmp_path / name
+        bad = tmp_path / f"{len(list(tmp_path.iterdir()))}-{name}"  # each plant its own copy
         shutil.copytree(ckpt, bad)
         f = bad / "frameworks" / name
         f.write_text(edit(f.read_text()))
@@ -177,6 +177,11 @@ def test_every_framework_fragment_is_read_as_its_framework_reads_it(all_targets,
     # verl-SGLang's ignore list loses its first entry (block 0's modules, kept by the recipe)
     got = planted("verl-sglang.sh", lambda t: t.replace('IGNORED_LAYERS="', 'IGNORED_LAYERS="x.', 1))
     assert got and all(f.where.startswith("verl-sglang: model.layers.") for f in got)
+    # ... and the other way round: an entry added that keeps an FP8 module of the recipe (block 3's o_proj) in BF16
+    got = planted("verl-sglang.sh", lambda t: t.replace('IGNORED_LAYERS="', 'IGNORED_LAYERS="model.layers.3.self_attn'
+                                                                           '.o_proj,', 1))
+    assert [(f.where, f.message) for f in got] == [("verl-sglang: model.layers.3.self_attn.o_proj",
+                                                    "the recipe puts it in FP8, verl-sglang keeps it BF16")]
     # SkyRL's FP8 KV cache dropped
     got = planted("skyrl.sh", lambda t: "\n".join(ln for ln in t.splitlines() if "kv_cache_dtype" not in ln) + "\n")
     assert [f.where for f in got] == ["skyrl: kv_cache_dtype"]

@@ -92,6 +92,18 @@ def _const(step=1e-3):
     return _model(device=Device("c", 1e30, 1e30, None, step_overhead_s=step, seq_overhead_s=0.0))
 
 
+def test_the_newest_request_is_preempted_as_vllm_v1_does():
+    """Three unequal requests (prompts of 16; responses 48, 32, 32) in 7 blocks of 16, chunks of 16 steps, by hand:
+    all three start (2 blocks each, 6 <= 7) and decode 16 steps. At 48 tokens each would hold 3 blocks (9 > 7): vLLM
+    V1 preempts the newest, request 2 (vllm/v1/core/sched/scheduler.py: `self.running.pop()`); 0 and 1 decode 16 more
+    (request 1 ends at 32). Then 0 needs 4 blocks and the readmitted 2 needs 3 (its prompt and 16 outputs prefilled
+    again): 7 <= 7, and both end after 16 more. Steps 16 + 16 + 16 = 48, 1 preemption, prefilled 3 x 16 + 32 = 80.
+    Preempting the oldest instead (request 0) would leave it to finish alone afterwards: 64 steps."""
+    r = simulate(_const(), [16, 16, 16], [48, 32, 32], num_blocks=7, groups=[(None, [0, 1])], max_num_seqs=8)
+    assert (r.steps, r.preemptions, r.tokens, r.prefill_tokens, r.max_running) == (48, 1, 112, 80, 3)
+    assert r.seconds == pytest.approx(0.048, rel=1e-6)
+
+
 def test_simulate_by_hand():
     groups = [(None, [0, 1])]
     m = _const()

@@ -1,0 +1,84 @@
+"""The verdict (budget/admission.py): a budget belongs to its student, and each kind of source is judged on its own
+evidence where the calibration ran it as a level."""
+
+import dataclasses
+import json
+
+import pytest
+
+from fp8probe.budget.admission import judge
+from fp8probe.budget.fit import Budget
+
+
+def _budget(**kw) -> Budget:
+    """A calibrated noise-ruler budget, BMD 0.5 [0.3, 0.9] on kl_q_p, 2 % of the gain."""
+    return Budget("kl_q_p", 0.5, True, "test", (0.3, 0.9), 0.02, method="benchmark dose", response="gain", **kw)
+
+
+FP8 = {"level": "fp8:FP8_DYNAMIC", "mismatch": 3.49, "loss": 0.60, "loss_interval": [0.37, 0.83], "seeds": 3,
+       "predicted": 0.19, "reading": "costs more than the ruler predicts"}
+KV = {"level": "kv:fp8", "mismatch": 0.062, "loss": 0.003, "loss_interval": [-0.01, 0.015], "seeds": 3,
+      "predicted": 0.003, "reading": "as the ruler predicts"}
+
+
+def test_a_kind_is_judged_on_its_own_calibration_level():
+    """By hand, against BMD 0.5 [0.3, 0.9] and these levels: whole-model FP8 at 3.5-3.6, at or above its level's
+    dose (3.49) where it lost 60 % [37, 83] > 2 %: REJECT on its own evidence (the noise ruler would say the same
+    here, but for its own reason). A small FP8 recipe at 0.10-0.12: the noise ruler admits it, but FP8 cost more than
+    the ruler predicts, so it cannot: UNCERTAIN. An FP8 KV cache at 0.04-0.06, at or below its level (0.062), where
+    it lost 0.3 % [-1.0, +1.5] <= 2 %: ADMIT on its own evidence, even with a budget whose lower end (0.01) the
+    noise ruler could not clear. A KV cache with FP8 weights together is not its level: the ruler, which cannot
+    admit the FP8 part. Seen failing with the kinds' evidence ignored (the FP8 recipe read ADMIT)."""
+    b = _budget(kinds={"fp8": [FP8], "kv": [KV]})
+    v = judge(3.55, (3.5, 3.6), b, 16, ("fp8",))
+    assert v["verdict"] == "REJECT" and "fp8's own calibration level" in v["judged_on"]
+    v = judge(0.11, (0.10, 0.12), b, 16, ("fp8",))
+    assert v["verdict"] == "UNCERTAIN" and "cannot admit" in v["undecided_because"]
+    tight = dataclasses.replace(b, interval=(0.01, 0.9))
+    assert judge(0.05, (0.04, 0.06), tight, 16, ())["verdict"] == "UNCERTAIN"  # the ruler alone cannot decide
+    v = judge(0.05, (0.04, 0.06), tight, 16, ("kv",))
+    assert v["verdict"] == "ADMIT" and "kv's own calibration level" in v["judged_on"]
+    v = judge(0.11, (0.10, 0.12), b, 16, ("fp8", "kv"))
+    assert v["verdict"] == "UNCERTAIN" and v["judged_on"] == "the noise ruler, which cannot admit fp8"
+    assert judge(0.11, (0.10, 0.12), _budget(), 16, ("fp8",))["verdict"] == "ADMIT"  # no evidence: the ruler
+
+
+def test_check_refuses_another_students_budget(cli, tiny_dirs, tmp_path):
+    """A budget records its student's content hash: `check` of another student against it exits 2 in one line that
+    names the override; with `--other-student` it judges and says so; the budget's own student passes without a
+    note. Seen failing with the comparison skipped (exit 0, no note)."""
+    from fp8probe.model.identity import identity
+    from fp8probe.model.student import load_student
+
+    own = identity(load_student(str(tiny_dirs["llama"])))
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps(_budget(student=own).to_json()))
+    other = tiny_dirs["qwen3"]
+    common = ["--budget", path, "--kv-cache-dtype", "fp8", "--num-prompts", 4, "--max-new-tokens", 6]
+    r = cli("check", other, "--out", tmp_path / "refused", *common)
+    assert r.code == 2 and len(r.lines) == 1, (r.code, r.err)
+    assert "--other-student" in r.lines[0] and own["sha256"][:12] in r.lines[0], r.lines
+    assert not (tmp_path / "refused").exists()
+    r = cli("-q", "check", other, "--out", tmp_path / "anyway", "--other-student", *common)
+    assert r.code in (0, 1, 3), r.err
+    note = json.loads((tmp_path / "anyway" / "check.json").read_text())["budget_student_note"]
+    assert note.startswith("judged against another student's budget")
+    r = cli("-q", "check", tiny_dirs["llama"], "--out", tmp_path / "own", *common)
+    assert r.code in (0, 1, 3), r.err
+    assert json.loads((tmp_path / "own" / "check.json").read_text())["budget_student_note"] is None
+
+
+@pytest.mark.parametrize("text, reason", [("0.001", None), ("v3", "does not record the student")])
+def test_a_budget_without_a_student_is_labelled(cli, tiny_dirs, tmp_path, text, reason):
+    """A number, or a budget.json older than 4: nothing to compare; a calibrated one says it may belong to another."""
+    budget = text
+    if text == "v3":
+        d = _budget().to_json()
+        d["schema_version"] = 3
+        (tmp_path / "b3.json").write_text(json.dumps(d))
+        budget = tmp_path / "b3.json"
+    r = cli("-q", "check", tiny_dirs["llama"], "--budget", budget, "--kv-cache-dtype", "fp8", "--num-prompts", 4,
+            "--max-new-tokens", 6, "--out", tmp_path / "c")
+    assert r.code in (0, 1, 3), r.err
+    note = json.loads((tmp_path / "c" / "check.json").read_text())["budget_student_note"]
+    assert (note is None) if reason is None else (reason in note)
