@@ -15,10 +15,10 @@ shared by every run of a seed, and each run's own noise e (the twins' σ0, the p
 a run's gain-based loss is f(dose) exactly, so f is the true curve on the response the budget reads. The noise is set by
 the paired loss's per-run standard deviation (`sd`: pair A measured 5-8 % for OPD, 11 % for GRPO) and the twin's share
 of it (`twin`: σ0² / (σ0² + σ1²), 0-0.5), the seed effect by its share of a run's variance (`seed`). A level's dose
-grows as σ² (`DOSE_PER_SIGMA2`, pair A's doses on check's scale). The truths include curves no family of the fit has: a
-plateau, a threshold, a concave low dose, a dip below zero before the rise. The true BMD is where the true curve first
-reaches the tolerance (by bisection; hand values in TRUTHS' notes); a draw covers it when its interval holds it, an end
-censored at the highest tested dose counting as open.
+grows as pair A's measured doses on check's scale do (`DOSES`: σ² at first, saturating above σ = 0.05). The truths
+include curves no family of the fit has: a plateau, a threshold, a concave low dose, a dip below zero before the rise.
+The true BMD is where the true curve first reaches the tolerance (by bisection; hand values in TRUTHS' notes); a draw
+covers it when its interval holds it, an end censored at the highest tested dose counting as open.
 
 Coverage per scenario with its 90 % Clopper-Pearson interval; resumable (one JSON line per draw in --out); the fits
 inside use --bootstrap draws per bootstrap (300 by default; the command line's default is 1000), stated with the
@@ -37,7 +37,9 @@ from pathlib import Path
 import numpy as np
 
 TOLERANCE = 0.02
-DOSE_PER_SIGMA2 = 1000.0  # pair A's check doses: σ = 0.01 -> about 0.1, σ = 0.1 -> about 10 (docs/admission.md)
+# pair A's doses on check's scale (recipes/smollm2-135m/calibration/doses.json): σ -> kl_q_p, log-log between them
+DOSES = {0.00333: 0.0181, 0.01: 0.1572, 0.03: 1.103, 0.0405: 1.681, 0.0548: 2.483, 0.074: 3.604, 0.1: 4.915,
+         0.15: 6.703, 0.2: 8.273}
 LEVELS = ("0", "0.01", "0.03", "0.1")  # the demo's ladder (σ); calibrate adds one adaptive level and the allocation
 M0, START = 4.0, 8.0
 
@@ -112,7 +114,13 @@ def _run(sc: Scenario, draw: int, level, seed: int) -> dict:
 
 
 def _dose(level) -> float:
-    return DOSE_PER_SIGMA2 * (level.value or 0.0) ** 2 if level.kind == "noise" else 0.0
+    """A noise level's dose: pair A's measured doses, log-log between them (beyond them: the nearest two's slope)."""
+    if level.kind != "noise":
+        return 0.0
+    xs, ys = np.log(list(DOSES)), np.log(list(DOSES.values()))
+    x = math.log(level.value)
+    i = int(np.clip(np.searchsorted(xs, x), 1, len(xs) - 1))
+    return float(math.exp(ys[i - 1] + (x - xs[i - 1]) * (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])))
 
 
 def one_draw(args) -> dict:
@@ -220,7 +228,7 @@ def report(log: Path, path: Path, bootstrap: int, stop_rule: str) -> None:
                       "median_seconds": float(np.median([x["seconds"] for x in r]))})
         print(f"{sc.name:<40} {true_bmd(sc.truth):>9.3g} {n:>6} {k / n:>9.3f} [{lo:.3f}, {hi:.3f}] {width:>12.3g}x")
     path.write_text(json.dumps({"stop_rule": stop_rule, "bootstrap": bootstrap, "tolerance": TOLERANCE,
-                                "levels": LEVELS, "dose_per_sigma2": DOSE_PER_SIGMA2, "scenarios": table}, indent=1))
+                                "levels": LEVELS, "doses": DOSES, "scenarios": table}, indent=1))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ class AuditResult(Result):
             parts.append(f"{c['modules']} Linear modules ({c['engine_fp8']} in FP8 as vLLM resolves the checkpoint, "
                          f"{c['recipe_fp8']} in the recipe), {c['input_scales']} input and {c['kv_scales']} KV-cache "
                          "scales, " + (f"{c['weights']} FP8 weights against the student's" if "weights" in c else
-                                       "weights not checked (give `model`, the BF16 student it was exported from)"))
+                                       f"weights not checked (the student: {r['student']['status']})"))
         if c.get("frameworks"):
             parts.append(f"the fragments of {', '.join(c['frameworks'])} as each framework reads them")
         v = r.get("vllm")
@@ -42,7 +42,8 @@ class AuditResult(Result):
 def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pickle: bool = False,
               self_check=None) -> AuditResult:
     """Audit `export_dir` (a checkpoint `fp8probe export` wrote) against `recipe` (default: the recipe.yaml the
-    export copied) and, with `model`, the BF16 student's weights; writes DIR/audit.json. `self_check(ckpt, recipe,
+    export copied) and the BF16 student's weights (`model`, or by default the student the export recorded in
+    student.json, where it is at hand and unchanged); writes DIR/audit.json. `self_check(ckpt, recipe,
     student, bf16_dir)` (`--vllm`: testing/vllm_check.audit_self_check, handed down by the CLI) runs the export in the
     engine and compares its mismatch with fp8probe's prediction; a disagreement is a finding."""
     from ..core.errors import FP8ProbeError
@@ -53,25 +54,30 @@ def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pick
     if not Path(export_dir).is_dir():
         raise FP8ProbeError(f"no such export directory: {export_dir}")
     rec = read_recipe(recipe) if recipe else None
-    student = None
     if model is not None:
         from ..model.student import load_student
 
-        student = load_student(model, allow_pickle=allow_pickle)
+        student, whose = load_student(model, allow_pickle=allow_pickle), {"name": model, "status": "given (`model`)"}
+    else:  # the student the export recorded (student.json), where it is at hand and unchanged
+        from ..deploy.audit import recorded_student
+
+        student, whose = recorded_student(export_dir, allow_pickle)
     if self_check is not None and student is None:
-        raise FP8ProbeError("`vllm` runs the export beside the BF16 student: give `model`")
+        raise FP8ProbeError(f"`vllm` runs the export beside the BF16 student: give `model` (the student: "
+                            f"{whose['status']})")
     a = audit_checkpoint(export_dir, rec, student)
     engine = None
     if self_check is not None:
         from ..model.embedded import STUDENTS
 
         rec = rec or read_recipe(Path(export_dir) / "recipe.yaml")
-        engine = self_check(export_dir, rec, student, STUDENTS[model]() if model in STUDENTS else model)
+        source = model or whose["name"]
+        engine = self_check(export_dir, rec, student, STUDENTS[source]() if source in STUDENTS else source)
         if engine["covered"] and not engine["agrees"]:
             a.add("vllm", str(export_dir), f"vLLM's k3 {engine['realised']['k3']:.4g} against fp8probe's prediction "
                   f"{engine['predicted']['k3']:.4g} (BF16 noise floor {engine['noise_floor']['k3']:.3g}): the engine "
                   "does not run what the recipe was measured as")
     with output_dir(out) as d:
-        report = a.to_json() | ({"vllm": engine} if engine is not None else {})
+        report = a.to_json() | {"student": whose} | ({"vllm": engine} if engine is not None else {})
         atomic_write_json(d / "audit.json", report)
     return AuditResult(Path(out), report)

@@ -14,6 +14,7 @@
     plan.json            1        apps/plan.py (plan; plan.csv beside it)  plots
     audit.json           1        deploy/audit.py (audit)           -
     series.json          1        apps/series.py (check --checkpoints)  -
+    student.json         1        deploy/export.py (beside the checkpoint)  apps/audit.py (the student to audit against)
 
 recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves; at 3
 `measured` is the held-out prompts' value (measured_search the search set's, measured_interval, split), and a move
@@ -57,6 +58,7 @@ SCHEMAS = {
     "check.json": 2,
     "calibrate.json": 3,
     "plan.json": 1,
+    "student.json": 1,
 }
 
 

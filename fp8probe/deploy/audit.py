@@ -137,6 +137,32 @@ def _read(ckpt: Path, names: list[str]) -> dict:
     return out
 
 
+def recorded_student(ckpt: str | Path, allow_pickle: bool = False):
+    """(the student an export was made from, loaded where its student.json names one that is at hand and unchanged,
+    else None; what became of it, for audit.json). An export without student.json (before fp8probe recorded it) says
+    so."""
+    import torch
+
+    from ..core.artifacts import read_artifact
+    from ..model.identity import SHORT, content_hash
+    from ..model.student import load_student
+
+    f = Path(ckpt) / "student.json"
+    if not f.is_file():
+        return None, {"status": "not recorded (an export without student.json): give `model` to check the weights"}
+    rec = read_artifact("student.json", f, "export again")
+    try:
+        student = load_student(rec["name"], allow_pickle=allow_pickle)
+    except FP8ProbeError as e:
+        return None, {"name": rec["name"], "status": f"not at hand ({e}): give `model` to check the weights"}
+    got = content_hash(student.model, round_to=torch.bfloat16)
+    if got != rec["sha256"]:
+        return None, {"name": rec["name"], "status": f"changed since the export (sha256 {got[:SHORT]}, exported from "
+                                                     f"{rec['sha256'][:SHORT]}): give `model`, the student it was "
+                                                     "exported from, to check the weights"}
+    return student, {"name": rec["name"], "status": "checked: the student the export recorded (same sha256)"}
+
+
 def audit_checkpoint(ckpt: str | Path, recipe=None, student=None) -> Audit:
     """Audit what `fp8probe export` wrote into a directory against `recipe` (a Recipe; default: the recipe.yaml the
     export copied) and, when given, the BF16 `student` it was made from (its units; the weight scales): the

@@ -27,9 +27,11 @@ from pathlib import Path
 
 import yaml
 
+from ..core.artifacts import stamped
 from ..core.errors import FP8ProbeError, MissingExtra, one_line
 from ..core.files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
 from ..core.results import Result
+from ..model.identity import content_hash
 from ..model.structure import list_units, meta_model
 from ..model.student import check_finite_weights, config_kwargs, load_config, resolve_source
 from ..recipe.recipe import Recipe, read_recipe
@@ -172,6 +174,8 @@ def _write_checkpoint(recipe_path: Path, spec: Recipe, src, kwargs, tmp: Path, f
     tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, trust_remote_code=trust_remote_code, **kwargs)
     check_finite_weights(hf, str(name))
+    student = stamped("student.json", {"name": student_name(name), "sha256": content_hash(hf),
+                                       "weights": "bfloat16, as llm-compressor read them"})
     oneshot_kwargs = {}
     if spec.needs_calibration:
         from datasets import Dataset
@@ -188,12 +192,20 @@ def _write_checkpoint(recipe_path: Path, spec: Recipe, src, kwargs, tmp: Path, f
         raise FP8ProbeError(f"llm-compressor refused the recipe: {one_line(e)}") from e
     hf.save_pretrained(str(tmp), save_compressed=True)
     tok.save_pretrained(str(tmp))
+    atomic_write_json(tmp / "student.json", student)
     shutil.copy(recipe_path, tmp / "recipe.yaml")
     args = vllm_args(final, spec, max_model_len)
     atomic_write_json(tmp / "vllm_args.json", args)
     serve = {k.replace("_", "-"): v for k, v in args.items() if k != "model"}
     atomic_write_text(tmp / "vllm.yaml", f"# vllm serve {final} --config {final / 'vllm.yaml'}\n"
                       + yaml.safe_dump(serve, sort_keys=False))
+
+
+def student_name(name) -> str:
+    """How student.json names the student an export was made from: a path made absolute (an audit elsewhere finds
+    it), a model id or the embedded student's name as given."""
+    p = Path(str(name)).expanduser()
+    return str(p.resolve()) if p.exists() else str(name)
 
 
 def read_checkpoint_fp8(ckpt: str | Path) -> dict:

@@ -22,8 +22,10 @@ VOLATILE = ("_name_or_path", "dtype", "torch_dtype", "transformers_version", "ar
 SHORT = 12  # hex digits shown in messages
 
 
-def content_hash(model) -> str:
-    """The sha256 of `model`'s config and weights (module docstring)."""
+def content_hash(model, round_to=None) -> str:
+    """The sha256 of `model`'s config and weights (module docstring); `round_to` (a torch dtype) rounds each weight to
+    it first: an export hashes the bfloat16 weights llm-compressor starts from, and an fp32-loaded student of a BF16
+    checkpoint rounds back to the very same values."""
     import torch
 
     h = hashlib.sha256()
@@ -32,7 +34,10 @@ def content_hash(model) -> str:
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(json.dumps(list(t.shape)).encode())
-        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes())
+        t = t.detach().to("cpu")
+        if round_to is not None and t.is_floating_point():
+            t = t.to(round_to)
+        h.update(t.to(torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes())
     return h.hexdigest()
 
 

@@ -86,6 +86,38 @@ def test_each_planted_defect_is_found_where_it_was_planted(exported, tmp_path, d
         [f.line() for f in a.findings]
 
 
+def test_a_plain_audit_checks_the_weights_against_the_student_the_export_recorded(exported, tmp_path):
+    """export writes student.json (the model's name as an absolute path and the sha256 of its BF16 weights); a plain
+    audit loads that student and checks every FP8 weight against it: one weight scale doubled is a finding without
+    `model`. A student moved away, or changed since, is said so in one line and its weights are not checked. Seen
+    failing with the recorded student ignored (the doubled scale read clean)."""
+    import shutil
+
+    from fp8probe.deploy.audit import recorded_student
+    from fp8probe.model.identity import content_hash
+
+    ckpt, st = exported
+    rec = json.loads((ckpt / "student.json").read_text())
+    assert rec["schema_version"] == 1 and rec["name"] == str((ckpt.parent / "model").resolve())
+    assert rec["sha256"] == content_hash(st.model, round_to=torch.bfloat16)
+    bad = planted_copy(ckpt, tmp_path / "bad", tensors=_double)
+    a = audit_checkpoint(bad, student=recorded_student(bad)[0])
+    assert [(f.kind, f.where) for f in a.findings] == [("weight-scale", "model.layers.2.self_attn.o_proj")]
+    moved = tmp_path / "moved"
+    shutil.copytree(bad, moved)
+    rec["name"] = str(tmp_path / "gone")
+    (moved / "student.json").write_text(json.dumps(rec))
+    student, whose = recorded_student(moved)
+    assert student is None and whose["status"].startswith("not at hand")
+    other = tmp_path / "other"  # the same architecture, other weights
+    tiny_model("llama", seed=1).save_pretrained(other)
+    tiny_tokenizer().save_pretrained(other)
+    rec["name"] = str(other)
+    (moved / "student.json").write_text(json.dumps(rec))
+    student, whose = recorded_student(moved)
+    assert student is None and whose["status"].startswith("changed since the export")
+
+
 def test_vllms_resolution_of_ignore_patterns():
     """The rules of vLLM 0.32's should_ignore_layer / find_matched_target, by hand: a fused layer follows its shards,
     a split is refused, "re:" patterns match from the start, the "Linear" target matches every linear layer."""
@@ -116,11 +148,13 @@ def test_the_command(cli, exported, tmp_path):
     assert rep["clean"] and rep["schema_version"] == 1 and rep["checked"]["weights"] == 14
     bad = planted_copy(ckpt, tmp_path / "bad", tensors=_kv_reset, config=lambda q: q["ignore"].remove(
         "model.layers.1.mlp.down_proj"))
-    r = cli("audit", bad, "--out", tmp_path / "b")
+    r = cli("audit", bad, "--out", tmp_path / "b")  # no `model`: the student the export recorded
     lines = r.out.splitlines()
-    assert r.code == 1 and lines[0].startswith("5 finding(s)") and "weights not checked" in lines[0], r.out
+    assert r.code == 1 and lines[0].startswith("5 finding(s)") and "FP8 weights against the student's" in lines[0], \
+        r.out
     assert len(lines) == 6 and any(ln.startswith("kv-scale: model.layers.0.self_attn.k_scale") for ln in lines)
-    assert len(json.loads((tmp_path / "b" / "audit.json").read_text())["findings"]) == 5
+    rep = json.loads((tmp_path / "b" / "audit.json").read_text())
+    assert len(rep["findings"]) == 5 and rep["student"]["status"].startswith("checked")
     for args, match in [((tmp_path / "none",), "no such export directory"),
                         ((model,), "no compressed-tensors quantization_config"),
                         ((tmp_path,), "has no config.json"),

@@ -49,6 +49,21 @@ def test_checkpoint_files(exported):
     assert "vllm: 195 units in FP8_DYNAMIC" in (ckpt / "frameworks" / "README.md").read_text()
 
 
+def test_a_plain_audit_of_the_embedded_export_finds_a_doubled_weight_scale(exported, tmp_path, cli):
+    """No `model`: the audit loads the student the export recorded (the embedded student, by its content hash) and
+    checks every FP8 weight against it; one o_proj's weight scale doubled exits 1 with that finding."""
+    ckpt, _ = exported
+
+    def double(t):
+        k = "model.layers.5.self_attn.o_proj.weight_scale"
+        t[k] = t[k] * 2
+
+    bad = planted_copy(ckpt, tmp_path / "doubled-one", tensors=double)
+    r = cli("audit", bad, "--out", tmp_path / "a")
+    assert r.code == 1, (r.code, r.out, r.err)
+    assert "weight-scale: model.layers.5.self_attn.o_proj" in r.out and "195 FP8 weights against" in r.out
+
+
 def test_same_codes_as_checkpoint(embedded, exported):
     """fp8 x weight_scale from the checkpoint equals, bit for bit, the weight fp8probe simulated."""
     ckpt, units = exported
