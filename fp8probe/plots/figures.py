@@ -166,8 +166,8 @@ def budget_fit(budget, path: str | Path | None = None):
     if budget.interval:
         ax.axvspan(*budget.interval, color="tab:red", alpha=0.12, label="90 % bootstrap interval")
     ax.set_xscale("log")
-    ax.set_xlabel(f"rollout mismatch ({budget.metric})")
-    ax.set_ylabel("relative quality loss (%)")
+    ax.set_xlabel(f"rollout mismatch ({budget.metric}){': ' + 'as `check` measures it' if budget.dose else ''}")
+    ax.set_ylabel(_loss_label(budget))
     ax.set_title("mismatch budget from training runs", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -442,7 +442,7 @@ def _budget_beside(f: Path) -> float | None:
     return None
 
 
-OBJECTIVE_COLORS = {"opd": "tab:blue", "grpo": "tab:orange", "grpo-is": "tab:green"}
+OBJECTIVE_COLORS = {"opd": "tab:blue", "grpo": "tab:orange", "grpo-is": "tab:green", "grpo-bypass": "tab:red"}
 
 
 def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None = None, marks=(),
@@ -459,8 +459,8 @@ def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None 
     for obj in objectives:
         d = runs[runs["objective"] == obj] if "objective" in runs else runs
         color = OBJECTIVE_COLORS.get(obj, "tab:purple")
-        ax.scatter(d["mismatch"], 100 * d["paired_loss"], s=10, color=color, alpha=0.35)
         b = budgets.get(obj)
+        ax.scatter(d["mismatch"], 100 * _run_losses(d, b), s=10, color=color, alpha=0.35)
         if b is not None and b.levels:
             xs = [lv["mismatch"] for lv in b.levels]
             ys = [100 * lv["loss"] for lv in b.levels]
@@ -497,14 +497,32 @@ def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None 
         ax.axvline(value, color="black", linestyle=":", linewidth=0.8)
         ax.annotate(f"{label}{' (' + ', '.join(inside) + ')' if inside else ''}", (value, top), rotation=90,
                     fontsize=6.5, va="top", ha="right", xytext=(-2, -4), textcoords="offset points")
-    ax.set_xlabel("measured rollout mismatch, mean per-token KL(q‖p)")
-    ax.set_ylabel("quality loss vs the same seed's mismatch-free run (%)")
-    ax.set_title("paired quality loss vs rollout mismatch", fontsize=10)
+    first = next(iter(budgets.values()), None)
+    ax.set_xlabel("dose: the level's KL(q‖p) as `check` measures it on the student before training"
+                  if first is not None and first.dose else "measured rollout mismatch, mean per-token KL(q‖p)")
+    ax.set_ylabel(_loss_label(first))
+    ax.set_title("quality loss vs rollout mismatch (each run against its seed's twin)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     if curves:
         _learning_curves(axes[0][1], runs, curves, objectives[0], quality)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _run_losses(d, budget):
+    """Each run's loss on the budget's response against its own seed's mismatch-free run (the scatter; the level
+    means and intervals are the budget's own)."""
+    if budget is None or budget.response != "gain" or "quality_start" not in d:
+        return d["paired_loss"]
+    twin = d[d["kind"] == "none"].set_index("seed")["quality"]
+    q0 = d["seed"].map(twin)
+    return (q0 - d["quality"]) / (q0 - d["quality_start"])
+
+
+def _loss_label(budget) -> str:
+    if budget is not None and budget.response == "gain":
+        return "loss: share of the training gain lost vs the twin (%)"
+    return "relative quality loss vs the mismatch-free run (%)"
 
 
 def _learning_curves(ax, runs, curves: dict, objective: str, quality: str) -> None:
