@@ -55,6 +55,12 @@ def format_check(report: dict) -> str:
               f"{'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}: {report['budget_source']})"]
     if report.get("judged_on") and report["judged_on"] != "the noise ruler":
         lines.append(f"judged on {report['judged_on']}")
+    for e in report.get("kind_evidence") or []:
+        lo, hi = e["loss_interval"] or (float("nan"), float("nan"))
+        lines.append(f"{e['kind']} as a calibration level ({e['level']}, dose {e['mismatch']:.4g}): lost "
+                     f"{e['loss']:+.1%} [{lo:+.1%}, {hi:+.1%}] ({report.get('budget_response', 'relative')} "
+                     f"loss, {e['seeds']} seeds); "
+                     f"{e['reading']}")
     if report.get("budget_student_note"):
         lines.append(f"note: {report['budget_student_note']}")
     if report.get("undecided_because"):

@@ -275,27 +275,35 @@ def test_plot_draws_a_calibrations_curves_and_a_budgets_fit(cli, tmp_path):
     assert r.code == 0 and (tmp_path / "q" / "budget.png").stat().st_size > 10_000, r.err
 
 
-def test_the_readme_verdicts_follow_from_the_shipped_opd_budget():
-    """The README's whole-model rows (16 prompts) against the OPD budget shipped in recipes/smollm2-135m/calibration:
-    the verdict the README states is the one budget/admission.verdict gives, and the budget it quotes is that file's
-    benchmark dose and interval."""
+def test_the_readme_budget_and_verdict_follow_from_the_shipped_runs_refitted():
+    """The README's budget and check, from the shipped runs.csv refitted here, independently of the stored
+    budget.json (calibrate's settings: its tolerance, 1,000 bootstrap draws, the gain response): the budget the
+    README states is the refit's, its verdict on the budget's own student (an FP8 KV cache, its value and interval as
+    the README prints them) is the one judge() gives against the refit, and the stored budget.json agrees with it."""
     import re
     from pathlib import Path
 
-    from fp8probe.budget.admission import verdict
+    from fp8probe.budget.admission import judge
 
     root = Path(__file__).resolve().parents[2]
+    cal = root / "recipes" / "smollm2-135m" / "calibration"
     readme = (root / "README.md").read_text(encoding="utf-8")
-    b = read_budget(str(root / "recipes" / "smollm2-135m" / "calibration" / "budget-opd.json"))
-    assert b.method == "benchmark dose"
-    stated = re.search(r"benchmark dose of kl_q_p\s+([\d.]+)\s+\[([\d.]+),\s+([\d.]+)\].*?both whole-model\s+rows\s+"
-                       r"are\s+(\w+)", readme, re.S)
-    assert stated, "the README states the OPD budget and the whole-model verdicts"
-    assert [float(x) for x in stated.groups()[:3]] == pytest.approx([b.value, *b.interval], rel=0.01)
-    rows = re.findall(r"model\.(fp8_all(?:_kv)?): kl_q_p=([\d.]+) \[([\d.]+), ([\d.]+)\]", readme)
-    assert [r[0] for r in rows] == ["fp8_all", "fp8_all_kv"]
-    for _, value, lo, hi in rows:
-        assert verdict(float(value), (float(lo), float(hi)), b, 16)["verdict"] == stated.group(4)
+    tolerance = json.loads((cal / "calibrate.json").read_text())["tolerance"]
+    refit = fit_budget(cal / "runs.csv", objective="opd", tolerance=tolerance, bootstrap=1000)
+    assert refit.method == "benchmark dose" and refit.response == "gain"
+    stated = re.search(r"training gain is lost: kl_q_p ([\d.]+) \[([\d.]+), ([\d.]+)\]", readme)
+    assert stated, "the README states the OPD budget"
+    assert [float(x) for x in stated.groups()] == pytest.approx([refit.value, *refit.interval], rel=1e-3)
+    check = re.search(r"(ADMIT|REJECT|UNCERTAIN): kv fp8: kl_q_p ([\d.]+) \[([\d.]+), ([\d.]+)\] \S+ budget "
+                      r"([\d.]+) \[([\d.]+), ([\d.]+)\]", readme)
+    assert check, "the README shows a check against the shipped budget"
+    value, lo, hi, b, b_lo, b_hi = (float(x) for x in check.groups()[1:])
+    assert [b, b_lo, b_hi] == pytest.approx([refit.value, *refit.interval], rel=1e-3)
+    assert judge(value, (lo, hi), refit, 16, ("kv",))["verdict"] == check.group(1)
+    assert "fp8probe check pruned:3" in readme  # the budget's own student
+    stored = read_budget(str(cal / "budget-opd.json"))
+    assert [stored.value, *stored.interval] == pytest.approx([refit.value, *refit.interval], rel=1e-9)
+    assert stored.student["name"] == "pruned:3" and stored.objective == "opd"
 
 
 def test_stale_configurations_are_judged_on_the_stale_curve():
