@@ -133,6 +133,25 @@ def steps_with_interval(curves: Curves, seed_curves, baseline, target: float, n:
     return point, widen(got, point), ratio, widen(rat, ratio)
 
 
+def _seed_doses(d: Path, objective: str, level: str, rows, n: int):
+    """Each seed's own dose of a level: its draws in doses.json where the calibration measured doses on the check's
+    scale (a stale level: one per seed), else the mismatch each run measured while it trained (runs.csv before
+    doses: `mismatch` was that run-mean KL too)."""
+    import json
+
+    import numpy as np
+
+    f = d / "doses.json"
+    if f.is_file():
+        known = json.loads(f.read_text(encoding="utf-8"))
+        draws = (known.get(f"{objective}/{level}") or known.get(level) or {}).get("draws") or []
+        if level.startswith("stale") and len(draws) >= n:
+            return np.asarray(draws[:n], dtype=float)
+        return np.full(n, float(rows["mismatch"].mean()))
+    own = "mismatch_run" if "mismatch_run" in rows.columns and rows["mismatch_run"].notna().all() else "mismatch"
+    return rows.sort_values("seed")[own].to_numpy(dtype=float)
+
+
 def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
     """The learning curves of one objective in a calibration directory (the only one, or `objective`)."""
 
@@ -176,9 +195,7 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
             per_seed.append(ev[QUALITY_COLUMN].to_numpy(dtype=float))
         curves[level] = np.stack(per_seed)
         mismatch[level] = float(rows["mismatch"].mean())
-        # each seed's own: the mismatch measured while that run trained, where runs.csv has it
-        own = "mismatch_run" if "mismatch_run" in rows.columns and rows["mismatch_run"].notna().all() else "mismatch"
-        seed_mismatch[level] = rows.sort_values("seed")[own].to_numpy(dtype=float)
+        seed_mismatch[level] = _seed_doses(d, objective, level, rows, len(seeds))
         kinds[level] = str(rows["kind"].iloc[0])
     if not any(k == "none" for k in kinds.values()):
         raise FP8ProbeError(f"the calibration {directory} has no finished mismatch-free level for {objective}")

@@ -221,6 +221,27 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
     return out
 
 
+def _kinds(conf: Configuration) -> tuple[str, ...]:
+    """The kinds of mismatch source a configuration holds (what a budget's evidence is read for)."""
+    return tuple(k for k, on in (("fp8", bool(conf.recipe or conf.scheme)), ("kv", bool(conf.kv_cache_dtype)),
+                                 ("stale", bool(conf.async_steps))) if on)
+
+
+def _own_level(conf: Configuration, curves, settings: PlanSettings) -> str | None:
+    """The calibration level a configuration is, where the calibration ran it (each kind on its own evidence): one
+    step of asynchronous BF16 rollouts is stale:1, whole-model FP8 in a scheme is fp8:SCHEME, a BF16 model with an
+    FP8 KV cache is kv:DTYPE; None for anything else (read off the noise ruler's curves at its measured mismatch)."""
+    if conf.async_steps:
+        own = f"stale:{conf.async_steps}" if conf.base == (None, None, None) and not settings.stale else None
+    elif conf.recipe is None and conf.scheme and not conf.kv_cache_dtype:
+        own = f"fp8:{conf.scheme}"
+    elif conf.recipe is None and not conf.scheme and conf.kv_cache_dtype:
+        own = f"kv:{conf.kv_cache_dtype}"
+    else:
+        own = None
+    return own if own in curves.curves else None
+
+
 def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target: float, settings: PlanSettings):
     """(steps to target, (lo, hi), ratio of BF16's steps, (lo, hi), how, the seed-mean curve or None)."""
     assumed = "assumed: BF16's steps"
@@ -237,8 +258,14 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
         return s, (None, None), 1.0, (None, None), assumed + " (mismatch not measured)", clean.mean(0)
     if cost["verdict"] == "REJECT":
         return None, (None, None), None, (None, None), "refused: REJECT", None
-    level = f"stale:{conf.async_steps}" if conf.async_steps and conf.base == (None, None, None) \
-        and not settings.stale and f"stale:{conf.async_steps}" in curves.curves else None
+    level = _own_level(conf, curves, settings)
+    stale_ruler = ((budget.dose_response or {}).get("rulers") or {}).get("stale") or {}
+    own = [k for k in _kinds(conf) if any(e.get("reading") == "costs more than the ruler predicts"
+                                          for e in (budget.kinds or {}).get(k, []))
+           or (k == "stale" and stale_ruler.get("fits") is True)]
+    if level is None and own:
+        return (None, (None, None), None, (None, None), f"refused: {', '.join(own)} cost otherwise than the noise "
+                "ruler's curves say on this student, and no calibration level is this configuration", None)
     if level is None and cost["mismatch"] > curves.mismatch[curves.ruler[-1]]:
         return None, (None, None), None, (None, None), "refused: beyond the calibrated levels (not extrapolated)", None
     c = curves.curve_at(cost["mismatch"], level)

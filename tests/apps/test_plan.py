@@ -230,3 +230,33 @@ def test_each_configurations_rollout_by_hand(cli, tmp_path):
         assert rows[name]["rollout_tokens_per_s"] == pytest.approx(B * R / seconds, rel=1e-9), name
         assert rows[name]["step_s"] == pytest.approx(seconds + 1.0, rel=1e-9), name
     assert len({round(s, 15) for s in want.values()}) == 4  # four different answers: each configuration matters
+
+
+def test_a_calibrated_kind_takes_its_own_curves_and_a_combination_of_a_costlier_kind_is_refused(tmp_path):
+    """Each kind on its evidence, in time to quality: whole-model FP8 and a BF16 model with an FP8 KV cache are
+    calibration levels of their own here, so their steps come from those levels' curves (FP8's never reach the
+    target: 19.0 vs None, by hand), not from the noise ruler's at their mismatch; FP8 with the KV cache is no level,
+    and FP8 cost more than the noise ruler predicts (the budget's evidence), so its time to quality is refused
+    rather than read off the noise curves. Seen failing with only stale levels mapped to their own curves."""
+    from fp8probe.budget.fit import Budget
+    from fp8probe.budget.plan import Configuration, PlanSettings, quality_steps
+
+    levels = {**LEVELS, "fp8:FP8_DYNAMIC": ("fp8", "", [1.0, 1.0, 1.0], [[10, 9, 8.5, 8.0, 7.5]] * 3),
+              "kv:fp8": ("kv", "", [0.5, 0.5, 0.5], [[10, 6, 4, 3.1, 3.05]] * 3)}
+    c = read_curves(write_calibration(tmp_path, levels))
+    fp8 = {"level": "fp8:FP8_DYNAMIC", "mismatch": 1.0, "loss": 0.6, "loss_interval": [0.4, 0.8], "seeds": 3,
+           "predicted": 0.02, "reading": "costs more than the ruler predicts"}
+    budget = Budget("kl_q_p", 2.0, True, "test", (1.5, 3.0), 0.02, method="benchmark dose", kinds={"fp8": [fp8]})
+    settings = PlanSettings()
+    cost = {"mismatch": 1.0, "verdict": "UNCERTAIN"}
+    whole = Configuration("fp8 FP8_DYNAMIC", "fp8 FP8_DYNAMIC", None, "FP8_DYNAMIC", None, 0)
+    s, _, _, _, how, _ = quality_steps(whole, cost, c, budget, c.default_target(), settings)
+    assert s is None and how.startswith("not reached")  # its own curves stay above the target (the ruler's reach it)
+    kv = Configuration("bf16 + kv fp8", "bf16", None, None, "fp8", 0)
+    s, _, _, _, how, _ = quality_steps(kv, {"mismatch": 0.5, "verdict": "ADMIT"}, c, budget, c.default_target(),
+                                       settings)
+    assert s == pytest.approx(15 + 5 * (3.1 - 3.06) / (3.1 - 3.05)) and how == "the calibration's kv:fp8 curves"
+    both = Configuration("fp8 FP8_DYNAMIC + kv fp8", "fp8 FP8_DYNAMIC", None, "FP8_DYNAMIC", "fp8", 0)
+    s, _, _, _, how, _ = quality_steps(both, {"mismatch": 1.2, "verdict": "UNCERTAIN"}, c, budget, c.default_target(),
+                                       settings)
+    assert s is None and how.startswith("refused: fp8 cost otherwise than the noise ruler's curves say")
