@@ -229,8 +229,8 @@ def choose_pairing(comp: Components, twins: int, paired: bool = True) -> tuple[s
     paired = comp.run + comp.twin
     unpaired = comp.seed + comp.run + (comp.seed + comp.twin) / max(twins, 1)
     if paired <= unpaired:
-        return "seed", (f"each seed's own twin: the seed effect (σ_u² {comp.seed:.3g}) exceeds what pairing adds (a "
-                        f"twin's run noise σ0² {comp.twin:.3g})")
+        return "seed", (f"each seed's own twin: the seed effect it removes (σ_u² {comp.seed:.3g}) is at least the "
+                        f"noise it adds (a twin's own, σ0² {comp.twin:.3g})")
     return "mean", (f"the twins' mean: pairing would add a twin's run noise (σ0² {comp.twin:.3g}) larger than the seed "
                     f"effect it removes (σ_u² {comp.seed:.3g})")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -149,7 +150,10 @@ def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     assert json.loads((out / "budget-opd.json").read_text()) == b
     assert (out / "calibration.png").stat().st_size > 0 and (out / "calibrate.json").exists()
     assert not (out / "calibrate.partial.json").exists()
-    assert "budget: kl_q_p <=" in r.out and "paired bootstrap" in r.out and "seeds alone spread" in r.out
+    assert re.search(r"budget: kl_q_p (<=|>) [\d.]+", r.out) and "seeds alone spread" in r.out
+    assert "for pruned:3 of " in r.out and b["student"]["name"].startswith("pruned:3 of "), r.out
+    assert b["objective"] == "opd"
+    assert json.loads((out / "doses.json").read_text())["0.2"]["dose"] == runs["mismatch"].iloc[2]
     # the same directory again: refused without --resume; with it, only the new level trains
     assert cli(*common, "--levels", "0", "0.2").code == 2
     before = (run_dir(out, "opd", parse_source("0.2"), 0) / "run.json").stat().st_mtime_ns
@@ -395,32 +399,58 @@ def test_curve_quality_by_hand():
     assert got["late_improvement"] == pytest.approx(0.5 / 3)
 
 
-def _fake_ladder(response):
-    """A calibration ladder whose runs are replaced by a known response: `response(objective, level, seed)` gives
-    the run's measured mismatch and quality; every run is recorded in `order` as (level name, seed)."""
-    from tqdm.auto import tqdm
-
-    from fp8probe.budget import experiment as cal
+def _fake_run(response, order):
+    """A run replaced by a known response: `response(objective, level, seed)` gives its measured mismatch (the
+    level's dose too) and quality; every run is recorded in `order` as (level name, seed)."""
     from fp8probe.budget.runs import SCHEMA_VERSION
 
-    class Ladder(cal._Ladder):
+    def run(objective, level, seed):
+        m, q = response(objective, level, seed)
+        order.append((level.name, seed))
+        return {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
+                "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
+                "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10},
+                "quality_start": {"reverse_kl": 5.0, "teacher_logp": -1.0},
+                "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
+                "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
+
+    return run
+
+
+def _fake_ladder(response):
+    """A calibration ladder (budget.experiment.Ladder, its decisions as they are) whose runs are `_fake_run`s; the
+    ladder's `order` lists every run it asked for."""
+    from fp8probe.budget import experiment as cal
+
+    def make(c, out, device, progress, log):
+        order = []
+        ladder = cal.Ladder(c, _fake_run(response, order), lambda o, level: {"dose": response(o, level, 0)[0]},
+                            bootstrap=cal.BOOTSTRAP)
+        ladder.order = order
+        return ladder
+
+    return make
+
+
+def _fake_trainer(response):
+    """budget.experiment._Trainer with its runs replaced by `_fake_run`s (calibrate() end to end, no training)."""
+    from fp8probe.model.structure import list_units
+
+    class Trainer:
         def __init__(self, c, out, device, progress, log):
-            self.c, self.out, self.levels, self.results = c, out, [parse_source(x) for x in c.levels], {}
-            self.bar, self.spent, self.order = tqdm(total=0, disable=True), {}, []
+            self.order = []
+            self.run = _fake_run(response, self.order)
+            self.bar = type("Bar", (), {"close": lambda self: None})()
+            m = tiny_model("llama")
+            self.initial = self.teacher = Student(m, tiny_tokenizer(), list_units(m), "fake", "", "llama")
 
-        def run(self, objective, level, seed):
-            m, q = response(objective, level, seed)
-            res = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name,
-                   "kind": level.kind, "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
-                   "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10},
-                   "quality_start": {"reverse_kl": 5.0, "teacher_logp": -1.0},
-                   "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
-                   "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
-            self.results[(objective, level.name, seed)] = res
-            self.order.append((level.name, seed))
-            return res
+        def dose(self, objective, level):
+            return {"dose": response(objective, level, 0)[0]}
 
-    return Ladder
+        def more(self, runs):
+            pass
+
+    return Trainer
 
 
 def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
@@ -439,7 +469,8 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
 
     Ladder = _fake_ladder(response)
     monkeypatch.setattr(cal, "BOOTSTRAP", 100)  # the fits' resamples: the ladder's decisions read the point fit
-    c = Experiment(None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6)
+    c = Experiment(None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6,
+                   response="relative")
     df, budget, added = Ladder(c, tmp_path, "cpu", False, None).objective("opd")
     noise = df[df["kind"] == "noise"].groupby("value")["mismatch"].first()
     ok = [s for s in noise.index if 10 * s ** 2 <= 3e-3 + 1e-12]
@@ -464,7 +495,7 @@ def test_allocated_runs_go_to_the_edge_with_their_twins_and_replay_on_resume(tmp
     Ladder = _fake_ladder(response)
     monkeypatch.setattr(cal, "BOOTSTRAP", 60)
     c = Experiment(None, "pruned", ("0", "0.005", "0.015", "0.1"), 3, TRAIN, ("a",), ("b",), max_added=0,
-                   max_runs=7, target_ratio=1.0001)
+                   max_runs=7, response="relative")
     first = Ladder(c, tmp_path, "cpu", False, None)
     df, budget, added = first.objective("opd")
     spent = first.spent["opd"]
@@ -491,15 +522,16 @@ def test_a_resume_of_one_objective_keeps_the_others_runs_and_budget(tmp_path, mo
         m = (200 if objective == "grpo" else 100) * level.value ** 2 if level.kind == "noise" else 0.0
         return m, (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
 
-    Ladder = _fake_ladder(response)
-    monkeypatch.setattr(cal, "_Ladder", Ladder)
+    monkeypatch.setattr(cal, "_Trainer", _fake_trainer(response))
     monkeypatch.setattr(cal, "BOOTSTRAP", 30)
     monkeypatch.setattr("fp8probe.plots.figures.calibration_plot", lambda *a, **k: None)
     levels = ("0", "0.01", "0.05", "0.2")
-    both = Experiment(None, "pruned", levels, 3, TRAIN, ("a",), ("b",), objectives=("opd", "grpo"), max_added=0)
+    both = Experiment(None, "pruned", levels, 3, TRAIN, ("a",), ("b",), objectives=("opd", "grpo"), max_added=0,
+                      response="relative")
     cal.calibrate(both, tmp_path, progress=False)
     grpo_before = json.loads((tmp_path / "budget-grpo.json").read_text())["value"]
-    one = Experiment(None, "pruned", levels + ("0.03",), 3, TRAIN, ("a",), ("b",), objectives=("opd",), max_added=0)
+    one = Experiment(None, "pruned", levels + ("0.03",), 3, TRAIN, ("a",), ("b",), objectives=("opd",), max_added=0,
+                     response="relative")
     res = cal.calibrate(one, tmp_path, progress=False)
     runs = pd.read_csv(tmp_path / "runs.csv", dtype={"level": str})
     assert sorted(set(runs["objective"])) == ["grpo", "opd"]
