@@ -453,7 +453,8 @@ def _kept_objectives(out: Path, calibration: Experiment) -> dict:
             info = json.loads((out / name).read_text(encoding="utf-8"))
             break
     kept = {}
-    for objective in dict.fromkeys(old["objective"].astype(str)):
+    listed = [o for o in info.get("objectives", []) if o in set(old["objective"].astype(str))]
+    for objective in dict.fromkeys([*listed, *old["objective"].astype(str)]):  # calibrate.json's order first
         if objective not in calibration.objectives:
             extra = {k: (info.get(k) or {}).get(objective) for k in ("added_levels", "allocated")}
             kept[objective] = (old[old["objective"].astype(str) == objective].reset_index(drop=True),
