@@ -98,7 +98,8 @@ def check_response(design: Design, kind: str, where: str) -> None:
             raise FP8ProbeError(f"{where} has no quality before training (a `quality_start` column): the gain "
                                 "response needs it; add it, or pass the relative response")
         gained = (twins - design.start) * (1 if design.higher else -1)
-        if not (gained > 0).all():
+        gained = gained[~np.isnan(gained)]  # unpaired: a level may hold more runs than there are twins
+        if not gained.size or not (gained > 0).all():
             raise FP8ProbeError(f"{where}: a mismatch-free run did not improve on the quality before training "
                                 f"({design.start:.4g}): there is no training gain to lose; train longer, or pass the "
                                 "relative response")

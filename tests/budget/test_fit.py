@@ -165,3 +165,13 @@ def test_other_sources_are_shown_beside_the_ruler_not_fitted():
     assert other["level"] == "stale:1" and other["kind"] == "stale" and other["loss"] == pytest.approx(0.08)
     all_fitted = fit_budget(df.drop(columns="kind"), tolerance=0.02, bootstrap=50, fit="isotonic")
     assert all_fitted.value == 0.0  # all fitted: dragged to 0
+
+
+def test_an_unpaired_table_may_hold_more_runs_at_a_level_than_twins():
+    """The gain response of an unpaired table whose level has runs beyond its twin count (a level repeated, as
+    the coverage test's allocation did at a tested level): the twins are what gained, not the empty cells the
+    design pads that level's row with. Seen failing when the padding was checked as a twin that did not improve."""
+    runs = _seeded_runs().assign(quality_start=3.0)
+    top = runs[runs["mismatch"] == max(LEVELS)].assign(seed=lambda d: d["seed"] + 10)
+    b = _fit_budget(pd.concat([runs, top]), bootstrap=0, fit="isotonic", response="gain")
+    assert not b.paired and b.value == 1e-3
