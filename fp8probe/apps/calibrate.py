@@ -53,7 +53,9 @@ def _describe(res: dict, calibration: Experiment, out, seconds: float) -> str:
     """What `fp8probe calibrate` prints: per objective, each level's dose (and the run-mean KL beside it), quality and
     loss, the plateau check, then its budget with its interval and the seeds' spread; the objectives' ratio."""
     df = res["runs"]
-    lines = [f"calibrate: {len(df)} runs ({', '.join(calibration.objectives)}; {calibration.seeds} seeds per level) "
+    seeds = df.groupby(["objective", "level"])["seed"].nunique()  # a refit's runs, not its settings' defaults
+    span = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+    lines = [f"calibrate: {len(df)} runs ({', '.join(res['budgets'])}; {span} seeds per level) "
              f"in {seconds / 60:.0f} min -> {out}"]
     for objective, b in res["budgets"].items():
         d = df[df["objective"] == objective]

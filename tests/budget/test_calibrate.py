@@ -540,6 +540,8 @@ def test_a_resume_of_one_objective_keeps_the_others_runs_and_budget(tmp_path, mo
     c = json.loads((tmp_path / "calibrate.json").read_text())
     assert c["objectives"] == ["opd", "grpo"] and c["kept_objectives"] == ["grpo"]
     assert set(res["budgets"]) == {"opd", "grpo"} and res["ratios"][0]["other"] == "grpo"
+    from fp8probe.apps.calibrate import _describe  # its first line names what it fitted, not what the settings ran
+    assert "calibrate: 27 runs (opd, grpo; 3 seeds per level)" in _describe(res, one, tmp_path, 60).splitlines()[0]
 
 
 def test_mismatch_free_runs_keep_their_checkpoints_for_a_series(pair, tmp_path):
