@@ -95,7 +95,7 @@ def test_the_interval_covers_the_true_dose_in_repeated_draws():
     demo's four levels, seven-fold apart, then the run `calibrate --max-runs` adds first: a new level at the BMD, or
     a tested level's next seed, as in about half of these draws): the 90 % interval (BMDL, BMDU) holds the true
     benchmark dose in at least 85 % of all draws and 75 % of each family's (40 draws each: 0.85-0.93 measured).
-    Seen failing with the seed bootstrap alone (no parametric hull): 65-75 % on the four levels."""
+    Seen failing with the seed bootstrap alone (no parametric hull): 0.80-0.875 per family, below 0.85 overall."""
     from concurrent.futures import ProcessPoolExecutor
 
     rng = np.random.default_rng(7)  # the draws in order, here; their fits on two processes (the fits are serial)
