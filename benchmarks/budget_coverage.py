@@ -3,7 +3,7 @@
     python benchmarks/budget_coverage.py --out runs/coverage [--draws 200] [--workers 2] [--bootstrap 300]
                                          [--scenarios NAME ...]
 
-Each draw is one calibration from scratch, run by the package's own `budget.experiment.Ladder` (the ladder of noise
+Each draw is one calibration from scratch, run by the package's own `training.experiment.Ladder` (the ladder of noise
 levels, the adaptive level, the allocation of `max_runs` runs with its preset-budget stop rule, every refit) on
 synthetic runs instead of trained ones: a run's quality is drawn from the seed random-effect model of
 budget/design.py,
@@ -97,7 +97,7 @@ def true_bmd(truth: str, tolerance: float = TOLERANCE) -> float:
 
 
 def _run(sc: Scenario, draw: int, level, seed: int) -> dict:
-    """A synthetic run.json (what budget/runs.py writes), its quality drawn from the random-effect model."""
+    """A synthetic run.json (what training/runs.py writes), its quality drawn from the random-effect model."""
     sd_pair = sc.sd * (START - M0)
     s0, s1 = sd_pair * math.sqrt(sc.twin), sd_pair * math.sqrt(1 - sc.twin)
     su = s1 * math.sqrt(sc.seed / (1 - sc.seed)) if sc.seed < 1 else 0.0
@@ -125,8 +125,8 @@ def _dose(level) -> float:
 
 def one_draw(args) -> dict:
     """One calibration from scratch and whether its interval holds the true BMD."""
-    from fp8probe.budget.experiment import Experiment, Ladder
-    from fp8probe.budget.settings import TrainSettings
+    from fp8probe.training.experiment import Experiment, Ladder
+    from fp8probe.training.settings import TrainSettings
 
     sc, draw, bootstrap, stop_rule = args
     cal = Experiment(None, "synthetic", LEVELS, sc.seeds, TrainSettings(), ("a",), ("b",), max_added=1,

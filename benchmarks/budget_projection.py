@@ -5,7 +5,7 @@
 
 The fitted budget is taken as the truth: its averaged dose–response curve, its variance components (the seed effect,
 the twins' and the perturbed runs' own noise), its ladder of noise levels and seeds, and the σ → dose map of its runs
-table. Each draw runs the package's own calibration procedure (budget.experiment.Ladder, as
+table. Each draw runs the package's own calibration procedure (training.experiment.Ladder, as
 benchmarks/budget_coverage.py does) on synthetic runs from that truth, with `max_runs` allocated runs, and records
 the interval's width BMDU / BMDL. The median width (and the share of draws at or below --ratio) per run budget says
 what more runs would buy if the fitted curve and noise were the truth; it is a model, not a measurement: the real
@@ -38,9 +38,9 @@ def truth_of(budget) -> tuple:
 
 
 def main():
-    from fp8probe.budget.experiment import Experiment, Ladder
     from fp8probe.budget.fit import read_budget
-    from fp8probe.budget.settings import TrainSettings
+    from fp8probe.training.experiment import Experiment, Ladder
+    from fp8probe.training.settings import TrainSettings
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("budget", help="a budget.json written by calibrate (its runs and fit)")

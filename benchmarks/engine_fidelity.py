@@ -75,6 +75,7 @@ def main() -> None:
     from fp8probe import load_student, make_rollouts
     from fp8probe.core.schemes import KV_CACHE_SCHEMES, KVCacheScheme
     from fp8probe.deploy.export import export
+    from fp8probe.deploy.vllm_check import run_vllm
     from fp8probe.measurement.attention import quantize_kv
     from fp8probe.measurement.engines import engine
     from fp8probe.measurement.mismatch import kl_lower_bound_topk, response_positions, token_stats
@@ -83,7 +84,6 @@ def main() -> None:
     from fp8probe.measurement.vllm_profile import engine_model, response_logp
     from fp8probe.model.embedded import embedded_student_dir
     from fp8probe.recipe.recipe import Recipe, read_recipe
-    from fp8probe.testing.vllm_check import run_vllm
 
     cuda = args.engine == "vllm-cuda"
     if cuda and not torch.cuda.is_available():

@@ -45,8 +45,8 @@ KV_GIB = 1
 
 
 def measure_vllm_cpu(prompt_len: int = 32) -> dict:
+    from fp8probe.deploy.vllm_check import parse_kv_lines, run_vllm
     from fp8probe.model.embedded import embedded_student_dir
-    from fp8probe.testing.vllm_check import parse_kv_lines, run_vllm
 
     d = embedded_student_dir()
     prompt = list(range(1000, 1000 + prompt_len))

@@ -23,9 +23,9 @@ import yaml
 from fp8probe import load_student, make_rollouts
 from fp8probe.deploy.capacity import capacity
 from fp8probe.deploy.export import export
+from fp8probe.deploy.vllm_check import compare_with_vllm
 from fp8probe.model.embedded import embedded_student_dir
 from fp8probe.recipe.recipe import read_recipe
-from fp8probe.testing.vllm_check import compare_with_vllm
 
 
 def main():

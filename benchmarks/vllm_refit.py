@@ -31,8 +31,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from fp8probe.deploy.export import export
+    from fp8probe.deploy.vllm_check import run_vllm
     from fp8probe.model.prompts import BUILTIN_PROMPTS
-    from fp8probe.testing.vllm_check import run_vllm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=2)

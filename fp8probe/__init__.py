@@ -50,9 +50,9 @@ _HOMES = {
     "Serving": "deploy.serving",
     "CapacitySettings": "apps.capacity",
     "BudgetSettings": "apps.budget",
-    "TrainSettings": "budget.settings",
-    "CalibrateSettings": "budget.settings",
-    "PlanSettings": "budget.plan",
+    "TrainSettings": "training.settings",
+    "CalibrateSettings": "training.settings",
+    "PlanSettings": "planning.plan",
     # entry points: one per command
     "run_rollouts": "apps.inputs",
     "run_sweep": "apps.sweep",

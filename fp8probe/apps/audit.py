@@ -44,7 +44,7 @@ def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pick
     """Audit `export_dir` (a checkpoint `fp8probe export` wrote) against `recipe` (default: the recipe.yaml the
     export copied) and the BF16 student's weights (`model`, or by default the student the export recorded in
     student.json, where it is at hand and unchanged); writes DIR/audit.json. `self_check(ckpt, recipe,
-    student, bf16_dir)` (`--vllm`: testing/vllm_check.audit_self_check, handed down by the CLI) runs the export in the
+    student, bf16_dir)` (`--vllm`: deploy/vllm_check.audit_self_check, handed down by the CLI) runs the export in the
     engine and compares its mismatch with fp8probe's prediction; a disagreement is a finding."""
     from ..core.errors import FP8ProbeError
     from ..core.files import atomic_write_json, output_dir

@@ -1,5 +1,5 @@
 """`fp8probe calibrate`: the mismatch budget calibrated with short training runs at known rollout mismatch, paired
-by seed (the experiment: budget/experiment.py; one run: budget/runs.py; the fit: budget/fit.py).
+by seed (the experiment: training/experiment.py; one run: training/runs.py; the fit: budget/fit.py).
 
     fp8probe calibrate [--teacher T] [--student S|pruned[:K]] --out DIR [--objectives opd grpo grpo-is]
                        [--levels ...] [--seeds N] [--tolerance 0.02] [--quality auc|final] [--bracket 2]
@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..budget.experiment import Experiment, calibrate, check_resume, prepare, read_marks
 from ..budget.words import budget_text, fit_lines, loss_words
 from ..core.results import Result
+from ..training.experiment import Experiment, calibrate, check_resume, prepare, read_marks
 
 __all__ = ["run_calibrate", "CalibrateResult", "prepare", "Experiment"]
 
@@ -24,9 +24,9 @@ def run_calibrate(calibration: Experiment, out, resume: bool = False, device: st
     TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`. With `refit`:
     the finished calibration in `out` refitted as this fp8probe reads budgets (every level's dose measured on check's
     scale, the response asked for), nothing trained but a stale level's first steps."""
-    from ..budget.experiment import read_experiment
-    from ..budget.opd import require_trl
     from ..core.files import check_writable, output_dir
+    from ..training.experiment import read_experiment
+    from ..training.opd import require_trl
 
     require_trl()
     read_marks(marks)

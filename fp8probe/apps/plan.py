@@ -29,9 +29,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..budget.plan import (COLUMNS, PlanSettings, check_plan, has_weights, lengths, measure_costs, rollout_cost,
-                           time_to_target, train_seconds)
 from ..core.results import Result
+from ..planning.plan import (COLUMNS, PlanSettings, check_plan, has_weights, lengths, measure_costs, rollout_cost,
+                             time_to_target, train_seconds)
 
 
 def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> PlanResult:

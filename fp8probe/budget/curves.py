@@ -27,7 +27,7 @@ from ..core.artifacts import read_artifact
 from ..core.errors import FP8ProbeError
 from ..core.stats import LEVEL, expansion
 
-QUALITY_COLUMN = "reverse_kl"  # what budget/runs.py evaluates; lower is better
+QUALITY_COLUMN = "reverse_kl"  # what training/runs.py evaluates; lower is better
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..apps import audit, budget, calibrate, capacity, check, export, inputs, ladder, measure, plan, plot, recipe, sweep
-from ..budget.settings import CalibrateSettings, TrainSettings
 from ..deploy.frameworks import TARGETS
 from ..deploy.serving import Serving
 from ..model.settings import ModelSource, RolloutSettings
 from ..sources.shortcuts import Shortcuts
 from ..sweeps.settings import SweepSettings
+from ..training.settings import CalibrateSettings, TrainSettings
 from .options import number, settings_from
 
 log = logging.getLogger("fp8probe")
@@ -57,7 +57,7 @@ def _export(a):
 
 
 def _audit(a):  # the vLLM harness lives above apps/: handed down
-    from ..testing.vllm_check import audit_self_check
+    from ..deploy.vllm_check import audit_self_check
     return audit.run_audit(a.export_dir, a.recipe, a.model, a.out, a.allow_pickle, audit_self_check if a.vllm else None)
 
 

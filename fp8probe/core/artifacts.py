@@ -10,7 +10,7 @@
     mismatch.json        1        apps/measure.py (measure)         -
     ladder.json          1        apps/ladder.py (ladder)           -
     check.json           2        budget/admission.py (check)       plots
-    calibrate.json       3        budget/experiment.py (and each run's run.json, budget/runs.py)  calibrate --resume
+    calibrate.json       3        training/experiment.py (and each run's run.json, training/runs.py)  calibrate --resume
     plan.json            1        apps/plan.py (plan; plan.csv beside it)  plots
     audit.json           1        deploy/audit.py (audit)           -
     series.json          1        apps/series.py (check --checkpoints)  -

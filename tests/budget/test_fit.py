@@ -54,7 +54,7 @@ def test_lower_is_better_and_the_direction_decides():
 def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
     """calibration_runs.runs_table's rows (quality: held-out reverse KL, lower is better) fit to the level where the
     KL starts rising; each run's paired loss is against its own seed's mismatch-free run (0 for that run)."""
-    from fp8probe.budget.runs import runs_table
+    from fp8probe.training.runs import runs_table
 
     def result(level, value, seed, kl):
         return {"objective": "opd", "level": level, "kind": "noise" if value else "none", "value": value,

@@ -183,7 +183,7 @@ def test_page_sizes_match_vllms_own_arithmetic():
     """vLLM's FullAttentionSpec (+ the Triton backend's per-token-head scale packing) computes the same page."""
     import subprocess
 
-    from fp8probe.testing.vllm_check import vllm_venv
+    from fp8probe.deploy.vllm_check import vllm_venv
 
     code = """
 import json, torch

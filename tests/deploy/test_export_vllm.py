@@ -95,8 +95,8 @@ def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path, cli):
     batch (8 prompts x 32 tokens, seed 1), and its mismatch is fp8probe's prediction within the noise (the audit is
     clean); then what vLLM does is checked beside it. A copy whose o_proj weight scales are doubled is caught by the
     same comparison (the BF16 floor reused: one more vLLM run)."""
+    from fp8probe.deploy.vllm_check import audit_self_check
     from fp8probe.recipe.recipe import read_recipe
-    from fp8probe.testing.vllm_check import audit_self_check
 
     ckpt, units = exported
     r = cli("audit", ckpt, "--model", "smollm2-135m", "--vllm", "--out", tmp_path / "audit")
@@ -122,7 +122,7 @@ def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path, cli):
     #   |dlogp| mean: predicted 0.1041, realised 0.1038, floor 0.0222
     # vLLM's BF16 run differs from the fp32 reference by the floor, so the realised FP8 number may move
     # by a few floors around the prediction; 10 % of the prediction covers the sampling noise of 256
-    # tokens (the audit's rule, testing/vllm_check.agrees). And vLLM quantizes activations too: the prediction with
+    # tokens (the audit's rule, deploy/vllm_check.agrees). And vLLM quantizes activations too: the prediction with
     # them must be the closer one.
     assert abs(real["k3"] - pred["k3"]) < abs(real["k3"] - w_only["k3"])
     assert real["k3"] > 5 * floor["k3"]  # FP8 is far above the BF16 noise floor here

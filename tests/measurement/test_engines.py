@@ -195,12 +195,12 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     from pathlib import Path
 
     from fp8probe.deploy.export import export
+    from fp8probe.deploy.vllm_check import run_vllm
     from fp8probe.measurement.mismatch import response_positions
     from fp8probe.measurement.quantize import quantize_units
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
     from fp8probe.recipe.recipe import read_recipe
-    from fp8probe.testing.vllm_check import run_vllm
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m" / "kl_q_p-0.002" / "recipe.yaml"
     r = make_rollouts(embedded, num_prompts=40, max_new_tokens=24, seed=2)

@@ -104,8 +104,8 @@ def test_recipe_export_and_vllm_cpu(swept, tmp_path):
     capacity's hybrid accounting says (5 of 6 layers sliding-window, 1 KV head of 256, CPU blocks of 128)."""
     from fp8probe.cli import main
     from fp8probe.deploy.capacity import capacity
+    from fp8probe.deploy.vllm_check import run_vllm
     from fp8probe.model.embedded import gemma3_gguf, gguf_copy
-    from fp8probe.testing.vllm_check import run_vllm
 
     rec = tmp_path / "recipe"
     assert main(["-q", "recipe", str(swept), "--budget", "0.05", "--holdout", "2", "--engine", "none", "--out",

@@ -239,7 +239,7 @@ def test_a_calibrated_kind_takes_its_own_curves_and_a_combination_of_a_costlier_
     and FP8 cost more than the noise ruler predicts (the budget's evidence), so its time to quality is refused
     rather than read off the noise curves. Seen failing with only stale levels mapped to their own curves."""
     from fp8probe.budget.fit import Budget
-    from fp8probe.budget.plan import Configuration, PlanSettings, quality_steps
+    from fp8probe.planning.plan import Configuration, PlanSettings, quality_steps
 
     levels = {**LEVELS, "fp8:FP8_DYNAMIC": ("fp8", "", [1.0, 1.0, 1.0], [[10, 9, 8.5, 8.0, 7.5]] * 3),
               "kv:fp8": ("kv", "", [0.5, 0.5, 0.5], [[10, 6, 4, 3.1, 3.05]] * 3)}

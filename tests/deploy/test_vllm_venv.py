@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def test_two_callers_at_once_build_the_venv_once(tmp_path, monkeypatch):
-    from fp8probe.testing import vllm_check
+    from fp8probe.deploy import vllm_check
 
     builds = []
 

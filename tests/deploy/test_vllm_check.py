@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 import torch
 
-from fp8probe.testing.vllm_check import SITE
+from fp8probe.deploy.vllm_check import SITE
 
 
 def _site():
@@ -39,7 +39,7 @@ def test_greedy_gap():
     """0 for the model's own greedy continuation; a token the model rates low shows as its distance to the best."""
     from conftest import tiny_model
 
-    from fp8probe.testing.vllm_check import greedy_gap
+    from fp8probe.deploy.vllm_check import greedy_gap
 
     m = tiny_model("llama")
     prompt = [1, 5, 9, 13]

@@ -183,7 +183,7 @@ class Ladder:
         return runs_table([self.results[(objective, lv.name, s)] for lv, s in pairs], self.c.quality, dose)
 
     def fit(self, df):
-        from .fit import fit_budget
+        from ..budget.fit import fit_budget
 
         return fit_budget(df, tolerance=self.c.tolerance, bootstrap=self.bootstrap, response=self.c.response)
 
@@ -217,8 +217,8 @@ class Ladder:
         follow from the results alone, so a resumed calibration takes them again."""
         import time
 
-        from .dose import allocate, binding
-        from .fit import ruler_design
+        from ..budget.dose import allocate, binding
+        from ..budget.fit import ruler_design
 
         spent = {"runs": 0, "levels": [], "seeds": [], "hours": 0.0,
                  "stop_rule": "the preset run budget (max_runs, max_hours): never the interval's width"}
@@ -352,10 +352,10 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
 
     import pandas as pd
 
+    from ..budget.fit import budget_ratio
     from ..core.files import atomic_write_json, atomic_write_text
     from ..model.identity import identity
     from .doses import HOW, mapping
-    from .fit import budget_ratio
 
     trainer = _Trainer(calibration, out, device, progress, log)
     ladder = Ladder(calibration, trainer.run, trainer.dose, on_more=trainer.more)

@@ -17,16 +17,16 @@ import pytest
 import torch
 from conftest import tiny_model, tiny_tokenizer
 
-from fp8probe.budget.experiment import Experiment
-from fp8probe.budget.opd import opd_config, prompt_dataset, trainable_student
-from fp8probe.budget.runs import run_dir, train_one
-from fp8probe.budget.settings import TrainSettings
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.model.prompts import BUILTIN_PROMPTS
 from fp8probe.model.pruning import depth_pruned
 from fp8probe.model.structure import list_units
 from fp8probe.model.student import Student
 from fp8probe.sources.sources import SourceSpec, parse_source
+from fp8probe.training.experiment import Experiment
+from fp8probe.training.opd import opd_config, prompt_dataset, trainable_student
+from fp8probe.training.runs import run_dir, train_one
+from fp8probe.training.settings import TrainSettings
 
 pytestmark = pytest.mark.slow  # TRL training runs
 
@@ -183,7 +183,7 @@ def test_learning_rate_schedules_reach_trl():
     from torch import nn, optim
     from transformers import get_scheduler
 
-    from fp8probe.budget.grpo import grpo_config
+    from fp8probe.training.grpo import grpo_config
 
     for name in ("constant", "linear", "cosine"):
         tr = TrainSettings(**{**TRAIN.__dict__, "lr_schedule": name, "steps": 4, "group_size": 2})
@@ -243,7 +243,7 @@ def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(
     seed and draws) but grpo-is weights each token by min(p/q, 2): their first losses differ."""
     from trl import GRPOTrainer
 
-    from fp8probe.budget.grpo import TeacherLikelihood, grpo_config
+    from fp8probe.training.grpo import TeacherLikelihood, grpo_config
 
     teacher, student = pair
     s = _settings(("0", "0.3"), batch_size=4, group_size=2)
@@ -271,10 +271,10 @@ def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_p
     is plain grpo, loss for loss."""
     from trl import GRPOTrainer
 
-    from fp8probe.budget.grpo import make_grpo_trainer
-    from fp8probe.budget.opd import Perturber, sampled_logps
     from fp8probe.measurement.perturbation import apply_perturbation
     from fp8probe.model.rollouts import Rollouts
+    from fp8probe.training.grpo import make_grpo_trainer
+    from fp8probe.training.opd import Perturber, sampled_logps
 
     teacher, student = pair
     s = _settings(("0", "0.3"), steps=1, batch_size=4, group_size=2)
@@ -327,8 +327,8 @@ def test_heldout_quality_by_hand_with_each_steps_seed(pair):
     """The held-out reverse KL by hand (sum over the vocabulary of q (log q - log p) at every sampled response token,
     q the student, p the teacher) on responses sampled with the step's seed: eval_seed at every step (fixed, the
     default), eval_seed + step (per-step); the global random state is left as it was."""
-    from fp8probe.budget.opd import heldout_quality
     from fp8probe.model.rollouts import make_rollouts
+    from fp8probe.training.opd import heldout_quality
 
     teacher, student = pair
     prompts = list(BUILTIN_PROMPTS[:3])
@@ -361,7 +361,7 @@ def test_importance_ratio_by_hand():
     """min(exp(log p - log q), 2) per completion token, right-padded with 1 as TRL pads completions."""
     import math
 
-    from fp8probe.budget.grpo import _padded_ratio
+    from fp8probe.training.grpo import _padded_ratio
 
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     got = _padded_ratio([torch.tensor([0.0, math.log(1.5), math.log(3.0)]), torch.tensor([math.log(0.25)])], mask)
@@ -370,7 +370,7 @@ def test_importance_ratio_by_hand():
 
 def test_teacher_likelihood_is_the_mean_log_prob_of_the_completion(pair):
     """The reward of one completion by hand: the teacher's log-softmax at each completion position, averaged."""
-    from fp8probe.budget.grpo import TeacherLikelihood
+    from fp8probe.training.grpo import TeacherLikelihood
 
     teacher, student = pair
     tok = student.tokenizer
@@ -388,7 +388,7 @@ def test_teacher_likelihood_is_the_mean_log_prob_of_the_completion(pair):
 def test_curve_quality_by_hand():
     """auc: trapezoid mean over steps 0..20 of (8, 4, 3, 3, 2.5) at steps 0, 5, 10, 15, 20 = (30 + 17.5 + 15 +
     13.75) / 20 = 3.8125; the last fifth (step 15 -> 20) improved it by (3 - 2.5) / 3."""
-    from fp8probe.budget.runs import curve_quality
+    from fp8probe.training.runs import curve_quality
 
     evals = [{"step": s, "reverse_kl": q} for s, q in zip((0, 5, 10, 15, 20), (8, 4, 3, 3, 2.5))]
     got = curve_quality(evals)
@@ -402,7 +402,7 @@ def test_curve_quality_by_hand():
 def _fake_run(response, order):
     """A run replaced by a known response: `response(objective, level, seed)` gives its measured mismatch (the
     level's dose too) and quality; every run is recorded in `order` as (level name, seed)."""
-    from fp8probe.budget.runs import SCHEMA_VERSION
+    from fp8probe.training.runs import SCHEMA_VERSION
 
     def run(objective, level, seed):
         m, q = response(objective, level, seed)
@@ -418,9 +418,9 @@ def _fake_run(response, order):
 
 
 def _fake_ladder(response):
-    """A calibration ladder (budget.experiment.Ladder, its decisions as they are) whose runs are `_fake_run`s; the
+    """A calibration ladder (training.experiment.Ladder, its decisions as they are) whose runs are `_fake_run`s; the
     ladder's `order` lists every run it asked for."""
-    from fp8probe.budget import experiment as cal
+    from fp8probe.training import experiment as cal
 
     def make(c, out, device, progress, log):
         order = []
@@ -433,7 +433,7 @@ def _fake_ladder(response):
 
 
 def _fake_trainer(response):
-    """budget.experiment._Trainer with its runs replaced by `_fake_run`s (calibrate() end to end, no training)."""
+    """training.experiment._Trainer with its runs replaced by `_fake_run`s (calibrate() end to end, no training)."""
     from fp8probe.model.structure import list_units
 
     class Trainer:
@@ -460,7 +460,7 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
     lands at the last admitted level with an interval inside the bracket."""
     import math
 
-    from fp8probe.budget import experiment as cal
+    from fp8probe.training import experiment as cal
 
     def response(objective, level, seed):
         m = 10 * level.value ** 2 if level.kind == "noise" else 0.0
@@ -486,7 +486,7 @@ def test_allocated_runs_go_to_the_edge_with_their_twins_and_replay_on_resume(tmp
     0.05): first a new noise level near σ = 0.05 with the ladder's seeds, then further seeds there, each with its
     mismatch-free twin first; the runs spent never exceed the cap, and a second pass over the same results (a
     resume) asks for exactly the same runs."""
-    from fp8probe.budget import experiment as cal
+    from fp8probe.training import experiment as cal
 
     def response(objective, level, seed):
         m = 200 * level.value ** 2 if level.kind == "noise" else 0.0
@@ -516,7 +516,7 @@ def test_allocated_runs_go_to_the_edge_with_their_twins_and_replay_on_resume(tmp
 def test_a_resume_of_one_objective_keeps_the_others_runs_and_budget(tmp_path, monkeypatch):
     """A calibration of opd and grpo resumed with opd alone (say, to add its FP8 levels) keeps grpo's rows in
     runs.csv, refits and writes its budget, and lists both objectives in calibrate.json with grpo as kept."""
-    from fp8probe.budget import experiment as cal
+    from fp8probe.training import experiment as cal
 
     def response(objective, level, seed):
         m = (200 if objective == "grpo" else 100) * level.value ** 2 if level.kind == "noise" else 0.0

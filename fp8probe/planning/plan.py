@@ -186,10 +186,10 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
     (its seeds' range)."""
     from tqdm.auto import tqdm
 
+    from ..budget.admission import judge
     from ..core.metrics import excess
     from ..measurement.measure import measure_with_interval
     from ..measurement.reference import Reference
-    from .admission import judge
 
     metric = budget.metric
     reference = Reference(student, rollouts, batch_size)
@@ -250,7 +250,7 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
         if refused:
             return None, (None, None), None, (None, None), "refused: REJECT", None
         return float(settings.steps), (None, None), 1.0, (None, None), assumed + " (no calibration)", None
-    from .curves import steps_to, steps_with_interval
+    from ..budget.curves import steps_to, steps_with_interval
 
     clean = curves.curve_at(0.0)
     if cost is None:
@@ -283,7 +283,7 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
 
 
 def _budget(settings: PlanSettings, curves):
-    from .fit import default_budget, read_budget
+    from ..budget.fit import default_budget, read_budget
 
     if settings.budget is not None:
         return read_budget(settings.budget)
@@ -298,9 +298,9 @@ def _budget(settings: PlanSettings, curves):
 def check_plan(settings: PlanSettings, serving, model) -> tuple:
     """Everything readable before any output: the GPU is in the table, the recipes and the calibration read, the
     async levels covered; returns (curves or None, budget)."""
+    from ..budget.curves import read_curves
     from ..deploy.gpus import gpu
     from ..recipe.recipe import read_recipe
-    from .curves import read_curves
 
     if serving.gpu_memory_gib is not None or serving.kv_cache_memory is not None:
         raise FP8ProbeError("plan models a GPU of the table (its bandwidth and peaks): pass `gpu`, not "

@@ -1,2 +1,0 @@
-"""Harnesses that check fp8probe against independent references (vLLM itself); used by tests/ and benchmarks/,
-not part of the public API."""
