@@ -412,6 +412,9 @@ def read_experiment(out: Path, response: str) -> Experiment:
     f = Path(out) / "calibrate.json"
     if not f.is_file():
         raise FP8ProbeError(f"no calibrate.json in {out}: `refit` refits a finished calibration; run it first")
+    if not (Path(out) / "runs.csv").is_file():
+        raise FP8ProbeError(f"no runs.csv in {out}: `refit` refits the runs a finished calibration listed there; "
+                            "run `fp8probe calibrate --resume` to finish it first")
     from ..core.artifacts import read_artifact
 
     d = read_artifact("calibrate.json", f, "run `fp8probe calibrate` again")

@@ -505,3 +505,18 @@ def test_bad_ladder_and_check_inputs(cli, tmp_path, tiny_dirs, broken):
     ]
     for args, match in cases:
         check_bad(cli(args[0], model, "--out", out, *args[1:], *FEW), match, out)
+
+
+def test_calibrate_refit_of_a_calibration_without_its_runs_table(cli, tmp_path):
+    """A calibration directory with calibrate.json but no runs.csv (the shipped rl-collapse experiment keeps its
+    table under another name) is refused in one line before anything is written (it was an internal error: pandas'
+    'No objects to concatenate' after the partial file was written)."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m" / "rl-collapse"
+    d = tmp_path / "cal"
+    shutil.copytree(src, d)
+    before = sorted(p.name for p in d.iterdir())
+    r = cli("calibrate", "--out", d, "--refit")
+    check_bad(r, "no runs.csv in")
+    assert sorted(p.name for p in d.iterdir()) == before
