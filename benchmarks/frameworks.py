@@ -26,6 +26,7 @@ from fp8probe.measurement.reference import Reference
 from fp8probe.model.structure import scheme_blockers
 from fp8probe.recipe.refine import DEFAULT_REFINE_PASSES
 from fp8probe.recipe.selection import make_recipe
+from fp8probe.recipe.settings import RecipeContext, RecipeSettings
 from fp8probe.sweeps.files import read_sweep
 
 KEYS = {
@@ -73,10 +74,11 @@ def main():
             continue
         d = out / "recipes" / (name if name != "vllm" else f"vllm-{form}")
         try:
-            rec = make_recipe(run.table, args.budget, student, rollouts, scheme=scheme, kv_cache_dtype=kv, form=form,
-                              kv_scale=target.kv_scale, target=name if form == target.form else None,
-                              batch_size=run.run["batch_size"], reference=reference, sweep_dir=str(run.directory),
-                              refine_passes=DEFAULT_REFINE_PASSES)
+            ask = RecipeSettings(budget=args.budget, kv_cache_dtype=kv, form=form, refine=DEFAULT_REFINE_PASSES,
+                                 holdout=0, engine="none")
+            context = RecipeContext(scheme=scheme, batch_size=run.run["batch_size"], sweep_dir=str(run.directory),
+                                    kv_scale=target.kv_scale, target=name if form == target.form else None)
+            rec = make_recipe(run.table, student, rollouts, ask, context=context, reference=reference)
         except FP8ProbeError as e:
             rows.append((label, form, scheme if target.weights else "-", _why(student, rollouts, reference, target,
                                                                                scheme, e), ""))

@@ -52,7 +52,8 @@ from fp8probe.model.embedded import STUDENTS
 from fp8probe.model.prompts import BUILTIN_PROMPTS
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.refine import DEFAULT_REFINE_PASSES
-from fp8probe.recipe.selection import MemoryTarget, group_scores, linear_params, make_recipe
+from fp8probe.recipe.selection import group_scores, linear_params, make_recipe
+from fp8probe.recipe.settings import RecipeContext
 from fp8probe.sweeps.files import read_sweep
 
 VENV = Path.home() / ".cache" / "fp8probe" / "modelopt-venv"
@@ -229,9 +230,9 @@ def main():
             table, t_sweep = tables[method]
             t0 = time.perf_counter()
             # with its own held-out split the recipe makes its references (the CLI's time), else it reuses one
-            rec = make_recipe(table, None, student, rollouts, scheme="FP8", reference=None if holdout else search_ref,
-                              memory=MemoryTarget("bytes_saved", saved), refine_passes=passes, costs=costs,
-                              holdout=holdout)
+            ask = RecipeSettings(min_bytes_saved=saved, refine=passes, costs=costs, holdout=holdout, engine="none")
+            rec = make_recipe(table, student, rollouts, ask, context=RecipeContext(scheme="FP8"),
+                              reference=None if holdout else search_ref)
             secs = t_sweep + time.perf_counter() - t0
             got = judge([u for g in rec.quantized for u in members[g]])
             recipes[(method, costs, passes, holdout)] = (rec.quantized, got)

@@ -271,3 +271,11 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{nodeid}: {reason}")
         terminalreporter.write_line("fix what made them skip, or list them with their reason in tests/conftest.py "
                                     "ALLOWED_SKIPS")
+
+
+def ask(budget=None, **kw):
+    """make_recipe's settings for a test: no refinement, no held-out split and no engine figure unless asked (the
+    command's defaults are 4 passes, every second prompt held out and vllm-cuda's figure)."""
+    from fp8probe.recipe.settings import RecipeSettings
+
+    return RecipeSettings(budget=budget, **{"refine": 0, "holdout": 0, "engine": "none", **kw})

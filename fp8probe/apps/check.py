@@ -8,15 +8,12 @@ Writes DIR/check.json; exit codes 0 ADMIT, 1 REJECT, 3 UNCERTAIN.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..budget.admission import check
-from ..core.errors import FP8ProbeError
-from ..core.metrics import METRICS
+from ..budget.settings import CheckSettings
 from ..core.results import Result
-from ..core.settings import Settings, opt
-from ..sources.shortcuts import Shortcuts
 from ..sources.sources import combine
 
 
@@ -83,35 +80,6 @@ def format_check(report: dict) -> str:
                      f"{o['seq_rkl_delta']:+.4g}; ratios beyond verl's 2.0: {o['ratio_out_verl']:.2%}, outside "
                      f"OpenRLHF's [0.5, 5]: {o['ratio_out_openrlhf']:.2%}")
     return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class CheckSettings(Settings):
-    """One rollout configuration (`shortcuts`: at most one recipe, KV cache and stale checkpoint, together) against
-    `budget`: a number on `metric`, or a budget.json written by `fp8probe budget` / `calibrate`."""
-
-    shortcuts: Shortcuts
-    budget: str = opt(MISSING, "a number (on the metric) or a budget.json from `fp8probe budget`", required=True)
-    metric: str = opt("kl_q_p", "the metric a numeric budget bounds", choices=METRICS, metavar="METRIC")
-    checkpoints: tuple[str, ...] = opt((), "instead of MODEL: checkpoints of the student along training; the "
-                                       "configuration at each, on rollouts re-sampled from it (series.json)",
-                                       metavar="CKPT")
-    other_student: bool = opt(False, "judge this student against a budget calibrated on another one (refused "
-                              "otherwise; the verdict says so)")
-
-    def __post_init__(self):
-        super().__post_init__()
-        sc = self.shortcuts
-        if not (sc.recipe or sc.kv_cache_dtype or sc.stale):
-            raise FP8ProbeError("nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout "
-                                "configuration)")
-        if len(self.checkpoints) == 1:
-            raise FP8ProbeError("`checkpoints` takes a series: give at least two (or MODEL for one)")
-        if self.checkpoints and sc.stale:
-            raise FP8ProbeError("`checkpoints` and `stale` both name checkpoints: check stale weights one at a time")
-        if len(sc.recipe) > 1 or len(sc.kv_cache_dtype) > 1 or len(sc.stale) > 1:
-            raise FP8ProbeError("check takes one configuration: at most one `recipe`, `kv_cache_dtype` and `stale` "
-                                "(compare several with `fp8probe ladder`)")
 
 
 def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = False) -> CheckResult:

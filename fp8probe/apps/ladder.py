@@ -8,27 +8,13 @@ Writes DIR/ladder.csv (sources/ladder.py's table) and DIR/ladder.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.results import Result
-from ..core.settings import Settings, opt
 from ..sources.ladder import ladder
-from ..sources.shortcuts import Shortcuts
+from ..sources.settings import LadderSettings
 from ..sources.sources import NOISE_RULER, Source, combine, noise
-
-
-@dataclass(frozen=True)
-class LadderSettings(Settings):
-    """The shortcuts, on a ruler of seeded weight noise (`noise` levels, `noise_seed`; default NOISE_RULER), all
-    at once too when `combine`, with the prefix shift of each unless not `prefix_shift`."""
-
-    shortcuts: Shortcuts = field(default_factory=Shortcuts)
-    noise: tuple[float, ...] | None = opt(None, "relative weight-noise levels σ (x each tensor's std); default: "
-                                          + " ".join(f"{x:g}" for x in NOISE_RULER), low=0.0, open_low=True)
-    noise_seed: int = opt(0, "seed of the noise draws", low=0)
-    combine: bool = opt(False, "also measure the recipe, KV and stale sources together")
-    prefix_shift: bool = opt(True, "skip the prefix-shift columns (faster)", flag="--no-prefix-shift")
 
 
 def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = False) -> LadderResult:

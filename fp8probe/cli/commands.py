@@ -48,7 +48,7 @@ def _measure(a):
 
 def _recipe(a):
     return recipe.run_recipe(a.sweep_dir, settings_from(recipe.RecipeSettings, a), a.out, a.device,
-                             a.trust_remote_code, a.allow_pickle)
+                             a.trust_remote_code, a.allow_pickle, settings_from(recipe.TargetSettings, a))
 
 
 def _export(a):
@@ -56,9 +56,8 @@ def _export(a):
                              a.allow_pickle)
 
 
-def _audit(a):  # the vLLM harness lives above apps/: handed down
-    from ..deploy.vllm_check import audit_self_check
-    return audit.run_audit(a.export_dir, a.recipe, a.model, a.out, a.allow_pickle, audit_self_check if a.vllm else None)
+def _audit(a):
+    return audit.run_audit(a.export_dir, a.recipe, a.model, a.out, a.allow_pickle, a.vllm)
 
 
 def _capacity(a):
@@ -107,7 +106,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
              "measure --rollouts runs/smollm2 --engine sim --out runs/whole_sim   # the sweep's simulation"), _measure),
     Command("rollouts", "sample the student's own rollouts and save them", STUDENT, (OUT,), (),
             lambda a: inputs.run_rollouts(*_inputs(a), a.out, a.progress)),
-    Command("recipe", "pick the FP8 recipe that saves the most under a mismatch budget", (recipe.RecipeSettings,),
+    Command("recipe", "pick the FP8 recipe that saves the most under a mismatch budget",
+            (recipe.RecipeSettings, recipe.TargetSettings),
             (("sweep_dir", {"help": "a directory written by `fp8probe sweep`"}), OUT, ("--device", {"default": "cpu"}),
              *LOADING),
             ("recipe runs/smollm2 --budget 0.01 --out runs/recipe-0.01",

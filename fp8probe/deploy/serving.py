@@ -62,3 +62,14 @@ class Serving(Settings):
 
 def gpu_bytes(name: str) -> int:
     return gpu(name).memory_mib * (1 << 20)
+
+
+@dataclass(frozen=True)
+class CapacitySettings(Settings):
+    """The candidate beside BF16 with an auto KV cache: a `recipe`'s FP8 units (else every unit in `scheme`) and the
+    KV cache in `kv_cache_dtype`."""
+
+    recipe: str | None = opt(None, "recipe.yaml written by `fp8probe recipe` (default: every unit in the scheme)")
+    scheme: str = opt("FP8_DYNAMIC", "whole-model scheme when no recipe")
+    kv_cache_dtype: str = opt("fp8", "the candidate's KV-cache dtype (the baseline is always auto)",
+                              choices=KV_DTYPE_BYTES)

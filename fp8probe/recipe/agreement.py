@@ -71,6 +71,7 @@ def agreement(fast_df, exact_df, student, rollouts, scheme: str, batch_size: int
     from ..core.schemes import KVCacheScheme
     from ..measurement.reference import Reference
     from .selection import make_recipe
+    from .settings import RecipeContext, RecipeSettings
 
     exact = exact_df.set_index("unit")
     fast = fast_df.set_index("unit")
@@ -87,11 +88,12 @@ def agreement(fast_df, exact_df, student, rollouts, scheme: str, batch_size: int
         budget = whole / 2
     if reference is None:
         reference = Reference(student, rollouts, batch_size, kv_strategy=KVCacheScheme().strategy)
-    recipes = {}
+    # the plain prefix search on either table, measured on the same rollouts (no refinement, split or engine figure)
+    ask = RecipeSettings(budget=budget, refine=0, holdout=0, engine="none")
+    context, recipes = RecipeContext(scheme=scheme, batch_size=batch_size), {}
     for name, table in (("exact", exact_df), ("fast", fast_df)):
         try:
-            r = make_recipe(table, budget, student, rollouts, scheme=scheme, reference=reference,
-                            batch_size=batch_size, refine_passes=0)
+            r = make_recipe(table, student, rollouts, ask, context=context, reference=reference)
             recipes[name] = {"fp8_groups": len(r.quantized), "measured_kl_q_p": r.measured,
                              "predicted_kl_q_p": r.predicted, "bytes_saved": r.bytes_saved,
                              "quantized": sorted(r.quantized)}

@@ -81,7 +81,7 @@ def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first
     """What a recipe request's form takes, checked before anything is loaded (and without torch): a known form, a KV
     dtype a recipe can hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights, prices at
     the operating point (context.COSTS) and a damage model only for a form that chooses groups.
-    selection.make_recipe and the command's settings (apps/recipe.RecipeSettings) both call it: the rules live here
+    RecipeSettings (recipe/settings.py) calls it on construction: the rules live here
     once."""
     if form not in FORMS:
         raise FP8ProbeError(f"unknown `form` {form!r}; choose from {', '.join(FORMS)}")

@@ -34,9 +34,10 @@ from ..measurement.measure import Measured, measure_with_interval
 from ..measurement.perturbation import Perturbation
 from ..measurement.reference import Reference
 from ..model.structure import scheme_blockers
-from .forms import FORMS, Form, check_request
+from .forms import FORMS, Form
 from .recipe import Recipe
 from .refine import refine
+from .settings import MemoryTarget, RecipeContext, RecipeSettings
 
 log = logging.getLogger(__name__)
 
@@ -113,111 +114,73 @@ def linear_params(student) -> int:
         math.prod(u.shape) for u in student.units if u.kind in ("lm_head", "router"))
 
 
-@dataclass(frozen=True)
-class MemoryTarget:
-    """What a recipe must at least save, in one of the three ways a user says it.
-
-    bytes_saved: weight bytes (BF16 -> FP8, less the scales the checkpoint adds), as `bytes_saved` in the
-    sweep; effective_bits / fp8_share: over the weights of every Linear layer, as ModelOpt's auto_quantize
-    counts them (its default "weight" cost model): the decoder blocks' attention and MLP projections
-    (experts included) and also lm_head and MoE routers, which fp8probe always keeps BF16; not embeddings
-    or norms. BF16 = 16 bits, FP8 = 8 bits, scales not counted: effective_bits = 16 - 8 x fp8_share.
-    """
-
-    kind: str  # "bytes_saved", "effective_bits" or "fp8_share"
-    given: float
-
-    def __post_init__(self):
-        lo, hi = {"bytes_saved": (0, float("inf")), "effective_bits": (8, 16), "fp8_share": (0, 1)}[self.kind]
-        if not lo <= self.given <= hi:
-            field = "min_bytes_saved" if self.kind == "bytes_saved" else self.kind
-            raise FP8ProbeError(f"`{field}` {self.given} is outside [{lo}, {hi}]")
-
-    def amount(self, linear_weights: int) -> float:
-        """The least value() a recipe must reach (linear_weights: linear_params(student))."""
-        if self.kind == "bytes_saved":
-            return self.given
-        share = self.given if self.kind == "fp8_share" else (16 - self.given) / 8
-        return share * linear_weights
-
-    def value(self, groups) -> float:
-        return sum(g.bytes_saved for g in groups) if self.kind == "bytes_saved" else sum(g.params for g in groups)
-
-    def describe(self, amount: float) -> str:
-        return f"{amount / 2**20:.1f} MiB saved" if self.kind == "bytes_saved" else f"{amount:,.0f} FP8 weights"
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "value": self.given}
+MAX_PASSES = 12  # measured passes of the bisection under a budget, at most
+PATH_NODES = 4  # nodes of each path attribution when groups are priced along the path (costs "path")
 
 
-def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAMIC", metric: str = "kl_q_p",
-                kv_cache_dtype: str | None = None, keep_first: int = 0, keep_last: int = 0, keep=(), force=(),
-                reference=None, batch_size: int = 8, max_passes: int = 12, sweep_dir: str | None = None,
-                form: str = "free", kv_scale: str = "calibrated", target: str | None = None,
-                memory: MemoryTarget | None = None, refine_passes: int = 0, holdout: int = 0,
-                engine: str | None = None, costs: str = "single", path_nodes: int = 4,
-                damage_recipes: int = 0) -> Recipe:
-    """The FP8 recipe of the given form that saves the most weight bytes while the measured `metric` stays
+def make_recipe(sensitivity, student, rollouts, settings: RecipeSettings, *,
+                context: RecipeContext = RecipeContext(), reference=None) -> Recipe:
+    """The FP8 recipe of the settings' form that saves the most weight bytes while the measured `metric` stays
     <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
     or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
-    that much. refine_passes > 0 refines a free recipe with that many more measured passes (refine.py).
+    that much. Refinement passes (settings.refine_passes) refine a free recipe with that many more measured passes
+    (refine.py). `context`: the sweep's scheme and batch size, where it is, and a rollout framework's KV scales.
 
     holdout k >= 2 selects on one set and reports on another: every k-th prompt of the rollouts (with its samples)
     is held out (Rollouts.split), every measured pass of the search and the refinement runs on the rest, and the
     recipe's `measured` is its value on the held-out prompts with a 90 % bootstrap interval over them
     (`measured_search` the search set's, `split` what was held out). A figure chosen to sit under the budget on the
     rollouts it was chosen on is biased low there; the held-out one is not. `reference` (the search set's) only
-    without a split. `engine` (an engines.py profile, e.g. "vllm-cuda") adds the same figure as that rollout engine
-    computes it (`measured_engine`): the search and the budget use the simulation; the engine is what will run.
+    without a split. `engine` (an engines.py profile, e.g. "vllm-cuda"; "none": off) adds the same figure as that
+    rollout engine computes it (`measured_engine`): the search and the budget use the simulation; the engine is what
+    will run.
 
     costs (context.COSTS): how groups are priced before they are ranked: "single" (the sweep's rows), or at the
     operating point the single rows choose, with the rest of that recipe in FP8: "context" (leave-one-out / add-one,
-    one measured pass per group) or "path" (two path attributions with `path_nodes` nodes each); only forms that
+    one measured pass per group) or "path" (two path attributions with PATH_NODES nodes each); only forms that
     choose groups (free, keywords).
 
-    damage_recipes n > 0 (free and keywords forms): measure n random recipes around the operating point, fit the
+    damage_model n > 0 (free and keywords forms): measure n random recipes around the operating point, fit the
     damage model (damage.py: per-group terms and a saturating or compounding link) on them, rank groups by its
     terms and predict each candidate by it; the search then measures the model's choice (under a budget, bisecting
     from the model's guess only if that measurement exceeds the budget).
 
     form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
-    BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). kv_scale is
-    how the rollout engine scales an FP8 KV cache: "calibrated" (checkpoint scales) or "unit" (1.0)."""
-    scheme = Scheme.from_name(scheme)
-    check_request(form, kv_cache_dtype, keep, force, keep_first, keep_last, costs, damage_recipes)
-    _check_goal(budget, memory)
-    shape = FORMS[form]
+    BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). The settings are
+    checked once, on construction (RecipeSettings); nothing here checks them again."""
+    s, scheme = settings, Scheme.from_name(context.scheme)
+    budget, memory, metric, kv_cache_dtype = s.budget, s.memory, s.metric, s.kv_cache_dtype
+    shape, holdout = FORMS[s.form or "free"], s.holdout
     if holdout and reference is not None:
         raise ValueError("make_recipe: a reference is only reused without a held-out split")
-    plan = _Plan.of(sensitivity, student, scheme, metric, shape, keep, force, keep_first, keep_last)
+    plan = _Plan.of(sensitivity, student, scheme, s)
     if holdout and not rollouts.can_split(holdout):
         log.warning("recipe: %d prompts are too few to hold out every k-th (k = %d) with two on each side: the "
                     "recipe is measured on the rollouts it was chosen on (sample more prompts for a held-out figure)",
                     rollouts.num_prompts, holdout)
         holdout = 0
     search_set, held, split = rollouts.split(holdout) if holdout else (rollouts, None, None)
-    kv_scheme = (KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache_dtype).fmt, scale=kv_scale) if kv_cache_dtype
-                 else None)
+    kv_scheme = (KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache_dtype).fmt, scale=context.kv_scale)
+                 if kv_cache_dtype else None)
     search = _Search(plan, student, search_set, scheme, metric, kv_scheme,
-                     reference if reference is not None else Reference(student, search_set, batch_size))
+                     reference if reference is not None else Reference(student, search_set, context.batch_size))
     weights = linear_params(student)  # what effective bits and the FP8 share count
-    plan, search, priced, modelled = _scored(costs, damage_recipes, plan, search, (
-        sensitivity, shape, keep, force, keep_first, keep_last), memory, weights, budget, path_nodes, batch_size)
+    plan, search, priced, modelled = _scored(sensitivity, s, plan, search, weights, context.batch_size)
     if memory is not None:
         k = search.reach(memory, weights, shape)
     elif shape.every:
         k = search.everything(budget)
     else:
-        k = search.longest_prefix(budget, shape, max_passes)
+        k = search.longest_prefix(budget, shape, MAX_PASSES)
     final, (found, result, _) = plan.chosen(k), search.result(k)
     refined = None
-    if refine_passes > 0 and shape.chooses:
+    if s.refine_passes > 0 and shape.chooses:
         goal = dict(budget=budget) if memory is None else dict(min_value=memory.amount(weights), value=memory.value)
-        refined = refine(final, plan.free, plan.forced, search.measure_groups, refine_passes,
+        refined = refine(final, plan.free, plan.forced, search.measure_groups, s.refine_passes,
                          start_measured=search.result(k), metric=metric, **goal)
         final, found, result = refined.groups, refined.measured, refined.metrics
-    report = _report(final, found, result, student, (search_set, held), search.reference, scheme, metric, kv_scheme,
-                     batch_size, engine)
+    report = _report(final, (found, result), search, held, None if s.engine == "none" else s.engine,
+                     context.batch_size)
     fp8_params = sum(g.params for g in final)
     return Recipe.from_groups(
         student.units, scheme.name, {g.group for g in final}, model=student.name, kv_cache_dtype=kv_cache_dtype,
@@ -225,25 +188,26 @@ def make_recipe(sensitivity, budget: float, student, rollouts, scheme="FP8_DYNAM
         predicted=search.predict(final), **report, split=split,
         bytes_saved=sum(g.bytes_saved for g in final),
         search=search.log() + (refined.log if refined is not None else []),
-        sweep=sweep_dir, form=form, target=target, kv_scale=kv_scale if kv_cache_dtype else "calibrated",
+        sweep=context.sweep_dir, form=s.form or "free", target=context.target,
+        kv_scale=context.kv_scale if kv_cache_dtype else "calibrated",
         memory_target=memory.to_json() if memory is not None else None, costs=priced, damage_model=modelled,
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
 
 
-def _scored(costs, damage_recipes, plan, search, request, memory, weights, budget, nodes, batch_size):
+def _scored(sensitivity, settings: RecipeSettings, plan, search, weights, batch_size):
     """The plan and search with the groups priced at the operating point (`costs`) and/or ranked by a damage model
-    (`damage_recipes`), and what recipe.json records of each (None where not asked)."""
+    (`damage_model`), and what recipe.json records of each (None where not asked)."""
     priced = modelled = None
-    if costs != "single":
-        plan, search, priced = _reprice(costs, plan, search, request, memory, weights, budget, nodes, batch_size)
-    if damage_recipes:
-        plan, search, modelled = _model_damage(plan, search, request, damage_recipes, memory, weights, budget)
+    if settings.costs != "single":
+        plan, search, priced = _reprice(sensitivity, settings, plan, search, weights, batch_size)
+    if settings.damage_model:
+        plan, search, modelled = _model_damage(sensitivity, settings, plan, search, weights)
     return plan, search, priced, modelled
 
 
-def _reprice(costs, plan, search, request, memory, weights, budget, nodes, batch_size):
+def _reprice(sensitivity, settings: RecipeSettings, plan, search, weights, batch_size):
     """The plan again, its groups priced at the operating point the single scores choose (context.py), and a fresh
     search over it; with what recipe.json records of the pricing."""
     import time
@@ -251,49 +215,46 @@ def _reprice(costs, plan, search, request, memory, weights, budget, nodes, batch
     from ..measurement.attribution import path_attribution
     from .context import operating_point_costs
 
-    t0 = time.perf_counter()
-    current = plan.chosen(_operating_point(plan, search, memory, weights, budget))
+    t0, costs = time.perf_counter(), settings.costs
+    current = plan.chosen(_operating_point(plan, search, settings, weights))
 
     def path(groups, fixed):
-        return path_attribution(search.student, search.rollouts, search.reference, groups, search.scheme, nodes,
-                                batch_size, fixed=fixed).shares
+        return path_attribution(search.student, search.rollouts, search.reference, groups, search.scheme,
+                                PATH_NODES, batch_size, fixed=fixed).shares
 
     priced = operating_point_costs(costs, current, plan.free, search.measure_groups, path)
-    sensitivity, shape, keep, force, keep_first, keep_last = request
-    new = _Plan.of(sensitivity, search.student, search.scheme, search.metric, shape, keep, force, keep_first,
-                   keep_last, scores=priced)
+    new = _Plan.of(sensitivity, search.student, search.scheme, settings, scores=priced)
     log.info("recipe: %d groups priced %s at an operating point of %d groups (%.1f s)", len(priced), costs,
              len(current), time.perf_counter() - t0)
     info = {"method": costs, "operating_point": [g.group for g in current], "seconds": time.perf_counter() - t0,
             "scores": priced}
     if costs == "path":
-        info["nodes"] = nodes
+        info["nodes"] = PATH_NODES
     return new, _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv,
                         search.reference), info
 
 
-def _operating_point(plan, search, memory, weights, budget) -> int:
+def _operating_point(plan, search, settings: RecipeSettings, weights) -> int:
     """The candidate the current scores choose without measuring: the first that meets the memory target, or the
     last predicted within the budget."""
-    n = len(plan.candidates) - 1
+    n, memory = len(plan.candidates) - 1, settings.memory
     if memory is not None:
         need = memory.amount(weights)
         return next((k for k in range(n + 1) if memory.value(plan.chosen(k)) >= need), n)
-    return max((k for k in range(n + 1) if search.predicted(k) <= budget), default=0)
+    return max((k for k in range(n + 1) if search.predicted(k) <= settings.budget), default=0)
 
 
-def _model_damage(plan, search, request, n, memory, weights, budget):
+def _model_damage(sensitivity, settings: RecipeSettings, plan, search, weights):
     """The plan ranked by a damage model fitted on n random recipes around the operating point (damage.fit_around),
     and a search that predicts by it; with what recipe.json records of the model."""
     import time
 
     from .damage import fit_around
 
-    t0 = time.perf_counter()
-    size = len(plan.candidates[_operating_point(plan, search, memory, weights, budget)])
+    t0, n = time.perf_counter(), settings.damage_model
+    size = len(plan.candidates[_operating_point(plan, search, settings, weights)])
     model = fit_around(plan.free, plan.forced, search.measure_groups, max(size, 1), n)
-    new = _Plan.of(request[0], search.student, search.scheme, search.metric, *request[1:],
-                   scores=model.terms())
+    new = _Plan.of(sensitivity, search.student, search.scheme, settings, scores=model.terms())
     log.info("recipe: damage model fitted on %d random recipes (rho %.3g, cross-validated median error %.1f %%)",
              model.fitted_on, model.rho, 100 * model.cv_error)
     return new, _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv,
@@ -301,18 +262,18 @@ def _model_damage(plan, search, request, n, memory, weights, budget):
         model.to_json() | {"recipes_measured": n, "seconds": time.perf_counter() - t0}
 
 
-def _report(final, found, result, student, sets, search_reference, scheme, metric, kv_scheme, batch_size,
-            engine) -> dict:
-    """What recipe.json reports of the chosen recipe: with a held-out set, its value there with the search set's
-    calibration (the static and KV scales an export calibrates before the held-out prompts are seen) and the
-    interval, beside the search set's `found`; without one, `found`. With `engine`, the same figure as it computes."""
-    search_set, held = sets
+def _report(final, found, search, held, engine, batch_size) -> dict:
+    """What recipe.json reports of the chosen recipe (`found`: its excess and metrics on the search set): with a
+    held-out set, its value there with the search set's calibration (the static and KV scales an export calibrates
+    before the held-out prompts are seen) and the interval, beside the search set's; without one, the search set's.
+    With `engine`, the same figure as it computes."""
+    (found, result), student, scheme, metric = found, search.student, search.scheme, search.metric
     report = dict(measured=found, measured_metrics=result, measured_search=found, measured_interval=None)
-    ref, where = search_reference, search_set
+    ref, where = search.reference, search.rollouts
     if held is not None:
         ref, where = Reference(student, held, batch_size, calibrate=False), held
-        ref.calibration = search_reference.calibration
-        value, metrics, evidence = measure_groups(final, student, held, scheme, metric, kv_scheme, ref)
+        ref.calibration = search.reference.calibration
+        value, metrics, evidence = measure_groups(final, student, held, scheme, metric, search.kv, ref)
         interval = evidence.excess_interval(metric) if evidence else [value, value]
         report.update(measured=value, measured_metrics=metrics, measured_interval=interval)
         log.info("recipe: %s %.4g on the search set, %.4g [%.4g, %.4g] on the held-out prompts", metric, found,
@@ -321,16 +282,8 @@ def _report(final, found, result, student, sets, search_reference, scheme, metri
         from ..measurement.measure import measured_as
 
         report["measured_engine"] = measured_as(engine, ref, student, where,
-                                                _perturbation(final, student, scheme, kv_scheme), metric, batch_size)
+                                                _perturbation(final, student, scheme, search.kv), metric, batch_size)
     return report
-
-
-def _check_goal(budget, memory) -> None:
-    if (budget is None) == (memory is None):
-        raise FP8ProbeError("give exactly one of a mismatch budget (`budget`) or a memory target "
-                            "(`min_bytes_saved`, `effective_bits`, `fp8_share`)")
-    if budget is not None and budget < 0:
-        raise FP8ProbeError("`budget` must be a non-negative number")
 
 
 @dataclass
@@ -347,9 +300,13 @@ class _Plan:
     candidates: list[list[GroupScore]]
 
     @classmethod
-    def of(cls, sensitivity, student, scheme, metric, form: Form, keep, force, keep_first, keep_last,
+    def of(cls, sensitivity, student, scheme, settings: RecipeSettings,
            scores: dict[str, float] | None = None) -> "_Plan":
-        """`scores`: the free groups' prices (context.py) in place of their single rows' scores."""
+        """The settings' form, metric and constraints on this student; `scores`: the free groups' prices (context.py)
+        in place of their single rows' scores."""
+        s = settings
+        metric, form, keep, force, keep_first, keep_last = (s.metric, FORMS[s.form or "free"], s.keep, s.force,
+                                                            s.keep_first, s.keep_last)
         members = {g: [u.name for u in us] for g, us in student.groups().items()}
         blocked = scheme_blockers(student.quantizable, scheme)
         if form.every and blocked:

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_student
+from conftest import ask, tiny_student
 
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.schemes import Scheme
@@ -116,10 +116,10 @@ def test_auto_measures_the_top_rows_exactly(tiny, tmp_path):
     assert (est["kl_q_p"] == est["kl_fisher"]).all()
     assert units["kl_fisher"].notna().all()
     # a recipe reads it; a metric the estimate does not give is refused
-    recipe = make_recipe(df, float(ex.loc["model.fp8_all", "kl_q_p"]) / 2, s, r, refine_passes=0)
+    recipe = make_recipe(df, s, r, ask(float(ex.loc["model.fp8_all", "kl_q_p"]) / 2, refine=0))
     assert recipe.quantized
     with pytest.raises(FP8ProbeError, match="only kl_q_p"):
-        make_recipe(df, 1.0, s, r, metric="k3")
+        make_recipe(df, s, r, ask(1.0, metric="k3"))
 
 
 def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path, caplog):

@@ -3,12 +3,12 @@ prices checked against the simulation's own measurements."""
 
 import numpy as np
 import pytest
-from conftest import tiny_student
+from conftest import ask, tiny_student
 
 from fp8probe import measure
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
-from fp8probe.recipe.selection import MemoryTarget, make_recipe
+from fp8probe.recipe.selection import make_recipe
 from fp8probe.sweeps.sweep import sweep
 
 
@@ -43,11 +43,11 @@ def _m(st, r, ref, groups, members):
 def test_groups_priced_at_the_operating_point(setup, costs):
     st, r, ref, df = setup
     members = {g: [u.name for u in us] for g, us in st.groups().items()}
-    rec = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5), costs=costs)
+    rec = make_recipe(df, st, r, ask(fp8_share=0.5, costs=costs), reference=ref)
     info = rec.costs
     assert info["method"] == costs and info["seconds"] > 0
     point = info["operating_point"]
-    single = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5))
+    single = make_recipe(df, st, r, ask(fp8_share=0.5), reference=ref)
     assert sorted(point) == sorted(single.quantized)  # the single rows' choice is where groups are priced
     prices = info["scores"]
     assert set(prices) == set(members)
@@ -88,7 +88,7 @@ def test_a_recipe_chosen_on_a_damage_model(setup, monkeypatch):
 
     real = damage.fit_around
     monkeypatch.setattr(damage, "fit_around", fit_around)
-    rec = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5), damage_recipes=12)
+    rec = make_recipe(df, st, r, ask(fp8_share=0.5, damage_model=12), reference=ref)
     dm = rec.damage_model
     assert dm["recipes_measured"] == 12 and 4 <= dm["fitted_on"] <= 12 and set(dm["terms"]) == set(members)
     assert sorted(rec.quantized) == _cheapest_half(st, members, dm["terms"])
@@ -96,10 +96,10 @@ def test_a_recipe_chosen_on_a_damage_model(setup, monkeypatch):
     assert rec.predicted == pytest.approx(measured, rel=0.3)
     # under a budget the model's guess is measured and holds
     whole = _m(st, r, ref, list(members), members)
-    under = make_recipe(df, whole / 2, st, r, reference=ref, damage_recipes=12)
+    under = make_recipe(df, st, r, ask(whole / 2, damage_model=12), reference=ref)
     assert under.measured <= whole / 2 and under.damage_model["recipes_measured"] == 12
     # terms in another order than the prior's: the recipe follows them, not the sweep's rows
     fitted["shuffle"] = True
-    other = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5), damage_recipes=12)
+    other = make_recipe(df, st, r, ask(fp8_share=0.5, damage_model=12), reference=ref)
     want = _cheapest_half(st, members, other.damage_model["terms"])
     assert sorted(other.quantized) == want and want != sorted(rec.quantized)

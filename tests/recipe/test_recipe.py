@@ -2,13 +2,14 @@
 
 import pytest
 import yaml
-from conftest import tiny_student
+from conftest import ask, tiny_student
 
 from fp8probe import FP8ProbeError
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.recipe import read_recipe
 from fp8probe.recipe.selection import make_recipe
+from fp8probe.recipe.settings import RecipeContext
 from fp8probe.sweeps.sweep import sweep
 
 
@@ -31,7 +32,7 @@ def test_budgets_hold_and_savings_grow(setup, tmp_path):
     saved = []
     for frac in (0.05, 0.3, 1.5):  # tight, medium, loose (loose: everything fits)
         budget = whole * frac
-        rec = make_recipe(df, budget, st, r, reference=ref)
+        rec = make_recipe(df, st, r, ask(budget), reference=ref)
         assert rec.measured <= budget
         assert len(rec.search) <= 12  # a few measured passes, not one per group
         groups = st.groups()
@@ -50,7 +51,7 @@ def test_budgets_hold_and_savings_grow(setup, tmp_path):
 def test_yaml_parsed_by_llmcompressor(setup, tmp_path):
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, whole * 0.3, st, r, reference=ref, kv_cache_dtype="fp8", keep_first=1)
+    rec = make_recipe(df, st, r, ask(whole * 0.3, kv_cache_dtype="fp8", keep_first=1), reference=ref)
     rec.write(tmp_path)
     from llmcompressor.recipe import Recipe
 
@@ -115,7 +116,7 @@ def test_group_granularity_sweep(setup):
     st, r, ref, _ = setup
     df = sweep(st, r, granularity="group", include_kv=False, reference=ref).table
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, whole * 0.3, st, r, reference=ref)
+    rec = make_recipe(df, st, r, ask(whole * 0.3), reference=ref)
     assert rec.measured <= whole * 0.3 and rec.quantized
     names = {u.name for u in st.quantizable}
     assert set(fp8_names(rec, st)) <= names
@@ -152,7 +153,7 @@ def test_budget_on_a_metric_whose_zero_point_is_one(setup):
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].token_mult_prob_error.iloc[0])
     budget = 0.3 * (whole - 1)
-    rec = make_recipe(df, budget, st, r, metric="token_mult_prob_error", reference=ref)
+    rec = make_recipe(df, st, r, ask(budget, metric="token_mult_prob_error"), reference=ref)
     assert rec.measured == pytest.approx(rec.measured_metrics["token_mult_prob_error"] - 1, abs=1e-15)
     assert 0 < rec.measured <= budget
     assert 0 < len(rec.quantized) < len(st.groups())
@@ -168,7 +169,7 @@ def test_first_last_form_keeps_whole_edge_blocks_and_is_the_best_split(setup):
     FP8 blocks scores less (the sweep's prediction), and the measured value is what measure() gives."""
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, whole * 0.5, st, r, reference=ref, form="first-last")
+    rec = make_recipe(df, st, r, ask(whole * 0.5, form="first-last"), reference=ref)
     assert rec.measured <= whole * 0.5 and rec.form == "first-last"
     blocks = {st.unit(u).block for u in fp8_names(rec, st)}
     lo, hi = min(blocks), max(blocks)
@@ -182,18 +183,19 @@ def test_first_last_form_keeps_whole_edge_blocks_and_is_the_best_split(setup):
     width = hi - lo + 1
     best = min(sum(score[b] for b in range(s, s + width)) for s in range(0, 4 - width + 1))
     assert sum(score[b] for b in blocks) == pytest.approx(best)
-    free = make_recipe(df, whole * 0.5, st, r, reference=ref)
+    free = make_recipe(df, st, r, ask(whole * 0.5), reference=ref)
     assert free.bytes_saved >= rec.bytes_saved  # the framework's limitation costs bytes, never saves them
 
 
 def test_all_and_none_forms(setup):
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, whole * 1.01, st, r, reference=ref, form="all")
+    rec = make_recipe(df, st, r, ask(whole * 1.01, form="all"), reference=ref)
     assert rec.kept == [] and rec.measured == pytest.approx(whole, rel=1e-9)
     with pytest.raises(FP8ProbeError, match=r"every Linear in FP8_DYNAMIC .* measures kl_q_p .* > budget"):
-        make_recipe(df, whole * 0.5, st, r, reference=ref, form="all")
-    kv_only = make_recipe(df, 1.0, st, r, reference=ref, form="none", kv_cache_dtype="fp8", kv_scale="unit")
+        make_recipe(df, st, r, ask(whole * 0.5, form="all"), reference=ref)
+    kv_only = make_recipe(df, st, r, ask(1.0, form="none", kv_cache_dtype="fp8"),
+                          context=RecipeContext(kv_scale="unit"), reference=ref)
     assert kv_only.quantized == [] and kv_only.kv_scale == "unit" and kv_only.measured > 0
     from fp8probe import measure
     from fp8probe.core.schemes import KVCacheScheme
@@ -202,12 +204,12 @@ def test_all_and_none_forms(setup):
     calibrated = measure(st, r, units=[], kv="fp8", reference=ref)["kl_q_p"]
     assert kv_only.measured == pytest.approx(unit, rel=1e-9) and unit != calibrated
     with pytest.raises(FP8ProbeError, match="`form` none .* add `kv_cache_dtype` fp8"):
-        make_recipe(df, 1.0, st, r, reference=ref, form="none")
+        make_recipe(df, st, r, ask(1.0, form="none"), reference=ref)
     # the KV cache is named as the engines name it; a dtype llm-compressor's kv_cache_scheme cannot hold is refused
     # with the command that measures it instead
     with pytest.raises(FP8ProbeError, match=r"'fp8_e5m2' is an engine setting .* `fp8probe check --kv-cache-dtype "
                        r"fp8_e5m2`; a recipe takes: fp8"):
-        make_recipe(df, 1.0, st, r, reference=ref, form="none", kv_cache_dtype="fp8_e5m2")
+        make_recipe(df, st, r, ask(1.0, form="none", kv_cache_dtype="fp8_e5m2"), reference=ref)
     from fp8probe.recipe.recipe import Recipe
     with pytest.raises(FP8ProbeError, match="'int8' is not a KV-cache dtype"):
         Recipe(scheme="FP8_DYNAMIC", ignore=[], kv_cache_dtype="int8")
@@ -228,18 +230,18 @@ def test_block_sweep_skips_groups_the_scheme_cannot_take(embedded, tmp_path):
 def test_memory_targets(setup):
     """--min-bytes-saved / --effective-bits / --fp8-share: the cheapest prefix that reaches the target, measured;
     effective bits over every Linear's weights, lm_head included as ModelOpt counts it (16 - 8 x FP8 share)."""
-    from fp8probe.recipe.selection import MemoryTarget
+    from fp8probe.recipe.settings import MemoryTarget
 
     st, r, ref, df = setup
     total = sum(u.params for u in st.quantizable) + st.model.lm_head.weight.numel()
-    half = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5))
+    half = make_recipe(df, st, r, ask(fp8_share=0.5), reference=ref)
     fp8 = sum(st.unit(n).params for n in fp8_names(half, st))
     assert fp8 / total >= 0.5 and half.fp8_share == pytest.approx(fp8 / total)
     assert half.effective_bits == pytest.approx(16 - 8 * fp8 / total) and half.budget is None
-    bits = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("effective_bits", 12.0))
+    bits = make_recipe(df, st, r, ask(effective_bits=12.0), reference=ref)
     assert bits.quantized == half.quantized  # 12 effective bits is a 50 % FP8 share
     need = half.bytes_saved + 1
-    more = make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("bytes_saved", need))
+    more = make_recipe(df, st, r, ask(min_bytes_saved=need), reference=ref)
     assert more.bytes_saved >= need and more.memory_target == {"kind": "bytes_saved", "value": need}
     from fp8probe import measure
 
@@ -247,9 +249,9 @@ def test_memory_targets(setup):
         pytest.approx(more.measured, rel=1e-9)
     everything = int(df[df.unit == "model.fp8_all"].bytes_saved.iloc[0])
     with pytest.raises(FP8ProbeError, match=r"is more than FP8 can reach on this model: at most .* lower the target"):
-        make_recipe(df, None, st, r, reference=ref, memory=MemoryTarget("bytes_saved", everything + 1))
-    with pytest.raises(FP8ProbeError, match="exactly one of a mismatch budget"):
-        make_recipe(df, 0.1, st, r, reference=ref, memory=MemoryTarget("fp8_share", 0.5))
+        make_recipe(df, st, r, ask(min_bytes_saved=everything + 1), reference=ref)
+    with pytest.raises(FP8ProbeError, match="give exactly one of `budget`, `min_bytes_saved`"):
+        ask(0.1, fp8_share=0.5)  # checked once, where the settings are made
     with pytest.raises(FP8ProbeError, match=r"`effective_bits` 7.0 is outside \[8, 16\]"):
         MemoryTarget("effective_bits", 7.0)
 
@@ -259,14 +261,13 @@ def test_refinement_never_worse_than_its_start(setup, mode):
     """The refined recipe is measured at least as good as the prefix recipe it starts from, every pass it
     measured is in the search log, and its reported value is what measure() gives for its units."""
     from fp8probe import measure
-    from fp8probe.recipe.selection import MemoryTarget
 
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    kw = dict(memory=MemoryTarget("fp8_share", 0.6)) if mode == "memory" else {}
+    kw = dict(fp8_share=0.6) if mode == "memory" else {}
     budget = None if mode == "memory" else whole * 0.4
-    plain = make_recipe(df, budget, st, r, reference=ref, **kw)
-    refined = make_recipe(df, budget, st, r, reference=ref, refine_passes=10, **kw)
+    plain = make_recipe(df, st, r, ask(budget, **kw), reference=ref)
+    refined = make_recipe(df, st, r, ask(budget, refine=10, **kw), reference=ref)
     moves = [e for e in refined.search if e["move"] != "prefix"]
     assert 0 < len(moves) <= 10 and all("predicted" in e and "measured" in e for e in moves)
     if mode == "memory":
@@ -308,7 +309,7 @@ def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.3
-    rec = make_recipe(df, budget, st, r, holdout=2, refine_passes=4)
+    rec = make_recipe(df, st, r, ask(budget, holdout=2, refine=4))
     split = rec.split
     assert split["holdout_every"] == 2 and (split["search_prompts"], split["heldout_prompts"]) == (6, 6)
     search, held = r.subset(split["search_sequences"]), r.subset(split["heldout_sequences"])
@@ -320,7 +321,7 @@ def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):
     assert abs(rec.measured - rec.measured_search) > 1e-3 * rec.measured
     lo, hi = rec.measured_interval
     assert lo < rec.measured < hi
-    assert make_recipe(df, budget, st, r, holdout=2, refine_passes=4).to_json() == rec.to_json()
+    assert make_recipe(df, st, r, ask(budget, holdout=2, refine=4)).to_json() == rec.to_json()
 
 
 def test_held_out_figure_uses_the_search_prompts_scales(twelve):
@@ -333,7 +334,7 @@ def test_held_out_figure_uses_the_search_prompts_scales(twelve):
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.5
-    rec = make_recipe(df, budget, st, r, holdout=2, scheme="FP8", kv_cache_dtype="fp8")
+    rec = make_recipe(df, st, r, ask(budget, holdout=2, kv_cache_dtype="fp8"), context=RecipeContext(scheme="FP8"))
     search, held = r.subset(rec.split["search_sequences"]), r.subset(rec.split["heldout_sequences"])
     units = fp8_names(rec, st)
     assert units, "the recipe keeps some groups in FP8"
@@ -354,11 +355,11 @@ def test_the_engine_figure_is_the_profile_on_the_held_out_prompts(twelve):
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.3
-    rec = make_recipe(df, budget, st, r, holdout=2, engine="vllm-cuda")
+    rec = make_recipe(df, st, r, ask(budget, holdout=2, engine="vllm-cuda"))
     held = r.subset(rec.split["heldout_sequences"])
     want = measure(st, held, "FP8_DYNAMIC", units=fp8_names(rec, st), engine="vllm-cuda")["kl_q_p"]
     e = rec.measured_engine
     assert e["engine"] == "vllm-cuda" and e["measured"] == pytest.approx(want, rel=1e-6)
     assert e["interval"][0] < e["measured"] < e["interval"][1] and e["measured"] != pytest.approx(rec.measured)
-    off = make_recipe(df, budget, st, r, holdout=2, engine="vllm-cpu", scheme="FP8")
+    off = make_recipe(df, st, r, ask(budget, holdout=2, engine="vllm-cpu"), context=RecipeContext(scheme="FP8"))
     assert off.measured_engine["measured"] is None and "vLLM-CPU" in off.measured_engine["not_covered"]

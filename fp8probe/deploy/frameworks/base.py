@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ...core.errors import FP8ProbeError
 from ...core.schemes import Scheme
+from ...core.settings import Settings, opt
 from ...recipe.forms import FORMS, narrower
 
 if TYPE_CHECKING:  # kept light: `fp8probe --help` lists the targets without importing torch
@@ -145,6 +146,19 @@ def resolve_targets(names) -> list[Target]:
         if TARGETS[n] not in out:
             out.append(TARGETS[n])
     return out
+
+
+@dataclass(frozen=True)
+class TargetSettings(Settings):
+    """The rollout framework a recipe is made for (`fp8probe recipe --target`): its form, FP8 scheme and KV-cache
+    scales (recipe_form), which the recipe layer below cannot know."""
+
+    target: str | None = opt(None, "a rollout framework: its form, FP8 scheme and KV-cache scales (see `fp8probe "
+                             "export`)", choices=lambda: TARGETS)
+
+    @property
+    def chosen(self) -> Target | None:
+        return TARGETS[self.target] if self.target else None
 
 
 def recipe_form(target: Target | None, form: str | None, kv_cache_dtype: str | None, sweep_scheme: str,

@@ -1,15 +1,16 @@
-"""The recipe command's settings refuse a bad request when they are made, by the same rules make_recipe applies."""
+"""The recipe command's settings (recipe/settings.py) refuse a bad request when they are made (forms.check_request
+first, then the fields' choices and bounds): make_recipe checks nothing again."""
 
 import pytest
 
 from fp8probe import FP8ProbeError
-from fp8probe.apps.recipe import RecipeSettings
+from fp8probe.recipe.settings import RecipeSettings
 
 
 @pytest.mark.parametrize("kw,match", [
     ({"budget": 0.1, "form": "none"}, "`form` none .* add `kv_cache_dtype` fp8"),
     ({"budget": 0.1, "form": "all", "keep": ("model.layers.0.mlp",)}, "`form` all takes no `keep`"),
-    ({"budget": 0.1, "kv_cache_dtype": "fp8_e5m2"}, "is not one of fp8"),
+    ({"budget": 0.1, "kv_cache_dtype": "fp8_e5m2"}, "an engine setting .* a recipe takes: fp8"),
     ({"budget": 0.1, "fp8_share": 0.5}, "give exactly one of"),
     ({"budget": 0.1, "holdout": 1}, "would hold out every prompt"),
     ({"budget": 0.1, "form": "first-last", "costs": "path"}, "`costs` path prices groups for a form that chooses"),
@@ -31,7 +32,7 @@ def test_the_settings_check_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom fp8probe.apps.recipe import RecipeSettings\nRecipeSettings(budget=0.1, form='all')\n"
+    code = ("import sys\nfrom fp8probe.recipe.settings import RecipeSettings\nRecipeSettings(budget=0.1, form='all')\n"
             "try:\n    RecipeSettings(budget=0.1, form='none')\nexcept Exception:\n    pass\n"
             "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
