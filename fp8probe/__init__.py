@@ -63,11 +63,14 @@ _HOMES = {
     "run_export": "apps.export",
     "run_ladder": "apps.ladder",
     "run_check": "apps.check",
+    "run_series": "apps.series",
+    "run_audit": "apps.audit",
     "run_capacity": "apps.capacity",
     "run_budget": "apps.budget",
     "run_calibrate": "apps.calibrate",
     "run_plan": "apps.plan",
     "run_plot": "apps.plot",
+    "run_units": "apps.inputs",
 }
 
 __all__ = ["__version__", *_HOMES]

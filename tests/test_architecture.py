@@ -311,3 +311,44 @@ def test_tests_mirror_the_packages():
     folders = {p.parent.name for p in root.rglob("test_*.py") if p.parent != root}
     assert folders - set(LAYERS) <= {"robustness"}, sorted(folders - set(LAYERS))
     assert set(LAYERS) <= folders, sorted(set(LAYERS) - folders)
+
+
+def registries() -> dict[str, str]:
+    """Registry name -> its module: module-level UPPERCASE tables looked up by name, i.e. annotated `dict[str, ...]`
+    or built as `{x.name: x for x in ...}`."""
+    out = {}
+    for m, p in modules().items():
+        for node in ast.parse(p.read_text()).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else (
+                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            name = getattr(target, "id", "")
+            if not name.isupper() or name.startswith("_"):
+                continue
+            ann = ast.unparse(node.annotation) if isinstance(node, ast.AnnAssign) else ""
+            if ann.startswith("dict[str") or isinstance(node.value, ast.DictComp):
+                out[name] = m
+    return out
+
+
+def test_the_docs_name_every_entry_point_and_registry():
+    """docs/library.md and docs/architecture.md name every entry point (`run_*` of apps/), and fp8probe's public API
+    holds each; docs/architecture.md names every registry with its module, so a new one cannot land unseen."""
+    import importlib
+    import inspect
+
+    import fp8probe
+
+    docs = PKG.parent / "docs"
+    library, architecture = (docs / "library.md").read_text(), (docs / "architecture.md").read_text()
+    entry = [name for p in sorted((PKG / "apps").glob("*.py"))
+             for name, fn in inspect.getmembers(importlib.import_module(f"fp8probe.apps.{p.stem}"), inspect.isfunction)
+             if name.startswith("run_") and fn.__module__ == f"fp8probe.apps.{p.stem}"]
+    assert len(entry) >= 15
+    missing = [f"{n} (library.md)" for n in entry if f"`{n}`" not in library]
+    missing += [f"{n} (architecture.md)" for n in entry if f"`{n}`" not in architecture]
+    missing += [f"{n} (fp8probe.__all__)" for n in entry if n not in fp8probe.__all__]
+    regs = registries()
+    assert {"ENGINES", "TARGETS", "FORMS", "METHODS", "COMMANDS"} <= set(regs), regs
+    missing += [f"{r} ({m}, architecture.md)" for r, m in regs.items()
+                if f"`{r}`" not in architecture or f"`{m.replace('.', '/')}.py`" not in architecture]
+    assert not missing, f"not named in the docs: {missing}"

@@ -40,3 +40,22 @@ def test_library_page_runs(tmp_path, monkeypatch):
     assert ns["recipe"].quantized and ns["report"]["ratio_kv_tokens"] > 1
     assert ns["x_hat"].shape == (4, 256)
     assert set(ns["run"].table["unit"]) == set(ns["df"]["unit"])
+
+
+@pytest.mark.slow
+def test_readme_python_example_runs(tmp_path, monkeypatch):
+    """The README's Python block runs as written (the embedded student): a recipe chosen on half the prompts and
+    reported on the other half, with its interval, as `fp8probe recipe` does by default."""
+    readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    code = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert len(code) == 1 and len(code[0].splitlines()) <= 6
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code[0], "README.md", "exec"), ns)
+    recipe = ns["recipe"]
+    assert recipe.split["heldout_prompts"] == 4 and recipe.measured_search <= 0.01
+    lo, hi = recipe.measured_interval
+    assert lo <= recipe.measured <= hi
+    assert out.getvalue().split()[0] == str(len(recipe.quantized)) and 0 < len(recipe.quantized) < 120
