@@ -20,7 +20,6 @@ MAX_PARAMETERS = 8  # a public function takes its inputs and a settings object, 
 # settings object); a new entry, or a larger count, fails
 MANY_PARAMETERS: dict[str, int] = {
     "budget.admission:check": 11,
-    "budget.fit:fit_budget": 9,
     "deploy.export:export": 9,
     "deploy.vllm_check:run_vllm": 11,
     "deploy.vllm_check:compare_with_vllm": 9,

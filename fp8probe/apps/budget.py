@@ -19,9 +19,7 @@ def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()) -> Budget
     from ..plots import budget_fit
 
     check_writable(out)
-    b = fit_budget(runs, tolerance=settings.tolerance, bootstrap=settings.bootstrap, seed=settings.seed,
-                   objective=settings.objective, fit=settings.fit, response=settings.response,
-                   pairing=settings.pairing)
+    b = fit_budget(runs, settings)
     if settings.student:
         from ..model.identity import identity
         from ..model.student import load_student

@@ -41,12 +41,9 @@ from pathlib import Path
 from ..core.artifacts import read_artifact, version
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
-from .design import RESPONSES
+from .settings import BudgetSettings
 
 SCHEMA_VERSION = version("budget.json")
-
-
-DEFAULT_TOLERANCE = 0.02  # the relative quality loss a budget allows unless told otherwise (a user's choice)
 
 
 @dataclass(frozen=True)
@@ -235,7 +232,6 @@ def _one_value(df, column: str, where: str, default, what: str):
 
 
 START_SPREAD = 1e-3  # quality_start may differ this much (relative) between runs: one evaluation, other arithmetic
-FITS = ("dose", "isotonic")  # how the budget is read off the runs: the benchmark dose, or the isotonic fit alone
 RULER_KINDS = ("stale",)  # kinds of level that get a dose–response curve of their own beside the noise ruler
 FITTED_KINDS = ("none", "noise")  # the ruler: a budget is read off random weight noise; other sources are shown beside
 
@@ -312,24 +308,19 @@ def ruler_design(runs, fitted: dict | None = None):
     return design, rows, pairing
 
 
-def fit_budget(runs, tolerance: float = DEFAULT_TOLERANCE, bootstrap: int = 1000, seed: int = 0,
-               paired: bool | None = None, objective: str | None = None, fit: str = "dose",
-               response: str = "gain", pairing: str = "auto") -> Budget:
-    """The calibrated budget from a runs table (a pandas DataFrame or a CSV path); see the module docstring.
-    `paired`: None decides from the table (_is_paired); `objective` picks one objective of a table with several;
-    `fit` "dose" reads the benchmark dose (the isotonic fit where no family fits), "isotonic" the isotonic fit only;
-    `response` what a run's loss is (design.RESPONSES); `pairing` "auto" (from the variance components), "seed" or
-    "mean" (the baseline of a paired design)."""
+def fit_budget(runs, settings: BudgetSettings = BudgetSettings(), *, paired: bool | None = None) -> Budget:
+    """The calibrated budget from a runs table (a pandas DataFrame or a CSV path) as `settings` say (BudgetSettings:
+    the tolerance on the response, the bootstrap and its seed, the objective of a table with several, the fit: "dose"
+    reads the benchmark dose, the isotonic fit where no family fits, "isotonic" the isotonic fit only; the response
+    (design.RESPONSES) and the pairing: "auto" from the variance components, "seed" or "mean"); see the module
+    docstring. `paired`: None decides from the table (_is_paired)."""
     import numpy as np
 
     from .design import check_response, losses, twins_of
 
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise FP8ProbeError(f"`tolerance` {tolerance}: must be a finite, non-negative fraction")
-    if fit not in FITS:
-        raise FP8ProbeError(f"`fit` {fit}: one of {', '.join(FITS)}")
-    if response not in RESPONSES:
-        raise FP8ProbeError(f"`response` {response}: one of {', '.join(RESPONSES)}")
+    s = settings
+    tolerance, bootstrap, seed, fit, response, pairing = s.tolerance, s.bootstrap, s.seed, s.fit, s.response, s.pairing
+    objective = s.objective
     where = _where(runs)
     df, objective, metric, higher = _one_objective(_read_runs(runs, where), objective, where)
     if df[df["mismatch"] == 0].empty:

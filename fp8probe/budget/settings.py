@@ -11,7 +11,9 @@ from ..core.metrics import METRICS
 from ..core.settings import Settings, opt
 from ..sources.shortcuts import Shortcuts
 from .design import PAIRINGS, RESPONSES
-from .fit import FITS
+
+DEFAULT_TOLERANCE = 0.02  # the relative quality loss a budget allows unless told otherwise (a user's choice)
+FITS = ("dose", "isotonic")  # how the budget is read off the runs: the benchmark dose, or the isotonic fit alone
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class BudgetSettings(Settings):
     """How a budget is read off a runs table: the quality loss accepted (on the response), the bootstrap behind its
     interval, which objective's runs (a table with several), and the student they trained."""
 
-    tolerance: float = opt(0.02, "largest quality loss accepted, on the response (your choice)", low=0.0)
+    tolerance: float = opt(DEFAULT_TOLERANCE, "largest quality loss accepted, on the response (your choice)", low=0.0)
     response: str = opt("gain", "a run's quality loss against its mismatch-free twin: gain (the share of what "
                         "training gained that the mismatch cost; needs a quality_start column) or relative",
                         choices=RESPONSES)

@@ -184,8 +184,10 @@ class Ladder:
 
     def fit(self, df):
         from ..budget.fit import fit_budget
+        from ..budget.settings import BudgetSettings
 
-        return fit_budget(df, tolerance=self.c.tolerance, bootstrap=self.bootstrap, response=self.c.response)
+        return fit_budget(df, BudgetSettings(tolerance=self.c.tolerance, bootstrap=self.bootstrap,
+                                             response=self.c.response))
 
     def objective(self, objective: str):
         """Every level of the ladder for one objective, then the adaptive levels, then the runs that narrow the

@@ -76,6 +76,7 @@ def test_the_interval_covers_a_known_truth_when_levels_share_their_twin():
     85 % (measured 91 %). Seen failing (83 %) with budget.json 3's procedure planted back: the seed bootstrap's
     percentiles unwidened and a parametric part that draws each level's noise independently (the twin's folded in)."""
     from fp8probe.budget.fit import fit_budget
+    from fp8probe.budget.settings import BudgetSettings
 
     rng = np.random.default_rng(4)
     hits, n = 0, 80
@@ -88,7 +89,7 @@ def test_the_interval_covers_a_known_truth_when_levels_share_their_twin():
                 q = 4.0 + 0.02 * x * 4.0 + rng.normal(0, 0.2 * np.sqrt(0.5))
                 rows.append({"level": str(x), "kind": "noise", "seed": s, "mismatch": x, "quality": q})
         df = pd.DataFrame(rows).assign(higher_is_better=False, quality_start=8.0)
-        b = fit_budget(df, tolerance=0.02, bootstrap=200, seed=draw)
+        b = fit_budget(df, BudgetSettings(tolerance=0.02, bootstrap=200, seed=draw))
         lo, hi = b.interval
         hits += lo <= 1.0 and (1.0 <= hi or b.interval_censored)
     assert hits / n >= 0.85, hits

@@ -10,8 +10,16 @@ import pandas as pd
 import pytest
 
 from fp8probe.budget.fit import fit_budget, read_budget
+from fp8probe.budget.settings import BudgetSettings
 
 TOL = 0.02
+
+
+def at_tol(**kw) -> BudgetSettings:
+    """fit_budget's settings at this file's tolerance."""
+    return BudgetSettings(tolerance=TOL, **kw)
+
+
 LEVELS = (0.005, 0.04, 0.3, 2.1)  # the demo's pair A noise levels (kl_q_p), rounded
 TRUE_BMD = 0.5
 # true curves (relative loss at a mismatch x), each reaching the 2 % tolerance at x = 0.5, by hand
@@ -51,7 +59,7 @@ def test_each_family_is_recovered_at_its_benchmark_dose(family):
     """With quiet runs (0.05 % of the gain, 4 seeds) every family's benchmark dose is found within 10 % of 0.5 and
     its interval holds it. (At 0.2 % the four levels, seven-fold apart, do not tell an exponential from a power
     curve between 0.3 and 2.1: both fit to χ² 0.33, and the average reads 0.45 [0.31, 0.60].)"""
-    b = fit_budget(synthetic(TRUE[family], seeds=4, sd=0.0005), tolerance=TOL, bootstrap=100)
+    b = fit_budget(synthetic(TRUE[family], seeds=4, sd=0.0005), at_tol(bootstrap=100))
     assert b.method == "benchmark dose"
     assert b.value == pytest.approx(TRUE_BMD, rel=0.10)
     lo, hi = b.interval
@@ -86,7 +94,7 @@ def _with_an_allocated_level(df, curve, rng, sd=0.01):
 
 def _interval(draw):
     df, seed = draw
-    return fit_budget(df, tolerance=TOL, bootstrap=80, seed=seed).interval
+    return fit_budget(df, at_tol(bootstrap=80, seed=seed)).interval
 
 
 @pytest.mark.slow
@@ -123,8 +131,8 @@ def test_a_noisy_low_level_no_longer_drags_the_budget_below_a_precise_higher_one
             rows.append({"level": str(x), "kind": "noise", "seed": s, "mismatch": x,
                          "quality": 4.0 * (1 + seed_loss[x][s])})
     df = pd.DataFrame(rows).assign(higher_is_better=False)
-    isotonic = fit_budget(df, tolerance=TOL, bootstrap=100, fit="isotonic", response="relative")
-    dose = fit_budget(df, tolerance=TOL, bootstrap=100, response="relative")
+    isotonic = fit_budget(df, at_tol(bootstrap=100, fit="isotonic", response="relative"))
+    dose = fit_budget(df, at_tol(bootstrap=100, response="relative"))
     assert isotonic.value < 0.04
     assert dose.method == "benchmark dose" and dose.value > 0.30
     linear = next(m for m in dose.dose_response["rulers"]["noise"]["models"] if m["name"] == "linear")
@@ -136,12 +144,12 @@ def test_beneficial_low_doses_are_reported_and_fitted_above():
     intervals lie below zero: hormesis is reported and the monotone curve is fitted to the levels above them
     (a straight line through 0.3 and 2.1 that reaches 2 % at 0.6)."""
     curve = {0.005: -0.10, 0.04: -0.08, 0.3: 0.01, 2.1: 0.07}
-    b = fit_budget(synthetic(curve.get, seeds=4, sd=0.002), tolerance=TOL, bootstrap=100)
+    b = fit_budget(synthetic(curve.get, seeds=4, sd=0.002), at_tol(bootstrap=100))
     h = b.dose_response["rulers"]["noise"]["hormesis"]
     assert h["supported"] and h["levels"] == [0.005, 0.04]
     assert b.dose_response["rulers"]["noise"]["fitted_levels"] == [0.3, 2.1]
     assert b.value == pytest.approx(0.6, rel=0.15)
-    no = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), tolerance=TOL, bootstrap=100)
+    no = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), at_tol(bootstrap=100))
     assert not no.dose_response["rulers"]["noise"]["hormesis"]["supported"]
 
 
@@ -151,7 +159,7 @@ def test_each_kind_gets_its_own_curve_and_fp8_is_read_against_the_noise_ruler():
     loses 6 % there "costs more than the ruler predicts"."""
     extra = [("stale:1", "stale", 0.1, 0.016), ("stale:2", "stale", 0.4, 0.064),
              ("fp8", "fp8", 0.25, 0.01), ("kv", "kv", 0.25 * (1 + 1e-9), 0.06)]
-    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002, extra=extra), tolerance=TOL, bootstrap=100)
+    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002, extra=extra), at_tol(bootstrap=100))
     rulers = b.dose_response["rulers"]
     assert b.value == pytest.approx(0.5, rel=0.1) and rulers["stale"]["bmd"] == pytest.approx(0.125, rel=0.1)
     pred = rulers["noise"]["predictions"]
@@ -164,10 +172,9 @@ def test_no_fitting_family_falls_back_to_the_isotonic_fit_and_says_so():
     """A curve no monotone family through the origin follows (quiet runs: 0, +8 %, 0, +8 %) fails every lack-of-fit
     test: the budget is the isotonic one, method "isotonic", and the families' fits are still reported."""
     curve = {0.005: 0.0, 0.04: 0.08, 0.3: 0.0, 2.1: 0.08}
-    b = fit_budget(synthetic(curve.get, seeds=4, sd=0.002), tolerance=TOL, bootstrap=50)
+    b = fit_budget(synthetic(curve.get, seeds=4, sd=0.002), at_tol(bootstrap=50))
     assert b.method == "isotonic" and b.dose_response["rulers"]["noise"]["fits"] is False
-    assert b.value == fit_budget(synthetic(curve.get, seeds=4, sd=0.002), tolerance=TOL, bootstrap=50,
-                                 fit="isotonic").value
+    assert b.value == fit_budget(synthetic(curve.get, seeds=4, sd=0.002), at_tol(bootstrap=50, fit="isotonic")).value
 
 
 def test_older_budget_files_still_read(tmp_path):
@@ -181,7 +188,7 @@ def test_older_budget_files_still_read(tmp_path):
         b = read_budget(str(tmp_path / name))
         assert b.value == d["value"] and b.method == "isotonic" and b.dose_response is None
     assert read_budget(str(tmp_path / "v2.json")).interval == (0.0, 0.0397)
-    new = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), tolerance=TOL, bootstrap=50)
+    new = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), at_tol(bootstrap=50))
     (tmp_path / "v3.json").write_text(json.dumps(new.to_json()))
     back = read_budget(str(tmp_path / "v3.json"))
     assert back.method == "benchmark dose" and back.value == new.value and back.interval == new.interval
@@ -276,7 +283,7 @@ def test_plot_draws_a_calibrations_curves_and_a_budgets_fit(cli, tmp_path):
     runs["paired_loss"] = 0.0
     runs.to_csv(cal / "runs.csv", index=False)
     for name, d in (("opd", opd), ("grpo", grpo)):
-        (cal / f"budget-{name}.json").write_text(json.dumps(fit_budget(d, bootstrap=30).to_json()))
+        (cal / f"budget-{name}.json").write_text(json.dumps(fit_budget(d, BudgetSettings(bootstrap=30)).to_json()))
     r = cli("plot", cal, "--out", tmp_path / "p")
     assert r.code == 0, r.err
     assert (tmp_path / "p" / "calibration.png").stat().st_size > 10_000
@@ -300,7 +307,7 @@ def test_the_readme_budget_and_verdict_follow_from_the_shipped_runs_refitted():
     cal = root / "recipes" / "smollm2-135m" / "calibration"
     readme = (root / "README.md").read_text(encoding="utf-8")
     tolerance = json.loads((cal / "calibrate.json").read_text())["tolerance"]
-    refit = fit_budget(cal / "runs.csv", objective="opd", tolerance=tolerance, bootstrap=1000)
+    refit = fit_budget(cal / "runs.csv", BudgetSettings(objective="opd", tolerance=tolerance, bootstrap=1000))
     assert refit.method == "benchmark dose" and refit.response == "gain"
     stated = re.search(r"training gain is lost: kl_q_p ([\d.]+) \[([\d.]+), ([\d.]+)\]", readme)
     assert stated, "the README states the OPD budget"
@@ -324,12 +331,12 @@ def test_stale_configurations_are_judged_on_the_stale_curve():
     from fp8probe.budget.admission import verdict
 
     extra = [("stale:1", "stale", 0.1, 0.016), ("stale:2", "stale", 0.4, 0.064)]
-    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002, extra=extra), tolerance=TOL, bootstrap=60)
+    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002, extra=extra), at_tol(bootstrap=60))
     stale = b.for_kind("stale")
     assert stale.value == pytest.approx(0.125, rel=0.1) and stale.interval[1] < 0.3
     assert verdict(0.3, (0.29, 0.31), b, 16)["verdict"] == "ADMIT"
     assert verdict(0.3, (0.29, 0.31), stale, 16)["verdict"] == "REJECT"
-    plain = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), tolerance=TOL, bootstrap=30)
+    plain = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002), at_tol(bootstrap=30))
     assert plain.for_kind("stale") is plain
 
 
@@ -340,7 +347,7 @@ def test_a_curve_below_the_tolerance_everywhere_is_censored_at_the_top_dose():
     from fp8probe.budget.admission import verdict
     from fp8probe.budget.words import budget_text
 
-    b = fit_budget(synthetic(lambda x: 0.002 * x, seeds=4, sd=0.0005), tolerance=TOL, bootstrap=100)
+    b = fit_budget(synthetic(lambda x: 0.002 * x, seeds=4, sd=0.0005), at_tol(bootstrap=100))
     assert b.method == "benchmark dose" and b.censored and b.value == pytest.approx(2.1)
     assert b.dose_response["rulers"]["noise"]["above_range"] is True
     assert budget_text(b).startswith("> 2.1")
@@ -356,7 +363,7 @@ def test_an_unfit_stale_ruler_is_not_used_nor_printed_as_a_budget():
     from fp8probe.budget.words import fit_lines
 
     extra = [("stale:1", "stale", 0.1, 0.10), ("stale:2", "stale", 0.4, 0.06)]
-    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001, extra=extra), tolerance=TOL, bootstrap=60)
+    b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001, extra=extra), at_tol(bootstrap=60))
     stale = b.dose_response["rulers"]["stale"]
     assert stale["fits"] is False and stale["bmd"] < 0.2 and stale["interval"][1] < 0.29
     assert b.for_kind("stale") is b
@@ -383,8 +390,8 @@ def test_two_objectives_ratio_a_known_two_fold_with_its_interval():
     from fp8probe.budget.fit import budget_ratio
 
     levels = (0.05, 0.2, 0.6, 1.2, 2.1)
-    a = fit_budget(synthetic(lambda x: 0.02 * x, seeds=4, sd=0.001, levels=levels), tolerance=TOL, bootstrap=200)
-    b = fit_budget(synthetic(lambda x: 0.04 * x, seeds=4, sd=0.001, levels=levels), tolerance=TOL, bootstrap=200)
+    a = fit_budget(synthetic(lambda x: 0.02 * x, seeds=4, sd=0.001, levels=levels), at_tol(bootstrap=200))
+    b = fit_budget(synthetic(lambda x: 0.04 * x, seeds=4, sd=0.001, levels=levels), at_tol(bootstrap=200))
     a, b = (dataclasses.replace(x, objective=o) for x, o in ((a, "grpo"), (b, "opd")))
     r = budget_ratio(a, b)
     assert r["ratio"] == pytest.approx(2.0, rel=0.05) and r["undetermined"] is None
@@ -397,12 +404,12 @@ def test_the_ratio_is_refused_for_a_failed_fit_and_for_a_censored_dose():
     no ratio: "undetermined", with the reason."""
     from fp8probe.budget.fit import budget_ratio
 
-    ok = dataclasses.replace(fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001), tolerance=TOL, bootstrap=60),
+    ok = dataclasses.replace(fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001), at_tol(bootstrap=60)),
                              objective="opd")
     unfit = dataclasses.replace(fit_budget(synthetic({0.005: 0.0, 0.04: 0.08, 0.3: 0.0, 2.1: 0.08}.get, seeds=4,
-                                                     sd=0.002), tolerance=TOL, bootstrap=50), objective="grpo")
-    censored = dataclasses.replace(fit_budget(synthetic(lambda x: 0.002 * x, seeds=4, sd=0.0005), tolerance=TOL,
-                                              bootstrap=60), objective="grpo")
+                                                     sd=0.002), at_tol(bootstrap=50)), objective="grpo")
+    censored = dataclasses.replace(fit_budget(synthetic(lambda x: 0.002 * x, seeds=4, sd=0.0005), at_tol(bootstrap=60)),
+                                   objective="grpo")
     assert unfit.method == "isotonic" and censored.censored
     r = budget_ratio(unfit, ok)
     assert r["ratio"] is None and "not a fitted benchmark dose" in r["undetermined"]

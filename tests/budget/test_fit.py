@@ -1,6 +1,6 @@
 """The mismatch budget from training runs (budget.fit_budget): a known threshold, both directions of quality."""
 
-import functools
+import dataclasses
 import json
 
 import pandas as pd
@@ -9,10 +9,14 @@ import torch
 
 from fp8probe.budget.fit import fit_budget as _fit_budget
 from fp8probe.budget.fit import read_budget
+from fp8probe.budget.settings import BudgetSettings
 from fp8probe.core.errors import FP8ProbeError
 
-# these tables carry no quality before training: their losses are relative (budget.json 3's response)
-fit_budget = functools.partial(_fit_budget, response="relative")
+
+def fit_budget(runs, settings: BudgetSettings = BudgetSettings(), paired=None):
+    """These tables carry no quality before training: their losses are relative (budget.json 3's response)."""
+    return _fit_budget(runs, dataclasses.replace(settings, response="relative"), paired=paired)
+
 
 LEVELS = (0.0, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
@@ -32,10 +36,10 @@ def _runs(threshold_index=3, levels=LEVELS, seeds=3):
 
 def test_budget_recovers_a_known_threshold():
     runs = _runs()
-    b = fit_budget(runs, tolerance=0.01, bootstrap=300, fit="isotonic")
+    b = fit_budget(runs, BudgetSettings(tolerance=0.01, bootstrap=300, fit="isotonic"))
     assert b.value == 1e-3 and b.metric == "k3" and b.calibrated
     assert b.interval[0] <= 1e-3 <= b.interval[1]
-    assert fit_budget(_runs(threshold_index=1), bootstrap=50, fit="isotonic").value == 1e-4
+    assert fit_budget(_runs(threshold_index=1), BudgetSettings(bootstrap=50, fit="isotonic")).value == 1e-4
 
 
 def test_lower_is_better_and_the_direction_decides():
@@ -43,12 +47,13 @@ def test_lower_is_better_and_the_direction_decides():
     up to 1e-3 (within +-0.4 %), then 0.24 (+20 %) and 0.28 (+40 %). At a 5 % tolerance the budget is exactly
     1e-3. Read the other way round the rises would be improvements and every level would pass: 1e-2."""
     inv = _runs().assign(quality=lambda d: 1.0 - d.quality)
-    lower = fit_budget(inv.assign(higher_is_better="false"), tolerance=0.05, bootstrap=0, fit="isotonic")
+    five = BudgetSettings(tolerance=0.05, bootstrap=0, fit="isotonic")
+    lower = fit_budget(inv.assign(higher_is_better="false"), five)
     assert lower.value == 1e-3
-    assert fit_budget(inv.assign(higher_is_better="true"), tolerance=0.05, bootstrap=0, fit="isotonic").value == 1e-2
+    assert fit_budget(inv.assign(higher_is_better="true"), five).value == 1e-2
     bool_column = inv.assign(higher_is_better=False)
-    assert fit_budget(bool_column, tolerance=0.05, bootstrap=0, fit="isotonic").value == 1e-3
-    assert fit_budget(inv, tolerance=0.05, bootstrap=0, fit="isotonic").value == 1e-2  # the default: higher is better
+    assert fit_budget(bool_column, five).value == 1e-3
+    assert fit_budget(inv, five).value == 1e-2  # the default: higher is better
 
 
 def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
@@ -72,7 +77,7 @@ def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
     assert list(df["paired_loss"][:2]) == [0.0, 0.0]
     assert list(df["paired_loss"][2:4]) == pytest.approx([0.004, 0.004]) and list(df["paired_loss"][4:]) == \
         pytest.approx([0.14, 0.14])
-    b = fit_budget(df, tolerance=0.02, bootstrap=200)
+    b = fit_budget(df, BudgetSettings(tolerance=0.02, bootstrap=200))
     assert b.paired and b.value == 0.01 and b.interval == (0.01, 0.01)
     assert list(runs_table(results)["quality"]) == [r["quality"]["auc"] for r in results]  # auc by default
     assert list(runs_table(results, "plateau")["quality"]) == [r["quality"]["plateau"] for r in results]
@@ -123,11 +128,11 @@ def test_paired_bootstrap_recovers_a_known_edge_that_seed_spread_hides():
     the edge (1e-3) with an interval of one level; the unpaired fit, whose losses carry the seeds' spread, cannot
     place it as tightly. The mismatch-free twins' paired losses are exactly 0."""
     runs = _seeded_runs()
-    paired = fit_budget(runs, tolerance=0.02, bootstrap=500, fit="isotonic")
+    paired = fit_budget(runs, BudgetSettings(tolerance=0.02, bootstrap=500, fit="isotonic"))
     assert paired.paired and paired.value == 1e-3 and paired.interval == (1e-3, 1e-3)
     assert paired.levels[0]["mismatch"] == 0 and paired.levels[0]["loss"] == 0.0
     assert paired.levels[0]["loss_interval"] == [0.0, 0.0] and paired.seed_spread > 0.05
-    unpaired = fit_budget(runs, tolerance=0.02, bootstrap=500, paired=False, fit="isotonic")
+    unpaired = fit_budget(runs, BudgetSettings(tolerance=0.02, bootstrap=500, fit="isotonic"), paired=False)
     assert not unpaired.paired
     lo, hi = unpaired.interval
     assert lo < 1e-3 or hi > 1e-3 or unpaired.value != 1e-3  # the seeds' spread blurs the edge
@@ -136,14 +141,15 @@ def test_paired_bootstrap_recovers_a_known_edge_that_seed_spread_hides():
 def test_pairing_needs_twins_and_one_objective():
     runs = _seeded_runs()
     no_twin = runs[~((runs["mismatch"] == 0) & (runs["seed"] == 3))]
-    assert not fit_budget(no_twin, bootstrap=0, fit="isotonic").paired  # seed 3 has no mismatch-free run: unpaired
+    # seed 3 has no mismatch-free run: unpaired
+    assert not fit_budget(no_twin, BudgetSettings(bootstrap=0, fit="isotonic")).paired
     with pytest.raises(FP8ProbeError, match="pairing needs"):
-        fit_budget(no_twin, bootstrap=0, paired=True, fit="isotonic")
+        fit_budget(no_twin, BudgetSettings(bootstrap=0, fit="isotonic"), paired=True)
     two = pd.concat([runs.assign(objective="opd"), _seeded_runs(edge_index=1).assign(objective="grpo")])
     with pytest.raises(FP8ProbeError, match="several objectives"):
-        fit_budget(two, bootstrap=0, fit="isotonic")
-    assert fit_budget(two, bootstrap=0, objective="opd", fit="isotonic").value == 1e-3
-    assert fit_budget(two, bootstrap=0, objective="grpo", fit="isotonic").value == 1e-4
+        fit_budget(two, BudgetSettings(bootstrap=0, fit="isotonic"))
+    assert fit_budget(two, BudgetSettings(bootstrap=0, objective="opd", fit="isotonic")).value == 1e-3
+    assert fit_budget(two, BudgetSettings(bootstrap=0, objective="grpo", fit="isotonic")).value == 1e-4
 
 
 def test_other_sources_are_shown_beside_the_ruler_not_fitted():
@@ -159,11 +165,11 @@ def test_other_sources_are_shown_beside_the_ruler_not_fitted():
             rows.append({"level": level, "kind": kind, "seed": seed, "mismatch": mismatch, "quality": quality,
                          "higher_is_better": False})
     df = pd.DataFrame(rows)
-    b = fit_budget(df, tolerance=0.02, bootstrap=50, fit="isotonic")
+    b = fit_budget(df, BudgetSettings(tolerance=0.02, bootstrap=50, fit="isotonic"))
     assert b.value == 0.01 and [lv["mismatch"] for lv in b.levels] == [0.0, 0.01, 0.1]
     (other,) = b.other_levels
     assert other["level"] == "stale:1" and other["kind"] == "stale" and other["loss"] == pytest.approx(0.08)
-    all_fitted = fit_budget(df.drop(columns="kind"), tolerance=0.02, bootstrap=50, fit="isotonic")
+    all_fitted = fit_budget(df.drop(columns="kind"), BudgetSettings(tolerance=0.02, bootstrap=50, fit="isotonic"))
     assert all_fitted.value == 0.0  # all fitted: dragged to 0
 
 
@@ -173,5 +179,5 @@ def test_an_unpaired_table_may_hold_more_runs_at_a_level_than_twins():
     design pads that level's row with. Seen failing when the padding was checked as a twin that did not improve."""
     runs = _seeded_runs().assign(quality_start=3.0)
     top = runs[runs["mismatch"] == max(LEVELS)].assign(seed=lambda d: d["seed"] + 10)
-    b = _fit_budget(pd.concat([runs, top]), bootstrap=0, fit="isotonic", response="gain")
+    b = _fit_budget(pd.concat([runs, top]), BudgetSettings(bootstrap=0, fit="isotonic", response="gain"))
     assert not b.paired and b.value == 1e-3

@@ -128,6 +128,7 @@ def test_levels_parse_and_refuse():
 
 def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     from fp8probe.budget.fit import fit_budget
+    from fp8probe.budget.settings import BudgetSettings
 
     out = tmp_path / "cal"
 
@@ -145,7 +146,7 @@ def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     assert list(runs["paired_loss"].iloc[:2]) == [0.0, 0.0] and set(runs["objective"]) == {"opd"}
     # the table is what `fp8probe budget` reads, and gives the budget calibrate wrote (paired)
     b = json.loads((out / "budget.json").read_text())
-    again = fit_budget(out / "runs.csv", tolerance=b["tolerance"])
+    again = fit_budget(out / "runs.csv", BudgetSettings(tolerance=b["tolerance"]))
     assert again.value == b["value"] and again.paired and b["paired"] and b["tolerance"] == 0.02
     assert json.loads((out / "budget-opd.json").read_text()) == b
     assert (out / "calibration.png").stat().st_size > 0 and (out / "calibrate.json").exists()
