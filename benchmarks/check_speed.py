@@ -14,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from fp8probe import load_student, make_rollouts
+from fp8probe import RolloutSettings, load_student, make_rollouts
 from fp8probe.budget.admission import check
 from fp8probe.budget.fit import default_budget
 from fp8probe.measurement.reference import Reference
@@ -38,7 +38,8 @@ def main():
     t_ref = time.perf_counter() - t
     config = sources.combine([sources.recipe(student, read_recipe(args.recipe)), sources.kv_cache(student, "fp8")])
     t = time.perf_counter()
-    report = check(student, rollouts, config, default_budget(), prefix_tokens=args.max_new_tokens)
+    report = check(student, rollouts, config, default_budget(),
+                   sampling=RolloutSettings(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens))
     t_check = time.perf_counter() - t
     print(f"{rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens; {config.name}")
     print(f"one reference pass: {t_ref:.1f} s; whole check: {t_check:.1f} s ({report['verdict']}, kl_q_p "

@@ -19,7 +19,6 @@ MAX_PARAMETERS = 8  # a public function takes its inputs and a settings object, 
 # public functions still over MAX_PARAMETERS -> how many they take: the list only shrinks (issue #54 moves each to a
 # settings object); a new entry, or a larger count, fails
 MANY_PARAMETERS: dict[str, int] = {
-    "budget.admission:check": 11,
     "deploy.export:export": 9,
     "deploy.vllm_check:run_vllm": 11,
     "deploy.vllm_check:compare_with_vllm": 9,
@@ -29,7 +28,6 @@ MANY_PARAMETERS: dict[str, int] = {
     "recipe.agreement:agreement": 9,
     "recipe.evolve:evolve": 9,
     "recipe.refine:refine": 10,
-    "sources.ladder:ladder": 10,
     "sweeps.sweep:sweep": 13,
     "sweeps.sweep:whole_model_rows": 9,
     "training.grpo:make_grpo_trainer": 11,

@@ -106,9 +106,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         named = sc.sources(student, model.allow_pickle)
         config = named[0] if len(named) == 1 else combine(named)
         predicted = predict(sc.recipe[0], student, config.perturbation, budget.metric) if sc.recipe else None
-        report = check(student, r, config, budget, teacher=teacher, prefix_tokens=rollouts.max_new_tokens,
-                       seed=rollouts.seed, batch_size=rollouts.batch_size, engine=sc.engine,
-                       kinds=config.perturbation.kinds())
+        report = check(student, r, config, budget, engine=sc.engine, teacher=teacher, sampling=rollouts)
         report["budget_student_note"] = note
         if predicted is not None:
             report["predicted"] = predicted

@@ -40,9 +40,7 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
             steps.append(combine(named))
         if sc.engine != "sim":  # what the engine's own arithmetic costs with no shortcut at all
             steps.insert(0, Source(f"{sc.engine} alone", "engine", Perturbation()))
-        df = ladder(student, r, steps, batch_size=rollouts.batch_size, progress=progress,
-                    prefix_tokens=rollouts.max_new_tokens if settings.prefix_shift else None,
-                    prefix_seed=rollouts.seed, teacher=teacher, engine=sc.engine)
+        df = ladder(student, r, steps, settings, teacher=teacher, sampling=rollouts, progress=progress)
         atomic_write_text(d / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
         atomic_write_json(d / "ladder.json", stamped("ladder.json", {
             "command": "ladder", "model": student.name, "teacher": sc.teacher, "engine": sc.engine,

@@ -28,36 +28,41 @@ from ..core.stats import LEVEL, expansion
 from ..sources.sources import Source
 from .fit import Budget
 
-if TYPE_CHECKING:  # light at import: the CLI reads CheckSettings (apps/check.py) for --help
+if TYPE_CHECKING:  # light at import: the CLI reads CheckSettings (budget/settings.py) for --help
     from ..measurement.reference import Reference
+    from ..model.settings import RolloutSettings
 
 SCHEMA_VERSION = version("check.json")
 
 
-def check(student, rollouts, config: Source, budget: Budget, teacher=None, reference: Reference | None = None,
-          prefix_tokens: int | None = None, seed: int = 0, batch_size: int = 8, engine: str = "sim",
-          kinds: tuple[str, ...] = ()) -> dict:
+def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "sim", teacher=None,
+          reference: Reference | None = None, sampling: RolloutSettings | None = None) -> dict:
     """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
     ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
-    engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda"). `kinds`: the kinds of source in the
-    configuration (fp8, kv, stale), what `judge` reads the budget's evidence for."""
+    engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda"). `sampling`: the rollouts' settings,
+    whose batch size the arithmetic runs in and whose response length and seed the prefix shift samples its
+    continuations with (None: the rollouts' own response length, seed 0, batches of 8). The configuration's kinds of
+    source (fp8, kv, stale) are what `judge` reads the budget's evidence for."""
     from ..measurement.measure import measure_with_interval, measured_as
     from ..measurement.opd import OPDSignal
     from ..measurement.prefix import PrefixShift, prompt_ids
     from ..measurement.reference import Reference
 
+    batch_size = sampling.batch_size if sampling is not None else 8
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
     got = measure_with_interval(reference, student, rollouts, config.perturbation, engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = tuple(got.excess_interval(budget.metric))
-    tokens = prefix_tokens or int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32))
-    shift = PrefixShift(student, reference, prompt_ids(student, rollouts), tokens, seed=seed,
-                        batch_size=batch_size, engine=engine).measure(config.perturbation)
+    tokens = (sampling.max_new_tokens if sampling is not None
+              else int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32)))
+    shift = PrefixShift(student, reference, prompt_ids(student, rollouts), tokens,
+                        seed=sampling.seed if sampling is not None else 0, batch_size=batch_size,
+                        engine=engine).measure(config.perturbation)
     opd = None
     if teacher is not None:
         opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
-    v = judge(measured, interval, budget, got.num_prompts, kinds)
+    v = judge(measured, interval, budget, got.num_prompts, config.perturbation.kinds())
     ruler = v["ruler"]
     also = measured_as(OTHER_ENGINE.get(engine, "sim"), reference, student, rollouts, config.perturbation,
                        budget.metric, batch_size)

@@ -6,19 +6,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.metrics import METRICS
+from .settings import LadderSettings
 from .sources import Source
 
 if TYPE_CHECKING:
     from ..measurement.reference import Reference
+    from ..model.settings import RolloutSettings
 
 
-def ladder(student, rollouts, sources: list[Source], reference: Reference | None = None, batch_size: int = 8,
-           progress: bool = False, prefix_tokens: int | None = None, prefix_seed: int = 0, teacher=None,
-           engine: str = "sim"):
+def ladder(student, rollouts, sources: list[Source], settings: LadderSettings = LadderSettings(prefix_shift=False), *,
+           teacher=None, reference: Reference | None = None, sampling: RolloutSettings | None = None,
+           progress: bool = False):
     """One row per source with every metric (METRICS), measured on the same rollouts against one reference;
-    a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). With `prefix_tokens`, the prefix
-    shift of each source (prefix.PREFIX_COLUMNS); with a `teacher`, its OPD-signal distortion
-    (opd.OPD_COLUMNS); every figure as `engine` computes it (measure.candidate_model). Returns a DataFrame."""
+    a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). With the settings' `prefix_shift`, the
+    prefix shift of each source (prefix.PREFIX_COLUMNS: continuations of `sampling`'s response length and seed, else
+    the rollouts' own length and seed 0); with a `teacher`, its OPD-signal distortion (opd.OPD_COLUMNS); every figure
+    as the shortcuts' engine computes it (measure.candidate_model), in batches of `sampling`'s size (else 8). The
+    sources are given (the apps build them from the settings: the noise ruler, the shortcuts, their combination).
+    Returns a DataFrame."""
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -27,10 +32,15 @@ def ladder(student, rollouts, sources: list[Source], reference: Reference | None
     from ..measurement.prefix import PREFIX_COLUMNS, PrefixShift, prompt_ids
     from ..measurement.reference import Reference
 
+    engine = settings.shortcuts.engine
+    batch_size = sampling.batch_size if sampling is not None else 8
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
-    shift = PrefixShift(student, reference, prompt_ids(student, rollouts), prefix_tokens, seed=prefix_seed,
-                        batch_size=batch_size, engine=engine) if prefix_tokens else None
+    tokens = (sampling.max_new_tokens if sampling is not None
+              else int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32)))
+    shift = PrefixShift(student, reference, prompt_ids(student, rollouts), tokens,
+                        seed=sampling.seed if sampling is not None else 0, batch_size=batch_size,
+                        engine=engine) if settings.prefix_shift else None
     opd = OPDSignal(student, teacher, reference, engine) if teacher is not None else None
     rows, by_name = [], {}
     for s in tqdm(sources, desc="ladder", unit="source", disable=not progress):

@@ -37,7 +37,7 @@ def test_ladder_on_one_scale(setup):
     rec = sources.recipe(st, Recipe.whole_model(st.units, "FP8_DYNAMIC"))
     kv = sources.kv_cache(st, "fp8")
     steps = [sources.noise(st, s) for s in sources.NOISE_RULER] + [rec, kv, sources.combine([rec, kv])]
-    df = ladder(st, r, steps, reference=ref)
+    df = ladder(st, r, steps, reference=ref)  # the library's default: no prefix shift
     noise = df[df.kind == "noise"]
     assert list(noise.sigma) == list(sources.NOISE_RULER)
     assert (noise.kl_q_p.diff().dropna() > 0).all()  # the ruler: more noise, more mismatch
