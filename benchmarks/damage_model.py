@@ -47,6 +47,7 @@ from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.damage import fit_damage, prediction_errors, random_recipes
 from fp8probe.recipe.selection import GroupScore, group_scores, measure_groups
+from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import sweep
 
 FIT_SIZES = (0.1, 0.25, 0.5, 0.75, 0.9)
@@ -122,8 +123,8 @@ def measure(args) -> dict:
 
     if "priors" not in doc:
         t = time.perf_counter()
-        table = sweep(student, rollouts, scheme=scheme.name, granularity="group", include_kv=False,
-                      reference=ref).table
+        table = sweep(student, rollouts, SweepSettings(method="exact", scheme=scheme.name, granularity="group",
+                                                     include_kv=False), reference=ref).table
         doc["priors"] = {"single": {g.group: g.score for g in group_scores(table, "kl_q_p", members)}}
         secs["single_rows"] = time.perf_counter() - t
         if args.nodes:

@@ -67,6 +67,7 @@ def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_s
     from fp8probe.measurement.fisher import ESTIMATORS, fisher_rows
     from fp8probe.measurement.reference import Reference
     from fp8probe.recipe.agreement import agreement
+    from fp8probe.sweeps.settings import SweepSettings
     from fp8probe.sweeps.sweep import plan_rows, sweep
 
     rows = plan_rows(student, Scheme.from_name("FP8_DYNAMIC"))
@@ -78,7 +79,7 @@ def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_s
         t = time.perf_counter()
         exact_df = sweep(student, rollouts, reference=reference).table
         exact_seconds = time.perf_counter() - t + t_ref  # a sweep includes its reference pass
-    fast_df = sweep(student, rollouts, method="fisher").table
+    fast_df = sweep(student, rollouts, SweepSettings(method="fisher")).table
     ex = dict(zip(exact_df["unit"], exact_df["kl_q_p"]))
     units = [r.unit for r in rows if r.kind != "model"]
     rho = {e: spearman([fr.column(e)[u] for u in units], [ex[u] for u in units]) for e in ESTIMATORS}

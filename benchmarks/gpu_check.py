@@ -67,6 +67,7 @@ def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) ->
     from fp8probe.core.stats import spearman, top_overlap
     from fp8probe.measurement.fisher import fisher_rows
     from fp8probe.measurement.reference import Reference
+    from fp8probe.model.settings import RolloutSettings
     from fp8probe.sweeps.memory import estimate
     from fp8probe.sweeps.sweep import plan_rows, sweep
 
@@ -92,8 +93,8 @@ def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) ->
 
     ref, out["reference_s"], _ = timed(lambda: Reference(student, r, batch_size))
     fr, out["fisher_s"], out["fisher_peak_gib"] = timed(lambda: fisher_rows(student, r, rows, batch_size=batch_size))
-    swept, out["exact_s"], out["exact_peak_gib"] = timed(lambda: sweep(student, r, batch_size=batch_size,
-                                                                       reference=ref))
+    swept, out["exact_s"], out["exact_peak_gib"] = timed(lambda: sweep(
+        student, r, sampling=RolloutSettings(batch_size=batch_size), reference=ref))
     df = swept.table
     out["exact_s_per_row"] = out["exact_s"] / len(rows)
     units = [x.unit for x in rows if x.kind != "model"]

@@ -28,8 +28,6 @@ MANY_PARAMETERS: dict[str, int] = {
     "recipe.agreement:agreement": 9,
     "recipe.evolve:evolve": 9,
     "recipe.refine:refine": 10,
-    "sweeps.sweep:sweep": 13,
-    "sweeps.sweep:whole_model_rows": 9,
     "training.grpo:make_grpo_trainer": 11,
     "training.opd:make_trainer": 9,
     "training.runs:train_one": 10,

@@ -48,7 +48,7 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
     from ..core.files import atomic_write_json, output_dir
     from ..model.structure import list_units, meta_model
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable, exact_run_for
-    from ..sweeps.files import RUN_FILE, check_resume_state, finish_sweep, write_run, write_table
+    from ..sweeps.files import RUN_FILE, PartialRows, check_resume_state, finish_sweep, write_run, write_table
     from ..sweeps.memory import check_sweep_fits
     from ..sweeps.scaleout import cluster_for, row_workers
     from ..sweeps.sweep import ESTIMATES, sweep, whole_model_rows
@@ -59,32 +59,30 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
     check_resume_state(out, resume)
     if not resume and (out / RUN_FILE).exists():
         raise FP8ProbeError(f"{out} holds a finished sweep already; choose another `out` (or delete it first)")
-    method = settings.method_of(rollouts.seed)
-    if method.kind.estimate:  # a student the estimate cannot price, refused from its config before any output
-        ESTIMATES[method.kind.by].check(list_units(meta_model(inputs.config)))
+    kind = settings.kind
+    if kind.estimate:  # a student the estimate cannot price, refused from its config before any output
+        ESTIMATES[kind.by].check(list_units(meta_model(inputs.config)))
     exact_run = exact_run_for(rollouts.rollouts, settings.compare, settings.preset.name, settings.granularity,
-                              settings.include_kv, settings.kv_cache_dtype) if method.kind.estimate else None
-    check_sweep_fits(model, rollouts, method.name, inputs.rollouts)
+                              settings.include_kv, settings.kv_cache_dtype) if kind.estimate else None
+    check_sweep_fits(model, rollouts, settings.method, inputs.rollouts)
     t0 = time.perf_counter()
     with output_dir(out, keep=("rollouts.safetensors", "rollouts.json")) as d:
         student, t_load = load(model)
         r, t_roll = rollouts_for(student, rollouts, d, reuse_from=d if resume else None, progress=progress,
                                  saved=inputs.rollouts)
-        check_sweep_fits(model, rollouts, method.name, r)
+        check_sweep_fits(model, rollouts, settings.method, r)
         if exact_run is not None:
             check_comparable(exact_run, settings.preset.name, settings.granularity, settings.include_kv,
                              settings.kv_cache_dtype, r, same_file=rollouts.rollouts)
-        log.info("%s (%s, %s granularity%s)", method.kind.words, settings.preset.name, settings.granularity,
+        log.info("%s (%s, %s granularity%s)", kind.words, settings.preset.name, settings.granularity,
                  ", KV rows" if settings.include_kv else "")
         t = time.perf_counter()
         with row_workers(model, cluster) as executor:
-            swept = sweep(student, r, scheme=settings.preset, granularity=settings.granularity,
-                          include_kv=settings.include_kv, kv=settings.kv, batch_size=rollouts.batch_size,
-                          progress=progress, out_dir=d, resume=resume, method=method, rows_executor=executor)
+            swept = sweep(student, r, settings, sampling=rollouts, partial=PartialRows(d, resume), progress=progress,
+                          rows_executor=executor)
         df, reference = swept.table, swept.reference
-        whole = (whole_model_rows(reference, student, r, settings.preset, settings.granularity, settings.include_kv,
-                                  settings.kv, rollouts.batch_size, swept.model_rows)
-                 if reference is not None else None)
+        whole = (whole_model_rows(reference, student, r, settings, batch_size=rollouts.batch_size,
+                                  measured=swept.model_rows) if reference is not None else None)
         t_sweep = time.perf_counter() - t
         agree = None
         if exact_run is not None:
@@ -96,7 +94,7 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
         run = {"command": "sweep", "model": student.name, "model_path": student.path,
                "model_type": student.model_type, "scheme": settings.preset.name, "granularity": settings.granularity,
                "include_kv": settings.include_kv, "kv_cache_dtype": settings.kv_cache_dtype,
-               "seed": r.meta.get("seed"), "method": method.settings(),
+               "seed": r.meta.get("seed"), "method": settings.recorded(rollouts.seed),
                "exact_rows": int((df["method"] == "exact").sum()),
                "workers": executor.stats if executor is not None else {"workers": 1},
                "device": model.device, "dtype": model.dtype, "batch_size": rollouts.batch_size,

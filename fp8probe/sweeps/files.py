@@ -184,6 +184,15 @@ def check_resume_state(out: Path, resume: bool) -> dict | None:
     return old
 
 
+@dataclass(frozen=True)
+class PartialRows:
+    """Where a sweep keeps its finished rows (`directory`/sensitivity.partial.csv, durable row by row), and whether it
+    resumes from the rows already there (`resume`: the settings they were made with must match)."""
+
+    directory: Path
+    resume: bool = False
+
+
 def open_partial(out: Path, settings: dict, resume: bool) -> dict[str, dict]:
     """Rows already finished in `out` (resume), after checking they were made with the same settings.
 

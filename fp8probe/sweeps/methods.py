@@ -8,7 +8,7 @@
             (measurement/attribution.py: `nodes` forward and backward passes, each row priced with the others
             partly in FP8); the whole-model and KV-cache rows (not on the path) measured exactly
 
-The Method (sweep.py) holds a run's settings; its `kind` says what runs. The memory model (memory.py) and the
+SweepSettings (settings.py) holds a run's settings; its `kind` says what runs. The memory model (memory.py) and the
 sweep itself read the kind's `reference` and `estimate`, `by` names the estimate (sweep.ESTIMATES: "fisher" or
 "path") and `exact` picks the rows measured exactly.
 """
@@ -26,8 +26,8 @@ class MethodKind:
     words: str  # what the sweep does, in the log
     reference: bool  # the reference pass runs (and its per-block records are held)
     estimate: bool  # the fast estimate runs
-    exact: Callable  # (rows, estimates, method) -> the units measured exactly
-    recorded: tuple[str, ...] = ()  # the Method fields run.json records beside the name
+    exact: Callable  # (rows, estimates, SweepSettings, seed) -> the units measured exactly
+    recorded: tuple[str, ...] = ()  # what run.json records beside the name (SweepSettings.recorded)
     by: str = "fisher"  # which estimate, where `estimate`
 
     @property
@@ -36,26 +36,26 @@ class MethodKind:
         return self.exact is not _no_row
 
 
-def _every_row(rows, estimates, method) -> set[str]:
+def _every_row(rows, estimates, settings, seed) -> set[str]:
     return {r.unit for r in rows}
 
 
-def _no_row(rows, estimates, method) -> set[str]:
+def _no_row(rows, estimates, settings, seed) -> set[str]:
     return set()
 
 
-def top_and_controls(rows, estimates, method) -> set[str]:
-    """The rows --method auto measures exactly: the whole-model rows, the `top_k` highest estimates and
-    `controls` of the others drawn at random (seeded), which show how far the estimate holds below the top."""
+def top_and_controls(rows, estimates, settings, seed) -> set[str]:
+    """The rows --method auto measures exactly: the whole-model rows, the settings' `top_k` highest estimates and
+    `controls` of the others drawn at random (with `seed`), which show how far the estimate holds below the top."""
     units = [r.unit for r in rows if r.kind != "model"]
     ranked = sorted(units, key=lambda u: -estimates[u])  # stable: ties keep model order
-    top = ranked[:method.top_k]
-    rest = ranked[method.top_k:]
-    controls = random.Random(method.seed).sample(rest, min(method.controls, len(rest)))
+    top = ranked[:settings.top_k]
+    rest = ranked[settings.top_k:]
+    controls = random.Random(seed).sample(rest, min(settings.controls, len(rest)))
     return {*top, *controls, *(r.unit for r in rows if r.kind == "model")}
 
 
-def _whole_and_kv(rows, estimates, method) -> set[str]:
+def _whole_and_kv(rows, estimates, settings, seed) -> set[str]:
     """The rows --method path measures exactly: those the path does not cover (the whole model, the KV caches)."""
     return {r.unit for r in rows if r.kind in ("model", "kv")}
 

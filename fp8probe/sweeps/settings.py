@@ -15,8 +15,9 @@ from .methods import METHODS
 class SweepSettings(Settings):
     """What a sweep measures (`scheme`, a row per unit or fused `group`, KV-cache rows in `kv_cache_dtype` unless not
     `include_kv`), how (`method` exact | fisher | auto | path: `top_k`, `controls`, `fisher_samples`,
-    `path_nodes`), compared with which exact sweep (`compare`, `agreement_budget`), and where the rows are measured
-    (`workers` Ray actors, at `ray_address`, with `threads_per_worker` each)."""
+    `path_nodes`; the label draws and auto's controls are seeded with the rollouts' seed), compared with which exact
+    sweep (`compare`, `agreement_budget`), and where the rows are measured (`workers` Ray actors, at `ray_address`,
+    with `threads_per_worker` each). The library's `sweep()` takes it whole (its default: method exact)."""
 
     scheme: str = opt("FP8_DYNAMIC", f"FP8 scheme: {', '.join(SCHEMES)}")
     granularity: str = opt("unit", "a row per Linear (unit) or per fused group as vLLM loads it (group)",
@@ -60,9 +61,17 @@ class SweepSettings(Settings):
     def kv(self) -> KVCacheScheme:
         return KVCacheScheme.from_name(self.kv_cache_dtype)
 
-    def method_of(self, seed: int):
-        """The sweep's Method (sweeps/sweep.py); its label draws and controls seeded with the rollouts' seed."""
-        from ..sweeps.sweep import Method
+    @property
+    def kind(self):
+        """How the method scores its rows (methods.MethodKind: reference pass, estimate, exact rows)."""
+        return METHODS[self.method]
 
-        return Method(self.method, top_k=self.top_k, controls=self.controls, samples=self.fisher_samples, seed=seed,
-                      nodes=self.path_nodes)
+    def recorded(self, seed: int) -> dict:
+        """run.json's `method` (and what a resume must match): its name and the settings its kind records (the
+        estimate's label draws, estimator and `seed`, the rollouts' seed; auto's exact rows; the path's nodes), under
+        the names run.json has always used."""
+        from ..measurement.fisher import DEFAULT_ESTIMATOR
+
+        values = {"samples": self.fisher_samples, "estimator": DEFAULT_ESTIMATOR, "seed": seed, "top_k": self.top_k,
+                  "controls": self.controls, "nodes": self.path_nodes}
+        return {"method": self.method, **{k: values[k] for k in self.kind.recorded}}

@@ -29,13 +29,15 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, no_mismatch
 from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
-from ..measurement.attribution import DEFAULT_NODES, path_attribution
-from ..measurement.fisher import DEFAULT_ESTIMATOR, DEFAULT_SAMPLES, ESTIMATORS, fisher_rows
+from ..measurement.attribution import path_attribution
+from ..measurement.fisher import DEFAULT_ESTIMATOR, fisher_rows
 from ..measurement.perturbation import TOKEN_STATS, Perturbation, measure_perturbation
 from ..measurement.reference import Reference
+from ..model.settings import RolloutSettings
 from ..model.structure import kv_geometry, scheme_blockers
-from .files import COLUMNS, PartialWriter, open_partial, sweep_settings
-from .methods import ESTIMATED, METHODS, MethodKind
+from .files import COLUMNS, PartialRows, PartialWriter, open_partial, sweep_settings
+from .methods import ESTIMATED
+from .settings import SweepSettings
 
 log = logging.getLogger(__name__)
 
@@ -126,36 +128,6 @@ def _row_result(row: Row, metrics: dict, method: str = "exact", kl_fisher: float
     return out
 
 
-@dataclass(frozen=True)
-class Method:
-    """How the rows are scored (methods.METHODS: "exact", "fisher", "auto" or "path") with its settings: `top_k`
-    and `controls` of auto's exact rows, the Fisher estimate's label draws (`samples`) and `estimator`, the path
-    attribution's `nodes`; `seed` draws the Fisher labels and the controls."""
-
-    name: str = "exact"
-    top_k: int = 24
-    controls: int = 8
-    samples: int = DEFAULT_SAMPLES
-    estimator: str = DEFAULT_ESTIMATOR
-    seed: int = 0
-    nodes: int = DEFAULT_NODES
-
-    def __post_init__(self):
-        if self.nodes < 1:
-            raise FP8ProbeError(f"`path_nodes` must be 1 or more, got {self.nodes}")
-        if self.name not in METHODS:
-            raise FP8ProbeError(f"unknown method {self.name!r}; supported: {', '.join(METHODS)}")
-        if self.estimator not in ESTIMATORS:
-            raise FP8ProbeError(f"unknown estimator {self.estimator!r}; supported: {', '.join(ESTIMATORS)}")
-
-    @property
-    def kind(self) -> MethodKind:
-        return METHODS[self.name]
-
-    def settings(self) -> dict:
-        return {"method": self.name, **{k: getattr(self, k) for k in self.kind.recorded}}
-
-
 @dataclass
 class Swept:
     """What sweep() returns: the `table` (COLUMNS, a row per plan row), the `reference` the exact rows were measured
@@ -169,47 +141,49 @@ class Swept:
     seconds: dict
 
 
-def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", include_kv: bool = True,
-          kv="fp8", batch_size: int = 8, progress: bool = False, out_dir: str | Path | None = None,
-          resume: bool = False, reference: Reference | None = None, method: Method | str = "exact",
-          rows_executor=None) -> Swept:
-    """Score every row of plan_rows() by `method`; returns a Swept (its `table` a pandas DataFrame with COLUMNS).
+def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exact"), *,
+          sampling: RolloutSettings | None = None, reference: Reference | None = None,
+          partial: PartialRows | None = None, progress: bool = False, rows_executor=None) -> Swept:
+    """Score every row of plan_rows() as `settings` say (what is measured: scheme, granularity, KV rows; how: the
+    method and its knobs); returns a Swept (its `table` a pandas DataFrame with COLUMNS). `sampling`: the rollouts'
+    settings, whose batch size the passes run in and whose seed draws the estimate's labels and auto's controls
+    (None: batches of 8, seed 0).
 
-    With out_dir, each finished row is appended to out_dir/sensitivity.partial.csv; with resume=True,
-    rows already there are not measured again (the settings must match). The fast estimate itself is not
-    saved there: one pass, repeated on resume with the same seed. `rows_executor(reference, rows)`, when
-    given, measures the exact rows elsewhere and yields (row, metrics) in any order (scaleout.RayRows);
-    by default they are measured here, in plan order.
+    With `partial` (files.PartialRows), each finished row is appended to its directory's sensitivity.partial.csv;
+    with its `resume`, rows already there are not measured again (the settings must match). The fast estimate itself
+    is not saved there: one pass, repeated on resume with the same seed. `rows_executor(reference, rows)`, when
+    given, measures the exact rows elsewhere and yields (row, metrics) in any order (scaleout.RayRows); by default
+    they are measured here, in plan order.
     """
     import pandas as pd
     from tqdm.auto import tqdm
 
-    scheme = Scheme.from_name(scheme)
-    kv = KVCacheScheme.from_name(kv)
-    method = Method(method) if isinstance(method, str) else method
+    scheme, kv, kind = settings.preset, settings.kv, settings.kind
+    batch_size, seed = (sampling.batch_size, sampling.seed) if sampling is not None else (8, 0)
+    granularity, include_kv = settings.granularity, settings.include_kv
     rows = plan_rows(student, scheme, granularity, include_kv, kv)
-    if method.kind.estimate:
-        ESTIMATES[method.kind.by].check(rows)  # before any pass: a student the estimate cannot price is refused now
+    if kind.estimate:
+        ESTIMATES[kind.by].check(rows)  # before any pass: a student the estimate cannot price is refused now
     done: dict[str, dict] = {}
     writer = None
-    if out_dir is not None:
-        settings = sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size,
-                                  method.settings())
-        done = open_partial(Path(out_dir), settings, resume)
-        writer = PartialWriter(Path(out_dir), settings)
-    if reference is None and method.kind.reference:
+    if partial is not None:
+        resumed = sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size,
+                                 settings.recorded(seed))
+        done = open_partial(Path(partial.directory), resumed, partial.resume)
+        writer = PartialWriter(Path(partial.directory), resumed)
+    if reference is None and kind.reference:
         reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
     estimates: dict[str, float] = {}
-    if method.kind.estimate:
-        estimates, sqnr, seconds[method.kind.by] = ESTIMATES[method.kind.by].run(
-            student, rollouts, rows, scheme, kv, batch_size, reference, method, granularity == "group", progress)
-    exact = method.kind.exact(rows, estimates, method)
+    if kind.estimate:
+        estimates, sqnr, seconds[kind.by] = ESTIMATES[kind.by].run(
+            student, rollouts, rows, settings, batch_size, reference, seed, progress)
+    exact = kind.exact(rows, estimates, settings, seed)
     for row in rows:  # the others keep their estimate
         if row.unit not in exact and row.unit not in done:
             metrics = {m: float("nan") for m in METRICS}
             metrics.update(kl_q_p=estimates[row.unit], sqnr_db=sqnr[row.unit])
-            done[row.unit] = _row_result(row, metrics, method.kind.by, estimates[row.unit])
+            done[row.unit] = _row_result(row, metrics, kind.by, estimates[row.unit])
             if writer:
                 writer.append(done[row.unit])
     todo = [r for r in rows if r.unit not in done]
@@ -241,20 +215,21 @@ def sweep(student, rollouts, scheme="FP8_DYNAMIC", granularity: str = "unit", in
     return Swept(pd.DataFrame([done[r.unit] for r in rows], columns=COLUMNS), reference, model_rows, seconds)
 
 
-def _fisher(student, rollouts, rows, scheme, kv, batch_size, reference, method, fused, progress):
+def _fisher(student, rollouts, rows, settings, batch_size, reference, seed, progress):
     """Every row's Fisher estimate (measurement/fisher.py): (estimates, output SQNR, seconds)."""
-    fr = fisher_rows(student, rollouts, rows, scheme, kv, batch_size,
+    fr = fisher_rows(student, rollouts, rows, settings.preset, settings.kv, batch_size,
                      calibration=reference.calibration if reference is not None else None,
-                     samples=method.samples, seed=method.seed, fused=fused, progress=progress)
-    return fr.column(method.estimator), fr.sqnr_db, fr.seconds
+                     samples=settings.fisher_samples, seed=seed, fused=settings.granularity == "group",
+                     progress=progress)
+    return fr.column(DEFAULT_ESTIMATOR), fr.sqnr_db, fr.seconds
 
 
-def _path(student, rollouts, rows, scheme, kv, batch_size, reference, method, fused, progress):
+def _path(student, rollouts, rows, settings, batch_size, reference, seed, progress):
     """Every weight row's path attribution from BF16 to every weight row in FP8 (measurement/attribution.py):
     (shares, no SQNR, seconds)."""
     on_path = [r for r in rows if r.kind not in ("model", "kv")]
     att = path_attribution(student, rollouts, reference, {r.unit: list(r.perturbation.units) for r in on_path},
-                           scheme, nodes=method.nodes, batch_size=batch_size)
+                           settings.preset, nodes=settings.path_nodes, batch_size=batch_size)
     return att.shares, {r.unit: float("nan") for r in on_path}, att.seconds
 
 
@@ -326,16 +301,16 @@ def summary(df, intervals: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def whole_model_rows(reference, student, rollouts, scheme: Scheme, granularity: str = "unit", include_kv: bool = True,
-                     kv: KVCacheScheme = KVCacheScheme(), batch_size: int = 8, measured: dict | None = None) -> dict:
-    """The whole-model rows with their intervals: each one's kl_q_p with its 90 % interval over the prompts, and the
-    FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same tokens,
-    measurement.measure.paired_change): whether adding the KV cache raises, lowers, or cannot be told to change the
-    mismatch. run.json's `whole_model`. `measured`: the rows the sweep measured with their per-token statistics
-    (Swept.model_rows); a row missing there (measured before a resume, or estimated) is measured here."""
+def whole_model_rows(reference, student, rollouts, settings: SweepSettings, *, batch_size: int = 8,
+                     measured: dict | None = None) -> dict:
+    """The whole-model rows of the settings' plan with their intervals: each one's kl_q_p with its 90 % interval over
+    the prompts, and the FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same
+    tokens, measurement.measure.paired_change): whether adding the KV cache raises, lowers, or cannot be told to
+    change the mismatch. run.json's `whole_model`. `measured`: the rows the sweep measured with their per-token
+    statistics (Swept.model_rows); a row missing there (measured before a resume, or estimated) is measured here."""
     from ..measurement.measure import measure_with_interval, paired_change
 
-    rows = [row for row in plan_rows(student, scheme, granularity, include_kv, kv)
+    rows = [row for row in plan_rows(student, settings.preset, settings.granularity, settings.include_kv, settings.kv)
             if row.unit in ("model.fp8_all", "model.fp8_all_kv")]
     measured = measured or {}
     got = {row.unit: measured[row.unit] if row.unit in measured else

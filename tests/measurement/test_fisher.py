@@ -17,8 +17,9 @@ from fp8probe.measurement.mismatch import response_logits
 from fp8probe.measurement.quantize import quantize_units
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.selection import make_recipe
-from fp8probe.sweeps.files import read_sweep
-from fp8probe.sweeps.sweep import Method, plan_rows, sweep
+from fp8probe.sweeps.files import PartialRows, read_sweep
+from fp8probe.sweeps.settings import SweepSettings
+from fp8probe.sweeps.sweep import plan_rows, sweep
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_estimate_other_architectures(arch):
     """Experts (one unit holding every expert) and a logit softcap."""
     s = tiny_student(arch, num_hidden_layers=2)
     r = make_rollouts(s, num_prompts=6, max_new_tokens=16, seed=0)
-    df = sweep(s, r, method="fisher").table
+    df = sweep(s, r, SweepSettings(method="fisher")).table
     assert (df["method"] == "fisher").all()
     units = df[df["kind"] != "model"]
     assert (units["kl_q_p"] > 0).all() and units["kl_q_p"].notna().all()
@@ -98,8 +99,7 @@ def test_estimate_other_architectures(arch):
 
 def test_auto_measures_the_top_rows_exactly(tiny, tmp_path):
     s, r, exact = tiny
-    method = Method("auto", top_k=6, controls=3)
-    df = sweep(s, r, method=method, out_dir=tmp_path).table
+    df = sweep(s, r, SweepSettings(method="auto", top_k=6, controls=3), partial=PartialRows(tmp_path)).table
     units = df[df["kind"] != "model"]
     measured = units[units["method"] == "exact"]
     assert len(measured) == 9

@@ -9,6 +9,7 @@ from fp8probe import measure
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.selection import make_recipe
+from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import sweep
 
 
@@ -17,7 +18,7 @@ def setup():
     st = tiny_student("llama", num_hidden_layers=4)
     r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
     ref = Reference(st, r)
-    return st, r, ref, sweep(st, r, reference=ref, granularity="group").table
+    return st, r, ref, sweep(st, r, SweepSettings(method="exact", granularity="group"), reference=ref).table
 
 
 def _cheapest_half(st, members, prices) -> list:

@@ -10,6 +10,7 @@ from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.recipe import read_recipe
 from fp8probe.recipe.selection import make_recipe
 from fp8probe.recipe.settings import RecipeContext
+from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import sweep
 
 
@@ -114,7 +115,7 @@ def test_bad_recipe_files(tmp_path):
 
 def test_group_granularity_sweep(setup):
     st, r, ref, _ = setup
-    df = sweep(st, r, granularity="group", include_kv=False, reference=ref).table
+    df = sweep(st, r, SweepSettings(method="exact", granularity="group", include_kv=False), reference=ref).table
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
     rec = make_recipe(df, st, r, ask(whole * 0.3), reference=ref)
     assert rec.measured <= whole * 0.3 and rec.quantized

@@ -15,7 +15,7 @@ import pytest
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import load_rollouts
 from fp8probe.model.student import load_student
-from fp8probe.sweeps.files import write_table
+from fp8probe.sweeps.files import PartialRows, write_table
 from fp8probe.sweeps.scaleout import Cluster, CostModel, RayRows, ray_session, shards
 from fp8probe.sweeps.sweep import sweep
 
@@ -72,7 +72,7 @@ def test_a_killed_worker_loses_no_row_and_duplicates_none(tiny_dirs, single, tmp
     with ray_session(cluster):
         ex = KillOne(cluster, load, on_start=on_start)
         try:
-            df = sweep(student, rollouts, out_dir=tmp_path, reference=reference, rows_executor=ex).table
+            df = sweep(student, rollouts, partial=PartialRows(tmp_path), reference=reference, rows_executor=ex).table
         finally:
             ex.close()
     assert ex.stats["worker_deaths"] == 1 and ex.stats["retried_shards"] >= 1
