@@ -332,7 +332,7 @@ def fit_budget(runs, settings: BudgetSettings = BudgetSettings(), *, paired: boo
                             "twin (two seeds at least)")
     design, kinds, names = design_of(df, higher, paired)
     check_response(design, response, where)
-    rows = {k: [i for i, kk in enumerate(kinds) if kk == k and i > 0] for k in set(kinds)}
+    rows = {k: [i for i, kk in enumerate(kinds) if kk == k and i > 0] for k in dict.fromkeys(kinds)}  # table order
     ruler = sorted(i for k in FITTED_KINDS for i in rows.get(k, []))
     y = losses(design, design.q, twins_of(design.q), response, "seed" if paired else "mean")
     mean = {i: float(np.nanmean(y[i])) for i in range(len(kinds))}

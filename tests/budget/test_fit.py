@@ -181,3 +181,24 @@ def test_an_unpaired_table_may_hold_more_runs_at_a_level_than_twins():
     top = runs[runs["mismatch"] == max(LEVELS)].assign(seed=lambda d: d["seed"] + 10)
     b = _fit_budget(pd.concat([runs, top]), BudgetSettings(bootstrap=0, fit="isotonic", response="gain"))
     assert not b.paired and b.value == 1e-3
+
+
+def test_a_budgets_kinds_come_in_the_tables_order_under_any_hash_seed():
+    """budget.json's per-kind evidence (and the lines `budget`, `calibrate` and `check` print from it) in one order
+    whatever Python's string hashing: the runs table's, as the committed budget-opd.json holds it (kv before fp8). It
+    followed a set's order, and so PYTHONHASHSEED: seeds 0-2 printed fp8 first, seed 3 kv first."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cal = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m" / "calibration"
+    want = json.loads((cal / "budget-opd.json").read_text())
+    code = ("import json; from fp8probe.budget.fit import fit_budget; from fp8probe.budget.settings import "
+            f"BudgetSettings; b = fit_budget({str(cal / 'runs.csv')!r}, BudgetSettings(objective='opd', "
+            "bootstrap=20)); print(json.dumps([list(b.dose_response['rulers']['noise']['predictions']), "
+            "list(b.kinds)]))")
+    for seed in range(4):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+        assert json.loads(out) == [list(want["dose_response"]["rulers"]["noise"]["predictions"]), list(want["kinds"])]
