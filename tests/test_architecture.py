@@ -28,10 +28,6 @@ MANY_PARAMETERS: dict[str, int] = {
     "recipe.agreement:agreement": 9,
     "recipe.evolve:evolve": 9,
     "recipe.refine:refine": 10,
-    "training.grpo:make_grpo_trainer": 11,
-    "training.opd:make_trainer": 9,
-    "training.runs:train_one": 10,
-    "training.runs:make": 9,
 }
 MAX_CLI_LINES = 400
 MAX_APP_LINES = 150  # an entry point per command: settings in, a result and its files out; the work lives below

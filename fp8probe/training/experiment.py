@@ -42,7 +42,7 @@ from pathlib import Path
 from ..core.errors import FP8ProbeError
 from ..sources.sources import SourceSpec, parse_source
 from .runs import QUALITY_NAME, SCHEMA_VERSION, check_objectives, finished, load_pair, run_dir, runs_table, train_one
-from .settings import TrainSettings
+from .settings import RunId, TrainSettings
 
 BOOTSTRAP = 1000  # resamples behind every budget the ladder fits
 PARTIAL = "calibrate.partial.json"  # the calibration while runs are missing: resume state (kept on failure)
@@ -323,8 +323,8 @@ class _Trainer:
                 last[0] = step
                 self.bar.set_postfix_str(f"{objective} level {level.name} seed {seed} held-out rKL {rkl:.3f}")
 
-            done = train_one(self.teacher, self.initial, objective, level, seed, self.c, self.out, on_step,
-                             self.device, self.start)
+            done = train_one(self.teacher, self.initial, RunId(objective, level, seed), self.c, self.out,
+                             on_step=on_step, device=self.device, start=self.start)
             if self.log is not None:
                 q = done["quality"]
                 self.log(f"{objective} level {level.name} seed {seed}: mismatch {done['mismatch']['kl_q_p']:.4g}, "

@@ -35,8 +35,8 @@ import torch
 from ..core.errors import FP8ProbeError
 from ..measurement.perturbation import apply_perturbation
 from ..model.rollouts import Rollouts
-from .opd import Perturber, prompt_dataset, require_trl, sampled_logps
-from .settings import TrainSettings
+from .opd import prompt_dataset, require_trl, sampled_logps
+from .settings import TrainerRun, TrainSettings
 
 IS_CAP = 2.0  # verl's rollout_is_threshold default; TRL's clip_max for token_truncate
 
@@ -92,14 +92,14 @@ def grpo_config(settings: TrainSettings, seed: int, output_dir: str, device: str
     )
 
 
-def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: TrainSettings, seed: int,
-                      output_dir: str, perturber: Perturber | None = None, callbacks=(), device: str = "cpu",
+def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: TrainSettings, run: TrainerRun, *,
                       correction: bool = False, bypass: bool = False):
     """A GRPOTrainer for one run; with a `perturber`, rollouts come from the perturbed student, each step's mismatch
     lands in `trainer.rollout_mismatch`, with `correction` every token's loss is weighted by min(p/q, IS_CAP), and
     with `bypass` the PPO ratio's anchor is q's log-probs of the sampled tokens (without a perturbation q is p)."""
     GRPOTrainer, _ = require_grpo()
-    args = grpo_config(settings, seed, output_dir, device)
+    args = grpo_config(settings, run.seed, run.output_dir, run.device)
+    perturber = run.perturber
 
     class PerturbedRolloutGRPO(GRPOTrainer):
         def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
@@ -146,7 +146,7 @@ def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: Trai
 
     trainer = PerturbedRolloutGRPO(model=student.model, reward_funcs=[TeacherLikelihood(teacher, student.tokenizer)],
                                    args=args, train_dataset=prompt_dataset(train_prompts),
-                                   processing_class=student.tokenizer, callbacks=list(callbacks))
+                                   processing_class=student.tokenizer, callbacks=list(run.callbacks))
     trainer.rollout_mismatch = []
     from transformers.trainer_callback import PrinterCallback
 

@@ -33,7 +33,7 @@ from ..measurement.reference import response_rows
 from ..model.rollouts import Rollouts, make_rollouts
 from ..model.structure import list_units
 from ..model.student import Student
-from .settings import TrainSettings
+from .settings import TrainerRun, TrainSettings
 
 TRL_MIN = "1.16"
 EVAL_BATCH = 64  # held-out responses sampled per generate call (48 in one call: 7.0 s against 9.4 s 8 at a time)
@@ -126,12 +126,12 @@ def rollout_mismatch(student: Student, p: Perturbation, r: Rollouts) -> dict[str
     return measure_rollouts(student, p, r)[0]
 
 
-def make_trainer(student: Student, teacher, train_prompts: list[str], settings: TrainSettings, seed: int,
-                 output_dir: str, perturber: Perturber | None = None, callbacks=(), device: str = "cpu"):
-    """A DistillationTrainer for one run; with a `perturber`, rollouts come from the perturbed student and
+def make_trainer(student: Student, teacher, train_prompts: list[str], settings: TrainSettings, run: TrainerRun):
+    """A DistillationTrainer for one run; with the run's `perturber`, rollouts come from the perturbed student and
     each step's mismatch lands in `trainer.rollout_mismatch` (one dict per generation)."""
     DistillationTrainer, _ = require_trl()
-    args = opd_config(settings, seed, output_dir, device)
+    args = opd_config(settings, run.seed, run.output_dir, run.device)
+    perturber = run.perturber
 
     class PerturbedRolloutTrainer(DistillationTrainer):
         def _generate_single_turn(self, prompt_ids, images, multimodal_fields, has_tool_images=False):
@@ -149,7 +149,7 @@ def make_trainer(student: Student, teacher, train_prompts: list[str], settings: 
 
     trainer = PerturbedRolloutTrainer(model=student.model, teacher_model=teacher.model, args=args,
                                       train_dataset=prompt_dataset(train_prompts), processing_class=student.tokenizer,
-                                      callbacks=list(callbacks))
+                                      callbacks=list(run.callbacks))
     trainer.rollout_mismatch = []
     from transformers.trainer_callback import PrinterCallback
 

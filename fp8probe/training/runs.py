@@ -31,7 +31,7 @@ from pathlib import Path
 from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..sources.sources import SourceSpec
-from .settings import TrainSettings
+from .settings import RunId, TrainerRun, TrainSettings
 
 SCHEMA_VERSION = version("calibrate.json")
 QUALITY_NAME = "held-out reverse KL(student ‖ teacher) per token, full vocabulary"
@@ -46,18 +46,17 @@ RUN_COLUMNS = ["objective", "level", "kind", "value", "seed", "metric", "mismatc
 STEP_LOGS = ("reward", "reward_std", "entropy", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
 
 
-def _opd(student, teacher, prompts, settings, seed, out, perturber, callbacks, device):
+def _opd(student, teacher, prompts, settings, run: TrainerRun):
     from .opd import make_trainer
 
-    return make_trainer(student, teacher, prompts, settings, seed, out, perturber, callbacks, device)
+    return make_trainer(student, teacher, prompts, settings, run)
 
 
 def _grpo(correction: bool = False, bypass: bool = False):
-    def make(student, teacher, prompts, settings, seed, out, perturber, callbacks, device):
+    def make(student, teacher, prompts, settings, run: TrainerRun):
         from .grpo import make_grpo_trainer
 
-        return make_grpo_trainer(student, teacher, prompts, settings, seed, out, perturber, callbacks, device,
-                                 correction=correction, bypass=bypass)
+        return make_grpo_trainer(student, teacher, prompts, settings, run, correction=correction, bypass=bypass)
     return make
 
 
@@ -99,16 +98,17 @@ def finished(out: Path, objective: str, level: SourceSpec, seed: int) -> dict | 
         return None
 
 
-def train_one(teacher, initial_student, objective: str, level: SourceSpec, seed: int, calibration, out: Path,
-              on_step=None, device: str = "cpu", start: dict | None = None) -> dict:
-    """One run of `objective` at one level and seed; writes its run directory and returns its run.json. `start`: the
-    held-out evaluation before training, when already made (it is the same for every run of a calibration)."""
+def train_one(teacher, initial_student, run: RunId, calibration, out: Path, *, on_step=None, device: str = "cpu",
+              start: dict | None = None) -> dict:
+    """One run (its objective at one level and seed); writes its run directory and returns its run.json. `start`:
+    the held-out evaluation before training, when already made (it is the same for every run of a calibration)."""
     import copy
 
     from transformers import TrainerCallback
 
     from .opd import Perturber, heldout_quality, trainable_student
 
+    objective, level, seed = run.objective, run.level, run.seed
     d = run_dir(out, objective, level, seed)
     d.mkdir(parents=True, exist_ok=True)
     student = trainable_student(copy.deepcopy(initial_student.model), initial_student.tokenizer,
@@ -144,8 +144,8 @@ def train_one(teacher, initial_student, objective: str, level: SourceSpec, seed:
         perturber = Perturber(student.model, level.rollout(student, seed), stale=level.stale_steps)
     t0 = time.perf_counter()
     make = OBJECTIVES[objective][0]
-    trainer = make(student, teacher, list(calibration.train_prompts), tr, seed, str(d / "trl"), perturber,
-                   [Progress()], device)
+    trainer = make(student, teacher, list(calibration.train_prompts), tr,
+                   TrainerRun(seed, str(d / "trl"), perturber, (Progress(),), device))
     trainer.train()
     return _write_run(d, trainer, evals, perturber, objective, level, seed, tr, time.perf_counter() - t0)
 
@@ -171,8 +171,8 @@ def after_steps(teacher, initial_student, objective: str, seed: int, calibration
 
     with tempfile.TemporaryDirectory() as tmp:
         make = OBJECTIVES[objective][0]
-        trainer = make(student, teacher, list(calibration.train_prompts), calibration.train, seed, tmp, None, [Stop()],
-                       device)
+        trainer = make(student, teacher, list(calibration.train_prompts), calibration.train,
+                       TrainerRun(seed, tmp, None, (Stop(),), device))
         trainer.train()
     student.model.eval()
     student.model.requires_grad_(False)

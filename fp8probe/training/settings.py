@@ -1,5 +1,6 @@
-"""How calibration runs are set up (TrainSettings: one run, recorded in calibrate.json) and what `fp8probe
-calibrate` is asked for (CalibrateSettings). Light: the CLI reads both for its flags."""
+"""How calibration runs are set up (TrainSettings: one run, recorded in calibrate.json), what `fp8probe
+calibrate` is asked for (CalibrateSettings), and the records that name one run (RunId) and say where and how its
+trainer runs (TrainerRun). Light: the CLI reads the settings for its flags."""
 
 from __future__ import annotations
 
@@ -86,3 +87,25 @@ class CalibrateSettings(Settings):
     device: str = opt("cpu", "torch device")
     refit: bool = opt(False, "refit the finished calibration in `out` as this fp8probe reads budgets (each level's "
                       "dose measured on check's scale; nothing trained but a stale level's first steps)")
+
+
+@dataclass(frozen=True)
+class RunId:
+    """One calibration run: its objective (runs.OBJECTIVES), its rollout-mismatch level and its seed."""
+
+    objective: str
+    level: object  # sources.SourceSpec
+    seed: int
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    """Where and how one run's trainer runs, beside its TrainSettings: its `seed`, TRL's `output_dir`, the rollout
+    engine's state of the student (`perturber`: opd.Perturber; None, the student itself), TRL callbacks, the
+    device."""
+
+    seed: int
+    output_dir: str
+    perturber: object = None
+    callbacks: tuple = ()
+    device: str = "cpu"

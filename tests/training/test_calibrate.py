@@ -26,7 +26,7 @@ from fp8probe.sources.sources import SourceSpec, parse_source
 from fp8probe.training.experiment import Experiment
 from fp8probe.training.opd import opd_config, prompt_dataset, trainable_student
 from fp8probe.training.runs import run_dir, train_one
-from fp8probe.training.settings import TrainSettings
+from fp8probe.training.settings import RunId, TrainerRun, TrainSettings
 
 pytestmark = pytest.mark.slow  # TRL training runs
 
@@ -72,7 +72,7 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
 
     teacher, student = pair
     s = _settings(("0", "0.3"))
-    zero = train_one(teacher, student, "opd", SourceSpec("none"), 0, s, tmp_path)
+    zero = train_one(teacher, student, RunId("opd", SourceSpec("none"), 0), s, tmp_path)
     plain_model = trainable_student(copy.deepcopy(student.model), student.tokenizer, "plain").model
     plain = DistillationTrainer(model=plain_model, teacher_model=teacher.model,
                                 args=opd_config(s.train, 0, str(tmp_path / "plain")),
@@ -81,7 +81,7 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
     plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
     assert len(plain_losses) == TRAIN.steps
     assert zero["losses"] == plain_losses
-    noisy = train_one(teacher, student, "opd", parse_source("0.3"), 0, s, tmp_path)
+    noisy = train_one(teacher, student, RunId("opd", parse_source("0.3"), 0), s, tmp_path)
     assert noisy["losses"][0] != zero["losses"][0]
     # the held-out evaluation is seeded: both runs start from the same student and score it the same
     assert zero["quality_start"] == noisy["quality_start"]
@@ -90,18 +90,18 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
 def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
     teacher, student = pair
     s = _settings(("0.05", "0.2", "0.8"), steps=2)
-    got = [train_one(teacher, student, "opd", parse_source(x), 0, s, tmp_path)["mismatch"]["kl_q_p"]
+    got = [train_one(teacher, student, RunId("opd", parse_source(x), 0), s, tmp_path)["mismatch"]["kl_q_p"]
            for x in s.levels]
     assert 0 < got[0] < got[1] < got[2]
     steps = pd.read_csv(run_dir(tmp_path, "opd", parse_source("0.2"), 0) / "steps.csv")
     assert list(steps["step"]) == [1, 2] and (steps["kl_q_p"] > 0).all() and (steps["k3"] > 0).all()
-    stale = train_one(teacher, student, "opd", parse_source("stale:1"), 0, s, tmp_path)
+    stale = train_one(teacher, student, RunId("opd", parse_source("stale:1"), 0), s, tmp_path)
     st = pd.read_csv(run_dir(tmp_path, "opd", parse_source("stale:1"), 0) / "steps.csv")
     # step 1: no update yet, the engine holds the trainer's weights; step 2: one update behind
     assert st["kl_q_p"].iloc[0] == 0 and st["kl_q_p"].iloc[1] > 0 and stale["mismatch"]["kl_q_p"] > 0
     # the rollout engine's FP8 weights and FP8 KV cache (scale 1.0) as levels: measured, above zero
     for name in ("fp8", "kv"):
-        assert train_one(teacher, student, "opd", parse_source(name), 0, s, tmp_path)["mismatch"]["kl_q_p"] > 0
+        assert train_one(teacher, student, RunId("opd", parse_source(name), 0), s, tmp_path)["mismatch"]["kl_q_p"] > 0
 
 
 def test_a_level_the_student_cannot_take_is_refused(tmp_path):
@@ -248,7 +248,7 @@ def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(
 
     teacher, student = pair
     s = _settings(("0", "0.3"), batch_size=4, group_size=2)
-    zero = train_one(teacher, student, "grpo", SourceSpec("none"), 0, s, tmp_path)
+    zero = train_one(teacher, student, RunId("grpo", SourceSpec("none"), 0), s, tmp_path)
     plain_model = trainable_student(copy.deepcopy(student.model), student.tokenizer, "plain").model
     plain = GRPOTrainer(model=plain_model, reward_funcs=[TeacherLikelihood(teacher, student.tokenizer)],
                         args=grpo_config(s.train, 0, str(tmp_path / "plain")),
@@ -256,8 +256,8 @@ def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(
     plain.train()
     plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
     assert len(plain_losses) == TRAIN.steps and zero["losses"] == plain_losses
-    noisy = train_one(teacher, student, "grpo", parse_source("0.3"), 0, s, tmp_path)
-    corrected = train_one(teacher, student, "grpo-is", parse_source("0.3"), 0, s, tmp_path)
+    noisy = train_one(teacher, student, RunId("grpo", parse_source("0.3"), 0), s, tmp_path)
+    corrected = train_one(teacher, student, RunId("grpo-is", parse_source("0.3"), 0), s, tmp_path)
     first = [pd.read_csv(run_dir(tmp_path, o, parse_source("0.3"), 0) / "steps.csv").iloc[0] for o in ("grpo",
                                                                                                       "grpo-is")]
     assert first[0]["kl_q_p"] == first[1]["kl_q_p"] > 0  # the same first rollouts, measured alike
@@ -294,8 +294,8 @@ def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_p
         st = trainable_student(copy.deepcopy(student.model), student.tokenizer, name)
         perturber = Perturber(st.model, level.rollout(st, 0))
         probe = copy.deepcopy(st.model)  # p before the update (copied before TRL patches the model's LM head)
-        trainer = make_grpo_trainer(st, teacher, list(s.train_prompts), s.train, 0, str(tmp_path / name), perturber,
-                                    bypass=bypass)
+        trainer = make_grpo_trainer(st, teacher, list(s.train_prompts), s.train,
+                                    TrainerRun(0, str(tmp_path / name), perturber), bypass=bypass)
         trainer.train()
         inputs, loss = seen[-1]
         losses[name] = loss
@@ -319,8 +319,8 @@ def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_p
     anchor = inputs["old_per_token_logps"]
     assert torch.cat([anchor[i, :n] for i, n in enumerate(lengths)]).tolist() == pytest.approx(lq.tolist(), abs=1e-4)
     assert abs(losses["grpo"] - losses["grpo-bypass"]) > 1e-4  # the anchor changed the loss
-    zero = [train_one(teacher, student, o, SourceSpec("none"), 0, s, tmp_path)["losses"] for o in ("grpo",
-                                                                                                  "grpo-bypass")]
+    zero = [train_one(teacher, student, RunId(o, SourceSpec("none"), 0), s, tmp_path)["losses"]
+            for o in ("grpo", "grpo-bypass")]
     assert zero[0] == zero[1]
 
 
@@ -553,7 +553,7 @@ def test_mismatch_free_runs_keep_their_checkpoints_for_a_series(pair, tmp_path):
 
     teacher, student = pair
     s = dataclasses.replace(_settings(("0", "0.3"), steps=2), save_checkpoints=True)
-    train_one(teacher, student, "opd", SourceSpec("none"), 0, s, tmp_path)
+    train_one(teacher, student, RunId("opd", SourceSpec("none"), 0), s, tmp_path)
     d = run_dir(tmp_path, "opd", SourceSpec("none"), 0) / "checkpoints"
     assert sorted(p.name for p in d.iterdir()) == ["step-0", "step-1", "step-2"]
     first = load_student(str(d / "step-0")).model
@@ -561,5 +561,5 @@ def test_mismatch_free_runs_keep_their_checkpoints_for_a_series(pair, tmp_path):
     w = "model.layers.0.mlp.down_proj.weight"
     assert torch.equal(first.state_dict()[w], student.model.state_dict()[w])
     assert not torch.equal(last.state_dict()[w], first.state_dict()[w])  # it trained
-    train_one(teacher, student, "opd", parse_source("0.3"), 0, s, tmp_path)
+    train_one(teacher, student, RunId("opd", parse_source("0.3"), 0), s, tmp_path)
     assert not (run_dir(tmp_path, "opd", parse_source("0.3"), 0) / "checkpoints").exists()
