@@ -86,7 +86,7 @@ def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_s
     est = fr.column()
     per_seed = [(spearman([f.column()[u] for u in units], [ex[u] for u in units]),
                  top_overlap({u: f.column()[u] for u in units}, {u: ex[u] for u in units})) for f in runs]
-    a = agreement(fast_df, exact_df, student, rollouts, "FP8_DYNAMIC", budget=budget, reference=reference)
+    a = agreement(fast_df, exact_df, student, rollouts, SweepSettings(agreement_budget=budget), reference=reference)
     return {"model": name, "rows": len(units), "response_tokens": fr.num_tokens,
             "reference_s": t_ref, "fisher_s": t_fisher, "exact_s": exact_seconds,
             "fisher_over_reference": t_fisher / t_ref, "exact_over_fisher": exact_seconds / t_fisher,

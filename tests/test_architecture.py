@@ -25,9 +25,7 @@ MANY_PARAMETERS: dict[str, int] = {
     "measurement.fisher:fisher_rows": 11,
     "measurement.vllm_profile:fp8_kv_attention": 10,
     "model.rollouts:make_rollouts": 10,
-    "recipe.agreement:agreement": 9,
     "recipe.evolve:evolve": 9,
-    "recipe.refine:refine": 10,
 }
 MAX_CLI_LINES = 400
 MAX_APP_LINES = 150  # an entry point per command: settings in, a result and its files out; the work lives below

@@ -87,8 +87,7 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
         agree = None
         if exact_run is not None:
             log.info("agreement with the exact sweep in %s (two recipes, measured)", exact_run.directory)
-            agree = agreement(df, exact_run.table, student, r, settings.preset.name, rollouts.batch_size,
-                              budget=settings.agreement_budget)
+            agree = agreement(df, exact_run.table, student, r, settings, sampling=rollouts)
             atomic_write_json(d / AGREEMENT_FILE, {**agree, "exact_sweep": str(exact_run.directory)})
         write_table(d, df)
         run = {"command": "sweep", "model": student.name, "model_path": student.path,

@@ -23,6 +23,7 @@ from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..core.stats import spearman, top_overlap
 from ..sweeps.methods import ESTIMATED
+from ..sweeps.settings import SweepSettings
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +66,17 @@ def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool,
                             f"`rollouts` {exact_run.directory} so that both score the same tokens")
 
 
-def agreement(fast_df, exact_df, student, rollouts, scheme: str, batch_size: int = 8, budget: float | None = None,
-              reference=None, progress: bool = False) -> dict:
-    """The figures of agreement.json (see the module docstring)."""
+def agreement(fast_df, exact_df, student, rollouts, settings: SweepSettings, *, sampling=None, reference=None) -> dict:
+    """The figures of agreement.json (see the module docstring): the fast sweep's settings give the scheme and the
+    recipes' budget (`agreement_budget`; default half the whole-model FP8 mismatch), the rollouts' settings
+    (`sampling`) the batch size (else 8)."""
     from ..core.schemes import KVCacheScheme
     from ..measurement.reference import Reference
     from .selection import make_recipe
     from .settings import RecipeContext, RecipeSettings
 
+    scheme, budget = settings.preset.name, settings.agreement_budget
+    batch_size = sampling.batch_size if sampling is not None else 8
     exact = exact_df.set_index("unit")
     fast = fast_df.set_index("unit")
     # the rows the fast sweep estimated (method path measures its KV rows: they hold no estimate)

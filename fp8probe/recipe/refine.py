@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +63,36 @@ class Refined:
     log: list = field(default_factory=list)  # one entry per measured pass
 
 
-def refine(start: list, pool: list, forced: list, measure_groups, passes: int, *, budget: float | None = None,
-           min_value: float | None = None, value=lambda gs: sum(g.bytes_saved for g in gs),
+def _bytes(groups) -> float:
+    return sum(g.bytes_saved for g in groups)
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What "better" means to a refinement: under a `budget`, more bytes saved with the measured excess within it;
+    with a memory target, value(groups) at least `min_value` (MemoryTarget.amount and .value) and a lower measured
+    excess. Exactly one of `budget` and `min_value`."""
+
+    budget: float | None = None
+    min_value: float | None = None
+    value: Callable = _bytes
+
+    def __post_init__(self):
+        if (self.budget is None) == (self.min_value is None):
+            raise ValueError("Goal: exactly one of `budget` and `min_value`")
+
+
+def refine(start: list, pool: list, forced: list, measure_groups, passes: int, *, goal: Goal,
            start_measured: tuple | None = None, metric: str = "kl_q_p") -> Refined:
     """Improve `start` (GroupScores in FP8, `forced` among them never removed) with kept groups from `pool`.
 
     measure_groups(groups) -> (excess, metrics) or (excess, metrics, evidence) runs one measured pass; evidence (a
     measurement.measure.Measured on the same tokens for every set) lets a memory-target move be tested for
-    significance (module docstring). Exactly one of `budget` (maximize bytes with the measured excess <= budget) or
-    `min_value` (minimize the measured excess with value(groups) >= min_value) says what "better" means.
+    significance (module docstring). The `goal` says what "better" means: a budget (maximize bytes with the measured
+    excess <= budget) or a memory target (minimize the measured excess with value(groups) >= min_value).
     """
-    r = _Refiner(start, pool, {g.group for g in forced}, measure_groups, passes, budget, min_value, value,
-                 start_measured, metric)
+    r = _Refiner(start, pool, {g.group for g in forced}, measure_groups, passes, goal.budget, goal.min_value,
+                 goal.value, start_measured, metric)
     while r.left > 0 and (r.add_one() or r.swap_one()):
         pass
     r.out.groups, r.out.measured, r.out.metrics = r.cur, r.m_cur, r.metrics

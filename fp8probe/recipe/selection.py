@@ -36,7 +36,7 @@ from ..measurement.reference import Reference
 from ..model.structure import scheme_blockers
 from .forms import FORMS, Form
 from .recipe import Recipe
-from .refine import refine
+from .refine import Goal, refine
 from .settings import MemoryTarget, RecipeContext, RecipeSettings
 
 log = logging.getLogger(__name__)
@@ -175,9 +175,9 @@ def make_recipe(sensitivity, student, rollouts, settings: RecipeSettings, *,
     final, (found, result, _) = plan.chosen(k), search.result(k)
     refined = None
     if s.refine_passes > 0 and shape.chooses:
-        goal = dict(budget=budget) if memory is None else dict(min_value=memory.amount(weights), value=memory.value)
-        refined = refine(final, plan.free, plan.forced, search.measure_groups, s.refine_passes,
-                         start_measured=search.result(k), metric=metric, **goal)
+        goal = Goal(budget=budget) if memory is None else Goal(min_value=memory.amount(weights), value=memory.value)
+        refined = refine(final, plan.free, plan.forced, search.measure_groups, s.refine_passes, goal=goal,
+                         start_measured=search.result(k), metric=metric)
         final, found, result = refined.groups, refined.measured, refined.metrics
     report = _report(final, (found, result), search, held, None if s.engine == "none" else s.engine,
                      context.batch_size)

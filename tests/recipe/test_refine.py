@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from fp8probe.recipe.refine import refine
+from fp8probe.recipe.refine import Goal, refine
 from fp8probe.recipe.selection import GroupScore, rank_groups
 
 # five groups of 10-12 bytes; A and B interact: together they cost 3.0 more than their single scores
@@ -82,7 +82,8 @@ def test_budget_mode_reaches_the_optimum():
     assert [g.group for g in ranked[:2]] == ["A", "B"] and measured({"A", "B"}) > budget
     start = [GROUPS["A"]]
     rec = Recorder()
-    out = refine(start, list(GROUPS.values()), [], rec, passes=8, budget=budget, start_measured=(1.0, {"kl_q_p": 1.0}))
+    out = refine(start, list(GROUPS.values()), [], rec, passes=8, goal=Goal(budget=budget),
+                 start_measured=(1.0, {"kl_q_p": 1.0}))
     assert {g.group for g in out.groups} == best and out.measured == pytest.approx(2.6)
     assert len(out.log) <= 8
     check_predictions(out.log, rec.calls, start)
@@ -95,7 +96,7 @@ def test_memory_mode_reaches_the_optimum():
     assert best == {"A", "C"}
     start = [GROUPS["A"], GROUPS["B"]]
     rec = Recorder()
-    out = refine(start, list(GROUPS.values()), [], rec, passes=16, min_value=20, value=nbytes_of)
+    out = refine(start, list(GROUPS.values()), [], rec, passes=16, goal=Goal(min_value=20, value=nbytes_of))
     assert {g.group for g in out.groups} == best and out.measured == pytest.approx(2.5)
     assert rec.calls[0] == frozenset({"A", "B"})  # the start, measured first (not logged as a move)
     check_predictions(out.log, rec.calls[1:], start)
@@ -107,8 +108,8 @@ def nbytes_of(groups) -> int:
 
 def test_forced_groups_stay_and_passes_are_a_bound():
     rec = Recorder()
-    out = refine([GROUPS["A"], GROUPS["B"]], list(GROUPS.values()), [GROUPS["B"]], rec, passes=2, min_value=20,
-                 value=nbytes_of)
+    out = refine([GROUPS["A"], GROUPS["B"]], list(GROUPS.values()), [GROUPS["B"]], rec, passes=2,
+                 goal=Goal(min_value=20, value=nbytes_of))
     assert len(out.log) == 2 and "B" in {g.group for g in out.groups}
     assert not any(e["move"] == "leave out B" or e["move"].startswith("swap B ") for e in out.log)
 
@@ -143,7 +144,7 @@ def test_pure_noise_takes_no_move():
         return _evidence([g.group for g in groups], effect=1.0, noise=0.3)
 
     start = [GROUPS["A"], GROUPS["B"]]
-    out = refine(start, list(GROUPS.values()), [], noisy, passes=16, min_value=20, value=nbytes_of)
+    out = refine(start, list(GROUPS.values()), [], noisy, passes=16, goal=Goal(min_value=20, value=nbytes_of))
     assert {g.group for g in out.groups} == {"A", "B"}
     assert not any(e["outcome"] == "taken" for e in out.log)
     lower = [e for e in out.log if e["measured"] < noisy(start)[0] and e["groups_fp8"] == 2]
@@ -158,7 +159,7 @@ def test_a_real_interaction_is_found_through_the_noise():
         return _evidence([g.group for g in groups], effect=measured([g.group for g in groups]), noise=0.3)
 
     start = [GROUPS["A"], GROUPS["B"]]
-    out = refine(start, list(GROUPS.values()), [], real, passes=16, min_value=20, value=nbytes_of)
+    out = refine(start, list(GROUPS.values()), [], real, passes=16, goal=Goal(min_value=20, value=nbytes_of))
     assert {g.group for g in out.groups} == {"A", "C"}
     taken = [e for e in out.log if e["outcome"] == "taken"]
     assert taken and all(e["change_interval"][1] < 0 for e in taken)
