@@ -83,6 +83,7 @@ def main() -> None:
     from fp8probe.measurement.reference import Reference
     from fp8probe.measurement.vllm_profile import engine_model, response_logp
     from fp8probe.model.embedded import embedded_student_dir
+    from fp8probe.model.settings import ModelSource
     from fp8probe.recipe.recipe import Recipe, read_recipe
 
     cuda = args.engine == "vllm-cuda"
@@ -160,8 +161,8 @@ def main() -> None:
                               calibration=ref.calibration) as m:
                 lp_rows, _ = response_logp(m, rollouts)
             c.update(profile=sampled(lp_rows), kl_profile=kl_full(lp_rows), bound_profile=kl_bound(lp_rows))
-            ckpt = (export(None, path, Path(tmp) / f"ckpt-{len(configs)}", rollouts=rollouts, max_model_len=8192).out
-                    if path is not None else embedded_student_dir())
+            ckpt = (export(ModelSource(), path, Path(tmp) / f"ckpt-{len(configs)}", rollouts=rollouts,
+                           max_model_len=8192).out if path is not None else embedded_student_dir())
             c["vllm"], c["bound_vllm"] = vllm_logp(ckpt, engine_kwargs)
             configs[name] = c
             print(f"  {name}: {len(units)} units measured ({time.perf_counter() - t0:.0f} s)", flush=True)

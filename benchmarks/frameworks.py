@@ -23,6 +23,7 @@ from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.deploy.export import export
 from fp8probe.deploy.frameworks import TARGETS
 from fp8probe.measurement.reference import Reference
+from fp8probe.model.settings import ModelSource
 from fp8probe.model.structure import scheme_blockers
 from fp8probe.recipe.refine import DEFAULT_REFINE_PASSES
 from fp8probe.recipe.selection import make_recipe
@@ -89,7 +90,7 @@ def main():
                 f"{rec.bytes_saved / 2**20:.1f} MiB saved" if rec.quantized else "BF16 weights") + \
             (" + FP8 KV (scales 1.0)" if rec.kv_cache_dtype and rec.kv_scale == "unit" else "")
         rows.append((label, form, scheme if rec.quantized else "-", what, f"{rec.measured:.4g}"))
-    exported = export(None, made, out / "export", targets=["all"], rollouts=rollouts)
+    exported = export(ModelSource(), made, out / "export", targets=["all"], rollouts=rollouts)
     print(f"| framework | can apply | FP8 scheme | best recipe at kl_q_p <= {args.budget} | measured kl_q_p | keys |")
     print("|---|---|---|---|---|---|")
     for label, form, scheme, what, measured in rows:

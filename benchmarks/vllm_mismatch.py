@@ -25,6 +25,7 @@ from fp8probe.deploy.capacity import capacity
 from fp8probe.deploy.export import export
 from fp8probe.deploy.vllm_check import compare_with_vllm
 from fp8probe.model.embedded import embedded_student_dir
+from fp8probe.model.settings import ModelSource
 from fp8probe.recipe.recipe import read_recipe
 
 
@@ -44,7 +45,7 @@ def main():
             recipe.write_text(yaml.safe_dump({"default_stage": {"default_modifiers": {"QuantizationModifier": {
                 "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}))
         spec = read_recipe(recipe)
-        ckpt = export(None, recipe, Path(tmp) / "ckpt", max_model_len=8192).out
+        ckpt = export(ModelSource(), recipe, Path(tmp) / "ckpt", max_model_len=8192).out
         units = [u.name for u in spec.fp8_units(student.units)]
         rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=1)
         res = compare_with_vllm(student, rollouts, ckpt, embedded_student_dir(), units, spec.scheme)

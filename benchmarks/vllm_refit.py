@@ -33,6 +33,7 @@ def main() -> None:
     from fp8probe.deploy.export import export
     from fp8probe.deploy.vllm_check import run_vllm
     from fp8probe.model.prompts import BUILTIN_PROMPTS
+    from fp8probe.model.settings import ModelSource
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=2)
@@ -42,7 +43,7 @@ def main() -> None:
         doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
             "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]}}}}
         (root / "recipe.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        ckpt = export(None, root / "recipe.yaml", root / "ckpt", max_model_len=2048).out
+        ckpt = export(ModelSource(), root / "recipe.yaml", root / "ckpt", max_model_len=2048).out
         tok = AutoTokenizer.from_pretrained(ckpt)
         ids = [tok(p)["input_ids"][:24] for p in BUILTIN_PROMPTS[:args.prompts]]
         got = run_vllm(ckpt, 256, score=ids, worker=HERE / "vllm_refit_worker.py")

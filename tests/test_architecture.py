@@ -19,7 +19,6 @@ MAX_PARAMETERS = 8  # a public function takes its inputs and a settings object, 
 # public functions still over MAX_PARAMETERS -> how many they take: the list only shrinks (issue #54 moves each to a
 # settings object); a new entry, or a larger count, fails
 MANY_PARAMETERS: dict[str, int] = {
-    "deploy.export:export": 9,
     "deploy.vllm_check:run_vllm": 11,
     "deploy.vllm_check:compare_with_vllm": 9,
     "measurement.fisher:fisher_rows": 11,

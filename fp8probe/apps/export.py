@@ -18,10 +18,11 @@ def run_export(model: str | None, recipes, out, rollouts: str | None = None, max
     directory when a recipe needs them); returns deploy.export's Exported (a Result: the plan per target)."""
     from ..deploy.export import export
     from ..model.rollouts import load_rollouts
+    from ..model.settings import ModelSource
 
-    done = export(model, recipes, out, rollouts=load_rollouts(rollouts) if rollouts else None,
-                  max_model_len=max_model_len, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle,
-                  targets=targets)
+    source = ModelSource(model, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    done = export(source, recipes, out, rollouts=load_rollouts(rollouts) if rollouts else None,
+                  max_model_len=max_model_len, targets=targets)
     for w in done.warnings():
         log.warning("%s", w)
     return done

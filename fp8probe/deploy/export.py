@@ -32,6 +32,7 @@ from ..core.errors import FP8ProbeError, MissingExtra, one_line
 from ..core.files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
 from ..core.results import Result
 from ..model.identity import content_hash
+from ..model.settings import ModelSource
 from ..model.structure import list_units, meta_model
 from ..model.student import check_finite_weights, config_kwargs, load_config, resolve_source
 from ..recipe.recipe import Recipe, read_recipe
@@ -100,10 +101,11 @@ class Exported(Result):
         return "\n".join([p.summary() for p in self.plans] + [f"export: {seconds:.0f} s -> {self.out}{serve}"])
 
 
-def export(model: str | None, recipe, out: str | Path, rollouts=None, max_model_len: int | None = None,
-           num_calibration_samples: int = 64, trust_remote_code: bool = False, allow_pickle: bool = False,
-           targets=("vllm",)) -> Exported:
-    """Write what each target needs to apply the recipe(s) (`recipe`: one path or several) into `out`."""
+def export(source: ModelSource, recipe, out: str | Path, *, rollouts=None, max_model_len: int | None = None,
+           num_calibration_samples: int = 64, targets=("vllm",)) -> Exported:
+    """Write what each target needs to apply the recipe(s) (`recipe`: one path or several) into `out`, for the
+    student `source` names (its model, and whether custom code and pickled weights may be loaded)."""
+    model, trust_remote_code, allow_pickle = source.model, source.trust_remote_code, source.allow_pickle
     paths = [Path(recipe)] if isinstance(recipe, (str, Path)) else [Path(r) for r in recipe]
     if not paths:
         raise FP8ProbeError("give at least one `recipe`")

@@ -16,6 +16,7 @@ from fp8probe.core.errors import FP8ProbeError
 from fp8probe.deploy.audit import audit_checkpoint, engine_quantizes
 from fp8probe.deploy.export import export
 from fp8probe.model.rollouts import make_rollouts
+from fp8probe.model.settings import ModelSource
 from fp8probe.model.structure import fused_groups
 from fp8probe.recipe.recipe import Recipe
 
@@ -30,7 +31,7 @@ def exported(tmp_path_factory):
     groups = fused_groups(st.units)
     rec = Recipe.from_groups(st.units, "FP8", [g for g in groups if ".layers.1." not in g], kv_cache_dtype="fp8")
     rec.write(root / "recipe")
-    ckpt = export(str(root / "model"), root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
+    ckpt = export(ModelSource(str(root / "model")), root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
     return Path(ckpt), st
 
 
@@ -183,7 +184,7 @@ def all_targets(tmp_path_factory):
     for name, r in recipes.items():
         r.write(root / name)
         paths.append(root / name / "recipe.yaml")
-    out = export(str(root / "model"), paths, root / "out", targets=["all"],
+    out = export(ModelSource(str(root / "model")), paths, root / "out", targets=["all"],
                  rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6)).out
     return Path(out), st
 

@@ -14,6 +14,7 @@ from conftest import planted_copy
 from fp8probe.deploy.audit import audit_checkpoint
 from fp8probe.deploy.export import export
 from fp8probe.model.rollouts import make_rollouts
+from fp8probe.model.settings import ModelSource
 from fp8probe.model.structure import fused_groups
 from fp8probe.recipe.recipe import Recipe
 
@@ -30,7 +31,7 @@ def exported(embedded, tmp_path_factory):
                              kv_cache_dtype="fp8")
     rec.write(root / "recipe")
     r = make_rollouts(embedded, num_prompts=4, max_new_tokens=8, seed=0)
-    ckpt = export(None, root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
+    ckpt = export(ModelSource(), root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
     return Path(ckpt)
 
 

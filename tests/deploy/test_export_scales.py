@@ -20,6 +20,7 @@ from fp8probe.core.schemes import STATIC_OBSERVER
 from fp8probe.deploy.export import export
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
+from fp8probe.model.settings import ModelSource
 from fp8probe.recipe.recipe import Recipe
 
 TOLERANCE = 0.02  # relative; measured: 0.7 % with static_minmax, 28 % with the default observer
@@ -57,7 +58,7 @@ def disagreements(ckpt: Path, st, cal) -> dict[str, float]:
 def test_exported_scales_are_what_fp8probe_measured_with(setup):
     root, st, r, cal = setup
     assert f"observer: {STATIC_OBSERVER}" in (root / "recipe" / "recipe.yaml").read_text()
-    ckpt = export(str(root / "model"), root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
+    ckpt = export(ModelSource(str(root / "model")), root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
     assert disagreements(ckpt, st, cal) == {}
 
 
@@ -68,6 +69,7 @@ def test_the_comparison_fails_with_llm_compressors_default_observer(setup):
     text = (root / "recipe" / "recipe.yaml").read_text().replace(f", observer: {STATIC_OBSERVER}", "")
     assert "observer" not in text
     (root / "default" / "recipe.yaml").write_text(text)
-    ckpt = export(str(root / "model"), root / "default" / "recipe.yaml", root / "ckpt-default", rollouts=r).out
+    ckpt = export(ModelSource(str(root / "model")), root / "default" / "recipe.yaml", root / "ckpt-default",
+                  rollouts=r).out
     off = disagreements(ckpt, st, cal)
     assert len(off) >= 5 and min(off.values()) < -0.1, off  # the moving average stays below the amax

@@ -14,6 +14,7 @@ from fp8probe.core.schemes import Scheme
 from fp8probe.deploy.capacity import capacity
 from fp8probe.deploy.export import export, read_checkpoint_fp8
 from fp8probe.measurement.quantize import simulated_weights
+from fp8probe.model.settings import ModelSource
 from fp8probe.recipe.recipe import read_recipe
 
 pytestmark = pytest.mark.slow  # the real embedded student, llm-compressor and vLLM
@@ -30,7 +31,7 @@ def exported(embedded, tmp_path_factory):
     doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
         "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}
     (root / "recipe.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    ckpt = export(None, root / "recipe.yaml", root / "ckpt", max_model_len=8192).out
+    ckpt = export(ModelSource(), root / "recipe.yaml", root / "ckpt", max_model_len=8192).out
     return ckpt, [u.name for u in read_recipe(root / "recipe.yaml").fp8_units(embedded.units)]
 
 
@@ -85,7 +86,7 @@ def test_export_refuses_split_group(tmp_path):
         "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ["lm_head", "model.layers.3.mlp.gate_proj"]}}}}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(FP8ProbeError, match="gate_up_proj of block 3"):
-        export(None, tmp_path / "r.yaml", tmp_path / "ckpt")
+        export(ModelSource(), tmp_path / "r.yaml", tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
 
 

@@ -364,6 +364,7 @@ def test_export_all_targets_on_a_tiny_model(tmp_path):
 
     from fp8probe.deploy.export import export
     from fp8probe.model.rollouts import make_rollouts
+    from fp8probe.model.settings import ModelSource
 
     model_dir = tmp_path / "model"
     tiny_model("llama", num_key_value_heads=4, num_hidden_layers=4).save_pretrained(model_dir)
@@ -375,7 +376,7 @@ def test_export_all_targets_on_a_tiny_model(tmp_path):
     for name, r in recipes.items():
         r.write(tmp_path / name)
         paths.append(tmp_path / name / "recipe.yaml")
-    done = export(str(model_dir), paths, tmp_path / "out", targets=["all"],
+    done = export(ModelSource(str(model_dir)), paths, tmp_path / "out", targets=["all"],
                   rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6))
     ckpt = done.out
     qc = json.loads((ckpt / "config.json").read_text())["quantization_config"]

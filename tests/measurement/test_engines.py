@@ -200,6 +200,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     from fp8probe.measurement.quantize import quantize_units
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
+    from fp8probe.model.settings import ModelSource
     from fp8probe.recipe.recipe import read_recipe
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m" / "kl_q_p-0.002" / "recipe.yaml"
@@ -215,7 +216,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
 
     units = [u.name for u in read_recipe(recipe).fp8_units(embedded.units)]
     with tempfile.TemporaryDirectory() as tmp:
-        res = run_vllm(export(None, recipe, Path(tmp) / "ckpt", max_model_len=8192).out, 8192, score=seqs)
+        res = run_vllm(export(ModelSource(), recipe, Path(tmp) / "ckpt", max_model_len=8192).out, 8192, score=seqs)
     real = np.asarray([lp[t] for i, lp in enumerate(res["prompt_logprobs"]) for t in range(1, len(lp))
                        if r.response_mask[i][t]], dtype=np.float64)
     with engine_model(embedded, units, DYNAMIC, CPU) as m:
