@@ -10,9 +10,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "fp8probe"
 # bottom to top: a module may import from its own layer and the layers before it
-LAYERS = ("core", "model", "measurement", "sweeps", "recipe", "deploy", "plots", "sources", "budget", "training",
-          "planning", "apps",
-          "cli")
+LAYERS = ("core", "model", "measurement", "sweeps", "recipe", "deploy", "sources", "budget", "plots", "training",
+          "planning", "apps", "cli")
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict[str, str] = {}  # "module:function" -> why it may be longer (none)
 MAX_PARAMETERS = 8  # a public function takes its inputs and a settings object, not a settings object's fields

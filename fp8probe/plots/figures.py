@@ -339,14 +339,14 @@ def _short_source(name: str) -> str:
 # every figure a run directory allows
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png",
-             extra: list | None = None) -> dict[str, Path]:
+def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png") -> dict[str, Path]:
     """Draw every figure the files in run_dir (and the directories below it) allow; returns name -> file.
 
     sensitivity.csv: by block, heatmap, per-token KL; + recipe.json files: the budget frontier; kl_fisher
     next to exact rows (--method auto) or agreement.json with its exact sweep: fast vs exact; capacity.json: KV
-    capacity; ladder.csv (+ check.json or budget.json beside it): the mismatch ladder; `extra`: (name, draw(path))
-    of figures whose files a layer above reads (a calibration's budgets: apps/plot.py)."""
+    capacity; plan.json: the plan; ladder.csv (+ check.json or budget.json beside it): the mismatch ladder;
+    runs.csv beside budget-<objective>.json: the calibration; a budget.json `fp8probe budget` wrote: its fit. Every
+    figure found in a directory below run_dir is named after it (_name): one rule, one place."""
     import pandas as pd
 
     from ..sweeps.files import read_sweep
@@ -355,7 +355,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
     if not d.is_dir():
         raise FP8ProbeError(f"no such run directory: {run_dir}")
     out = Path(out) if out is not None else d / "plots"
-    todo = list(extra or [])  # (name, fn(path))
+    todo = _budget_figures(d)  # (name, fn(path))
     if (d / "sensitivity.csv").exists():
         df = read_sweep(d).table
         todo += [("sensitivity_by_block", lambda p: sensitivity_by_block(df, p)),
@@ -393,6 +393,31 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
 def _name(stem: str, f: Path, root: Path) -> str:
     rel = f.parent.relative_to(root)
     return stem if str(rel) == "." else f"{stem}-{'-'.join(rel.parts)}"
+
+
+def _budget_figures(d: Path) -> list:
+    """(name, draw) for the budgets below `d`: a calibration (runs.csv beside budget-<objective>.json) as one
+    figure with every objective's runs, fitted curve and band; a `fp8probe budget` directory as its fit."""
+    import pandas as pd
+
+    from ..budget.fit import read_budget
+
+    out = []
+    for runs in sorted(d.rglob("runs.csv")):
+        budgets = {f.stem.split("-", 1)[1]: read_budget(str(f)) for f in sorted(runs.parent.glob("budget-*.json"))}
+        if budgets:
+            out.append((_name("calibration", runs, d), lambda p, t=pd.read_csv(runs, dtype={"level": str}),
+                        b=budgets: calibration_plot(t, p, budgets=b)))
+    for f in sorted(d.rglob("budget.json")):
+        if (f.parent / "runs.csv").exists():
+            continue
+        try:
+            b = read_budget(str(f))
+        except FP8ProbeError:  # not one `fp8probe budget` wrote (a number beside a ladder, say): no fit to draw
+            continue
+        if b.runs:
+            out.append((_name("budget", f, d), lambda p, b=b: budget_fit(b, p)))
+    return out
 
 
 def recipes_of(d: Path) -> list[dict]:
