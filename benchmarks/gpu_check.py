@@ -118,7 +118,8 @@ def vllm_kv(out_dir: Path) -> dict:
 
     from fp8probe.core.schemes import KVCacheScheme
     from fp8probe.measurement.mismatch import sampled_token_metrics
-    from fp8probe.measurement.perturbation import Perturbation, measure_perturbation
+    from fp8probe.measurement.perturbation import Perturbation
+    from fp8probe.measurement.perturbed import measure_perturbation
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.embedded import NAME, cache_dir
     from fp8probe.model.rollouts import make_rollouts

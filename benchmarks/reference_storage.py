@@ -33,7 +33,7 @@ def candidates(student) -> dict[str, Perturbation]:
 
 
 def run(model: str, num_prompts: int, max_new_tokens: int) -> dict:
-    from fp8probe.measurement.perturbation import measure_perturbation
+    from fp8probe.measurement.perturbed import measure_perturbation
 
     student = load_student(model)
     r = make_rollouts(student, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=0)

@@ -339,3 +339,15 @@ def test_the_docs_name_every_entry_point_and_registry():
     missing += [f"{r} ({m}, architecture.md)" for r, m in regs.items()
                 if f"`{r}`" not in architecture or f"`{m.replace('.', '/')}.py`" not in architecture]
     assert not missing, f"not named in the docs: {missing}"
+
+
+def test_the_records_the_cli_and_the_sources_name_load_no_torch():
+    """`Perturbation` is a record (measurement/perturbation.py, torch-free): the sources, the shortcuts and the
+    command table name it at import without loading torch; the student under it is measurement/perturbed.py's."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import fp8probe.measurement.perturbation, fp8probe.sources.sources, fp8probe.cli.commands; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False", "importing the Perturbation record, the sources or the command table loaded torch"

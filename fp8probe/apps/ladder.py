@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.results import Result
+from ..measurement.perturbation import Perturbation
 from ..sources.ladder import ladder
 from ..sources.settings import LadderSettings
 from ..sources.sources import NOISE_RULER, Source, combine, noise
@@ -23,7 +24,6 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
 
     from ..core.artifacts import arithmetic, stamped, versions
     from ..core.files import atomic_write_json, atomic_write_text, output_dir
-    from ..measurement.perturbation import Perturbation
     from .inputs import check_inputs, load, rollouts_for
 
     sc = settings.shortcuts

@@ -76,19 +76,19 @@ class Simulation(Engine):
 
     @contextlib.contextmanager
     def candidate(self, student, p, calibration=None, many_forwards: bool = False):
-        from .perturbation import apply_perturbation
+        from .perturbed import apply_perturbation
 
         with apply_perturbation(student, p, calibration, many_forwards=many_forwards):
             yield student.model
 
     def stats(self, reference, student, rollouts, p, batch_size: int = 8) -> dict:
-        from .perturbation import apply_perturbation
+        from .perturbed import apply_perturbation
 
         with apply_perturbation(student, p, reference.calibration):
             return reference.candidate_stats(p.start_block(student))
 
     def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
-        from .perturbation import measure_perturbation
+        from .perturbed import measure_perturbation
 
         return measure_perturbation(reference, student, p)
 
@@ -102,7 +102,7 @@ class Profile(Engine):
     def candidate(self, student, p, calibration=None, many_forwards: bool = False):
         from dataclasses import replace
 
-        from .perturbation import apply_perturbation
+        from .perturbed import apply_perturbation
         from .vllm_profile import engine_model
 
         with apply_perturbation(student, replace(p, units=(), kv_layers=())), \

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Callable
 
 from ..core.errors import FP8ProbeError
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
+from ..measurement.perturbation import Perturbation
 
 if TYPE_CHECKING:  # the parser and the defaults stay light: the CLI reads them for --help
-    from ..measurement.perturbation import Perturbation
     from ..recipe.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -101,20 +101,15 @@ def _parse_stale(text: str, arg: str) -> SourceSpec:
 
 
 def _unperturbed(spec, student, seed):
-    from ..measurement.perturbation import Perturbation
-
     return lambda step: Perturbation()
 
 
 def _noise_rollout(spec, student, seed):
-    from ..measurement.perturbation import Perturbation
-
     units = student.unit_names
     return lambda step: Perturbation(noise=spec.value, noise_units=units, noise_seed=seed * 1_000_003 + step)
 
 
 def _fp8_rollout(spec, student, seed):
-    from ..measurement.perturbation import Perturbation
     from ..model.structure import scheme_blockers
 
     scheme = Scheme.from_name(spec.scheme)
@@ -127,8 +122,6 @@ def _fp8_rollout(spec, student, seed):
 
 
 def _kv_rollout(spec, student, seed):
-    from ..measurement.perturbation import Perturbation
-
     kv = replace(KVCacheScheme.from_name(spec.scheme), scale="unit")
     layers = student.layers
     return lambda step: Perturbation(kv_layers=layers, kv=kv)
@@ -175,8 +168,6 @@ class Source:
 
 
 def noise(student, sigma: float, seed: int = 0) -> Source:
-    from ..measurement.perturbation import Perturbation
-
     if not sigma > 0:
         raise FP8ProbeError(f"`noise` {sigma}: a noise scale must be a positive number")
     units = student.unit_names
@@ -185,8 +176,6 @@ def noise(student, sigma: float, seed: int = 0) -> Source:
 
 
 def kv_cache(student, kv_dtype: str = "fp8") -> Source:
-    from ..measurement.perturbation import Perturbation
-
     kv = KVCacheScheme.from_name(kv_dtype)
     layers = student.layers
     return Source(f"kv {kv_dtype}", "kv", Perturbation(kv_layers=layers, kv=kv))
@@ -194,8 +183,6 @@ def kv_cache(student, kv_dtype: str = "fp8") -> Source:
 
 def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
     """The recipe's FP8 units (and its FP8 KV cache, if it has one), after checking it fits this model."""
-    from ..measurement.perturbation import Perturbation
-
     rec.check_model(student.units, name)
     rec.check_vllm_loadable(student.units)
     units = tuple(u.name for u in rec.fp8_units(student.units))
@@ -205,7 +192,6 @@ def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
 
 def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
     """Another checkpoint of the same student as the rollout policy; refuses another architecture or vocabulary."""
-    from ..measurement.perturbation import Perturbation
     from ..model.student import load_student
 
     other = load_student(checkpoint, device=str(next(student.model.parameters()).device),
@@ -226,8 +212,6 @@ def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
 
 def combine(sources: list[Source], name: str | None = None) -> Source:
     """Several sources at once: their FP8 units, KV layers, noise and stale weights together."""
-    from ..measurement.perturbation import Perturbation
-
     if len(sources) < 2:
         raise FP8ProbeError("a combination needs at least two sources")
     ps = [s.perturbation for s in sources]

@@ -31,7 +31,8 @@ from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
 from ..measurement.attribution import path_attribution
 from ..measurement.fisher import DEFAULT_ESTIMATOR, fisher_rows
-from ..measurement.perturbation import TOKEN_STATS, Perturbation, measure_perturbation
+from ..measurement.perturbation import Perturbation
+from ..measurement.perturbed import TOKEN_STATS, measure_perturbation
 from ..measurement.reference import Reference
 from ..model.settings import RolloutSettings
 from ..model.structure import kv_geometry, scheme_blockers

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+from ..measurement.perturbation import Perturbation
+
 DOSE_DRAWS = 4  # noise draws averaged into a noise level's dose
 STALE_SEEDS = 3  # seeds of the mismatch-free run whose first K steps give a stale level's dose
 HOW = ("kl_q_p as `fp8probe check` measures it on the student before training: its own rollouts to the first 16 "
@@ -96,8 +98,6 @@ class Doses:
         return _mean(draws)
 
     def _stale(self, objective: str, level) -> dict:
-        from ..measurement.perturbation import Perturbation
-
         before = {n: p.detach().clone() for n, p in self.student.model.named_parameters()}
         draws = []
         for seed in range(STALE_SEEDS):

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import FP8ProbeError
-from ..measurement.perturbation import apply_perturbation
+from ..measurement.perturbed import apply_perturbation
 from ..model.rollouts import Rollouts
 from .opd import prompt_dataset, require_trl, sampled_logps
 from .settings import TrainerRun, TrainSettings

@@ -28,7 +28,8 @@ import torch
 
 from ..core.errors import FP8ProbeError
 from ..measurement.mismatch import mismatch
-from ..measurement.perturbation import Perturbation, apply_perturbation
+from ..measurement.perturbation import Perturbation
+from ..measurement.perturbed import apply_perturbation
 from ..measurement.reference import response_rows
 from ..model.rollouts import Rollouts, make_rollouts
 from ..model.structure import list_units

@@ -69,7 +69,8 @@ def test_shipped_recipes_measure_what_their_json_says(embedded):
     sensitivity.csv says (the rollouts are the table's)."""
     from fp8probe import measure
     from fp8probe.core.schemes import Scheme
-    from fp8probe.measurement.perturbation import Perturbation, measure_perturbation
+    from fp8probe.measurement.perturbation import Perturbation
+    from fp8probe.measurement.perturbed import measure_perturbation
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import load_rollouts
 

@@ -16,7 +16,8 @@ from fp8probe.core.metrics import METRICS
 from fp8probe.core.schemes import KVCacheScheme
 from fp8probe.measurement.mismatch import mismatch, response_logits
 from fp8probe.measurement.opd import OPDSignal
-from fp8probe.measurement.perturbation import Perturbation, apply_perturbation, measure_perturbation
+from fp8probe.measurement.perturbation import Perturbation
+from fp8probe.measurement.perturbed import apply_perturbation, measure_perturbation
 from fp8probe.measurement.prefix import PrefixShift, divergence, prompt_ids, sample_crn
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import Rollouts, make_rollouts
@@ -155,7 +156,7 @@ def test_opd_signal(setup, tiny_dirs):
     assert zero["ratio_out_verl"] == 0 and zero["ratio_out_openrlhf"] == 0
     p = sources.noise(st, 0.05).perturbation
     got = opd.measure(p)
-    from fp8probe.measurement.perturbation import measure_perturbation
+    from fp8probe.measurement.perturbed import measure_perturbation
 
     # the teacher term cancels token by token: |Δ reward| is the sampled-token |Δ log p| of the same source
     assert got["mean_abs_reward_delta"] == pytest.approx(measure_perturbation(ref, st, p)["abs_dlogp_mean"], rel=1e-5)

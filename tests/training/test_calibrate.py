@@ -272,7 +272,7 @@ def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_p
     is plain grpo, loss for loss."""
     from trl import GRPOTrainer
 
-    from fp8probe.measurement.perturbation import apply_perturbation
+    from fp8probe.measurement.perturbed import apply_perturbation
     from fp8probe.model.rollouts import Rollouts
     from fp8probe.training.grpo import make_grpo_trainer
     from fp8probe.training.opd import Perturber, sampled_logps
