@@ -45,7 +45,7 @@ def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "s
     source (fp8, kv, stale) are what `judge` reads the budget's evidence for."""
     from ..measurement.measure import measure_with_interval, measured_as
     from ..measurement.opd import OPDSignal
-    from ..measurement.prefix import PrefixShift, prompt_ids
+    from ..measurement.prefix import PrefixShift
     from ..measurement.reference import Reference
 
     batch_size = sampling.batch_size if sampling is not None else 8
@@ -54,11 +54,7 @@ def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "s
     got = measure_with_interval(reference, student, rollouts, config.perturbation, engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = tuple(got.excess_interval(budget.metric))
-    tokens = (sampling.max_new_tokens if sampling is not None
-              else int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32)))
-    shift = PrefixShift(student, reference, prompt_ids(student, rollouts), tokens,
-                        seed=sampling.seed if sampling is not None else 0, batch_size=batch_size,
-                        engine=engine).measure(config.perturbation)
+    shift = PrefixShift.sampled_as(student, reference, rollouts, sampling, engine).measure(config.perturbation)
     opd = None
     if teacher is not None:
         opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)

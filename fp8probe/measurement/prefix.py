@@ -110,6 +110,18 @@ class PrefixShift:
                        batch_size=max(batch_size, 64))
         self.reference_samples = sample_crn(student, prompts, **self.kw)
 
+    @classmethod
+    def sampled_as(cls, student, reference: Reference, rollouts, sampling=None, engine: str = "sim") -> "PrefixShift":
+        """The prefix shift of `rollouts` continued as they were sampled: `sampling`'s (a RolloutSettings) response
+        length and seed, else the rollouts' own length (32 where unrecorded) and seed 0; in `sampling`'s batches (else
+        8). What `check` and `ladder` both measure."""
+        if sampling is None:
+            tokens, seed, batch_size = int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32)), 0, 8
+        else:
+            tokens, seed, batch_size = sampling.max_new_tokens, sampling.seed, sampling.batch_size
+        return cls(student, reference, prompt_ids(student, rollouts), tokens, seed=seed, batch_size=batch_size,
+                   engine=engine)
+
     def measure(self, p: Perturbation) -> dict[str, float]:
         with candidate_model(self.student, p, self.reference.calibration, self.engine, many_forwards=True) as m:
             cand = sample_crn(replace(self.student, model=m), self.prompts, **self.kw)

@@ -150,7 +150,7 @@ def make_recipe(sensitivity, student, rollouts, settings: RecipeSettings, *,
     checked once, on construction (RecipeSettings); nothing here checks them again."""
     s, scheme = settings, Scheme.from_name(context.scheme)
     budget, memory, metric, kv_cache_dtype = s.budget, s.memory, s.metric, s.kv_cache_dtype
-    shape, holdout = FORMS[s.form or "free"], s.holdout
+    shape, holdout = FORMS[s.searched_form], s.holdout
     if holdout and reference is not None:
         raise ValueError("make_recipe: a reference is only reused without a held-out split")
     plan = _Plan.of(sensitivity, student, scheme, s)
@@ -188,7 +188,7 @@ def make_recipe(sensitivity, student, rollouts, settings: RecipeSettings, *,
         predicted=search.predict(final), **report, split=split,
         bytes_saved=sum(g.bytes_saved for g in final),
         search=search.log() + (refined.log if refined is not None else []),
-        sweep=context.sweep_dir, form=s.form or "free", target=context.target,
+        sweep=context.sweep_dir, form=s.searched_form, target=context.target,
         kv_scale=context.kv_scale if kv_cache_dtype else "calibrated",
         memory_target=memory.to_json() if memory is not None else None, costs=priced, damage_model=modelled,
         fp8_share=fp8_params / weights if weights else 0.0,
@@ -305,7 +305,7 @@ class _Plan:
         """The settings' form, metric and constraints on this student; `scores`: the free groups' prices (context.py)
         in place of their single rows' scores."""
         s = settings
-        metric, form, keep, force, keep_first, keep_last = (s.metric, FORMS[s.form or "free"], s.keep, s.force,
+        metric, form, keep, force, keep_first, keep_last = (s.metric, FORMS[s.searched_form], s.keep, s.force,
                                                             s.keep_first, s.keep_last)
         members = {g: [u.name for u in us] for g, us in student.groups().items()}
         blocked = scheme_blockers(student.quantizable, scheme)

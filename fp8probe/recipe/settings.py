@@ -58,7 +58,7 @@ class RecipeSettings(Settings):
     def __post_init__(self):
         # the request's rules first (forms.check_request): they say what to do where a bare list of choices would not
         # (an engine-only KV dtype names the command that measures it)
-        check_request(self.form or "free", self.kv_cache_dtype, self.keep, self.force, self.keep_first,
+        check_request(self.searched_form, self.kv_cache_dtype, self.keep, self.force, self.keep_first,
                       self.keep_last, self.costs, self.damage_model)
         super().__post_init__()
         goals = [g for g in GOALS if getattr(self, g) is not None]
@@ -66,6 +66,11 @@ class RecipeSettings(Settings):
             raise FP8ProbeError("give exactly one of " + ", ".join(f"`{g}`" for g in GOALS))
         if self.holdout == 1:
             raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
+
+    @property
+    def searched_form(self) -> str:
+        """The form searched (forms.FORMS): as given, else free."""
+        return self.form or "free"
 
     @property
     def refine_passes(self) -> int:

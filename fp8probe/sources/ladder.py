@@ -29,18 +29,14 @@ def ladder(student, rollouts, sources: list[Source], settings: LadderSettings = 
 
     from ..measurement.measure import measure_candidate
     from ..measurement.opd import OPD_COLUMNS, OPDSignal
-    from ..measurement.prefix import PREFIX_COLUMNS, PrefixShift, prompt_ids
+    from ..measurement.prefix import PREFIX_COLUMNS, PrefixShift
     from ..measurement.reference import Reference
 
     engine = settings.shortcuts.engine
     batch_size = sampling.batch_size if sampling is not None else 8
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
-    tokens = (sampling.max_new_tokens if sampling is not None
-              else int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32)))
-    shift = PrefixShift(student, reference, prompt_ids(student, rollouts), tokens,
-                        seed=sampling.seed if sampling is not None else 0, batch_size=batch_size,
-                        engine=engine) if settings.prefix_shift else None
+    shift = PrefixShift.sampled_as(student, reference, rollouts, sampling, engine) if settings.prefix_shift else None
     opd = OPDSignal(student, teacher, reference, engine) if teacher is not None else None
     rows, by_name = [], {}
     for s in tqdm(sources, desc="ladder", unit="source", disable=not progress):
