@@ -111,11 +111,11 @@ def main() -> None:
     student = load_student(None)
     if args.exact:
         run = read_sweep(args.exact)
-        if (run.table["method"] != "exact").any() or run.run["scheme"] != "FP8_DYNAMIC":
+        if (run.table["method"] != "exact").any() or run.run.scheme != "FP8_DYNAMIC":
             raise SystemExit(f"{args.exact} is not an exact FP8_DYNAMIC sweep")
         rollouts = load_rollouts(args.exact)
         results.append(measure("SmolLM2-135M (embedded)", student, rollouts, args.repeat, args.budget,
-                               run.table, run.run["seconds"]["sweep"]))
+                               run.table, run.run.seconds["sweep"]))
     else:
         rollouts = make_rollouts(student, num_prompts=16, max_new_tokens=48, seed=0)
         results.append(measure("SmolLM2-135M (embedded)", student, rollouts, args.repeat, args.budget))

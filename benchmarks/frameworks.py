@@ -77,7 +77,7 @@ def main():
         try:
             ask = RecipeSettings(budget=args.budget, kv_cache_dtype=kv, form=form, refine=DEFAULT_REFINE_PASSES,
                                  holdout=0, engine="none")
-            context = RecipeContext(scheme=scheme, batch_size=run.run["batch_size"], sweep_dir=str(run.directory),
+            context = RecipeContext(scheme=scheme, batch_size=run.run.batch_size, sweep_dir=str(run.directory),
                                     kv_scale=target.kv_scale, target=name if form == target.form else None)
             rec = make_recipe(run.table, student, rollouts, ask, context=context, reference=reference)
         except FP8ProbeError as e:

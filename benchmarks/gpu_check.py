@@ -59,7 +59,7 @@ def rollouts_of(student, num: int, prompt_len: int, new_tokens: int):
                                      do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                      pad_token_id=151643)
     responses = out[:, prompt_len:].cpu().tolist()
-    return Rollouts.from_sequences(prompts.tolist(), responses, pad=151643, meta={"seed": 0})
+    return Rollouts.from_sequences(prompts.tolist(), responses, pad=151643)
 
 
 def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) -> dict:

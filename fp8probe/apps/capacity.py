@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.records import CapacityRecord
 from ..core.results import Result
 from ..deploy.serving import CapacitySettings
 
@@ -14,7 +15,7 @@ def run_capacity(model: str | None, settings: CapacitySettings, serving, out=Non
                  trust_remote_code: bool = False, allow_pickle: bool = False) -> CapacityResult:
     """KV-cache capacity, BF16 vs the recipe (or every unit in `scheme`), by vLLM's accounting, from the config alone
     (deploy/capacity.py); with `out`, DIR/capacity.json (and DIR/capacity.png with `plot`)."""
-    from ..core.files import atomic_write_json, check_writable, output_dir
+    from ..core.files import check_writable, output_dir
     from ..deploy.capacity import capacity
     from ..model.structure import list_units, meta_model
     from ..model.student import load_config
@@ -32,11 +33,10 @@ def run_capacity(model: str | None, settings: CapacitySettings, serving, out=Non
     else:
         rec = Recipe.whole_model(units, settings.scheme)
     rep = capacity(cfg, rec, kv_cache_dtype=settings.kv_cache_dtype, serving=serving)
-    rep["model"] = model or "smollm2-135m"
-    rep["recipe"] = settings.recipe
+    rep = replace(rep, model=model or "smollm2-135m", recipe=settings.recipe)
     if out:
         with output_dir(out) as d:
-            atomic_write_json(d / "capacity.json", rep)
+            rep.write(d / CapacityRecord.KIND)
             if plot:
                 from ..plots import capacity_bars
 
@@ -46,7 +46,7 @@ def run_capacity(model: str | None, settings: CapacitySettings, serving, out=Non
 
 @dataclass(frozen=True)
 class CapacityResult(Result):
-    report: dict  # capacity.json
+    report: CapacityRecord  # capacity.json
 
     def describe(self, seconds: float) -> str:
         """What `fp8probe capacity` prints: the report, and where it was written."""

@@ -8,73 +8,74 @@ Writes DIR/check.json; exit codes 0 ADMIT, 1 REJECT, 3 UNCERTAIN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..budget.admission import check
 from ..budget.settings import CheckSettings
+from ..core.records import CheckRecord
 from ..core.results import Result
 from ..sources.sources import combine
 
 
 @dataclass(frozen=True)
 class CheckResult(Result):
-    report: dict  # check.json
+    report: CheckRecord  # check.json
 
     @property
     def exit_code(self) -> int:
         """The check's documented exit code: 0 ADMIT, 1 REJECT, 3 UNCERTAIN (core/errors.py)."""
         from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
 
-        return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(self.report["verdict"], EXIT_UNCERTAIN)
+        return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(self.report.verdict, EXIT_UNCERTAIN)
 
     def describe(self, seconds: float) -> str:
         return format_check(self.report)
 
 
-def format_check(report: dict) -> str:
-    engine = report.get("engine", "sim")
+def format_check(report: CheckRecord) -> str:
+    engine = report.engine
     as_run = "" if engine == "sim" else f" as {engine} runs it"
-    v = report["verdict"]
-    lo, hi = report["measured_interval"]
-    b = f"budget {'> ' if report.get('budget_censored') else ''}{report['budget']:.4g}"
-    if report.get("budget_interval"):
-        top = report["budget_interval"][1]
-        b += (f" [{report['budget_interval'][0]:.4g}, {'> ' if report.get('budget_interval_censored') else ''}"
+    v = report.verdict
+    lo, hi = report.measured_interval
+    b = f"budget {'> ' if report.budget_censored else ''}{report.budget:.4g}"
+    if report.budget_interval:
+        top = report.budget_interval[1]
+        b += (f" [{report.budget_interval[0]:.4g}, {'> ' if report.budget_interval_censored else ''}"
               f"{top:.4g}]")
     sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
-    pred = report.get("predicted")
-    lines = [f"predicted before measuring: {report['metric']} {pred['value']:.4g} by the damage model in "
+    pred = report.predicted
+    lines = [f"predicted before measuring: {report.metric} {pred['value']:.4g} by the damage model in "
              f"{pred['source']} (its cross-validated median error {pred['cv_median_rel_error']:.0%})"] \
         if pred and pred.get("value") is not None else []
-    lines += [f"{v}: {report['configuration']}{as_run}: {report['metric']} {report['measured']:.4g} "
-              f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report['margin']:+.3g}; budget "
-              f"{'calibrated' if report['budget_calibrated'] else 'UNCALIBRATED'}: {report['budget_source']})"]
-    if report.get("judged_on") and report["judged_on"] != "the noise ruler":
-        lines.append(f"judged on {report['judged_on']}")
-    for e in report.get("kind_evidence") or []:
+    lines += [f"{v}: {report.configuration}{as_run}: {report.metric} {report.measured:.4g} "
+              f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report.margin:+.3g}; budget "
+              f"{'calibrated' if report.budget_calibrated else 'UNCALIBRATED'}: {report.budget_source})"]
+    if report.judged_on and report.judged_on != "the noise ruler":
+        lines.append(f"judged on {report.judged_on}")
+    for e in report.kind_evidence or []:
         lo, hi = e["loss_interval"] or (float("nan"), float("nan"))
         lines.append(f"{e['kind']} as a calibration level ({e['level']}, dose {e['mismatch']:.4g}): lost "
-                     f"{e['loss']:+.1%} [{lo:+.1%}, {hi:+.1%}] ({report.get('budget_response', 'relative')} "
+                     f"{e['loss']:+.1%} [{lo:+.1%}, {hi:+.1%}] ({report.budget_response} "
                      f"loss, {e['seeds']} seeds); "
                      f"{e['reading']}")
-    if report.get("budget_student_note"):
-        lines.append(f"note: {report['budget_student_note']}")
-    if report.get("undecided_because"):
-        lines.append(f"undecided: {report['undecided_because']}")
-    a = report.get("also_measured")
+    if report.budget_student_note:
+        lines.append(f"note: {report.budget_student_note}")
+    if report.undecided_because:
+        lines.append(f"undecided: {report.undecided_because}")
+    a = report.also_measured
     if a and a.get("measured") is not None:
-        lines.append(f"as {a['engine']} computes it: {report['metric']} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
+        lines.append(f"as {a['engine']} computes it: {report.metric} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
                      f"{a['interval'][1]:.4g}] (the verdict is on the {engine} figure; calibrated budgets measure "
                      "mismatch in sim)")
     elif a:
         lines.append(f"not measured as {a['engine']} computes it: {a['not_covered']}")
-    s = report["prefix_shift"]
+    s = report.prefix_shift
     lines.append(f"prefix shift: {s['diverged']:.0%} of continuations diverge"
                  + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")
                  + f"; on its own samples kl_q_p {s['kl_q_p_own']:.4g}, k3 {s['k3_own']:.4g}")
-    if report["opd_signal"]:
-        o = report["opd_signal"]
+    if report.opd_signal:
+        o = report.opd_signal
         lines.append(f"OPD signal: mean |Δreward| {o['mean_abs_reward_delta']:.4g} per token, corr "
                      f"{o['reward_corr']:.4f} with the mismatch-free reward, sequence reverse-KL change "
                      f"{o['seq_rkl_delta']:+.4g}; ratios beyond verl's 2.0: {o['ratio_out_verl']:.2%}, outside "
@@ -90,7 +91,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
 
         return run_series(model, rollouts, settings, out, progress)
     from ..budget.fit import check_student, read_budget
-    from ..core.files import atomic_write_json, output_dir
+    from ..core.files import output_dir
     from ..recipe.damage import predict
     from .inputs import check_inputs, load, rollouts_for
 
@@ -107,8 +108,6 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         config = named[0] if len(named) == 1 else combine(named)
         predicted = predict(sc.recipe[0], student, config.perturbation, budget.metric) if sc.recipe else None
         report = check(student, r, config, budget, engine=sc.engine, teacher=teacher, sampling=rollouts)
-        report["budget_student_note"] = note
-        if predicted is not None:
-            report["predicted"] = predicted
-        atomic_write_json(d / "check.json", report)
+        report = replace(report, budget_student_note=note, predicted=predicted)
+        report.write(d / CheckRecord.KIND)
     return CheckResult(Path(out), report)

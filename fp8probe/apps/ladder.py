@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.records import LadderRecord
 from ..core.results import Result
 from ..measurement.perturbation import Perturbation
 from ..sources.ladder import ladder
@@ -22,8 +23,8 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
     """Every source on one scale (ladder()), written as DIR/ladder.csv and DIR/ladder.json; returns the table."""
     import time
 
-    from ..core.artifacts import arithmetic, stamped, versions
-    from ..core.files import atomic_write_json, atomic_write_text, output_dir
+    from ..core.artifacts import arithmetic, versions
+    from ..core.files import atomic_write_text, output_dir
     from .inputs import check_inputs, load, rollouts_for
 
     sc = settings.shortcuts
@@ -42,19 +43,20 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
             steps.insert(0, Source(f"{sc.engine} alone", "engine", Perturbation()))
         df = ladder(student, r, steps, settings, teacher=teacher, sampling=rollouts, progress=progress)
         atomic_write_text(d / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
-        atomic_write_json(d / "ladder.json", stamped("ladder.json", {
-            "command": "ladder", "model": student.name, "teacher": sc.teacher, "engine": sc.engine,
-            "sources": [{"name": s.name, "kind": s.kind, "parts": list(s.parts)} for s in steps],
-            "num_sequences": r.num_sequences, "num_response_tokens": r.num_response_tokens,
-            "noise_seed": settings.noise_seed, "prefix_seed": rollouts.seed,
-            "arithmetic": arithmetic(rollouts.batch_size),
-            "seconds": round(time.perf_counter() - t0, 3), "versions": versions()}))
-    return LadderResult(Path(out), df)
+        record = LadderRecord(
+            command="ladder", model=student.name, teacher=sc.teacher, engine=sc.engine,
+            sources=[{"name": s.name, "kind": s.kind, "parts": list(s.parts)} for s in steps],
+            num_sequences=r.num_sequences, num_response_tokens=r.num_response_tokens,
+            noise_seed=settings.noise_seed, prefix_seed=rollouts.seed, arithmetic=arithmetic(rollouts.batch_size),
+            seconds=round(time.perf_counter() - t0, 3), versions=versions())
+        record.write(d / LadderRecord.KIND)
+    return LadderResult(Path(out), df, record)
 
 
 @dataclass(frozen=True)
 class LadderResult(Result):
     table: object  # pandas DataFrame, ladder.csv
+    record: LadderRecord
 
     def describe(self, seconds: float) -> str:
         df = self.table

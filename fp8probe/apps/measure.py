@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.artifacts import arithmetic, stamped, versions
+from ..core.artifacts import arithmetic, versions
+from ..core.records import MismatchRecord
 from ..core.results import Result
 from ..measurement.settings import MeasureSettings
 from ..model.settings import ModelSource, RolloutSettings
@@ -17,7 +18,7 @@ from .inputs import check_inputs, load, rollouts_for
 def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: MeasureSettings, out,
                 progress: bool = False) -> MeasureResult:
     """mismatch.json's content (every metric, the tokens it was measured on), after writing it into `out`."""
-    from ..core.files import atomic_write_json, output_dir
+    from ..core.files import output_dir
     from ..measurement.measure import measure
 
     check_inputs(model, rollouts, out, settings.preset)
@@ -27,27 +28,26 @@ def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: Measure
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
         metrics = measure(student, r, scheme=settings.preset, kv=settings.kv, batch_size=rollouts.batch_size,
                           engine=settings.engine)
-        doc = stamped("mismatch.json", {
-            "command": "measure", "model": student.name, "scheme": settings.preset.name,
-            "engine": settings.engine, "kv_cache_dtype": settings.kv_cache_dtype,
-            "num_sequences": r.num_sequences, "num_response_tokens": r.num_response_tokens, "metrics": metrics,
-            "arithmetic": arithmetic(rollouts.batch_size),
-            "seconds": round(time.perf_counter() - t0, 3), "versions": versions()})
-        atomic_write_json(d / "mismatch.json", doc)
-    return MeasureResult(Path(out), doc)
+        record = MismatchRecord(
+            command="measure", model=student.name, scheme=settings.preset.name, engine=settings.engine,
+            kv_cache_dtype=settings.kv_cache_dtype, num_sequences=r.num_sequences,
+            num_response_tokens=r.num_response_tokens, metrics=metrics, arithmetic=arithmetic(rollouts.batch_size),
+            seconds=round(time.perf_counter() - t0, 3), versions=versions())
+        record.write(d / MismatchRecord.KIND)
+    return MeasureResult(Path(out), record)
 
 
 @dataclass(frozen=True)
 class MeasureResult(Result):
-    doc: dict  # mismatch.json
+    record: MismatchRecord
 
     def describe(self, seconds: float) -> str:
-        return _describe(self.doc, self.out, seconds)
+        return _describe(self.record, self.out, seconds)
 
 
-def _describe(doc: dict, out, seconds: float) -> str:
-    what = doc["scheme"] + (f" + {doc['kv_cache_dtype']} KV cache" if doc["kv_cache_dtype"] else "")
-    engine = "" if doc["engine"] == "sim" else f" as {doc['engine']} runs it"
-    return "\n".join([f"\nwhole-model {what}{engine} vs reference on {doc['num_response_tokens']} response tokens:",
-                      *(f"  {k:<22} {v:.6g}" for k, v in doc["metrics"].items()),
-                      f"measure: {seconds:.0f} s -> {Path(out) / 'mismatch.json'}"])
+def _describe(rec: MismatchRecord, out, seconds: float) -> str:
+    what = rec.scheme + (f" + {rec.kv_cache_dtype} KV cache" if rec.kv_cache_dtype else "")
+    engine = "" if rec.engine == "sim" else f" as {rec.engine} runs it"
+    return "\n".join([f"\nwhole-model {what}{engine} vs reference on {rec.num_response_tokens} response tokens:",
+                      *(f"  {k:<22} {v:.6g}" for k, v in rec.metrics.items()),
+                      f"measure: {seconds:.0f} s -> {Path(out) / MismatchRecord.KIND}"])

@@ -29,18 +29,18 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
     from ..sweeps.files import read_sweep
 
     run, framework = read_sweep(sweep_dir), target.chosen
-    form, scheme, kv_scale = recipe_form(framework, settings.form, settings.kv_cache_dtype, run.run["scheme"],
+    form, scheme, kv_scale = recipe_form(framework, settings.form, settings.kv_cache_dtype, run.run.scheme,
                                          sweep_dir)
     try:
         settings = replace(settings, form=form)  # the target's form, checked against the rest of the settings
     except FP8ProbeError as e:
         raise FP8ProbeError(f"{framework.title}: {e}") from e
-    context = RecipeContext(scheme=scheme, batch_size=run.run["batch_size"], sweep_dir=str(run.directory.resolve()),
+    context = RecipeContext(scheme=scheme, batch_size=run.run.batch_size, sweep_dir=str(run.directory.resolve()),
                             kv_scale=kv_scale, target=framework.name if framework else None)
     rollouts = load_rollouts(sweep_dir)
     check_writable(out)
     t0 = time.perf_counter()
-    student = load_student(run.model_source, device=device, dtype=run.run.get("dtype", "float32"),
+    student = load_student(run.model_source, device=device, dtype=run.run.dtype or "float32",
                            trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
     run.check_student(student)
     rollouts.check_fits(student.model.config, f"the rollouts of {sweep_dir}")

@@ -7,31 +7,32 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..core.records import SeriesRecord
 from ..core.results import Result
 
 
 @dataclass(frozen=True)
 class SeriesResult(Result):
-    report: dict  # series.json
+    report: SeriesRecord  # series.json
 
     @property
     def exit_code(self) -> int:
         """0 when every checkpoint is admitted, 1 when one is rejected, 3 otherwise (as check's)."""
         from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
 
-        verdicts = {r["verdict"] for r in self.report["checkpoints"]}
+        verdicts = {r["verdict"] for r in self.report.checkpoints}
         return EXIT_REJECT if "REJECT" in verdicts else EXIT_OK if verdicts == {"ADMIT"} else EXIT_UNCERTAIN
 
     def describe(self, seconds: float) -> str:
         r = self.report
-        lines = [f"{r['configuration']} across {len(r['checkpoints'])} checkpoints, {r['metric']} against budget "
-                 f"{r['budget']:.4g}:"]
-        for p in r["checkpoints"]:
+        lines = [f"{r.configuration} across {len(r.checkpoints)} checkpoints, {r.metric} against budget "
+                 f"{r.budget:.4g}:"]
+        for p in r.checkpoints:
             lo, hi = p["measured_interval"]
             lines.append(f"  {p['verdict']:<9} {p['checkpoint']}: {p['measured']:.4g} [{lo:.4g}, {hi:.4g}]")
-        t = r["trend"]
+        t = r.trend
         lines.append(f"trend: last / first {t['ratio_last_first']:.3g} [{t['interval'][0]:.3g}, {t['interval'][1]:.3g}]"
-                     f" ({t['reading']}); first outside the budget: {r['first_outside'] or 'none'}")
+                     f" ({t['reading']}); first outside the budget: {r.first_outside or 'none'}")
         return "\n".join(lines)
 
 
@@ -39,8 +40,7 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
     """The configuration of `settings` (a check.CheckSettings with `checkpoints`) at each checkpoint."""
     from ..budget.fit import check_student, read_budget
     from ..budget.series import measure_point, summarize_series
-    from ..core.artifacts import version
-    from ..core.files import atomic_write_json, output_dir
+    from ..core.files import output_dir
     from ..sources.sources import combine
     from .inputs import check_inputs, load, rollouts_for
 
@@ -63,9 +63,9 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
             row, got = measure_point(student, r, config, budget, sc.engine, rollouts.batch_size)
             rows.append({"checkpoint": src.model, **row})
             measured.append(got)
-        report = {"schema_version": version("series.json"), "configuration": config.name, "engine": sc.engine,
-                  "metric": budget.metric, "budget": budget.value, "budget_interval": budget.interval,
-                  "budget_source": budget.source, "budget_student_note": note, "checkpoints": rows,
-                  **summarize_series(rows, measured[0], measured[-1], budget.metric)}
-        atomic_write_json(d / "series.json", report)
+        report = SeriesRecord(configuration=config.name, engine=sc.engine, metric=budget.metric,
+                              budget=budget.value, budget_interval=budget.interval, budget_source=budget.source,
+                              budget_student_note=note, checkpoints=rows,
+                              **summarize_series(rows, measured[0], measured[-1], budget.metric))
+        report.write(d / SeriesRecord.KIND)
     return SeriesResult(Path(out), report)

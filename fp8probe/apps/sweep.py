@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.artifacts import arithmetic
+from ..core.artifacts import arithmetic, versions
 from ..core.errors import FP8ProbeError
+from ..core.records import AgreementRecord, SweepRunRecord
 from ..core.results import Result
 from ..model.settings import ModelSource, RolloutSettings
 from ..sweeps.settings import SweepSettings
@@ -27,8 +28,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SweepResult(Result):
     table: object  # pandas DataFrame, sensitivity.csv
-    run: dict  # run.json
-    agreement: dict | None
+    run: SweepRunRecord  # run.json
+    agreement: AgreementRecord | None
 
     def describe(self, seconds: float) -> str:
         """What `fp8probe sweep` prints: the ten most sensitive rows, the whole model, the agreement, one summary
@@ -36,7 +37,7 @@ class SweepResult(Result):
         from ..recipe.agreement import describe as agreement_line
         from ..sweeps.sweep import summary
 
-        lines = [summary(self.table, self.run.get("whole_model"))]
+        lines = [summary(self.table, self.run.whole_model)]
         lines += [agreement_line(self.agreement)] if self.agreement is not None else []
         table = self.out / "sensitivity.csv"
         return "\n".join(lines + [f"sweep: {len(self.table)} rows in {seconds:.0f} s -> {table}"])
@@ -45,7 +46,7 @@ class SweepResult(Result):
 def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSettings, out, resume: bool = False,
               progress: bool = False) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
-    from ..core.files import atomic_write_json, output_dir
+    from ..core.files import output_dir
     from ..model.structure import list_units, meta_model
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable, exact_run_for
     from ..sweeps.files import RUN_FILE, PartialRows, check_resume_state, finish_sweep, write_run, write_table
@@ -88,21 +89,22 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
         if exact_run is not None:
             log.info("agreement with the exact sweep in %s (two recipes, measured)", exact_run.directory)
             agree = agreement(df, exact_run.table, student, r, settings, sampling=rollouts)
-            atomic_write_json(d / AGREEMENT_FILE, {**agree, "exact_sweep": str(exact_run.directory)})
+            agree = replace(agree, exact_sweep=str(exact_run.directory))
+            agree.write(d / AGREEMENT_FILE)
         write_table(d, df)
-        run = {"command": "sweep", "model": student.name, "model_path": student.path,
-               "model_type": student.model_type, "scheme": settings.preset.name, "granularity": settings.granularity,
-               "include_kv": settings.include_kv, "kv_cache_dtype": settings.kv_cache_dtype,
-               "seed": r.meta.get("seed"), "method": settings.recorded(rollouts.seed),
-               "exact_rows": int((df["method"] == "exact").sum()),
-               "workers": executor.stats if executor is not None else {"workers": 1},
-               "device": model.device, "dtype": model.dtype, "batch_size": rollouts.batch_size,
-               "arithmetic": arithmetic(rollouts.batch_size), "num_sequences": r.num_sequences,
-               "num_tokens": int(r.attention_mask.sum()),
-               "num_response_tokens": r.num_response_tokens, "rows": len(df), "whole_model": whole,
-               "seconds": {"load": round(t_load, 3), "rollouts": round(t_roll, 3),
-                           **{k: round(v, 3) for k, v in swept.seconds.items()},
-                           "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)}}
+        run = SweepRunRecord(
+            command="sweep", model=student.name, model_path=student.path, model_type=student.model_type,
+            scheme=settings.preset.name, granularity=settings.granularity, include_kv=settings.include_kv,
+            kv_cache_dtype=settings.kv_cache_dtype, seed=r.meta.seed if r.meta else None,
+            method=settings.recorded(rollouts.seed), exact_rows=int((df["method"] == "exact").sum()),
+            workers=executor.stats if executor is not None else {"workers": 1}, device=model.device,
+            dtype=model.dtype, batch_size=rollouts.batch_size, arithmetic=arithmetic(rollouts.batch_size),
+            num_sequences=r.num_sequences, num_tokens=int(r.attention_mask.sum()),
+            num_response_tokens=r.num_response_tokens, rows=len(df), whole_model=whole,
+            seconds={"load": round(t_load, 3), "rollouts": round(t_roll, 3),
+                     **{k: round(v, 3) for k, v in swept.seconds.items()},
+                     "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)},
+            versions=versions())
         write_run(d, run)
         finish_sweep(d)
     return SweepResult(out, df, run, agree)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..core.artifacts import arithmetic, version
+from ..core.artifacts import arithmetic
 from ..core.metrics import excess
+from ..core.records import CheckRecord
 from ..core.stats import LEVEL, expansion
 from ..sources.sources import Source
 from .fit import Budget
@@ -32,11 +33,9 @@ if TYPE_CHECKING:  # light at import: the CLI reads CheckSettings (budget/settin
     from ..measurement.reference import Reference
     from ..model.settings import RolloutSettings
 
-SCHEMA_VERSION = version("check.json")
-
 
 def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "sim", teacher=None,
-          reference: Reference | None = None, sampling: RolloutSettings | None = None) -> dict:
+          reference: Reference | None = None, sampling: RolloutSettings | None = None) -> CheckRecord:
     """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
     ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
     engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda"). `sampling`: the rollouts' settings,
@@ -62,19 +61,17 @@ def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "s
     ruler = v["ruler"]
     also = measured_as(OTHER_ENGINE.get(engine, "sim"), reference, student, rollouts, config.perturbation,
                        budget.metric, batch_size)
-    return {
-        "schema_version": SCHEMA_VERSION, "verdict": v["verdict"], "configuration": config.name, "engine": engine,
-        "metric": budget.metric, "measured": measured, "measured_interval": list(interval), "interval_level": LEVEL,
-        "budget": ruler.value, "margin": ruler.value - measured, "budget_calibrated": budget.calibrated,
-        "budget_source": ruler.source, "budget_interval": ruler.interval, "budget_censored": ruler.censored,
-        "budget_interval_censored": ruler.interval_censored, "judged_on": v["judged_on"],
-        "kind_evidence": v["kind_evidence"], "budget_student": budget.student, "budget_objective": budget.objective,
-        "budget_response": budget.response, "budget_tolerance": budget.tolerance,
-        "prompts_to_decide": v["prompts_to_decide"], "undecided_because": v["undecided_because"],
-        "metrics": got.metrics, "also_measured": also, "prefix_shift": shift, "opd_signal": opd,
-        "num_prompts": got.num_prompts, "num_sequences": rollouts.num_sequences,
-        "num_response_tokens": rollouts.num_response_tokens, "arithmetic": arithmetic(batch_size),
-    }
+    return CheckRecord(
+        verdict=v["verdict"], configuration=config.name, engine=engine, metric=budget.metric, measured=measured,
+        measured_interval=list(interval), interval_level=LEVEL, budget=ruler.value, margin=ruler.value - measured,
+        budget_calibrated=budget.calibrated, budget_source=ruler.source, budget_interval=ruler.interval,
+        budget_censored=ruler.censored, budget_interval_censored=ruler.interval_censored, judged_on=v["judged_on"],
+        kind_evidence=v["kind_evidence"], budget_student=budget.student, budget_objective=budget.objective,
+        budget_response=budget.response, budget_tolerance=budget.tolerance,
+        prompts_to_decide=v["prompts_to_decide"], undecided_because=v["undecided_because"], metrics=got.metrics,
+        also_measured=also, prefix_shift=shift, opd_signal=opd, num_prompts=got.num_prompts,
+        num_sequences=rollouts.num_sequences, num_response_tokens=rollouts.num_response_tokens,
+        arithmetic=arithmetic(batch_size))
 
 
 def judge(measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int,

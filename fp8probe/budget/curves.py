@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.artifacts import read_artifact
 from ..core.errors import FP8ProbeError
+from ..core.records import CalibrationRecord
 from ..core.stats import LEVEL, expansion
 
 QUALITY_COLUMN = "reverse_kl"  # what training/runs.py evaluates; lower is better
@@ -164,7 +164,7 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
     if not (d / "runs.csv").is_file() or not (d / "calibrate.json").is_file():
         raise FP8ProbeError(f"`calibration` {directory}: not a directory written by `fp8probe calibrate` (no runs.csv "
                             "and calibrate.json)")
-    meta = read_artifact("calibrate.json", d / "calibrate.json", "run `fp8probe calibrate` again")
+    meta = CalibrationRecord.read(d / CalibrationRecord.KIND, "run `fp8probe calibrate` again")
     df = pd.read_csv(d / "runs.csv", dtype={"level": str})
     objectives = sorted(df["objective"].unique())
     if objective is None:
@@ -176,8 +176,8 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
         raise FP8ProbeError(f"`objective` {objective}: the calibration {directory} ran {', '.join(objectives)}")
     df = df[df["objective"] == objective]
     seeds = sorted(int(s) for s in df["seed"].unique())
-    if isinstance(meta.get("seeds"), int):  # the ladder's seeds; seeds added at a few levels (--max-runs) are not
-        seeds = [s for s in seeds if s < meta["seeds"]]  # every level's, so the curves pair on the ladder's
+    if isinstance(meta.seeds, int):  # the ladder's seeds; seeds added at a few levels (--max-runs) are not
+        seeds = [s for s in seeds if s < meta.seeds]  # every level's, so the curves pair on the ladder's
     curves, mismatch, seed_mismatch, kinds, steps = {}, {}, {}, {}, None
     for level, rows in df.groupby("level", sort=False):
         rows = rows[rows["seed"].astype(int).isin(seeds)]
@@ -200,4 +200,4 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
     if not any(k == "none" for k in kinds.values()):
         raise FP8ProbeError(f"the calibration {directory} has no finished mismatch-free level for {objective}")
     return Curves(objective, str(df["metric"].iloc[0]), steps, tuple(seeds), curves, mismatch, seed_mismatch, kinds,
-                  float(meta.get("tolerance", 0.02)), str(d))
+                  float(meta.tolerance), str(d))

@@ -35,19 +35,21 @@ acceptable), labelled uncalibrated in every output that uses it.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.artifacts import read_artifact, version
+from ..core.artifacts import Record, read_artifact
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
 from .settings import BudgetSettings
 
-SCHEMA_VERSION = version("budget.json")
-
 
 @dataclass(frozen=True)
-class Budget:
+class Budget(Record):
+    """A mismatch budget: budget.json's record (written by `fp8probe budget` and `calibrate`; versions 1-3 read too),
+    or a number given on the command line (uncalibrated)."""
+
+    KIND = "budget.json"
     metric: str
     value: float
     calibrated: bool
@@ -76,8 +78,22 @@ class Budget:
         if not isinstance(self.value, (int, float)) or not math.isfinite(self.value) or self.value < 0:
             raise FP8ProbeError(f"a budget must be a finite, non-negative number, got {self.value!r}")
 
-    def to_json(self) -> dict:
-        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
+    @classmethod
+    def from_json(cls, d: dict, where: str = "budget.json") -> Budget:
+        """The budget a budget.json holds, any version read (1-3: relative responses, no student recorded; the
+        censoring flags of version 3 live in the noise ruler)."""
+        try:
+            interval = tuple(d["interval"]) if d.get("interval") is not None else None
+            noise = ((d.get("dose_response") or {}).get("rulers") or {}).get("noise") or {}
+            return cls(d["metric"], d["value"], bool(d.get("calibrated", False)), str(d.get("source", where)),
+                       interval, d.get("tolerance"), d.get("runs"), bool(d.get("paired", False)), d.get("levels"),
+                       d.get("seed_spread"), d.get("other_levels"), str(d.get("method", "isotonic")),
+                       d.get("dose_response"), str(d.get("response", "relative")),
+                       bool(d.get("censored", noise.get("above_range", False))),
+                       bool(d.get("interval_censored", noise.get("interval_censored", False))), d.get("objective"),
+                       d.get("student"), d.get("teacher"), d.get("dose"), d.get("kinds"))
+        except KeyError as e:
+            raise FP8ProbeError(f"{where} lacks {e}; write it with `fp8probe budget`") from e
 
     def for_kind(self, kind: str) -> Budget:
         """The budget a configuration of this kind of mismatch is judged against: the kind's own dose–response
@@ -137,19 +153,7 @@ def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
     p = Path(text)
     if not p.is_file():
         raise FP8ProbeError(f"`budget` {text}: neither a number nor a budget.json file")
-    d = read_artifact("budget.json", p, "write it with `fp8probe budget`")
-    try:
-        interval = tuple(d["interval"]) if d.get("interval") is not None else None
-        noise = ((d.get("dose_response") or {}).get("rulers") or {}).get("noise") or {}
-        return Budget(d["metric"], d["value"], bool(d.get("calibrated", False)), str(d.get("source", text)),
-                      interval, d.get("tolerance"), d.get("runs"), bool(d.get("paired", False)), d.get("levels"),
-                      d.get("seed_spread"), d.get("other_levels"), str(d.get("method", "isotonic")),
-                      d.get("dose_response"), str(d.get("response", "relative")),
-                      bool(d.get("censored", noise.get("above_range", False))),
-                      bool(d.get("interval_censored", noise.get("interval_censored", False))), d.get("objective"),
-                      d.get("student"), d.get("teacher"), d.get("dose"), d.get("kinds"))
-    except KeyError as e:
-        raise FP8ProbeError(f"{text} lacks {e}; write it with `fp8probe budget`") from e
+    return Budget.from_json(read_artifact(Budget.KIND, p, "write it with `fp8probe budget`"), where=text)
 
 
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:

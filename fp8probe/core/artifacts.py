@@ -1,20 +1,21 @@
 """Every versioned file fp8probe writes, in one table: the schema version each is written and read with.
 
-    file                 version  written by                        read back by
-    rollouts.json        1        model/rollouts.py (and .safetensors)  load_rollouts
-    run.json             1        sweeps/files.py (a sweep)         read_sweep
-    recipe.json          3        recipe/recipe.py                  read_recipe (beside recipe.yaml; also 1, 2)
-    budget.json          4        budget/fit.py                     read_budget (also 1, 2, 3)
-    agreement.json       1        recipe/agreement.py               plots
-    capacity.json        1        deploy/capacity.py                plots
-    mismatch.json        1        apps/measure.py (measure)         -
-    ladder.json          1        apps/ladder.py (ladder)           -
-    check.json           2        budget/admission.py (check)       plots
-    calibrate.json       3        training/experiment.py (and each run's run.json, training/runs.py)  calibrate --resume
-    plan.json            1        apps/plan.py (plan; plan.csv beside it)  plots
-    audit.json           1        deploy/audit.py (audit)           -
-    series.json          1        apps/series.py (check --checkpoints)  -
-    student.json         1        deploy/export.py (beside the checkpoint)  apps/audit.py (the student to audit against)
+    file                  version  record (core/records.py unless named)   read back by
+    rollouts.json         1        RolloutsRecord (+ .safetensors)          load_rollouts
+    run.json              1        SweepRunRecord (a sweep)                 read_sweep
+    recipe.json           3        RecipeRecord (Recipe.record)             read_recipe (beside recipe.yaml; also 1, 2)
+    budget.json           4        budget.fit.Budget                        read_budget (also 1, 2, 3)
+    agreement.json        1        AgreementRecord                          plots
+    capacity.json         1        CapacityRecord                           plots
+    mismatch.json         1        MismatchRecord (measure)                 -
+    ladder.json           1        LadderRecord (beside ladder.csv)         -
+    check.json            2        CheckRecord (check)                      plots
+    calibrate.json        3        CalibrationRecord (Experiment.record)    calibrate --resume / --refit, plan's curves
+    calibration run.json  3        TrainingRunRecord (runs/*/run.json)      a resumed calibration (also 2)
+    plan.json             1        PlanRecord (plan.csv beside it)          plots
+    audit.json            1        AuditRecord (Audit.record)               -
+    series.json           1        SeriesRecord (check --checkpoints)       -
+    student.json          1        StudentRecord (beside an export)         audit (the student to audit against)
 
 recipe.json is at 2: form, target, kv_scale, memory_target, fp8_share, effective_bits and the search's moves; at 3
 `measured` is the held-out prompts' value (measured_search the search set's, measured_interval, split), and a move
@@ -29,20 +30,28 @@ calibrate.json is at 2: objectives, tolerance, quality, bracket, max_added, adde
 At 3: `response`, the levels' `dose` on check's scale (`dose_mapping` beside the run-mean KL), no target_ratio
 (the allocation's stop rule is its preset budget); a resume reads 2.
 check.json is at 2: the verdict may be UNCERTAIN; measured_interval, interval_level, prompts_to_decide, num_prompts.
-Readers go through read_artifact (the plots, read_budget, the calibration's learning curves; read_sweep,
-load_rollouts and calibrate --resume check their own files with their own lines), which refuses a version not listed
-here or in ALSO_READ. An optional field that readers default may be added within a version (rollouts.json's
-sampling.samples_per_prompt, default 1; the `arithmetic` record). Changing what a file holds otherwise means a new
-version here, and a reader that refuses the old one in one line (or reads it, as read_recipe reads version 1).
+Every file is a `Record` (below): a frozen dataclass per kind, its fields the file's keys in the file's order, its
+version on the type (`VERSION`, from this table), one `write` and one `read`; no other module spells the version
+key. Readers go through read_artifact (Record.read; read_sweep and load_rollouts check their own files with their
+own lines), which refuses a version not listed here or in ALSO_READ. An optional field that
+readers default may be added within a version (rollouts.json's sampling.samples_per_prompt, default 1; the
+`arithmetic` record). Changing what a file holds otherwise means a new version here, and a reader that refuses the
+old one in one line (or reads it, as read_recipe reads version 1).
 """
 
 from __future__ import annotations
 
 import json
 import platform
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import ClassVar
 
 from .errors import FP8ProbeError
+from .files import atomic_write_json
+
+# the key every versioned file starts with
+SCHEMA_KEY = "schema_version"
 
 SCHEMAS = {
     "rollouts.json": 1,
@@ -57,13 +66,14 @@ SCHEMAS = {
     "ladder.json": 1,
     "check.json": 2,
     "calibrate.json": 3,
+    "calibration run.json": 3,  # a calibration run's run.json: versioned with calibrate.json
     "plan.json": 1,
     "student.json": 1,
 }
 
 
 # the older versions each reader still takes (read_recipe reads 1 and 2; read_budget 1, 2 and 3)
-ALSO_READ = {"recipe.json": (1, 2), "budget.json": (1, 2, 3), "calibrate.json": (2,)}
+ALSO_READ = {"recipe.json": (1, 2), "budget.json": (1, 2, 3), "calibrate.json": (2,), "calibration run.json": (2,)}
 
 
 def version(kind: str) -> int:
@@ -73,9 +83,83 @@ def version(kind: str) -> int:
     return SCHEMAS[kind]
 
 
-def stamped(kind: str, doc: dict) -> dict:
-    """`doc` with its schema version first, as every versioned JSON file starts."""
-    return {"schema_version": version(kind), **doc}
+def schema_of(doc) -> object:
+    """The schema version a file's parsed JSON (or a safetensors header's metadata) says it has; None if none."""
+    return doc.get(SCHEMA_KEY) if isinstance(doc, dict) else None
+
+
+class _Absent:
+    """The value of a field whose key a file lacks (written before the field was added within its version)."""
+
+    def __bool__(self):
+        return False
+
+    def __repr__(self):
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+
+
+def optional(default=None):
+    """A record's field that the file leaves out while it is None (a key written only when it has a value)."""
+    return field(default=default, metadata={"omit_none": True})
+
+
+def added():
+    """A record's field added within its file's version: ABSENT (and left out) where an older file lacks its key;
+    None is written as null."""
+    return field(default=ABSENT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """A versioned JSON file as a typed value: a frozen dataclass whose fields are the file's keys, in the file's order,
+    after its schema version. A subclass names its file (`KIND`, a SCHEMAS name) and gets its `VERSION` from SCHEMAS,
+    the one table of versions. `to_json` is the file's content (override `body` where a field is stored in another
+    form), `write` writes it atomically, `read` reads and checks one (read_artifact) and builds the record
+    (`from_json`; override it to read an older version). Field values are what JSON holds (numbers, strings, lists,
+    dicts) unless `body` and `from_json` say otherwise. Fields are keywords (`kw_only`), so a field with a default may
+    stand before one without, in the file's order."""
+
+    KIND: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("KIND"):
+            cls.VERSION = version(cls.KIND)
+
+    def body(self) -> dict:
+        """The file's keys after the version, in field order; a field made with `optional()` is left out while None."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is ABSENT or (value is None and f.metadata.get("omit_none")):
+                continue
+            out[f.name] = value
+        return out
+
+    def to_json(self) -> dict:
+        return {SCHEMA_KEY: self.VERSION, **self.body()}
+
+    def write(self, path: str | Path) -> None:
+        atomic_write_json(path, self.to_json())
+
+    @classmethod
+    def from_json(cls, doc: dict):
+        """The record of a parsed file of this kind (its version already checked): the keys that are fields; a key
+        the file lacks takes the field's default (a file written before an optional field existed)."""
+        names = {f.name for f in fields(cls) if f.init}
+        try:
+            return cls(**{k: v for k, v in doc.items() if k in names})
+        except TypeError as e:  # a required key missing
+            raise FP8ProbeError(f"a {cls.KIND} lacks a key ({e}): write it again with this fp8probe") from e
+
+    @classmethod
+    def read(cls, path: str | Path, redo: str):
+        """The record of the file at `path`: checked as read_artifact checks, then `from_json`."""
+        return cls.from_json(read_artifact(cls.KIND, path, redo))
 
 
 def read_artifact(kind: str, path, redo: str) -> dict:
@@ -89,7 +173,7 @@ def read_artifact(kind: str, path, redo: str) -> dict:
         raise FP8ProbeError(f"no {kind} at {p}: {redo}") from e
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FP8ProbeError(f"{p} is not a readable {kind} ({type(e).__name__}: {e}): {redo}") from e
-    got = doc.get("schema_version") if isinstance(doc, dict) else None
+    got = schema_of(doc)
     if got != version(kind) and got not in ALSO_READ.get(kind, ()):
         raise FP8ProbeError(f"{p} has schema_version {got!r}; this fp8probe reads {kind} {version(kind)}: {redo}")
     return doc

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.records import AuditRecord
 
 # vLLM's packed_modules_mapping for the dense decoders fp8probe covers (Llama, Qwen, Gemma, Mistral): a fused layer
 # and its shards, as the checkpoint names them
@@ -62,11 +63,10 @@ class Audit:
     def add(self, kind, where, message) -> None:
         self.findings.append(Finding(kind, where, message))
 
-    def to_json(self) -> dict:
-        from ..core.artifacts import version
-
-        return {"schema_version": version("audit.json"), "clean": not self.findings,
-                "findings": [f.__dict__ for f in self.findings], "checked": self.checked}
+    def record(self, student: dict | None = None, vllm: dict | None = None) -> AuditRecord:
+        """audit.json's record: the findings, what was checked, the student checked against, vLLM's figures."""
+        return AuditRecord(clean=not self.findings, findings=[f.__dict__ for f in self.findings],
+                           checked=self.checked, student=student, vllm=vllm)
 
 
 def _match(value: str, pattern: str, contains: bool = False) -> bool:
@@ -143,24 +143,24 @@ def recorded_student(ckpt: str | Path, allow_pickle: bool = False):
     so."""
     import torch
 
-    from ..core.artifacts import read_artifact
+    from ..core.records import StudentRecord
     from ..model.identity import SHORT, content_hash
     from ..model.student import load_student
 
     f = Path(ckpt) / "student.json"
     if not f.is_file():
         return None, {"status": "not recorded (an export without student.json): give `model` to check the weights"}
-    rec = read_artifact("student.json", f, "export again")
+    rec = StudentRecord.read(f, "export again")
     try:
-        student = load_student(rec["name"], allow_pickle=allow_pickle)
+        student = load_student(rec.name, allow_pickle=allow_pickle)
     except FP8ProbeError as e:
-        return None, {"name": rec["name"], "status": f"not at hand ({e}): give `model` to check the weights"}
+        return None, {"name": rec.name, "status": f"not at hand ({e}): give `model` to check the weights"}
     got = content_hash(student.model, round_to=torch.bfloat16)
-    if got != rec["sha256"]:
-        return None, {"name": rec["name"], "status": f"changed since the export (sha256 {got[:SHORT]}, exported from "
-                                                     f"{rec['sha256'][:SHORT]}): give `model`, the student it was "
+    if got != rec.sha256:
+        return None, {"name": rec.name, "status": f"changed since the export (sha256 {got[:SHORT]}, exported from "
+                                                     f"{rec.sha256[:SHORT]}): give `model`, the student it was "
                                                      "exported from, to check the weights"}
-    return student, {"name": rec["name"], "status": "checked: the student the export recorded (same sha256)"}
+    return student, {"name": rec.name, "status": "checked: the student the export recorded (same sha256)"}
 
 
 def audit_checkpoint(ckpt: str | Path, recipe=None, student=None) -> Audit:

@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
+from ..core.records import CapacityRecord
 from ..core.schemes import num_scales
 from ..core.units import GiB
 from ..model.structure import kv_geometry, list_units, meta_model, text_config
@@ -190,7 +190,7 @@ def reserve_estimate(cfg, max_num_batched_tokens: int = 8192, max_num_seqs: int 
 
 
 def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serving | None = None,
-             trust_remote_code: bool = False, **serving_fields) -> dict:
+             trust_remote_code: bool = False, **serving_fields) -> CapacityRecord:
     """BF16 (auto KV) vs a candidate (the recipe's FP8 units, KV in `kv_cache_dtype`), side by side.
 
     `model` is anything student.load_config takes (a bare config.json too), or a loaded transformers config.
@@ -218,18 +218,13 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
         del sides[side]["groups"], sides[side]["block_size"]  # the layout, for throughput.simulate only
     b, c = sides["baseline"], sides["candidate"]
     gpu = serving.gpu
-    return {
-        "schema_version": version("capacity.json"), "vllm_version": VLLM_VERSION, "model_type": tcfg.model_type,
-        "max_model_len": max_len,
-        "block_size": serving.block_size,
-        "tensor_parallel_size": tp,
-        "gpu": None if serving.kv_cache_memory is not None else (
+    return CapacityRecord(
+        vllm_version=VLLM_VERSION, model_type=tcfg.model_type, max_model_len=max_len, block_size=serving.block_size,
+        tensor_parallel_size=tp, gpu=None if serving.kv_cache_memory is not None else (
             f"{serving.gpu_memory_gib} GiB" if serving.gpu_memory_gib else gpu),
-        "gpu_memory_utilization": serving.gpu_memory_utilization,
-        "baseline": b, "candidate": c,
-        "ratio_kv_tokens": c["kv_tokens"] / b["kv_tokens"] if b["kv_tokens"] else math.inf,
-        "ratio_concurrency": c["max_concurrency"] / b["max_concurrency"] if b["max_concurrency"] else math.inf,
-    }
+        gpu_memory_utilization=serving.gpu_memory_utilization, baseline=b, candidate=c,
+        ratio_kv_tokens=c["kv_tokens"] / b["kv_tokens"] if b["kv_tokens"] else math.inf,
+        ratio_concurrency=c["max_concurrency"] / b["max_concurrency"] if b["max_concurrency"] else math.inf)
 
 
 def kv_pool(tcfg, meta, recipe, kv_cache_dtype: str, serving: Serving, max_len: int, side: str = "candidate") -> dict:
@@ -260,13 +255,13 @@ def kv_pool(tcfg, meta, recipe, kv_cache_dtype: str, serving: Serving, max_len: 
             "kv_memory_source": source, "groups": layout["groups"], "block_size": layout["block_size"]}
 
 
-def format_report(rep: dict) -> str:
+def format_report(rep: CapacityRecord) -> str:
     """The side-by-side table `fp8probe capacity` prints."""
-    b, c = rep["baseline"], rep["candidate"]
+    b, c = rep.baseline, rep.candidate
     cand = f"{c['scheme'] or 'BF16'} ({c['fp8_units']} units) + {c['kv_cache_dtype']} KV"
-    where = rep["gpu"] or "--kv-cache-memory"
-    lines = [f"{rep['model_type']}, max_model_len {rep['max_model_len']:,}, block size {rep['block_size']}, "
-             f"TP {rep['tensor_parallel_size']}, {where}; vLLM {rep.get('vllm_version', VLLM_VERSION)} accounting",
+    where = rep.gpu or "--kv-cache-memory"
+    lines = [f"{rep.model_type}, max_model_len {rep.max_model_len:,}, block size {rep.block_size}, "
+             f"TP {rep.tensor_parallel_size}, {where}; vLLM {rep.vllm_version} accounting",
              f"{'':<24}{'BF16 + auto KV':>20}{cand:>40}{'ratio':>9}"]
 
     def row(name, key, fmt, ratio=False):

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import yaml
 
-from ..core.artifacts import stamped
 from ..core.errors import FP8ProbeError, MissingExtra, one_line
 from ..core.files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
+from ..core.records import StudentRecord
 from ..core.results import Result
 from ..model.identity import content_hash
 from ..model.settings import ModelSource
@@ -176,8 +176,8 @@ def _write_checkpoint(recipe_path: Path, spec: Recipe, src, kwargs, tmp: Path, f
     tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, trust_remote_code=trust_remote_code, **kwargs)
     check_finite_weights(hf, str(name))
-    student = stamped("student.json", {"name": student_name(name), "sha256": content_hash(hf),
-                                       "weights": "bfloat16, as llm-compressor read them"})
+    student = StudentRecord(name=student_name(name), sha256=content_hash(hf),
+                            weights="bfloat16, as llm-compressor read them")
     oneshot_kwargs = {}
     if spec.needs_calibration:
         from datasets import Dataset
@@ -194,7 +194,7 @@ def _write_checkpoint(recipe_path: Path, spec: Recipe, src, kwargs, tmp: Path, f
         raise FP8ProbeError(f"llm-compressor refused the recipe: {one_line(e)}") from e
     hf.save_pretrained(str(tmp), save_compressed=True)
     tok.save_pretrained(str(tmp))
-    atomic_write_json(tmp / "student.json", student)
+    student.write(tmp / StudentRecord.KIND)
     shutil.copy(recipe_path, tmp / "recipe.yaml")
     args = vllm_args(final, spec, max_model_len)
     atomic_write_json(tmp / "vllm_args.json", args)

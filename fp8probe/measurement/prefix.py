@@ -116,7 +116,8 @@ class PrefixShift:
         length and seed, else the rollouts' own length (32 where unrecorded) and seed 0; in `sampling`'s batches (else
         8). What `check` and `ladder` both measure."""
         if sampling is None:
-            tokens, seed, batch_size = int(rollouts.meta.get("sampling", {}).get("max_new_tokens", 32)), 0, 8
+            sampled = (rollouts.meta.sampling if rollouts.meta else None) or {}
+            tokens, seed, batch_size = int(sampled.get("max_new_tokens", 32)), 0, 8
         else:
             tokens, seed, batch_size = sampling.max_new_tokens, sampling.seed, sampling.batch_size
         return cls(student, reference, prompt_ids(student, rollouts), tokens, seed=seed, batch_size=batch_size,
@@ -127,8 +128,7 @@ class PrefixShift:
             cand = sample_crn(replace(self.student, model=m), self.prompts, **self.kw)
         out = divergence(self.reference_samples, cand)
         tok = self.student.tokenizer
-        own = Rollouts.from_sequences(self.prompts, cand, tok.pad_token_id if tok.pad_token_id is not None else 0,
-                                      {"source": "prefix-shift samples"})
+        own = Rollouts.from_sequences(self.prompts, cand, tok.pad_token_id if tok.pad_token_id is not None else 0)
         own_metrics = {"kl_q_p": 0.0, "k3": 0.0}
         if own.num_response_tokens:
             ref_own = Reference(self.student, own, self.kw["batch_size"])

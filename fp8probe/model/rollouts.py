@@ -16,23 +16,24 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import __version__
-from ..core.artifacts import version
+from ..core.artifacts import SCHEMA_KEY, schema_of
 from ..core.errors import FP8ProbeError
-from ..core.files import atomic_write_bytes, atomic_write_json
+from ..core.files import atomic_write_bytes
 from ..core.progress import bar_interval
+from ..core.records import RolloutsRecord
 from .prompts import BUILTIN_PROMPTS
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = version("rollouts.json")
+SCHEMA_VERSION = RolloutsRecord.VERSION
 TENSORS = "rollouts.safetensors"
-META = "rollouts.json"
+META = RolloutsRecord.KIND
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Rollouts:
     input_ids: torch.Tensor  # [N, T] int64
     attention_mask: torch.Tensor  # [N, T] int64
     response_mask: torch.Tensor  # [N, T] int64
-    meta: dict = field(default_factory=dict)
+    meta: RolloutsRecord | None = None  # rollouts.json: how they were sampled (None: made in memory)
 
     @property
     def num_sequences(self) -> int:
@@ -52,7 +53,7 @@ class Rollouts:
 
     @classmethod
     def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad: int,
-                       meta: dict | None = None) -> "Rollouts":
+                       meta: RolloutsRecord | None = None) -> "Rollouts":
         """Token tensors from prompt and response ids: prompt + response, right-padded with `pad`."""
         t_max = max(len(p) + len(r) for p, r in zip(prompts, responses))
         n = len(prompts)
@@ -63,7 +64,7 @@ class Rollouts:
             input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
             attention_mask[i, : len(p) + len(r)] = 1
             response_mask[i, len(p): len(p) + len(r)] = 1
-        return cls(input_ids, attention_mask, response_mask, dict(meta or {}))
+        return cls(input_ids, attention_mask, response_mask, meta)
 
     def prompt_groups(self) -> torch.Tensor:
         """[N] one label per distinct prompt (its token ids), in order of first appearance. Several samples of one
@@ -88,7 +89,7 @@ class Rollouts:
         am = self.attention_mask[idx]
         t = int(am.sum(1).max()) if len(idx) else 0
         return Rollouts(self.input_ids[idx, :t].clone(), am[:, :t].clone(), self.response_mask[idx, :t].clone(),
-                        dict(self.meta))
+                        self.meta)
 
     def split(self, holdout_every: int) -> tuple["Rollouts", "Rollouts", dict]:
         """(search, held out, the split as recorded): every `holdout_every`-th distinct prompt (0-based prompt
@@ -118,8 +119,9 @@ class Rollouts:
             vocab = config.get_text_config().vocab_size
         top = int(self.input_ids.max()) if self.input_ids.numel() else 0
         if vocab is not None and top >= vocab:
+            source = self.meta.model if self.meta else None
             raise FP8ProbeError(f"{where} hold token id {top}, past this model's vocabulary of {vocab}: they "
-                                f"come from another model ({self.meta.get('model')}); sample new ones for this model")
+                                f"come from another model ({source}); sample new ones for this model")
         ctx = context_length(config)
         longest = int(self.attention_mask.sum(1).max()) if self.num_sequences else 0
         if ctx and longest > ctx:
@@ -245,19 +247,12 @@ def make_rollouts(
         bar.update(len(batch))
     bar.close()
     out = Rollouts.from_sequences([p for p, _ in seqs], [resp for _, resp in seqs], pad)
-    out.meta = {
-        "schema_version": SCHEMA_VERSION,
-        "fp8probe_version": __version__,
-        "model": student.name,
-        "model_path": student.path,
-        "prompts": prompts,
-        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": 0, "max_new_tokens": max_new_tokens,
-                     "batch_size": batch_size, "eos_token_ids": eos, "samples_per_prompt": samples_per_prompt},
-        "seed": seed,
-        "num_sequences": out.num_sequences,
-        "num_tokens": int(out.attention_mask.sum()),
-        "num_response_tokens": out.num_response_tokens,
-    }
+    out.meta = RolloutsRecord(
+        fp8probe_version=__version__, model=student.name, model_path=student.path, prompts=prompts,
+        sampling={"temperature": temperature, "top_p": top_p, "top_k": 0, "max_new_tokens": max_new_tokens,
+                  "batch_size": batch_size, "eos_token_ids": eos, "samples_per_prompt": samples_per_prompt},
+        seed=seed, num_sequences=out.num_sequences, num_tokens=int(out.attention_mask.sum()),
+        num_response_tokens=out.num_response_tokens)
     return out
 
 
@@ -274,9 +269,9 @@ def save_rollouts(r: Rollouts, out_dir: str | Path) -> None:
 
     out = Path(out_dir)
     data = save({"input_ids": r.input_ids.contiguous(), "attention_mask": r.attention_mask.contiguous(),
-                 "response_mask": r.response_mask.contiguous()}, metadata={"schema_version": str(SCHEMA_VERSION)})
+                 "response_mask": r.response_mask.contiguous()}, metadata={SCHEMA_KEY: str(SCHEMA_VERSION)})
     atomic_write_bytes(out / TENSORS, data)
-    atomic_write_json(out / META, r.meta)
+    (r.meta or RolloutsRecord()).write(out / META)
 
 
 def load_rollouts(directory: str | Path) -> Rollouts:
@@ -293,14 +288,14 @@ def load_rollouts(directory: str | Path) -> Rollouts:
         meta = json.loads((d / META).read_text())
     except (SafetensorError, OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise FP8ProbeError(f"rollouts in {directory} are unreadable ({e}); create them again") from e
-    if not isinstance(meta, dict) or meta.get("schema_version") != SCHEMA_VERSION:
-        got = meta.get("schema_version") if isinstance(meta, dict) else None
+    if schema_of(meta) != SCHEMA_VERSION:
+        got = schema_of(meta)
         raise FP8ProbeError(f"rollouts in {directory} have schema {got!r}, this fp8probe reads {SCHEMA_VERSION}; "
                             "create them again with `fp8probe rollouts`")
     missing = {"input_ids", "attention_mask", "response_mask"} - set(t)
     if missing:
         raise FP8ProbeError(f"rollouts in {directory} lack {', '.join(sorted(missing))}")
-    r = Rollouts(t["input_ids"], t["attention_mask"], t["response_mask"], meta)
+    r = Rollouts(t["input_ids"], t["attention_mask"], t["response_mask"], RolloutsRecord.from_json(meta))
     _check_tensors(r, directory)
     return r
 

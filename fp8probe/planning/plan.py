@@ -7,13 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
 from ..core.settings import Settings, opt
 from ..deploy import throughput as tp_model
 
-SCHEMA_VERSION = version("plan.json")
 COLUMNS = ["configuration", "weights", "kv_cache_dtype", "async", "mismatch", "mismatch_lo", "mismatch_hi",
            "mismatch_source", "verdict", "weight_gib", "kv_tokens", "max_concurrency", "mean_running", "preemptions",
            "rollout_s", "rollout_tokens_per_s", "train_s", "step_s", "steps_to_target", "steps_lo", "steps_hi",

@@ -9,42 +9,43 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.artifacts import read_artifact
 from ..core.errors import FP8ProbeError
+from ..core.records import AgreementRecord, CapacityRecord, CheckRecord, PlanRecord, RecipeRecord
 from ..recipe.selection import group_scores, rank_groups
 
 KIND_ORDER = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "expert", "kv")
 KIND_LABEL = {"kv": "KV cache", "expert": "experts"}
 
 
-def capacity_bars(report: dict, path: str | Path | None = None):
+def capacity_bars(report: CapacityRecord, path: str | Path | None = None):
     """Bar chart of KV tokens and max concurrency, BF16 vs the candidate, from a capacity report."""
     plt = _plt()
 
-    b, c = report["baseline"], report["candidate"]
+    b, c = report.baseline, report.candidate
     labels = ["BF16, auto KV", f"{c['scheme'] or 'BF16'}, {c['kv_cache_dtype']} KV"]
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
     for ax, key, title in ((axes[0], "kv_tokens", "KV-cache tokens"),
-                           (axes[1], "max_concurrency", f"max concurrency at {report['max_model_len']:,} tokens")):
+                           (axes[1], "max_concurrency", f"max concurrency at {report.max_model_len:,} tokens")):
         vals = [b[key], c[key]]
         bars = ax.bar(labels, vals, color=["#888888", "#2b7bba"])
         ax.set_title(title, fontsize=10)
         ax.bar_label(bars, labels=[f"{v:,.0f}" if key == "kv_tokens" else f"{v:.2f}x" for v in vals], fontsize=8)
         ax.tick_params(axis="x", labelsize=8)
         ax.margins(y=0.15)
-    fig.suptitle(f"{report['model_type']}: x{report['ratio_kv_tokens']:.2f} KV tokens "
-                 f"({report.get('gpu') or 'fixed KV memory'}, vLLM's accounting)", fontsize=11)
+    fig.suptitle(f"{report.model_type}: x{report.ratio_kv_tokens:.2f} KV tokens "
+                 f"({report.gpu or 'fixed KV memory'}, vLLM's accounting)", fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
 
 
-def plan_plot(doc: dict, path: str | Path | None = None):
-    """plan.json as two panels: held-out quality against MODELLED wall-clock time per configuration (its curve's
-    steps x its step time; with a calibration), and the ranking by time to target (refused ones named, no bar)."""
+def plan_plot(plan, path: str | Path | None = None):
+    """plan.json (a PlanRecord) as two panels: held-out quality against MODELLED wall-clock time per configuration
+    (its curve's steps x its step time; with a calibration), and the ranking by time to target (refused ones named, no
+    bar)."""
     plt = _plt()
 
-    rows = doc["rows"]
-    cal = doc.get("calibration")
+    rows = plan.rows
+    cal = plan.calibration
     with_curves = cal is not None and any(r.get("curve") for r in rows)
     fig, axes = plt.subplots(1, 2 if with_curves else 1, figsize=(11 if with_curves else 6.5, 4.2), squeeze=False)
     axes = axes[0]
@@ -71,7 +72,7 @@ def plan_plot(doc: dict, path: str | Path | None = None):
     ax.set_xlabel(f"modelled time to target ({unit})")
     ax.set_title("ranking", fontsize=10)
     ax.margins(x=0.25)
-    fig.suptitle(f"{doc['model']} on {doc['gpu']} x{doc['tensor_parallel_size']}: rollout throughput MODELLED",
+    fig.suptitle(f"{plan.model} on {plan.gpu} x{plan.tensor_parallel_size}: rollout throughput MODELLED",
                  fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
@@ -214,34 +215,33 @@ def sensitivity_by_block(df, path: str | Path | None = None, metric: str = "kl_q
     return _save(fig, path)
 
 
-def frontier(df, recipes: list[dict], path: str | Path | None = None, metric: str = "kl_q_p"):
+def frontier(df, recipes: list, path: str | Path | None = None, metric: str = "kl_q_p"):
     """Weight bytes saved against mismatch: predicted (sum of group scores along the ranking) and every measured
     point of the recipe searches (on their search prompts), each chosen recipe marked there and, with a held-out
-    split, at its held-out value with its interval; its budget as a line."""
+    split, at its held-out value with its interval; its budget as a line. `recipes`: (name, RecipeRecord) pairs."""
     plt = _plt()
     saved, pred = predicted_frontier(df, metric)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(saved[1:], pred[1:], color="grey", linewidth=1.2, label="predicted: sum of group scores, ranked")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, r in enumerate(recipes):
+    for i, (name, r) in enumerate(recipes):
         c = colors[i % len(colors)]
-        pts = [(e["bytes_saved"] / 2**20, e["measured"]) for e in r.get("search", [])
+        pts = [(e["bytes_saved"] / 2**20, e["measured"]) for e in r.search or []
                if e.get("bytes_saved") and e.get("measured") is not None and e["measured"] > 0]
-        name = r.get("_name", f"recipe {i + 1}")
         if pts:
             ax.scatter(*zip(*pts), s=12, color=c, alpha=0.6, label=f"{name}: measured passes")
-        found = r.get("measured_search") or r.get("measured")
-        if found and r.get("bytes_saved"):
-            mib = r["bytes_saved"] / 2**20
+        found = r.measured_search or r.measured
+        if found and r.bytes_saved:
+            mib = r.bytes_saved / 2**20
             ax.scatter([mib], [found], s=120, marker="*", color=c, edgecolor="black", zorder=5,
                        label=f"{name}: chosen ({mib:.1f} MiB, {found:.3g} where searched)")
-            if r.get("measured_interval"):  # its value on the held-out prompts, with the interval
-                lo, hi = r["measured_interval"]
-                ax.errorbar([mib], [r["measured"]], yerr=[[r["measured"] - lo], [hi - r["measured"]]], fmt="D",
+            if r.measured_interval:  # its value on the held-out prompts, with the interval
+                lo, hi = r.measured_interval
+                ax.errorbar([mib], [r.measured], yerr=[[r.measured - lo], [hi - r.measured]], fmt="D",
                             color=c, markeredgecolor="black", markersize=5, capsize=3, zorder=6,
-                            label=f"{name}: held out {r['measured']:.3g} [{lo:.3g}, {hi:.3g}]")
-        if r.get("budget") is not None:
-            ax.axhline(r["budget"], color=c, linestyle="--", linewidth=1, label=f"{name}: budget {r['budget']:g}")
+                            label=f"{name}: held out {r.measured:.3g} [{lo:.3g}, {hi:.3g}]")
+        if r.budget is not None:
+            ax.axhline(r.budget, color=c, linestyle="--", linewidth=1, label=f"{name}: budget {r.budget:g}")
     ax.set_yscale("log")
     ax.set_xlabel("weight MiB saved (BF16 -> FP8)")
     ax.set_ylabel(f"{metric} (mean per response token)")
@@ -369,11 +369,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
         if pair:
             todo.append(("fast_vs_exact", lambda p: fast_vs_exact(*pair, p)))
     for cap in sorted(d.rglob("capacity.json")):
-        report = read_artifact("capacity.json", cap, "run `fp8probe capacity` again")
+        report = CapacityRecord.read(cap, "run `fp8probe capacity` again")
         todo.append((_name("capacity", cap, d), lambda p, r=report: capacity_bars(r, p)))
     for plan in sorted(d.rglob("plan.json")):
-        doc = read_artifact("plan.json", plan, "run `fp8probe plan` again")
-        todo.append((_name("plan", plan, d), lambda p, r=doc: plan_plot(r, p)))
+        record = PlanRecord.read(plan, "run `fp8probe plan` again")
+        todo.append((_name("plan", plan, d), lambda p, r=record: plan_plot(r, p)))
     for lad in sorted(d.rglob("ladder.csv")):
         table = pd.read_csv(lad)
         todo.append((_name("ladder", lad, d), lambda p, t=table, b=_budget_beside(lad): ladder_plot(t, p, budget=b)))
@@ -420,16 +420,15 @@ def _budget_figures(d: Path) -> list:
     return out
 
 
-def recipes_of(d: Path) -> list[dict]:
-    """recipe.json files below the run directory made from its sweep, named by their directory."""
+def recipes_of(d: Path) -> list[tuple[str, RecipeRecord]]:
+    """(name, record) of the recipe.json files below the run directory made from its sweep, named by their directory."""
     out = []
     for f in sorted(d.rglob("recipe.json")):
-        r = read_artifact("recipe.json", f, "run `fp8probe recipe` again")
-        sweep = r.get("sweep")  # absolute, or relative to the recipe's directory (shipped recipes)
-        if sweep and (f.parent / sweep).resolve() != d.resolve():
+        r = RecipeRecord.read(f, "run `fp8probe recipe` again")
+        # the sweep is absolute, or relative to the recipe's directory (shipped recipes)
+        if r.sweep and (f.parent / r.sweep).resolve() != d.resolve():
             continue
-        r["_name"] = f.parent.name if f.parent != d else "recipe"
-        out.append(r)
+        out.append((f.parent.name if f.parent != d else "recipe", r))
     return out
 
 
@@ -441,7 +440,7 @@ def fast_exact_pair(d: Path, df):
 
     agreement = d / "agreement.json"
     if agreement.exists():
-        other = Path(read_artifact("agreement.json", agreement, "run the fast sweep again").get("exact_sweep", ""))
+        other = Path(AgreementRecord.read(agreement, "run the fast sweep again").exact_sweep or "")
         if (other / "sensitivity.csv").exists():
             ex = read_sweep(other).table
             units = df[df["kind"] != "model"]
@@ -454,14 +453,16 @@ def fast_exact_pair(d: Path, df):
 
 
 def _budget_beside(f: Path) -> float | None:
-    for name in ("check.json", "budget.json"):
-        p = f.parent / name
+    """The budget a ladder's line is drawn at: the check's (check.json) or the budget's own (budget.json) beside it."""
+    from ..budget.fit import Budget
+
+    for record in (CheckRecord, Budget):
+        p = f.parent / record.KIND
         if p.exists():
             try:
-                b = read_artifact(name, p, "")
+                value = record.read(p, "").budget if record is CheckRecord else record.read(p, "").value
             except FP8ProbeError:  # a line is drawn where a file allows it; the ladder is drawn either way
                 continue
-            value = b.get("budget", b.get("value"))
             if isinstance(value, (int, float)):
                 return float(value)
     return None

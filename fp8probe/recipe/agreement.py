@@ -19,15 +19,15 @@ from __future__ import annotations
 import logging
 import math
 
-from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
+from ..core.records import AgreementRecord
 from ..core.stats import spearman, top_overlap
 from ..sweeps.methods import ESTIMATED
 from ..sweeps.settings import SweepSettings
 
 log = logging.getLogger(__name__)
 
-AGREEMENT_FILE = "agreement.json"
+AGREEMENT_FILE = AgreementRecord.KIND
 
 
 def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str) -> str | None:
@@ -35,7 +35,7 @@ def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, 
     r = exact_run.run
     if (exact_run.table["method"] != "exact").any():
         return "that sweep is not exact (run with `method` exact)"
-    theirs = (r["scheme"], r.get("granularity"), r.get("include_kv"), r.get("kv_cache_dtype"))
+    theirs = (r.scheme, r.granularity, r.include_kv, r.kv_cache_dtype)
     ours = (scheme.upper(), granularity, include_kv, kv_cache_dtype)
     if theirs != ours:
         return (f"it swept scheme/granularity/KV rows/KV dtype {theirs}, this sweep {ours}; compare sweeps with the "
@@ -66,7 +66,8 @@ def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool,
                             f"`rollouts` {exact_run.directory} so that both score the same tokens")
 
 
-def agreement(fast_df, exact_df, student, rollouts, settings: SweepSettings, *, sampling=None, reference=None) -> dict:
+def agreement(fast_df, exact_df, student, rollouts, settings: SweepSettings, *, sampling=None,
+              reference=None) -> AgreementRecord:
     """The figures of agreement.json (see the module docstring): the fast sweep's settings give the scheme and the
     recipes' budget (`agreement_budget`; default half the whole-model FP8 mismatch), the rollouts' settings
     (`sampling`) the batch size (else 8)."""
@@ -104,24 +105,20 @@ def agreement(fast_df, exact_df, student, rollouts, settings: SweepSettings, *, 
         except FP8ProbeError as e:  # e.g. nothing fits the budget: say so instead of failing the sweep
             recipes[name] = {"error": str(e)}
     same = "quantized" in recipes["exact"] and recipes["exact"].get("quantized") == recipes["fast"].get("quantized")
-    return {
-        "schema_version": version(AGREEMENT_FILE),
-        "rows": len(units),
-        "spearman": spearman([est[u] for u in units], [ex[u] for u in units]),
-        "top10_overlap": top_overlap(est, ex, 10),
-        "scale": ratios[len(ratios) // 2] if ratios else float("nan"),
-        "budget": {"metric": "kl_q_p", "value": budget, "whole_model_exact": whole},
-        "recipes": {**recipes, "same": bool(same)},
-    }
+    return AgreementRecord(
+        rows=len(units), spearman=spearman([est[u] for u in units], [ex[u] for u in units]),
+        top10_overlap=top_overlap(est, ex, 10), scale=ratios[len(ratios) // 2] if ratios else float("nan"),
+        budget={"metric": "kl_q_p", "value": budget, "whole_model_exact": whole},
+        recipes={**recipes, "same": bool(same)})
 
 
-def describe(a: dict) -> str:
+def describe(a: AgreementRecord) -> str:
     """The line a sweep prints about its agreement with the exact sweep."""
-    rec = a["recipes"]
-    line = (f"agreement with the exact sweep over {a['rows']} rows: Spearman {a['spearman']:.3f}, top-10 overlap "
-            f"{a['top10_overlap']}/10, estimate/exact median {a['scale']:.2f}")
+    rec = a.recipes
+    line = (f"agreement with the exact sweep over {a.rows} rows: Spearman {a.spearman:.3f}, top-10 overlap "
+            f"{a.top10_overlap}/10, estimate/exact median {a.scale:.2f}")
     if "measured_kl_q_p" in rec["exact"] and "measured_kl_q_p" in rec["fast"]:
-        line += (f"; recipes at kl_q_p <= {a['budget']['value']:.3g}: {'the same' if rec['same'] else 'different'} "
+        line += (f"; recipes at kl_q_p <= {a.budget['value']:.3g}: {'the same' if rec['same'] else 'different'} "
                  f"({rec['fast']['fp8_groups']} vs {rec['exact']['fp8_groups']} groups in FP8, measured "
                  f"{rec['fast']['measured_kl_q_p']:.3g} vs {rec['exact']['measured_kl_q_p']:.3g})")
     return line

@@ -28,16 +28,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
-from ..core.files import atomic_write_json, atomic_write_text
+from ..core.files import atomic_write_text
+from ..core.records import RecipeRecord
 from ..core.schemes import KV_CACHE_SCHEMES, Scheme, check_recipe_kv, kv_cache_name
 from ..model.structure import Unit, expert_ignore_pattern, expert_linear_names, fused_groups, input_dim, scheme_blockers
 from .forms import FORMS
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = version("recipe.json")
 MODIFIER_KEYS = {"targets", "ignore", "scheme", "config_groups", "kv_cache_scheme"}  # what fp8probe writes and reads
 
 
@@ -181,25 +180,27 @@ class Recipe:
             return f"memory target {self.memory_target['kind']} >= {self.memory_target['value']}"
         return f"budget {self.metric} <= {self.budget}"
 
+    def record(self) -> RecipeRecord:
+        """recipe.json's record: how this recipe was chosen."""
+        return RecipeRecord(
+            model=self.model, scheme=self.scheme, kv_cache_scheme=self.kv_cache_dtype, budget=self.budget,
+            metric=self.metric, predicted=self.predicted, measured=self.measured,
+            measured_metrics=self.measured_metrics, bytes_saved=self.bytes_saved, kept=self.kept,
+            quantized=self.quantized, kept_scores=self.kept_scores, group_units=self.group_units, search=self.search,
+            sweep=self.sweep, form=self.form, target=self.target, kv_scale=self.kv_scale,
+            memory_target=self.memory_target, fp8_share=self.fp8_share, effective_bits=self.effective_bits,
+            measured_search=self.measured_search, measured_interval=self.measured_interval, split=self.split,
+            measured_engine=self.measured_engine, costs=self.costs, damage_model=self.damage_model)
+
     def to_json(self) -> dict:
-        return {
-            "schema_version": SCHEMA_VERSION, "model": self.model, "scheme": self.scheme,
-            "kv_cache_scheme": self.kv_cache_dtype, "budget": self.budget, "metric": self.metric,
-            "predicted": self.predicted, "measured": self.measured, "measured_metrics": self.measured_metrics,
-            "bytes_saved": self.bytes_saved, "kept": self.kept, "quantized": self.quantized,
-            "kept_scores": self.kept_scores, "group_units": self.group_units, "search": self.search,
-            "sweep": self.sweep, "form": self.form, "target": self.target, "kv_scale": self.kv_scale,
-            "memory_target": self.memory_target, "fp8_share": self.fp8_share, "effective_bits": self.effective_bits,
-            "measured_search": self.measured_search, "measured_interval": self.measured_interval, "split": self.split,
-            "measured_engine": self.measured_engine,
-        } | {k: v for k, v in (("costs", self.costs), ("damage_model", self.damage_model)) if v is not None}
+        return self.record().to_json()
 
     def write(self, out_dir: str | Path) -> None:
         """DIR/recipe.yaml (llm-compressor's format) and DIR/recipe.json (how it was chosen)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "recipe.yaml", self.to_yaml())
-        atomic_write_json(out / "recipe.json", self.to_json())
+        self.record().write(out / RecipeRecord.KIND)
 
 
 def read_recipe(path: str | Path) -> Recipe:
@@ -262,18 +263,15 @@ INFO_FIELDS = ("model", "budget", "metric", "predicted", "measured", "bytes_save
 
 def _read_info(recipe: Recipe, path: Path) -> None:
     """How the recipe was chosen, from the recipe.json written beside it (when it describes this recipe)."""
-    import json
-
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        info = RecipeRecord.read(path, "")
+    except FP8ProbeError:  # none, or not one this fp8probe reads: the recipe is what its YAML says
         return
-    if not isinstance(info, dict) or info.get("scheme") != recipe.scheme \
-            or info.get("kv_cache_scheme") != recipe.kv_cache_dtype:
+    if info.scheme != recipe.scheme or info.kv_cache_scheme != recipe.kv_cache_dtype:
         return
     for k in INFO_FIELDS:
-        if k in info and info[k] is not None:
-            setattr(recipe, k, info[k])
+        if getattr(info, k) is not None:
+            setattr(recipe, k, getattr(info, k))
     if recipe.form not in FORMS or recipe.kv_scale not in ("calibrated", "unit"):
         recipe.form, recipe.kv_scale = "free", "calibrated"
 

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..core.artifacts import version, versions
+from ..core.artifacts import schema_of
 from ..core.errors import FP8ProbeError
 from ..core.files import atomic_write_json, atomic_write_text
 from ..core.metrics import METRICS
+from ..core.records import SweepRunRecord
 from ..model.embedded import NAME as EMBEDDED
 from .methods import ESTIMATED
 
@@ -40,37 +41,37 @@ PARTIAL = "sensitivity.partial.csv"
 PARTIAL_SETTINGS = "sweep.partial.json"
 _INT_COLUMNS = ("block", "params", "bytes_saved", "kv_bytes_saved_per_token")
 
-RUN_SCHEMA_VERSION = version("run.json")
-RUN_FILE = "run.json"
+RUN_SCHEMA_VERSION = SweepRunRecord.VERSION
+RUN_FILE = SweepRunRecord.KIND
 TABLE = "sensitivity.csv"
 
 # run.json keys a consumer relies on, with their JSON types
-_RUN_KEYS = {"schema_version": int, "model": str, "model_path": str, "scheme": str, "batch_size": int}
+_RUN_KEYS = {"model": str, "model_path": str, "scheme": str, "batch_size": int}
 _TEXT_COLUMNS = ("unit", "kind", "group", "method")
 
 
 @dataclass(frozen=True)
 class SweepRun:
     directory: Path
-    run: dict  # run.json
+    run: SweepRunRecord  # run.json
     table: "object"  # pandas DataFrame with COLUMNS
 
     @property
     def model_source(self) -> str | None:
         """What load_student takes to load the swept model again (None: the embedded student, whose path
         is a cache that may have moved)."""
-        return None if self.run["model"] == EMBEDDED else self.run["model_path"]
+        return None if self.run.model == EMBEDDED else self.run.model_path
 
     def check_student(self, student) -> None:
         """Refuse to use this sweep with a model of another architecture than the one it measured."""
-        swept = self.run.get("model_type")
+        swept = self.run.model_type
         if swept is not None and swept != student.model_type:
-            raise FP8ProbeError(f"{self.directory} measured a {swept} model, but {self.run['model_path']} is now a "
+            raise FP8ProbeError(f"{self.directory} measured a {swept} model, but {self.run.model_path} is now a "
                                 f"{student.model_type} model: was it run on another model? sweep this one")
 
 
-def write_run(out: str | Path, run: dict) -> None:
-    atomic_write_json(Path(out) / RUN_FILE, {"schema_version": RUN_SCHEMA_VERSION, **run, "versions": versions()})
+def write_run(out: str | Path, run: SweepRunRecord) -> None:
+    run.write(Path(out) / RUN_FILE)
 
 
 def write_table(out: str | Path, df) -> None:
@@ -99,7 +100,7 @@ def read_sweep(directory: str | Path) -> SweepRun:
         raise FP8ProbeError(f"{run_file} is not valid JSON ({e}); run the sweep again") from e
     if not isinstance(run, dict):
         raise FP8ProbeError(f"{run_file} is not a JSON object; run the sweep again")
-    version = run.get("schema_version")
+    version = schema_of(run)
     if version != RUN_SCHEMA_VERSION:
         raise FP8ProbeError(f"{run_file} has schema_version {version!r}; this fp8probe reads {RUN_SCHEMA_VERSION} "
                             f"(written by fp8probe {run.get('versions', {}).get('fp8probe', '?')}): run the sweep "
@@ -139,7 +140,7 @@ def read_sweep(directory: str | Path) -> SweepRun:
         if holes.any():
             row = df.index[holes][0] + 2
             raise FP8ProbeError(f"{table}:{row} has no value in {c!r} (truncated?); run the sweep again")
-    return SweepRun(d, run, df[COLUMNS])
+    return SweepRun(d, SweepRunRecord.from_json(run), df[COLUMNS])
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.records import CalibrationRecord
 from ..sources.sources import SourceSpec, parse_source
-from .runs import QUALITY_NAME, SCHEMA_VERSION, check_objectives, finished, load_pair, run_dir, runs_table, train_one
+from .runs import QUALITY_NAME, check_objectives, finished, load_pair, run_dir, runs_table, train_one
 from .settings import RunId, TrainSettings
 
 BOOTSTRAP = 1000  # resamples behind every budget the ladder fits
@@ -70,10 +71,19 @@ class Experiment:
     response: str = "gain"  # what a level's loss is (design.RESPONSES)
     save_checkpoints: bool = False  # the mismatch-free runs keep their student at the first, middle and last step
 
-    def to_json(self) -> dict:
+    def record(self) -> CalibrationRecord:
+        """calibrate.json's record of what was asked for (calibrate.partial.json's whole content)."""
         d = asdict(self)
-        d["train"] = asdict(self.train)
-        return {"schema_version": SCHEMA_VERSION, **d}
+        return CalibrationRecord(**{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()})
+
+    @classmethod
+    def of(cls, record: CalibrationRecord, **changes) -> Experiment:
+        """The Experiment a calibrate.json recorded (settings added since it was written take their defaults)."""
+        names = {x.name for x in fields(cls)} - {"train"}
+        train = TrainSettings(**{k: v for k, v in (record.train or {}).items()
+                                 if k in {x.name for x in fields(TrainSettings)}})
+        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in record.body().items() if k in names}
+        return cls(**{**kw, "train": train, **changes})
 
 
 HELDOUT_EVERY = 10  # every 10th prompt is held out: 24 of the 240 built-in training prompts
@@ -121,14 +131,10 @@ def check_resume(out: Path, calibration: Experiment, resume: bool) -> None:
         return
     if not resume:
         raise FP8ProbeError(f"{out} holds a calibration: pass `resume` to continue it, or another `out`")
-    try:
-        old = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FP8ProbeError(f"{f} is not valid JSON ({e}): start in another `out`") from e
-    new = json.loads(json.dumps(calibration.to_json()))
+    old = CalibrationRecord.read(f, "start in another `out`").to_json()  # a key it lacks: its default then
+    new = json.loads(json.dumps(calibration.record().to_json()))
     if isinstance(old.get("train"), dict):  # settings added since it was written held their defaults then
         old["train"] = {**json.loads(json.dumps(asdict(TrainSettings()))), **old["train"]}
-    old.setdefault("response", "relative")  # before budget.json 4 every loss was relative
     for key in ("teacher", "student", "train", "train_prompts", "heldout_prompts", "tolerance", "quality", "bracket",
                 "max_added"):
         if old.get(key) != new.get(key):
@@ -326,10 +332,10 @@ class _Trainer:
             done = train_one(self.teacher, self.initial, RunId(objective, level, seed), self.c, self.out,
                              on_step=on_step, device=self.device, start=self.start)
             if self.log is not None:
-                q = done["quality"]
-                self.log(f"{objective} level {level.name} seed {seed}: mismatch {done['mismatch']['kl_q_p']:.4g}, "
-                         f"held-out reverse KL {done['quality_start']['reverse_kl']:.4f} -> {q['final']:.4f} "
-                         f"(mean along training {q['auc']:.4f}; {done['seconds']:.0f} s)")
+                q = done.quality
+                self.log(f"{objective} level {level.name} seed {seed}: mismatch {done.mismatch['kl_q_p']:.4g}, "
+                         f"held-out reverse KL {done.quality_start['reverse_kl']:.4f} -> {q['final']:.4f} "
+                         f"(mean along training {q['auc']:.4f}; {done.seconds:.0f} s)")
         return done
 
 
@@ -350,19 +356,17 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
               log=None) -> dict:
     """Every objective's ladder (finished runs kept), then runs.csv, the budgets (each naming its student, teacher,
     objective and dose) and calibration.png."""
-    from dataclasses import replace
-
     import pandas as pd
 
     from ..budget.fit import budget_ratio
-    from ..core.files import atomic_write_json, atomic_write_text
+    from ..core.files import atomic_write_text
     from ..model.identity import identity
     from .doses import HOW, mapping
 
     trainer = _Trainer(calibration, out, device, progress, log)
     ladder = Ladder(calibration, trainer.run, trainer.dose, on_more=trainer.more)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / PARTIAL, calibration.to_json())
+    calibration.record().write(out / PARTIAL)
     student, teacher = identity(trainer.initial), identity(trainer.teacher)
     if calibration.teacher is not None and student["name"].startswith("pruned"):
         student["name"] = f"{student['name']} of {calibration.teacher}"
@@ -386,9 +390,9 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
     df = pd.concat(tables, ignore_index=True)
     atomic_write_text(out / "runs.csv", df.to_csv(index=False))
     for i, (objective, b) in enumerate(budgets.items()):
-        atomic_write_json(out / f"budget-{objective}.json", b.to_json())
+        b.write(out / f"budget-{objective}.json")
         if i == 0:
-            atomic_write_json(out / "budget.json", b.to_json())
+            b.write(out / b.KIND)
     from ..plots.figures import calibration_plot
 
     curves = {(o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv"
@@ -398,10 +402,9 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
     objectives = list(budgets)
     first = budgets[objectives[0]]
     ratios = [{**budget_ratio(first, budgets[o]), **sigma_ratio(df, first, budgets[o])} for o in objectives[1:]]
-    atomic_write_json(out / "calibrate.json", {**calibration.to_json(), "objectives": objectives,
-                                                "added_levels": added, "allocated": ladder.spent, "ratios": ratios,
-                                                "kept_objectives": sorted(kept), "dose": HOW,
-                                                "dose_mapping": mapping(df)})
+    done = replace(calibration.record(), objectives=objectives, added_levels=added, allocated=ladder.spent,
+                   ratios=ratios, kept_objectives=sorted(kept), dose=HOW, dose_mapping=mapping(df))
+    done.write(out / CalibrationRecord.KIND)
     (out / PARTIAL).unlink()
     return {"runs": df, "budgets": budgets, "added": added, "allocated": ladder.spent, "ratios": ratios}
 
@@ -409,22 +412,14 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
 def read_experiment(out: Path, response: str) -> Experiment:
     """The Experiment a calibration in `out` ran (its calibrate.json; version 2 too), with every objective left to
     its runs.csv (`calibrate(refit)`: nothing is trained) and the budgets read on `response`."""
-    import dataclasses
-
     f = Path(out) / "calibrate.json"
     if not f.is_file():
         raise FP8ProbeError(f"no calibrate.json in {out}: `refit` refits a finished calibration; run it first")
     if not (Path(out) / "runs.csv").is_file():
         raise FP8ProbeError(f"no runs.csv in {out}: `refit` refits the runs a finished calibration listed there; "
                             "run `fp8probe calibrate --resume` to finish it first")
-    from ..core.artifacts import read_artifact
-
-    d = read_artifact("calibrate.json", f, "run `fp8probe calibrate` again")
-    names = {x.name for x in dataclasses.fields(Experiment)}
-    train = TrainSettings(**{k: v for k, v in d["train"].items() if k in {x.name for x in dataclasses.fields(
-        TrainSettings)}})
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names and k != "train"}
-    return Experiment(**{**kw, "train": train, "objectives": (), "response": response})
+    return Experiment.of(CalibrationRecord.read(f, "run `fp8probe calibrate` again"), objectives=(),
+                         response=response)
 
 
 def sigma_ratio(df, a, b) -> dict:

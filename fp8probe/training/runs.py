@@ -24,16 +24,14 @@ the default.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from ..core.artifacts import version
 from ..core.errors import FP8ProbeError
+from ..core.records import TrainingRunRecord
 from ..sources.sources import SourceSpec
 from .settings import RunId, TrainerRun, TrainSettings
 
-SCHEMA_VERSION = version("calibrate.json")
 QUALITY_NAME = "held-out reverse KL(student ‖ teacher) per token, full vocabulary"
 RUN_COLUMNS = ["objective", "level", "kind", "value", "seed", "metric", "mismatch", "mismatch_run_mean", "mismatch_run",
                "k3", "quality",
@@ -88,18 +86,19 @@ def run_dir(out: Path, objective: str, level: SourceSpec, seed: int) -> Path:
     return Path(out) / "runs" / objective / f"{level.slug}-seed{seed}"
 
 
-def finished(out: Path, objective: str, level: SourceSpec, seed: int) -> dict | None:
+def finished(out: Path, objective: str, level: SourceSpec, seed: int) -> TrainingRunRecord | None:
+    """The run's run.json when it finished (None: not run, or its file unreadable: it runs again)."""
     f = run_dir(out, objective, level, seed) / "run.json"
     if not f.exists():
         return None
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        return TrainingRunRecord.read(f, "it runs again")
+    except FP8ProbeError:
         return None
 
 
 def train_one(teacher, initial_student, run: RunId, calibration, out: Path, *, on_step=None, device: str = "cpu",
-              start: dict | None = None) -> dict:
+              start: dict | None = None) -> TrainingRunRecord:
     """One run (its objective at one level and seed); writes its run directory and returns its run.json. `start`:
     the held-out evaluation before training, when already made (it is the same for every run of a calibration)."""
     import copy
@@ -182,7 +181,7 @@ def after_steps(teacher, initial_student, objective: str, seed: int, calibration
 def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, seconds) -> dict:
     import pandas as pd
 
-    from ..core.files import atomic_write_json, atomic_write_text
+    from ..core.files import atomic_write_text
 
     if (d / "trl").is_dir() and not any((d / "trl").iterdir()):
         (d / "trl").rmdir()  # TRL makes its output_dir; nothing is saved there
@@ -200,15 +199,15 @@ def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, s
         w = m["tokens"] / m["tokens"].sum()
         mism = {"kl_q_p": float((m["kl_q_p"] * w).sum()), "k3": float((m["k3"] * w).sum()),
                 "tokens": int(m["tokens"].sum())}
-    result = {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
-              "value": level.value, "scheme": level.scheme, "seed": seed, "steps": tr.steps,
-              "seconds": round(seconds, 2), "mismatch": mism, "quality_start": evals[0], "quality_end": evals[-1],
-              "quality": curve_quality(evals), "losses": [x["loss"] for x in losses]}
-    atomic_write_json(d / "run.json", result)
+    result = TrainingRunRecord(objective=objective, level=level.name, kind=level.kind, value=level.value,
+                               scheme=level.scheme, seed=seed, steps=tr.steps, seconds=round(seconds, 2),
+                               mismatch=mism, quality_start=evals[0], quality_end=evals[-1],
+                               quality=curve_quality(evals), losses=[x["loss"] for x in losses])
+    result.write(d / "run.json")
     return result
 
 
-def runs_table(results: list[dict], quality: str = "auc", dose=None):
+def runs_table(results: list[TrainingRunRecord], quality: str = "auc", dose=None):
     """runs.csv: one row per run. `mismatch` is the level's dose (what a budget fits): `dose(objective, level)`, the
     level's kl_q_p as `check` measures it (doses.py), or without `dose` the level's mean run-mean KL;
     `mismatch_run_mean` the level's mean of its runs' mean KL over training, `mismatch_run` the run's own;
@@ -218,20 +217,20 @@ def runs_table(results: list[dict], quality: str = "auc", dose=None):
 
     rows = []
     for r in results:
-        q = r["quality"]
+        q = r.quality
         if quality not in q:
-            raise FP8ProbeError(f"run {r['objective']} {r['level']} seed {r['seed']} has no {quality} quality (written "
+            raise FP8ProbeError(f"run {r.objective} {r.level} seed {r.seed} has no {quality} quality (written "
                                 "by an older fp8probe): calibrate again, or pass the quality it has: "
                                 f"{', '.join(k for k in q if k != 'late_improvement')}")
-        rows.append({"objective": r.get("objective", "opd"), "level": r["level"], "kind": r["kind"],
-                     "value": r["value"], "seed": r["seed"], "metric": "kl_q_p",
-                     "mismatch_run": r["mismatch"]["kl_q_p"], "k3": r["mismatch"]["k3"], "quality": q[quality],
+        rows.append({"objective": r.objective or "opd", "level": r.level, "kind": r.kind,
+                     "value": r.value, "seed": r.seed, "metric": "kl_q_p",
+                     "mismatch_run": r.mismatch["kl_q_p"], "k3": r.mismatch["k3"], "quality": q[quality],
                      "quality_plateau": q.get("plateau", float("nan")), "quality_auc": q["auc"],
                      "quality_final": q["final"], "late_improvement": q["late_improvement"],
-                     "higher_is_better": False, "quality_start": r["quality_start"]["reverse_kl"],
-                     "teacher_logp": r["quality_end"]["teacher_logp"],
-                     "teacher_logp_start": r["quality_start"]["teacher_logp"], "steps": r["steps"],
-                     "rollout_tokens": r["mismatch"]["tokens"], "seconds": r["seconds"]})
+                     "higher_is_better": False, "quality_start": r.quality_start["reverse_kl"],
+                     "teacher_logp": r.quality_end["teacher_logp"],
+                     "teacher_logp_start": r.quality_start["teacher_logp"], "steps": r.steps,
+                     "rollout_tokens": r.mismatch["tokens"], "seconds": r.seconds})
     df = pd.DataFrame(rows, columns=[c for c in RUN_COLUMNS if c not in ("mismatch", "mismatch_run_mean",
                                                                           "paired_loss")])
     run_mean = df.groupby(["objective", "level"])["mismatch_run"].transform("mean")

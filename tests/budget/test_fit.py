@@ -59,29 +59,32 @@ def test_lower_is_better_and_the_direction_decides():
 def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
     """calibration_runs.runs_table's rows (quality: held-out reverse KL, lower is better) fit to the level where the
     KL starts rising; each run's paired loss is against its own seed's mismatch-free run (0 for that run)."""
+    from dataclasses import replace
+
+    from fp8probe.core.records import TrainingRunRecord
     from fp8probe.training.runs import runs_table
 
     def result(level, value, seed, kl):
-        return {"objective": "opd", "level": level, "kind": "noise" if value else "none", "value": value,
-                "seed": seed, "mismatch": {"kl_q_p": value, "k3": value, "tokens": 100}, "steps": 30, "seconds": 1.0,
-                "quality_start": {"reverse_kl": 6.0, "teacher_logp": -3.0},
-                "quality_end": {"reverse_kl": kl, "teacher_logp": -2.0},
-                "quality": {"plateau": kl + 0.5, "auc": kl + 1, "final": kl, "late_improvement": 0.0}}
+        return TrainingRunRecord(
+            objective="opd", level=level, kind="noise" if value else "none", value=value, scheme=None, seed=seed,
+            mismatch={"kl_q_p": value, "k3": value, "tokens": 100}, steps=30, seconds=1.0, losses=[],
+            quality_start={"reverse_kl": 6.0, "teacher_logp": -3.0}, quality_end={"reverse_kl": kl, "teacher_logp": -2.0},
+            quality={"plateau": kl + 0.5, "auc": kl + 1, "final": kl, "late_improvement": 0.0})
 
     results = [result("0", 0.0, s, 1.40 + 0.2 * s) for s in range(2)]  # seeds 14 % apart
     results += [result("0.01", 0.01, s, (1.40 + 0.2 * s) * 1.004) for s in range(2)]  # +0.4 % on each seed
     results += [result("0.1", 0.1, s, (1.40 + 0.2 * s) * 1.14) for s in range(2)]  # +14 %: worse
     df = runs_table(results, quality="final")
-    assert set(df["higher_is_better"]) == {False} and list(df["quality"]) == [r["quality_end"]["reverse_kl"]
+    assert set(df["higher_is_better"]) == {False} and list(df["quality"]) == [r.quality_end["reverse_kl"]
                                                                              for r in results]
     assert list(df["paired_loss"][:2]) == [0.0, 0.0]
     assert list(df["paired_loss"][2:4]) == pytest.approx([0.004, 0.004]) and list(df["paired_loss"][4:]) == \
         pytest.approx([0.14, 0.14])
     b = fit_budget(df, BudgetSettings(tolerance=0.02, bootstrap=200))
     assert b.paired and b.value == 0.01 and b.interval == (0.01, 0.01)
-    assert list(runs_table(results)["quality"]) == [r["quality"]["auc"] for r in results]  # auc by default
-    assert list(runs_table(results, "plateau")["quality"]) == [r["quality"]["plateau"] for r in results]
-    old = [{**r, "quality": {k: v for k, v in r["quality"].items() if k != "plateau"}} for r in results]
+    assert list(runs_table(results)["quality"]) == [r.quality["auc"] for r in results]  # auc by default
+    assert list(runs_table(results, "plateau")["quality"]) == [r.quality["plateau"] for r in results]
+    old = [replace(r, quality={k: v for k, v in r.quality.items() if k != "plateau"}) for r in results]
     assert runs_table(old)["quality_plateau"].isna().all()
     with pytest.raises(FP8ProbeError, match="no plateau quality"):
         runs_table(old, "plateau")  # run.json of an older fp8probe: one line naming the qualities it has

@@ -100,9 +100,9 @@ def test_embedded_student_cpu_block_size():
     rep = capacity(None, kv_cache_dtype="auto", kv_cache_memory=GiB, block_size=128,
                    max_model_len=8192)
     for side in ("baseline", "candidate"):
-        assert rep[side]["num_blocks"] == 364 and rep[side]["kv_tokens"] == 46592
-        assert rep[side]["max_concurrency"] == 5.6875
-    assert rep["ratio_kv_tokens"] == 1.0
+        assert getattr(rep, side)["num_blocks"] == 364 and getattr(rep, side)["kv_tokens"] == 46592
+        assert getattr(rep, side)["max_concurrency"] == 5.6875
+    assert rep.ratio_kv_tokens == 1.0
 
 
 @pytest.mark.slow  # the real embedded student
@@ -130,14 +130,14 @@ def test_ratio_fp8_weights_and_kv_qwen3_8b_h100():
     (BF16 KV), 1,179,648 (FP8 KV): 25,036 and 55,955 blocks; 2,048 blocks per 32,768-token request: 12.2246x and
     27.3218x, 400,576 and 895,280 tokens (x2.2350)."""
     rep = capacity(cfg("qwen3-8b"), kv_cache_dtype="fp8", gpu="H100", max_model_len=32768)
-    b, c = rep["baseline"], rep["candidate"]
+    b, c = rep.baseline, rep.candidate
     assert (b["weight_bytes"], c["weight_bytes"]) == (16_381_470_720, 9_441_306_624)
     assert (b["kv_memory_bytes"], c["kv_memory_bytes"]) == (59_068_133_785, 66_008_297_881)
     assert (b["bytes_per_block"], c["bytes_per_block"]) == (2_359_296, 1_179_648)
     assert (b["num_blocks"], c["num_blocks"]) == (25_036, 55_955)
     assert (b["kv_tokens"], c["kv_tokens"]) == (400_576, 895_280)
     assert (b["max_concurrency"], c["max_concurrency"]) == (25_036 / 2048, 55_955 / 2048)
-    assert rep["ratio_kv_tokens"] == pytest.approx(895_280 / 400_576, rel=1e-12)
+    assert rep.ratio_kv_tokens == pytest.approx(895_280 / 400_576, rel=1e-12)
     assert c["kv_bytes_per_token"] * 2 == b["kv_bytes_per_token"] == 36 * 8 * 2 * 128 * 2
 
 
@@ -173,8 +173,8 @@ def test_per_token_head_kv_dtypes_hand_worked():
     assert kv_layout(c, "auto")["bytes_per_token"] == 114_688
     rep = capacity(c, kv_cache_dtype="fp8_per_token_head", kv_cache_memory=8 * GiB, max_model_len=4096)
     # page 16 x 8 x 264 = 33,792; x 28 layers = 946,176 per block; 8 GiB // that = 9,078 blocks (BF16: 4,681)
-    assert rep["candidate"]["num_blocks"] == 9_078 and rep["baseline"]["num_blocks"] == 4_681
-    assert rep["vllm_version"] == "0.32.0"
+    assert rep.candidate["num_blocks"] == 9_078 and rep.baseline["num_blocks"] == 4_681
+    assert rep.vllm_version == "0.32.0"
 
 
 @pytest.mark.slow

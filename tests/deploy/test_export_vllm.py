@@ -113,9 +113,9 @@ def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path, cli):
     # KV-cache size equals fp8probe's accounting for the same bytes (1 GiB, CPU block size 128)
     cap = capacity(None, kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
                    max_model_len=8192)
-    assert v["vllm"]["bf16"]["kv_cache_tokens"] == cap["baseline"]["kv_tokens"]
-    assert v["vllm"]["fp8"]["kv_cache_tokens"] == cap["candidate"]["kv_tokens"]
-    assert v["vllm"]["bf16"]["max_concurrency"] == pytest.approx(cap["baseline"]["max_concurrency"], abs=0.005)
+    assert v["vllm"]["bf16"]["kv_cache_tokens"] == cap.baseline["kv_tokens"]
+    assert v["vllm"]["fp8"]["kv_cache_tokens"] == cap.candidate["kv_tokens"]
+    assert v["vllm"]["bf16"]["max_concurrency"] == pytest.approx(cap.baseline["max_concurrency"], abs=0.005)
     pred, real, floor = v["predicted"], v["realised"], v["noise_floor"]
     w_only = v["predicted_weights_only"]
     # Measured here (8 rollouts x 32 tokens, 256 response tokens, 195 units in FP8_DYNAMIC):

@@ -116,6 +116,6 @@ def test_recipe_export_and_vllm_cpu(swept, tmp_path):
     assert res["generated_ids"] and len(res["generated_ids"][0]) > 0
     cap = capacity(gguf_copy(gemma3_gguf()), kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
                    max_model_len=2048)
-    print(res["kv_cache_tokens"], res["max_concurrency"], cap["baseline"])
-    assert res["kv_cache_tokens"] == cap["baseline"]["kv_tokens"]
-    assert res["max_concurrency"] == pytest.approx(cap["baseline"]["max_concurrency"], abs=0.005)
+    print(res["kv_cache_tokens"], res["max_concurrency"], cap.baseline)
+    assert res["kv_cache_tokens"] == cap.baseline["kv_tokens"]
+    assert res["max_concurrency"] == pytest.approx(cap.baseline["max_concurrency"], abs=0.005)

@@ -32,7 +32,7 @@ def test_masks_and_layout(student):
         start = int(resp.nonzero()[0])
         assert resp[start:length].all() and not resp[:start].any() and not resp[length:].any()
         assert 1 <= length - start <= 10
-        prompt = tok.apply_chat_template([{"role": "user", "content": r.meta["prompts"][i]}],
+        prompt = tok.apply_chat_template([{"role": "user", "content": r.meta.prompts[i]}],
                                          add_generation_prompt=True, tokenize=True)
         prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
         assert ids[:start].tolist() == list(prompt)

@@ -25,11 +25,15 @@ def _table():
 
 
 def test_figures(tmp_path):
+    from fp8probe.core.records import CapacityRecord
+
     sensitivity_heatmap(_table(), tmp_path / "h.png")
     frontier(_table(), [], tmp_path / "b.png")  # the prediction alone
     side = {"kv_tokens": 100, "max_concurrency": 1.5, "scheme": "FP8_DYNAMIC", "kv_cache_dtype": "fp8"}
-    capacity_bars({"baseline": dict(side, scheme=None, kv_cache_dtype="auto"), "candidate": side,
-                   "max_model_len": 8192, "model_type": "llama", "ratio_kv_tokens": 1.0}, tmp_path / "c.png")
+    capacity_bars(CapacityRecord(vllm_version="0.32.0", model_type="llama", max_model_len=8192, block_size=16,
+                                 tensor_parallel_size=1, gpu="H100", gpu_memory_utilization=0.9,
+                                 baseline=dict(side, scheme=None, kv_cache_dtype="auto"), candidate=side,
+                                 ratio_kv_tokens=1.0, ratio_concurrency=1.0), tmp_path / "c.png")
     for f in ("h.png", "b.png", "c.png"):
         assert (tmp_path / f).read_bytes()[:4] == b"\x89PNG"
 
@@ -94,23 +98,23 @@ def test_frontier_shows_every_recipe_search(run_dir):
     from fp8probe.sweeps.files import read_sweep
 
     recipes = recipes_of(run_dir)
-    assert sorted(r["_name"] for r in recipes) == ["recipe-0.2", "recipe-0.5"]
-    assert all(r["split"] and r["measured_interval"] for r in recipes)  # the default split
+    assert sorted(name for name, _ in recipes) == ["recipe-0.2", "recipe-0.5"]
+    assert all(r.split and r.measured_interval for _, r in recipes)  # the default split
     fig = frontier(read_sweep(run_dir).table, recipes)
     ax = fig.axes[0]
     drawn = sorted(tuple(map(float, xy)) for c in ax.collections if isinstance(c, PathCollection)
                    for xy in c.get_offsets())
-    want = [(e["bytes_saved"] / 2**20, e["measured"]) for r in recipes for e in r["search"]
+    want = [(e["bytes_saved"] / 2**20, e["measured"]) for _, r in recipes for e in r.search
             if e.get("bytes_saved") and e["measured"] > 0]
-    want += [(r["bytes_saved"] / 2**20, r["measured_search"]) for r in recipes]  # the chosen ones, as stars
+    want += [(r.bytes_saved / 2**20, r.measured_search) for _, r in recipes]  # the chosen ones, as stars
     assert len(drawn) == len(want)
     assert [v for xy in drawn for v in xy] == pytest.approx([v for xy in sorted(want) for v in xy], rel=1e-12)
     held = sorted(float(v) for c in ax.containers for xy in c.lines[0].get_xydata() for v in xy)
-    assert held == pytest.approx(sorted(v for r in recipes for v in (r["bytes_saved"] / 2**20, r["measured"])))
+    assert held == pytest.approx(sorted(v for _, r in recipes for v in (r.bytes_saved / 2**20, r.measured)))
     bars = sorted(float(v) for c in ax.containers for seg in c.lines[2][0].get_segments() for v in seg[:, 1])
-    assert bars == pytest.approx(sorted(v for r in recipes for v in r["measured_interval"]))
+    assert bars == pytest.approx(sorted(v for _, r in recipes for v in r.measured_interval))
     budgets = sorted(line.get_ydata()[0] for line in ax.lines[1:] if list(line.get_xdata()) == [0, 1])
-    assert budgets == pytest.approx(sorted(r["budget"] for r in recipes))
+    assert budgets == pytest.approx(sorted(r.budget for _, r in recipes))
 
 
 def test_plot_refuses_what_it_cannot_draw(cli, tmp_path):

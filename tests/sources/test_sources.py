@@ -311,18 +311,18 @@ def test_check_gives_the_other_engines_figure(setup):
     cfg = sources.Source("four units", "recipe", Perturbation(units=units))
     point = Budget("kl_q_p", 1.0, calibrated=False, source="hand")
     rep = check(st, r, cfg, point, reference=ref)
-    a = rep["also_measured"]
+    a = rep.also_measured
     want = measure(st, r, "FP8_DYNAMIC", units=list(units), engine="vllm-cuda")["kl_q_p"]
     assert a["engine"] == "vllm-cuda" and a["measured"] == pytest.approx(want, rel=1e-6)
-    assert a["interval"][0] < a["measured"] < a["interval"][1] and a["measured"] != pytest.approx(rep["measured"])
+    assert a["interval"][0] < a["measured"] < a["interval"][1] and a["measured"] != pytest.approx(rep.measured)
     assert f"as vllm-cuda computes it: kl_q_p {a['measured']:.4g}" in format_check(rep)
     back = check(st, r, cfg, point, reference=ref, engine="vllm-cuda")
-    assert back["also_measured"]["engine"] == "sim"
-    assert back["also_measured"]["measured"] == pytest.approx(rep["measured"], rel=1e-9)
+    assert back.also_measured["engine"] == "sim"
+    assert back.also_measured["measured"] == pytest.approx(rep.measured, rel=1e-9)
     kv = sources.Source("kv e5m2", "kv",
                         Perturbation(kv_layers=tuple(st.layers), kv=KVCacheScheme.from_name("fp8_e5m2")))
     rep = check(st, r, kv, point, reference=ref)
-    assert rep["also_measured"]["measured"] is None and "FlashAttention 3" in rep["also_measured"]["not_covered"]
+    assert rep.also_measured["measured"] is None and "FlashAttention 3" in rep.also_measured["not_covered"]
     assert "not measured as vllm-cuda computes it" in format_check(rep)
 
 

@@ -80,17 +80,17 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
     plain.train()
     plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
     assert len(plain_losses) == TRAIN.steps
-    assert zero["losses"] == plain_losses
+    assert zero.losses == plain_losses
     noisy = train_one(teacher, student, RunId("opd", parse_source("0.3"), 0), s, tmp_path)
-    assert noisy["losses"][0] != zero["losses"][0]
+    assert noisy.losses[0] != zero.losses[0]
     # the held-out evaluation is seeded: both runs start from the same student and score it the same
-    assert zero["quality_start"] == noisy["quality_start"]
+    assert zero.quality_start == noisy.quality_start
 
 
 def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
     teacher, student = pair
     s = _settings(("0.05", "0.2", "0.8"), steps=2)
-    got = [train_one(teacher, student, RunId("opd", parse_source(x), 0), s, tmp_path)["mismatch"]["kl_q_p"]
+    got = [train_one(teacher, student, RunId("opd", parse_source(x), 0), s, tmp_path).mismatch["kl_q_p"]
            for x in s.levels]
     assert 0 < got[0] < got[1] < got[2]
     steps = pd.read_csv(run_dir(tmp_path, "opd", parse_source("0.2"), 0) / "steps.csv")
@@ -98,10 +98,10 @@ def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
     stale = train_one(teacher, student, RunId("opd", parse_source("stale:1"), 0), s, tmp_path)
     st = pd.read_csv(run_dir(tmp_path, "opd", parse_source("stale:1"), 0) / "steps.csv")
     # step 1: no update yet, the engine holds the trainer's weights; step 2: one update behind
-    assert st["kl_q_p"].iloc[0] == 0 and st["kl_q_p"].iloc[1] > 0 and stale["mismatch"]["kl_q_p"] > 0
+    assert st["kl_q_p"].iloc[0] == 0 and st["kl_q_p"].iloc[1] > 0 and stale.mismatch["kl_q_p"] > 0
     # the rollout engine's FP8 weights and FP8 KV cache (scale 1.0) as levels: measured, above zero
     for name in ("fp8", "kv"):
-        assert train_one(teacher, student, RunId("opd", parse_source(name), 0), s, tmp_path)["mismatch"]["kl_q_p"] > 0
+        assert train_one(teacher, student, RunId("opd", parse_source(name), 0), s, tmp_path).mismatch["kl_q_p"] > 0
 
 
 def test_a_level_the_student_cannot_take_is_refused(tmp_path):
@@ -255,13 +255,13 @@ def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(
                         train_dataset=prompt_dataset(list(s.train_prompts)), processing_class=student.tokenizer)
     plain.train()
     plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
-    assert len(plain_losses) == TRAIN.steps and zero["losses"] == plain_losses
+    assert len(plain_losses) == TRAIN.steps and zero.losses == plain_losses
     noisy = train_one(teacher, student, RunId("grpo", parse_source("0.3"), 0), s, tmp_path)
     corrected = train_one(teacher, student, RunId("grpo-is", parse_source("0.3"), 0), s, tmp_path)
     first = [pd.read_csv(run_dir(tmp_path, o, parse_source("0.3"), 0) / "steps.csv").iloc[0] for o in ("grpo",
                                                                                                       "grpo-is")]
     assert first[0]["kl_q_p"] == first[1]["kl_q_p"] > 0  # the same first rollouts, measured alike
-    assert noisy["losses"][0] != corrected["losses"][0]
+    assert noisy.losses[0] != corrected.losses[0]
 
 
 def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_path, monkeypatch):
@@ -319,7 +319,7 @@ def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_p
     anchor = inputs["old_per_token_logps"]
     assert torch.cat([anchor[i, :n] for i, n in enumerate(lengths)]).tolist() == pytest.approx(lq.tolist(), abs=1e-4)
     assert abs(losses["grpo"] - losses["grpo-bypass"]) > 1e-4  # the anchor changed the loss
-    zero = [train_one(teacher, student, RunId(o, SourceSpec("none"), 0), s, tmp_path)["losses"]
+    zero = [train_one(teacher, student, RunId(o, SourceSpec("none"), 0), s, tmp_path).losses
             for o in ("grpo", "grpo-bypass")]
     assert zero[0] == zero[1]
 
@@ -403,17 +403,16 @@ def test_curve_quality_by_hand():
 def _fake_run(response, order):
     """A run replaced by a known response: `response(objective, level, seed)` gives its measured mismatch (the
     level's dose too) and quality; every run is recorded in `order` as (level name, seed)."""
-    from fp8probe.training.runs import SCHEMA_VERSION
+    from fp8probe.core.records import TrainingRunRecord
 
     def run(objective, level, seed):
         m, q = response(objective, level, seed)
         order.append((level.name, seed))
-        return {"schema_version": SCHEMA_VERSION, "objective": objective, "level": level.name, "kind": level.kind,
-                "value": level.value, "seed": seed, "steps": 1, "seconds": 0.0,
-                "mismatch": {"kl_q_p": m, "k3": m, "tokens": 10},
-                "quality_start": {"reverse_kl": 5.0, "teacher_logp": -1.0},
-                "quality_end": {"reverse_kl": q, "teacher_logp": -1.0},
-                "quality": {"plateau": q, "auc": q, "final": q, "late_improvement": 0.0}}
+        return TrainingRunRecord(
+            objective=objective, level=level.name, kind=level.kind, value=level.value, scheme=level.scheme, seed=seed,
+            steps=1, seconds=0.0, mismatch={"kl_q_p": m, "k3": m, "tokens": 10}, losses=[],
+            quality_start={"reverse_kl": 5.0, "teacher_logp": -1.0}, quality_end={"reverse_kl": q, "teacher_logp": -1.0},
+            quality={"plateau": q, "auc": q, "final": q, "late_improvement": 0.0})
 
     return run
 

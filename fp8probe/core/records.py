@@ -1,0 +1,339 @@
+"""The record of every versioned file fp8probe writes whose content is plain data (core/artifacts.py's table holds
+their versions; Recipe, Budget and the calibration's Experiment are records too, beside the code that uses them).
+Each is a frozen dataclass: its fields are the file's keys in the file's order; `write` and `read` are Record's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .artifacts import Record, added, optional
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudentRecord(Record):
+    """student.json, written beside an export: the student it was made from (its name, content_hash of the weights as
+    llm-compressor read them, and in words which weights those were); `audit` loads that student to check against."""
+
+    KIND = "student.json"
+    name: str
+    sha256: str
+    weights: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MismatchRecord(Record):
+    """mismatch.json: the whole model's mismatch in one scheme (and KV cache), every metric, as `engine` computes it."""
+
+    KIND = "mismatch.json"
+    command: str
+    model: str
+    scheme: str
+    engine: str
+    kv_cache_dtype: str | None
+    num_sequences: int
+    num_response_tokens: int
+    metrics: dict  # metric name -> value
+    arithmetic: dict
+    seconds: float
+    versions: dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class LadderRecord(Record):
+    """ladder.json, beside ladder.csv: what the ladder measured (its sources, each with its kind and parts), on which
+    rollouts and in which arithmetic."""
+
+    KIND = "ladder.json"
+    command: str
+    model: str
+    teacher: str | None
+    engine: str
+    sources: list  # {"name", "kind", "parts"} per rung, in the table's order
+    num_sequences: int
+    num_response_tokens: int
+    noise_seed: int
+    prefix_seed: int
+    arithmetic: dict
+    seconds: float
+    versions: dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRecord(Record):
+    """plan.json: each rollout configuration's measured cost, modelled throughput and time to quality (`rows`, the
+    columns of plan.csv and more), with the device, lengths, train step, budget and calibration they were planned on."""
+
+    KIND = "plan.json"
+    command: str
+    model: str
+    gpu: str
+    tensor_parallel_size: int
+    modelled: str  # what is modelled, in words
+    device: dict  # the device model's figures
+    gpu_source: str
+    rollout_batch: int
+    lengths: str  # where the prompt and response lengths came from
+    mean_prompt_len: float
+    mean_response_len: float
+    train_step_s: float
+    train_step: str  # how the train step was had, in words
+    budget: dict
+    calibration: dict | None
+    assumed_steps: int | None
+    arithmetic: dict | None = added()  # added within version 1
+    rows: list  # one dict per configuration
+    seconds: float
+    versions: dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeRecord(Record):
+    """recipe.json, beside recipe.yaml: how a recipe was chosen (recipe/recipe.py's Recipe holds the same figures and
+    writes this). Versions 1 and 2 read too: a key they lack is None."""
+
+    KIND = "recipe.json"
+    model: str | None = None
+    scheme: str | None = None
+    kv_cache_scheme: str | None = None  # the FP8 KV cache's name (Recipe.kv_cache_dtype), None: the model's
+    budget: float | None = None
+    metric: str | None = None
+    predicted: float | None = None
+    measured: float | None = None  # on the held-out prompts where there was a split
+    measured_metrics: dict | None = None
+    bytes_saved: int | None = None
+    kept: list | None = None
+    quantized: list | None = None
+    kept_scores: list | None = None
+    group_units: dict | None = None
+    search: list | None = None  # the search's moves, each with its outcome
+    sweep: str | None = None
+    form: str | None = None
+    target: str | None = None
+    kv_scale: str | None = None
+    memory_target: dict | None = None
+    fp8_share: float | None = None
+    effective_bits: float | None = None
+    measured_search: float | None = None
+    measured_interval: list | None = None
+    split: dict | None = None
+    measured_engine: dict | None = None
+    costs: dict | None = optional()
+    damage_model: dict | None = optional()
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgreementRecord(Record):
+    """agreement.json, beside a fast sweep: how its estimates agree with an exact sweep's rows on the same rollouts
+    (rank correlation, top-10 overlap, median scale) and the two recipes each table makes at one budget, measured."""
+
+    KIND = "agreement.json"
+    rows: int
+    spearman: float
+    top10_overlap: int
+    scale: float  # median estimate / exact
+    budget: dict  # {"metric", "value", "whole_model_exact"}
+    recipes: dict  # {"exact": ..., "fast": ..., "same": bool}
+    exact_sweep: str | None = optional()  # the exact sweep's directory
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepRunRecord(Record):
+    """run.json, beside sensitivity.csv: what a sweep measured (the student, scheme, granularity, method, rollouts and
+    arithmetic), the whole model's rows and the time each stage took. Sweeps written before `arithmetic`,
+    `whole_model` or the workers were recorded read with those None."""
+
+    KIND = "run.json"
+    command: str | None = None
+    model: str = ""
+    model_path: str = ""
+    model_type: str | None = None
+    scheme: str = ""
+    granularity: str | None = None
+    include_kv: bool | None = None
+    kv_cache_dtype: str | None = None
+    seed: int | None = None
+    method: dict | None = None  # SweepSettings.recorded
+    exact_rows: int | None = None
+    workers: dict | None = None
+    device: str | None = None
+    dtype: str | None = None
+    batch_size: int = 0
+    arithmetic: dict | None = added()  # added within version 1
+    num_sequences: int | None = None
+    num_tokens: int | None = None
+    num_response_tokens: int | None = None
+    rows: int | None = None
+    whole_model: dict | None = added()  # added within version 1
+    seconds: dict | None = added()  # (the golden sweep leaves the times and versions out)
+    versions: dict | None = added()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutsRecord(Record):
+    """rollouts.json, beside rollouts.safetensors: how the rollouts were sampled (the student, the prompts, the
+    sampling settings and seed) and their size. A Rollouts made in memory (a trainer's completions, prefix-shift
+    samples) has none."""
+
+    KIND = "rollouts.json"
+    fp8probe_version: str | None = None
+    model: str | None = None
+    model_path: str | None = None
+    prompts: list | None = None
+    sampling: dict | None = None  # temperature, top_p, top_k, max_new_tokens, batch_size, eos_token_ids, samples
+    seed: int | None = None
+    num_sequences: int | None = None
+    num_tokens: int | None = None
+    num_response_tokens: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityRecord(Record):
+    """capacity.json: BF16 (auto KV) against a candidate (a recipe's FP8 units, an FP8 KV cache), each side's
+    weights, KV layout and KV pool as vLLM sizes them, and the two ratios. `model` and `recipe` are what the command
+    was given (None from the library)."""
+
+    KIND = "capacity.json"
+    vllm_version: str
+    model_type: str
+    max_model_len: int
+    block_size: int
+    tensor_parallel_size: int
+    gpu: str | None  # None: a fixed KV memory was given
+    gpu_memory_utilization: float
+    baseline: dict
+    candidate: dict
+    ratio_kv_tokens: float
+    ratio_concurrency: float
+    model: str | None = None
+    recipe: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditRecord(Record):
+    """audit.json: whether an export holds what its recipe says (`clean`), every finding ({"kind", "where",
+    "message"}), what was checked (counts per check), which student the weights were checked against, and with
+    `--vllm` what vLLM-CPU realised."""
+
+    KIND = "audit.json"
+    clean: bool
+    findings: list
+    checked: dict
+    student: dict | None = None
+    vllm: dict | None = optional()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckRecord(Record):
+    """check.json: the verdict on one rollout configuration (ADMIT, REJECT or UNCERTAIN) and everything behind it: the
+    figure measured with its interval, the budget (ruler) it was judged against with its interval and source, the
+    calibration levels read for its kinds, how many prompts would decide it, what else was measured (another
+    engine's figure, the prefix shift, the OPD signal), the rollouts and the arithmetic."""
+
+    KIND = "check.json"
+    verdict: str
+    configuration: str
+    engine: str
+    metric: str
+    measured: float
+    measured_interval: list
+    interval_level: float
+    budget: float
+    margin: float
+    budget_calibrated: bool
+    budget_source: str
+    budget_interval: list | None
+    budget_censored: bool
+    budget_interval_censored: bool
+    judged_on: str
+    kind_evidence: list
+    budget_student: dict | None
+    budget_objective: str | None
+    budget_response: str | None
+    budget_tolerance: float | None
+    prompts_to_decide: int | None
+    undecided_because: str | None
+    metrics: dict
+    also_measured: dict | None
+    prefix_shift: dict
+    opd_signal: dict | None
+    num_prompts: int
+    num_sequences: int
+    num_response_tokens: int
+    arithmetic: dict
+    budget_student_note: str | None = None  # what check_student said of a budget calibrated on another student
+    predicted: dict | None = optional()  # the damage model's figure before measuring (a recipe's configuration)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeriesRecord(Record):
+    """series.json: one configuration at a series of checkpoints of the student (each its figure, interval and
+    verdict on rollouts re-sampled from it), the trend (last / first, with its interval) and the first checkpoint
+    outside the budget."""
+
+    KIND = "series.json"
+    configuration: str
+    engine: str
+    metric: str
+    budget: float
+    budget_interval: list | None
+    budget_source: str
+    budget_student_note: str | None
+    checkpoints: list  # one dict per checkpoint, in order
+    trend: dict
+    first_outside: str | None
+    first_uncertain: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationRecord(Record):
+    """calibrate.json (and calibrate.partial.json while runs are missing): the calibration as it was asked for (the
+    pair, the ladder, the seeds, one run's training settings, the prompt split, how the budget is read; a resume
+    must match it) and, once it ends, what it did (the objectives fitted, the levels it added, the runs it allocated,
+    the budgets' ratios, the dose and its mapping). Version 2 reads too: a key it lacks takes its default."""
+
+    KIND = "calibrate.json"
+    teacher: str | None = None
+    student: str | None = None
+    levels: list | None = None
+    seeds: int | None = None
+    train: dict | None = None  # training/settings.py's TrainSettings
+    train_prompts: list | None = None
+    heldout_prompts: list | None = None
+    objectives: list | None = None
+    tolerance: float = 0.02
+    quality: str = "auc"
+    bracket: float = 2.0
+    max_added: int = 3
+    max_runs: int = 0
+    max_hours: float = 0.0
+    response: str = "relative"  # before budget.json 4 every loss was relative
+    save_checkpoints: bool = False
+    added_levels: dict | None = optional()
+    allocated: dict | None = optional()
+    ratios: list | None = optional()
+    kept_objectives: list | None = optional()
+    dose: str | None = optional()
+    dose_mapping: list | None = optional()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingRunRecord(Record):
+    """A calibration run's run.json (runs/<objective>/<level>-seed<k>/, versioned with calibrate.json): its
+    objective, level and seed, the mismatch its rollouts carried, its held-out quality before and after, and its
+    losses."""
+
+    KIND = "calibration run.json"
+    objective: str
+    level: str
+    kind: str
+    value: float
+    scheme: str | None
+    seed: int
+    steps: int
+    seconds: float
+    mismatch: dict  # kl_q_p, k3, tokens: the token-weighted mean over the run's rollouts
+    quality_start: dict
+    quality_end: dict
+    quality: dict
+    losses: list
+    copied_from: str | None = optional()  # a run copied from another calibration (benchmarks/rl_collapse.py)
