@@ -68,7 +68,8 @@ def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
         return TrainingRunRecord(
             objective="opd", level=level, kind="noise" if value else "none", value=value, scheme=None, seed=seed,
             mismatch={"kl_q_p": value, "k3": value, "tokens": 100}, steps=30, seconds=1.0, losses=[],
-            quality_start={"reverse_kl": 6.0, "teacher_logp": -3.0}, quality_end={"reverse_kl": kl, "teacher_logp": -2.0},
+            quality_start={"reverse_kl": 6.0, "teacher_logp": -3.0},
+            quality_end={"reverse_kl": kl, "teacher_logp": -2.0},
             quality={"plateau": kl + 0.5, "auc": kl + 1, "final": kl, "late_improvement": 0.0})
 
     results = [result("0", 0.0, s, 1.40 + 0.2 * s) for s in range(2)]  # seeds 14 % apart

@@ -411,7 +411,8 @@ def _fake_run(response, order):
         return TrainingRunRecord(
             objective=objective, level=level.name, kind=level.kind, value=level.value, scheme=level.scheme, seed=seed,
             steps=1, seconds=0.0, mismatch={"kl_q_p": m, "k3": m, "tokens": 10}, losses=[],
-            quality_start={"reverse_kl": 5.0, "teacher_logp": -1.0}, quality_end={"reverse_kl": q, "teacher_logp": -1.0},
+            quality_start={"reverse_kl": 5.0, "teacher_logp": -1.0},
+            quality_end={"reverse_kl": q, "teacher_logp": -1.0},
             quality={"plateau": q, "auc": q, "final": q, "late_improvement": 0.0})
 
     return run
