@@ -37,7 +37,7 @@ import torch
 
 from fp8probe import load_student, make_rollouts
 from fp8probe.core.schemes import KVCacheScheme, Scheme
-from fp8probe.measurement.measure import Measured, measure_with_interval, paired_change
+from fp8probe.measurement.measure import Measured, measure
 from fp8probe.measurement.perturbation import Perturbation
 from fp8probe.measurement.reference import Reference
 from fp8probe.recipe.recipe import read_recipe
@@ -79,9 +79,9 @@ def measure_all(student, rollouts, ps: dict[str, Perturbation]) -> list[dict]:
         r = rollouts.subset(order)
         t = time.perf_counter()
         ref = Reference(student, r, batch)
-        got: dict[str, Measured] = {name: measure_with_interval(ref, student, r, p, "sim", batch)
+        got: dict[str, Measured] = {name: measure(ref, student, r, p, "sim", batch)
                                     for name, p in ps.items()}
-        effect = paired_change(got["model.fp8_all_kv"], got["model.fp8_all"])
+        effect = got["model.fp8_all_kv"].change_from(got["model.fp8_all"])
         rows.append({"composition": label, "batch": batch, "threads": nthreads,
                      "values": {k: m.metrics["kl_q_p"] for k, m in got.items()} | {"kv_effect": effect[0]},
                      "intervals": {k: list(m.interval("kl_q_p")) for k, m in got.items()}

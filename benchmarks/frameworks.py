@@ -17,7 +17,7 @@ import argparse
 import time
 from pathlib import Path
 
-from fp8probe import FP8ProbeError, load_rollouts, load_student, measure
+from fp8probe import FP8ProbeError, load_rollouts, load_student, measure_scheme
 from fp8probe.cli import main as cli
 from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.deploy.export import export
@@ -109,10 +109,10 @@ def _why(student, rollouts, reference, target, scheme, err) -> str:
         return (f"none: {scheme} cannot take {len(blocked)} of {len(student.groups())} groups ({why}); "
                 "the engine refuses the model")
     if target.form == "all":
-        m = measure(student, rollouts, scheme, reference=reference)["kl_q_p"]
+        m = measure_scheme(student, rollouts, scheme, reference=reference)["kl_q_p"]
         return f"none at this budget: every Linear in {scheme} measures {m:.4g}"
     if target.form == "none":
-        m = measure(student, rollouts, units=[], kv=KVCacheScheme(scale="unit"), reference=reference)["kl_q_p"]
+        m = measure_scheme(student, rollouts, units=[], kv=KVCacheScheme(scale="unit"), reference=reference)["kl_q_p"]
         return f"none at this budget: its FP8 KV cache (scales 1.0) alone measures {m:.4g}"
     return f"none: {err}"
 

@@ -117,9 +117,9 @@ def vllm_kv(out_dir: Path) -> dict:
     import tempfile
 
     from fp8probe.core.schemes import KVCacheScheme
+    from fp8probe.measurement.measure import measure
     from fp8probe.measurement.mismatch import sampled_token_metrics
     from fp8probe.measurement.perturbation import Perturbation
-    from fp8probe.measurement.perturbed import measure_perturbation
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.embedded import NAME, cache_dir
     from fp8probe.model.rollouts import make_rollouts
@@ -136,7 +136,7 @@ def vllm_kv(out_dir: Path) -> dict:
     ref = Reference(student, r)
     kv = KVCacheScheme("fp8", "tensor", "unit")
     layers = tuple(range(student.model.config.num_hidden_layers))
-    predicted = measure_perturbation(ref, student, Perturbation((), kv_layers=layers, kv=kv), 0)
+    predicted = measure(ref, student, r, Perturbation((), kv_layers=layers, kv=kv)).metrics
     ref_logp = ref.rows.logp.gather(-1, ref.rows.tokens[:, None]).squeeze(-1)
     seqs = [r.input_ids[i, : int(r.attention_mask[i].sum())].tolist() for i in range(r.num_sequences)]
     out = {"num_tokens": int(ref_logp.numel()), "predicted": {k: predicted[k] for k in ("k3", "abs_dlogp_mean")}}

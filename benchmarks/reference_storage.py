@@ -33,7 +33,7 @@ def candidates(student) -> dict[str, Perturbation]:
 
 
 def run(model: str, num_prompts: int, max_new_tokens: int) -> dict:
-    from fp8probe.measurement.perturbed import measure_perturbation
+    from fp8probe.measurement.measure import measure
 
     student = load_student(model)
     r = make_rollouts(student, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=0)
@@ -43,7 +43,7 @@ def run(model: str, num_prompts: int, max_new_tokens: int) -> dict:
         ref = Reference(student, r, 8, storage=storage)
         t_ref = time.perf_counter() - t
         t = time.perf_counter()
-        rows = {name: measure_perturbation(ref, student, p) for name, p in candidates(student).items()}
+        rows = {name: measure(ref, student, r, p).metrics for name, p in candidates(student).items()}
         got[storage] = {"reference_s": t_ref, "candidates_s": time.perf_counter() - t, "rows": rows,
                         "nbytes": ref.nbytes(), "rows_bytes": sum(x.numel() * x.element_size()
                                                                   for x in ref.rows.tensors())}

@@ -44,7 +44,7 @@ from fp8probe import RecipeSettings, SweepSettings, load_rollouts, load_student
 from fp8probe.cli import main as cli
 from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import bootstrap_interval
-from fp8probe.measurement.measure import measure_with_interval
+from fp8probe.measurement.measure import measure
 from fp8probe.measurement.mismatch import metric_over
 from fp8probe.measurement.perturbation import Perturbation
 from fp8probe.measurement.reference import Reference
@@ -136,7 +136,7 @@ class Judge:
 
     def __call__(self, units) -> dict:
         p = Perturbation(tuple(units), Scheme.from_name("FP8"))
-        return {e: measure_with_interval(self.reference, self.student, self.held, p, e) for e in ENGINES}
+        return {e: measure(self.reference, self.student, self.held, p, e) for e in ENGINES}
 
     def kl(self, m) -> tuple[float, float, float]:
         lo, hi = m.interval("kl_q_p")

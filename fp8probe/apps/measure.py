@@ -19,14 +19,14 @@ def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: Measure
                 progress: bool = False) -> MeasureResult:
     """mismatch.json's content (every metric, the tokens it was measured on), after writing it into `out`."""
     from ..core.files import output_dir
-    from ..measurement.measure import measure
+    from ..measurement.measure import measure_scheme
 
     check_inputs(model, rollouts, out, settings.preset)
     t0 = time.perf_counter()
     with output_dir(out) as d:
         student, _ = load(model)
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
-        metrics = measure(student, r, scheme=settings.preset, kv=settings.kv, batch_size=rollouts.batch_size,
+        metrics = measure_scheme(student, r, scheme=settings.preset, kv=settings.kv, batch_size=rollouts.batch_size,
                           engine=settings.engine)
         record = MismatchRecord(
             command="measure", model=student.name, scheme=settings.preset.name, engine=settings.engine,

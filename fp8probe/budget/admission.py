@@ -42,7 +42,7 @@ def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "s
     whose batch size the arithmetic runs in and whose response length and seed the prefix shift samples its
     continuations with (None: the rollouts' own response length, seed 0, batches of 8). The configuration's kinds of
     source (fp8, kv, stale) are what `judge` reads the budget's evidence for."""
-    from ..measurement.measure import measure_with_interval, measured_as
+    from ..measurement.measure import measure, measured_as
     from ..measurement.opd import OPDSignal
     from ..measurement.prefix import PrefixShift
     from ..measurement.reference import Reference
@@ -50,7 +50,7 @@ def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "s
     batch_size = sampling.batch_size if sampling is not None else 8
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
-    got = measure_with_interval(reference, student, rollouts, config.perturbation, engine, batch_size)
+    got = measure(reference, student, rollouts, config.perturbation, engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = tuple(got.excess_interval(budget.metric))
     shift = PrefixShift.sampled_as(student, reference, rollouts, sampling, engine).measure(config.perturbation)

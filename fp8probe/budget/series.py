@@ -19,10 +19,10 @@ from .fit import Budget
 
 def measure_point(student, rollouts, config, budget: Budget, engine: str = "sim", batch_size: int = 8):
     """(the row series.json holds for one checkpoint, the Measured behind it)."""
-    from ..measurement.measure import measure_with_interval
+    from ..measurement.measure import measure
     from ..measurement.reference import Reference
 
-    got = measure_with_interval(Reference(student, rollouts, batch_size), student, rollouts, config.perturbation,
+    got = measure(Reference(student, rollouts, batch_size), student, rollouts, config.perturbation,
                                 engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = got.excess_interval(budget.metric)

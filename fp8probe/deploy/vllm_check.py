@@ -31,7 +31,7 @@ import torch
 from ..core.errors import FP8ProbeError
 from ..core.files import waiting_lock
 from ..core.schemes import Scheme
-from ..measurement.measure import measure
+from ..measurement.measure import measure_scheme
 from ..measurement.mismatch import sampled_token_metrics, summarize
 from ..measurement.quantize import quantize_units
 from ..measurement.reference import Reference
@@ -161,7 +161,7 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path 
     """
     ref = Reference(student, rollouts)
     ref_tok_logp = ref.rows.token_logp
-    predicted = measure(student, rollouts, scheme, units=quantized_units, reference=ref)
+    predicted = measure_scheme(student, rollouts, scheme, units=quantized_units, reference=ref)
     with quantize_units(student.model, quantized_units, Scheme.from_name(scheme), weights_only=True):
         weights_only = summarize(ref.candidate_stats(0))
     seqs = [rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist()

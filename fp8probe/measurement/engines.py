@@ -63,12 +63,6 @@ class Engine:
         """Per-token statistics of `p` against the reference (mismatch.token_stats, rows as reference.rows)."""
         raise NotImplementedError
 
-    def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
-        """Every metric of `p` against the reference, as this engine computes the candidate."""
-        from .mismatch import summarize
-
-        return summarize(self.stats(reference, student, rollouts, p, batch_size))
-
 
 class Simulation(Engine):
     """The sweep's simulation: FP8 units inside the student itself, in the reference's dtype; measured from the first
@@ -86,11 +80,6 @@ class Simulation(Engine):
 
         with apply_perturbation(student, p, reference.calibration):
             return reference.candidate_stats(p.start_block(student))
-
-    def measure(self, reference, student, rollouts, p, batch_size: int = 8) -> dict[str, float]:
-        from .perturbed import measure_perturbation
-
-        return measure_perturbation(reference, student, p)
 
 
 class Profile(Engine):

@@ -1,9 +1,11 @@
-"""The one measurement function: a perturbation of the student against the reference, through an engine.
+"""The one measurement door: `measure(reference, student, rollouts, perturbation, engine)` -> Measured.
 
-`measure` is the public entry (a scheme, units, an FP8 KV cache, an engine by name); `measure_candidate` and
-`candidate_model` take a Perturbation (perturbation.py) and ask the Engine (engines.py: the simulation or a
-profile of vLLM's arithmetic) how to compute the candidate. The sweep measures one perturbation per row;
-recipes, ladders, checks and the comparison with vLLM measure theirs with the same function.
+A Perturbation (perturbation.py) of the student against the reference, the candidate computed as the Engine
+(engines.py: the simulation, or a profile of vLLM's arithmetic) computes it; Measured holds every metric with the
+per-token statistics that give it an interval and a paired change. Recipes, ladders, checks, plans, the level doses
+and the comparison with vLLM measure through it; `measure_scheme` (a scheme by name) and `measured_as` (another
+engine's figure, for a report) are its callers. A sweep's rows are the same measurement with their SQNR
+(sweeps/sweep.py measure_row); an engine's model under a perturbation, for sampling, is Engine.candidate.
 """
 
 from __future__ import annotations
@@ -18,26 +20,14 @@ from .perturbation import Perturbation
 from .reference import Reference
 
 
-def candidate_model(student, p: Perturbation, calibration=None, engine: "str | Engine" = "sim",
-                    many_forwards: bool = False):
-    """The rollout engine's model under `p`, for the duration (a context manager): the Engine's candidate."""
-    return get_engine(engine).candidate(student, p, calibration, many_forwards)
-
-
-def measure_candidate(reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim",
-                      batch_size: int = 8) -> dict[str, float]:
-    """Every metric of `p` against the reference, through `engine` (the simulation reuses the reference's prefix;
-    a profile runs its whole copy of the model over the rollouts)."""
-    return get_engine(engine).measure(reference, student, rollouts, p, batch_size)
-
-
 @dataclass
 class Measured:
     """A candidate's metrics and the per-token statistics behind them, so that any metric carries its interval."""
 
     metrics: dict[str, float]
-    stats: dict
+    stats: dict | None  # mismatch.token_stats: per-token statistics (None where not kept: a sweep's unit rows)
     prompt: object  # torch.Tensor [M]: the prompt of each token's rollout (the unit the bootstrap resamples)
+    sqnr_db: float | None = None  # a sweep row's: its perturbed outputs against their unperturbed values
 
     @property
     def num_prompts(self) -> int:
@@ -55,35 +45,38 @@ class Measured:
 
         return sorted(excess(metric, x) for x in self.interval(metric, level))
 
+    def change_from(self, old: "Measured", metric: str = "kl_q_p", level: float | None = None,
+                    seed: int = 0) -> tuple[float, float, float]:
+        """How much `metric`'s excess (metrics.excess) changes from `old` to this, measured on the same tokens: (the
+        change, its interval). The interval is a paired bootstrap over the prompts (core/stats.bootstrap_interval):
+        each resample takes the same prompts' tokens under both, so what the two share (the rollouts' own
+        difficulty) cancels and only the difference is resampled."""
+        import numpy as np
 
-def paired_change(new: Measured, old: Measured, metric: str = "kl_q_p", level: float | None = None,
-                  seed: int = 0) -> tuple[float, float, float]:
-    """How much `metric`'s excess (metrics.excess) changes from `old` to `new`, measured on the same tokens: (the
-    change, its interval). The interval is a paired bootstrap over the prompts (core/stats.bootstrap_interval): each
-    resample takes the same prompts' tokens under both, so what the two share (the rollouts' own difficulty) cancels
-    and only the difference is resampled."""
-    import numpy as np
+        from ..core.metrics import metric as metric_info
+        from ..core.stats import LEVEL, bootstrap_interval
+        from .mismatch import metric_over
 
-    from ..core.metrics import metric as metric_info
-    from ..core.stats import LEVEL, bootstrap_interval
-    from .mismatch import metric_over
+        if old.prompt.shape != self.prompt.shape or not bool((old.prompt == self.prompt).all()):
+            raise ValueError("a paired change needs two measurements of the same tokens")
+        _, r_new = metric_over(self.stats, metric)
+        _, r_old = metric_over(old.stats, metric)
+        sign = 1.0 if metric_info(metric).worse == "higher" else -1.0
 
-    if old.prompt.shape != new.prompt.shape or not bool((old.prompt == new.prompt).all()):
-        raise ValueError("paired_change needs two measurements of the same tokens")
-    _, r_new = metric_over(new.stats, metric)
-    _, r_old = metric_over(old.stats, metric)
-    sign = 1.0 if metric_info(metric).worse == "higher" else -1.0
+        def change(i):
+            return sign * (r_new(i) - r_old(i))
 
-    def change(i):
-        return sign * (r_new(i) - r_old(i))
-
-    lo, hi = bootstrap_interval(old.prompt.numpy(), change, level=level or LEVEL, seed=seed)
-    return change(np.arange(len(old.prompt))), lo, hi
+        lo, hi = bootstrap_interval(old.prompt.numpy(), change, level=level or LEVEL, seed=seed)
+        return change(np.arange(len(old.prompt))), lo, hi
 
 
-def measure_with_interval(reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim",
-                          batch_size: int = 8) -> Measured:
-    """measure_candidate, keeping what every metric's interval needs."""
+def measure(reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim",
+            batch_size: int = 8) -> Measured:
+    """The one measurement: every metric of Perturbation `p` of the student against the reference on the rollouts,
+    the candidate computed as `engine` computes it (engines.py: "sim" reuses the reference's prefix; a profile of
+    the rollout engine's arithmetic runs its own copy of the model over the rollouts, in batches of `batch_size`),
+    with the per-token statistics that give any metric its interval (Measured.interval) and a paired change
+    (Measured.change_from)."""
     from .mismatch import summarize
 
     stats = get_engine(engine).stats(reference, student, rollouts, p, batch_size)
@@ -103,16 +96,17 @@ def measured_as(engine: str, reference: Reference, student, rollouts, p: Perturb
         get_engine(engine).check(p.scheme, p.kv if p.kv_layers else None, experts)
     except FP8ProbeError as e:
         return {"engine": engine, "measured": None, "interval": None, "not_covered": str(e).split(": use `engine`")[0]}
-    m = measure_with_interval(reference, student, rollouts, p, engine, batch_size)
+    m = measure(reference, student, rollouts, p, engine, batch_size)
     return {"engine": engine, "measured": excess(metric, m.metrics[metric]),
             "interval": m.excess_interval(metric)}
 
 
-def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, reference: Reference | None = None,
-            batch_size: int = 8, engine: "str | Engine" = "sim") -> dict[str, float]:
-    """Mismatch metrics of `units` (names; all quantizable units when None) in `scheme`, plus an FP8 KV
-    cache in every layer when `kv` is given ("fp8", "fp8_e5m2" or a KVCacheScheme), against the reference;
-    computed as `engine` does ("sim", or a profile of the rollout engine: "vllm-cuda", "vllm-cpu")."""
+def measure_scheme(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, reference: Reference | None = None,
+                   batch_size: int = 8, engine: "str | Engine" = "sim") -> dict[str, float]:
+    """`measure` of a scheme by name: the metrics of `units` (names; all quantizable units when None) in `scheme`,
+    plus an FP8 KV cache in every layer when `kv` is given ("fp8", "fp8_e5m2" or a KVCacheScheme), against the
+    reference (made here when None); computed as `engine` does ("sim", or a profile of the rollout engine:
+    "vllm-cuda", "vllm-cpu")."""
     scheme = Scheme.from_name(scheme)
     kv_scheme = KVCacheScheme.from_name(kv) if kv is not None else KVCacheScheme()
     eng = get_engine(engine)
@@ -122,5 +116,5 @@ def measure(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, refere
     names = list(student.unit_names) if units is None else list(units)
     kv_layers = student.layers if kv is not None else ()
     p = Perturbation(tuple(names), scheme, kv_layers, kv_scheme)
-    result = eng.measure(reference, student, rollouts, p, batch_size)
+    result = measure(reference, student, rollouts, p, eng, batch_size).metrics
     return {k: result[k] for k in METRICS}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import FP8ProbeError
-from .measure import candidate_model
+from .engines import engine as get_engine
 from .mismatch import CHUNK_ROWS, log_softmax32
 from .perturbation import Perturbation
 from .reference import Reference
@@ -67,7 +67,7 @@ class OPDSignal:
         self.seq = sequence_index(reference)
 
     def measure(self, p: Perturbation) -> dict[str, float]:
-        with candidate_model(self.student, p, self.reference.calibration, self.engine) as m:
+        with get_engine(self.engine).candidate(self.student, p, self.reference.calibration) as m:
             logp_q = token_logp(m, self.reference).double()
         return distortion(self.logp_teacher, self.logp_ref, logp_q, self.seq)
 

@@ -1,10 +1,10 @@
-"""The student under a Perturbation (perturbation.py), and that state measured against the reference.
+"""The student under a Perturbation (perturbation.py).
 
 `apply_perturbation` puts the student in that state for the duration (the hooks of quantize.py, attention.py and
-weights.py; restored exactly on exit); `measure_perturbation` measures it against the reference, running the
-candidate pass from the first block it touches (reference.py reuses the prefix), with every metric of
-core/metrics.py and, when asked, the SQNR of the perturbed units' own outputs (torchao's definition, a cheap local
-second view).
+weights.py; restored exactly on exit); `perturbed_stats` runs the candidate pass against the reference from a given
+block (reference.py reuses the prefix) and, when asked, the SQNR of the perturbed units' own outputs (torchao's
+definition, a cheap local second view): the simulation's measurement as a sweep's row takes it (measure.py's
+`measure` is the door every other measurement goes through).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from torch import nn
 from ..core.numerics import energy, sqnr_db_from_energy
 from ..model.structure import is_experts
 from .attention import quantize_kv
-from .mismatch import summarize
 from .perturbation import Perturbation
 from .quantize import quantize_units
 from .reference import Reference
@@ -92,21 +91,13 @@ def apply_perturbation(student, p: Perturbation, calibration=None, energy: _Ener
         yield
 
 
-TOKEN_STATS = "token_stats"  # measure_perturbation(keep_stats=True): the per-token statistics behind the metrics
-
-
-def measure_perturbation(reference: Reference, student, p: Perturbation, start_block: int | None = None,
-                         sqnr: bool = False, keep_stats: bool = False) -> dict:
-    """Every metric of `p` against the reference (METRICS keys), plus "sqnr_db" when `sqnr`: the perturbed
-    units' (or, with no units, the K/V tensors') own outputs against their unperturbed values; with `keep_stats`,
-    also the per-token statistics they summarize under TOKEN_STATS (what an interval or a paired change needs)."""
+def perturbed_stats(reference: Reference, student, p: Perturbation, start_block: int | None = None,
+                    sqnr: bool = False) -> tuple[dict, float | None]:
+    """(the per-token statistics of `p` against the reference, mismatch.token_stats; the SQNR of the perturbed
+    units' or, with no units, the K/V tensors' own outputs against their unperturbed values when `sqnr`, else None),
+    the candidate pass starting at `start_block` (default: the first block `p` touches)."""
     energy = _Energy() if sqnr else None
     with apply_perturbation(student, p, reference.calibration, energy):
         start = p.start_block(student) if start_block is None else start_block
         stats = reference.candidate_stats(start)
-        out = summarize(stats)
-    if sqnr:
-        out["sqnr_db"] = energy.db
-    if keep_stats:
-        out[TOKEN_STATS] = stats
-    return out
+    return stats, (energy.db if sqnr else None)

@@ -20,7 +20,8 @@ from dataclasses import replace
 import torch
 
 from ..model.rollouts import Rollouts, eos_ids
-from .measure import candidate_model, measure_candidate
+from .engines import engine as get_engine
+from .measure import measure
 from .perturbation import Perturbation
 from .reference import Reference
 
@@ -124,7 +125,7 @@ class PrefixShift:
                    engine=engine)
 
     def measure(self, p: Perturbation) -> dict[str, float]:
-        with candidate_model(self.student, p, self.reference.calibration, self.engine, many_forwards=True) as m:
+        with get_engine(self.engine).candidate(self.student, p, self.reference.calibration, many_forwards=True) as m:
             cand = sample_crn(replace(self.student, model=m), self.prompts, **self.kw)
         out = divergence(self.reference_samples, cand)
         tok = self.student.tokenizer
@@ -133,5 +134,5 @@ class PrefixShift:
         if own.num_response_tokens:
             ref_own = Reference(self.student, own, self.kw["batch_size"])
             ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
-            own_metrics = measure_candidate(ref_own, self.student, own, p, self.engine, self.kw["batch_size"])
+            own_metrics = measure(ref_own, self.student, own, p, self.engine, self.kw["batch_size"]).metrics
         return {**out, "kl_q_p_own": own_metrics["kl_q_p"], "k3_own": own_metrics["k3"]}

@@ -186,7 +186,7 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
 
     from ..budget.admission import judge
     from ..core.metrics import excess
-    from ..measurement.measure import measure_with_interval
+    from ..measurement.measure import measure
     from ..measurement.reference import Reference
 
     metric = budget.metric
@@ -202,7 +202,7 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
             if source is None:
                 seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel(), ())
             else:
-                m = measure_with_interval(reference, student, rollouts, source.perturbation, "sim", batch_size)
+                m = measure(reference, student, rollouts, source.perturbation, "sim", batch_size)
                 seen[key] = (excess(metric, m.metrics[metric]), m.excess_interval(metric), m.num_prompts,
                              source.perturbation.kinds())
         value, (lo, hi), prompts, kinds = seen[key]

@@ -17,9 +17,9 @@ refinement starts from the selected recipe R and spends a bounded number of meas
 Only measured improvements are accepted, so the result is never worse than the start (measured). Under a memory
 target the improvement must also be real: when the measure function returns the per-token statistics behind its
 figure (selection._Search does), a move is taken only if the 90 % paired bootstrap interval of the change (the same
-tokens under both recipes, prompts resampled: measurement.measure.paired_change) lies wholly below zero, a one-sided
-test at 5 %; a lower figure whose interval reaches zero is logged as noise and not taken. Differences that small
-come from per-sequence sampling noise and from fp32 roundings that flip FP8 codes between machines, and accepting
+tokens under both recipes, prompts resampled: measurement.measure.Measured.change_from) lies wholly below zero, a
+one-sided test at 5 %; a lower figure whose interval reaches zero is logged as noise and not taken. Differences that
+small come from per-sequence sampling noise and from fp32 roundings that flip FP8 codes between machines, and accepting
 them lowers the search set's figure without lowering the mismatch (issue 27's table). Under a budget the gain is
 bytes, which are exact, and a move is taken when it measures within the budget (the recipe's held-out figure says
 whether that holds on other rollouts: selection.py).
@@ -139,9 +139,8 @@ class _Refiner:
             return False
         if ev is None or self.ev_cur is None:
             return True
-        from ..measurement.measure import paired_change
 
-        _, lo, hi = paired_change(ev, self.ev_cur, self.metric)
+        _, lo, hi = ev.change_from(self.ev_cur, self.metric)
         if entry is not None:
             entry["change_interval"] = [lo, hi]
         if hi < 0:

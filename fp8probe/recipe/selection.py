@@ -30,7 +30,7 @@ from ..core.metrics import METRICS, excess
 from ..core.metrics import metric as metric_info
 from ..core.metrics import no_mismatch
 from ..core.schemes import KVCacheScheme, Scheme
-from ..measurement.measure import Measured, measure_with_interval
+from ..measurement.measure import Measured, measure
 from ..measurement.perturbation import Perturbation
 from ..measurement.reference import Reference
 from ..model.structure import scheme_blockers
@@ -370,7 +370,7 @@ def measure_groups(gs, student, rollouts, scheme: Scheme, metric: str, kv: KVCac
     metric, the Measured behind them; None for no FP8 at all)."""
     if not any(g.units for g in gs) and kv is None:
         return excess(metric, no_mismatch()[metric]), no_mismatch(), None
-    m = measure_with_interval(reference, student, rollouts, _perturbation(gs, student, scheme, kv))
+    m = measure(reference, student, rollouts, _perturbation(gs, student, scheme, kv))
     res = {k: m.metrics[k] for k in METRICS}
     return excess(metric, res[metric]), res, m
 

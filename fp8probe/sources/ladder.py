@@ -21,13 +21,13 @@ def ladder(student, rollouts, sources: list[Source], settings: LadderSettings = 
     a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). With the settings' `prefix_shift`, the
     prefix shift of each source (prefix.PREFIX_COLUMNS: continuations of `sampling`'s response length and seed, else
     the rollouts' own length and seed 0); with a `teacher`, its OPD-signal distortion (opd.OPD_COLUMNS); every figure
-    as the shortcuts' engine computes it (measure.candidate_model), in batches of `sampling`'s size (else 8). The
+    as the shortcuts' engine computes it (measure.measure), in batches of `sampling`'s size (else 8). The
     sources are given (the apps build them from the settings: the noise ruler, the shortcuts, their combination).
     Returns a DataFrame."""
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from ..measurement.measure import measure_candidate
+    from ..measurement.measure import measure
     from ..measurement.opd import OPD_COLUMNS, OPDSignal
     from ..measurement.prefix import PREFIX_COLUMNS, PrefixShift
     from ..measurement.reference import Reference
@@ -40,7 +40,7 @@ def ladder(student, rollouts, sources: list[Source], settings: LadderSettings = 
     opd = OPDSignal(student, teacher, reference, engine) if teacher is not None else None
     rows, by_name = [], {}
     for s in tqdm(sources, desc="ladder", unit="source", disable=not progress):
-        m = measure_candidate(reference, student, rollouts, s.perturbation, engine, batch_size)
+        m = measure(reference, student, rollouts, s.perturbation, engine, batch_size).metrics
         by_name[s.name] = m
         parts = [by_name[p]["kl_q_p"] for p in s.parts if p in by_name]
         row = {"source": s.name, "kind": s.kind, "sigma": s.value if s.value is not None else float("nan"),

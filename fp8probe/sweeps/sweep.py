@@ -31,8 +31,10 @@ from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
 from ..measurement.attribution import path_attribution
 from ..measurement.fisher import DEFAULT_ESTIMATOR, fisher_rows
+from ..measurement.measure import Measured
+from ..measurement.mismatch import summarize
 from ..measurement.perturbation import Perturbation
-from ..measurement.perturbed import TOKEN_STATS, measure_perturbation
+from ..measurement.perturbed import perturbed_stats
 from ..measurement.reference import Reference
 from ..model.settings import RolloutSettings
 from ..model.structure import kv_geometry, scheme_blockers
@@ -112,12 +114,14 @@ def _bytes_saved(unit, scheme: Scheme) -> int:
     return unit.params - 2 * scales
 
 
-def measure_row(reference: Reference, student, row: Row) -> dict:
-    """The metrics of one planned row (with its unit's SQNR; whole-model rows have none, but keep their per-token
-    statistics under TOKEN_STATS for their intervals and the FP8 KV cache's paired effect): here or on a worker."""
+def measure_row(reference: Reference, student, row: Row) -> Measured:
+    """One planned row measured (measure.py's measurement in the simulation, from the row's start block): with its
+    unit's SQNR; whole-model rows have none, but keep their per-token statistics for their intervals and the FP8 KV
+    cache's paired effect (a unit row's are dropped: they would cross from a worker for nothing). Here or on a
+    worker."""
     whole = row.kind == "model"
-    return measure_perturbation(reference, student, row.perturbation, row.start_block, sqnr=not whole,
-                                keep_stats=whole)
+    stats, sqnr = perturbed_stats(reference, student, row.perturbation, row.start_block, sqnr=not whole)
+    return Measured(summarize(stats), stats if whole else None, reference.prompt if whole else None, sqnr)
 
 
 def _row_result(row: Row, metrics: dict, method: str = "exact", kl_fisher: float = float("nan")) -> dict:
@@ -195,11 +199,13 @@ def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exa
     measured = (rows_executor(reference, todo) if rows_executor is not None and todo else
                 ((row, measure_row(reference, student, row)) for row in todo))
     try:
-        for row, metrics in measured:
+        for row, m in measured:
             if row.unit in done:  # a re-run shard's row that already arrived: written once
                 continue
             bar.set_postfix_str(row.unit[-32:], refresh=False)
-            _keep_stats(model_rows, row, metrics, reference)
+            if m.stats is not None:  # a whole-model row's per-token statistics
+                model_rows[row.unit] = m
+            metrics = dict(m.metrics) | ({"sqnr_db": m.sqnr_db} if m.sqnr_db is not None else {})
             result = _row_result(row, metrics, "exact", estimates.get(row.unit, float("nan")))
             if row.unit == "model.reference" and not _at_zero(result):
                 raise RuntimeError(f"the reference against itself is not at the zero point: {result}; "
@@ -252,15 +258,6 @@ class Estimate:
 ESTIMATES = {"fisher": Estimate(_fisher), "path": Estimate(_path, _no_experts)}  # methods.MethodKind.by
 
 
-def _keep_stats(model_rows: dict, row: Row, metrics: dict, reference: Reference) -> None:
-    """A whole-model row's per-token statistics (measure_row) out of its metrics, into model_rows."""
-    stats = metrics.pop(TOKEN_STATS, None)
-    if stats is not None:
-        from ..measurement.measure import Measured
-
-        model_rows[row.unit] = Measured(dict(metrics), stats, reference.prompt)
-
-
 SANITY_TOLERANCE = 1e-5  # the sanity row's largest excess: fp32 GEMMs on CPU can round differently by alignment
 
 
@@ -306,19 +303,19 @@ def whole_model_rows(reference, student, rollouts, settings: SweepSettings, *, b
                      measured: dict | None = None) -> dict:
     """The whole-model rows of the settings' plan with their intervals: each one's kl_q_p with its 90 % interval over
     the prompts, and the FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same
-    tokens, measurement.measure.paired_change): whether adding the KV cache raises, lowers, or cannot be told to
+    tokens, measurement.measure.Measured.change_from): whether adding the KV cache raises, lowers, or cannot be told to
     change the mismatch. run.json's `whole_model`. `measured`: the rows the sweep measured with their per-token
     statistics (Swept.model_rows); a row missing there (measured before a resume, or estimated) is measured here."""
-    from ..measurement.measure import measure_with_interval, paired_change
+    from ..measurement.measure import measure
 
     rows = [row for row in plan_rows(student, settings.preset, settings.granularity, settings.include_kv, settings.kv)
             if row.unit in ("model.fp8_all", "model.fp8_all_kv")]
     measured = measured or {}
     got = {row.unit: measured[row.unit] if row.unit in measured else
-           measure_with_interval(reference, student, rollouts, row.perturbation, "sim", batch_size) for row in rows}
+           measure(reference, student, rollouts, row.perturbation, "sim", batch_size) for row in rows}
     out = {name: {"kl_q_p": m.metrics["kl_q_p"], "interval": list(m.interval("kl_q_p"))} for name, m in got.items()}
     if len(got) == 2:
-        change, lo, hi = paired_change(got["model.fp8_all_kv"], got["model.fp8_all"], "kl_q_p")
+        change, lo, hi = got["model.fp8_all_kv"].change_from(got["model.fp8_all"], "kl_q_p")
         out["kv_effect"] = {"kl_q_p": float(change), "interval": [float(lo), float(hi)],
                             "num_prompts": got["model.fp8_all"].num_prompts}
     return out

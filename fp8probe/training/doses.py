@@ -48,11 +48,11 @@ def check_rollouts(student):
 def _measured(student, rollouts, perturbation, reference=None) -> dict:
     """check's measurement of one perturbation: kl_q_p's excess and its 90 % interval over the prompts."""
     from ..core.metrics import excess
-    from ..measurement.measure import measure_with_interval
+    from ..measurement.measure import measure
     from ..measurement.reference import Reference
 
     reference = reference or Reference(student, rollouts, 8)
-    m = measure_with_interval(reference, student, rollouts, perturbation, "sim", 8)
+    m = measure(reference, student, rollouts, perturbation, "sim", 8)
     return {"dose": excess("kl_q_p", m.metrics["kl_q_p"]), "interval": m.excess_interval("kl_q_p")}
 
 

@@ -10,7 +10,7 @@ from conftest import tiny_student
 
 from fp8probe.core.schemes import Scheme
 from fp8probe.measurement.attribution import path_attribution, path_integral
-from fp8probe.measurement.measure import measure
+from fp8probe.measurement.measure import measure_scheme
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.context import in_context_costs, score_as
@@ -82,12 +82,12 @@ def test_path_shares_add_up_to_the_measured_mismatch(tiny, scheme):
     ref = Reference(s, r)
     groups = {g: [u.name for u in us] for g, us in s.groups().items()}
     att = path_attribution(s, r, ref, groups, sch, nodes=4)
-    whole = measure(s, r, scheme, [u for us in groups.values() for u in us], reference=ref)["kl_q_p"]
+    whole = measure_scheme(s, r, scheme, [u for us in groups.values() for u in us], reference=ref)["kl_q_p"]
     assert att.total == pytest.approx(whole, rel=0.03)
     assert all(v > -0.05 * whole for v in att.shares.values())
     one = sorted(groups)[3]
     alone = path_attribution(s, r, ref, {one: groups[one]}, sch, nodes=4)
-    assert alone.total == pytest.approx(measure(s, r, scheme, groups[one], reference=ref)["kl_q_p"], rel=0.03)
+    assert alone.total == pytest.approx(measure_scheme(s, r, scheme, groups[one], reference=ref)["kl_q_p"], rel=0.03)
     # the loss along the path rises from 0 toward the whole set's mismatch
     losses = [v for _, v in att.path]
     assert losses == sorted(losses) and losses[-1] < whole
@@ -106,7 +106,7 @@ def test_a_path_from_a_fixed_recipe_prices_what_the_rest_adds(tiny):
     assert set(att.shares) == set(rest)
 
     def m(gs):
-        return measure(s, r, "FP8_DYNAMIC", [u for g in gs for u in groups[g]], reference=ref)["kl_q_p"]
+        return measure_scheme(s, r, "FP8_DYNAMIC", [u for g in gs for u in groups[g]], reference=ref)["kl_q_p"]
 
     assert att.total == pytest.approx(m(names) - m(fixed), rel=0.05)
     with pytest.raises(ValueError, match="both fixed"):
@@ -115,7 +115,7 @@ def test_a_path_from_a_fixed_recipe_prices_what_the_rest_adds(tiny):
 
 def test_sweep_method_path_prices_rows_that_add_up_to_the_whole_model(cli, tiny_dirs, tmp_path):
     """`sweep --method path`: every weight row is its path share, and the shares add up to the whole model's FP8
-    mismatch measured by the same sweep's exact row (measure(): quantized weights and a forward, not the path's
+    mismatch measured by the same sweep's exact row (measure_scheme(): quantized weights and a forward, not the path's
     hooks); the KV and whole-model rows are measured; the ranking follows an exact sweep of the same rollouts."""
     from fp8probe.core.stats import spearman
     from fp8probe.sweeps.files import read_sweep

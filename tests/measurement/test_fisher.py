@@ -202,18 +202,18 @@ def test_big_model_paths_give_the_same_numbers(tiny, monkeypatch, scheme):
     """Above the memory thresholds (a big student on one GPU) weights are requantized per call instead of kept:
     the estimate and the whole-model rows must not change by a bit."""
     import fp8probe.measurement.quantize as hooks
-    from fp8probe.measurement.measure import measure
+    from fp8probe.measurement.measure import measure_scheme
 
     s, r, _ = tiny
     rows = plan_rows(s, Scheme.from_name(scheme))
     kept = fisher_rows(s, r, rows, Scheme.from_name(scheme), fused=True)
-    whole = measure(s, r, scheme)
+    whole = measure_scheme(s, r, scheme)
     monkeypatch.setattr(hooks, "DEQUANTIZED_CACHE_BYTES", 0)
     monkeypatch.setattr(hooks, "LAZY_CODES_BYTES", 0)
     lazy = fisher_rows(s, r, rows, Scheme.from_name(scheme), fused=True)
     assert lazy.estimates == kept.estimates
     assert str(lazy.sqnr_db) == str(kept.sqnr_db)  # NaN on the whole-model rows
-    assert measure(s, r, scheme) == whole
+    assert measure_scheme(s, r, scheme) == whole
 
 
 def test_moe_big_model_path(monkeypatch):

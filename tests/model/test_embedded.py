@@ -78,7 +78,7 @@ def test_the_batch_composition_moves_a_figure_within_its_interval(embedded):
     interval. The batch size and the thread count are recorded beside each figure (core/artifacts.arithmetic)."""
     from fp8probe.core.artifacts import arithmetic
     from fp8probe.core.schemes import KVCacheScheme, Scheme
-    from fp8probe.measurement.measure import measure_with_interval
+    from fp8probe.measurement.measure import measure
     from fp8probe.measurement.perturbation import Perturbation
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
@@ -88,7 +88,7 @@ def test_the_batch_composition_moves_a_figure_within_its_interval(embedded):
     p = Perturbation(tuple(st.unit_names), Scheme.from_name("FP8_DYNAMIC"), st.layers, KVCacheScheme())
     got = {}
     for b in (8, 4, 2, 1):
-        got[b] = measure_with_interval(Reference(st, r, b), st, r, p, "sim", b)
+        got[b] = measure(Reference(st, r, b), st, r, p, "sim", b)
     value = {b: m.metrics["kl_q_p"] for b, m in got.items()}
     lo, hi = got[8].interval("kl_q_p")
     assert len({round(v, 12) for v in value.values()}) > 1, "no composition moved the figure: nothing was tested"

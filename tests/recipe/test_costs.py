@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import ask, tiny_student
 
-from fp8probe import measure
+from fp8probe import measure_scheme
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.selection import make_recipe
@@ -37,7 +37,7 @@ def _cheapest_half(st, members, prices) -> list:
 
 
 def _m(st, r, ref, groups, members):
-    return measure(st, r, "FP8_DYNAMIC", units=[u for g in groups for u in members[g]], reference=ref)["kl_q_p"]
+    return measure_scheme(st, r, "FP8_DYNAMIC", units=[u for g in groups for u in members[g]], reference=ref)["kl_q_p"]
 
 
 @pytest.mark.parametrize("costs", ["context", "path"])
@@ -54,7 +54,7 @@ def test_groups_priced_at_the_operating_point(setup, costs):
     assert set(prices) == set(members)
     m_point = _m(st, r, ref, point, members)
     if costs == "context":
-        # leave-one-out and add-one, each one measured pass: checked against measure() for one of each
+        # leave-one-out and add-one, each one measured pass: checked against measure_scheme() for one of each
         inside, outside = point[0], next(g for g in members if g not in point)
         assert prices[inside] == pytest.approx(m_point - _m(st, r, ref, [g for g in point if g != inside], members),
                                                rel=1e-6)

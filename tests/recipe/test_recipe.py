@@ -41,9 +41,9 @@ def test_budgets_hold_and_savings_grow(setup, tmp_path):
             assert sorted(rec.group_units[g]) == sorted(u.name for u in groups[g])
         saved.append(rec.bytes_saved)
         # the measured value is what fp8probe.measurement.measure gives for exactly these units
-        from fp8probe import measure
+        from fp8probe import measure_scheme
 
-        again = measure(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)
+        again = measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)
         assert again["kl_q_p"] == pytest.approx(rec.measured, rel=1e-9)
     assert saved[0] <= saved[1] <= saved[2]
     assert saved[2] == df[df.unit == "model.fp8_all"].bytes_saved.iloc[0]
@@ -167,7 +167,7 @@ def test_budget_on_a_metric_whose_zero_point_is_one(setup):
 
 def test_first_last_form_keeps_whole_edge_blocks_and_is_the_best_split(setup):
     """--form first-last: the kept set is exactly the first N and last M blocks; no other split with as many
-    FP8 blocks scores less (the sweep's prediction), and the measured value is what measure() gives."""
+    FP8 blocks scores less (the sweep's prediction), and the measured value is what measure_scheme() gives."""
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
     rec = make_recipe(df, st, r, ask(whole * 0.5, form="first-last"), reference=ref)
@@ -175,9 +175,9 @@ def test_first_last_form_keeps_whole_edge_blocks_and_is_the_best_split(setup):
     blocks = {st.unit(u).block for u in fp8_names(rec, st)}
     lo, hi = min(blocks), max(blocks)
     assert blocks == set(range(lo, hi + 1))  # a contiguous middle: whole leading and trailing blocks BF16
-    from fp8probe import measure
+    from fp8probe import measure_scheme
 
-    assert measure(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)["kl_q_p"] == \
+    assert measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)["kl_q_p"] == \
         pytest.approx(rec.measured, rel=1e-9)
     units = df[~df.kind.isin(["kv", "model"])]
     score = {b: float(units[units.block == b].kl_q_p.clip(lower=0).sum()) for b in range(4)}
@@ -198,11 +198,11 @@ def test_all_and_none_forms(setup):
     kv_only = make_recipe(df, st, r, ask(1.0, form="none", kv_cache_dtype="fp8"),
                           context=RecipeContext(kv_scale="unit"), reference=ref)
     assert kv_only.quantized == [] and kv_only.kv_scale == "unit" and kv_only.measured > 0
-    from fp8probe import measure
+    from fp8probe import measure_scheme
     from fp8probe.core.schemes import KVCacheScheme
 
-    unit = measure(st, r, units=[], kv=KVCacheScheme(scale="unit"), reference=ref)["kl_q_p"]
-    calibrated = measure(st, r, units=[], kv="fp8", reference=ref)["kl_q_p"]
+    unit = measure_scheme(st, r, units=[], kv=KVCacheScheme(scale="unit"), reference=ref)["kl_q_p"]
+    calibrated = measure_scheme(st, r, units=[], kv="fp8", reference=ref)["kl_q_p"]
     assert kv_only.measured == pytest.approx(unit, rel=1e-9) and unit != calibrated
     with pytest.raises(FP8ProbeError, match="`form` none .* add `kv_cache_dtype` fp8"):
         make_recipe(df, st, r, ask(1.0, form="none"), reference=ref)
@@ -244,9 +244,9 @@ def test_memory_targets(setup):
     need = half.bytes_saved + 1
     more = make_recipe(df, st, r, ask(min_bytes_saved=need), reference=ref)
     assert more.bytes_saved >= need and more.memory_target == {"kind": "bytes_saved", "value": need}
-    from fp8probe import measure
+    from fp8probe import measure_scheme
 
-    assert measure(st, r, "FP8_DYNAMIC", units=fp8_names(more, st), reference=ref)["kl_q_p"] == \
+    assert measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(more, st), reference=ref)["kl_q_p"] == \
         pytest.approx(more.measured, rel=1e-9)
     everything = int(df[df.unit == "model.fp8_all"].bytes_saved.iloc[0])
     with pytest.raises(FP8ProbeError, match=r"is more than FP8 can reach on this model: at most .* lower the target"):
@@ -260,8 +260,8 @@ def test_memory_targets(setup):
 @pytest.mark.parametrize("mode", ["memory", "budget"])
 def test_refinement_never_worse_than_its_start(setup, mode):
     """The refined recipe is measured at least as good as the prefix recipe it starts from, every pass it
-    measured is in the search log, and its reported value is what measure() gives for its units."""
-    from fp8probe import measure
+    measured is in the search log, and its reported value is what measure_scheme() gives for its units."""
+    from fp8probe import measure_scheme
 
     st, r, ref, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
@@ -275,7 +275,7 @@ def test_refinement_never_worse_than_its_start(setup, mode):
         assert refined.measured <= plain.measured and refined.fp8_share >= 0.6
     else:
         assert refined.bytes_saved >= plain.bytes_saved and refined.measured <= budget
-    again = measure(st, r, "FP8_DYNAMIC", units=fp8_names(refined, st), reference=ref)["kl_q_p"]
+    again = measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(refined, st), reference=ref)["kl_q_p"]
     assert again == pytest.approx(refined.measured, rel=1e-9)
 
 
@@ -306,7 +306,7 @@ def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):
     measured, and the same call gives the same recipe. (On this tiny model the held-out figure is 6-14 % lower than
     the search figure over eight budgets: a difference of prompts, not selection bias, which
     tests/recipe/test_refine.py shows refinement resisting.)"""
-    from fp8probe import measure
+    from fp8probe import measure_scheme
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.3
@@ -315,8 +315,8 @@ def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):
     assert split["holdout_every"] == 2 and (split["search_prompts"], split["heldout_prompts"]) == (6, 6)
     search, held = r.subset(split["search_sequences"]), r.subset(split["heldout_sequences"])
     units = fp8_names(rec, st)
-    on_search = measure(st, search, "FP8_DYNAMIC", units=units)["kl_q_p"]
-    on_held = measure(st, held, "FP8_DYNAMIC", units=units)["kl_q_p"]
+    on_search = measure_scheme(st, search, "FP8_DYNAMIC", units=units)["kl_q_p"]
+    on_held = measure_scheme(st, held, "FP8_DYNAMIC", units=units)["kl_q_p"]
     assert rec.measured_search == pytest.approx(on_search, rel=1e-9) and rec.measured_search <= budget
     assert rec.measured == pytest.approx(on_held, rel=1e-9) and rec.measured_metrics["kl_q_p"] == rec.measured
     assert abs(rec.measured - rec.measured_search) > 1e-3 * rec.measured
@@ -331,7 +331,7 @@ def test_held_out_figure_uses_the_search_prompts_scales(twelve):
     those. It equals fp8probe.measure on the held-out prompts with a reference that carries the search prompts'
     calibration, and differs from the same measurement with scales calibrated on the held-out prompts themselves
     (which would flatter the recipe: those scales fit the very activations they are judged on)."""
-    from fp8probe import measure
+    from fp8probe import measure_scheme
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.5
@@ -342,8 +342,8 @@ def test_held_out_figure_uses_the_search_prompts_scales(twelve):
     on_search = Reference(st, search)  # calibrated on the search prompts
     with_search_scales = Reference(st, held, calibrate=False)
     with_search_scales.calibration = on_search.calibration
-    want = measure(st, held, "FP8", units=units, kv="fp8", reference=with_search_scales)["kl_q_p"]
-    own = measure(st, held, "FP8", units=units, kv="fp8", reference=Reference(st, held))["kl_q_p"]
+    want = measure_scheme(st, held, "FP8", units=units, kv="fp8", reference=with_search_scales)["kl_q_p"]
+    own = measure_scheme(st, held, "FP8", units=units, kv="fp8", reference=Reference(st, held))["kl_q_p"]
     assert rec.measured == pytest.approx(want, rel=1e-9)
     assert abs(own - want) > 1e-3 * want  # the two calibrations give measurably different figures here
 
@@ -352,13 +352,13 @@ def test_the_engine_figure_is_the_profile_on_the_held_out_prompts(twelve):
     """measured_engine: the recipe on the held-out prompts as the vllm-cuda profile computes it, equal to
     fp8probe.measure(engine="vllm-cuda") there, and different from the simulation's figure (bf16 arithmetic); an
     engine that does not cover the scheme says why instead of a number."""
-    from fp8probe import measure
+    from fp8probe import measure_scheme
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.3
     rec = make_recipe(df, st, r, ask(budget, holdout=2, engine="vllm-cuda"))
     held = r.subset(rec.split["heldout_sequences"])
-    want = measure(st, held, "FP8_DYNAMIC", units=fp8_names(rec, st), engine="vllm-cuda")["kl_q_p"]
+    want = measure_scheme(st, held, "FP8_DYNAMIC", units=fp8_names(rec, st), engine="vllm-cuda")["kl_q_p"]
     e = rec.measured_engine
     assert e["engine"] == "vllm-cuda" and e["measured"] == pytest.approx(want, rel=1e-6)
     assert e["interval"][0] < e["measured"] < e["interval"][1] and e["measured"] != pytest.approx(rec.measured)

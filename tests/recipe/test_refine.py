@@ -170,20 +170,20 @@ def test_paired_change_by_hand():
     point), while each measurement's own interval, driven by how prompts differ, is fifty times wider or more."""
     import torch
 
-    from fp8probe.measurement.measure import Measured, paired_change
+    from fp8probe.measurement.measure import Measured
 
     _, _, old = _evidence(["A"], effect=1.0, noise=0.0)
     kl = old.stats["kl_q_p"] + 0.01
     new = Measured({"kl_q_p": float(kl.mean())}, {"kl_q_p": kl}, old.prompt)
-    point, lo, hi = paired_change(new, old, "kl_q_p")
+    point, lo, hi = new.change_from(old, "kl_q_p")
     assert point == pytest.approx(0.01) and lo == pytest.approx(0.01) and hi == pytest.approx(0.01)
     a, b = old.interval("kl_q_p")
     assert b - a > 50 * 0.01  # 0.65 here
-    point, lo, hi = paired_change(old, new, "kl_q_p")
+    point, lo, hi = old.change_from(new, "kl_q_p")
     assert point == pytest.approx(-0.01)
     # top1_agree: lower is worse, so a rise in agreement is a fall in mismatch
     t_old = Measured({}, {"top1": torch.zeros(len(old.prompt))}, old.prompt)
     t_new = Measured({}, {"top1": torch.ones(len(old.prompt))}, old.prompt)
-    assert paired_change(t_new, t_old, "top1_agree")[0] == pytest.approx(-1.0)
+    assert t_new.change_from(t_old, "top1_agree")[0] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="same tokens"):
-        paired_change(new, Measured({}, {"kl_q_p": kl[:10]}, old.prompt[:10]), "kl_q_p")
+        new.change_from(Measured({}, {"kl_q_p": kl[:10]}, old.prompt[:10]), "kl_q_p")

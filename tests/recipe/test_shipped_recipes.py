@@ -67,10 +67,10 @@ def test_shipped_recipes_measure_what_their_json_says(embedded):
     """On the shipped rollouts, each shipped recipe's FP8 units measure what its recipe.json says (every metric, on
     its held-out prompts; kl_q_p on its search prompts too), and the five most sensitive units measure what
     sensitivity.csv says (the rollouts are the table's)."""
-    from fp8probe import measure
+    from fp8probe import measure_scheme
     from fp8probe.core.schemes import Scheme
+    from fp8probe.measurement.measure import measure
     from fp8probe.measurement.perturbation import Perturbation
-    from fp8probe.measurement.perturbed import measure_perturbation
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import load_rollouts
 
@@ -81,8 +81,7 @@ def test_shipped_recipes_measure_what_their_json_says(embedded):
     table = pd.read_csv(SMOLLM / "sensitivity.csv")
     top = table[~table.kind.isin(["model", "kv"])].sort_values("kl_q_p", ascending=False).head(5)
     for _, row in top.iterrows():
-        got = measure_perturbation(ref, embedded, Perturbation((row.unit,), Scheme.from_name(run["scheme"])),
-                                   embedded.unit(row.unit).block)
+        got = measure(ref, embedded, rollouts, Perturbation((row.unit,), Scheme.from_name(run["scheme"]))).metrics
         assert got["kl_q_p"] == pytest.approx(row.kl_q_p, rel=RTOL_UNIT), row.unit
     recipes = sorted(SMOLLM.glob("kl_q_p-*/recipe.yaml"))
     assert len(recipes) == 3
@@ -92,12 +91,12 @@ def test_shipped_recipes_measure_what_their_json_says(embedded):
         assert len(units) == sum(len(meta["group_units"][g]) for g in meta["quantized"])
         split = meta["split"]  # measured on the held-out prompts, measured_search on the others
         held, search = rollouts.subset(split["heldout_sequences"]), rollouts.subset(split["search_sequences"])
-        got = measure(embedded, held, rec.scheme, units=units)
+        got = measure_scheme(embedded, held, rec.scheme, units=units)
         lo, hi = meta["measured_interval"]
         assert lo <= got["kl_q_p"] <= hi, path.parent.name
         band = (lo / meta["measured"], hi / meta["measured"])
         recorded = meta["measured_metrics"]
         off = {k: (got[k], v) for k, v in recorded.items() if not _close(k, got[k], v, band, recorded)}
         assert not off, f"{path.parent.name}: {off}"
-        on_search = measure(embedded, search, rec.scheme, units=units)["kl_q_p"]
+        on_search = measure_scheme(embedded, search, rec.scheme, units=units)["kl_q_p"]
         assert _close("kl_q_p", on_search, meta["measured_search"], band, recorded), path.parent.name

@@ -14,10 +14,11 @@ from fp8probe.budget.fit import Budget
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.metrics import METRICS
 from fp8probe.core.schemes import KVCacheScheme
+from fp8probe.measurement.measure import measure
 from fp8probe.measurement.mismatch import mismatch, response_logits
 from fp8probe.measurement.opd import OPDSignal
 from fp8probe.measurement.perturbation import Perturbation
-from fp8probe.measurement.perturbed import apply_perturbation, measure_perturbation
+from fp8probe.measurement.perturbed import apply_perturbation
 from fp8probe.measurement.prefix import PrefixShift, divergence, prompt_ids, sample_crn
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import Rollouts, make_rollouts
@@ -46,9 +47,9 @@ def test_ladder_on_one_scale(setup):
     combo = by.loc[f"{rec.name} + {kv.name}"]
     assert combo.sum_of_parts == pytest.approx(by.loc[rec.name].kl_q_p + by.loc[kv.name].kl_q_p, rel=1e-12)
     # measured together, not summed: the combination is its own measurement
-    from fp8probe import measure
+    from fp8probe import measure_scheme
 
-    together = measure(st, r, "FP8_DYNAMIC", kv="fp8", reference=ref)
+    together = measure_scheme(st, r, "FP8_DYNAMIC", kv="fp8", reference=ref)
     assert combo.kl_q_p == pytest.approx(together["kl_q_p"], rel=1e-9)
 
 
@@ -122,8 +123,8 @@ def test_stale_in_one_tensor_is_noise_on_that_tensor(setup, tmp_path):
     src = sources.stale(st, str(tmp_path / "step"))
     differs = [n for n, w in st.model.named_parameters() if not torch.equal(w, src.perturbation.stale[n])]
     assert differs == [f"{unit}.weight"]
-    stale = measure_perturbation(ref, st, src.perturbation)
-    noise = measure_perturbation(ref, st, Perturbation(noise=sigma, noise_units=(unit,), noise_seed=seed))
+    stale = measure(ref, st, r, src.perturbation).metrics
+    noise = measure(ref, st, r, Perturbation(noise=sigma, noise_units=(unit,), noise_seed=seed)).metrics
     assert stale["kl_q_p"] > 1e-5
     for k in METRICS:
         assert stale[k] == pytest.approx(noise[k], rel=1e-4, abs=1e-9), k
@@ -156,10 +157,9 @@ def test_opd_signal(setup, tiny_dirs):
     assert zero["ratio_out_verl"] == 0 and zero["ratio_out_openrlhf"] == 0
     p = sources.noise(st, 0.05).perturbation
     got = opd.measure(p)
-    from fp8probe.measurement.perturbed import measure_perturbation
-
     # the teacher term cancels token by token: |Δ reward| is the sampled-token |Δ log p| of the same source
-    assert got["mean_abs_reward_delta"] == pytest.approx(measure_perturbation(ref, st, p)["abs_dlogp_mean"], rel=1e-5)
+    assert got["mean_abs_reward_delta"] == pytest.approx(measure(ref, st, r, p).metrics["abs_dlogp_mean"],
+                                                         rel=1e-5)
     assert 0 < got["reward_corr"] < 1
     other = tiny_student("llama")
     other.tokenizer = tiny_tokenizer()
@@ -213,7 +213,7 @@ def test_ladder_command(cli, tmp_path, tiny_dirs):
     st = load_student(str(tiny_dirs["llama"]))
     r = load_rollouts(out)
     ref = Reference(st, r)
-    again = [measure_perturbation(ref, st, s.perturbation)
+    again = [measure(ref, st, r, s.perturbation).metrics
              for s in (sources.noise(st, 1e-3), sources.noise(st, 1e-2), sources.kv_cache(st, "fp8"))]
     assert list(df.kl_q_p) == pytest.approx([m["kl_q_p"] for m in again], rel=1e-6)
     assert list(df.k3) == pytest.approx([m["k3"] for m in again], rel=1e-5, abs=1e-12)
@@ -302,7 +302,7 @@ def test_check_gives_the_other_engines_figure(setup):
     """Beside the verdict, the same figure as the other engine computes it: the vllm-cuda profile beside the
     simulation (equal to fp8probe.measure with that engine) and the simulation beside the profile; an engine that
     does not cover the configuration says why."""
-    from fp8probe import measure
+    from fp8probe import measure_scheme
     from fp8probe.apps.check import format_check
     from fp8probe.budget.admission import check
 
@@ -312,7 +312,7 @@ def test_check_gives_the_other_engines_figure(setup):
     point = Budget("kl_q_p", 1.0, calibrated=False, source="hand")
     rep = check(st, r, cfg, point, reference=ref)
     a = rep.also_measured
-    want = measure(st, r, "FP8_DYNAMIC", units=list(units), engine="vllm-cuda")["kl_q_p"]
+    want = measure_scheme(st, r, "FP8_DYNAMIC", units=list(units), engine="vllm-cuda")["kl_q_p"]
     assert a["engine"] == "vllm-cuda" and a["measured"] == pytest.approx(want, rel=1e-6)
     assert a["interval"][0] < a["measured"] < a["interval"][1] and a["measured"] != pytest.approx(rep.measured)
     assert f"as vllm-cuda computes it: kl_q_p {a['measured']:.4g}" in format_check(rep)

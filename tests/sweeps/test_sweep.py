@@ -157,8 +157,8 @@ def test_whole_model_intervals_come_from_the_sweeps_own_rows(monkeypatch):
     # the rows measured a second time
     again = whole_model_rows(swept.reference, student, r, SweepSettings(method="exact"))
     calls = []
-    real = measure.measure_with_interval
-    monkeypatch.setattr(measure, "measure_with_interval", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = measure.measure
+    monkeypatch.setattr(measure, "measure", lambda *a, **k: calls.append(a) or real(*a, **k))
     w = whole_model_rows(swept.reference, student, r, SweepSettings(method="exact"), measured=swept.model_rows)
     assert calls == []
     for name in ("model.fp8_all", "model.fp8_all_kv"):
