@@ -75,7 +75,7 @@ def main() -> None:
     from fp8probe import load_student, make_rollouts
     from fp8probe.core.schemes import KV_CACHE_SCHEMES, KVCacheScheme
     from fp8probe.deploy.export import export
-    from fp8probe.deploy.vllm_check import run_vllm
+    from fp8probe.deploy.vllm_check import VLLMServe, run_vllm
     from fp8probe.measurement.attention import quantize_kv
     from fp8probe.measurement.engines import engine
     from fp8probe.measurement.mismatch import kl_lower_bound_topk, response_positions, token_stats
@@ -104,7 +104,7 @@ def main() -> None:
 
     def vllm_logp(model_dir, engine_kwargs) -> tuple[np.ndarray, float]:
         kw = {"max_logprobs": TOPK, **engine_kwargs, **({"gpu_memory_utilization": 0.3} if cuda else {})}
-        res = run_vllm(model_dir, 8192, score=seqs, prompt_topk=TOPK, engine_kwargs=kw, cuda=cuda)
+        res = run_vllm(model_dir, VLLMServe(8192, engine_kwargs=kw, cuda=cuda), score=seqs, prompt_topk=TOPK)
         out, ids, lps = [], [], []
         for i, lp in enumerate(res["prompt_logprobs"]):
             resp = rollouts.response_mask[i]

@@ -64,7 +64,7 @@ def _median_time(fn, repeat: int) -> tuple[float, object]:
 def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_seconds=None) -> dict:
     from fp8probe.core.schemes import Scheme
     from fp8probe.core.stats import spearman, top_overlap
-    from fp8probe.measurement.fisher import ESTIMATORS, fisher_rows
+    from fp8probe.measurement.fisher import ESTIMATORS, Draws, fisher_rows
     from fp8probe.measurement.reference import Reference
     from fp8probe.recipe.agreement import agreement
     from fp8probe.sweeps.settings import SweepSettings
@@ -73,7 +73,7 @@ def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_s
     rows = plan_rows(student, Scheme.from_name("FP8_DYNAMIC"))
     t_ref, reference = _median_time(lambda: Reference(student, rollouts), repeat)
     runs = []  # one label draw per seed: the spread of rho and top-10 is the estimate's own noise
-    t_fisher, _ = _median_time(lambda: runs.append(fisher_rows(student, rollouts, rows, seed=len(runs))), repeat)
+    t_fisher, _ = _median_time(lambda: runs.append(fisher_rows(student, rollouts, rows, Draws(seed=len(runs)))), repeat)
     fr = runs[0]
     if exact_df is None:
         t = time.perf_counter()

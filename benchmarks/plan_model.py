@@ -45,14 +45,15 @@ KV_GIB = 1
 
 
 def measure_vllm_cpu(prompt_len: int = 32) -> dict:
-    from fp8probe.deploy.vllm_check import parse_kv_lines, run_vllm
+    from fp8probe.deploy.vllm_check import VLLMServe, parse_kv_lines, run_vllm
     from fp8probe.model.embedded import embedded_student_dir
 
     d = embedded_student_dir()
     prompt = list(range(1000, 1000 + prompt_len))
     t = time.perf_counter()
-    got = run_vllm(d, 512, kv_space_gib=KV_GIB, worker=HERE / "vllm_decode_worker.py", prompt=prompt,
-                   runs=CPU_RUNS, repeat=2, engine_kwargs={"max_num_seqs": 256})
+    serve = VLLMServe(512, kv_space_gib=KV_GIB, engine_kwargs={"max_num_seqs": 256},
+                      worker=HERE / "vllm_decode_worker.py")
+    got = run_vllm(d, serve, prompt=prompt, runs=CPU_RUNS, repeat=2)
     got["wall_s"] = time.perf_counter() - t
     got.update(parse_kv_lines(got["log"]))
     got["prompt_len"] = prompt_len

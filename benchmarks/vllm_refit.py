@@ -31,7 +31,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from fp8probe.deploy.export import export
-    from fp8probe.deploy.vllm_check import run_vllm
+    from fp8probe.deploy.vllm_check import VLLMServe, run_vllm
     from fp8probe.model.prompts import BUILTIN_PROMPTS
     from fp8probe.model.settings import ModelSource
 
@@ -46,7 +46,7 @@ def main() -> None:
         ckpt = export(ModelSource(), root / "recipe.yaml", root / "ckpt", max_model_len=2048).out
         tok = AutoTokenizer.from_pretrained(ckpt)
         ids = [tok(p)["input_ids"][:24] for p in BUILTIN_PROMPTS[:args.prompts]]
-        got = run_vllm(ckpt, 256, score=ids, worker=HERE / "vllm_refit_worker.py")
+        got = run_vllm(ckpt, VLLMServe(256, worker=HERE / "vllm_refit_worker.py"), score=ids)
     gaps = [abs(a - b) for d, r in zip(got["disk"], got["refit"]) for a, b in zip(d, r) if a is not None]
     print(f"vLLM-CPU refit path (dummy weights, then the checkpoint's tensors through reload_weights) against the "
           f"disk load: {len(gaps)} positions, largest |Δ log-prob| {max(gaps):.3g} nats, "

@@ -15,16 +15,6 @@ LAYERS = ("core", "model", "measurement", "sweeps", "recipe", "deploy", "sources
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict[str, str] = {}  # "module:function" -> why it may be longer (none)
 MAX_PARAMETERS = 8  # a public function takes its inputs and a settings object, not a settings object's fields
-# public functions still over MAX_PARAMETERS -> how many they take: the list only shrinks (issue #54 moves each to a
-# settings object); a new entry, or a larger count, fails
-MANY_PARAMETERS: dict[str, int] = {
-    "deploy.vllm_check:run_vllm": 11,
-    "deploy.vllm_check:compare_with_vllm": 9,
-    "measurement.fisher:fisher_rows": 11,
-    "measurement.vllm_profile:fp8_kv_attention": 10,
-    "model.rollouts:make_rollouts": 10,
-    "recipe.evolve:evolve": 9,
-}
 MAX_CLI_LINES = 400
 MAX_APP_LINES = 150  # an entry point per command: settings in, a result and its files out; the work lives below
 
@@ -171,18 +161,15 @@ def public_functions(tree: ast.AST):
 
 
 def test_public_functions_take_few_parameters():
-    """At most MAX_PARAMETERS: the rest travels as a settings object (`make_recipe(table, student, rollouts,
-    settings, *, context, reference)`); the functions not yet moved are listed with their counts, which only fall."""
-    over, stale = [], []
+    """At most MAX_PARAMETERS, every public function: the rest travels as a settings object (`make_recipe(table,
+    student, rollouts, settings, *, context, reference)`, `run_vllm(model, serve, ...)`)."""
+    over = []
     for m, p in modules().items():
         for fn in public_functions(ast.parse(p.read_text())):
             key, n = f"{m}:{fn.name}", parameters(fn)
-            if n > MAX_PARAMETERS and n > MANY_PARAMETERS.get(key, MAX_PARAMETERS):
+            if n > MAX_PARAMETERS:
                 over.append(f"{key} ({n})")
-            elif key in MANY_PARAMETERS and n <= MAX_PARAMETERS:
-                stale.append(key)
     assert not over, f"public functions over {MAX_PARAMETERS} parameters (take a settings object): {over}"
-    assert not stale, f"now within {MAX_PARAMETERS} parameters: drop from MANY_PARAMETERS: {stale}"
 
 
 def test_every_settings_class_lives_below_apps():

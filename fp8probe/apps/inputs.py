@@ -67,10 +67,7 @@ def rollouts_for(student, settings: RolloutSettings, out: Path, reuse_from: Path
         r = saved if saved is not None and settings.rollouts else load_rollouts(src)
         log.info("reusing %d rollouts (%d response tokens) from %s", r.num_sequences, r.num_response_tokens, src)
     else:
-        r = make_rollouts(student, prompts=settings.prompts, num_prompts=settings.num_prompts,
-                          max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                          temperature=settings.temperature, batch_size=settings.batch_size, progress=progress,
-                          samples_per_prompt=settings.samples_per_prompt)
+        r = make_rollouts(student, settings.prompts, settings.sampling(), progress=progress)
         log.info("sampled %d rollouts, %d response tokens", r.num_sequences, r.num_response_tokens)
     if Path(src or "") != Path(out):
         save_rollouts(r, out)

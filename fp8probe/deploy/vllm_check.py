@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -85,12 +86,28 @@ def vllm_venv(create: bool = True) -> Path:
     return py
 
 
-def run_vllm(model: str | Path, max_model_len: int, generate=None, score=None, kv_space_gib: int = 1,
-             engine_kwargs: dict | None = None, timeout: int = 1200, prompt_topk: int = 0, cuda: bool = False,
-             worker: str | Path | None = None, **spec_fields) -> dict:
-    """Run the worker (vllm_worker.py, or another `worker` script taking the same SPEC with `spec_fields` added) in
-    the vLLM venv (CPU backend), or with `cuda` in this Python's own vLLM on the GPU; returns its results plus the
-    parsed KV-cache log lines and the log."""
+@dataclass(frozen=True)
+class VLLMServe:
+    """How the worker starts vLLM: `max_model_len`, the CPU backend's KV-cache space in GiB, more engine keywords,
+    how long the run may take (s), in this Python's own vLLM on the GPU (`cuda`) or the vLLM venv's CPU build, and
+    the worker script (None: vllm_worker.py)."""
+
+    max_model_len: int = 8192
+    kv_space_gib: int = 1
+    engine_kwargs: dict | None = None
+    timeout: int = 1200
+    cuda: bool = False
+    worker: str | Path | None = None
+
+
+def run_vllm(model: str | Path, serve: VLLMServe, generate=None, score=None, prompt_topk: int = 0,
+             **spec_fields) -> dict:
+    """Run the worker (vllm_worker.py, or another `serve.worker` script taking the same SPEC with `spec_fields`
+    added) in the vLLM venv (CPU backend), or with `serve.cuda` in this Python's own vLLM on the GPU: it generates
+    from the `generate` prompts and scores the `score` sequences (with the top `prompt_topk` log-probs); returns its
+    results plus the parsed KV-cache log lines and the log."""
+    max_model_len, kv_space_gib, engine_kwargs = serve.max_model_len, serve.kv_space_gib, serve.engine_kwargs
+    timeout, cuda, worker = serve.timeout, serve.cuda, serve.worker
     py = sys.executable if cuda else vllm_venv()
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"model": str(model), "max_model_len": int(max_model_len), "out": str(Path(tmp) / "out.json"),
@@ -151,7 +168,7 @@ def greedy_gap(model, prompt: list[int], generated: list[int]) -> float:
 
 
 def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path | None, quantized_units, scheme: str,
-                      max_model_len: int = 8192, kv_space_gib: int = 1, prompt: str = "What is the capital of France?"):
+                      serve: VLLMServe = VLLMServe(), prompt: str = "What is the capital of France?"):
     """Predicted (fp8probe) vs realised (vLLM) mismatch of a recipe on the rollouts, and the vLLM-BF16 noise floor.
 
     Every number is on the sampled response tokens, against fp8probe's own reference (transformers, fp32).
@@ -169,7 +186,7 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path 
     chat = [encode_prompt(student.tokenizer, prompt)]
     out = {}
     for name, model in (("bf16", bf16_dir), ("fp8", ckpt)) if bf16_dir is not None else (("fp8", ckpt),):
-        res = run_vllm(model, max_model_len, generate=chat, score=seqs, kv_space_gib=kv_space_gib)
+        res = run_vllm(model, serve, generate=chat, score=seqs)
         logp = []
         for i, lp in enumerate(res["prompt_logprobs"]):
             resp = rollouts.response_mask[i]

@@ -54,6 +54,23 @@ WINDOW = 16  # positions per window of the window estimator
 DEFAULT_SAMPLES = 2  # label draws per position
 
 
+@dataclass(frozen=True)
+class Draws:
+    """The estimate's label draws: `samples` per position (each one more backward pass), from `seed` (repeatable)."""
+
+    samples: int = DEFAULT_SAMPLES
+    seed: int = 0
+
+
+def _quantization(rows) -> tuple[Scheme, KVCacheScheme]:
+    """The scheme of the rows' FP8 units and the KV-cache scheme of their KV layers (one each: a sweep's plan)."""
+    schemes = {r.perturbation.scheme for r in rows if r.perturbation.units}
+    kvs = {r.perturbation.kv for r in rows if r.perturbation.kv_layers}
+    if len(schemes) > 1 or len(kvs) > 1:
+        raise ValueError("fisher_rows estimates rows of one scheme and one KV-cache scheme (a sweep's plan)")
+    return (schemes.pop() if schemes else Scheme.from_name("FP8_DYNAMIC")), (kvs.pop() if kvs else KVCacheScheme())
+
+
 @dataclass
 class FisherResult:
     """Per row (by its unit name): the estimate of each estimator (mean per response token) and the SQNR of
@@ -98,21 +115,21 @@ def _calibrate(student, rollouts, names, kv_strategy: str, batch_size: int) -> C
     return cal
 
 
-def fisher_rows(student, rollouts, rows, scheme: Scheme = Scheme.from_name("FP8_DYNAMIC"),
-                kv: KVCacheScheme = KVCacheScheme(), batch_size: int = 8, calibration: Calibration | None = None,
-                samples: int = DEFAULT_SAMPLES, seed: int = 0,
-                fused: bool = False, progress: bool = False) -> FisherResult:
-    """The estimates of every row of sweep.plan_rows (anything with `.unit` and `.perturbation`).
+def fisher_rows(student, rollouts, rows, draws: Draws = Draws(), *, batch_size: int = 8,
+                calibration: Calibration | None = None, fused: bool = False, progress: bool = False) -> FisherResult:
+    """The estimates of every row of sweep.plan_rows (anything with `.unit` and `.perturbation`; their units in one
+    scheme, their KV layers in one KV-cache scheme).
 
-    `samples` label draws per position (each one more backward pass); `seed` makes the draws repeatable.
-    Static input scales need a Calibration: `calibration`, or one more forward over the rollouts first. A
-    calibrated KV cache without one is scored at the end: K, V and their gradients wait on the CPU (in the
-    model's dtype) until the pass has seen every batch and the K/V amax is known, which costs memory
-    instead of a second forward. `fused`: quantize a fused group's units with their shared per-tensor scale
-    (group rows) instead of each unit alone (unit rows); only the per-tensor FP8 scheme differs."""
+    `draws`: the label draws per position and their seed. Static input scales need a Calibration: `calibration`, or
+    one more forward over the rollouts first. A calibrated KV cache without one is scored at the end: K, V and their
+    gradients wait on the CPU (in the model's dtype) until the pass has seen every batch and the K/V amax is known,
+    which costs memory instead of a second forward. `fused`: quantize a fused group's units with their shared
+    per-tensor scale (group rows) instead of each unit alone (unit rows); only the per-tensor FP8 scheme differs."""
     from tqdm.auto import tqdm
 
     model = student.model
+    scheme, kv = _quantization(rows)
+    samples, seed = draws.samples, draws.seed
     t0 = time.perf_counter()
     units = sorted({u for r in rows for u in r.perturbation.units})
     kv_layers = sorted({i for r in rows for i in r.perturbation.kv_layers})

@@ -199,11 +199,13 @@ def _keep_mask(attention_mask, tq: int, tk: int, device) -> torch.Tensor:
     return attention_mask[..., :tk] > torch.finfo(attention_mask.dtype).min / 2  # additive: 0 or the dtype's min
 
 
-def fp8_kv_attention(query, key, value, attention_mask, scaling: float, q_scale, k_scale, v_scale,
-                     fp8_query: bool = True, fp8_probs: bool = True):
+def fp8_kv_attention(query, key, value, attention_mask, scaling: float, scales, fp8_query: bool = True,
+                     fp8_probs: bool = True):
     """Attention over an FP8 KV cache as FlashAttention 3 computes it (see the module docstring). query
-    [B, H, Tq, D], key/value [B, Hkv, Tk, D] in the engine dtype; returns [B, Tq, H, D] in that dtype.
-    fp8_query / fp8_probs False leave the query / P unrounded (what each step costs: benchmarks/kv_steps.py)."""
+    [B, H, Tq, D], key/value [B, Hkv, Tk, D] in the engine dtype; `scales` (q_scale, k_scale, v_scale), 0-d
+    tensors; returns [B, Tq, H, D] in that dtype. fp8_query / fp8_probs False leave the query / P unrounded (what
+    each step costs: benchmarks/kv_steps.py)."""
+    q_scale, k_scale, v_scale = scales
     f32 = torch.float32
     if not fp8_query:
         query, q_scale = query.to(f32), torch.ones((), dtype=f32)
@@ -242,9 +244,8 @@ def _fp8_kv_attention(model, kv, calibration, layers=None):
         scales[id(mod)] = (ks, ks, vs)  # vLLM: q_scale = k_scale when the checkpoint stores none
 
     def attention(module, query, key, value, attention_mask, scaling=None, **_):
-        q_s, k_s, v_s = scales[id(module)]
         scaling = module.scaling if scaling is None else scaling
-        return fp8_kv_attention(query, key, value, attention_mask, scaling, q_s, k_s, v_s), None
+        return fp8_kv_attention(query, key, value, attention_mask, scaling, scales[id(module)]), None
 
     with attention_override(model, attention, layers):
         yield

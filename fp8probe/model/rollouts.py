@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from ..core.files import atomic_write_bytes
 from ..core.progress import bar_interval
 from ..core.records import RolloutsRecord
 from .prompts import BUILTIN_PROMPTS
+from .settings import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -185,20 +186,17 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 
 
 @torch.no_grad()
-def make_rollouts(
-    student,
-    prompts: list | str | Path | None = None,
-    num_prompts: int | None = None,
-    max_new_tokens: int = 64,
-    seed: int = 0,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    batch_size: int = 8,
-    progress: bool = False,
-    samples_per_prompt: int = 1,
-) -> Rollouts:
-    """Sample the student's responses to the prompts (built-in ones by default), `samples_per_prompt` each (the
-    samples of one prompt are consecutive sequences)."""
+def make_rollouts(student, prompts: list | str | Path | None = None, sampling: Sampling | None = None, *,
+                  progress: bool = False, **fields) -> Rollouts:
+    """Sample the student's responses to the prompts (built-in ones by default) as `sampling` says, with `fields`
+    (Sampling's, e.g. num_prompts=4, max_new_tokens=16) changed; the samples of one prompt are consecutive
+    sequences."""
+    unknown = sorted(set(fields) - set(Sampling.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"make_rollouts() got an unexpected keyword argument {unknown[0]!r}")
+    s = replace(sampling or Sampling(), **fields)
+    num_prompts, max_new_tokens, seed, temperature = s.num_prompts, s.max_new_tokens, s.seed, s.temperature
+    top_p, batch_size, samples_per_prompt = s.top_p, s.batch_size, s.samples_per_prompt
     if isinstance(prompts, (str, Path)):
         prompts = read_prompts(prompts)
     prompts = list(BUILTIN_PROMPTS if prompts is None else prompts)

@@ -50,6 +50,21 @@ class ModelSource(Settings):
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How rollouts are sampled: the first `num_prompts` prompts (None: all of them), `samples_per_prompt` responses
+    each of at most `max_new_tokens` tokens, at `temperature` (0: greedy) and `top_p`, from `seed`, `batch_size`
+    sequences at a time. The library's defaults; the CLI's are RolloutSettings' (RolloutSettings.sampling)."""
+
+    num_prompts: int | None = None
+    max_new_tokens: int = 64
+    seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_size: int = 8
+    samples_per_prompt: int = 1
+
+
+@dataclass(frozen=True)
 class RolloutSettings(Settings):
     """The student's own rollouts: sampled (`prompts` file or the built-in ones, the first `num_prompts`,
     `samples_per_prompt` each, up to `max_new_tokens` each, `seed`, `temperature`; 0 is greedy) or reused from a
@@ -63,3 +78,9 @@ class RolloutSettings(Settings):
     temperature: float = opt(1.0, "sampling temperature; 0 is greedy", low=0.0)
     batch_size: int = opt(8, "sequences per forward", low=1)
     rollouts: str | None = opt(None, "reuse the rollouts saved in this directory instead of sampling new ones")
+
+    def sampling(self) -> Sampling:
+        """How these settings sample new rollouts (make_rollouts)."""
+        return Sampling(num_prompts=self.num_prompts, max_new_tokens=self.max_new_tokens, seed=self.seed,
+                        temperature=self.temperature, batch_size=self.batch_size,
+                        samples_per_prompt=self.samples_per_prompt)

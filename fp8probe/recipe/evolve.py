@@ -25,6 +25,20 @@ LAMBDA = 8  # offspring per generation
 MEAN_SWAPS = 1.5  # mean number of groups taken out per mutation (1 + geometric)
 
 
+@dataclass(frozen=True)
+class Strategy:
+    """The search's own settings: `lam` offspring per generation, `mean_swaps` groups out per mutation on average
+    (1 + geometric; at least 1), the random `seed`."""
+
+    lam: int = LAMBDA
+    mean_swaps: float = MEAN_SWAPS
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.mean_swaps < 1:
+            raise ValueError("evolve: mean_swaps is at least 1 (one group out per mutation)")
+
+
 @dataclass
 class Evolved:
     best: frozenset
@@ -34,12 +48,11 @@ class Evolved:
 
 
 def evolve(items: Sequence[Hashable], value: Callable[[frozenset], float], need: float,
-           fitness: Callable[[frozenset], float], start: frozenset, evaluations: int, lam: int = LAMBDA,
-           seed: int = 0, mean_swaps: float = MEAN_SWAPS) -> Evolved:
+           fitness: Callable[[frozenset], float], start: frozenset, evaluations: int,
+           strategy: Strategy = Strategy()) -> Evolved:
     """Minimise fitness(set) over subsets of `items` with value(set) >= need, from `start` (which must meet it),
     measuring at most `evaluations` distinct sets."""
-    if mean_swaps < 1:
-        raise ValueError("evolve: mean_swaps is at least 1 (one group out per mutation)")
+    lam, seed, mean_swaps = strategy.lam, strategy.seed, strategy.mean_swaps
     if value(start) < need:
         raise FP8ProbeError("evolve: the starting recipe does not meet the memory target")
     rng = np.random.default_rng(seed)

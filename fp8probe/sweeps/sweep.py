@@ -30,7 +30,7 @@ from ..core.metrics import METRICS, no_mismatch
 from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
 from ..measurement.attribution import path_attribution
-from ..measurement.fisher import DEFAULT_ESTIMATOR, fisher_rows
+from ..measurement.fisher import DEFAULT_ESTIMATOR, Draws, fisher_rows
 from ..measurement.measure import Measured
 from ..measurement.mismatch import summarize
 from ..measurement.perturbation import Perturbation
@@ -224,10 +224,9 @@ def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exa
 
 def _fisher(student, rollouts, rows, settings, batch_size, reference, seed, progress):
     """Every row's Fisher estimate (measurement/fisher.py): (estimates, output SQNR, seconds)."""
-    fr = fisher_rows(student, rollouts, rows, settings.preset, settings.kv, batch_size,
+    fr = fisher_rows(student, rollouts, rows, Draws(settings.fisher_samples, seed), batch_size=batch_size,
                      calibration=reference.calibration if reference is not None else None,
-                     samples=settings.fisher_samples, seed=seed, fused=settings.granularity == "group",
-                     progress=progress)
+                     fused=settings.granularity == "group", progress=progress)
     return fr.column(DEFAULT_ESTIMATOR), fr.sqnr_db, fr.seconds
 
 

@@ -40,9 +40,7 @@ def check_rollouts(student):
     from ..model.settings import RolloutSettings
 
     s = RolloutSettings()
-    return make_rollouts(student, prompts=s.prompts, num_prompts=s.num_prompts, max_new_tokens=s.max_new_tokens,
-                         seed=s.seed, temperature=s.temperature, batch_size=s.batch_size,
-                         samples_per_prompt=s.samples_per_prompt)
+    return make_rollouts(student, s.prompts, s.sampling())
 
 
 def _measured(student, rollouts, perturbation, reference=None) -> dict:

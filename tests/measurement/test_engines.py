@@ -79,29 +79,29 @@ def test_fp8_kv_attention_by_hand():
     v = torch.tensor([[[[1.0, 0.0], [0.0, 3.0]]]], dtype=torch.bfloat16)
     keep = torch.ones(1, 1, 1, 2, dtype=torch.bool)
     one = torch.tensor(1.0)
-    out = fp8_kv_attention(q, k, v, keep, 0.5 * math.log(2), one, one, one)
+    out = fp8_kv_attention(q, k, v, keep, 0.5 * math.log(2), (one, one, one))
     p0, total = 2 ** 7.5, 2 ** 7.5 + 256
     assert out.shape == (1, 1, 1, 2)
     assert out[0, 0, 0, 0].item() == torch.tensor(176 / total, dtype=torch.bfloat16).item()
     assert out[0, 0, 0, 1].item() == torch.tensor(768 / total, dtype=torch.bfloat16).item()
     assert abs(out[0, 0, 0, 0].item() - p0 / total) > 0.01
     # the query shares K's scale (vLLM, no q_scale in the checkpoint): beyond 448 * k_scale it saturates
-    big = fp8_kv_attention(q * 1000, k, v, keep, 0.5 * math.log(2), one, one, one)
-    sat = fp8_kv_attention(q * 448, k, v, keep, 0.5 * math.log(2), one, one, one)
+    big = fp8_kv_attention(q * 1000, k, v, keep, 0.5 * math.log(2), (one, one, one))
+    sat = fp8_kv_attention(q * 448, k, v, keep, 0.5 * math.log(2), (one, one, one))
     assert torch.equal(big, sat)
     # an additive float mask and a boolean one are the same mask; a fully masked (padding) row gives 0, not NaN
     add = torch.tensor([[[[0.0, torch.finfo(torch.float32).min]]]])
-    assert torch.equal(fp8_kv_attention(q, k, v, add, 1.0, one, one, one),
-                       fp8_kv_attention(q, k, v, torch.tensor([[[[True, False]]]]), 1.0, one, one, one))
-    none = fp8_kv_attention(q, k, v, torch.zeros(1, 1, 1, 2, dtype=torch.bool), 1.0, one, one, one)
+    assert torch.equal(fp8_kv_attention(q, k, v, add, 1.0, (one, one, one)),
+                       fp8_kv_attention(q, k, v, torch.tensor([[[[True, False]]]]), 1.0, (one, one, one)))
+    none = fp8_kv_attention(q, k, v, torch.zeros(1, 1, 1, 2, dtype=torch.bool), 1.0, (one, one, one))
     assert torch.equal(none, torch.zeros_like(none))
     # no mask (transformers' SDPA path): one query (a decoding step) sees every key; several queries are causal
-    assert torch.equal(fp8_kv_attention(q, k, v, None, 1.0, one, one, one), fp8_kv_attention(q, k, v, keep, 1.0, one,
-                                                                                                one, one))
+    ones = (one, one, one)
+    assert torch.equal(fp8_kv_attention(q, k, v, None, 1.0, ones), fp8_kv_attention(q, k, v, keep, 1.0, ones))
     q2 = q.expand(1, 1, 2, 2)
     causal = torch.tensor([[[[True, False], [True, True]]]])
-    assert torch.equal(fp8_kv_attention(q2, k, v, None, 1.0, one, one, one),
-                       fp8_kv_attention(q2, k, v, causal, 1.0, one, one, one))
+    assert torch.equal(fp8_kv_attention(q2, k, v, None, 1.0, (one, one, one)),
+                       fp8_kv_attention(q2, k, v, causal, 1.0, (one, one, one)))
 
 
 def test_fp8_kv_profile_in_the_model(monkeypatch):
@@ -115,7 +115,7 @@ def test_fp8_kv_profile_in_the_model(monkeypatch):
     r = make_rollouts(s, num_prompts=3, max_new_tokens=6, seed=0)
     cal = Reference(s, r).calibration
     calls, original = [], engines.fp8_kv_attention
-    monkeypatch.setattr(engines, "fp8_kv_attention", lambda *a: calls.append(a[-2].item()) or original(*a))
+    monkeypatch.setattr(engines, "fp8_kv_attention", lambda *a: calls.append(a[-1][1].item()) or original(*a))
     with engine_model(s, [], DYNAMIC, CUDA, KV, calibration=cal) as m:
         batched, _ = response_logp(m, r, batch_size=3)
         n = len(calls)
@@ -195,7 +195,7 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     from pathlib import Path
 
     from fp8probe.deploy.export import export
-    from fp8probe.deploy.vllm_check import run_vllm
+    from fp8probe.deploy.vllm_check import VLLMServe, run_vllm
     from fp8probe.measurement.mismatch import response_positions
     from fp8probe.measurement.quantize import quantize_units
     from fp8probe.measurement.reference import Reference
@@ -216,7 +216,8 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
 
     units = [u.name for u in read_recipe(recipe).fp8_units(embedded.units)]
     with tempfile.TemporaryDirectory() as tmp:
-        res = run_vllm(export(ModelSource(), recipe, Path(tmp) / "ckpt", max_model_len=8192).out, 8192, score=seqs)
+        res = run_vllm(export(ModelSource(), recipe, Path(tmp) / "ckpt", max_model_len=8192).out, VLLMServe(8192),
+                       score=seqs)
     real = np.asarray([lp[t] for i, lp in enumerate(res["prompt_logprobs"]) for t in range(1, len(lp))
                        if r.response_mask[i][t]], dtype=np.float64)
     with engine_model(embedded, units, DYNAMIC, CPU) as m:

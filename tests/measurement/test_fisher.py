@@ -12,7 +12,7 @@ from conftest import ask, tiny_student
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import spearman, top_overlap
-from fp8probe.measurement.fisher import fisher_rows
+from fp8probe.measurement.fisher import Draws, fisher_rows
 from fp8probe.measurement.mismatch import response_logits
 from fp8probe.measurement.quantize import quantize_units
 from fp8probe.model.rollouts import make_rollouts
@@ -40,7 +40,7 @@ def test_quadratic_form_matches_brute_force(tiny):
     s, r, _ = tiny
     rows = [x for x in plan_rows(s, Scheme.from_name("FP8_DYNAMIC")) if x.unit in (
         "model.layers.1.mlp.down_proj", "model.layers.3.self_attn.v_proj")]
-    est = fisher_rows(s, r, rows, samples=256, seed=1).column("sequence")
+    est = fisher_rows(s, r, rows, Draws(256, 1)).column("sequence")
     m = s.model
     ids, am, resp = r.input_ids, r.attention_mask, r.response_mask
     for row in rows:
@@ -76,9 +76,9 @@ def test_estimate_ranks_like_the_exact_sweep(tiny):
 def test_estimate_is_seeded_and_draws_matter(tiny):
     s, r, _ = tiny
     rows = plan_rows(s, Scheme.from_name("FP8_DYNAMIC"))[:6]
-    a = fisher_rows(s, r, rows, seed=3).column()
-    b = fisher_rows(s, r, rows, seed=3).column()
-    c = fisher_rows(s, r, rows, seed=4).column()
+    a = fisher_rows(s, r, rows, Draws(seed=3)).column()
+    b = fisher_rows(s, r, rows, Draws(seed=3)).column()
+    c = fisher_rows(s, r, rows, Draws(seed=4)).column()
     assert a == b
     assert a != c
 
@@ -206,11 +206,11 @@ def test_big_model_paths_give_the_same_numbers(tiny, monkeypatch, scheme):
 
     s, r, _ = tiny
     rows = plan_rows(s, Scheme.from_name(scheme))
-    kept = fisher_rows(s, r, rows, Scheme.from_name(scheme), fused=True)
+    kept = fisher_rows(s, r, rows, fused=True)
     whole = measure_scheme(s, r, scheme)
     monkeypatch.setattr(hooks, "DEQUANTIZED_CACHE_BYTES", 0)
     monkeypatch.setattr(hooks, "LAZY_CODES_BYTES", 0)
-    lazy = fisher_rows(s, r, rows, Scheme.from_name(scheme), fused=True)
+    lazy = fisher_rows(s, r, rows, fused=True)
     assert lazy.estimates == kept.estimates
     assert str(lazy.sqnr_db) == str(kept.sqnr_db)  # NaN on the whole-model rows
     assert measure_scheme(s, r, scheme) == whole

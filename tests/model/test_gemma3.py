@@ -104,7 +104,7 @@ def test_recipe_export_and_vllm_cpu(swept, tmp_path):
     capacity's hybrid accounting says (5 of 6 layers sliding-window, 1 KV head of 256, CPU blocks of 128)."""
     from fp8probe.cli import main
     from fp8probe.deploy.capacity import capacity
-    from fp8probe.deploy.vllm_check import run_vllm
+    from fp8probe.deploy.vllm_check import VLLMServe, run_vllm
     from fp8probe.model.embedded import gemma3_gguf, gguf_copy
 
     rec = tmp_path / "recipe"
@@ -112,7 +112,7 @@ def test_recipe_export_and_vllm_cpu(swept, tmp_path):
                  str(rec)]) == 0
     ckpt = tmp_path / "ckpt"
     assert main(["-q", "export", "gemma3-270m", "--recipe", str(rec / "recipe.yaml"), "--out", str(ckpt)]) == 0
-    res = run_vllm(ckpt, 2048, generate=[[2, 818, 5279, 529, 7001, 563]], kv_space_gib=1)
+    res = run_vllm(ckpt, VLLMServe(2048), generate=[[2, 818, 5279, 529, 7001, 563]])
     assert res["generated_ids"] and len(res["generated_ids"][0]) > 0
     cap = capacity(gguf_copy(gemma3_gguf()), kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
                    max_model_len=2048)

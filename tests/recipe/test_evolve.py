@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.recipe.evolve import evolve
+from fp8probe.recipe.evolve import Strategy, evolve
 
 
 def _case(seed, n=12):
@@ -52,7 +52,7 @@ def test_the_search_reaches_the_brute_force_optimum(seed):
             break
         start.add(i)
     assert fitness(frozenset(start)) > f_opt + 1e-9  # the case is not trivial
-    got = evolve(items, value, need, fitness, frozenset(start), evaluations=600, seed=seed)
+    got = evolve(items, value, need, fitness, frozenset(start), evaluations=600, strategy=Strategy(seed=seed))
     assert got.fitness == pytest.approx(f_opt, abs=1e-9)
     assert value(got.best) >= need and got.evaluations <= 600
     # the parent's fitness never rises
