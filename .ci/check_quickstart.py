@@ -29,8 +29,10 @@ def main() -> None:
         rows = list(csv.DictReader(f))
     kinds = [r["kind"] for r in rows]
     if len(rows) != UNITS + KV + WHOLE or kinds.count("kv") != KV or kinds.count("model") != WHOLE:
-        fail(f"sensitivity.csv has {len(rows)} rows ({kinds.count('kv')} kv, {kinds.count('model')} model); "
-             f"expected {UNITS + KV + WHOLE} ({KV} kv, {WHOLE} model)")
+        fail(
+            f"sensitivity.csv has {len(rows)} rows ({kinds.count('kv')} kv, {kinds.count('model')} model); "
+            f"expected {UNITS + KV + WHOLE} ({KV} kv, {WHOLE} model)"
+        )
     methods = {m: sum(r["method"] == m for r in rows) for m in {r["method"] for r in rows}}
     want = {"exact": TOP_K + CONTROLS + WHOLE, "fisher": UNITS + KV - TOP_K - CONTROLS}
     if methods != want:
@@ -45,7 +47,7 @@ def main() -> None:
     header = lines[start + 1].split()
     if header != ["unit", "kind", "method", "kl_q_p", "k3", "top1_agree", "sqnr_db"]:
         fail(f"the block's columns are {header}")
-    printed = [ln.split() for ln in lines[start + 2:start + 12]]
+    printed = [ln.split() for ln in lines[start + 2 : start + 12]]
     top = sorted((r for r in rows if r["kind"] != "model"), key=lambda r: -float(r["kl_q_p"]))[:10]
     if [p[0] for p in printed] != [r["unit"] for r in top]:
         fail(f"the block lists {[p[0] for p in printed]}, the table's ten highest are {[r['unit'] for r in top]}")
@@ -54,10 +56,13 @@ def main() -> None:
     for p, r in zip(printed, top):
         if abs(float(p[3]) - float(r["kl_q_p"])) > 0.0051 * float(r["kl_q_p"]):  # printed to 3 digits
             fail(f"{p[0]}: printed kl_q_p {p[3]}, the table holds {r['kl_q_p']}")
-    rest = lines[start + 12:]
-    if not (len(rest) >= 3 and rest[0].startswith("model.fp8_all: kl_q_p=")
-            and rest[1].startswith("model.fp8_all_kv: kl_q_p=")
-            and rest[-1].startswith(f"sweep: {len(rows)} rows in ")):
+    rest = lines[start + 12 :]
+    if not (
+        len(rest) >= 3
+        and rest[0].startswith("model.fp8_all: kl_q_p=")
+        and rest[1].startswith("model.fp8_all_kv: kl_q_p=")
+        and rest[-1].startswith(f"sweep: {len(rows)} rows in ")
+    ):
         fail(f"the lines after the block are {rest}")
     print(f"check_quickstart: {len(rows)} rows, {methods['exact']} measured, the printed ten are the table's ten")
 

@@ -79,16 +79,24 @@ def measure_all(student, rollouts, ps: dict[str, Perturbation]) -> list[dict]:
         r = rollouts.subset(order)
         t = time.perf_counter()
         ref = Reference(student, r, batch)
-        got: dict[str, Measured] = {name: measure(ref, student, r, p, "sim", batch)
-                                    for name, p in ps.items()}
+        got: dict[str, Measured] = {name: measure(ref, student, r, p, "sim", batch) for name, p in ps.items()}
         effect = got["model.fp8_all_kv"].change_from(got["model.fp8_all"])
-        rows.append({"composition": label, "batch": batch, "threads": nthreads,
-                     "values": {k: m.metrics["kl_q_p"] for k, m in got.items()} | {"kv_effect": effect[0]},
-                     "intervals": {k: list(m.interval("kl_q_p")) for k, m in got.items()}
-                     | {"kv_effect": [effect[1], effect[2]]},
-                     "seconds": time.perf_counter() - t})
-        print(f"  {label:<36} {rows[-1]['seconds']:6.1f} s  " + "  ".join(
-            f"{v:.5g}" for v in rows[-1]["values"].values()), flush=True)
+        rows.append(
+            {
+                "composition": label,
+                "batch": batch,
+                "threads": nthreads,
+                "values": {k: m.metrics["kl_q_p"] for k, m in got.items()} | {"kv_effect": effect[0]},
+                "intervals": {k: list(m.interval("kl_q_p")) for k, m in got.items()}
+                | {"kv_effect": [effect[1], effect[2]]},
+                "seconds": time.perf_counter() - t,
+            }
+        )
+        print(
+            f"  {label:<36} {rows[-1]['seconds']:6.1f} s  "
+            + "  ".join(f"{v:.5g}" for v in rows[-1]["values"].values()),
+            flush=True,
+        )
     torch.set_num_threads(threads)
     return rows
 
@@ -100,13 +108,19 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
         lo, hi = rows[0]["intervals"][name]
         se = (hi - lo) / (2 * Z90)
         sd = float(v.std(ddof=1))
-        out[name] = {"default": float(v[0]), "interval": [lo, hi], "sampling_se": se, "arithmetic_sd": sd,
-                     "arithmetic_sd_rel": sd / abs(v.mean()) if v.mean() else math.nan,
-                     "range": [float(v.min()), float(v.max())],
-                     "max_rel_change": float(np.abs(v - v[0]).max() / abs(v[0])) if v[0] else math.nan,
-                     "outside_interval": int(((v < lo) | (v > hi)).sum()), "compositions": len(v),
-                     "sd_over_se": sd / se if se else math.nan,
-                     "widening": math.sqrt(1 + (sd / se) ** 2) if se else math.nan}
+        out[name] = {
+            "default": float(v[0]),
+            "interval": [lo, hi],
+            "sampling_se": se,
+            "arithmetic_sd": sd,
+            "arithmetic_sd_rel": sd / abs(v.mean()) if v.mean() else math.nan,
+            "range": [float(v.min()), float(v.max())],
+            "max_rel_change": float(np.abs(v - v[0]).max() / abs(v[0])) if v[0] else math.nan,
+            "outside_interval": int(((v < lo) | (v > hi)).sum()),
+            "compositions": len(v),
+            "sd_over_se": sd / se if se else math.nan,
+            "widening": math.sqrt(1 + (sd / se) ** 2) if se else math.nan,
+        }
     return out
 
 
@@ -125,15 +139,21 @@ def main(argv=None) -> int:
         rows = measure_all(student, r, ps)
         doc["sizes"][size] = {"response_tokens": r.num_response_tokens, "rows": rows, "summary": summarize(rows)}
     for size, d in doc["sizes"].items():
-        print(f"\n{size} ({d['response_tokens']} response tokens): kl_q_p, default = batch 8 in rollout order, "
-              f"2 threads; {len(d['rows'])} compositions")
-        print(f"{'perturbation':<36}{'default [90 % interval]':>34}{'arith s.d.':>12}{'sd/se':>8}{'max change':>12}"
-              f"{'outside':>9}{'widening':>10}")
+        print(
+            f"\n{size} ({d['response_tokens']} response tokens): kl_q_p, default = batch 8 in rollout order, "
+            f"2 threads; {len(d['rows'])} compositions"
+        )
+        print(
+            f"{'perturbation':<36}{'default [90 % interval]':>34}{'arith s.d.':>12}{'sd/se':>8}{'max change':>12}"
+            f"{'outside':>9}{'widening':>10}"
+        )
         for name, s in d["summary"].items():
             lo, hi = s["interval"]
-            print(f"{name:<36}{s['default']:>12.4g} [{lo:.4g}, {hi:.4g}]".ljust(70)
-                  + f"{s['arithmetic_sd']:>12.3g}{s['sd_over_se']:>8.2f}{s['max_rel_change']:>11.1%}"
-                  f"{s['outside_interval']:>6}/{s['compositions']:<3}{s['widening']:>9.3f}x")
+            print(
+                f"{name:<36}{s['default']:>12.4g} [{lo:.4g}, {hi:.4g}]".ljust(70)
+                + f"{s['arithmetic_sd']:>12.3g}{s['sd_over_se']:>8.2f}{s['max_rel_change']:>11.1%}"
+                f"{s['outside_interval']:>6}/{s['compositions']:<3}{s['widening']:>9.3f}x"
+            )
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(doc, indent=1))

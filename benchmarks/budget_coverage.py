@@ -38,14 +38,23 @@ import numpy as np
 
 TOLERANCE = 0.02
 # pair A's doses on check's scale (recipes/smollm2-135m/calibration/doses.json): σ -> kl_q_p, log-log between them
-DOSES = {0.00333: 0.0181, 0.01: 0.1572, 0.03: 1.103, 0.0405: 1.681, 0.0548: 2.483, 0.074: 3.604, 0.1: 4.915,
-         0.15: 6.703, 0.2: 8.273}
+DOSES = {
+    0.00333: 0.0181,
+    0.01: 0.1572,
+    0.03: 1.103,
+    0.0405: 1.681,
+    0.0548: 2.483,
+    0.074: 3.604,
+    0.1: 4.915,
+    0.15: 6.703,
+    0.2: 8.273,
+}
 LEVELS = ("0", "0.01", "0.03", "0.1")  # the demo's ladder (σ); calibrate adds one adaptive level and the allocation
 M0, START = 4.0, 8.0
 
 
 def _hill(v, k, n):
-    return lambda d: v * d ** n / (k ** n + d ** n)
+    return lambda d: v * d**n / (k**n + d**n)
 
 
 # name -> (the true loss at a dose (gain scale), a note on its BMD at 2 %)
@@ -107,10 +116,21 @@ def _run(sc: Scenario, draw: int, level, seed: int) -> dict:
     dose = _dose(level)
     q = M0 + u + e + float(TRUTHS[sc.truth][0](dose)) * (START - M0)
     quality = {"auc": q, "final": q, "plateau": q, "late_improvement": 0.0}
-    return {"objective": "opd", "level": level.name, "kind": level.kind, "value": level.value, "scheme": None,
-            "seed": seed, "steps": 20, "seconds": 0.0, "mismatch": {"kl_q_p": dose, "k3": dose, "tokens": 128},
-            "quality_start": {"reverse_kl": START, "teacher_logp": 0.0},
-            "quality_end": {"reverse_kl": q, "teacher_logp": 0.0}, "quality": quality, "losses": []}
+    return {
+        "objective": "opd",
+        "level": level.name,
+        "kind": level.kind,
+        "value": level.value,
+        "scheme": None,
+        "seed": seed,
+        "steps": 20,
+        "seconds": 0.0,
+        "mismatch": {"kl_q_p": dose, "k3": dose, "tokens": 128},
+        "quality_start": {"reverse_kl": START, "teacher_logp": 0.0},
+        "quality_end": {"reverse_kl": q, "teacher_logp": 0.0},
+        "quality": quality,
+        "losses": [],
+    }
 
 
 def _dose(level) -> float:
@@ -129,10 +149,24 @@ def one_draw(args) -> dict:
     from fp8probe.training.settings import TrainSettings
 
     sc, draw, bootstrap, stop_rule = args
-    cal = Experiment(None, "synthetic", LEVELS, sc.seeds, TrainSettings(), ("a",), ("b",), max_added=1,
-                     max_runs=sc.max_runs, tolerance=TOLERANCE)
-    ladder = Ladder(cal, lambda o, level, seed: _run(sc, draw, level, seed),
-                    lambda o, level: {"dose": _dose(level)}, bootstrap=bootstrap)
+    cal = Experiment(
+        None,
+        "synthetic",
+        LEVELS,
+        sc.seeds,
+        TrainSettings(),
+        ("a",),
+        ("b",),
+        max_added=1,
+        max_runs=sc.max_runs,
+        tolerance=TOLERANCE,
+    )
+    ladder = Ladder(
+        cal,
+        lambda o, level, seed: _run(sc, draw, level, seed),
+        lambda o, level: {"dose": _dose(level)},
+        bootstrap=bootstrap,
+    )
     if stop_rule == "narrow":
         ladder = _NarrowStop(cal, ladder)
     t = time.perf_counter()
@@ -143,10 +177,22 @@ def one_draw(args) -> dict:
     top = float(noise.get("scale", math.nan))
     open_high = budget.censored or budget.interval_censored
     covered = bool(lo <= truth and (truth <= hi or (open_high and truth >= hi)))
-    return {"scenario": sc.name, "draw": draw, "covered": covered, "bmd": budget.value, "interval": [lo, hi],
-            "open_high": open_high, "truth": truth, "top": top, "method": budget.method, "runs": len(df),
-            "pairing": (noise.get("response") or {}).get("pairing"), "low_from": noise.get("low_from"),
-            "high_from": noise.get("high_from"), "seconds": time.perf_counter() - t}
+    return {
+        "scenario": sc.name,
+        "draw": draw,
+        "covered": covered,
+        "bmd": budget.value,
+        "interval": [lo, hi],
+        "open_high": open_high,
+        "truth": truth,
+        "top": top,
+        "method": budget.method,
+        "runs": len(df),
+        "pairing": (noise.get("response") or {}).get("pairing"),
+        "low_from": noise.get("low_from"),
+        "high_from": noise.get("high_from"),
+        "seconds": time.perf_counter() - t,
+    }
 
 
 class _NarrowStop:
@@ -189,11 +235,13 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"draws-{args.stop_rule}.jsonl"
-    done = {(d["scenario"], d["draw"]) for d in map(json.loads, log.read_text().splitlines())} if log.exists() \
-        else set()
+    done = (
+        {(d["scenario"], d["draw"]) for d in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
+    )
     chosen = [s for s in SCENARIOS if not args.scenarios or any(s.name.startswith(p) for p in args.scenarios)]
-    todo = [(s, k, args.bootstrap, args.stop_rule) for k in range(args.draws) for s in chosen
-            if (s.name, k) not in done]
+    todo = [
+        (s, k, args.bootstrap, args.stop_rule) for k in range(args.draws) for s in chosen if (s.name, k) not in done
+    ]
     print(f"{len(todo)} draws to run ({len(done)} done), {args.workers} workers, {args.bootstrap} bootstrap draws")
     from concurrent.futures import ProcessPoolExecutor
 
@@ -220,15 +268,40 @@ def report(log: Path, path: Path, bootstrap: int, stop_rule: str) -> None:
         lo, hi = clopper_pearson(k, n)
         widths = [x["interval"][1] / x["interval"][0] for x in r if x["interval"][0] > 0 and not x["open_high"]]
         width = float(np.median(widths)) if widths else math.nan
-        table.append({"scenario": sc.name, "truth": sc.truth, "true_bmd": true_bmd(sc.truth),
-                      "note": TRUTHS[sc.truth][1], "sd": sc.sd, "twin_share": sc.twin, "seed_share": sc.seed,
-                      "seeds": sc.seeds, "max_runs": sc.max_runs, "draws": n, "covered": k, "coverage": k / n,
-                      "clopper_pearson_90": [lo, hi],
-                      "median_width": width, "open_high": sum(x["open_high"] for x in r),
-                      "median_seconds": float(np.median([x["seconds"] for x in r]))})
+        table.append(
+            {
+                "scenario": sc.name,
+                "truth": sc.truth,
+                "true_bmd": true_bmd(sc.truth),
+                "note": TRUTHS[sc.truth][1],
+                "sd": sc.sd,
+                "twin_share": sc.twin,
+                "seed_share": sc.seed,
+                "seeds": sc.seeds,
+                "max_runs": sc.max_runs,
+                "draws": n,
+                "covered": k,
+                "coverage": k / n,
+                "clopper_pearson_90": [lo, hi],
+                "median_width": width,
+                "open_high": sum(x["open_high"] for x in r),
+                "median_seconds": float(np.median([x["seconds"] for x in r])),
+            }
+        )
         print(f"{sc.name:<40} {true_bmd(sc.truth):>9.3g} {n:>6} {k / n:>9.3f} [{lo:.3f}, {hi:.3f}] {width:>12.3g}x")
-    path.write_text(json.dumps({"stop_rule": stop_rule, "bootstrap": bootstrap, "tolerance": TOLERANCE,
-                                "levels": LEVELS, "doses": DOSES, "scenarios": table}, indent=1))
+    path.write_text(
+        json.dumps(
+            {
+                "stop_rule": stop_rule,
+                "bootstrap": bootstrap,
+                "tolerance": TOLERANCE,
+                "levels": LEVELS,
+                "doses": DOSES,
+                "scenarios": table,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -74,34 +74,71 @@ def main():
         sd = math.sqrt(comp["twin"] if level.kind == "none" else comp["run"])
         e = np.random.default_rng([5, draw, seed, lv]).normal(0, sd)
         q = m0 + u + e + float(curve(dose(level))) * gain  # lower is better: a loss raises the quality score
-        return {"objective": "opd", "level": level.name, "kind": level.kind, "value": level.value, "scheme": None,
-                "seed": seed, "steps": 20, "seconds": 0.0,
-                "mismatch": {"kl_q_p": dose(level), "k3": 0.0, "tokens": 1},
-                "quality_start": {"reverse_kl": start, "teacher_logp": 0.0},
-                "quality_end": {"reverse_kl": q, "teacher_logp": 0.0},
-                "quality": {"auc": q, "final": q, "plateau": q, "late_improvement": 0.0}, "losses": []}
+        return {
+            "objective": "opd",
+            "level": level.name,
+            "kind": level.kind,
+            "value": level.value,
+            "scheme": None,
+            "seed": seed,
+            "steps": 20,
+            "seconds": 0.0,
+            "mismatch": {"kl_q_p": dose(level), "k3": 0.0, "tokens": 1},
+            "quality_start": {"reverse_kl": start, "teacher_logp": 0.0},
+            "quality_end": {"reverse_kl": q, "teacher_logp": 0.0},
+            "quality": {"auc": q, "final": q, "plateau": q, "late_improvement": 0.0},
+            "losses": [],
+        }
 
-    out = {"budget": str(args.budget), "modelled": "the fitted curve and components taken as the truth",
-           "truth_bmd": b.value, "levels": levels, "components": comp, "rows": []}
-    print(f"truth: the fitted curve (BMD {b.value:.3g}), components {comp['seed']:.3g} / {comp['twin']:.3g} / "
-          f"{comp['run']:.3g}; levels {', '.join(levels)}; 3 seeds, {args.draws} draws per run budget")
+    out = {
+        "budget": str(args.budget),
+        "modelled": "the fitted curve and components taken as the truth",
+        "truth_bmd": b.value,
+        "levels": levels,
+        "components": comp,
+        "rows": [],
+    }
+    print(
+        f"truth: the fitted curve (BMD {b.value:.3g}), components {comp['seed']:.3g} / {comp['twin']:.3g} / "
+        f"{comp['run']:.3g}; levels {', '.join(levels)}; 3 seeds, {args.draws} draws per run budget"
+    )
     for n in args.runs:
         widths = []
         for draw in range(args.draws):
-            cal = Experiment(None, "projected", levels, 3, TrainSettings(), ("a",), ("b",), max_added=0,
-                             max_runs=n, tolerance=b.tolerance)
-            ladder = Ladder(cal, lambda o, level, seed, d=draw: run(d, level, seed),
-                            lambda o, level: {"dose": dose(level)}, bootstrap=args.bootstrap)
+            cal = Experiment(
+                None,
+                "projected",
+                levels,
+                3,
+                TrainSettings(),
+                ("a",),
+                ("b",),
+                max_added=0,
+                max_runs=n,
+                tolerance=b.tolerance,
+            )
+            ladder = Ladder(
+                cal,
+                lambda o, level, seed, d=draw: run(d, level, seed),
+                lambda o, level: {"dose": dose(level)},
+                bootstrap=args.bootstrap,
+            )
             _, got, _ = ladder.objective("opd")
             lo, hi = got.interval or (math.nan, math.nan)
             widths.append(math.inf if got.interval_censored or got.censored or lo <= 0 else hi / lo)
         w = np.array(widths)
-        row = {"allocated_runs": n, "median_width": float(np.median(w)),
-               "share_at_ratio": float(np.mean(w <= args.ratio)),
-               "widths": [x if math.isfinite(x) else None for x in widths]}
+        row = {
+            "allocated_runs": n,
+            "median_width": float(np.median(w)),
+            "share_at_ratio": float(np.mean(w <= args.ratio)),
+            "widths": [x if math.isfinite(x) else None for x in widths],
+        }
         out["rows"].append(row)
-        print(f"  {n:>4} allocated runs: median BMDU/BMDL x{row['median_width']:.3g}, "
-              f"{row['share_at_ratio']:.0%} of draws at or below x{args.ratio:g}", flush=True)
+        print(
+            f"  {n:>4} allocated runs: median BMDU/BMDL x{row['median_width']:.3g}, "
+            f"{row['share_at_ratio']:.0%} of draws at or below x{args.ratio:g}",
+            flush=True,
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
 

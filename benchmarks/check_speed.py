@@ -38,12 +38,19 @@ def main():
     t_ref = time.perf_counter() - t
     config = sources.combine([sources.recipe(student, read_recipe(args.recipe)), sources.kv_cache(student, "fp8")])
     t = time.perf_counter()
-    report = check(student, rollouts, config, default_budget(),
-                   sampling=RolloutSettings(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens))
+    report = check(
+        student,
+        rollouts,
+        config,
+        default_budget(),
+        sampling=RolloutSettings(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens),
+    )
     t_check = time.perf_counter() - t
     print(f"{rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens; {config.name}")
-    print(f"one reference pass: {t_ref:.1f} s; whole check: {t_check:.1f} s ({report['verdict']}, kl_q_p "
-          f"{report['measured']:.4g})")
+    print(
+        f"one reference pass: {t_ref:.1f} s; whole check: {t_check:.1f} s ({report['verdict']}, kl_q_p "
+        f"{report['measured']:.4g})"
+    )
     print(f"check / reference pass = {t_check / t_ref:.2f}   (two token-by-token generations of the prompts dominate)")
 
 

@@ -64,13 +64,25 @@ def main():
     ap.add_argument("--test", type=int, default=40, help="random recipes judged on")
     ap.add_argument("--nodes", type=int, default=4, help="path attribution's nodes (0: no path attribution)")
     ap.add_argument("--out", default="runs/damage-model")
-    ap.add_argument("--refit", metavar="JSON", help="a JSON this benchmark wrote: fit and judge its measured recipes "
-                    "again (--fit of its fitted ones, evenly spaced), measuring nothing")
-    ap.add_argument("--extend", metavar="JSON", help="a JSON this benchmark wrote: measure --fit and --test more "
-                    "random recipes on its rollouts, then fit and judge on all of them (written back to it)")
-    ap.add_argument("--by-prompts", action="store_true", help="measure every group alone and the random recipes "
-                    "again, each figure kept over the first 4, 8 and all prompts, and judge the model at each: does "
-                    "its error shrink with the tokens (cross terms between groups' errors) or not?")
+    ap.add_argument(
+        "--refit",
+        metavar="JSON",
+        help="a JSON this benchmark wrote: fit and judge its measured recipes "
+        "again (--fit of its fitted ones, evenly spaced), measuring nothing",
+    )
+    ap.add_argument(
+        "--extend",
+        metavar="JSON",
+        help="a JSON this benchmark wrote: measure --fit and --test more "
+        "random recipes on its rollouts, then fit and judge on all of them (written back to it)",
+    )
+    ap.add_argument(
+        "--by-prompts",
+        action="store_true",
+        help="measure every group alone and the random recipes "
+        "again, each figure kept over the first 4, 8 and all prompts, and judge the model at each: does "
+        "its error shrink with the tokens (cross terms between groups' errors) or not?",
+    )
     args = ap.parse_args()
     if args.by_prompts:
         doc = by_prompts(args)
@@ -85,7 +97,7 @@ def main():
     if args.refit:
         doc = json.loads(Path(args.refit).read_text())
         step = max(1, len(doc["fit"]) // args.fit)  # every size kept: the recipes are stored size by size
-        doc["fit"] = doc["fit"][::step][:args.fit]
+        doc["fit"] = doc["fit"][::step][: args.fit]
         report(doc)
         return
     out = Path(args.out)
@@ -102,12 +114,19 @@ def measure(args) -> dict:
     settings resumes from it: on Gemma 3 at 32 prompts the stages take hours here."""
     scheme = Scheme.from_name(args.scheme)
     part = Path(args.out) / f"{args.model}-{scheme.name}.partial.json"
-    settings = {"model": args.model, "scheme": scheme.name, "num_prompts": args.num_prompts,
-                "max_new_tokens": args.max_new_tokens, "nodes": args.nodes}
+    settings = {
+        "model": args.model,
+        "scheme": scheme.name,
+        "num_prompts": args.num_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "nodes": args.nodes,
+    }
     doc = json.loads(part.read_text()) if part.is_file() else dict(settings)
     if any(doc.get(k) != v for k, v in settings.items()):
-        raise SystemExit(f"{part} was measured with other settings ({', '.join(f'{k} {doc.get(k)}' for k in settings)})"
-                         ": delete it or pass those")
+        raise SystemExit(
+            f"{part} was measured with other settings ({', '.join(f'{k} {doc.get(k)}' for k in settings)})"
+            ": delete it or pass those"
+        )
     secs = doc.setdefault("seconds", {})
 
     def save():
@@ -123,8 +142,12 @@ def measure(args) -> dict:
 
     if "priors" not in doc:
         t = time.perf_counter()
-        table = sweep(student, rollouts, SweepSettings(method="exact", scheme=scheme.name, granularity="group",
-                                                     include_kv=False), reference=ref).table
+        table = sweep(
+            student,
+            rollouts,
+            SweepSettings(method="exact", scheme=scheme.name, granularity="group", include_kv=False),
+            reference=ref,
+        ).table
         doc["priors"] = {"single": {g.group: g.score for g in group_scores(table, "kl_q_p", members)}}
         secs["single_rows"] = time.perf_counter() - t
         if args.nodes:
@@ -144,7 +167,7 @@ def measure(args) -> dict:
     for key, sets in (("fit", _sets(names, FIT_SIZES, args.fit, 1)), ("test", _sets(names, TEST_SIZES, args.test, 2))):
         done = doc.setdefault(key, [])
         t = time.perf_counter()
-        for s in sets[len(done):]:
+        for s in sets[len(done) :]:
             done.append([sorted(s), m(s)])
             if len(done) % 10 == 0 or len(done) == len(sets):
                 secs[f"measured_{key}"] = secs.get(f"measured_{key}", 0.0) + time.perf_counter() - t
@@ -185,23 +208,29 @@ def _setup(model: str, num_prompts: int, max_new_tokens: int):
 def setup_as_measured(doc: dict, num_prompts: int, max_new_tokens: int, source):
     """_setup on the rollouts a JSON of this benchmark was measured on (the settings it records; an older one does
     not: these), and measurer() on them, checked: one stored recipe must measure as stored."""
-    student, rollouts, ref, members = _setup(doc["model"], doc.get("num_prompts", num_prompts),
-                                             doc.get("max_new_tokens", max_new_tokens))
+    student, rollouts, ref, members = _setup(
+        doc["model"], doc.get("num_prompts", num_prompts), doc.get("max_new_tokens", max_new_tokens)
+    )
     measure_as = measurer(student, rollouts, ref, members, Scheme.from_name(doc["scheme"]))
     stored, value = doc["fit"][0]
     again = measure_as(stored)[0]
     if not math.isclose(again, value, rel_tol=1e-6):
-        raise SystemExit(f"a stored recipe measures {again:.6g} here, {value:.6g} in {source}: not the same "
-                         "rollouts or reference (pass the run's --num-prompts and --max-new-tokens)")
+        raise SystemExit(
+            f"a stored recipe measures {again:.6g} here, {value:.6g} in {source}: not the same "
+            "rollouts or reference (pass the run's --num-prompts and --max-new-tokens)"
+        )
     return measure_as
 
 
 def measurer(student, rollouts, ref, members, scheme):
     """measure_as(groups): measure_groups' (excess KL(q||p), every metric, the Measured) with these fused groups in
     FP8 on the rollouts, against the reference."""
+
     def measure_as(groups):
-        return measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in groups], student, rollouts, scheme,
-                              "kl_q_p", None, ref)
+        return measure_groups(
+            [GroupScore(g, members[g], 0, 0.0, 0) for g in groups], student, rollouts, scheme, "kl_q_p", None, ref
+        )
+
     return measure_as
 
 
@@ -215,14 +244,17 @@ def extend(args) -> dict:
 
     def m(s):
         return measure_as(s)[0]
+
     if "in_context" not in doc:
         t = time.perf_counter()
         doc["in_context"] = _in_context(m, names, doc["whole"], {})
         doc["seconds"]["in_context"] = time.perf_counter() - t
     seen = {frozenset(s) for s, _ in doc["fit"] + doc["test"]}
     rnd = doc.get("extended", 0) + 1
-    for key, sizes, n, seed in (("fit", FIT_SIZES, args.fit, 1 + 2 * rnd),
-                                ("test", TEST_SIZES, args.test, 2 + 2 * rnd)):
+    for key, sizes, n, seed in (
+        ("fit", FIT_SIZES, args.fit, 1 + 2 * rnd),
+        ("test", TEST_SIZES, args.test, 2 + 2 * rnd),
+    ):
         sets = _sets(names, sizes, n, seed)
         new = [s for s in sets if s not in seen][:n]
         t = time.perf_counter()
@@ -272,11 +304,19 @@ def by_prompts(args) -> dict:
         r = _judge(k, np.array(prediction_errors(model, test_sets, tm)["predicted"]), tm)
         r["sum_median"] = float(np.median(np.abs(plain / tm - 1)))
         rows.append(r | {"rho": model.rho})
-        print(f"{k:>8}{r['sum_median']:>20.3f}{r['median']:>13.3f} [{r['median_interval'][0]:.3f}, "
-              f"{r['median_interval'][1]:.3f}]{r['p90']:>8.3f}")
-    return {"model": args.model, "scheme": scheme.name, "steps": steps, "single": single,
-            "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
-            "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)], "rows": rows}
+        print(
+            f"{k:>8}{r['sum_median']:>20.3f}{r['median']:>13.3f} [{r['median_interval'][0]:.3f}, "
+            f"{r['median_interval'][1]:.3f}]{r['p90']:>8.3f}"
+        )
+    return {
+        "model": args.model,
+        "scheme": scheme.name,
+        "steps": steps,
+        "single": single,
+        "fit": [[sorted(s), v] for s, v in zip(fit_sets, fit_m)],
+        "test": [[sorted(s), v] for s, v in zip(test_sets, test_m)],
+        "rows": rows,
+    }
 
 
 def report(doc: dict) -> list[dict]:
@@ -298,19 +338,29 @@ def report(doc: dict) -> list[dict]:
         t = time.perf_counter()
         model = fit_damage(fit_sets, fit_m, single, context=doc["in_context"])
         pred = np.array(prediction_errors(model, test_sets, test_m)["predicted"])
-        rows.append(_judge("damage model, single + context", pred, test_m) | _fitted(model, time.perf_counter() - t)
-                    | {"gamma": model.context.gamma})
+        rows.append(
+            _judge("damage model, single + context", pred, test_m)
+            | _fitted(model, time.perf_counter() - t)
+            | {"gamma": model.context.gamma}
+        )
     sizes = sorted({len(s) for s in test_sets})
     n_roll, n_tok = doc.get("rollouts", ["?", "?"])
-    print(f"{doc['model']}, {doc['scheme']}, {n_roll} rollouts ({n_tok} response tokens); {doc['groups']} fused "
-          f"groups; every group in FP8: KL {doc['whole']:.5f}"
-          + (f", path shares sum {doc['path_total']:.5f} (completeness {doc['path_total'] / doc['whole']:.3f})"
-             if "path_total" in doc else "") + f"; {len(fit_sets)} random recipes fitted on, {len(test_sets)} "
-          f"others judged on (sizes {', '.join(map(str, sizes))} of the {doc['groups']} groups)")
+    print(
+        f"{doc['model']}, {doc['scheme']}, {n_roll} rollouts ({n_tok} response tokens); {doc['groups']} fused "
+        f"groups; every group in FP8: KL {doc['whole']:.5f}"
+        + (
+            f", path shares sum {doc['path_total']:.5f} (completeness {doc['path_total'] / doc['whole']:.3f})"
+            if "path_total" in doc
+            else ""
+        )
+        + f"; {len(fit_sets)} random recipes fitted on, {len(test_sets)} "
+        f"others judged on (sizes {', '.join(map(str, sizes))} of the {doc['groups']} groups)"
+    )
     print(f"{'predictor':<30}{'median |err| [90 %]':>24}{'p90 |err|':>11}{'spearman':>10}   fitted")
     for r in rows:
-        extra = (f"rho {r['rho']:.3g}, k {r['k']:.3g}, tau {r['tau']:g}, cv {r['cv_median']:.3f}" if "rho" in r
-                 else "") + (f", gamma {r['gamma']:.3g}" if "gamma" in r else "")
+        extra = (
+            f"rho {r['rho']:.3g}, k {r['k']:.3g}, tau {r['tau']:g}, cv {r['cv_median']:.3f}" if "rho" in r else ""
+        ) + (f", gamma {r['gamma']:.3g}" if "gamma" in r else "")
         med = f"{r['median']:.3f} [{r['median_interval'][0]:.3f}, {r['median_interval'][1]:.3f}]"
         print(f"{r['predictor']:<30}{med:>24}{r['p90']:>11.3f}{r['spearman']:>10.3f}   {extra}")
     if "seconds" in doc:
@@ -326,8 +376,13 @@ def _judge(name, pred, measured) -> dict:
     measured = np.asarray(measured)
     err = np.abs(np.asarray(pred) / measured - 1)
     lo, hi = bootstrap_interval(np.arange(len(err)), lambda i: float(np.median(err[i])), bounds=(0.0, math.inf))
-    return {"predictor": name, "median": float(np.median(err)), "median_interval": [lo, hi],
-            "p90": float(np.quantile(err, 0.9)), "spearman": float(spearman(list(pred), list(measured)))}
+    return {
+        "predictor": name,
+        "median": float(np.median(err)),
+        "median_interval": [lo, hi],
+        "p90": float(np.quantile(err, 0.9)),
+        "spearman": float(spearman(list(pred), list(measured))),
+    }
 
 
 if __name__ == "__main__":

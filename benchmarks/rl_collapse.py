@@ -41,8 +41,17 @@ def runs(root: Path) -> list[dict]:
         d = f.parent
         ev = pd.read_csv(d / "eval.csv")
         st = pd.read_csv(d / "steps.csv")
-        out.append({"objective": r["objective"], "level": r["level"], "seed": r["seed"], "eval": ev, "steps": st,
-                    "quality": r["quality"]["auc"], "copied": r.get("copied_from")})
+        out.append(
+            {
+                "objective": r["objective"],
+                "level": r["level"],
+                "seed": r["seed"],
+                "eval": ev,
+                "steps": st,
+                "quality": r["quality"]["auc"],
+                "copied": r.get("copied_from"),
+            }
+        )
     return out
 
 
@@ -52,16 +61,24 @@ def table(rs: list[dict]) -> pd.DataFrame:
     for r in rs:
         ev = r["eval"].set_index("step")["reverse_kl"]
         best = ev.loc[: ev.index.max() - 10].min()
-        late = ev.loc[ev.index.max() - 10:]
+        late = ev.loc[ev.index.max() - 10 :]
         t = twins.get((r["objective"], r["seed"]))
         s = r["steps"]
-        rows.append({"objective": r["objective"], "level": r["level"], "seed": r["seed"], "quality": r["quality"],
-                     "loss_vs_twin": (r["quality"] - t) / t if t else np.nan,
-                     "final": float(ev.iloc[-1]), "late_rise": float(late.max() - best),
-                     "kl_q_p": float(s["kl_q_p"].mean()) if "kl_q_p" in s else 0.0,
-                     "reward_last10": float(s["reward"].iloc[-10:].mean()) if "reward" in s else np.nan,
-                     "entropy_last10": float(s["entropy"].iloc[-10:].mean()) if "entropy" in s else np.nan,
-                     "clipped": float(s["clip_ratio/region_mean"].mean()) if "clip_ratio/region_mean" in s else np.nan})
+        rows.append(
+            {
+                "objective": r["objective"],
+                "level": r["level"],
+                "seed": r["seed"],
+                "quality": r["quality"],
+                "loss_vs_twin": (r["quality"] - t) / t if t else np.nan,
+                "final": float(ev.iloc[-1]),
+                "late_rise": float(late.max() - best),
+                "kl_q_p": float(s["kl_q_p"].mean()) if "kl_q_p" in s else 0.0,
+                "reward_last10": float(s["reward"].iloc[-10:].mean()) if "reward" in s else np.nan,
+                "entropy_last10": float(s["entropy"].iloc[-10:].mean()) if "entropy" in s else np.nan,
+                "clipped": float(s["clip_ratio/region_mean"].mean()) if "clip_ratio/region_mean" in s else np.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -93,8 +110,11 @@ def figure(rs: list[dict], path: Path) -> None:
     axes[1][0].set_ylabel("GRPO reward (teacher log-lik.;\nrolling mean of 4 steps)")
     axes[2][0].set_ylabel("policy entropy (rolling mean of 4)")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("pair A: the same rollout mismatch under OPD and under GRPO whose PPO ratio sees it "
-                 "(2 optimisation steps per generation)", fontsize=10)
+    fig.suptitle(
+        "pair A: the same rollout mismatch under OPD and under GRPO whose PPO ratio sees it "
+        "(2 optimisation steps per generation)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -110,11 +130,17 @@ def main():
     out = Path(args.out) if args.out else root / "rl-collapse.png"
     figure(rs, out)
     t.to_csv(out.with_suffix(".csv"), index=False)
-    summary = t.groupby(["objective", "level"]).agg(seeds=("seed", "size"), quality=("quality", "mean"),
-                                                    loss_vs_twin=("loss_vs_twin", "mean"),
-                                                    loss_sd=("loss_vs_twin", "std"), final=("final", "mean"),
-                                                    late_rise=("late_rise", "max"), kl_q_p=("kl_q_p", "mean"),
-                                                    clipped=("clipped", "mean"), entropy=("entropy_last10", "mean"))
+    summary = t.groupby(["objective", "level"]).agg(
+        seeds=("seed", "size"),
+        quality=("quality", "mean"),
+        loss_vs_twin=("loss_vs_twin", "mean"),
+        loss_sd=("loss_vs_twin", "std"),
+        final=("final", "mean"),
+        late_rise=("late_rise", "max"),
+        kl_q_p=("kl_q_p", "mean"),
+        clipped=("clipped", "mean"),
+        entropy=("entropy_last10", "mean"),
+    )
     pd.set_option("display.width", 160)
     print(summary.round(4).to_string())
     print(f"-> {out}, {out.with_suffix('.csv')}")

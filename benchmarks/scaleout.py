@@ -37,8 +37,15 @@ def _estimate_32b(workers: int = 8) -> str:
     from fp8probe.sweeps.memory import estimate
     from fp8probe.sweeps.scaleout import CostModel
 
-    cfg = Qwen2Config(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                      num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768)
+    cfg = Qwen2Config(
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        vocab_size=152064,
+        max_position_embeddings=32768,
+    )
     h, i = cfg.hidden_size, cfg.intermediate_size
     kvd = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
     block_params = h * h * 2 + h * kvd * 2 + 3 * h * i
@@ -57,10 +64,12 @@ def _estimate_32b(workers: int = 8) -> str:
     one = CostModel(t_block, t_head, start=load).seconds(starts, layers, 1)
     n = model.seconds(starts, layers, workers)
     mem = estimate(cfg, 2, "exact", 8, 16, 560, responses)
-    return (f"32B estimate: {len(starts)} rows, t_block {t_block * 1e3:.1f} ms, t_head {t_head * 1e3:.1f} ms "
-            f"(FLOPs at {ASSUMED_MFU:.0%} of {H100_BF16_DENSE / 1e12:.0f} TFLOP/s), weights {weights / 2**30:.0f} GiB, "
-            f"reference {transfer / 2**30:.1f} GiB per worker; 1 H100: {one / 60:.1f} min; {workers} H100s: "
-            f"{n / 60:.1f} min ({one / n:.1f}x); per-GPU memory (fp8probe.sweeps.memory) {mem.device / 2**30:.1f} GiB")
+    return (
+        f"32B estimate: {len(starts)} rows, t_block {t_block * 1e3:.1f} ms, t_head {t_head * 1e3:.1f} ms "
+        f"(FLOPs at {ASSUMED_MFU:.0%} of {H100_BF16_DENSE / 1e12:.0f} TFLOP/s), weights {weights / 2**30:.0f} GiB, "
+        f"reference {transfer / 2**30:.1f} GiB per worker; 1 H100: {one / 60:.1f} min; {workers} H100s: "
+        f"{n / 60:.1f} min ({one / n:.1f}x); per-GPU memory (fp8probe.sweeps.memory) {mem.device / 2**30:.1f} GiB"
+    )
 
 
 def main() -> None:
@@ -97,8 +106,10 @@ def main() -> None:
         torch.set_num_threads(th)
         costs[th] = block_costs(reference)
     torch.set_num_threads(cores)
-    print(f"embedded student, {rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens, "
-          f"{len(starts)} rows, {cores} cores; load {t_load:.1f} s")
+    print(
+        f"embedded student, {rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens, "
+        f"{len(starts)} rows, {cores} cores; load {t_load:.1f} s"
+    )
     for th, (tb, th_) in costs.items():
         print(f"  {th} thread(s): t_block {tb * 1e3:.1f} ms, t_head {th_ * 1e3:.1f} ms")
 
@@ -128,14 +139,19 @@ def main() -> None:
 
     same = table(single) == table(multi)
     pred_single = CostModel(*costs[cores]).seconds(starts, layers, 1)
-    pred_multi = CostModel(*costs[threads], start=t_ray + t_load, transfer_bytes=ex.stats["transfer_bytes"],
-                           bandwidth=2e9).seconds(starts, layers, args.workers)
-    print(f"1 process ({cores} threads): {t_single:.1f} s   predicted {pred_single:.1f} s "
-          f"(error {100 * (pred_single / t_single - 1):+.0f} %)")
-    first, moved = ex.stats.get('first_rows_seconds', float('nan')), ex.stats['transfer_bytes'] / 2**20
-    print(f"{args.workers} workers ({threads} thread(s) each): {t_multi:.1f} s (Ray start {t_ray:.1f} s, first rows "
-          f"after {first:.1f} s, reference {moved:.0f} MiB)"
-          f"   predicted {pred_multi:.1f} s (error {100 * (pred_multi / t_multi - 1):+.0f} %)")
+    pred_multi = CostModel(
+        *costs[threads], start=t_ray + t_load, transfer_bytes=ex.stats["transfer_bytes"], bandwidth=2e9
+    ).seconds(starts, layers, args.workers)
+    print(
+        f"1 process ({cores} threads): {t_single:.1f} s   predicted {pred_single:.1f} s "
+        f"(error {100 * (pred_single / t_single - 1):+.0f} %)"
+    )
+    first, moved = ex.stats.get("first_rows_seconds", float("nan")), ex.stats["transfer_bytes"] / 2**20
+    print(
+        f"{args.workers} workers ({threads} thread(s) each): {t_multi:.1f} s (Ray start {t_ray:.1f} s, first rows "
+        f"after {first:.1f} s, reference {moved:.0f} MiB)"
+        f"   predicted {pred_multi:.1f} s (error {100 * (pred_multi / t_multi - 1):+.0f} %)"
+    )
     print(f"ratio 1 process / {args.workers} workers: {t_single / t_multi:.2f}")
     print(f"tables byte-identical: {same}")
     print(_estimate_32b())

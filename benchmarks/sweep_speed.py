@@ -46,14 +46,22 @@ def main():
     student = load_student()
     model = student.model
     rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
-    print(f"rollouts: {rollouts.num_sequences} sequences, {int(rollouts.attention_mask.sum())} tokens, "
-          f"{rollouts.num_response_tokens} response tokens", file=sys.stderr)
+    print(
+        f"rollouts: {rollouts.num_sequences} sequences, {int(rollouts.attention_mask.sum())} tokens, "
+        f"{rollouts.num_response_tokens} response tokens",
+        file=sys.stderr,
+    )
 
     scheme = Scheme.from_name("FP8_DYNAMIC")
     ref = Reference(student, rollouts, args.batch_size)
     t = time.perf_counter()
-    sweep(student, rollouts, SweepSettings(method="exact", scheme=scheme.name, granularity=args.granularity),
-          sampling=RolloutSettings(batch_size=args.batch_size), reference=ref)
+    sweep(
+        student,
+        rollouts,
+        SweepSettings(method="exact", scheme=scheme.name, granularity=args.granularity),
+        sampling=RolloutSettings(batch_size=args.batch_size),
+        reference=ref,
+    )
     t_sweep_all = time.perf_counter() - t
     # the sweep's own peak: read before the naive forward below allocates full-vocabulary logits
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -84,24 +92,30 @@ def main():
                 h = rec["inputs"][-1][0][0]
                 hs = final_norm(model)(h[rec["rows"], rec["cols"]])
                 for s in range(0, hs.shape[0], CHUNK_ROWS):
-                    model.get_output_embeddings()(hs[s:s + CHUNK_ROWS])
+                    model.get_output_embeddings()(hs[s : s + CHUNK_ROWS])
 
     t_head = timed(head, repeat=2)
 
     rows = [r for r in plan_rows(student, scheme, args.granularity, True) if r.kind != "model"]
-    bound = sum(sum(t_block[r.start_block:]) + t_head for r in rows)
+    bound = sum(sum(t_block[r.start_block :]) + t_head for r in rows)
     # the sweep also measured the 3 whole-model rows (each a pass from block 0): take them out
     t_sweep = t_sweep_all - 3 * (sum(t_block) + t_head)
 
     print(f"rows measured: {len(rows)} (+3 whole-model rows)")
-    print(f"one full reference forward: {t_full:.2f} s; blocks: {sum(t_block):.2f} s; "
-          f"lm_head on response rows: {t_head:.2f} s")
-    print(f"exact sweep: {t_sweep:.1f} s for {len(rows)} rows; naive loop estimate: {len(rows) * t_full:.1f} s; "
-          f"lower bound: {bound:.1f} s")
+    print(
+        f"one full reference forward: {t_full:.2f} s; blocks: {sum(t_block):.2f} s; "
+        f"lm_head on response rows: {t_head:.2f} s"
+    )
+    print(
+        f"exact sweep: {t_sweep:.1f} s for {len(rows)} rows; naive loop estimate: {len(rows) * t_full:.1f} s; "
+        f"lower bound: {bound:.1f} s"
+    )
     print(f"sweep / naive   = {t_sweep / (len(rows) * t_full):.3f}   (target <= 0.6)")
     print(f"sweep / bound   = {t_sweep / bound:.3f}   (target <= 1.3)")
-    print(f"peak RSS / data = {peak / (model_bytes + logits_bytes):.3f}   (target <= 3; peak {peak / 2**20:.0f} MiB, "
-          f"model {model_bytes / 2**20:.0f} MiB, reference logits {logits_bytes / 2**20:.0f} MiB)")
+    print(
+        f"peak RSS / data = {peak / (model_bytes + logits_bytes):.3f}   (target <= 3; peak {peak / 2**20:.0f} MiB, "
+        f"model {model_bytes / 2**20:.0f} MiB, reference logits {logits_bytes / 2**20:.0f} MiB)"
+    )
 
 
 if __name__ == "__main__":

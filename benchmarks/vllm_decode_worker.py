@@ -20,8 +20,13 @@ def main():
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=spec["model"], enforce_eager=True, max_model_len=spec["max_model_len"], seed=0,
-              **spec.get("engine_kwargs", {}))
+    llm = LLM(
+        model=spec["model"],
+        enforce_eager=True,
+        max_model_len=spec["max_model_len"],
+        seed=0,
+        **spec.get("engine_kwargs", {}),
+    )
     prompt = TokensPrompt(prompt_token_ids=spec["prompt"])
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
     out = []
@@ -29,12 +34,21 @@ def main():
         best = None
         for _ in range(int(spec.get("repeat", 1))):
             t = time.perf_counter()
-            res = llm.generate([prompt] * batch, SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                                ignore_eos=True), use_tqdm=False)
+            res = llm.generate(
+                [prompt] * batch,
+                SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+                use_tqdm=False,
+            )
             s = time.perf_counter() - t
             best = s if best is None else min(best, s)
-        out.append({"batch": batch, "max_tokens": max_tokens, "seconds": best,
-                    "tokens": sum(len(r.outputs[0].token_ids) for r in res)})
+        out.append(
+            {
+                "batch": batch,
+                "max_tokens": max_tokens,
+                "seconds": best,
+                "tokens": sum(len(r.outputs[0].token_ids) for r in res),
+            }
+        )
         print(f"run batch {batch} x {max_tokens} tokens: {best:.3f} s", file=sys.stderr, flush=True)
     with open(spec["out"], "w") as f:
         json.dump({"runs": out}, f)

@@ -42,27 +42,47 @@ def main():
             ignore = ["lm_head", "model.layers.1.mlp.down_proj"]
             ignore += [u.name for u in student.quantizable if u.block in (0, 29)]
             recipe = Path(tmp) / "recipe.yaml"
-            recipe.write_text(yaml.safe_dump({"default_stage": {"default_modifiers": {"QuantizationModifier": {
-                "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}))
+            recipe.write_text(
+                yaml.safe_dump(
+                    {
+                        "default_stage": {
+                            "default_modifiers": {
+                                "QuantizationModifier": {
+                                    "targets": ["Linear"],
+                                    "scheme": "FP8_DYNAMIC",
+                                    "ignore": ignore,
+                                }
+                            }
+                        }
+                    }
+                )
+            )
         spec = read_recipe(recipe)
         ckpt = export(ModelSource(), recipe, Path(tmp) / "ckpt", max_model_len=8192).out
         units = [u.name for u in spec.fp8_units(student.units)]
         rollouts = make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=1)
         res = compare_with_vllm(student, rollouts, ckpt, embedded_student_dir(), units, spec.scheme)
-    cap = capacity(None, kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
-                   max_model_len=8192)
+    cap = capacity(None, kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128, max_model_len=8192)
     print(f"{len(units)} units in {spec.scheme}; {res['num_tokens']} sampled response tokens")
     print(f"{'':<22}{'k3':>12}{'|dlogp| mean':>14}{'|dlogp| max':>13}{'tok_mult_err':>14}")
-    for name, key in (("predicted", "predicted"), ("predicted (W only)", "predicted_weights_only"),
-                      ("realised FP8 (vLLM)", "realised_fp8"), ("noise floor BF16", "noise_floor_bf16")):
+    for name, key in (
+        ("predicted", "predicted"),
+        ("predicted (W only)", "predicted_weights_only"),
+        ("realised FP8 (vLLM)", "realised_fp8"),
+        ("noise floor BF16", "noise_floor_bf16"),
+    ):
         m = res[key]
-        print(f"{name:<22}{m['k3']:>12.3e}{m['abs_dlogp_mean']:>14.4f}{m['abs_dlogp_max']:>13.4f}"
-              f"{m['token_mult_prob_error']:>14.5f}")
+        print(
+            f"{name:<22}{m['k3']:>12.3e}{m['abs_dlogp_mean']:>14.4f}{m['abs_dlogp_max']:>13.4f}"
+            f"{m['token_mult_prob_error']:>14.5f}"
+        )
     for side in ("bf16", "fp8"):
         v = res["vllm"][side]
-        print(f"vLLM {side}: KV cache size {v['kv_cache_tokens']:,} tokens (fp8probe: "
-              f"{cap['baseline']['kv_tokens']:,}), concurrency {v['max_concurrency']}x "
-              f"(fp8probe: {cap['baseline']['max_concurrency']:.4f}x); answer: {v['answer']!r}")
+        print(
+            f"vLLM {side}: KV cache size {v['kv_cache_tokens']:,} tokens (fp8probe: "
+            f"{cap['baseline']['kv_tokens']:,}), concurrency {v['max_concurrency']}x "
+            f"(fp8probe: {cap['baseline']['max_concurrency']:.4f}x); answer: {v['answer']!r}"
+        )
     print(json.dumps(res, indent=1))
 
 

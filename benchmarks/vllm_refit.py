@@ -40,20 +40,29 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
-            "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]}}}}
+        doc = {
+            "default_stage": {
+                "default_modifiers": {
+                    "QuantizationModifier": {"targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]}
+                }
+            }
+        }
         (root / "recipe.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
         ckpt = export(ModelSource(), root / "recipe.yaml", root / "ckpt", max_model_len=2048).out
         tok = AutoTokenizer.from_pretrained(ckpt)
-        ids = [tok(p)["input_ids"][:24] for p in BUILTIN_PROMPTS[:args.prompts]]
+        ids = [tok(p)["input_ids"][:24] for p in BUILTIN_PROMPTS[: args.prompts]]
         got = run_vllm(ckpt, VLLMServe(256, worker=HERE / "vllm_refit_worker.py"), score=ids)
     gaps = [abs(a - b) for d, r in zip(got["disk"], got["refit"]) for a, b in zip(d, r) if a is not None]
-    print(f"vLLM-CPU refit path (dummy weights, then the checkpoint's tensors through reload_weights) against the "
-          f"disk load: {len(gaps)} positions, largest |Δ log-prob| {max(gaps):.3g} nats, "
-          f"mean {sum(gaps) / len(gaps):.3g}")
+    print(
+        f"vLLM-CPU refit path (dummy weights, then the checkpoint's tensors through reload_weights) against the "
+        f"disk load: {len(gaps)} positions, largest |Δ log-prob| {max(gaps):.3g} nats, "
+        f"mean {sum(gaps) / len(gaps):.3g}"
+    )
     restored = [abs(a - b) for d, r in zip(got["disk"], got["restored"]) for a, b in zip(d, r) if a is not None]
-    print(f"the same engine once its attention scales are set to the disk load's 1.0: largest |Δ log-prob| "
-          f"{max(restored):.3g} nats")
+    print(
+        f"the same engine once its attention scales are set to the disk load's 1.0: largest |Δ log-prob| "
+        f"{max(restored):.3g} nats"
+    )
     print(f"{len(got['differing'])} of {got['tensors']} parameters and buffers differ (name: disk |sum|, refit |sum|):")
     for name, (disk, refit) in sorted(got["differing"].items())[:12]:
         print(f"  {name}: {disk:.6g} -> {refit}")

@@ -31,8 +31,10 @@ def main():
 
     def score(llm):
         res = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["score"]], params)
-        return [[None if d is None else d[t].logprob for d, t in zip(r.prompt_logprobs, ids)]
-                for r, ids in zip(res, spec["score"])]
+        return [
+            [None if d is None else d[t].logprob for d, t in zip(r.prompt_logprobs, ids)]
+            for r, ids in zip(res, spec["score"])
+        ]
 
     def state(worker):
         m = worker.model_runner.get_model()
@@ -57,11 +59,15 @@ def main():
 
     refit_llm.collective_rpc(neutral_scales)
     restored = score(refit_llm)
-    differing = {k: [v[2], (refit_state.get(k) or [None, None, None])[2]] for k, v in disk_state.items()
-                 if refit_state.get(k) != v}
+    differing = {
+        k: [v[2], (refit_state.get(k) or [None, None, None])[2]]
+        for k, v in disk_state.items()
+        if refit_state.get(k) != v
+    }
     with open(spec["out"], "w") as f:
-        json.dump({"disk": disk, "refit": refit, "restored": restored, "differing": differing,
-                   "tensors": len(disk_state)}, f)
+        json.dump(
+            {"disk": disk, "refit": refit, "restored": restored, "differing": differing, "tensors": len(disk_state)}, f
+        )
         f.flush()
         os.fsync(f.fileno())
     sys.stdout.flush()

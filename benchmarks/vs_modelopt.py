@@ -70,8 +70,9 @@ def modelopt_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run(pip + ["torch==2.13.0"], check=True)
-        subprocess.run(pip + ["nvidia-modelopt", "transformers<5.15", "requests", "accelerate", "safetensors"],
-                       check=True)
+        subprocess.run(
+            pip + ["nvidia-modelopt", "transformers<5.15", "requests", "accelerate", "safetensors"], check=True
+        )
         (VENV / ".ready").touch()
     return py
 
@@ -85,25 +86,37 @@ def modelopt_as_python(source: str | None) -> Path:
             raise SystemExit("ModelOpt's aumann_shapley mode: pass --as-source, a checkout of Model-Optimizer PR #2183")
         modelopt_python()
         subprocess.run(["cp", "-a", str(VENV), str(VENV_AS)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", source],
-                       check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", source], check=True)
         (VENV_AS / ".ready").touch()
     return py
 
 
-def run_modelopt(rollouts, out: Path, bits: float, modes=("kl_div", "gradient"), as_source: str | None = None,
-                 model: str = "smollm2-135m") -> dict:
+def run_modelopt(
+    rollouts,
+    out: Path,
+    bits: float,
+    modes=("kl_div", "gradient"),
+    as_source: str | None = None,
+    model: str = "smollm2-135m",
+) -> dict:
     tokens = out / "tokens.pt"
-    torch.save({"input_ids": rollouts.input_ids, "attention_mask": rollouts.attention_mask,
-                "response_mask": rollouts.response_mask}, tokens)
+    torch.save(
+        {
+            "input_ids": rollouts.input_ids,
+            "attention_mask": rollouts.attention_mask,
+            "response_mask": rollouts.response_mask,
+        },
+        tokens,
+    )
     mo = {}
     # the modes asked for, then any other mode run before at this size and kept in --out
     for method in [*modes, *(m for m in MODES if m not in modes)]:
         res = out / f"modelopt-{method}-{bits:g}.json"
         if method in modes and not res.exists():
             py = modelopt_as_python(as_source) if method == "aumann_shapley" else modelopt_python()
-            done = subprocess.run([str(py), str(WORKER), str(STUDENTS[model]()), str(tokens), method,
-                                   str(bits), str(res)])
+            done = subprocess.run(
+                [str(py), str(WORKER), str(STUDENTS[model]()), str(tokens), method, str(bits), str(res)]
+            )
             if done.returncode != 0:  # said in the table's place, the other modes still compared
                 print(f"ModelOpt {method} at {bits:g} bits failed (exit {done.returncode}): no row", flush=True)
                 continue
@@ -118,8 +131,27 @@ def sweeps(sweep: str, out: Path, model: str = "smollm2-135m", methods=METHODS) 
     for method in methods:
         d = out / f"sweep-fp8-{method}"
         if not (d / "sensitivity.csv").exists():
-            assert cli(["-q", "sweep", model, "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group",
-                        "--no-kv", "--method", method, "--out", str(d)]) == 0
+            assert (
+                cli(
+                    [
+                        "-q",
+                        "sweep",
+                        model,
+                        "--rollouts",
+                        sweep,
+                        "--scheme",
+                        "FP8",
+                        "--granularity",
+                        "group",
+                        "--no-kv",
+                        "--method",
+                        method,
+                        "--out",
+                        str(d),
+                    ]
+                )
+                == 0
+            )
         run = read_sweep(d)
         tables[method] = (run.table, run.run.seconds["sweep"])  # reference, estimate and rows; no loading
     return tables
@@ -156,30 +188,62 @@ SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the L
 _RECIPE = RecipeSettings(effective_bits=SIZES[0])  # every size here is a memory target: its defaults resolved
 _SWEEP = {f.name: f.default for f in dataclasses.fields(SweepSettings)}
 DEFAULT_PATH = (_SWEEP["method"], _RECIPE.costs, _RECIPE.refine_passes, _RECIPE.holdout)
-PATHS = (("exact", "single", 0, 0), ("exact", "single", DEFAULT_REFINE_PASSES, 0), ("fisher", "single", 0, 0),
-         DEFAULT_PATH, ("path", "single", 0, 0), ("fisher", "path", 0, 0), ("exact", "path", 0, 0),
-         ("exact", "context", 0, 0))
+PATHS = (
+    ("exact", "single", 0, 0),
+    ("exact", "single", DEFAULT_REFINE_PASSES, 0),
+    ("fisher", "single", 0, 0),
+    DEFAULT_PATH,
+    ("path", "single", 0, 0),
+    ("fisher", "path", 0, 0),
+    ("exact", "path", 0, 0),
+    ("exact", "context", 0, 0),
+)
 COSTS = tuple(dict.fromkeys(p[1] for p in PATHS))  # single, path, context
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m", choices=sorted(STUDENTS),
-                    help="the student (the embedded one, or Gemma 3 270M)")
-    ap.add_argument("--sweep", default="runs/smollm2",
-                    help="a sweep dir of that student: its rollouts are what every tool searches on")
+    ap.add_argument(
+        "--model",
+        default="smollm2-135m",
+        choices=sorted(STUDENTS),
+        help="the student (the embedded one, or Gemma 3 270M)",
+    )
+    ap.add_argument(
+        "--sweep",
+        default="runs/smollm2",
+        help="a sweep dir of that student: its rollouts are what every tool searches on",
+    )
     ap.add_argument("--bits", type=float, nargs="+", default=list(SIZES), help="effective bits of the sizes compared")
     ap.add_argument("--heldout-seed", type=int, default=1)
-    ap.add_argument("--modes", nargs="+", default=["kl_div", "gradient"],
-                    choices=MODES,
-                    help="ModelOpt's search modes (aumann_shapley: the saturation-aware mode, from --as-source)")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["kl_div", "gradient"],
+        choices=MODES,
+        help="ModelOpt's search modes (aumann_shapley: the saturation-aware mode, from --as-source)",
+    )
     ap.add_argument("--as-source", help="a checkout of Model-Optimizer PR #2183 (ModelOpt's aumann_shapley mode)")
-    ap.add_argument("--headroom", type=int, default=200,
-                    help="candidates the evolutionary search measures per size (0: no headroom row)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
-                    help="fp8probe's sweep methods compared (the paths of the others are left out)")
-    ap.add_argument("--costs", nargs="+", default=list(COSTS), choices=COSTS,
-                    help="how fp8probe's recipes price groups (context: one measured pass per group, slow)")
+    ap.add_argument(
+        "--headroom",
+        type=int,
+        default=200,
+        help="candidates the evolutionary search measures per size (0: no headroom row)",
+    )
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=METHODS,
+        help="fp8probe's sweep methods compared (the paths of the others are left out)",
+    )
+    ap.add_argument(
+        "--costs",
+        nargs="+",
+        default=list(COSTS),
+        choices=COSTS,
+        help="how fp8probe's recipes price groups (context: one measured pass per group, slow)",
+    )
     ap.add_argument("--out", default="runs/vs-modelopt")
     args = ap.parse_args()
     out = Path(args.out)
@@ -200,18 +264,24 @@ def main():
     groups = group_scores(tables[args.methods[0]][0], "kl_q_p", members)  # bytes and params: the same in any
     by_name = {g.group: g for g in groups}
 
-    print(f"{args.model}; every tool searches on the sweep's {rollouts.num_sequences} rollouts; judged on "
-          f"{held.num_sequences} samples of {len(unseen)} other prompts (seed {args.heldout_seed}, "
-          f"{held.num_response_tokens} response tokens) by the simulation and the vllm-cuda profile; FP8 per-tensor "
-          "(FP8_DEFAULT_CFG / scheme FP8); KL(q||p) per token [90 % interval over the held-out prompts]; ratios to "
-          "ModelOpt gradient's recipe of the size, paired on the held-out tokens")
+    print(
+        f"{args.model}; every tool searches on the sweep's {rollouts.num_sequences} rollouts; judged on "
+        f"{held.num_sequences} samples of {len(unseen)} other prompts (seed {args.heldout_seed}, "
+        f"{held.num_response_tokens} response tokens) by the simulation and the vllm-cuda profile; FP8 per-tensor "
+        "(FP8_DEFAULT_CFG / scheme FP8); KL(q||p) per token [90 % interval over the held-out prompts]; ratios to "
+        "ModelOpt gradient's recipe of the size, paired on the held-out tokens"
+    )
     rows = []
     for bits in args.bits:
         print(f"\n{bits:g} effective bits")
-        print(f"{'recipe':<34}{'groups':>7}{'MiB':>7}{'bits':>6}  {'KL sim':<28}{'KL vllm-cuda':<28}"
-              f"{'ratio sim':<24}{'ratio vllm-cuda':<24}{'time s':>7}")
-        chosen = {mode: sorted({unit_group[n] for n in res["fp8_modules"] if n in unit_group})
-                  for mode, res in mo[bits].items()}
+        print(
+            f"{'recipe':<34}{'groups':>7}{'MiB':>7}{'bits':>6}  {'KL sim':<28}{'KL vllm-cuda':<28}"
+            f"{'ratio sim':<24}{'ratio vllm-cuda':<24}{'time s':>7}"
+        )
+        chosen = {
+            mode: sorted({unit_group[n] for n in res["fp8_modules"] if n in unit_group})
+            for mode, res in mo[bits].items()
+        }
         if not chosen:  # every ModelOpt mode failed at this size (said above): nothing to compare against
             print(f"no ModelOpt recipe at {bits:g} bits: the size is skipped")
             continue
@@ -223,35 +293,79 @@ def main():
             gs = chosen[mode]
             got = base if mode == base_mode else judge([u for g in gs for u in members[g]])
             b = 16 - 8 * sum(by_name[g].params for g in gs) / total
-            rows.append(_row(f"ModelOpt {mode}", len(gs), sum(by_name[g].bytes_saved for g in gs), b, got,
-                             None if mode == base_mode else base, judge, mo[bits][mode]["seconds"])
-                        | {"bits_target": bits, "tool": "modelopt", "mode": mode})
+            rows.append(
+                _row(
+                    f"ModelOpt {mode}",
+                    len(gs),
+                    sum(by_name[g].bytes_saved for g in gs),
+                    b,
+                    got,
+                    None if mode == base_mode else base,
+                    judge,
+                    mo[bits][mode]["seconds"],
+                )
+                | {"bits_target": bits, "tool": "modelopt", "mode": mode}
+            )
         for method, costs, passes, holdout in paths:
             table, t_sweep = tables[method]
             t0 = time.perf_counter()
             # with its own held-out split the recipe makes its references (the CLI's time), else it reuses one
             ask = RecipeSettings(min_bytes_saved=saved, refine=passes, costs=costs, holdout=holdout, engine="none")
-            rec = make_recipe(table, student, rollouts, ask, context=RecipeContext(scheme="FP8"),
-                              reference=None if holdout else search_ref)
+            rec = make_recipe(
+                table,
+                student,
+                rollouts,
+                ask,
+                context=RecipeContext(scheme="FP8"),
+                reference=None if holdout else search_ref,
+            )
             secs = t_sweep + time.perf_counter() - t0
             got = judge([u for g in rec.quantized for u in members[g]])
             recipes[(method, costs, passes, holdout)] = (rec.quantized, got)
-            label = ("default path (sweep, recipe)" if (method, costs, passes, holdout) == DEFAULT_PATH
-                     else f"  {method}, {costs}, refine {passes}")
-            rows.append(_row(label, len(rec.quantized), rec.bytes_saved, rec.effective_bits, got, base, judge, secs)
-                        | {"bits_target": bits, "tool": "fp8probe", "method": method, "costs": costs,
-                           "refine": passes, "holdout": holdout})
+            label = (
+                "default path (sweep, recipe)"
+                if (method, costs, passes, holdout) == DEFAULT_PATH
+                else f"  {method}, {costs}, refine {passes}"
+            )
+            rows.append(
+                _row(label, len(rec.quantized), rec.bytes_saved, rec.effective_bits, got, base, judge, secs)
+                | {
+                    "bits_target": bits,
+                    "tool": "fp8probe",
+                    "method": method,
+                    "costs": costs,
+                    "refine": passes,
+                    "holdout": holdout,
+                }
+            )
         if args.headroom:
-            rows.append(_headroom(args.headroom, recipes, student, rollouts, search_ref, members, by_name, saved,
-                                  total, judge, base, bits))
+            rows.append(
+                _headroom(
+                    args.headroom,
+                    recipes,
+                    student,
+                    rollouts,
+                    search_ref,
+                    members,
+                    by_name,
+                    saved,
+                    total,
+                    judge,
+                    base,
+                    bits,
+                )
+            )
     (out / "table.json").write_text(json.dumps(rows, indent=1))
-    print("time: ModelOpt = auto_quantize (calibration, scores, search; model loading excluded), fp8probe = its sweep "
-          "(reference + group rows) + the recipe (pricing and search); headroom = the evolutionary search alone; "
-          "ratios below 1 favour fp8probe")
+    print(
+        "time: ModelOpt = auto_quantize (calibration, scores, search; model loading excluded), fp8probe = its sweep "
+        "(reference + group rows) + the recipe (pricing and search); headroom = the evolutionary search alone; "
+        "ratios below 1 favour fp8probe"
+    )
 
 
-def _headroom(evaluations, recipes, student, rollouts, search_ref, members, by_name, saved, total, judge, base,
-              bits) -> dict:
+def _headroom(
+    evaluations, recipes, student, rollouts, search_ref, members, by_name, saved, total, judge, base, bits
+) -> dict:
     """The best recipe at these bytes an evolutionary search finds, measuring `evaluations` candidates on the search
     rollouts, started from the best fp8probe recipe there; judged like the others."""
     from fp8probe.recipe.evolve import evolve
@@ -270,9 +384,13 @@ def _headroom(evaluations, recipes, student, rollouts, search_ref, members, by_n
     secs = time.perf_counter() - t0
     got = judge([u for g in ev.best for u in members[g]])
     b = 16 - 8 * sum(by_name[g].params for g in ev.best) / total
-    return _row(f"  headroom ({ev.evaluations} measured)", len(ev.best), value(ev.best), b, got, base, judge, secs) \
-        | {"bits_target": bits, "tool": "headroom", "evaluations": ev.evaluations, "search_kl": ev.fitness,
-           "start_search_kl": fitness(start)}
+    return _row(f"  headroom ({ev.evaluations} measured)", len(ev.best), value(ev.best), b, got, base, judge, secs) | {
+        "bits_target": bits,
+        "tool": "headroom",
+        "evaluations": ev.evaluations,
+        "search_kl": ev.fitness,
+        "start_search_kl": fitness(start),
+    }
 
 
 def _row(name, groups, saved, bits, got, base, judge, secs) -> dict:

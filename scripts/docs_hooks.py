@@ -49,24 +49,40 @@ def _allowed(f) -> str:
 def _default(cls, f) -> str:
     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
         return "required"
-    value = cls.default(f.name) if f.metadata else (
-        f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+    value = (
+        cls.default(f.name)
+        if f.metadata
+        else (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+    )
     return f"`{value!r}`"
 
 
 def settings_table(path: str) -> str:
     module, _, name = path.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    lines = [f"## {name}", "", f"`{path}`", "", inspect.getdoc(cls) or "", "",
-             "| field | flag | type | default | allowed | help |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"## {name}",
+        "",
+        f"`{path}`",
+        "",
+        inspect.getdoc(cls) or "",
+        "",
+        "| field | flag | type | default | allowed | help |",
+        "|---|---|---|---|---|---|",
+    ]
     for f in dataclasses.fields(cls):
         m = f.metadata
         cli = m.get("cli", {}) if m else {}
-        flag = "" if not m else ("positional" if cli.get("positional") else
-                                 f"`{cli.get('flag') or '--' + f.name.replace('_', '-')}`")
+        flag = (
+            ""
+            if not m
+            else ("positional" if cli.get("positional") else f"`{cli.get('flag') or '--' + f.name.replace('_', '-')}`")
+        )
         kind = f.type.replace(" | ", " or ")
-        lines.append(f"| `{f.name}` | {flag} | `{kind}` | {_cell(_default(cls, f))} | {_cell(_allowed(f))} | "
-                     f"{_cell(m.get('help', '') if m else '')} |")
+        lines.append(
+            f"| `{f.name}` | {flag} | `{kind}` | {_cell(_default(cls, f))} | {_cell(_allowed(f))} | "
+            f"{_cell(m.get('help', '') if m else '')} |"
+        )
     return "\n".join(lines)
 
 

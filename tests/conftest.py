@@ -27,13 +27,29 @@ VOCAB = 300
 def tiny_config(model_type: str, **overrides):
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     cls = {
-        "llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config, "qwen3": tf.Qwen3Config,
-        "gemma": tf.GemmaConfig, "gemma2": tf.Gemma2Config, "gemma3_text": tf.Gemma3TextConfig,
-        "phi3": tf.Phi3Config, "qwen3_moe": tf.Qwen3MoeConfig, "mixtral": tf.MixtralConfig,
+        "llama": tf.LlamaConfig,
+        "mistral": tf.MistralConfig,
+        "qwen2": tf.Qwen2Config,
+        "qwen3": tf.Qwen3Config,
+        "gemma": tf.GemmaConfig,
+        "gemma2": tf.Gemma2Config,
+        "gemma3_text": tf.Gemma3TextConfig,
+        "phi3": tf.Phi3Config,
+        "qwen3_moe": tf.Qwen3MoeConfig,
+        "mixtral": tf.MixtralConfig,
     }[model_type]
     extra = {}
     if model_type in ("gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe"):
@@ -43,8 +59,9 @@ def tiny_config(model_type: str, **overrides):
     if model_type == "gemma3_text":
         extra.update(layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     if model_type == "qwen3_moe":
-        extra.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, decoder_sparse_step=1,
-                     mlp_only_layers=[0])
+        extra.update(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, decoder_sparse_step=1, mlp_only_layers=[0]
+        )
     if model_type == "mixtral":
         extra.update(num_local_experts=4, num_experts_per_tok=2)
     return cls(**{**common, **extra, **overrides})
@@ -69,8 +86,14 @@ def tiny_student(model_type: str = "llama", **overrides):
     from fp8probe.model.student import Student
 
     m = tiny_model(model_type, **overrides)
-    return Student(model=m, tokenizer=tiny_tokenizer(), units=list_units(m), name=f"tiny-{model_type}", path="",
-                   model_type=model_type)
+    return Student(
+        model=m,
+        tokenizer=tiny_tokenizer(),
+        units=list_units(m),
+        name=f"tiny-{model_type}",
+        path="",
+        model_type=model_type,
+    )
 
 
 def tiny_tokenizer():
@@ -85,10 +108,13 @@ def tiny_tokenizer():
     vocab = {t: i for i, t in enumerate(specials + words[: VOCAB - len(specials)])}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>",
-                                  unk_token="<unk>")
-    tok.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] | lower }} <|im_end|> "
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>", unk_token="<unk>"
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] | lower }} <|im_end|> "
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
     return tok
 
 
@@ -189,8 +215,15 @@ def cli_process(*args, **kw):
 
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(torch.get_num_threads()))}
     env.update(kw.pop("env", {}))
-    return subprocess.Popen([sys.executable, "-m", "fp8probe.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_interactive_signals, env=env, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fp8probe.cli", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_interactive_signals,
+        env=env,
+        **kw,
+    )
 
 
 def planted_copy(ckpt, dst, tensors=None, config=None):
@@ -244,8 +277,9 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid} is marked vllm but not slow: mark it slow too")
         reaches = NETWORK_FIXTURES & set(getattr(item, "fixturenames", ()))
         if reaches and not (item.get_closest_marker("network") or item.get_closest_marker("slow")):
-            raise pytest.UsageError(f"{item.nodeid} uses {', '.join(sorted(reaches))} (a download on first use): "
-                                    f"mark it network (or slow)")
+            raise pytest.UsageError(
+                f"{item.nodeid} uses {', '.join(sorted(reaches))} (a download on first use): mark it network (or slow)"
+            )
 
 
 def pytest_runtest_logreport(report):
@@ -269,8 +303,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("skips that were not expected (they fail the run)", sep="=", red=True)
         for nodeid, reason in bad:
             terminalreporter.write_line(f"{nodeid}: {reason}")
-        terminalreporter.write_line("fix what made them skip, or list them with their reason in tests/conftest.py "
-                                    "ALLOWED_SKIPS")
+        terminalreporter.write_line(
+            "fix what made them skip, or list them with their reason in tests/conftest.py ALLOWED_SKIPS"
+        )
 
 
 def ask(budget=None, **kw):

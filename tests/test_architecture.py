@@ -10,13 +10,28 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "fp8probe"
 # bottom to top: a module may import from its own layer and the layers before it
-LAYERS = ("core", "model", "measurement", "sweeps", "recipe", "deploy", "sources", "budget", "plots", "training",
-          "planning", "apps", "cli")
-MAX_FUNCTION_LINES = 80
+LAYERS = (
+    "core",
+    "model",
+    "measurement",
+    "sweeps",
+    "recipe",
+    "deploy",
+    "sources",
+    "budget",
+    "plots",
+    "training",
+    "planning",
+    "apps",
+    "cli",
+)
+# the size caps count statements (logical lines: a statement split over several physical lines by `ruff format`
+# counts once, a compound statement's header once), so the formatter's layout moves none of them
+MAX_FUNCTION_STATEMENTS = 60  # about the 80 physical lines the cap was before the formatter (the largest: 57)
 LONG_FUNCTIONS: dict[str, str] = {}  # "module:function" -> why it may be longer (none)
 MAX_PARAMETERS = 8  # a public function takes its inputs and a settings object, not a settings object's fields
-MAX_CLI_LINES = 400
-MAX_APP_LINES = 150  # an entry point per command: settings in, a result and its files out; the work lives below
+MAX_CLI_STATEMENTS = 220  # the 400 physical lines before the formatter held 216
+MAX_APP_STATEMENTS = 80  # an entry point per command: settings in, a result and its files out; the work lives below
 
 
 def modules() -> dict[str, Path]:
@@ -79,8 +94,10 @@ def layer(mod: str) -> int | None:
 def graph(typing: bool = True) -> dict[str, set[str]]:
     """Module -> the modules it imports; without `typing`, at run time only (type-only imports are no edge)."""
     mods = modules()
-    return {m: {t for target, names, _ in imports(m, p, typing=typing) for t in resolve(target, names, mods) if t != m}
-            for m, p in mods.items()}
+    return {
+        m: {t for target, names, _ in imports(m, p, typing=typing) for t in resolve(target, names, mods) if t != m}
+        for m, p in mods.items()
+    }
 
 
 def test_every_module_sits_in_a_layer():
@@ -97,8 +114,9 @@ def test_a_module_imports_only_from_its_own_layer_or_below():
         for target, names, line in imports(m, p):
             for t in resolve(target, names, mods):
                 if t and layer(t) is not None and layer(t) > layer(m):
-                    bad.append(f"{p.relative_to(PKG.parent)}:{line} ({LAYERS[layer(m)]}) imports {t} "
-                               f"({LAYERS[layer(t)]})")
+                    bad.append(
+                        f"{p.relative_to(PKG.parent)}:{line} ({LAYERS[layer(m)]}) imports {t} ({LAYERS[layer(t)]})"
+                    )
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
@@ -109,7 +127,7 @@ def test_no_import_cycle():
 
     def visit(m):
         if m in stack:
-            cycles.append(stack[stack.index(m):] + [m])
+            cycles.append(stack[stack.index(m) :] + [m])
             return
         if m in seen:
             return
@@ -127,9 +145,19 @@ def test_no_import_cycle():
 
 def test_no_module_imports_a_private_name_of_another():
     mods = modules()
-    bad = [f"{m}: {t}.{n}" for m, p in mods.items() for t, names, _ in imports(m, p) for n in names
-           if n.startswith("_") and not n.startswith("__") and t != m]
+    bad = [
+        f"{m}: {t}.{n}"
+        for m, p in mods.items()
+        for t, names, _ in imports(m, p)
+        for n in names
+        if n.startswith("_") and not n.startswith("__") and t != m
+    ]
     assert not bad, bad
+
+
+def statements(node: ast.AST) -> int:
+    """The logical lines of `node`: every statement in it (nested ones too), however it is laid out."""
+    return sum(isinstance(n, ast.stmt) for n in ast.walk(node))
 
 
 def test_functions_are_short():
@@ -137,10 +165,10 @@ def test_functions_are_short():
     for m, p in modules().items():
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                n = node.end_lineno - node.lineno + 1
-                if n > MAX_FUNCTION_LINES and f"{m}:{node.name}" not in LONG_FUNCTIONS:
-                    long.append(f"{m}:{node.name} ({n} lines)")
-    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+                n = statements(node)
+                if n > MAX_FUNCTION_STATEMENTS and f"{m}:{node.name}" not in LONG_FUNCTIONS:
+                    long.append(f"{m}:{node.name} ({n} statements)")
+    assert not long, f"functions over {MAX_FUNCTION_STATEMENTS} statements: {long}"
 
 
 def parameters(fn: ast.FunctionDef) -> int:
@@ -186,19 +214,19 @@ def test_every_settings_class_lives_below_apps():
 
 
 def test_the_cli_is_thin():
-    total = sum(len(p.read_text().splitlines()) for p in (PKG / "cli").glob("*.py"))
-    assert total <= MAX_CLI_LINES, f"cli/ holds {total} lines; parse flags into settings and call the library"
+    total = sum(statements(ast.parse(p.read_text())) for p in (PKG / "cli").glob("*.py"))
+    assert total <= MAX_CLI_STATEMENTS, f"cli/ holds {total} statements; parse flags into settings and call the library"
 
 
 def test_the_entry_points_are_thin():
-    """apps/ holds one entry point per command, each file at most MAX_APP_LINES lines, and no training code: the
-    trainers, the calibration runs and the budget fit live in budget/, the mismatch sources in sources/."""
+    """apps/ holds one entry point per command, each file at most MAX_APP_STATEMENTS statements, and no training
+    code: the trainers, the calibration runs and the dose measurements live in training/, the mismatch sources in
+    sources/."""
     long, training = [], []
     for p in sorted((PKG / "apps").glob("*.py")):
-        text = p.read_text()
-        if len(text.splitlines()) > MAX_APP_LINES:
-            long.append(f"{p.name} ({len(text.splitlines())} lines)")
-        tree = ast.parse(text)
+        tree = ast.parse(p.read_text())
+        if statements(tree) > MAX_APP_STATEMENTS:
+            long.append(f"{p.name} ({statements(tree)} statements)")
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
             module = getattr(node, "module", None) or ""
@@ -206,7 +234,7 @@ def test_the_entry_points_are_thin():
                 training.append(f"{p.name} imports trl")
             if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and "train" in node.name.lower():
                 training.append(f"{p.name} defines {node.name}")
-    assert not long, f"apps/ files over {MAX_APP_LINES} lines: {long}"
+    assert not long, f"apps/ files over {MAX_APP_STATEMENTS} statements: {long}"
     assert not training, f"training code in apps/: {training}"
 
 
@@ -293,8 +321,11 @@ def registries() -> dict[str, str]:
     out = {}
     for m, p in modules().items():
         for node in ast.parse(p.read_text()).body:
-            target = node.target if isinstance(node, ast.AnnAssign) else (
-                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            target = (
+                node.target
+                if isinstance(node, ast.AnnAssign)
+                else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            )
             name = getattr(target, "id", "")
             if not name.isupper() or name.startswith("_"):
                 continue
@@ -314,17 +345,23 @@ def test_the_docs_name_every_entry_point_and_registry():
 
     docs = PKG.parent / "docs"
     library, architecture = (docs / "library.md").read_text(), (docs / "architecture.md").read_text()
-    entry = [name for p in sorted((PKG / "apps").glob("*.py"))
-             for name, fn in inspect.getmembers(importlib.import_module(f"fp8probe.apps.{p.stem}"), inspect.isfunction)
-             if name.startswith("run_") and fn.__module__ == f"fp8probe.apps.{p.stem}"]
+    entry = [
+        name
+        for p in sorted((PKG / "apps").glob("*.py"))
+        for name, fn in inspect.getmembers(importlib.import_module(f"fp8probe.apps.{p.stem}"), inspect.isfunction)
+        if name.startswith("run_") and fn.__module__ == f"fp8probe.apps.{p.stem}"
+    ]
     assert len(entry) >= 15
     missing = [f"{n} (library.md)" for n in entry if f"`{n}`" not in library]
     missing += [f"{n} (architecture.md)" for n in entry if f"`{n}`" not in architecture]
     missing += [f"{n} (fp8probe.__all__)" for n in entry if n not in fp8probe.__all__]
     regs = registries()
     assert {"ENGINES", "TARGETS", "FORMS", "METHODS", "COMMANDS"} <= set(regs), regs
-    missing += [f"{r} ({m}, architecture.md)" for r, m in regs.items()
-                if f"`{r}`" not in architecture or f"`{m.replace('.', '/')}.py`" not in architecture]
+    missing += [
+        f"{r} ({m}, architecture.md)"
+        for r, m in regs.items()
+        if f"`{r}`" not in architecture or f"`{m.replace('.', '/')}.py`" not in architecture
+    ]
     assert not missing, f"not named in the docs: {missing}"
 
 
@@ -334,7 +371,9 @@ def test_the_records_the_cli_and_the_sources_name_load_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; import fp8probe.measurement.perturbation, fp8probe.sources.sources, fp8probe.cli.commands; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; import fp8probe.measurement.perturbation, fp8probe.sources.sources, fp8probe.cli.commands; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False", "importing the Perturbation record, the sources or the command table loaded torch"

@@ -126,7 +126,8 @@ def compare_yaml(got: str, want: str, where: str) -> list[str]:
     head_want = [ln for ln in want.splitlines() if ln.startswith("#")]
     for g, w in zip(head_got, head_want):
         if FLOAT.sub("F", g) != FLOAT.sub("F", w) or not all(
-                _close(float(a), float(b), RTOL_FULL, 0.0) for a, b in zip(FLOAT.findall(g), FLOAT.findall(w))):
+            _close(float(a), float(b), RTOL_FULL, 0.0) for a, b in zip(FLOAT.findall(g), FLOAT.findall(w))
+        ):
             bad.append(f"{where}: header {g!r} vs golden {w!r}")
     return bad + ([f"{where}: header lines differ"] if len(head_got) != len(head_want) else [])
 
@@ -175,19 +176,49 @@ def test_golden_run(cli, tmp_path):
     tiny_model("llama").save_pretrained(model)
     tiny_tokenizer().save_pretrained(model)
     sweep, recipe, cap = tmp_path / "sweep", tmp_path / "recipe", tmp_path / "capacity"
-    r = cli("-q", "sweep", model, "--out", sweep, "--method", "exact", "--num-prompts", 4, "--max-new-tokens", 8,
-            "--seed", 3)
+    r = cli(
+        "-q",
+        "sweep",
+        model,
+        "--out",
+        sweep,
+        "--method",
+        "exact",
+        "--num-prompts",
+        4,
+        "--max-new-tokens",
+        8,
+        "--seed",
+        3,
+    )
     assert r.code == 0, r.err
-    r = cli("-q", "recipe", sweep, "--budget", BUDGET, "--keep-last", KEEP_LAST, "--out", recipe,
-            "--engine", "none")  # the engine profile's bf16 arithmetic differs more across CPUs; tested elsewhere
+    r = cli(
+        "-q", "recipe", sweep, "--budget", BUDGET, "--keep-last", KEEP_LAST, "--out", recipe, "--engine", "none"
+    )  # the engine profile's bf16 arithmetic differs more across CPUs; tested elsewhere
     assert r.code == 0, r.err
-    r = cli("-q", "capacity", model, "--recipe", recipe / "recipe.yaml", "--kv-cache-memory", 1 << 24,
-            "--max-model-len", 256, "--out", cap)
+    r = cli(
+        "-q",
+        "capacity",
+        model,
+        "--recipe",
+        recipe / "recipe.yaml",
+        "--kv-cache-memory",
+        1 << 24,
+        "--max-model-len",
+        256,
+        "--out",
+        cap,
+    )
     assert r.code == 0, r.err
     if os.environ.get("FP8PROBE_REGEN_GOLDEN"):
-        for src, name in ((sweep, "sweep/sensitivity.csv"), (sweep, "sweep/rollouts.json"),
-                          (sweep, "sweep/rollouts.safetensors"), (recipe, "recipe/recipe.yaml"),
-                          (recipe, "recipe/recipe.json"), (cap, "capacity/capacity.json")):
+        for src, name in (
+            (sweep, "sweep/sensitivity.csv"),
+            (sweep, "sweep/rollouts.json"),
+            (sweep, "sweep/rollouts.safetensors"),
+            (recipe, "recipe/recipe.yaml"),
+            (recipe, "recipe/recipe.json"),
+            (cap, "capacity/capacity.json"),
+        ):
             dst = GOLDEN / name
             dst.parent.mkdir(parents=True, exist_ok=True)
             data = (src / Path(name).name).read_bytes()
@@ -195,20 +226,26 @@ def test_golden_run(cli, tmp_path):
         (GOLDEN / "sweep" / "run.json").write_text(json.dumps(_run_json(sweep / "run.json", tmp_path), indent=2) + "\n")
     g = GOLDEN
     assert (sweep / "rollouts.safetensors").read_bytes() == (g / "sweep/rollouts.safetensors").read_bytes(), (
-        "the sampled rollouts differ from the golden run's tokens: every float below would differ too")
+        "the sampled rollouts differ from the golden run's tokens: every float below would differ too"
+    )
     table = pd.read_csv(sweep / "sensitivity.csv")
     bad = compare_table(table, pd.read_csv(g / "sweep/sensitivity.csv"), "sweep/sensitivity.csv")
-    bad += compare_json(_run_json(sweep / "run.json", tmp_path), json.loads((g / "sweep/run.json").read_text()),
-                        "sweep/run.json")
+    bad += compare_json(
+        _run_json(sweep / "run.json", tmp_path), json.loads((g / "sweep/run.json").read_text()), "sweep/run.json"
+    )
     for d, name in ((sweep, "rollouts.json"), (recipe, "recipe.json"), (cap, "capacity.json")):
         got = json.loads(_normalize((d / name).read_text(), tmp_path))
         bad += compare_json(got, json.loads((g / d.name / name).read_text()), f"{d.name}/{name}")
-    bad += compare_yaml(_normalize((recipe / "recipe.yaml").read_text(), tmp_path),
-                        (g / "recipe/recipe.yaml").read_text(), "recipe/recipe.yaml")
+    bad += compare_yaml(
+        _normalize((recipe / "recipe.yaml").read_text(), tmp_path),
+        (g / "recipe/recipe.yaml").read_text(),
+        "recipe/recipe.yaml",
+    )
     bad += compare_tensors(sweep / "rollouts.safetensors", g / "sweep/rollouts.safetensors", "sweep/rollouts")
     assert not bad, "differs from the golden run:\n" + "\n".join(bad[:20])
-    margins = check_margins(pd.read_csv(g / "sweep/sensitivity.csv"),
-                            json.loads((g / "recipe/recipe.json").read_text()), num_blocks=3)
+    margins = check_margins(
+        pd.read_csv(g / "sweep/sensitivity.csv"), json.loads((g / "recipe/recipe.json").read_text()), num_blocks=3
+    )
     assert not margins, "the golden run decides on a knife edge: " + "; ".join(margins)
 
 
@@ -217,8 +254,12 @@ def test_the_comparison_can_tell():
     recipe's measured value off by 2 %, a changed token, a changed ignore list."""
     want = pd.read_csv(GOLDEN / "sweep/sensitivity.csv")
     assert compare_table(want.copy(), want, "t") == []
-    for col, factor, row in (("kl_q_p", 1.02, 0), ("k3", 1.06, 0), ("kl_q_p", 1.02, len(want) - 2),
-                             ("top1_agree", 0.9, 0)):
+    for col, factor, row in (
+        ("kl_q_p", 1.02, 0),
+        ("k3", 1.06, 0),
+        ("kl_q_p", 1.02, len(want) - 2),
+        ("top1_agree", 0.9, 0),
+    ):
         bad = want.copy()
         bad.loc[row, col] = bad.loc[row, col] * factor
         assert compare_table(bad, want, "t"), (col, row)

@@ -41,6 +41,7 @@ class BudgetResult(Result):
 
 def describe_budget(b, out) -> str:
     spread = f"; the seeds alone spread {b.seed_spread:.1%}" if b.seed_spread is not None else ""
-    lines = [f"budget: {b.metric} {budget_text(b)} at {loss_words(b)}{spread}, from {len(b.runs)} runs -> "
-             f"{out}/budget.json"]
+    lines = [
+        f"budget: {b.metric} {budget_text(b)} at {loss_words(b)}{spread}, from {len(b.runs)} runs -> {out}/budget.json"
+    ]
     return "\n".join(lines + fit_lines(b))

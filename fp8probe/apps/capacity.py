@@ -11,8 +11,15 @@ from ..core.results import Result
 from ..deploy.serving import CapacitySettings
 
 
-def run_capacity(model: str | None, settings: CapacitySettings, serving, out=None, plot: bool = False,
-                 trust_remote_code: bool = False, allow_pickle: bool = False) -> CapacityResult:
+def run_capacity(
+    model: str | None,
+    settings: CapacitySettings,
+    serving,
+    out=None,
+    plot: bool = False,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> CapacityResult:
     """KV-cache capacity, BF16 vs the recipe (or every unit in `scheme`), by vLLM's accounting, from the config alone
     (deploy/capacity.py); with `out`, DIR/capacity.json (and DIR/capacity.png with `plot`)."""
     from ..core.files import check_writable, output_dir

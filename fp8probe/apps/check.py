@@ -41,45 +41,59 @@ def format_check(report: CheckRecord) -> str:
     b = f"budget {'> ' if report.budget_censored else ''}{report.budget:.4g}"
     if report.budget_interval:
         top = report.budget_interval[1]
-        b += (f" [{report.budget_interval[0]:.4g}, {'> ' if report.budget_interval_censored else ''}"
-              f"{top:.4g}]")
+        b += f" [{report.budget_interval[0]:.4g}, {'> ' if report.budget_interval_censored else ''}{top:.4g}]"
     sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
     pred = report.predicted
-    lines = [f"predicted before measuring: {report.metric} {pred['value']:.4g} by the damage model in "
-             f"{pred['source']} (its cross-validated median error {pred['cv_median_rel_error']:.0%})"] \
-        if pred and pred.get("value") is not None else []
-    lines += [f"{v}: {report.configuration}{as_run}: {report.metric} {report.measured:.4g} "
-              f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report.margin:+.3g}; budget "
-              f"{'calibrated' if report.budget_calibrated else 'UNCALIBRATED'}: {report.budget_source})"]
+    lines = (
+        [
+            f"predicted before measuring: {report.metric} {pred['value']:.4g} by the damage model in "
+            f"{pred['source']} (its cross-validated median error {pred['cv_median_rel_error']:.0%})"
+        ]
+        if pred and pred.get("value") is not None
+        else []
+    )
+    lines += [
+        f"{v}: {report.configuration}{as_run}: {report.metric} {report.measured:.4g} "
+        f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report.margin:+.3g}; budget "
+        f"{'calibrated' if report.budget_calibrated else 'UNCALIBRATED'}: {report.budget_source})"
+    ]
     if report.judged_on and report.judged_on != "the noise ruler":
         lines.append(f"judged on {report.judged_on}")
     for e in report.kind_evidence or []:
         lo, hi = e["loss_interval"] or (float("nan"), float("nan"))
-        lines.append(f"{e['kind']} as a calibration level ({e['level']}, dose {e['mismatch']:.4g}): lost "
-                     f"{e['loss']:+.1%} [{lo:+.1%}, {hi:+.1%}] ({report.budget_response} "
-                     f"loss, {e['seeds']} seeds); "
-                     f"{e['reading']}")
+        lines.append(
+            f"{e['kind']} as a calibration level ({e['level']}, dose {e['mismatch']:.4g}): lost "
+            f"{e['loss']:+.1%} [{lo:+.1%}, {hi:+.1%}] ({report.budget_response} "
+            f"loss, {e['seeds']} seeds); "
+            f"{e['reading']}"
+        )
     if report.budget_student_note:
         lines.append(f"note: {report.budget_student_note}")
     if report.undecided_because:
         lines.append(f"undecided: {report.undecided_because}")
     a = report.also_measured
     if a and a.get("measured") is not None:
-        lines.append(f"as {a['engine']} computes it: {report.metric} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
-                     f"{a['interval'][1]:.4g}] (the verdict is on the {engine} figure; calibrated budgets measure "
-                     "mismatch in sim)")
+        lines.append(
+            f"as {a['engine']} computes it: {report.metric} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
+            f"{a['interval'][1]:.4g}] (the verdict is on the {engine} figure; calibrated budgets measure "
+            "mismatch in sim)"
+        )
     elif a:
         lines.append(f"not measured as {a['engine']} computes it: {a['not_covered']}")
     s = report.prefix_shift
-    lines.append(f"prefix shift: {s['diverged']:.0%} of continuations diverge"
-                 + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")
-                 + f"; on its own samples kl_q_p {s['kl_q_p_own']:.4g}, k3 {s['k3_own']:.4g}")
+    lines.append(
+        f"prefix shift: {s['diverged']:.0%} of continuations diverge"
+        + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")
+        + f"; on its own samples kl_q_p {s['kl_q_p_own']:.4g}, k3 {s['k3_own']:.4g}"
+    )
     if report.opd_signal:
         o = report.opd_signal
-        lines.append(f"OPD signal: mean |Δreward| {o['mean_abs_reward_delta']:.4g} per token, corr "
-                     f"{o['reward_corr']:.4f} with the mismatch-free reward, sequence reverse-KL change "
-                     f"{o['seq_rkl_delta']:+.4g}; ratios beyond verl's 2.0: {o['ratio_out_verl']:.2%}, outside "
-                     f"OpenRLHF's [0.5, 5]: {o['ratio_out_openrlhf']:.2%}")
+        lines.append(
+            f"OPD signal: mean |Δreward| {o['mean_abs_reward_delta']:.4g} per token, corr "
+            f"{o['reward_corr']:.4f} with the mismatch-free reward, sequence reverse-KL change "
+            f"{o['seq_rkl_delta']:+.4g}; ratios beyond verl's 2.0: {o['ratio_out_verl']:.2%}, outside "
+            f"OpenRLHF's [0.5, 5]: {o['ratio_out_openrlhf']:.2%}"
+        )
     return "\n".join(lines)
 
 

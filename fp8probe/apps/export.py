@@ -12,8 +12,16 @@ if TYPE_CHECKING:  # the CLI imports this module for --help: deploy/export.py lo
 log = logging.getLogger(__name__)
 
 
-def run_export(model: str | None, recipes, out, rollouts: str | None = None, max_model_len: int | None = None,
-               targets=("vllm",), trust_remote_code: bool = False, allow_pickle: bool = False) -> Exported:
+def run_export(
+    model: str | None,
+    recipes,
+    out,
+    rollouts: str | None = None,
+    max_model_len: int | None = None,
+    targets=("vllm",),
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> Exported:
     """Export `model` under `recipes` into `out` for `targets` (calibrating static scales on the `rollouts` of a sweep
     directory when a recipe needs them); returns deploy.export's Exported (a Result: the plan per target)."""
     from ..deploy.export import export
@@ -21,8 +29,14 @@ def run_export(model: str | None, recipes, out, rollouts: str | None = None, max
     from ..model.settings import ModelSource
 
     source = ModelSource(model, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-    done = export(source, recipes, out, rollouts=load_rollouts(rollouts) if rollouts else None,
-                  max_model_len=max_model_len, targets=targets)
+    done = export(
+        source,
+        recipes,
+        out,
+        rollouts=load_rollouts(rollouts) if rollouts else None,
+        max_model_len=max_model_len,
+        targets=targets,
+    )
     for w in done.warnings():
         log.warning("%s", w)
     return done

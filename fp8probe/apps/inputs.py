@@ -25,8 +25,14 @@ class Inputs:
     rollouts: object | None
 
 
-def check_inputs(model: ModelSource, rollouts: RolloutSettings, out=None, scheme: Scheme | None = None,
-                 partial: bool = False, others=()) -> Inputs:
+def check_inputs(
+    model: ModelSource,
+    rollouts: RolloutSettings,
+    out=None,
+    scheme: Scheme | None = None,
+    partial: bool = False,
+    others=(),
+) -> Inputs:
     """Device, dtype, the model's config (supported, the scheme's shapes: `partial` allows groups it cannot take),
     the prompts file, saved rollouts (they fit the model), the output directory, and `others` (more model
     sources: a teacher, stale checkpoints) supported too. Returns what it read (Inputs)."""
@@ -55,8 +61,9 @@ def load(model: ModelSource):
     return model.load(), time.perf_counter() - t
 
 
-def rollouts_for(student, settings: RolloutSettings, out: Path, reuse_from: Path | None = None,
-                 progress: bool = False, saved=None):
+def rollouts_for(
+    student, settings: RolloutSettings, out: Path, reuse_from: Path | None = None, progress: bool = False, saved=None
+):
     """The rollouts (`settings.rollouts`: `saved` when check_inputs read them already; the ones a resumed command saved
     in `reuse_from`; or new ones), saved into `out`; and the seconds it took."""
     from ..model.rollouts import load_rollouts, make_rollouts, save_rollouts
@@ -91,8 +98,10 @@ class RolloutsResult(Result):
 
     def describe(self, seconds: float) -> str:
         r = self.rollouts
-        return (f"rollouts: {r.num_sequences} sequences, {r.num_response_tokens} response tokens in "
-                f"{self.sampling_seconds:.0f} s -> {self.out}")
+        return (
+            f"rollouts: {r.num_sequences} sequences, {r.num_response_tokens} response tokens in "
+            f"{self.sampling_seconds:.0f} s -> {self.out}"
+        )
 
 
 @dataclass(frozen=True)
@@ -104,11 +113,19 @@ class UnitsResult(Result):
         from ..model.structure import fused_groups
 
         units = self.units
-        lines = [f"{u.name:<48} {u.kind:<8} block {u.block:>3}  {u.params:>12,}  group {u.group}"
-                 f"{'' if u.quantizable else '  (kept BF16)'}" for u in units]
+        lines = [
+            f"{u.name:<48} {u.kind:<8} block {u.block:>3}  {u.params:>12,}  group {u.group}"
+            f"{'' if u.quantizable else '  (kept BF16)'}"
+            for u in units
+        ]
         q = [u for u in units if u.quantizable]
-        return "\n".join(lines + [f"units: {len(q)} quantizable in {len(fused_groups(units))} fused groups, "
-                                  f"{sum(u.params for u in q):,} parameters"])
+        return "\n".join(
+            lines
+            + [
+                f"units: {len(q)} quantizable in {len(fused_groups(units))} fused groups, "
+                f"{sum(u.params for u in q):,} parameters"
+            ]
+        )
 
 
 def run_units(model: ModelSource) -> UnitsResult:

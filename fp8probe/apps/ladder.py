@@ -44,11 +44,19 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
         df = ladder(student, r, steps, settings, teacher=teacher, sampling=rollouts, progress=progress)
         atomic_write_text(d / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
         record = LadderRecord(
-            command="ladder", model=student.name, teacher=sc.teacher, engine=sc.engine,
+            command="ladder",
+            model=student.name,
+            teacher=sc.teacher,
+            engine=sc.engine,
             sources=[{"name": s.name, "kind": s.kind, "parts": list(s.parts)} for s in steps],
-            num_sequences=r.num_sequences, num_response_tokens=r.num_response_tokens,
-            noise_seed=settings.noise_seed, prefix_seed=rollouts.seed, arithmetic=arithmetic(rollouts.batch_size),
-            seconds=round(time.perf_counter() - t0, 3), versions=versions())
+            num_sequences=r.num_sequences,
+            num_response_tokens=r.num_response_tokens,
+            noise_seed=settings.noise_seed,
+            prefix_seed=rollouts.seed,
+            arithmetic=arithmetic(rollouts.batch_size),
+            seconds=round(time.perf_counter() - t0, 3),
+            versions=versions(),
+        )
         record.write(d / LadderRecord.KIND)
     return LadderResult(Path(out), df, record)
 
@@ -60,7 +68,23 @@ class LadderResult(Result):
 
     def describe(self, seconds: float) -> str:
         df = self.table
-        cols = [c for c in ("source", "kl_q_p", "k3", "top1_agree", "sum_of_parts", "diverged", "first_div_mean",
-                            "kl_q_p_own", "mean_abs_reward_delta", "ratio_out_verl") if c in df.columns]
-        return (df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
-                + f"\nladder: {len(df)} sources in {seconds:.0f} s -> {self.out}/ladder.csv")
+        cols = [
+            c
+            for c in (
+                "source",
+                "kl_q_p",
+                "k3",
+                "top1_agree",
+                "sum_of_parts",
+                "diverged",
+                "first_div_mean",
+                "kl_q_p_own",
+                "mean_abs_reward_delta",
+                "ratio_out_verl",
+            )
+            if c in df.columns
+        ]
+        return (
+            df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+            + f"\nladder: {len(df)} sources in {seconds:.0f} s -> {self.out}/ladder.csv"
+        )

@@ -15,8 +15,9 @@ from ..model.settings import ModelSource, RolloutSettings
 from .inputs import check_inputs, load, rollouts_for
 
 
-def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: MeasureSettings, out,
-                progress: bool = False) -> MeasureResult:
+def run_measure(
+    model: ModelSource, rollouts: RolloutSettings, settings: MeasureSettings, out, progress: bool = False
+) -> MeasureResult:
     """mismatch.json's content (every metric, the tokens it was measured on), after writing it into `out`."""
     from ..core.files import output_dir
     from ..measurement.measure import measure_scheme
@@ -26,13 +27,22 @@ def run_measure(model: ModelSource, rollouts: RolloutSettings, settings: Measure
     with output_dir(out) as d:
         student, _ = load(model)
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
-        metrics = measure_scheme(student, r, scheme=settings.preset, kv=settings.kv, batch_size=rollouts.batch_size,
-                          engine=settings.engine)
+        metrics = measure_scheme(
+            student, r, scheme=settings.preset, kv=settings.kv, batch_size=rollouts.batch_size, engine=settings.engine
+        )
         record = MismatchRecord(
-            command="measure", model=student.name, scheme=settings.preset.name, engine=settings.engine,
-            kv_cache_dtype=settings.kv_cache_dtype, num_sequences=r.num_sequences,
-            num_response_tokens=r.num_response_tokens, metrics=metrics, arithmetic=arithmetic(rollouts.batch_size),
-            seconds=round(time.perf_counter() - t0, 3), versions=versions())
+            command="measure",
+            model=student.name,
+            scheme=settings.preset.name,
+            engine=settings.engine,
+            kv_cache_dtype=settings.kv_cache_dtype,
+            num_sequences=r.num_sequences,
+            num_response_tokens=r.num_response_tokens,
+            metrics=metrics,
+            arithmetic=arithmetic(rollouts.batch_size),
+            seconds=round(time.perf_counter() - t0, 3),
+            versions=versions(),
+        )
         record.write(d / MismatchRecord.KIND)
     return MeasureResult(Path(out), record)
 
@@ -48,6 +58,10 @@ class MeasureResult(Result):
 def _describe(rec: MismatchRecord, out, seconds: float) -> str:
     what = rec.scheme + (f" + {rec.kv_cache_dtype} KV cache" if rec.kv_cache_dtype else "")
     engine = "" if rec.engine == "sim" else f" as {rec.engine} runs it"
-    return "\n".join([f"\nwhole-model {what}{engine} vs reference on {rec.num_response_tokens} response tokens:",
-                      *(f"  {k:<22} {v:.6g}" for k, v in rec.metrics.items()),
-                      f"measure: {seconds:.0f} s -> {Path(out) / MismatchRecord.KIND}"])
+    return "\n".join(
+        [
+            f"\nwhole-model {what}{engine} vs reference on {rec.num_response_tokens} response tokens:",
+            *(f"  {k:<22} {v:.6g}" for k, v in rec.metrics.items()),
+            f"measure: {seconds:.0f} s -> {Path(out) / MismatchRecord.KIND}",
+        ]
+    )

@@ -31,8 +31,17 @@ from pathlib import Path
 
 from ..core.records import PlanRecord
 from ..core.results import Result
-from ..planning.plan import (COLUMNS, PlanSettings, check_plan, has_weights, lengths, measure_costs, rollout_cost,
-                             time_to_target, train_seconds)
+from ..planning.plan import (
+    COLUMNS,
+    PlanSettings,
+    check_plan,
+    has_weights,
+    lengths,
+    measure_costs,
+    rollout_cost,
+    time_to_target,
+    train_seconds,
+)
 
 
 def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> PlanResult:
@@ -60,46 +69,91 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
             student, _ = load(model)
             note = check_student(budget, student, settings.other_student)  # another student's budget: refused
             r, _ = rollouts_for(student, rollouts, d, progress=progress)
-            costs = measure_costs(student, r, settings, budget, curves, rollouts.batch_size, model.allow_pickle,
-                                  progress)
+            costs = measure_costs(
+                student, r, settings, budget, curves, rollouts.batch_size, model.allow_pickle, progress
+            )
         meta = meta_model(cfg)
         units = list_units(meta)
         device = settings.device(serving.gpu or "H100")
         prompts, responses, len_src = lengths(settings, r)
         rows = []
         for conf in settings.configurations:
-            row = {"configuration": conf.name, "weights": conf.weights, "kv_cache_dtype": conf.kv_cache_dtype or "auto",
-                   "async": conf.async_steps}
-            row.update(costs.get(conf.name) or {"mismatch": None, "mismatch_lo": None, "mismatch_hi": None,
-                                                "mismatch_source": "not measured", "verdict": None})
+            row = {
+                "configuration": conf.name,
+                "weights": conf.weights,
+                "kv_cache_dtype": conf.kv_cache_dtype or "auto",
+                "async": conf.async_steps,
+            }
+            row.update(
+                costs.get(conf.name)
+                or {
+                    "mismatch": None,
+                    "mismatch_lo": None,
+                    "mismatch_hi": None,
+                    "mismatch_source": "not measured",
+                    "verdict": None,
+                }
+            )
             row.update(rollout_cost(cfg, meta, units, conf, device, serving, prompts, responses))
             rows.append(row)
         tokens = sum(prompts) + sum(responses)
-        train_s, train_how = train_seconds(settings, device, rows[0]["active_params"], tokens,
-                                           serving.tensor_parallel_size)
+        train_s, train_how = train_seconds(
+            settings, device, rows[0]["active_params"], tokens, serving.tensor_parallel_size
+        )
         target = settings.target if settings.target is not None else curves.default_target() if curves else None
         time_to_target(rows, settings, curves, budget, target, train_s)
         record = PlanRecord(
-            command="plan", model=model.label, gpu=gpu(serving.gpu or "H100").name,
+            command="plan",
+            model=model.label,
+            gpu=gpu(serving.gpu or "H100").name,
             tensor_parallel_size=serving.tensor_parallel_size,
             modelled="rollout throughput and step times are modelled (deploy/throughput.py), not measured",
-            device={k: getattr(device, k) for k in ("bytes_per_s", "bf16_flops", "fp8_flops", "bandwidth_efficiency",
-                                                    "compute_efficiency", "step_overhead_s", "seq_overhead_s")},
+            device={
+                k: getattr(device, k)
+                for k in (
+                    "bytes_per_s",
+                    "bf16_flops",
+                    "fp8_flops",
+                    "bandwidth_efficiency",
+                    "compute_efficiency",
+                    "step_overhead_s",
+                    "seq_overhead_s",
+                )
+            },
             gpu_source=gpu(serving.gpu or "H100").source,
-            rollout_batch=settings.rollout_batch, lengths=len_src,
-            mean_prompt_len=sum(prompts) / len(prompts), mean_response_len=sum(responses) / len(responses),
-            train_step_s=train_s, train_step=train_how,
-            budget={"metric": budget.metric, "value": budget.value, "interval": budget.interval,
-                    "calibrated": budget.calibrated, "source": budget.source, "student": budget.student,
-                    "student_note": note},
-            calibration=None if curves is None else {
-                "source": curves.source, "objective": curves.objective, "steps": list(curves.steps),
-                "seeds": list(curves.seeds), "target": target,
-                "target_rule": "given" if settings.target is not None else
-                f"the mismatch-free runs' final quality x (1 + tolerance {curves.tolerance:g})"},
+            rollout_batch=settings.rollout_batch,
+            lengths=len_src,
+            mean_prompt_len=sum(prompts) / len(prompts),
+            mean_response_len=sum(responses) / len(responses),
+            train_step_s=train_s,
+            train_step=train_how,
+            budget={
+                "metric": budget.metric,
+                "value": budget.value,
+                "interval": budget.interval,
+                "calibrated": budget.calibrated,
+                "source": budget.source,
+                "student": budget.student,
+                "student_note": note,
+            },
+            calibration=None
+            if curves is None
+            else {
+                "source": curves.source,
+                "objective": curves.objective,
+                "steps": list(curves.steps),
+                "seeds": list(curves.seeds),
+                "target": target,
+                "target_rule": "given"
+                if settings.target is not None
+                else f"the mismatch-free runs' final quality x (1 + tolerance {curves.tolerance:g})",
+            },
             assumed_steps=None if curves else settings.steps,
             arithmetic=arithmetic(rollouts.batch_size) if measured else None,
-            rows=rows, seconds=round(time.perf_counter() - t0, 3), versions=versions())
+            rows=rows,
+            seconds=round(time.perf_counter() - t0, 3),
+            versions=versions(),
+        )
         import pandas as pd
 
         table = pd.DataFrame([{c: row.get(c) for c in COLUMNS} for row in rows], columns=COLUMNS)
@@ -120,31 +174,45 @@ class PlanResult(Result):
         def f(v, fmt):
             return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
-        lines = [f"{rec.model} on {rec.gpu} x{rec.tensor_parallel_size}: {rec.rollout_batch} rollouts of "
-                 f"{rec.mean_prompt_len:.0f} + {rec.mean_response_len:.0f} tokens per step ({rec.lengths}); "
-                 f"train step {rec.train_step_s:.3g} s ({rec.train_step}); throughput MODELLED",
-                 f"{'configuration':<34}{'mismatch [90% interval]':>30}{'verdict':>11}{'KV tokens':>12}{'tok/s':>10}"
-                 f"{'step s':>9}{'steps':>8}{'to target':>11}{'speed-up [90%]':>22}"]
+        lines = [
+            f"{rec.model} on {rec.gpu} x{rec.tensor_parallel_size}: {rec.rollout_batch} rollouts of "
+            f"{rec.mean_prompt_len:.0f} + {rec.mean_response_len:.0f} tokens per step ({rec.lengths}); "
+            f"train step {rec.train_step_s:.3g} s ({rec.train_step}); throughput MODELLED",
+            f"{'configuration':<34}{'mismatch [90% interval]':>30}{'verdict':>11}{'KV tokens':>12}{'tok/s':>10}"
+            f"{'step s':>9}{'steps':>8}{'to target':>11}{'speed-up [90%]':>22}",
+        ]
         for row in sorted(rec.rows, key=lambda r: (r["time_to_target_s"] is None, r["time_to_target_s"] or 0.0)):
-            mm = "not measured" if row["mismatch"] is None else (
-                f"{row['mismatch']:.3g} [{row['mismatch_lo']:.3g}, {row['mismatch_hi']:.3g}]")
-            sp = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x [{f(row['speedup_lo'], '.2f')}, " \
-                f"{f(row['speedup_hi'], '.2f')}]"
+            mm = (
+                "not measured"
+                if row["mismatch"] is None
+                else (f"{row['mismatch']:.3g} [{row['mismatch_lo']:.3g}, {row['mismatch_hi']:.3g}]")
+            )
+            sp = (
+                "-"
+                if row["speedup"] is None
+                else f"{row['speedup']:.2f}x [{f(row['speedup_lo'], '.2f')}, {f(row['speedup_hi'], '.2f')}]"
+            )
             t = row["time_to_target_s"]
-            lines.append(f"{row['configuration']:<34}{mm:>30}{row['verdict'] or '-':>11}{row['kv_tokens']:>12,}"
-                         f"{row['rollout_tokens_per_s']:>10.0f}{row['step_s']:>9.3g}"
-                         f"{f(row['steps_to_target'], '.1f'):>8}"
-                         f"{'-' if t is None else f'{t / 60:.1f} min':>11}{sp:>22}")
+            lines.append(
+                f"{row['configuration']:<34}{mm:>30}{row['verdict'] or '-':>11}{row['kv_tokens']:>12,}"
+                f"{row['rollout_tokens_per_s']:>10.0f}{row['step_s']:>9.3g}"
+                f"{f(row['steps_to_target'], '.1f'):>8}"
+                f"{'-' if t is None else f'{t / 60:.1f} min':>11}{sp:>22}"
+            )
         cal = rec.calibration
         assumed = [r["configuration"] for r in rec.rows if str(r["steps_source"]).startswith("assumed")]
         if cal and assumed:
             lines.append(f"{len(assumed)} configurations not measured: ASSUMED to need BF16's steps")
         if cal:
-            lines.append(f"steps to target: {cal['objective']} learning curves of {cal['source']} "
-                         f"(target {cal['target']:.4g},"
-                         f" {cal['target_rule']}); budget {rec.budget['metric']} <= {rec.budget['value']:.4g}")
+            lines.append(
+                f"steps to target: {cal['objective']} learning curves of {cal['source']} "
+                f"(target {cal['target']:.4g},"
+                f" {cal['target_rule']}); budget {rec.budget['metric']} <= {rec.budget['value']:.4g}"
+            )
         else:
-            lines.append(f"steps to target: no calibration; every admitted configuration is ASSUMED to need BF16's "
-                         f"{rec.assumed_steps} steps")
+            lines.append(
+                f"steps to target: no calibration; every admitted configuration is ASSUMED to need BF16's "
+                f"{rec.assumed_steps} steps"
+            )
         lines.append(f"plan: {len(rec.rows)} configurations in {seconds:.0f} s -> {out}/plan.csv")
         return "\n".join(lines)

@@ -15,8 +15,15 @@ from ..recipe.settings import RecipeContext, RecipeSettings
 __all__ = ["run_recipe", "RecipeResult", "RecipeSettings", "TargetSettings"]
 
 
-def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", trust_remote_code: bool = False,
-               allow_pickle: bool = False, target: TargetSettings = TargetSettings()) -> RecipeResult:
+def run_recipe(
+    sweep_dir,
+    settings: RecipeSettings,
+    out,
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    target: TargetSettings = TargetSettings(),
+) -> RecipeResult:
     """The recipe of `sweep_dir` (its table, rollouts and model) as `settings` say, for `target`'s framework (its form,
     scheme and KV scales, resolved here: above the recipe layer), written into `out`."""
     from dataclasses import replace
@@ -29,19 +36,28 @@ def run_recipe(sweep_dir, settings: RecipeSettings, out, device: str = "cpu", tr
     from ..sweeps.files import read_sweep
 
     run, framework = read_sweep(sweep_dir), target.chosen
-    form, scheme, kv_scale = recipe_form(framework, settings.form, settings.kv_cache_dtype, run.run.scheme,
-                                         sweep_dir)
+    form, scheme, kv_scale = recipe_form(framework, settings.form, settings.kv_cache_dtype, run.run.scheme, sweep_dir)
     try:
         settings = replace(settings, form=form)  # the target's form, checked against the rest of the settings
     except FP8ProbeError as e:
         raise FP8ProbeError(f"{framework.title}: {e}") from e
-    context = RecipeContext(scheme=scheme, batch_size=run.run.batch_size, sweep_dir=str(run.directory.resolve()),
-                            kv_scale=kv_scale, target=framework.name if framework else None)
+    context = RecipeContext(
+        scheme=scheme,
+        batch_size=run.run.batch_size,
+        sweep_dir=str(run.directory.resolve()),
+        kv_scale=kv_scale,
+        target=framework.name if framework else None,
+    )
     rollouts = load_rollouts(sweep_dir)
     check_writable(out)
     t0 = time.perf_counter()
-    student = load_student(run.model_source, device=device, dtype=run.run.dtype or "float32",
-                           trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+    student = load_student(
+        run.model_source,
+        device=device,
+        dtype=run.run.dtype or "float32",
+        trust_remote_code=trust_remote_code,
+        allow_pickle=allow_pickle,
+    )
     run.check_student(student)
     rollouts.check_fits(student.model.config, f"the rollouts of {sweep_dir}")
     try:
@@ -69,16 +85,20 @@ class RecipeResult(Result):
         goal = f"<= budget {s.budget}" if s.budget is not None else f"(memory target {m.kind} {m.given})"
         if r.split:
             lo, hi = r.measured_interval
-            measured = (f"measured {r.measured_search:.4g} on the search set ({r.split['search_prompts']} prompts) "
-                        f"{goal}, {r.measured:.4g} [{lo:.4g}, {hi:.4g}] on the {r.split['heldout_prompts']} held out")
+            measured = (
+                f"measured {r.measured_search:.4g} on the search set ({r.split['search_prompts']} prompts) "
+                f"{goal}, {r.measured:.4g} [{lo:.4g}, {hi:.4g}] on the {r.split['heldout_prompts']} held out"
+            )
         else:
             measured = f"measured {r.measured:.4g} {goal}"
         e = r.measured_engine
         if e and e.get("measured") is not None:
             measured += "; as {} computes it {:.4g} [{:.4g}, {:.4g}]".format(e["engine"], e["measured"], *e["interval"])
-        return (f"recipe{f' for {self.target}' if self.target else ''} (form {r.form}): {len(r.quantized)}/"
-                f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
-                f"{' + FP8 KV cache' if r.kv_cache_dtype else ''}; "
-                f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
-                f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {searched:.0f} s -> "
-                f"{Path(out) / 'recipe.yaml'}")
+        return (
+            f"recipe{f' for {self.target}' if self.target else ''} (form {r.form}): {len(r.quantized)}/"
+            f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
+            f"{' + FP8 KV cache' if r.kv_cache_dtype else ''}; "
+            f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
+            f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {searched:.0f} s -> "
+            f"{Path(out) / 'recipe.yaml'}"
+        )

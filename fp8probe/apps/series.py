@@ -25,14 +25,17 @@ class SeriesResult(Result):
 
     def describe(self, seconds: float) -> str:
         r = self.report
-        lines = [f"{r.configuration} across {len(r.checkpoints)} checkpoints, {r.metric} against budget "
-                 f"{r.budget:.4g}:"]
+        lines = [
+            f"{r.configuration} across {len(r.checkpoints)} checkpoints, {r.metric} against budget {r.budget:.4g}:"
+        ]
         for p in r.checkpoints:
             lo, hi = p["measured_interval"]
             lines.append(f"  {p['verdict']:<9} {p['checkpoint']}: {p['measured']:.4g} [{lo:.4g}, {hi:.4g}]")
         t = r.trend
-        lines.append(f"trend: last / first {t['ratio_last_first']:.3g} [{t['interval'][0]:.3g}, {t['interval'][1]:.3g}]"
-                     f" ({t['reading']}); first outside the budget: {r.first_outside or 'none'}")
+        lines.append(
+            f"trend: last / first {t['ratio_last_first']:.3g} [{t['interval'][0]:.3g}, {t['interval'][1]:.3g}]"
+            f" ({t['reading']}); first outside the budget: {r.first_outside or 'none'}"
+        )
         return "\n".join(lines)
 
 
@@ -63,9 +66,16 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
             row, got = measure_point(student, r, config, budget, sc.engine, rollouts.batch_size)
             rows.append({"checkpoint": src.model, **row})
             measured.append(got)
-        report = SeriesRecord(configuration=config.name, engine=sc.engine, metric=budget.metric,
-                              budget=budget.value, budget_interval=budget.interval, budget_source=budget.source,
-                              budget_student_note=note, checkpoints=rows,
-                              **summarize_series(rows, measured[0], measured[-1], budget.metric))
+        report = SeriesRecord(
+            configuration=config.name,
+            engine=sc.engine,
+            metric=budget.metric,
+            budget=budget.value,
+            budget_interval=budget.interval,
+            budget_source=budget.source,
+            budget_student_note=note,
+            checkpoints=rows,
+            **summarize_series(rows, measured[0], measured[-1], budget.metric),
+        )
         report.write(d / SeriesRecord.KIND)
     return SeriesResult(Path(out), report)

@@ -43,8 +43,14 @@ class SweepResult(Result):
         return "\n".join(lines + [f"sweep: {len(self.table)} rows in {seconds:.0f} s -> {table}"])
 
 
-def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSettings, out, resume: bool = False,
-              progress: bool = False) -> SweepResult:
+def run_sweep(
+    model: ModelSource,
+    rollouts: RolloutSettings,
+    settings: SweepSettings,
+    out,
+    resume: bool = False,
+    progress: bool = False,
+) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
     from ..core.files import output_dir
     from ..model.structure import list_units, meta_model
@@ -63,27 +69,60 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
     kind = settings.kind
     if kind.estimate:  # a student the estimate cannot price, refused from its config before any output
         ESTIMATES[kind.by].check(list_units(meta_model(inputs.config)))
-    exact_run = exact_run_for(rollouts.rollouts, settings.compare, settings.preset.name, settings.granularity,
-                              settings.include_kv, settings.kv_cache_dtype) if kind.estimate else None
+    exact_run = (
+        exact_run_for(
+            rollouts.rollouts,
+            settings.compare,
+            settings.preset.name,
+            settings.granularity,
+            settings.include_kv,
+            settings.kv_cache_dtype,
+        )
+        if kind.estimate
+        else None
+    )
     check_sweep_fits(model, rollouts, settings.method, inputs.rollouts)
     t0 = time.perf_counter()
     with output_dir(out, keep=("rollouts.safetensors", "rollouts.json")) as d:
         student, t_load = load(model)
-        r, t_roll = rollouts_for(student, rollouts, d, reuse_from=d if resume else None, progress=progress,
-                                 saved=inputs.rollouts)
+        r, t_roll = rollouts_for(
+            student, rollouts, d, reuse_from=d if resume else None, progress=progress, saved=inputs.rollouts
+        )
         check_sweep_fits(model, rollouts, settings.method, r)
         if exact_run is not None:
-            check_comparable(exact_run, settings.preset.name, settings.granularity, settings.include_kv,
-                             settings.kv_cache_dtype, r, same_file=rollouts.rollouts)
-        log.info("%s (%s, %s granularity%s)", kind.words, settings.preset.name, settings.granularity,
-                 ", KV rows" if settings.include_kv else "")
+            check_comparable(
+                exact_run,
+                settings.preset.name,
+                settings.granularity,
+                settings.include_kv,
+                settings.kv_cache_dtype,
+                r,
+                same_file=rollouts.rollouts,
+            )
+        log.info(
+            "%s (%s, %s granularity%s)",
+            kind.words,
+            settings.preset.name,
+            settings.granularity,
+            ", KV rows" if settings.include_kv else "",
+        )
         t = time.perf_counter()
         with row_workers(model, cluster) as executor:
-            swept = sweep(student, r, settings, sampling=rollouts, partial=PartialRows(d, resume), progress=progress,
-                          rows_executor=executor)
+            swept = sweep(
+                student,
+                r,
+                settings,
+                sampling=rollouts,
+                partial=PartialRows(d, resume),
+                progress=progress,
+                rows_executor=executor,
+            )
         df, reference = swept.table, swept.reference
-        whole = (whole_model_rows(reference, student, r, settings, batch_size=rollouts.batch_size,
-                                  measured=swept.model_rows) if reference is not None else None)
+        whole = (
+            whole_model_rows(reference, student, r, settings, batch_size=rollouts.batch_size, measured=swept.model_rows)
+            if reference is not None
+            else None
+        )
         t_sweep = time.perf_counter() - t
         agree = None
         if exact_run is not None:
@@ -93,18 +132,36 @@ def run_sweep(model: ModelSource, rollouts: RolloutSettings, settings: SweepSett
             agree.write(d / AGREEMENT_FILE)
         write_table(d, df)
         run = SweepRunRecord(
-            command="sweep", model=student.name, model_path=student.path, model_type=student.model_type,
-            scheme=settings.preset.name, granularity=settings.granularity, include_kv=settings.include_kv,
-            kv_cache_dtype=settings.kv_cache_dtype, seed=r.meta.seed if r.meta else None,
-            method=settings.recorded(rollouts.seed), exact_rows=int((df["method"] == "exact").sum()),
-            workers=executor.stats if executor is not None else {"workers": 1}, device=model.device,
-            dtype=model.dtype, batch_size=rollouts.batch_size, arithmetic=arithmetic(rollouts.batch_size),
-            num_sequences=r.num_sequences, num_tokens=int(r.attention_mask.sum()),
-            num_response_tokens=r.num_response_tokens, rows=len(df), whole_model=whole,
-            seconds={"load": round(t_load, 3), "rollouts": round(t_roll, 3),
-                     **{k: round(v, 3) for k, v in swept.seconds.items()},
-                     "sweep": round(t_sweep, 3), "total": round(time.perf_counter() - t0, 3)},
-            versions=versions())
+            command="sweep",
+            model=student.name,
+            model_path=student.path,
+            model_type=student.model_type,
+            scheme=settings.preset.name,
+            granularity=settings.granularity,
+            include_kv=settings.include_kv,
+            kv_cache_dtype=settings.kv_cache_dtype,
+            seed=r.meta.seed if r.meta else None,
+            method=settings.recorded(rollouts.seed),
+            exact_rows=int((df["method"] == "exact").sum()),
+            workers=executor.stats if executor is not None else {"workers": 1},
+            device=model.device,
+            dtype=model.dtype,
+            batch_size=rollouts.batch_size,
+            arithmetic=arithmetic(rollouts.batch_size),
+            num_sequences=r.num_sequences,
+            num_tokens=int(r.attention_mask.sum()),
+            num_response_tokens=r.num_response_tokens,
+            rows=len(df),
+            whole_model=whole,
+            seconds={
+                "load": round(t_load, 3),
+                "rollouts": round(t_roll, 3),
+                **{k: round(v, 3) for k, v in swept.seconds.items()},
+                "sweep": round(t_sweep, 3),
+                "total": round(time.perf_counter() - t0, 3),
+            },
+            versions=versions(),
+        )
         write_run(d, run)
         finish_sweep(d)
     return SweepResult(out, df, run, agree)

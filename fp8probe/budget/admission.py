@@ -34,8 +34,17 @@ if TYPE_CHECKING:  # light at import: the CLI reads CheckSettings (budget/settin
     from ..model.settings import RolloutSettings
 
 
-def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "sim", teacher=None,
-          reference: Reference | None = None, sampling: RolloutSettings | None = None) -> CheckRecord:
+def check(
+    student,
+    rollouts,
+    config: Source,
+    budget: Budget,
+    *,
+    engine: str = "sim",
+    teacher=None,
+    reference: Reference | None = None,
+    sampling: RolloutSettings | None = None,
+) -> CheckRecord:
     """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
     ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
     engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda"). `sampling`: the rollouts' settings,
@@ -59,23 +68,46 @@ def check(student, rollouts, config: Source, budget: Budget, *, engine: str = "s
         opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
     v = judge(measured, interval, budget, got.num_prompts, config.perturbation.kinds())
     ruler = v["ruler"]
-    also = measured_as(OTHER_ENGINE.get(engine, "sim"), reference, student, rollouts, config.perturbation,
-                       budget.metric, batch_size)
+    also = measured_as(
+        OTHER_ENGINE.get(engine, "sim"), reference, student, rollouts, config.perturbation, budget.metric, batch_size
+    )
     return CheckRecord(
-        verdict=v["verdict"], configuration=config.name, engine=engine, metric=budget.metric, measured=measured,
-        measured_interval=list(interval), interval_level=LEVEL, budget=ruler.value, margin=ruler.value - measured,
-        budget_calibrated=budget.calibrated, budget_source=ruler.source, budget_interval=ruler.interval,
-        budget_censored=ruler.censored, budget_interval_censored=ruler.interval_censored, judged_on=v["judged_on"],
-        kind_evidence=v["kind_evidence"], budget_student=budget.student, budget_objective=budget.objective,
-        budget_response=budget.response, budget_tolerance=budget.tolerance,
-        prompts_to_decide=v["prompts_to_decide"], undecided_because=v["undecided_because"], metrics=got.metrics,
-        also_measured=also, prefix_shift=shift, opd_signal=opd, num_prompts=got.num_prompts,
-        num_sequences=rollouts.num_sequences, num_response_tokens=rollouts.num_response_tokens,
-        arithmetic=arithmetic(batch_size))
+        verdict=v["verdict"],
+        configuration=config.name,
+        engine=engine,
+        metric=budget.metric,
+        measured=measured,
+        measured_interval=list(interval),
+        interval_level=LEVEL,
+        budget=ruler.value,
+        margin=ruler.value - measured,
+        budget_calibrated=budget.calibrated,
+        budget_source=ruler.source,
+        budget_interval=ruler.interval,
+        budget_censored=ruler.censored,
+        budget_interval_censored=ruler.interval_censored,
+        judged_on=v["judged_on"],
+        kind_evidence=v["kind_evidence"],
+        budget_student=budget.student,
+        budget_objective=budget.objective,
+        budget_response=budget.response,
+        budget_tolerance=budget.tolerance,
+        prompts_to_decide=v["prompts_to_decide"],
+        undecided_because=v["undecided_because"],
+        metrics=got.metrics,
+        also_measured=also,
+        prefix_shift=shift,
+        opd_signal=opd,
+        num_prompts=got.num_prompts,
+        num_sequences=rollouts.num_sequences,
+        num_response_tokens=rollouts.num_response_tokens,
+        arithmetic=arithmetic(batch_size),
+    )
 
 
-def judge(measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int,
-          kinds: tuple[str, ...] = ()) -> dict:
+def judge(
+    measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int, kinds: tuple[str, ...] = ()
+) -> dict:
     """The verdict of a configuration holding `kinds` of source, each kind on its evidence (module docstring):
     verdict()'s fields and `ruler` (the Budget it was judged against), `judged_on` (in words), `kind_evidence` (the
     calibration levels read)."""
@@ -90,20 +122,27 @@ def judge(measured: float, interval: tuple[float, float], budget: Budget, num_pr
             alone = len(set(kinds)) == 1
             if alone and interval[1] <= e["mismatch"] and hi_e <= budget.tolerance:
                 out = {"verdict": "ADMIT", "prompts_to_decide": None, "undecided_because": None}
-                judged_on = (f"{kind}'s own calibration level {e['level']}: at or below its dose "
-                             f"({e['mismatch']:.4g}) it lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}], within the "
-                             f"tolerance")
+                judged_on = (
+                    f"{kind}'s own calibration level {e['level']}: at or below its dose "
+                    f"({e['mismatch']:.4g}) it lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}], within the "
+                    f"tolerance"
+                )
             elif alone and interval[0] >= e["mismatch"] and lo_e > budget.tolerance:
                 out = {"verdict": "REJECT", "prompts_to_decide": None, "undecided_because": None}
-                judged_on = (f"{kind}'s own calibration level {e['level']}: at or above its dose "
-                             f"({e['mismatch']:.4g}) it lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}], more than "
-                             f"the tolerance")
+                judged_on = (
+                    f"{kind}'s own calibration level {e['level']}: at or above its dose "
+                    f"({e['mismatch']:.4g}) it lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}], more than "
+                    f"the tolerance"
+                )
             elif e.get("reading") == "costs more than the ruler predicts" and out["verdict"] == "ADMIT":
-                out = {"verdict": "UNCERTAIN", "prompts_to_decide": None,
-                       "undecided_because": f"{kind} cost more than the noise ruler predicts at its calibration level "
-                                            f"{e['level']} (lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}]): the "
-                                            f"noise ruler cannot admit it; a calibration level of {kind} at this "
-                                            "dose would decide it"}
+                out = {
+                    "verdict": "UNCERTAIN",
+                    "prompts_to_decide": None,
+                    "undecided_because": f"{kind} cost more than the noise ruler predicts at its calibration level "
+                    f"{e['level']} (lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}]): the "
+                    f"noise ruler cannot admit it; a calibration level of {kind} at this "
+                    "dose would decide it",
+                }
                 judged_on = f"the noise ruler, which cannot admit {kind}"
     return {**out, "ruler": ruler, "judged_on": judged_on, "kind_evidence": evidence}
 
@@ -139,19 +178,25 @@ def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_
     if hi <= b_lo:
         out["verdict"] = "ADMIT"
     elif lo > b_hi and (budget.censored or budget.interval_censored):
-        out["undecided_because"] = (f"the budget's upper end is censored at its highest tested dose ({b_hi:.4g}): "
-                                    "its runs never lost the tolerance there, so nothing above it can be rejected; "
-                                    "calibration at higher doses, not more prompts, would decide it")
+        out["undecided_because"] = (
+            f"the budget's upper end is censored at its highest tested dose ({b_hi:.4g}): "
+            "its runs never lost the tolerance there, so nothing above it can be rejected; "
+            "calibration at higher doses, not more prompts, would decide it"
+        )
     elif lo > b_hi:
         out["verdict"] = "REJECT"
     elif b_lo <= measured <= b_hi:
-        out["undecided_because"] = ("the measured value lies inside the budget's own interval: more calibration runs "
-                                    "(seeds), not more prompts, would decide it")
+        out["undecided_because"] = (
+            "the measured value lies inside the budget's own interval: more calibration runs "
+            "(seeds), not more prompts, would decide it"
+        )
     else:
         edge, half = (b_lo, hi - measured) if measured < b_lo else (b_hi, measured - lo)
         half /= expansion(num_prompts)  # the small-sample widening fades as prompts are added
         n = num_prompts * (half / abs(measured - edge)) ** 2 * decide_factor()
         out["prompts_to_decide"] = max(math.ceil(n - 1e-9), num_prompts + 1)
-        out["undecided_because"] = (f"the measured value's {LEVEL:.0%} interval straddles the budget: about "
-                                    f"{out['prompts_to_decide']} prompts (now {num_prompts}) would decide it")
+        out["undecided_because"] = (
+            f"the measured value's {LEVEL:.0%} interval straddles the budget: about "
+            f"{out['prompts_to_decide']} prompts (now {num_prompts}) would decide it"
+        )
     return out

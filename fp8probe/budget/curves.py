@@ -54,8 +54,10 @@ class Curves:
     def stale_runs(self, level: str):
         """Each seed's measured mismatch of a calibrated level (e.g. stale:1), or one line saying it is missing."""
         if level not in self.seed_mismatch:
-            raise FP8ProbeError(f"the calibration {self.source} has no {level} level for {self.objective}: calibrate "
-                                f"with `levels` ... {level}, or give a `stale` checkpoint")
+            raise FP8ProbeError(
+                f"the calibration {self.source} has no {level} level for {self.objective}: calibrate "
+                f"with `levels` ... {level}, or give a `stale` checkpoint"
+            )
         return self.seed_mismatch[level]
 
     def clean_final(self) -> float:
@@ -70,8 +72,10 @@ class Curves:
         `mismatch` on the ruler. Raises FP8ProbeError beyond the ruler's last level."""
         if level is not None:
             if level not in self.curves:
-                raise FP8ProbeError(f"the calibration {self.source} has no level {level!r} for {self.objective}; "
-                                    f"it has {', '.join(self.curves)}")
+                raise FP8ProbeError(
+                    f"the calibration {self.source} has no level {level!r} for {self.objective}; "
+                    f"it has {', '.join(self.curves)}"
+                )
             return self.curves[level]
         ruler = self.ruler
         ms = [self.mismatch[n] for n in ruler]
@@ -81,8 +85,9 @@ class Curves:
             if mismatch <= mb:
                 w = (mismatch - ma) / (mb - ma) if mb > ma else 1.0
                 return (1 - w) * self.curves[a] + w * self.curves[b]
-        raise FP8ProbeError(f"mismatch {mismatch:.4g} lies beyond the calibration's last level ({ms[-1]:.4g}): "
-                            "not extrapolated")
+        raise FP8ProbeError(
+            f"mismatch {mismatch:.4g} lies beyond the calibration's last level ({ms[-1]:.4g}): not extrapolated"
+        )
 
 
 def steps_to(curve, steps, target: float) -> float | None:
@@ -162,15 +167,19 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
 
     d = Path(directory)
     if not (d / "runs.csv").is_file() or not (d / "calibrate.json").is_file():
-        raise FP8ProbeError(f"`calibration` {directory}: not a directory written by `fp8probe calibrate` (no runs.csv "
-                            "and calibrate.json)")
+        raise FP8ProbeError(
+            f"`calibration` {directory}: not a directory written by `fp8probe calibrate` (no runs.csv "
+            "and calibrate.json)"
+        )
     meta = CalibrationRecord.read(d / CalibrationRecord.KIND, "run `fp8probe calibrate` again")
     df = pd.read_csv(d / "runs.csv", dtype={"level": str})
     objectives = sorted(df["objective"].unique())
     if objective is None:
         if len(objectives) > 1:
-            raise FP8ProbeError(f"`calibration` {directory} holds several objectives ({', '.join(objectives)}); pick "
-                                "one with `objective`")
+            raise FP8ProbeError(
+                f"`calibration` {directory} holds several objectives ({', '.join(objectives)}); pick "
+                "one with `objective`"
+            )
         objective = objectives[0]
     if objective not in objectives:
         raise FP8ProbeError(f"`objective` {objective}: the calibration {directory} ran {', '.join(objectives)}")
@@ -190,8 +199,10 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
             if steps is None:
                 steps = tuple(int(x) for x in ev["step"])
             if tuple(int(x) for x in ev["step"]) != steps:
-                raise FP8ProbeError(f"the calibration {directory} evaluated {level} seed {s} at other steps than the "
-                                    "rest; rerun it with one --eval-every")
+                raise FP8ProbeError(
+                    f"the calibration {directory} evaluated {level} seed {s} at other steps than the "
+                    "rest; rerun it with one --eval-every"
+                )
             per_seed.append(ev[QUALITY_COLUMN].to_numpy(dtype=float))
         curves[level] = np.stack(per_seed)
         mismatch[level] = float(rows["mismatch"].mean())
@@ -199,5 +210,15 @@ def read_curves(directory: str | Path, objective: str | None = None) -> Curves:
         kinds[level] = str(rows["kind"].iloc[0])
     if not any(k == "none" for k in kinds.values()):
         raise FP8ProbeError(f"the calibration {directory} has no finished mismatch-free level for {objective}")
-    return Curves(objective, str(df["metric"].iloc[0]), steps, tuple(seeds), curves, mismatch, seed_mismatch, kinds,
-                  float(meta.tolerance), str(d))
+    return Curves(
+        objective,
+        str(df["metric"].iloc[0]),
+        steps,
+        tuple(seeds),
+        curves,
+        mismatch,
+        seed_mismatch,
+        kinds,
+        float(meta.tolerance),
+        str(d),
+    )

@@ -59,8 +59,9 @@ class Design:
 
     def __post_init__(self):
         if self.doses[0] != 0 or (np.isnan(self.q[0]).any() if self.paired else np.isnan(self.q[0]).all()):
-            raise FP8ProbeError("internal: a design's first level holds the mismatch-free twins (every seed's, "
-                                "when paired)")
+            raise FP8ProbeError(
+                "internal: a design's first level holds the mismatch-free twins (every seed's, when paired)"
+            )
 
     @property
     def present(self) -> np.ndarray:
@@ -91,18 +92,23 @@ def check_response(design: Design, kind: str, where: str) -> None:
         raise FP8ProbeError(f"`response` {kind}: one of {', '.join(RESPONSES)}")
     twins = design.q[0]
     if kind == "relative" and (twins == 0).any():
-        raise FP8ProbeError(f"{where}: a mismatch-free run's quality is 0; a relative loss needs another scale (try "
-                            "the gain response)")
+        raise FP8ProbeError(
+            f"{where}: a mismatch-free run's quality is 0; a relative loss needs another scale (try the gain response)"
+        )
     if kind == "gain":
         if design.start is None or not math.isfinite(design.start):
-            raise FP8ProbeError(f"{where} has no quality before training (a `quality_start` column): the gain "
-                                "response needs it; add it, or pass the relative response")
+            raise FP8ProbeError(
+                f"{where} has no quality before training (a `quality_start` column): the gain "
+                "response needs it; add it, or pass the relative response"
+            )
         gained = (twins - design.start) * (1 if design.higher else -1)
         gained = gained[~np.isnan(gained)]  # unpaired: a level may hold more runs than there are twins
         if not gained.size or not (gained > 0).all():
-            raise FP8ProbeError(f"{where}: a mismatch-free run did not improve on the quality before training "
-                                f"({design.start:.4g}): there is no training gain to lose; train longer, or pass the "
-                                "relative response")
+            raise FP8ProbeError(
+                f"{where}: a mismatch-free run did not improve on the quality before training "
+                f"({design.start:.4g}): there is no training gain to lose; train longer, or pass the "
+                "relative response"
+            )
 
 
 def twins_of(q: np.ndarray) -> np.ndarray:
@@ -129,6 +135,7 @@ def level_means(y: np.ndarray) -> np.ndarray:
 
 
 # -- the seed as a random effect ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Components:
@@ -175,8 +182,9 @@ def components(design: Design) -> Components:
         rest = [r[~np.isnan(r)] for r in design.q[1:]]
         df1 = float(sum(len(r) - 1 for r in rest if len(r) > 1))
         run = float(sum(((r - r.mean()) ** 2).sum() for r in rest if len(r) > 1) / df1) if df1 > 0 else 0.0
-        return Components(0.0, float(np.var(q0, ddof=1)) if len(q0) > 1 else 0.0, run, 0.0,
-                          float(max(len(q0) - 1, 0)), df1)
+        return Components(
+            0.0, float(np.var(q0, ddof=1)) if len(q0) > 1 else 0.0, run, 0.0, float(max(len(q0) - 1, 0)), df1
+        )
     cells = np.argwhere(design.present)  # [N, 2] (level, seed)
     y = design.q[cells[:, 0], cells[:, 1]]
     L, S = design.q.shape
@@ -200,8 +208,18 @@ def components(design: Design) -> Components:
     coef = (float(np.diag(R)[twin].sum()), float(np.diag(R)[~twin].sum()))
     seed = max(0.0, (ss_seed - coef[0] * sig[0] - coef[1] * sig[1]) / c) if c > 1e-12 else 0.0
     raw_seed = (ss_seed - coef[0] * unclipped[0] - coef[1] * unclipped[1]) / c if c > 1e-12 else 0.0
-    return Components(seed, float(sig[0]), float(sig[1]), float(max(S - 1, 0)), float(df[0]), float(df[1]),
-                      ss_seed, c, coef, (float(raw_seed), float(unclipped[0]), float(unclipped[1])))
+    return Components(
+        seed,
+        float(sig[0]),
+        float(sig[1]),
+        float(max(S - 1, 0)),
+        float(df[0]),
+        float(df[1]),
+        ss_seed,
+        c,
+        coef,
+        (float(raw_seed), float(unclipped[0]), float(unclipped[1])),
+    )
 
 
 def _nonnegative_solve(A: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -230,13 +248,18 @@ def choose_pairing(comp: Components, twins: int, paired: bool = True) -> tuple[s
     paired = comp.run + comp.twin
     unpaired = comp.seed + comp.run + (comp.seed + comp.twin) / max(twins, 1)
     if paired <= unpaired:
-        return "seed", (f"each seed's own twin: the seed effect it removes (σ_u² {comp.seed:.3g}) is at least the "
-                        f"noise it adds (a twin's own, σ0² {comp.twin:.3g})")
-    return "mean", (f"the twins' mean: pairing would add a twin's run noise (σ0² {comp.twin:.3g}) larger than the seed "
-                    f"effect it removes (σ_u² {comp.seed:.3g})")
+        return "seed", (
+            f"each seed's own twin: the seed effect it removes (σ_u² {comp.seed:.3g}) is at least the "
+            f"noise it adds (a twin's own, σ0² {comp.twin:.3g})"
+        )
+    return "mean", (
+        f"the twins' mean: pairing would add a twin's run noise (σ0² {comp.twin:.3g}) larger than the seed "
+        f"effect it removes (σ_u² {comp.seed:.3g})"
+    )
 
 
 # -- redrawing the table -------------------------------------------------------------------------------------------
+
 
 def by_seed(design: Design, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     """`n` tables [n, L, S] with the seeds resampled (module docstring: stratified by level, pairs kept), and for
@@ -247,7 +270,7 @@ def by_seed(design: Design, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
         q = np.full((n, L, S), np.nan)
         for lv in range(L):
             have = np.flatnonzero(design.present[lv])
-            q[:, lv, :len(have)] = design.q[lv][have][rng.integers(0, len(have), size=(n, len(have)))]
+            q[:, lv, : len(have)] = design.q[lv][have][rng.integers(0, len(have), size=(n, len(have)))]
         return q, np.full((n, L, S), np.nan)
     own = [tuple(np.flatnonzero(design.present[lv])) for lv in range(L)]
     pick = rng.integers(0, S, size=(n, S))
@@ -283,8 +306,7 @@ def parametric(design: Design, means: np.ndarray, comp: Components, n: int, rng)
     run = pivot(comp.run, comp.df_run)
     if comp.df_seed > 0 and comp.c_seed > 0 and comp.ss_seed > 0:
         reduction = comp.ss_seed * comp.df_seed / rng.chisquare(comp.df_seed, size=n)  # E[reduction] redrawn
-        seed = np.maximum(0.0, (reduction - comp.resid_in_seed[0] * twin - comp.resid_in_seed[1] * run)
-                          / comp.c_seed)
+        seed = np.maximum(0.0, (reduction - comp.resid_in_seed[0] * twin - comp.resid_in_seed[1] * run) / comp.c_seed)
     else:
         seed = np.full(n, comp.seed)
     u = rng.standard_normal((n, 1, S)) * np.sqrt(seed)[:, None, None]

@@ -138,8 +138,9 @@ def _carrying_seeds(design: Design, fitted: list[int], bmd: float) -> int:
     counts = design.counts()[fitted]
     below = [i for i, d in enumerate(doses) if d <= bmd]
     above = [i for i, d in enumerate(doses) if d >= bmd]
-    near = ([max(below, key=lambda i: doses[i])] if below else []) + ([min(above, key=lambda i: doses[i])]
-                                                                       if above else [])
+    near = ([max(below, key=lambda i: doses[i])] if below else []) + (
+        [min(above, key=lambda i: doses[i])] if above else []
+    )
     return int(min(counts[i] for i in near))
 
 
@@ -162,10 +163,21 @@ def _models(point: _Fitted, levels: int, nu: float, tolerance: float, scale: flo
         dof = levels - int(f.k_eff[0])
         p = _p_value(float(f.chi2[0]), dof, nu)
         alone = fam.benchmark_doses([f], np.ones((1, 1)), tolerance)[0][0]
-        models.append({"name": f.family.name, "formula": f.family.formula, "params": list(f.params()),
-                       "parameters_off_bounds": int(f.k_eff[0]), "aic": float(f.chi2[0] + 2 * f.k_eff[0]),
-                       "weight": float(point.w[0, m]), "chi2": float(f.chi2[0]), "dof": dof, "p": p,
-                       "fits": None if p is None else p >= FIT_P, "bmd": float(alone) * scale})
+        models.append(
+            {
+                "name": f.family.name,
+                "formula": f.family.formula,
+                "params": list(f.params()),
+                "parameters_off_bounds": int(f.k_eff[0]),
+                "aic": float(f.chi2[0] + 2 * f.k_eff[0]),
+                "weight": float(point.w[0, m]),
+                "chi2": float(f.chi2[0]),
+                "dof": dof,
+                "p": p,
+                "fits": None if p is None else p >= FIT_P,
+                "bmd": float(alone) * scale,
+            }
+        )
     return models
 
 
@@ -177,8 +189,17 @@ def control_sd(design: Design, response: str) -> float:
     return sd / scale if scale > 0 else math.nan
 
 
-def fit_ruler(design: Design, rows: list[int], tolerance: float, *, response: str = "gain", pairing: str = "auto",
-              n: int = 1000, seed: int = 0, predict: dict[str, int] | None = None) -> dict:
+def fit_ruler(
+    design: Design,
+    rows: list[int],
+    tolerance: float,
+    *,
+    response: str = "gain",
+    pairing: str = "auto",
+    n: int = 1000,
+    seed: int = 0,
+    predict: dict[str, int] | None = None,
+) -> dict:
     """One ruler's dose–response fit: `design` the objective's runs (twins in row 0), `rows` the ruler's levels (its
     other rows: levels of other kinds, read against the curve by `predict` {name: row}), `n` draws per bootstrap.
     Returns the ruler's record for budget.json ("fits": False when no family fits)."""
@@ -199,20 +220,30 @@ def fit_ruler(design: Design, rows: list[int], tolerance: float, *, response: st
     beneficial, tests = hormesis(y_seed, rows)
     out["response"] = {"kind": response, "pairing": pairing, "pairing_reason": why}
     if comp is not None:
-        out["components"] = {"seed": comp.seed, "twin": comp.twin, "run": comp.run, "df_seed": comp.df_seed,
-                             "df_twin": comp.df_twin, "df_run": comp.df_run, "twin_share": comp.twin_share(),
-                             "seed_share": comp.seed_share()}
-    out["hormesis"] = {"levels": [float(design.doses[r]) for r in beneficial], "supported": bool(beneficial),
-                       "test": f"one-sided t test of the seed-paired mean loss < 0, lowest level first, at "
-                               f"{HORMESIS_ALPHA:.0%} (fixed sequence)",
-                       "tests": [{"level": float(design.doses[t["row"]]), "t": t["t"], "p": t["p"]} for t in tests]}
-    fitted = rows[len(beneficial):]
+        out["components"] = {
+            "seed": comp.seed,
+            "twin": comp.twin,
+            "run": comp.run,
+            "df_seed": comp.df_seed,
+            "df_twin": comp.df_twin,
+            "df_run": comp.df_run,
+            "twin_share": comp.twin_share(),
+            "seed_share": comp.seed_share(),
+        }
+    out["hormesis"] = {
+        "levels": [float(design.doses[r]) for r in beneficial],
+        "supported": bool(beneficial),
+        "test": f"one-sided t test of the seed-paired mean loss < 0, lowest level first, at "
+        f"{HORMESIS_ALPHA:.0%} (fixed sequence)",
+        "tests": [{"level": float(design.doses[t["row"]]), "t": t["t"], "p": t["p"]} for t in tests],
+    }
+    fitted = rows[len(beneficial) :]
     if not fitted:
         return out
     scale = float(design.doses[fitted[-1]])
     u = design.doses[fitted] / scale
     mean, se, nu = level_stats(y[fitted])
-    w = 1 / se ** 2
+    w = 1 / se**2
     point = _Fitted(u, mean[None], w)
     if not point.fits:
         return out
@@ -232,25 +263,38 @@ def fit_ruler(design: Design, rows: list[int], tolerance: float, *, response: st
     carrying = _carrying_seeds(design, fitted, bmd_u * scale)
     bmd = bmd_u * scale
     ints = _interval(seeded, par, ok, tolerance, bmd, carrying, scale)
-    out.update({
-        "fits": ruler_fits(models), "scale": scale, "fitted_levels": [float(design.doses[r]) for r in fitted],
-        "bmd": bmd, "above_range": not reached, **ints,
-        "widening": {"factor": expansion(carrying, LEVEL), "seeds": carrying,
-                     "why": "the seeds of the fitted levels on either side of the BMD"},
-        "bootstrap": int(ok.sum()), "parametric_draws": n if par is not None else 0, "models": models,
-        "fitted": {str(float(design.doses[r])): float(point.curve([design.doses[r] / scale])[0, 0]) for r in rows},
-    })
+    out.update(
+        {
+            "fits": ruler_fits(models),
+            "scale": scale,
+            "fitted_levels": [float(design.doses[r]) for r in fitted],
+            "bmd": bmd,
+            "above_range": not reached,
+            **ints,
+            "widening": {
+                "factor": expansion(carrying, LEVEL),
+                "seeds": carrying,
+                "why": "the seeds of the fitted levels on either side of the BMD",
+            },
+            "bootstrap": int(ok.sum()),
+            "parametric_draws": n if par is not None else 0,
+            "models": models,
+            "fitted": {str(float(design.doses[r])): float(point.curve([design.doses[r] / scale])[0, 0]) for r in rows},
+        }
+    )
     out["interval_censored"] = bool(out["interval"]) and out["interval"][1] >= scale * (1 - 1e-9)
     out["other_responses"] = _other_responses(control_sd(design, response), point, seeded, par, ok, carrying, scale)
     out["flags"] = _flags(out, design, fitted, mean, se, point, u, scale)
     grid = np.unique(np.concatenate([np.geomspace(design.doses[fitted[0]] / 4, scale, 60), design.doses[fitted]]))
     band = seeded.curve(grid / scale)[ok]
     mid = point.curve(grid / scale)[0]
-    out["curve"] = [{"mismatch": float(x), "loss": float(mid[i]), "band": quantiles(band[:, i])}
-                    for i, x in enumerate(grid)]
+    out["curve"] = [
+        {"mismatch": float(x), "loss": float(mid[i]), "band": quantiles(band[:, i])} for i, x in enumerate(grid)
+    ]
     if predict:
-        out["predictions"] = {name: _prediction(design, r, seed_means[ok], seeded, ok, point, scale, y)
-                              for name, r in predict.items()}
+        out["predictions"] = {
+            name: _prediction(design, r, seed_means[ok], seeded, ok, point, scale, y) for name, r in predict.items()
+        }
     return out
 
 
@@ -262,14 +306,21 @@ def _other_responses(sd: float, point: _Fitted, seeded: _Fitted, par, ok, carryi
         if math.isfinite(tol) and tol > 0:
             b, got = (float(x[0]) for x in point.bmd(tol))
             i = _interval(seeded, par, ok, tol, b * scale, carrying, scale)
-            out[name] = {"tolerance": tol, "bmd": b * scale, "above_range": not bool(got), "interval": i["interval"],
-                         "low_from": i["low_from"], "high_from": i["high_from"],
-                         "interval_censored": bool(i["interval"]) and i["interval"][1] >= scale * (1 - 1e-9)}
+            out[name] = {
+                "tolerance": tol,
+                "bmd": b * scale,
+                "above_range": not bool(got),
+                "interval": i["interval"],
+                "low_from": i["low_from"],
+                "high_from": i["high_from"],
+                "interval_censored": bool(i["interval"]) and i["interval"][1] >= scale * (1 - 1e-9),
+            }
     return out
 
 
-def _interval(seeded: _Fitted, par: _Fitted | None, ok, tolerance: float, at: float, carrying: int,
-              scale: float) -> dict:
+def _interval(
+    seeded: _Fitted, par: _Fitted | None, ok, tolerance: float, at: float, carrying: int, scale: float
+) -> dict:
     """The BMD's interval at `tolerance` about the point `at`: the seed bootstrap's percentiles widened for the
     seeds carrying the BMD, the parametric bootstrap's, their hull, and which one set each end."""
     pct = quantiles(seeded.bmd(tolerance)[0][ok] * scale)
@@ -282,8 +333,14 @@ def _interval(seeded: _Fitted, par: _Fitted | None, ok, tolerance: float, at: fl
         high_from = "seed bootstrap" if widened[1] >= p_int[1] else "parametric bootstrap"
     elif p_int:
         hull, low_from, high_from = p_int, "parametric bootstrap", "parametric bootstrap"
-    return {"percentile_interval": pct, "seed_interval": widened, "parametric_interval": p_int, "interval": hull,
-            "low_from": low_from, "high_from": high_from}
+    return {
+        "percentile_interval": pct,
+        "seed_interval": widened,
+        "parametric_interval": p_int,
+        "interval": hull,
+        "low_from": low_from,
+        "high_from": high_from,
+    }
 
 
 def _flags(out: dict, design: Design, fitted, mean, se, point, u, scale) -> dict:
@@ -301,8 +358,12 @@ def _flags(out: dict, design: Design, fitted, mean, se, point, u, scale) -> dict
         warnings.append(f"BMD / BMDL is {ratio:.3g} (> 3)")
     if bmd < design.doses[fitted[0]] / 3:
         warnings.append("the BMD lies below a third of the lowest fitted dose: extrapolated")
-    return {"nearest_level": float(design.doses[fitted[i]]), "scaled_residual": resid, "bmd_bmdl": ratio,
-            "warnings": warnings}
+    return {
+        "nearest_level": float(design.doses[fitted[i]]),
+        "scaled_residual": resid,
+        "bmd_bmdl": ratio,
+        "warnings": warnings,
+    }
 
 
 def _prediction(design: Design, row: int, seed_means, seeded, ok, point, scale, y) -> dict:
@@ -316,19 +377,39 @@ def _prediction(design: Design, row: int, seed_means, seeded, ok, point, scale, 
     e = expansion(k, LEVEL)
     measured = float(np.nanmean(y[row]))
     d = quantiles(own - pred_draws)
-    diff = None if d is None else [measured - predicted - e * (measured - predicted - d[0]),
-                                   measured - predicted + e * (d[1] - (measured - predicted))]
+    diff = (
+        None
+        if d is None
+        else [
+            measured - predicted - e * (measured - predicted - d[0]),
+            measured - predicted + e * (d[1] - (measured - predicted)),
+        ]
+    )
     li = quantiles(own)
     loss_interval = None if li is None else [measured - e * (measured - li[0]), measured + e * (li[1] - measured)]
-    return {"mismatch": x, "predicted": predicted, "predicted_interval": quantiles(pred_draws),
-            "measured": measured, "measured_interval": loss_interval, "seeds": k,
-            "beyond_tested": bool(x > scale), "difference_interval": diff,
-            "reading": (None if diff is None else "as the ruler predicts" if diff[0] <= 0 <= diff[1]
-                        else "costs more than the ruler predicts" if diff[0] > 0
-                        else "costs less than the ruler predicts")}
+    return {
+        "mismatch": x,
+        "predicted": predicted,
+        "predicted_interval": quantiles(pred_draws),
+        "measured": measured,
+        "measured_interval": loss_interval,
+        "seeds": k,
+        "beyond_tested": bool(x > scale),
+        "difference_interval": diff,
+        "reading": (
+            None
+            if diff is None
+            else "as the ruler predicts"
+            if diff[0] <= 0 <= diff[1]
+            else "costs more than the ruler predicts"
+            if diff[0] > 0
+            else "costs less than the ruler predicts"
+        ),
+    }
 
 
 # -- where the next runs inform the BMD most ---------------------------------------------------------------------
+
 
 def _jacobian(family, u, params, h: float = 1e-6):
     """∂f/∂θ at the doses `u` (rows) by central differences, each step relative to its parameter."""
@@ -354,8 +435,10 @@ def bmd_variance(fits, wts, u, information, bmd_u: float) -> float:
         J = _jacobian(family, u, params)
         g = _jacobian(family, [bmd_u], params)[0]
         step = 1e-6 * max(bmd_u, 1e-3)
-        slope = float((family.f(np.asarray([bmd_u + step]), *params) - family.f(np.asarray([bmd_u - step]),
-                                                                               *params))[0] / (2 * step))
+        slope = float(
+            (family.f(np.asarray([bmd_u + step]), *params) - family.f(np.asarray([bmd_u - step]), *params))[0]
+            / (2 * step)
+        )
         cov = np.linalg.pinv(J.T @ (np.asarray(information)[:, None] * J))
         total += a * float(g @ cov @ g) / max(slope * slope, 1e-300)
     return total
@@ -385,8 +468,7 @@ TAIL_DRAWS = 300  # the seed bootstrap's draws the allocation reads the tail off
 TAIL = 0.10  # the share of those draws, on the binding side, that make the tail
 
 
-def _tail_shifts(design: Design, fitted: list[int], u, w, tolerance: float, side: str, response: str,
-                 pairing: str, se):
+def _tail_shifts(design: Design, fitted: list[int], u, w, tolerance: float, side: str, response: str, pairing: str, se):
     """Per fitted level, how many of its standard errors its resampled mean sits away, in the seed bootstrap's draws
     that make the binding tail (the TAIL of draws with the lowest BMD for side "low", the highest for "high"), from
     where it sits in the other draws; None when too few draws could be fitted."""
@@ -405,8 +487,15 @@ def _tail_shifts(design: Design, fitted: list[int], u, w, tolerance: float, side
     return (means[tail].mean(axis=0) - means[~tail].mean(axis=0)) / np.asarray(se)
 
 
-def allocate(design: Design, rows: list[int], tolerance: float, runs: int = 1, bind: tuple[str, str] | None = None,
-             response: str = "gain", pairing: str = "seed") -> list[dict]:
+def allocate(
+    design: Design,
+    rows: list[int],
+    tolerance: float,
+    runs: int = 1,
+    bind: tuple[str, str] | None = None,
+    response: str = "gain",
+    pairing: str = "seed",
+) -> list[dict]:
     """Where the next `runs` runs inform the benchmark dose most: each one a tested level (its next seed), or a new
     level at the current BMD (when no tested level lies within NEW_LEVEL_FACTOR of it), whose added run most lowers
     the delta-method variance of the BMD (bmd_variance), greedily: a c-optimal design for the BMD, the criterion
@@ -425,14 +514,14 @@ def allocate(design: Design, rows: list[int], tolerance: float, runs: int = 1, b
     u = list(design.doses[rows] / scale)
     y = losses(design, design.q, twins_of(design.q), response, pairing)
     mean, se, nu = level_stats(y[rows])
-    w = 1 / se ** 2
+    w = 1 / se**2
     point = _Fitted(np.array(u), mean[None], w)
     if not point.fits:
         return []
     wts = list(point.w[0])
     bmd_u = float(point.bmd(tolerance)[0][0])
     counts = [int(c) for c in design.counts()[rows]]
-    var_one = list(se ** 2 * np.array(counts))  # one run's variance at each level
+    var_one = list(se**2 * np.array(counts))  # one run's variance at each level
     if bind and bind[0] == "seed" and any(max(x, bmd_u) <= NEW_LEVEL_FACTOR * min(x, bmd_u) for x in u):
         shifts = _tail_shifts(design, rows, np.array(u), w, tolerance, bind[1], response, pairing, se)
         if shifts is not None:
@@ -463,9 +552,16 @@ def allocate(design: Design, rows: list[int], tolerance: float, runs: int = 1, b
             u.append(new)
             info.append(1 / pooled)
             var_one.append(pooled)
-        out.append({"mismatch": float((u[i] if new is None else new) * scale), "new_level": new is not None,
-                    "criterion": "delta method", "share": None, "variance_before": before * scale ** 2,
-                    "variance_after": after * scale ** 2})
+        out.append(
+            {
+                "mismatch": float((u[i] if new is None else new) * scale),
+                "new_level": new is not None,
+                "criterion": "delta method",
+                "share": None,
+                "variance_before": before * scale**2,
+                "variance_after": after * scale**2,
+            }
+        )
     return out
 
 
@@ -483,6 +579,14 @@ def _allocate_to_the_tail(design: Design, rows: list[int], shifts, counts, runs:
             shares.append(float(shifts[i]) ** 2 / (counts[i] + 1) / (1 if nxt in seeds else 2))
         i = max(range(len(rows)), key=lambda k: shares[k])
         counts[i] += 1
-        out.append({"mismatch": float(design.doses[rows[i]]), "new_level": False, "criterion": "seed bootstrap's tail",
-                    "share": shares[i], "variance_before": None, "variance_after": None})
+        out.append(
+            {
+                "mismatch": float(design.doses[rows[i]]),
+                "new_level": False,
+                "criterion": "seed bootstrap's tail",
+                "share": shares[i],
+                "variance_before": None,
+                "variance_after": None,
+            }
+        )
     return out

@@ -82,12 +82,15 @@ class Family:
         return np.array([math.log(hi / lo) / (n - 1) for (lo, hi), n in zip(self.bounds, self.points)])
 
 
-MODELS: dict[str, Family] = {f.name: f for f in (
-    Family("linear", lambda u: u, (), (), "b·d"),
-    Family("power", _power, ((1.0, 18.0),), (48,), "b·d^g (g ≥ 1)"),
-    Family("exponential", _exponential, ((1e-3, 30.0),), (48,), "c·(exp(b·d) − 1) / b"),
-    Family("hill", _hill, ((1e-3, 10.0), (1.0, 18.0)), (28, 20), "v·d^n / (k^n + d^n) (n ≥ 1)"),
-)}
+MODELS: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("linear", lambda u: u, (), (), "b·d"),
+        Family("power", _power, ((1.0, 18.0),), (48,), "b·d^g (g ≥ 1)"),
+        Family("exponential", _exponential, ((1e-3, 30.0),), (48,), "c·(exp(b·d) − 1) / b"),
+        Family("hill", _hill, ((1e-3, 10.0), (1.0, 18.0)), (28, 20), "v·d^n / (k^n + d^n) (n ≥ 1)"),
+    )
+}
 
 
 @dataclass
@@ -104,7 +107,7 @@ class Fits:
     def curve(self, u) -> np.ndarray:
         """The fitted curves at doses u [U] -> [B, U]."""
         u = np.asarray(u, dtype=float)[None, :]
-        theta = [self.theta[:, j:j + 1] for j in range(self.theta.shape[1])]
+        theta = [self.theta[:, j : j + 1] for j in range(self.theta.shape[1])]
         return self.family.f(u, self.a[:, None], *theta)
 
     def params(self, b: int = 0) -> tuple[float, ...]:
@@ -137,7 +140,7 @@ def fit(family: Family, u, y, w) -> Fits:
         a, chi2 = a[:, 0], chi2[:, 0]
     else:
         with np.errstate(over="ignore", invalid="ignore"):
-            phi = family.basis(u[None, :], *[grid[:, j:j + 1] for j in range(p)])
+            phi = family.basis(u[None, :], *[grid[:, j : j + 1] for j in range(p)])
         a, chi2 = _profile(np.nan_to_num(phi), yw, w, syy)
         best = np.argmin(chi2, axis=1)
         theta = grid[best]
@@ -149,7 +152,7 @@ def fit(family: Family, u, y, w) -> Fits:
             local = np.clip(np.log(theta)[:, None, :] + offsets[None] * step, lo, hi)  # [B, G, p]
             cand = np.exp(local)
             with np.errstate(over="ignore", invalid="ignore"):
-                phi = family.basis(u[None, None, :], *[cand[:, :, j:j + 1] for j in range(p)])
+                phi = family.basis(u[None, None, :], *[cand[:, :, j : j + 1] for j in range(p)])
             ca, cchi = _profile(np.nan_to_num(phi), yw, w, syy)
             best = np.argmin(cchi, axis=1)
             theta = cand[np.arange(B), best]
@@ -191,7 +194,7 @@ def weights(fits: list[Fits]) -> np.ndarray:
 
 def averaged(fits: list[Fits], wts: np.ndarray, u) -> np.ndarray:
     """The model-averaged curves at doses u [U] -> [B, U]."""
-    return sum(wts[:, m:m + 1] * f.curve(u) for m, f in enumerate(fits))
+    return sum(wts[:, m : m + 1] * f.curve(u) for m, f in enumerate(fits))
 
 
 def benchmark_doses(fits: list[Fits], wts: np.ndarray, tolerance: float, iterations: int = 60):
@@ -201,8 +204,13 @@ def benchmark_doses(fits: list[Fits], wts: np.ndarray, tolerance: float, iterati
     B = wts.shape[0]
 
     def g(u):  # u [B]
-        return sum(wts[:, m] * f.family.f(u, f.a, *[f.theta[:, j] for j in range(f.theta.shape[1])])
-                   for m, f in enumerate(fits)) - tolerance
+        return (
+            sum(
+                wts[:, m] * f.family.f(u, f.a, *[f.theta[:, j] for j in range(f.theta.shape[1])])
+                for m, f in enumerate(fits)
+            )
+            - tolerance
+        )
 
     reached = g(np.ones(B)) >= 0
     lo, hi = np.zeros(B), np.ones(B)

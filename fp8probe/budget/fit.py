@@ -85,13 +85,29 @@ class Budget(Record):
         try:
             interval = tuple(d["interval"]) if d.get("interval") is not None else None
             noise = ((d.get("dose_response") or {}).get("rulers") or {}).get("noise") or {}
-            return cls(d["metric"], d["value"], bool(d.get("calibrated", False)), str(d.get("source", where)),
-                       interval, d.get("tolerance"), d.get("runs"), bool(d.get("paired", False)), d.get("levels"),
-                       d.get("seed_spread"), d.get("other_levels"), str(d.get("method", "isotonic")),
-                       d.get("dose_response"), str(d.get("response", "relative")),
-                       bool(d.get("censored", noise.get("above_range", False))),
-                       bool(d.get("interval_censored", noise.get("interval_censored", False))), d.get("objective"),
-                       d.get("student"), d.get("teacher"), d.get("dose"), d.get("kinds"))
+            return cls(
+                d["metric"],
+                d["value"],
+                bool(d.get("calibrated", False)),
+                str(d.get("source", where)),
+                interval,
+                d.get("tolerance"),
+                d.get("runs"),
+                bool(d.get("paired", False)),
+                d.get("levels"),
+                d.get("seed_spread"),
+                d.get("other_levels"),
+                str(d.get("method", "isotonic")),
+                d.get("dose_response"),
+                str(d.get("response", "relative")),
+                bool(d.get("censored", noise.get("above_range", False))),
+                bool(d.get("interval_censored", noise.get("interval_censored", False))),
+                d.get("objective"),
+                d.get("student"),
+                d.get("teacher"),
+                d.get("dose"),
+                d.get("kinds"),
+            )
         except KeyError as e:
             raise FP8ProbeError(f"{where} lacks {e}; write it with `fp8probe budget`") from e
 
@@ -104,9 +120,14 @@ class Budget(Record):
         r = ((self.dose_response or {}).get("rulers") or {}).get(kind)
         if self.method != "benchmark dose" or not r or "bmd" not in r or r.get("fits") is not True:
             return self
-        return replace(self, value=float(r["bmd"]), interval=tuple(r["interval"]) if r.get("interval") else None,
-                       source=f"{self.source} ({kind} ruler)", censored=bool(r.get("above_range")),
-                       interval_censored=bool(r.get("interval_censored")))
+        return replace(
+            self,
+            value=float(r["bmd"]),
+            interval=tuple(r["interval"]) if r.get("interval") else None,
+            source=f"{self.source} ({kind} ruler)",
+            censored=bool(r.get("above_range")),
+            interval_censored=bool(r.get("interval_censored")),
+        )
 
 
 OTHER_STUDENT = "other_student"  # the setting (--other-student) that judges a student against another's budget
@@ -122,23 +143,33 @@ def check_student(budget: Budget, student, override: bool = False) -> str | None
     if not budget.calibrated:
         return None
     if not budget.student:
-        return ("the budget does not record the student it was calibrated on (budget.json < 4, or `fp8probe budget` "
-                "without `student`): it may belong to another")
+        return (
+            "the budget does not record the student it was calibrated on (budget.json < 4, or `fp8probe budget` "
+            "without `student`): it may belong to another"
+        )
     mine = content_hash(student.model)
     theirs = budget.student["sha256"]
     if mine == theirs:
         return None
-    which = (f"{budget.source} was calibrated on {budget.student['name']} (sha256 {theirs[:SHORT]}), not on "
-             f"{student.name} (sha256 {mine[:SHORT]})")
+    which = (
+        f"{budget.source} was calibrated on {budget.student['name']} (sha256 {theirs[:SHORT]}), not on "
+        f"{student.name} (sha256 {mine[:SHORT]})"
+    )
     if not override:
-        raise FP8ProbeError(f"{which}: check that student's configurations (MODEL {budget.student['name']}), or pass "
-                            f"`{OTHER_STUDENT}` to judge this one against it anyway (the verdict will say so)")
+        raise FP8ProbeError(
+            f"{which}: check that student's configurations (MODEL {budget.student['name']}), or pass "
+            f"`{OTHER_STUDENT}` to judge this one against it anyway (the verdict will say so)"
+        )
     return f"judged against another student's budget ({which}; `{OTHER_STUDENT}` given)"
 
 
 def default_budget() -> Budget:
-    return Budget("kl_q_p", 1e-3, calibrated=False,
-                  source="uncalibrated default: NeMo-RL calls a generation KL below 1e-3 acceptable")
+    return Budget(
+        "kl_q_p",
+        1e-3,
+        calibrated=False,
+        source="uncalibrated default: NeMo-RL calls a generation KL below 1e-3 acceptable",
+    )
 
 
 def read_budget(text: str, metric: str = "kl_q_p") -> Budget:
@@ -172,8 +203,9 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     return [m for m, _, n in blocks for _ in range(n)]
 
 
-def _threshold(levels: list[float], means: dict[float, float], weights: dict[float, int],
-               tolerance: float) -> tuple[float, list[float]]:
+def _threshold(
+    levels: list[float], means: dict[float, float], weights: dict[float, int], tolerance: float
+) -> tuple[float, list[float]]:
     """The largest level whose isotonic (non-decreasing) fit of the mean loss stays within the tolerance, and the
     fit itself."""
     present = [lv for lv in levels if lv in means]
@@ -209,8 +241,10 @@ def _read_runs(runs, where: str):
             raise FP8ProbeError(f"{where} is not a readable CSV ({str(e).splitlines()[0]})") from e
     missing = {"mismatch", "quality"} - set(runs.columns)
     if missing:
-        raise FP8ProbeError(f"{where} lacks the column(s) {', '.join(sorted(missing))}: one row per training run "
-                            "with its rollout mismatch and its final quality")
+        raise FP8ProbeError(
+            f"{where} lacks the column(s) {', '.join(sorted(missing))}: one row per training run "
+            "with its rollout mismatch and its final quality"
+        )
     df = runs.copy()
     for c in ("mismatch", "quality"):
         df[c] = pd.to_numeric(df[c], errors="coerce")
@@ -266,16 +300,18 @@ def design_of(df, higher: bool, paired: bool):
         q = np.full((len(order), len(seeds)), np.nan)
         for i, lv in enumerate(order):
             vals = df[df["_level"] == lv]["quality"].to_numpy()
-            q[i, :len(vals)] = vals
+            q[i, : len(vals)] = vals
     doses = np.array([0.0] + [dose(lv) for lv in levels])
     start = None
     if "quality_start" in df.columns:
         st = df["quality_start"].astype(float)
         if st.notna().all():
             if float(st.max() - st.min()) > START_SPREAD * max(1e-12, abs(st.mean())):
-                raise FP8ProbeError(f"the runs' quality_start ranges {st.min():.6g} .. {st.max():.6g}: one quality "
-                                    "before training per table (the same student evaluated once) is what the gain "
-                                    "is from")
+                raise FP8ProbeError(
+                    f"the runs' quality_start ranges {st.min():.6g} .. {st.max():.6g}: one quality "
+                    "before training per table (the same student evaluated once) is what the gain "
+                    "is from"
+                )
             start = float(st.mean())
     kinds = ["none"] + [str(df[df["_level"] == lv]["_kind"].iloc[0]) for lv in levels]
     names = ["0"] + [lv.split("|", 1)[1] for lv in levels]
@@ -287,8 +323,9 @@ def _one_objective(df, objective: str | None, where: str):
     if "objective" in df.columns:
         names = sorted(set(df["objective"].astype(str)))
         if objective is None and len(names) > 1:
-            raise FP8ProbeError(f"{where} holds runs of several objectives ({', '.join(names)}): pick one with "
-                                "`objective`")
+            raise FP8ProbeError(
+                f"{where} holds runs of several objectives ({', '.join(names)}): pick one with `objective`"
+            )
         if objective is not None:
             if objective not in names:
                 raise FP8ProbeError(f"`objective` {objective}: {where} holds {', '.join(names)}")
@@ -332,24 +369,35 @@ def fit_budget(runs, settings: BudgetSettings = BudgetSettings(), *, paired: boo
     if paired is None:
         paired = _is_paired(df)
     elif paired and not _is_paired(df):
-        raise FP8ProbeError(f"{where}: pairing needs a seed per run, each seed once per level and its mismatch-free "
-                            "twin (two seeds at least)")
+        raise FP8ProbeError(
+            f"{where}: pairing needs a seed per run, each seed once per level and its mismatch-free "
+            "twin (two seeds at least)"
+        )
     design, kinds, names = design_of(df, higher, paired)
     check_response(design, response, where)
     rows = {k: [i for i, kk in enumerate(kinds) if kk == k and i > 0] for k in dict.fromkeys(kinds)}  # table order
     ruler = sorted(i for k in FITTED_KINDS for i in rows.get(k, []))
     y = losses(design, design.q, twins_of(design.q), response, "seed" if paired else "mean")
     mean = {i: float(np.nanmean(y[i])) for i in range(len(kinds))}
-    dr = _dose_response(design, kinds, names, rows, ruler, tolerance, bootstrap, seed, response,
-                        pairing if paired else "mean") if fit == "dose" else None
+    dr = (
+        _dose_response(
+            design, kinds, names, rows, ruler, tolerance, bootstrap, seed, response, pairing if paired else "mean"
+        )
+        if fit == "dose"
+        else None
+    )
     noise = dr["rulers"]["noise"] if dr else {}
     if noise.get("response"):  # the baseline the fit chose: the level table shows the same losses
         y = losses(design, design.q, twins_of(design.q), response, noise["response"]["pairing"])
         mean = {i: float(np.nanmean(y[i])) for i in range(len(kinds))}
     doses = {i: float(design.doses[i]) for i in range(len(kinds))}
     fitted_rows = [0] + ruler
-    value, isotonic = _threshold([doses[i] for i in fitted_rows], {doses[i]: mean[i] for i in fitted_rows},
-                                 {doses[i]: int(design.counts()[i]) for i in fitted_rows}, tolerance)
+    value, isotonic = _threshold(
+        [doses[i] for i in fitted_rows],
+        {doses[i]: mean[i] for i in fitted_rows},
+        {doses[i]: int(design.counts()[i]) for i in fitted_rows},
+        tolerance,
+    )
     base = noise.get("response", {}).get("pairing", "seed" if paired else "mean")
     interval = _isotonic_interval(design, fitted_rows, tolerance, bootstrap, seed, response, base)
     method = "benchmark dose" if noise.get("fits") is not False and "bmd" in noise else "isotonic"
@@ -358,23 +406,42 @@ def fit_budget(runs, settings: BudgetSettings = BudgetSettings(), *, paired: boo
     level_intervals = _level_intervals(design, y, response, base, bootstrap, seed)
 
     def row(i):
-        return {"mismatch": doses[i], "loss": mean[i] if i else 0.0, "runs": int(design.counts()[i]),
-                "loss_interval": [0.0, 0.0] if i == 0 and paired else level_intervals[i]}
+        return {
+            "mismatch": doses[i],
+            "loss": mean[i] if i else 0.0,
+            "runs": int(design.counts()[i]),
+            "loss_interval": [0.0, 0.0] if i == 0 and paired else level_intervals[i],
+        }
 
     curve = noise.get("fitted", {})
-    table = [{**row(i), "fitted": curve.get(str(doses[i]), f) if method == "benchmark dose" else f, "isotonic": f}
-             for i, f in zip(fitted_rows, isotonic)]
+    table = [
+        {**row(i), "fitted": curve.get(str(doses[i]), f) if method == "benchmark dose" else f, "isotonic": f}
+        for i, f in zip(fitted_rows, isotonic)
+    ]
     others = [{**row(i), "level": names[i], "kind": kinds[i]} for i in range(1, len(kinds)) if i not in ruler] or None
     q0 = design.q[0]
     spread = float((q0.max() - q0.min()) / abs(q0.mean())) if len(q0) > 1 and q0.mean() else None
     censored = method == "benchmark dose" and bool(noise.get("above_range"))
-    return Budget(metric, float(value), calibrated=True, source=f"fit to {len(df)} training runs in {where}",
-                  interval=interval, tolerance=tolerance,
-                  runs=df.drop(columns=["_kind", "_level"]).to_dict(orient="records"), paired=paired, levels=table,
-                  seed_spread=spread, other_levels=others, method=method, dose_response=dr, response=response,
-                  censored=censored, interval_censored=method == "benchmark dose"
-                  and bool(noise.get("interval_censored")), objective=objective,
-                  kinds=_kind_evidence(noise, kinds, names) if dr else None)
+    return Budget(
+        metric,
+        float(value),
+        calibrated=True,
+        source=f"fit to {len(df)} training runs in {where}",
+        interval=interval,
+        tolerance=tolerance,
+        runs=df.drop(columns=["_kind", "_level"]).to_dict(orient="records"),
+        paired=paired,
+        levels=table,
+        seed_spread=spread,
+        other_levels=others,
+        method=method,
+        dose_response=dr,
+        response=response,
+        censored=censored,
+        interval_censored=method == "benchmark dose" and bool(noise.get("interval_censored")),
+        objective=objective,
+        kinds=_kind_evidence(noise, kinds, names) if dr else None,
+    )
 
 
 def _dose_response(design, kinds, names, rows, ruler, tolerance, n, seed, response, pairing) -> dict:
@@ -384,21 +451,27 @@ def _dose_response(design, kinds, names, rows, ruler, tolerance, n, seed, respon
     from .dose import FIT_P, HORMESIS_ALPHA, LEVEL, MODELS, fit_ruler
 
     predict = {names[i]: i for k, rs in rows.items() if k not in (*FITTED_KINDS, *RULER_KINDS) for i in rs}
-    rulers = {"noise": fit_ruler(design, ruler, tolerance, response=response, pairing=pairing, n=n, seed=seed,
-                                 predict=predict)}
+    rulers = {
+        "noise": fit_ruler(
+            design, ruler, tolerance, response=response, pairing=pairing, n=n, seed=seed, predict=predict
+        )
+    }
     for kind in RULER_KINDS:
         if rows.get(kind):
-            rulers[kind] = fit_ruler(design, rows[kind], tolerance, response=response, pairing=pairing, n=n,
-                                     seed=seed)
-    return {"families": {name: f.formula for name, f in MODELS.items()},
-            "averaging": "Akaike weights, AIC = χ² + 2k over the parameters off their bounds, duplicates dropped",
-            "fits_when": f"lack-of-fit F test p >= {FIT_P}", "interval_level": LEVEL, "bootstrap": n,
-            "hormesis_false_positive_rate": HORMESIS_ALPHA,
-            "interval": f"the hull of the seed bootstrap's {LEVEL:.0%} percentiles (widened about the BMD on the log "
-                        "scale by core/stats.expansion of the seeds at the levels carrying it) and a parametric "
-                        "bootstrap with the seed as a random effect",
-            "implementation": "budget/families.py (profiled grid fits), budget/design.py, budget/dose.py",
-            "rulers": rulers}
+            rulers[kind] = fit_ruler(design, rows[kind], tolerance, response=response, pairing=pairing, n=n, seed=seed)
+    return {
+        "families": {name: f.formula for name, f in MODELS.items()},
+        "averaging": "Akaike weights, AIC = χ² + 2k over the parameters off their bounds, duplicates dropped",
+        "fits_when": f"lack-of-fit F test p >= {FIT_P}",
+        "interval_level": LEVEL,
+        "bootstrap": n,
+        "hormesis_false_positive_rate": HORMESIS_ALPHA,
+        "interval": f"the hull of the seed bootstrap's {LEVEL:.0%} percentiles (widened about the BMD on the log "
+        "scale by core/stats.expansion of the seeds at the levels carrying it) and a parametric "
+        "bootstrap with the seed as a random effect",
+        "implementation": "budget/families.py (profiled grid fits), budget/design.py, budget/dose.py",
+        "rulers": rulers,
+    }
 
 
 def _kind_evidence(noise: dict, kinds, names) -> dict | None:
@@ -407,9 +480,17 @@ def _kind_evidence(noise: dict, kinds, names) -> dict | None:
     out = {}
     for name, p in (noise.get("predictions") or {}).items():
         kind = kinds[names.index(name)]
-        out.setdefault(kind, []).append({"level": name, "mismatch": p["mismatch"], "loss": p["measured"],
-                                         "loss_interval": p["measured_interval"], "seeds": p["seeds"],
-                                         "predicted": p["predicted"], "reading": p["reading"]})
+        out.setdefault(kind, []).append(
+            {
+                "level": name,
+                "mismatch": p["mismatch"],
+                "loss": p["measured"],
+                "loss_interval": p["measured_interval"],
+                "seeds": p["seeds"],
+                "predicted": p["predicted"],
+                "reading": p["reading"],
+            }
+        )
     return out or None
 
 
@@ -447,8 +528,10 @@ def _isotonic_interval(design, rows, tolerance: float, n: int, seed: int, respon
     means = level_means(losses(design, qb, twb, response, pairing))
     doses = [float(design.doses[i]) for i in rows]
     counts = {d: int(design.counts()[i]) for d, i in zip(doses, rows)}
-    th = [_threshold(doses, {d: float(m[i]) if i else 0.0 for d, i in zip(doses, rows)}, counts, tolerance)[0]
-          for m in means]
+    th = [
+        _threshold(doses, {d: float(m[i]) if i else 0.0 for d, i in zip(doses, rows)}, counts, tolerance)[0]
+        for m in means
+    ]
     return (float(np.quantile(th, 0.05)), float(np.quantile(th, 0.95))) if th else None
 
 
@@ -460,6 +543,7 @@ def budget_ratio(a: Budget, b: Budget) -> dict:
     two objectives are independent): a's low end with b's high end for the ratio's low end, and the other way
     round; an end of either budget censored at its highest tested dose leaves that side of the ratio open
     (`open_low`, `open_high`: "> lo" or "< hi")."""
+
     def refused(why: str) -> dict:
         return {"objective": a.objective, "other": b.objective, "ratio": None, "interval": None, "undetermined": why}
 
@@ -477,8 +561,14 @@ def budget_ratio(a: Budget, b: Budget) -> dict:
     (alo, ahi), (blo, bhi) = a.interval, b.interval
     down = math.hypot(math.log(a.value / alo), math.log(bhi / b.value))
     up = math.hypot(math.log(ahi / a.value), math.log(b.value / blo))
-    return {"objective": a.objective, "other": b.objective, "ratio": ratio,
-            "interval": [ratio * math.exp(-down), ratio * math.exp(up)],
-            "open_low": bool(b.interval_censored), "open_high": bool(a.interval_censored),
-            "bmd": {a.objective: a.value, b.objective: b.value}, "undetermined": None,
-            "how": "log-scale half-widths of the two budgets' intervals combined in quadrature (independent runs)"}
+    return {
+        "objective": a.objective,
+        "other": b.objective,
+        "ratio": ratio,
+        "interval": [ratio * math.exp(-down), ratio * math.exp(up)],
+        "open_low": bool(b.interval_censored),
+        "open_high": bool(a.interval_censored),
+        "bmd": {a.objective: a.value, b.objective: b.value},
+        "undetermined": None,
+        "how": "log-scale half-widths of the two budgets' intervals combined in quadrature (independent runs)",
+    }

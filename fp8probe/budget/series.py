@@ -22,17 +22,22 @@ def measure_point(student, rollouts, config, budget: Budget, engine: str = "sim"
     from ..measurement.measure import measure
     from ..measurement.reference import Reference
 
-    got = measure(Reference(student, rollouts, batch_size), student, rollouts, config.perturbation,
-                                engine, batch_size)
+    got = measure(Reference(student, rollouts, batch_size), student, rollouts, config.perturbation, engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = got.excess_interval(budget.metric)
     v = judge(measured, tuple(interval), budget, got.num_prompts, config.perturbation.kinds())
-    return {"measured": measured, "measured_interval": list(interval), "verdict": v["verdict"],
-            "num_prompts": got.num_prompts, "num_response_tokens": int(got.prompt.numel())}, got
+    return {
+        "measured": measured,
+        "measured_interval": list(interval),
+        "verdict": v["verdict"],
+        "num_prompts": got.num_prompts,
+        "num_response_tokens": int(got.prompt.numel()),
+    }, got
 
 
-def ratio_interval(first, last, metric: str, n: int = BOOTSTRAP, level: float = LEVEL,
-                   seed: int = 0) -> tuple[float, float, float]:
+def ratio_interval(
+    first, last, metric: str, n: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0
+) -> tuple[float, float, float]:
     """last / first on `metric` (two Measured on different rollouts) and its percentile bootstrap interval: each
     draw resamples the prompts of both, independently."""
     import numpy as np
@@ -62,6 +67,8 @@ def summarize_series(rows: list[dict], first, last, metric: str) -> dict:
     ratio, lo, hi = ratio_interval(first, last, metric)
     out = next((r["checkpoint"] for r in rows if r["verdict"] == "REJECT"), None)
     grows = "grows" if lo > 1 else "falls" if hi < 1 else "cannot be told from flat"
-    return {"trend": {"ratio_last_first": ratio, "interval": [lo, hi], "reading": grows},
-            "first_outside": out,
-            "first_uncertain": next((r["checkpoint"] for r in rows if r["verdict"] == "UNCERTAIN"), None)}
+    return {
+        "trend": {"ratio_last_first": ratio, "interval": [lo, hi], "reading": grows},
+        "first_outside": out,
+        "first_uncertain": next((r["checkpoint"] for r in rows if r["verdict"] == "UNCERTAIN"), None),
+    }

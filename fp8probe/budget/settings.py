@@ -22,19 +22,32 @@ class BudgetSettings(Settings):
     interval, which objective's runs (a table with several), and the student they trained."""
 
     tolerance: float = opt(DEFAULT_TOLERANCE, "largest quality loss accepted, on the response (your choice)", low=0.0)
-    response: str = opt("gain", "a run's quality loss against its mismatch-free twin: gain (the share of what "
-                        "training gained that the mismatch cost; needs a quality_start column) or relative",
-                        choices=RESPONSES)
-    pairing: str = opt("auto", "the baseline of a paired table: each seed's own twin (seed), the twins' mean (mean), "
-                       "or whichever the variance components say is steadier (auto)", choices=("auto", *PAIRINGS))
+    response: str = opt(
+        "gain",
+        "a run's quality loss against its mismatch-free twin: gain (the share of what "
+        "training gained that the mismatch cost; needs a quality_start column) or relative",
+        choices=RESPONSES,
+    )
+    pairing: str = opt(
+        "auto",
+        "the baseline of a paired table: each seed's own twin (seed), the twins' mean (mean), "
+        "or whichever the variance components say is steadier (auto)",
+        choices=("auto", *PAIRINGS),
+    )
     bootstrap: int = opt(1000, "bootstrap resamples for the interval", low=0)
     seed: int = opt(0, "seed of the resamples", low=0)
     objective: str | None = opt(None, "the objective whose runs to fit (a table with several: opd, grpo, grpo-is)")
-    fit: str = opt("dose", "dose: the benchmark dose of fitted dose–response curves (the isotonic fit where none "
-                   "fits); isotonic: the largest tested level whose isotonic fit stays within the tolerance",
-                   choices=FITS)
-    student: str | None = opt(None, "the student the runs trained (a model as every command takes it): recorded by "
-                              "its content hash, so `check` refuses to judge another student against this budget")
+    fit: str = opt(
+        "dose",
+        "dose: the benchmark dose of fitted dose–response curves (the isotonic fit where none "
+        "fits); isotonic: the largest tested level whose isotonic fit stays within the tolerance",
+        choices=FITS,
+    )
+    student: str | None = opt(
+        None,
+        "the student the runs trained (a model as every command takes it): recorded by "
+        "its content hash, so `check` refuses to judge another student against this budget",
+    )
 
 
 @dataclass(frozen=True)
@@ -45,22 +58,29 @@ class CheckSettings(Settings):
     shortcuts: Shortcuts
     budget: str = opt(MISSING, "a number (on the metric) or a budget.json from `fp8probe budget`", required=True)
     metric: str = opt("kl_q_p", "the metric a numeric budget bounds", choices=METRICS, metavar="METRIC")
-    checkpoints: tuple[str, ...] = opt((), "instead of MODEL: checkpoints of the student along training; the "
-                                       "configuration at each, on rollouts re-sampled from it (series.json)",
-                                       metavar="CKPT")
-    other_student: bool = opt(False, "judge this student against a budget calibrated on another one (refused "
-                              "otherwise; the verdict says so)")
+    checkpoints: tuple[str, ...] = opt(
+        (),
+        "instead of MODEL: checkpoints of the student along training; the "
+        "configuration at each, on rollouts re-sampled from it (series.json)",
+        metavar="CKPT",
+    )
+    other_student: bool = opt(
+        False, "judge this student against a budget calibrated on another one (refused otherwise; the verdict says so)"
+    )
 
     def __post_init__(self):
         super().__post_init__()
         sc = self.shortcuts
         if not (sc.recipe or sc.kv_cache_dtype or sc.stale):
-            raise FP8ProbeError("nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout "
-                                "configuration)")
+            raise FP8ProbeError(
+                "nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout configuration)"
+            )
         if len(self.checkpoints) == 1:
             raise FP8ProbeError("`checkpoints` takes a series: give at least two (or MODEL for one)")
         if self.checkpoints and sc.stale:
             raise FP8ProbeError("`checkpoints` and `stale` both name checkpoints: check stale weights one at a time")
         if len(sc.recipe) > 1 or len(sc.kv_cache_dtype) > 1 or len(sc.stale) > 1:
-            raise FP8ProbeError("check takes one configuration: at most one `recipe`, `kv_cache_dtype` and `stale` "
-                                "(compare several with `fp8probe ladder`)")
+            raise FP8ProbeError(
+                "check takes one configuration: at most one `recipe`, `kv_cache_dtype` and `stale` "
+                "(compare several with `fp8probe ladder`)"
+            )

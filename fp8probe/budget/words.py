@@ -8,8 +8,12 @@ def budget_text(b) -> str:
     """The budget as printed: "<= v (90 % interval lo .. hi, xR ...)", "> v" where the curve never reached the
     tolerance within the tested doses, an upper end censored there shown as "> hi"."""
     if b.censored:
-        return (f"> {b.value:.4g} (the fitted curve stays within the tolerance up to the highest tested dose; "
-                f"90 % lower end {b.interval[0]:.4g})" if b.interval else f"> {b.value:.4g}")
+        return (
+            f"> {b.value:.4g} (the fitted curve stays within the tolerance up to the highest tested dose; "
+            f"90 % lower end {b.interval[0]:.4g})"
+            if b.interval
+            else f"> {b.value:.4g}"
+        )
     if not b.interval:
         return f"<= {b.value:.4g}"
     lo, hi = b.interval
@@ -32,8 +36,11 @@ def interval_words(b) -> str:
         return f"{'paired ' if b.paired else ''}bootstrap"
     if "low_from" in noise:
         ends = {noise["low_from"], noise["high_from"]}
-        return (f"both ends from the {ends.pop()}" if len(ends) == 1 else
-                f"low end from the {noise['low_from']}, high end from the {noise['high_from']}")
+        return (
+            f"both ends from the {ends.pop()}"
+            if len(ends) == 1
+            else f"low end from the {noise['low_from']}, high end from the {noise['high_from']}"
+        )
     return f"{'paired ' if b.paired else ''}bootstrap and parametric"
 
 
@@ -52,40 +59,55 @@ def fit_lines(b) -> list[str]:
     if b.dose:
         lines.append(f"  dose: {b.dose}")
     if b.method != "benchmark dose":
-        why = ("no dose–response family fits the noise levels (every lack-of-fit p < 0.1)" if noise.get("fits") is False
-               else "asked for" if b.dose_response is None else "too few levels for a curve")
+        why = (
+            "no dose–response family fits the noise levels (every lack-of-fit p < 0.1)"
+            if noise.get("fits") is False
+            else "asked for"
+            if b.dose_response is None
+            else "too few levels for a curve"
+        )
         return lines + [f"  read off the isotonic fit: {why}"]
     r = noise.get("response", {})
     if r:
         comp = noise.get("components")
         runs = f"; the perturbed runs' own noise σ1² {comp['run']:.3g}" if comp else ""
         lines.append(f"  baseline: {r['pairing_reason']}{runs}")
-    families = ", ".join(f"{m['name']} w {m['weight']:.2f} ({m.get('parameters_off_bounds', '?')} off bounds) p "
-                         f"{_p(m['p'])} dose {m['bmd']:.3g}" for m in noise["models"])
+    families = ", ".join(
+        f"{m['name']} w {m['weight']:.2f} ({m.get('parameters_off_bounds', '?')} off bounds) p "
+        f"{_p(m['p'])} dose {m['bmd']:.3g}"
+        for m in noise["models"]
+    )
     lines.append(f"  benchmark dose of the averaged curve ({families})")
     others = noise.get("other_responses") or {}
     if others:
-        lines.append("  beside it: " + "; ".join(f"at {_tolerance_words(name, x)} {_dose_text(x)}"
-                                                 for name, x in others.items()))
+        lines.append(
+            "  beside it: " + "; ".join(f"at {_tolerance_words(name, x)} {_dose_text(x)}" for name, x in others.items())
+        )
     for w in (noise.get("flags") or {}).get("warnings", []):
         lines.append(f"  flag: {w}")
     if noise.get("hormesis", {}).get("supported"):
         low = ", ".join(f"{x:.3g}" for x in noise["hormesis"]["levels"])
-        lines.append(f"  beneficial low levels (mean loss below 0, one-sided t test at 5 %): {low}; the curve is "
-                     "fitted above them")
+        lines.append(
+            f"  beneficial low levels (mean loss below 0, one-sided t test at 5 %): {low}; the curve is "
+            "fitted above them"
+        )
     for kind, rr in rulers.items():
         if kind != "noise" and "bmd" in rr:
             if rr.get("fits") is not True:
-                lines.append(f"  {kind} ruler: no family fits its levels (or none could be tested): no curve of its "
-                             "own; its levels are shown, not used")
+                lines.append(
+                    f"  {kind} ruler: no family fits its levels (or none could be tested): no curve of its "
+                    "own; its levels are shown, not used"
+                )
                 continue
             lines.append(f"  {kind} ruler: its own curve reaches the tolerance at {_dose_text(rr)}")
     for name, p in noise.get("predictions", {}).items():
         di = p["difference_interval"] or (float("nan"), float("nan"))
-        lines.append(f"  {name} at {p['mismatch']:.4g}: measured loss {p.get('measured', float('nan')):+.2%}; the "
-                     f"noise ruler predicts {p['predicted']:+.2%}; measured minus predicted [{di[0]:+.2%}, "
-                     f"{di[1]:+.2%}]: {p['reading']}"
-                     f"{' (beyond the tested levels: extrapolated)' if p['beyond_tested'] else ''}")
+        lines.append(
+            f"  {name} at {p['mismatch']:.4g}: measured loss {p.get('measured', float('nan')):+.2%}; the "
+            f"noise ruler predicts {p['predicted']:+.2%}; measured minus predicted [{di[0]:+.2%}, "
+            f"{di[1]:+.2%}]: {p['reading']}"
+            f"{' (beyond the tested levels: extrapolated)' if p['beyond_tested'] else ''}"
+        )
     return lines
 
 

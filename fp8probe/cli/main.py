@@ -11,8 +11,15 @@ import sys
 import time
 import traceback
 
-from ..core.errors import (EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, FP8ProbeError, one_line, os_error_line,
-                           with_resume_hint)
+from ..core.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    FP8ProbeError,
+    one_line,
+    os_error_line,
+    with_resume_hint,
+)
 from ..core.progress import quiet_dependencies
 from .commands import COMMANDS
 from .parser import build_parser, flags_of
@@ -36,17 +43,26 @@ def main(argv: list[str] | None = None) -> int:
         return result.exit_code
     except KeyboardInterrupt as e:
         where = getattr(e, "resumable_dir", None)
-        tail = (f"finished rows are kept in {where}: rerun the same command with --resume to continue"
-                if where else "nothing was written")
+        tail = (
+            f"finished rows are kept in {where}: rerun the same command with --resume to continue"
+            if where
+            else "nothing was written"
+        )
         return _fail(args, f"interrupted; {tail}", EXIT_INTERRUPTED, flags, show_traceback=False)
     except (FP8ProbeError, OSError, MemoryError) as e:  # bad input, a refusing environment
         msg = os_error_line(e) if isinstance(e, OSError) else str(e) if isinstance(e, FP8ProbeError) else OOM
         return _fail(args, with_resume_hint(msg, e), EXIT_USAGE, flags)
     except Exception as e:  # a bug: say so, briefly; --verbose has the traceback
-        return _fail(args, with_resume_hint(
-            f"internal error ({type(e).__name__}: {one_line(e)}); this is a bug in fp8probe: please report it "
-            "with the output of the same command run with --verbose", e),
-            EXIT_USAGE if args.command == "check" else EXIT_INTERNAL, flags)  # check's 1 means REJECT
+        return _fail(
+            args,
+            with_resume_hint(
+                f"internal error ({type(e).__name__}: {one_line(e)}); this is a bug in fp8probe: please report it "
+                "with the output of the same command run with --verbose",
+                e,
+            ),
+            EXIT_USAGE if args.command == "check" else EXIT_INTERNAL,
+            flags,
+        )  # check's 1 means REJECT
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -30,8 +30,11 @@ class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpF
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="fp8probe", description="Per-layer FP8 sensitivity and mismatch-budgeted FP8 recipes for RL / "
-                 "on-policy-distillation students.")
+    ap = _Parser(
+        prog="fp8probe",
+        description="Per-layer FP8 sensitivity and mismatch-budgeted FP8 recipes for RL / "
+        "on-policy-distillation students.",
+    )
     ap.add_argument("--version", action="version", version=f"fp8probe {__version__}")
     verb = ap.add_mutually_exclusive_group()
     verb.add_argument("-q", "--quiet", action="store_true", help="only warnings and the final summary")
@@ -39,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for name, c in COMMANDS.items():
         epilog = ["examples:", *(f"  fp8probe {e}" for e in c.examples)] if c.examples else []
-        epilog += ["targets (what each rollout framework can apply; its file under OUT/frameworks/):",
-                   TARGET_LINES] if name == "export" else []
+        epilog += (
+            ["targets (what each rollout framework can apply; its file under OUT/frameworks/):", TARGET_LINES]
+            if name == "export"
+            else []
+        )
         p = sub.add_parser(name, help=c.help, epilog="\n".join(epilog) or None, formatter_class=_Help)
         for flag, kw in c.flags:
             p.add_argument(flag, **kw)
@@ -55,6 +61,11 @@ def flags_of(ap: argparse.ArgumentParser, command: str) -> dict[str, str]:
     subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
     out = {}
     for name in [n for n in subs if n != command] + [command]:
-        out.update({a.dest: a.option_strings[0] if a.option_strings else a.dest.upper() for a in subs[name]._actions
-                    if a.option_strings or name == command})
+        out.update(
+            {
+                a.dest: a.option_strings[0] if a.option_strings else a.dest.upper()
+                for a in subs[name]._actions
+                if a.option_strings or name == command
+            }
+        )
     return out

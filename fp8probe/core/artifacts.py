@@ -186,8 +186,12 @@ def versions() -> dict:
 
     from .. import __version__
 
-    return {"fp8probe": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    return {
+        "fp8probe": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
 
 
 # how every measurement lays out its arithmetic (Rollouts.batches); the words stored beside the batch size

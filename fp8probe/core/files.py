@@ -135,8 +135,9 @@ def _lock(p: Path):
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise FP8ProbeError(f"another fp8probe command is writing into {p} right now; wait for it to finish "
-                                "or choose another `out`") from None
+            raise FP8ProbeError(
+                f"another fp8probe command is writing into {p} right now; wait for it to finish or choose another `out`"
+            ) from None
         try:
             if os.fstat(f.fileno()).st_ino == os.stat(p / LOCK).st_ino:
                 return f  # still the file on disk, not one the previous holder unlinked on its way out

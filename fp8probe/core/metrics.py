@@ -28,8 +28,9 @@ class Metric:
 TABLE = (
     Metric("kl_q_p", 0.0, "higher", "mean per-token KL(q || p) over the full vocabulary (primary)"),
     Metric("kl_p_q", 0.0, "higher", "mean per-token KL(p || q)"),
-    Metric("k1", 0.0, "higher", "sampled-token estimator of KL(p || q): mean of r = log p(y) - log q(y)",
-           low=-math.inf),
+    Metric(
+        "k1", 0.0, "higher", "sampled-token estimator of KL(p || q): mean of r = log p(y) - log q(y)", low=-math.inf
+    ),
     Metric("k3", 0.0, "higher", "sampled-token estimator of KL(p || q): mean of exp(-r) - 1 + r"),
     Metric("abs_dlogp_mean", 0.0, "higher", "mean |log q(y) - log p(y)| on the sampled token"),
     Metric("abs_dlogp_max", 0.0, "higher", "max |log q(y) - log p(y)| on the sampled token"),

@@ -77,8 +77,9 @@ _AMAX = {
     Strategy.CHANNEL: lambda a, spec: a.amax(dim=-1, keepdim=True),  # weight [out, in] -> [out, 1]
     Strategy.TOKEN: lambda a, spec: a.amax(dim=-1, keepdim=True),  # activation [..., hidden] -> [..., 1]
     Strategy.BLOCK: _amax_block,
-    Strategy.GROUP: lambda a, spec: a.unflatten(-1, (math.ceil(a.shape[-1] / spec.group_size),
-                                                     spec.group_size)).amax(dim=-1),  # [..., G]
+    Strategy.GROUP: lambda a, spec: a.unflatten(-1, (math.ceil(a.shape[-1] / spec.group_size), spec.group_size)).amax(
+        dim=-1
+    ),  # [..., G]
     Strategy.HEAD: _amax_head,
 }
 
@@ -178,8 +179,9 @@ def quantize_weight(
     return quantize(wq, scale, spec), scale
 
 
-def simulate_weight(w: torch.Tensor, scheme: "str | Scheme",
-                    storage_dtype: torch.dtype = STORAGE_DTYPE) -> torch.Tensor:
+def simulate_weight(
+    w: torch.Tensor, scheme: "str | Scheme", storage_dtype: torch.dtype = STORAGE_DTYPE
+) -> torch.Tensor:
     """The weight vLLM computes with: checkpoint codes x checkpoint scales, exact in fp32, in w's dtype."""
     spec = Scheme.from_name(scheme).weight
     codes, scale = quantize_weight(w, scheme, storage_dtype)

@@ -104,8 +104,9 @@ class Scheme:
         for s in SCHEMES.values():
             if input is not None and _same(weight, s.weight) and _same(input, s.input):
                 return s
-        raise FP8ProbeError(f"no FP8 scheme has weights {weight} and input activations {input}; supported: "
-                            f"{', '.join(SCHEMES)}")
+        raise FP8ProbeError(
+            f"no FP8 scheme has weights {weight} and input activations {input}; supported: {', '.join(SCHEMES)}"
+        )
 
     @property
     def is_preset(self) -> bool:
@@ -131,8 +132,10 @@ class Scheme:
         g = self.input.group_size
         bad = [f"{n} ({d})" for n, d in dims.items() if d % g]
         if bad:
-            raise FP8ProbeError(f"{self.name} needs input dims divisible by {g}; not: {', '.join(bad[:5])}"
-                                f"{' ...' if len(bad) > 5 else ''}; use FP8_DYNAMIC or keep these units in BF16")
+            raise FP8ProbeError(
+                f"{self.name} needs input dims divisible by {g}; not: {', '.join(bad[:5])}"
+                f"{' ...' if len(bad) > 5 else ''}; use FP8_DYNAMIC or keep these units in BF16"
+            )
 
 
 PRESETS: dict[str, Scheme] = {
@@ -180,8 +183,14 @@ STATIC_OBSERVER = "static_minmax"
 # a recipe's KV-cache scheme: what llm-compressor's QuantizationModifier takes as kv_cache_scheme
 # (calibrated per-tensor k/v scales, which vLLM reads as k_scale / v_scale)
 KV_CACHE_SCHEMES = {
-    "fp8": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True,
-            "observer": STATIC_OBSERVER},
+    "fp8": {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": "tensor",
+        "dynamic": False,
+        "symmetric": True,
+        "observer": STATIC_OBSERVER,
+    },
 }
 
 
@@ -190,9 +199,12 @@ def check_recipe_kv(kv_cache_dtype: str | None) -> None:
     llm-compressor's kv_cache_scheme (KV_CACHE_SCHEMES): only the dtypes with a kv_cache_scheme can be in a recipe."""
     if kv_cache_dtype is None or kv_cache_dtype in KV_CACHE_SCHEMES:
         return
-    why = ("an engine setting with no calibrated scales in llm-compressor's kv_cache_scheme: measure it with "
-           f"`fp8probe check --kv-cache-dtype {kv_cache_dtype}`" if kv_cache_dtype in KV_CACHE_DTYPES
-           else "not a KV-cache dtype")
+    why = (
+        "an engine setting with no calibrated scales in llm-compressor's kv_cache_scheme: measure it with "
+        f"`fp8probe check --kv-cache-dtype {kv_cache_dtype}`"
+        if kv_cache_dtype in KV_CACHE_DTYPES
+        else "not a KV-cache dtype"
+    )
     raise FP8ProbeError(f"`kv_cache_dtype` {kv_cache_dtype!r} is {why}; a recipe takes: {', '.join(KV_CACHE_SCHEMES)}")
 
 
@@ -242,8 +254,11 @@ class KVCacheScheme:
 def num_scales(shape: tuple[int, int], spec: QuantSpec) -> int:
     """How many scales a checkpoint stores for a weight of shape [out, in]."""
     rows, cols = shape
-    count = {Strategy.TENSOR: lambda: 1, Strategy.CHANNEL: lambda: rows,
-             Strategy.BLOCK: lambda: math.ceil(rows / spec.block[0]) * math.ceil(cols / spec.block[1])}
+    count = {
+        Strategy.TENSOR: lambda: 1,
+        Strategy.CHANNEL: lambda: rows,
+        Strategy.BLOCK: lambda: math.ceil(rows / spec.block[0]) * math.ceil(cols / spec.block[1]),
+    }
     if spec.strategy not in count:
         raise FP8ProbeError(f"strategy {spec.strategy!r} is not a weight strategy")
     return count[spec.strategy]()

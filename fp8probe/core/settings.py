@@ -58,8 +58,11 @@ class Settings:
             for v in values:
                 if allowed is not None and v not in allowed:
                     raise FP8ProbeError(f"`{f.name}` {v!r} is not one of {', '.join(map(str, allowed))}")
-                why = None if isinstance(v, bool) or not isinstance(v, (int, float)) else out_of_bounds(
-                    v, m.get("low"), m.get("high"), m.get("open_low"))
+                why = (
+                    None
+                    if isinstance(v, bool) or not isinstance(v, (int, float))
+                    else out_of_bounds(v, m.get("low"), m.get("high"), m.get("open_low"))
+                )
                 if why:
                     raise FP8ProbeError(f"`{f.name}` {v} {why}")
 

@@ -30,8 +30,10 @@ def _betacf(a: float, b: float, x: float) -> float:
     d = 1 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1 + num * d
             d = 1 / (d if abs(d) > tiny else tiny)
             c = 1 + num / c
@@ -55,6 +57,7 @@ def _incomplete_beta(a: float, b: float, x: float) -> float:
 
 def t_quantile(p: float, df: float) -> float:
     """The p-quantile of Student's t with `df` degrees of freedom (bisection on its CDF; no scipy needed)."""
+
     def cdf(t: float) -> float:
         tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
         return 1 - tail if t >= 0 else tail
@@ -92,8 +95,14 @@ def group_members(groups) -> list:
     return [np.flatnonzero(inverse == g) for g in range(int(inverse.max()) + 1)]
 
 
-def bootstrap_interval(groups, statistic, n: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0,
-                       bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float]:
+def bootstrap_interval(
+    groups,
+    statistic,
+    n: int = BOOTSTRAP,
+    level: float = LEVEL,
+    seed: int = 0,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+) -> tuple[float, float]:
     """A bootstrap interval of `statistic(index)` over groups resampled with replacement: the percentile interval,
     widened about the point estimate by `expansion` (few groups), and kept within `bounds`, the values the
     statistic can take (the widening would put a KL's low end below 0 on two prompts).

@@ -42,7 +42,7 @@ from ..core.records import AuditRecord
 # and its shards, as the checkpoint names them
 FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 WEIGHT_TOLERANCE = 0.01  # relative Frobenius distance of the dequantized weights to fp8probe's own
-SCALE_TOLERANCE = 2 ** -7  # BF16's relative rounding
+SCALE_TOLERANCE = 2**-7  # BF16's relative rounding
 
 
 @dataclass
@@ -65,8 +65,13 @@ class Audit:
 
     def record(self, student: dict | None = None, vllm: dict | None = None) -> AuditRecord:
         """audit.json's record: the findings, what was checked, the student checked against, vLLM's figures."""
-        return AuditRecord(clean=not self.findings, findings=[f.__dict__ for f in self.findings],
-                           checked=self.checked, student=student, vllm=vllm)
+        return AuditRecord(
+            clean=not self.findings,
+            findings=[f.__dict__ for f in self.findings],
+            checked=self.checked,
+            student=student,
+            vllm=vllm,
+        )
 
 
 def _match(value: str, pattern: str, contains: bool = False) -> bool:
@@ -96,15 +101,20 @@ def engine_quantizes(layer: str, shards: list[str], qc: dict) -> tuple[bool, str
     else:
         per_shard = [any(_match(s, p) for p in ignore) for s in shards]
         if any(per_shard) and not all(per_shard):
-            return False, (f"vLLM refuses to load it: the ignore list splits its shards ("
-                           f"{', '.join(s.rpartition('.')[2] for s, i in zip(shards, per_shard) if i)} ignored, "
-                           f"{', '.join(s.rpartition('.')[2] for s, i in zip(shards, per_shard) if not i)} not)")
+            return False, (
+                f"vLLM refuses to load it: the ignore list splits its shards ("
+                f"{', '.join(s.rpartition('.')[2] for s, i in zip(shards, per_shard) if i)} ignored, "
+                f"{', '.join(s.rpartition('.')[2] for s, i in zip(shards, per_shard) if not i)} not)"
+            )
         ignored = all(per_shard)
     if ignored:
         return False, None
     targets = [t for g in (qc.get("config_groups") or {}).values() for t in g.get("targets", [])]
-    matched = (any(_match(layer, t) for t in targets) or any(all(_match(s, t) for s in shards) for t in targets)
-               or any(_match("Linear", t, contains=True) for t in targets if not t.startswith("re:")))
+    matched = (
+        any(_match(layer, t) for t in targets)
+        or any(all(_match(s, t) for s in shards) for t in targets)
+        or any(_match("Linear", t, contains=True) for t in targets if not t.startswith("re:"))
+    )
     return matched, None
 
 
@@ -157,9 +167,12 @@ def recorded_student(ckpt: str | Path, allow_pickle: bool = False):
         return None, {"name": rec.name, "status": f"not at hand ({e}): give `model` to check the weights"}
     got = content_hash(student.model, round_to=torch.bfloat16)
     if got != rec.sha256:
-        return None, {"name": rec.name, "status": f"changed since the export (sha256 {got[:SHORT]}, exported from "
-                                                     f"{rec.sha256[:SHORT]}): give `model`, the student it was "
-                                                     "exported from, to check the weights"}
+        return None, {
+            "name": rec.name,
+            "status": f"changed since the export (sha256 {got[:SHORT]}, exported from "
+            f"{rec.sha256[:SHORT]}): give `model`, the student it was "
+            "exported from, to check the weights",
+        }
     return student, {"name": rec.name, "status": "checked: the student the export recorded (same sha256)"}
 
 
@@ -175,8 +188,9 @@ def audit_checkpoint(ckpt: str | Path, recipe=None, student=None) -> Audit:
     has_ckpt = (ckpt / "config.json").is_file()
     frameworks = _fragments(ckpt / "frameworks")
     if not has_ckpt and not frameworks:
-        raise FP8ProbeError(f"{ckpt} has no config.json and no framework fragments: pass the directory "
-                            "`fp8probe export` wrote")
+        raise FP8ProbeError(
+            f"{ckpt} has no config.json and no framework fragments: pass the directory `fp8probe export` wrote"
+        )
     qc = json.loads((ckpt / "config.json").read_text()).get("quantization_config") if has_ckpt else None
     if has_ckpt and (not qc or qc.get("quant_method") != "compressed-tensors"):
         raise FP8ProbeError(f"{ckpt}/config.json has no compressed-tensors quantization_config: not an FP8 export")
@@ -192,8 +206,10 @@ def audit_checkpoint(ckpt: str | Path, recipe=None, student=None) -> Audit:
         raise FP8ProbeError(f"{ckpt} holds framework fragments only: pass `model`, the student they were made for")
     units = list_units(meta)
     if any(u.kind == "expert" for u in units):
-        raise FP8ProbeError("audit reads dense checkpoints; this model has MoE experts, whose per-expert tensors it "
-                            "does not resolve yet")
+        raise FP8ProbeError(
+            "audit reads dense checkpoints; this model has MoE experts, whose per-expert tensors it "
+            "does not resolve yet"
+        )
     a = Audit()
     if has_ckpt:
         _audit_checkpoint(a, ckpt, qc, recipe, units, {name for name, _ in meta.named_modules()}, student)
@@ -231,15 +247,25 @@ def _audit_frameworks(a: Audit, d: Path, fragments: dict, recipe, units, n_block
         want = {u.name for u in rec.fp8_units(units)}
         applied = RESOLVERS[name][1](files, units, n_blocks)
         for u in sorted(applied.fp8 ^ want):
-            a.add("framework", f"{name}: {u}", f"{name} quantizes it, the recipe keeps it BF16" if u in applied.fp8
-                  else f"the recipe puts it in FP8, {name} keeps it BF16")
+            a.add(
+                "framework",
+                f"{name}: {u}",
+                f"{name} quantizes it, the recipe keeps it BF16"
+                if u in applied.fp8
+                else f"the recipe puts it in FP8, {name} keeps it BF16",
+            )
         if (rec.kv_cache_dtype is not None) != (applied.kv is not None):
-            a.add("framework", f"{name}: kv_cache_dtype", f"{name} sets {applied.kv}, the recipe has "
-                  f"{rec.kv_cache_dtype or 'a BF16 KV cache'}" if applied.kv else
-                  f"the recipe has an FP8 KV cache ({rec.kv_cache_dtype}), {name}'s fragment sets none")
+            a.add(
+                "framework",
+                f"{name}: kv_cache_dtype",
+                f"{name} sets {applied.kv}, the recipe has {rec.kv_cache_dtype or 'a BF16 KV cache'}"
+                if applied.kv
+                else f"the recipe has an FP8 KV cache ({rec.kv_cache_dtype}), {name}'s fragment sets none",
+            )
     a.checked["frameworks"] = sorted(fragments)
-    a.checked["framework_recipes"] = {n: applies[n][1] if n in applies else "the audited recipe"
-                                      for n in sorted(fragments)}
+    a.checked["framework_recipes"] = {
+        n: applies[n][1] if n in applies else "the audited recipe" for n in sorted(fragments)
+    }
 
 
 def _applied_recipes(d: Path) -> dict:
@@ -270,8 +296,13 @@ def _membership(a: Audit, recipe, units, qc) -> list[str]:
         if quantized:
             engine.append(u.name)
         if quantized != (u.name in want):
-            a.add("membership", u.name, "the engine quantizes it, the recipe keeps it BF16" if quantized else
-                  "the recipe puts it in FP8, the engine keeps it BF16" + (" (refused layer)" if refused else ""))
+            a.add(
+                "membership",
+                u.name,
+                "the engine quantizes it, the recipe keeps it BF16"
+                if quantized
+                else "the recipe puts it in FP8, the engine keeps it BF16" + (" (refused layer)" if refused else ""),
+            )
     a.checked["modules"] = len(linear)
     a.checked["engine_fp8"] = len(engine)
     a.checked["recipe_fp8"] = len(want)
@@ -297,15 +328,22 @@ def _finite_positive(x: float) -> bool:
 
 
 def _check_scales(a: Audit, ckpt: Path, fp8: list[str], qc: dict, units, tensors: dict, recipe) -> None:
-    static = any(not (g.get("input_activations") or {}).get("dynamic", True)
-                 for g in (qc.get("config_groups") or {}).values() if g.get("input_activations"))
+    static = any(
+        not (g.get("input_activations") or {}).get("dynamic", True)
+        for g in (qc.get("config_groups") or {}).values()
+        if g.get("input_activations")
+    )
     names = [f"{n}.input_scale" for n in fp8] if static else []
     layers = sorted({u.block for u in units if u.block >= 0})
     kv = qc.get("kv_cache_scheme") is not None
     kv_names = [f"{_attn(units, i)}.{s}_scale" for i in layers for s in ("k", "v")] if kv else []
     if recipe.kv_cache_scheme is not None and not kv:
-        a.add("kv-scale", "config.json", "the recipe has an FP8 KV cache, the checkpoint's config has no "
-              "kv_cache_scheme: the engine runs a BF16 cache or uncalibrated scales")
+        a.add(
+            "kv-scale",
+            "config.json",
+            "the recipe has an FP8 KV cache, the checkpoint's config has no "
+            "kv_cache_scheme: the engine runs a BF16 cache or uncalibrated scales",
+        )
     got = _read(ckpt, names + kv_names)
     for k in names:
         _scale(a, "input-scale", k, got.get(k), calibrated=True)
@@ -357,6 +395,11 @@ def _check_weights(a: Audit, ckpt: Path, fp8: list[str], tensors: dict, student,
         ratio = float((s.float().flatten() / scale.float().flatten()).max()) if s.numel() == scale.numel() else None
         err = float((deq - ref).norm() / ref.norm().clamp_min(1e-30))
         if ratio is not None and abs(ratio - 1) > SCALE_TOLERANCE or err > WEIGHT_TOLERANCE:
-            a.add("weight-scale", n, f"dequantized weight {err:.1%} from the student's (scale x{ratio:.4g} of "
-                  "fp8probe's)" if ratio is not None else f"dequantized weight {err:.1%} from the student's")
+            a.add(
+                "weight-scale",
+                n,
+                f"dequantized weight {err:.1%} from the student's (scale x{ratio:.4g} of fp8probe's)"
+                if ratio is not None
+                else f"dequantized weight {err:.1%} from the student's",
+            )
     a.checked["weights"] = len(present)

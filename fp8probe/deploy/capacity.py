@@ -96,8 +96,7 @@ def weight_records(model, recipe=None, tp: int = 1) -> list[Weight]:
             if kind in ("embed", "lm_head"):
                 padded = math.ceil(cfg.vocab_size / 64) * 64
                 per_rank = padded * p.shape[1] / tp
-                out.append(Weight(name, kind, per_rank, per_rank * store, False,
-                                  matmul=kind == "lm_head" or tied))
+                out.append(Weight(name, kind, per_rank, per_rank * store, False, matmul=kind == "lm_head" or tied))
                 continue
             shard = tp
             if kind in ("k", "v") and kv_heads:
@@ -126,8 +125,10 @@ def layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
     if types is not None:
         out = [window if t == "sliding_attention" else None for t in types]
         if any(t not in ("sliding_attention", "full_attention") for t in types):
-            raise FP8ProbeError(f"layer types {sorted(set(types))} are not supported by the capacity model; "
-                                "pass `kv_cache_memory` and read vLLM's own log line")
+            raise FP8ProbeError(
+                f"layer types {sorted(set(types))} are not supported by the capacity model; "
+                "pass `kv_cache_memory` and read vLLM's own log line"
+            )
     elif window and getattr(cfg, "use_sliding_window", True):
         out = [window] * n
     else:
@@ -160,10 +161,17 @@ def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: boo
     for t, layers in buckets.items():
         k = math.ceil(len(layers) / group_size)
         groups += [(t, layers[i::k]) for i in range(k)]
-    return {"page_bytes": page, "groups": groups, "group_size": group_size, "block_size": block_size,
-            "dtype_bytes": dtype_bytes, "kv_heads_per_rank": kv_rank, "head_dim": head_dim,
-            "bytes_per_token": len(types) * kv_rank * per_head_token,
-            "bytes_per_block": max(len(layers) for _, layers in groups) * page}
+    return {
+        "page_bytes": page,
+        "groups": groups,
+        "group_size": group_size,
+        "block_size": block_size,
+        "dtype_bytes": dtype_bytes,
+        "kv_heads_per_rank": kv_rank,
+        "head_dim": head_dim,
+        "bytes_per_token": len(types) * kv_rank * per_head_token,
+        "bytes_per_block": max(len(layers) for _, layers in groups) * page,
+    }
 
 
 def kv_capacity(layout: dict, kv_memory_bytes: int, max_model_len: int, max_in_flight_tokens: int = 8192) -> dict:
@@ -177,8 +185,12 @@ def kv_capacity(layout: dict, kv_memory_bytes: int, max_model_len: int, max_in_f
         else:
             per_request += math.ceil(min(window - 1 + max_in_flight_tokens, max_model_len) / bs) + 1
     conc = num_blocks / per_request
-    return {"num_blocks": num_blocks, "blocks_per_request": per_request, "max_concurrency": conc,
-            "kv_tokens": int(conc * max_model_len)}
+    return {
+        "num_blocks": num_blocks,
+        "blocks_per_request": per_request,
+        "max_concurrency": conc,
+        "kv_tokens": int(conc * max_model_len),
+    }
 
 
 def reserve_estimate(cfg, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> int:
@@ -189,8 +201,14 @@ def reserve_estimate(cfg, max_num_batched_tokens: int = 8192, max_num_seqs: int 
     return act + sampler + NON_TORCH_BYTES
 
 
-def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serving | None = None,
-             trust_remote_code: bool = False, **serving_fields) -> CapacityRecord:
+def capacity(
+    model=None,
+    recipe=None,
+    kv_cache_dtype: str = "fp8",
+    serving: Serving | None = None,
+    trust_remote_code: bool = False,
+    **serving_fields,
+) -> CapacityRecord:
     """BF16 (auto KV) vs a candidate (the recipe's FP8 units, KV in `kv_cache_dtype`), side by side.
 
     `model` is anything student.load_config takes (a bare config.json too), or a loaded transformers config.
@@ -210,8 +228,10 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
     units = list_units(meta)
     if recipe is None:
         recipe = Recipe.whole_model(units, "FP8_DYNAMIC")
-    sides = {side: kv_pool(tcfg, meta, rec, kvd, serving, max_len, side)
-             for side, rec, kvd in (("baseline", None, "auto"), ("candidate", recipe, kv_cache_dtype))}
+    sides = {
+        side: kv_pool(tcfg, meta, rec, kvd, serving, max_len, side)
+        for side, rec, kvd in (("baseline", None, "auto"), ("candidate", recipe, kv_cache_dtype))
+    }
     for side, rec in (("baseline", None), ("candidate", recipe)):
         sides[side]["fp8_units"] = len(rec.fp8_units(units)) if rec is not None else 0
         sides[side]["scheme"] = rec.scheme if rec is not None else None
@@ -219,12 +239,20 @@ def capacity(model=None, recipe=None, kv_cache_dtype: str = "fp8", serving: Serv
     b, c = sides["baseline"], sides["candidate"]
     gpu = serving.gpu
     return CapacityRecord(
-        vllm_version=VLLM_VERSION, model_type=tcfg.model_type, max_model_len=max_len, block_size=serving.block_size,
-        tensor_parallel_size=tp, gpu=None if serving.kv_cache_memory is not None else (
-            f"{serving.gpu_memory_gib} GiB" if serving.gpu_memory_gib else gpu),
-        gpu_memory_utilization=serving.gpu_memory_utilization, baseline=b, candidate=c,
+        vllm_version=VLLM_VERSION,
+        model_type=tcfg.model_type,
+        max_model_len=max_len,
+        block_size=serving.block_size,
+        tensor_parallel_size=tp,
+        gpu=None
+        if serving.kv_cache_memory is not None
+        else (f"{serving.gpu_memory_gib} GiB" if serving.gpu_memory_gib else gpu),
+        gpu_memory_utilization=serving.gpu_memory_utilization,
+        baseline=b,
+        candidate=c,
         ratio_kv_tokens=c["kv_tokens"] / b["kv_tokens"] if b["kv_tokens"] else math.inf,
-        ratio_concurrency=c["max_concurrency"] / b["max_concurrency"] if b["max_concurrency"] else math.inf)
+        ratio_concurrency=c["max_concurrency"] / b["max_concurrency"] if b["max_concurrency"] else math.inf,
+    )
 
 
 def kv_pool(tcfg, meta, recipe, kv_cache_dtype: str, serving: Serving, max_len: int, side: str = "candidate") -> dict:
@@ -232,27 +260,42 @@ def kv_pool(tcfg, meta, recipe, kv_cache_dtype: str, serving: Serving, max_len: 
     them: the weights of `recipe` (None: BF16) on `meta` (the model on the meta device), the KV cache in
     `kv_cache_dtype`, vLLM started as `serving`."""
     tp = serving.tensor_parallel_size
-    in_flight = serving.max_in_flight_tokens if serving.max_in_flight_tokens is not None \
-        else serving.max_num_batched_tokens
+    in_flight = (
+        serving.max_in_flight_tokens if serving.max_in_flight_tokens is not None else serving.max_num_batched_tokens
+    )
     weights = weight_bytes_per_gpu(meta, recipe, tp)
     layout = kv_layout(tcfg, kv_cache_dtype, tp, serving.block_size, serving.hybrid)
     if serving.kv_cache_memory is not None:
         kv_mem = int(serving.kv_cache_memory)
         source = "kv_cache_memory"
     else:
-        reserve = serving.reserve_bytes if serving.reserve_bytes is not None else reserve_estimate(
-            tcfg, serving.max_num_batched_tokens, serving.max_num_seqs)
+        reserve = (
+            serving.reserve_bytes
+            if serving.reserve_bytes is not None
+            else reserve_estimate(tcfg, serving.max_num_batched_tokens, serving.max_num_seqs)
+        )
         kv_mem = int(serving.total_bytes * serving.gpu_memory_utilization - weights - reserve)
         source = "estimate"
         if kv_mem <= 0:
-            raise FP8ProbeError(f"the {side} weights ({weights / GiB:.1f} GiB per GPU) leave no room for a KV "
-                                "cache; use more GPUs (`tensor_parallel_size`) or a larger `gpu_memory_gib`")
+            raise FP8ProbeError(
+                f"the {side} weights ({weights / GiB:.1f} GiB per GPU) leave no room for a KV "
+                "cache; use more GPUs (`tensor_parallel_size`) or a larger `gpu_memory_gib`"
+            )
     cap = kv_capacity(layout, kv_mem, max_len, in_flight)
-    return {"weight_bytes": weights, "kv_bytes_per_token": layout["bytes_per_token"], "kv_memory_bytes": kv_mem,
-            "num_blocks": cap["num_blocks"], "kv_tokens": cap["kv_tokens"],
-            "max_concurrency": cap["max_concurrency"], "kv_cache_dtype": kv_cache_dtype,
-            "blocks_per_request": cap["blocks_per_request"], "bytes_per_block": layout["bytes_per_block"],
-            "kv_memory_source": source, "groups": layout["groups"], "block_size": layout["block_size"]}
+    return {
+        "weight_bytes": weights,
+        "kv_bytes_per_token": layout["bytes_per_token"],
+        "kv_memory_bytes": kv_mem,
+        "num_blocks": cap["num_blocks"],
+        "kv_tokens": cap["kv_tokens"],
+        "max_concurrency": cap["max_concurrency"],
+        "kv_cache_dtype": kv_cache_dtype,
+        "blocks_per_request": cap["blocks_per_request"],
+        "bytes_per_block": layout["bytes_per_block"],
+        "kv_memory_source": source,
+        "groups": layout["groups"],
+        "block_size": layout["block_size"],
+    }
 
 
 def format_report(rep: CapacityRecord) -> str:
@@ -260,9 +303,11 @@ def format_report(rep: CapacityRecord) -> str:
     b, c = rep.baseline, rep.candidate
     cand = f"{c['scheme'] or 'BF16'} ({c['fp8_units']} units) + {c['kv_cache_dtype']} KV"
     where = rep.gpu or "--kv-cache-memory"
-    lines = [f"{rep.model_type}, max_model_len {rep.max_model_len:,}, block size {rep.block_size}, "
-             f"TP {rep.tensor_parallel_size}, {where}; vLLM {rep.vllm_version} accounting",
-             f"{'':<24}{'BF16 + auto KV':>20}{cand:>40}{'ratio':>9}"]
+    lines = [
+        f"{rep.model_type}, max_model_len {rep.max_model_len:,}, block size {rep.block_size}, "
+        f"TP {rep.tensor_parallel_size}, {where}; vLLM {rep.vllm_version} accounting",
+        f"{'':<24}{'BF16 + auto KV':>20}{cand:>40}{'ratio':>9}",
+    ]
 
     def row(name, key, fmt, ratio=False):
         r = f"{c[key] / b[key]:>8.2f}x" if ratio and b[key] else ""

@@ -42,8 +42,12 @@ log = logging.getLogger(__name__)
 
 
 def vllm_args(ckpt: Path, recipe: Recipe, max_model_len: int | None) -> dict:
-    args = {"model": str(ckpt.resolve()), "quantization": "compressed-tensors", "dtype": "bfloat16",
-            "kv_cache_dtype": "fp8" if recipe.kv_cache_scheme is not None else "auto"}
+    args = {
+        "model": str(ckpt.resolve()),
+        "quantization": "compressed-tensors",
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "fp8" if recipe.kv_cache_scheme is not None else "auto",
+    }
     if max_model_len:
         args["max_model_len"] = int(max_model_len)
     return args
@@ -101,8 +105,16 @@ class Exported(Result):
         return "\n".join([p.summary() for p in self.plans] + [f"export: {seconds:.0f} s -> {self.out}{serve}"])
 
 
-def export(source: ModelSource, recipe, out: str | Path, *, rollouts=None, max_model_len: int | None = None,
-           num_calibration_samples: int = 64, targets=("vllm",)) -> Exported:
+def export(
+    source: ModelSource,
+    recipe,
+    out: str | Path,
+    *,
+    rollouts=None,
+    max_model_len: int | None = None,
+    num_calibration_samples: int = 64,
+    targets=("vllm",),
+) -> Exported:
     """Write what each target needs to apply the recipe(s) (`recipe`: one path or several) into `out`, for the
     student `source` names (its model, and whether custom code and pickled weights may be loaded)."""
     model, trust_remote_code, allow_pickle = source.model, source.trust_remote_code, source.allow_pickle
@@ -122,28 +134,50 @@ def export(source: ModelSource, recipe, out: str | Path, *, rollouts=None, max_m
     plans = plan_targets(targets, recipes, units, int(cfg.num_hidden_layers))
     usable = [p for p in plans if p.expression is not None]
     if not usable:
-        raise FP8ProbeError(plans[0].reason if len(plans) == 1 else
-                            "no target can apply these recipes: " + "; ".join(p.reason for p in plans))
+        raise FP8ProbeError(
+            plans[0].reason
+            if len(plans) == 1
+            else "no target can apply these recipes: " + "; ".join(p.reason for p in plans)
+        )
     vllm = next((p for p in usable if p.target.name == "vllm"), None)
     if vllm is not None and vllm.recipe.needs_calibration and rollouts is None:
-        raise FP8ProbeError("this recipe needs calibration data (static input scales or a kv_cache_scheme): "
-                            "pass `rollouts` DIR (a sweep directory holds them)")
+        raise FP8ProbeError(
+            "this recipe needs calibration data (static input scales or a kv_cache_scheme): "
+            "pass `rollouts` DIR (a sweep directory holds them)"
+        )
     if vllm is not None and rollouts is not None:
         rollouts.check_fits(cfg, "the calibration rollouts")
     src, kwargs = resolve_source(model, allow_pickle)
     gguf = "gguf_file" in kwargs
     if vllm is not None and gguf:
-        raise FP8ProbeError("llm-compressor refuses GGUF-quantized models; convert to safetensors first "
-                            "(the embedded student is converted automatically)")
+        raise FP8ProbeError(
+            "llm-compressor refuses GGUF-quantized models; convert to safetensors first "
+            "(the embedded student is converted automatically)"
+        )
     model_path = "MODEL_HF_DIR" if gguf else str(src)
     with atomic_dir(out) as tmp:
         final = out.resolve()
         (tmp / "frameworks").mkdir()
         if vllm is not None:
-            _write_checkpoint(vllm.recipe_path, vllm.recipe, src, kwargs, tmp, final, rollouts, max_model_len,
-                              num_calibration_samples, trust_remote_code, model or src)
-        lines = ["# Rollout configs written by fp8probe export", "",
-                 f"Model (BF16, as the trainer holds it): {model_path}", ""]
+            _write_checkpoint(
+                vllm.recipe_path,
+                vllm.recipe,
+                src,
+                kwargs,
+                tmp,
+                final,
+                rollouts,
+                max_model_len,
+                num_calibration_samples,
+                trust_remote_code,
+                model or src,
+            )
+        lines = [
+            "# Rollout configs written by fp8probe export",
+            "",
+            f"Model (BF16, as the trainer holds it): {model_path}",
+            "",
+        ]
         for p in plans:
             lines.append(f"- {p.summary()}")
             if p.expression is None:
@@ -162,8 +196,19 @@ def export(source: ModelSource, recipe, out: str | Path, *, rollouts=None, max_m
     return Exported(out, plans)
 
 
-def _write_checkpoint(recipe_path: Path, spec: Recipe, src, kwargs, tmp: Path, final: Path, rollouts,
-                      max_model_len, num_calibration_samples: int, trust_remote_code: bool, name) -> None:
+def _write_checkpoint(
+    recipe_path: Path,
+    spec: Recipe,
+    src,
+    kwargs,
+    tmp: Path,
+    final: Path,
+    rollouts,
+    max_model_len,
+    num_calibration_samples: int,
+    trust_remote_code: bool,
+    name,
+) -> None:
     """llm-compressor's oneshot on a BF16 copy, saved compressed into tmp, with vLLM's serving arguments."""
     try:
         from llmcompressor import oneshot
@@ -176,17 +221,23 @@ def _write_checkpoint(recipe_path: Path, spec: Recipe, src, kwargs, tmp: Path, f
     tok = AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code, **config_kwargs(kwargs))
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, trust_remote_code=trust_remote_code, **kwargs)
     check_finite_weights(hf, str(name))
-    student = StudentRecord(name=student_name(name), sha256=content_hash(hf),
-                            weights="bfloat16, as llm-compressor read them")
+    student = StudentRecord(
+        name=student_name(name), sha256=content_hash(hf), weights="bfloat16, as llm-compressor read them"
+    )
     oneshot_kwargs = {}
     if spec.needs_calibration:
         from datasets import Dataset
 
         ids, am = rollouts.input_ids, rollouts.attention_mask
-        rows = [{"input_ids": ids[i, : int(am[i].sum())].tolist(),
-                 "attention_mask": [1] * int(am[i].sum())} for i in range(ids.shape[0])][:num_calibration_samples]
-        oneshot_kwargs = {"dataset": Dataset.from_list(rows), "num_calibration_samples": len(rows),
-                          "max_seq_length": int(am.sum(1).max())}
+        rows = [
+            {"input_ids": ids[i, : int(am[i].sum())].tolist(), "attention_mask": [1] * int(am[i].sum())}
+            for i in range(ids.shape[0])
+        ][:num_calibration_samples]
+        oneshot_kwargs = {
+            "dataset": Dataset.from_list(rows),
+            "num_calibration_samples": len(rows),
+            "max_seq_length": int(am.sum(1).max()),
+        }
     log.info("llm-compressor oneshot: %s, %d ignored names", spec.scheme, len(spec.ignore))
     try:
         oneshot(model=hf, recipe=str(recipe_path), **oneshot_kwargs)
@@ -199,8 +250,10 @@ def _write_checkpoint(recipe_path: Path, spec: Recipe, src, kwargs, tmp: Path, f
     args = vllm_args(final, spec, max_model_len)
     atomic_write_json(tmp / "vllm_args.json", args)
     serve = {k.replace("_", "-"): v for k, v in args.items() if k != "model"}
-    atomic_write_text(tmp / "vllm.yaml", f"# vllm serve {final} --config {final / 'vllm.yaml'}\n"
-                      + yaml.safe_dump(serve, sort_keys=False))
+    atomic_write_text(
+        tmp / "vllm.yaml",
+        f"# vllm serve {final} --config {final / 'vllm.yaml'}\n" + yaml.safe_dump(serve, sort_keys=False),
+    )
 
 
 def student_name(name) -> str:

@@ -33,16 +33,37 @@ class GPU:
 
 
 _TABLE = [
-    GPU("H100", 81559, 3350, 989.4, 1978.9, 900, "NVIDIA H100 Tensor Core GPU datasheet, SXM5 80GB (dense = half the "
-        "sparsity figures)"),
+    GPU(
+        "H100",
+        81559,
+        3350,
+        989.4,
+        1978.9,
+        900,
+        "NVIDIA H100 Tensor Core GPU datasheet, SXM5 80GB (dense = half the sparsity figures)",
+    ),
     GPU("H200", 143771, 4800, 989.4, 1978.9, 900, "NVIDIA H200 Tensor Core GPU datasheet, SXM 141GB"),
     GPU("A100-80GB", 81920, 2039, 312.0, None, 600, "NVIDIA A100 Tensor Core GPU datasheet, SXM4 80GB"),
     GPU("A100-40GB", 40960, 1555, 312.0, None, 600, "NVIDIA A100 Tensor Core GPU datasheet, SXM4 40GB"),
     GPU("L40S", 46068, 864, 362.05, 733.0, None, "NVIDIA L40S datasheet (dense = half the sparsity figures)"),
-    GPU("B200", 183359, 8000, 2250.0, 4500.0, 1800, "NVIDIA HGX B200 datasheet, per GPU (dense = half the sparsity "
-        "figures)"),
-    GPU("RTX4090", 24564, 1008, 165.2, 330.3, None, "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090 "
-        "(FP16/FP8 tensor with FP32 accumulate, dense)"),
+    GPU(
+        "B200",
+        183359,
+        8000,
+        2250.0,
+        4500.0,
+        1800,
+        "NVIDIA HGX B200 datasheet, per GPU (dense = half the sparsity figures)",
+    ),
+    GPU(
+        "RTX4090",
+        24564,
+        1008,
+        165.2,
+        330.3,
+        None,
+        "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090 (FP16/FP8 tensor with FP32 accumulate, dense)",
+    ),
 ]
 ALIASES = {"H100-80GB": "H100", "A100": "A100-80GB", "RTX-4090": "RTX4090"}
 GPU_TABLE: dict[str, GPU] = {g.name: g for g in _TABLE}
@@ -55,6 +76,7 @@ def gpu(name: str) -> GPU:
     upper = {k.upper(): k for k in GPU_NAMES}
     found = upper.get(key)
     if found is None:
-        raise FP8ProbeError(f"unknown GPU {name!r}; presets: {', '.join(sorted(GPU_NAMES))}; or pass `gpu_memory_gib` "
-                            "(capacity only)")
+        raise FP8ProbeError(
+            f"unknown GPU {name!r}; presets: {', '.join(sorted(GPU_NAMES))}; or pass `gpu_memory_gib` (capacity only)"
+        )
     return GPU_TABLE[ALIASES.get(found, found)]

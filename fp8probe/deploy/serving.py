@@ -16,8 +16,17 @@ GPUS = {name: gpu(name).memory_mib for name in GPU_NAMES}
 
 VLLM_VERSION = "0.32.0"  # the vLLM whose KV-cache accounting capacity.py mirrors
 # vLLM's --kv-cache-dtype -> bytes per K or V element (None: the model's own dtype); vllm/utils/torch_utils.py
-KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-                  "fp8_per_token_head": 1, "int8_per_token_head": 1, "int4_per_token_head": 0.5}
+KV_DTYPE_BYTES = {
+    "auto": None,
+    "bfloat16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_per_token_head": 1,
+    "int8_per_token_head": 1,
+    "int4_per_token_head": 0.5,
+}
 # per-token-head dtypes also store one fp32 scale per token, KV head and side (K, V) inline with the data
 # (TritonAttentionBackend.customize_spec in vllm/v1/attention/backends/triton_attn.py)
 KV_SCALE_BYTES = {"fp8_per_token_head": 4, "int8_per_token_head": 4, "int4_per_token_head": 4}
@@ -29,20 +38,24 @@ class Serving(Settings):
     """How vLLM is started: the knobs of its KV-cache sizing (vLLM's own argument names), validated here."""
 
     gpu: str | None = opt("H100", f"GPU preset: {', '.join(GPUS)}", group="gpu")
-    gpu_memory_gib: float | None = opt(None, "GPU memory in GiB (instead of --gpu)", low=0.0, open_low=True,
-                                       group="gpu", flag="--gpu-memory")
-    gpu_memory_utilization: float = opt(0.9, "share of the GPU's memory vLLM may use", low=0.0, open_low=True,
-                                        high=1.0)
-    kv_cache_memory: int | None = opt(None, "KV-cache bytes per GPU, as vLLM's --kv-cache-memory (skips the memory "
-                                      "estimate)", low=1)
+    gpu_memory_gib: float | None = opt(
+        None, "GPU memory in GiB (instead of --gpu)", low=0.0, open_low=True, group="gpu", flag="--gpu-memory"
+    )
+    gpu_memory_utilization: float = opt(0.9, "share of the GPU's memory vLLM may use", low=0.0, open_low=True, high=1.0)
+    kv_cache_memory: int | None = opt(
+        None, "KV-cache bytes per GPU, as vLLM's --kv-cache-memory (skips the memory estimate)", low=1
+    )
     max_model_len: int | None = opt(None, "default: the config's max_position_embeddings", low=1)
     tensor_parallel_size: int = opt(1, "GPUs the model is split over", low=1)
     block_size: int = opt(16, "16 on GPUs, 128 on vLLM's CPU backend", low=1)
     reserve_gib: float | None = opt(None, "activation + non-torch memory to set aside (default: estimate)", low=0.0)
     max_num_batched_tokens: int = opt(8192, "vLLM's --max-num-batched-tokens", low=1)
     max_num_seqs: int = opt(256, "vLLM's --max-num-seqs", low=1)
-    hybrid: bool = opt(True, "allocate sliding-window layers as full attention, as vLLM does with this flag",
-                       flag="--disable-hybrid-kv-cache-manager")
+    hybrid: bool = opt(
+        True,
+        "allocate sliding-window layers as full attention, as vLLM does with this flag",
+        flag="--disable-hybrid-kv-cache-manager",
+    )
     max_in_flight_tokens: int | None = None  # default: max_num_batched_tokens
 
     def __post_init__(self):
@@ -71,5 +84,6 @@ class CapacitySettings(Settings):
 
     recipe: str | None = opt(None, "recipe.yaml written by `fp8probe recipe` (default: every unit in the scheme)")
     scheme: str = opt("FP8_DYNAMIC", "whole-model scheme when no recipe")
-    kv_cache_dtype: str = opt("fp8", "the candidate's KV-cache dtype (the baseline is always auto)",
-                              choices=KV_DTYPE_BYTES)
+    kv_cache_dtype: str = opt(
+        "fp8", "the candidate's KV-cache dtype (the baseline is always auto)", choices=KV_DTYPE_BYTES
+    )

@@ -59,8 +59,10 @@ class Device:
 
         g = gpu(name)
         link = g.nvlink_gbs * 1e9 / 2 if g.nvlink_gbs else None
-        return replace(cls(g.name, g.bytes_per_s, g.flops_per_s(False), g.fp8_tflops and g.flops_per_s(True), link),
-                       **{k: v for k, v in overrides.items() if v is not None})
+        return replace(
+            cls(g.name, g.bytes_per_s, g.flops_per_s(False), g.fp8_tflops and g.flops_per_s(True), link),
+            **{k: v for k, v in overrides.items() if v is not None},
+        )
 
 
 @dataclass(frozen=True)
@@ -98,8 +100,9 @@ class StepModel:
         layers = self.full_layers + self.sliding_layers
         attn = 4.0 * self.attn_dims * (self.full_layers * ctx_full + self.sliding_layers * ctx_window)
         fp8_peak = d.fp8_flops or d.bf16_flops
-        compute = (2.0 * batch * self.fp8_params / fp8_peak
-                   + (2.0 * batch * self.bf16_params + attn) / d.bf16_flops) / d.compute_efficiency
+        compute = (
+            2.0 * batch * self.fp8_params / fp8_peak + (2.0 * batch * self.bf16_params + attn) / d.bf16_flops
+        ) / d.compute_efficiency
         t = _maximum(mem / (d.bytes_per_s * d.bandwidth_efficiency), compute)
         t = t + d.step_overhead_s + batch * d.seq_overhead_s
         if self.tp > 1:
@@ -140,9 +143,22 @@ def step_model(cfg, recipe, kv_cache_dtype: str, device: Device, tp: int = 1, hy
     types = layer_attention_types(tcfg, hybrid)
     windows = {t for t in types if t is not None}
     heads = tcfg.num_attention_heads // tp
-    return StepModel(device, dense, expert, experts, k, fp8, bf16, layout["bytes_per_token"] / len(types),
-                     sum(t is None for t in types), sum(t is not None for t in types),
-                     min(windows) if windows else None, heads * layout["head_dim"], tcfg.hidden_size, tp)
+    return StepModel(
+        device,
+        dense,
+        expert,
+        experts,
+        k,
+        fp8,
+        bf16,
+        layout["bytes_per_token"] / len(types),
+        sum(t is None for t in types),
+        sum(t is not None for t in types),
+        min(windows) if windows else None,
+        heads * layout["head_dim"],
+        tcfg.hidden_size,
+        tp,
+    )
 
 
 @dataclass(frozen=True)
@@ -177,8 +193,16 @@ def blocks_for(tokens, groups, block_size: int):
     return total
 
 
-def simulate(model: StepModel, prompt_lens, response_lens, num_blocks: int, groups, block_size: int = 16,
-             max_num_seqs: int = 256, chunk: int | None = None) -> Rollout:
+def simulate(
+    model: StepModel,
+    prompt_lens,
+    response_lens,
+    num_blocks: int,
+    groups,
+    block_size: int = 16,
+    max_num_seqs: int = 256,
+    chunk: int | None = None,
+) -> Rollout:
     """One rollout batch under continuous batching (the module docstring): requests i with prompt_lens[i] prompt and
     response_lens[i] response tokens, a pool of `num_blocks` KV blocks laid out as `groups` (capacity.kv_layout).
     Sequences advance `chunk` steps at a time (default: block_size; never past a finish), so that admission and
@@ -192,8 +216,9 @@ def simulate(model: StepModel, prompt_lens, response_lens, num_blocks: int, grou
     if len(prompt) != len(target) or not len(prompt):
         raise ValueError("simulate needs one prompt and one response length per request")
     if int(blocks_for(int(prompt.max() + target.max()), groups, block_size)) > num_blocks:
-        raise ValueError("the KV cache cannot hold even one of these requests: lower the response length or give it "
-                         "more memory")
+        raise ValueError(
+            "the KV cache cannot hold even one of these requests: lower the response length or give it more memory"
+        )
     chunk = chunk or block_size
     done = np.zeros(len(prompt), dtype=np.int64)  # generated tokens (kept through a preemption)
     waiting = collections.deque(range(len(prompt)))
@@ -205,8 +230,11 @@ def simulate(model: StepModel, prompt_lens, response_lens, num_blocks: int, grou
         # the pool cannot hold them; new requests only in a step that preempted none
         k = int(min(chunk, (target[running] - done[running]).min())) if running else chunk
         preempted = False
-        while running and len(running) > 1 and int(
-                blocks_for(prompt[running] + done[running] + k, groups, block_size).sum()) > num_blocks:
+        while (
+            running
+            and len(running) > 1
+            and int(blocks_for(prompt[running] + done[running] + k, groups, block_size).sum()) > num_blocks
+        ):
             victim = running.pop()
             waiting.appendleft(victim)  # keeps done[victim]: prompt + those tokens are prefilled when readmitted
             preempt += 1
@@ -229,7 +257,7 @@ def simulate(model: StepModel, prompt_lens, response_lens, num_blocks: int, grou
         ctx = prompt[idx] + done[idx]  # context before this chunk's first step
         j = np.arange(k)
         full = ctx.sum() + b * j
-        win = (np.minimum(ctx[:, None] + j[None, :], window).sum(0) if window else full)
+        win = np.minimum(ctx[:, None] + j[None, :], window).sum(0) if window else full
         seconds += float(model.step_s(b, full, win).sum()) + float(model.prefill_s(prefill))
         prefilled += prefill
         done[idx] += k
@@ -237,5 +265,6 @@ def simulate(model: StepModel, prompt_lens, response_lens, num_blocks: int, grou
         running_sum += b * k
         max_running = max(max_running, b)
         running = [i for i in running if done[i] < target[i]]
-    return Rollout(seconds, int(target.sum()), steps, prefilled, running_sum / steps if steps else 0.0, max_running,
-                   preempt)
+    return Rollout(
+        seconds, int(target.sum()), steps, prefilled, running_sum / steps if steps else 0.0, max_running, preempt
+    )

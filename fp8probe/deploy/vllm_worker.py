@@ -20,18 +20,27 @@ def main():
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=spec["model"], enforce_eager=True, max_model_len=spec["max_model_len"], seed=0,
-              **spec.get("engine_kwargs", {}))
+    llm = LLM(
+        model=spec["model"],
+        enforce_eager=True,
+        max_model_len=spec["max_model_len"],
+        seed=0,
+        **spec.get("engine_kwargs", {}),
+    )
     out = {}
     if spec.get("generate"):
-        res = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["generate"]],
-                           SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0))
+        res = llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in spec["generate"]],
+            SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0),
+        )
         out["generated"] = [r.outputs[0].text for r in res]
         out["generated_ids"] = [list(r.outputs[0].token_ids) for r in res]
     if spec.get("score"):
         k = int(spec.get("prompt_topk", 0))
-        res = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["score"]],
-                           SamplingParams(max_tokens=1, prompt_logprobs=k))
+        res = llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in spec["score"]],
+            SamplingParams(max_tokens=1, prompt_logprobs=k),
+        )
         out["prompt_logprobs"] = [
             [None if d is None else d[tok].logprob for d, tok in zip(r.prompt_logprobs, ids)]
             for r, ids in zip(res, spec["score"])
@@ -39,8 +48,12 @@ def main():
         if k:
             # the K highest by rank (the sampled token is added to each dict too, with its own rank)
             out["prompt_topk"] = [
-                [None if d is None else {str(t): lp.logprob for t, lp in d.items() if lp.rank is not None
-                                         and lp.rank <= k} for d in r.prompt_logprobs]
+                [
+                    None
+                    if d is None
+                    else {str(t): lp.logprob for t, lp in d.items() if lp.rank is not None and lp.rank <= k}
+                    for d in r.prompt_logprobs
+                ]
                 for r in res
             ]
     with open(spec["out"], "w") as f:

@@ -121,8 +121,13 @@ def kv_scales(kv: KVCacheScheme, layer: int, calibration: Calibration | None) ->
 
 
 @contextlib.contextmanager
-def quantize_kv(model: nn.Module, layers=None, kv: KVCacheScheme = KVCacheScheme(),
-                calibration: Calibration | None = None, observer=None):
+def quantize_kv(
+    model: nn.Module,
+    layers=None,
+    kv: KVCacheScheme = KVCacheScheme(),
+    calibration: Calibration | None = None,
+    observer=None,
+):
     """FP8 KV cache for the given attention layers (all when None).
 
     observer(k, k_fp8, v, v_fp8), when given, sees each layer's K/V before and after quantization.

@@ -71,9 +71,16 @@ def path_integral(grad_at, nodes: int = DEFAULT_NODES) -> tuple[np.ndarray, list
     return total, losses
 
 
-def path_attribution(student, rollouts, reference: Reference, groups: dict[str, list[str]], scheme: Scheme,
-                     nodes: int = DEFAULT_NODES, batch_size: int = 8,
-                     fixed: dict[str, list[str]] | None = None) -> Attribution:
+def path_attribution(
+    student,
+    rollouts,
+    reference: Reference,
+    groups: dict[str, list[str]],
+    scheme: Scheme,
+    nodes: int = DEFAULT_NODES,
+    batch_size: int = 8,
+    fixed: dict[str, list[str]] | None = None,
+) -> Attribution:
     """The path attribution of every group in `groups` (group -> its unit names) in `scheme`, on `rollouts` (those
     `reference` was made on, with the same batch size; static input scales from its calibration). `fixed` groups
     are in FP8 all along the path (t = 1, not attributed): the shares are then what `groups` add to the mismatch of
@@ -88,8 +95,9 @@ def path_attribution(student, rollouts, reference: Reference, groups: dict[str, 
     names = list(members)  # the path's groups first, then the fixed ones
     on_path = len(groups)
     units = [u for g in names for u in members[g]]
-    fwd = fp8_forwards(model, units, scheme, reference.calibration if scheme.static_input else None, fused=True,
-                       straight_through=True)
+    fwd = fp8_forwards(
+        model, units, scheme, reference.calibration if scheme.static_input else None, fused=True, straight_through=True
+    )
     t0 = time.perf_counter()
     head = model.get_output_embeddings()
     softcap = reference.softcap
@@ -104,8 +112,9 @@ def path_attribution(student, rollouts, reference: Reference, groups: dict[str, 
 
         return hook
 
-    handles = [model.get_submodule(u).register_forward_hook(hook_for(u, i)) for i, g in enumerate(names)
-               for u in members[g]]
+    handles = [
+        model.get_submodule(u).register_forward_hook(hook_for(u, i)) for i, g in enumerate(names) for u in members[g]
+    ]
     grads = [p.requires_grad for p in model.parameters()]
 
     def grad_at(t: float):
@@ -140,5 +149,6 @@ def path_attribution(student, rollouts, reference: Reference, groups: dict[str, 
             hd.remove()
         for p, g in zip(model.parameters(), grads):
             p.requires_grad_(g)
-    return Attribution(dict(zip(names[:on_path], map(float, shares))), float(np.sum(shares)), path,
-                       time.perf_counter() - t0)
+    return Attribution(
+        dict(zip(names[:on_path], map(float, shares))), float(np.sum(shares)), path, time.perf_counter() - t0
+    )

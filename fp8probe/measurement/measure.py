@@ -45,8 +45,9 @@ class Measured:
 
         return sorted(excess(metric, x) for x in self.interval(metric, level))
 
-    def change_from(self, old: "Measured", metric: str = "kl_q_p", level: float | None = None,
-                    seed: int = 0) -> tuple[float, float, float]:
+    def change_from(
+        self, old: "Measured", metric: str = "kl_q_p", level: float | None = None, seed: int = 0
+    ) -> tuple[float, float, float]:
         """How much `metric`'s excess (metrics.excess) changes from `old` to this, measured on the same tokens: (the
         change, its interval). The interval is a paired bootstrap over the prompts (core/stats.bootstrap_interval):
         each resample takes the same prompts' tokens under both, so what the two share (the rollouts' own
@@ -70,8 +71,9 @@ class Measured:
         return change(np.arange(len(old.prompt))), lo, hi
 
 
-def measure(reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim",
-            batch_size: int = 8) -> Measured:
+def measure(
+    reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim", batch_size: int = 8
+) -> Measured:
     """The one measurement: every metric of Perturbation `p` of the student against the reference on the rollouts,
     the candidate computed as `engine` computes it (engines.py: "sim" reuses the reference's prefix; a profile of
     the rollout engine's arithmetic runs its own copy of the model over the rollouts, in batches of `batch_size`),
@@ -83,8 +85,9 @@ def measure(reference: Reference, student, rollouts, p: Perturbation, engine: "s
     return Measured(summarize(stats), stats, reference.prompt)
 
 
-def measured_as(engine: str, reference: Reference, student, rollouts, p: Perturbation, metric: str = "kl_q_p",
-                batch_size: int = 8) -> dict:
+def measured_as(
+    engine: str, reference: Reference, student, rollouts, p: Perturbation, metric: str = "kl_q_p", batch_size: int = 8
+) -> dict:
     """`p` on `metric` as another engine computes it, the second figure beside a recipe's or a check's: {"engine",
     "measured" (the excess), "interval" (90 %, over the prompts)}, or with "not_covered" (why) when that engine does
     not cover the configuration."""
@@ -97,12 +100,19 @@ def measured_as(engine: str, reference: Reference, student, rollouts, p: Perturb
     except FP8ProbeError as e:
         return {"engine": engine, "measured": None, "interval": None, "not_covered": str(e).split(": use `engine`")[0]}
     m = measure(reference, student, rollouts, p, engine, batch_size)
-    return {"engine": engine, "measured": excess(metric, m.metrics[metric]),
-            "interval": m.excess_interval(metric)}
+    return {"engine": engine, "measured": excess(metric, m.metrics[metric]), "interval": m.excess_interval(metric)}
 
 
-def measure_scheme(student, rollouts, scheme="FP8_DYNAMIC", units=None, kv=None, reference: Reference | None = None,
-                   batch_size: int = 8, engine: "str | Engine" = "sim") -> dict[str, float]:
+def measure_scheme(
+    student,
+    rollouts,
+    scheme="FP8_DYNAMIC",
+    units=None,
+    kv=None,
+    reference: Reference | None = None,
+    batch_size: int = 8,
+    engine: "str | Engine" = "sim",
+) -> dict[str, float]:
     """`measure` of a scheme by name: the metrics of `units` (names; all quantizable units when None) in `scheme`,
     plus an FP8 KV cache in every layer when `kv` is given ("fp8", "fp8_e5m2" or a KVCacheScheme), against the
     reference (made here when None); computed as `engine` does ("sim", or a profile of the rollout engine:

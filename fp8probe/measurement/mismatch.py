@@ -47,8 +47,9 @@ class RefRows:
 
     def __init__(self, logp, top1, tokens, token_logp=None, hidden=None, head=None):
         self._logp, self.top1, self.tokens, self.hidden, self.head = logp, top1, tokens, hidden, head
-        self.token_logp = token_logp if token_logp is not None else logp.gather(-1, tokens[:, None].to(
-            logp.device)).squeeze(-1)
+        self.token_logp = (
+            token_logp if token_logp is not None else logp.gather(-1, tokens[:, None].to(logp.device)).squeeze(-1)
+        )
 
     @classmethod
     def from_logp(cls, logp: torch.Tensor, tokens: torch.Tensor) -> "RefRows":
@@ -59,8 +60,16 @@ class RefRows:
     def logp(self) -> torch.Tensor:
         """[M, V] fp32 log p (recomputed from the hidden states, whole, when stored as those)."""
         if self._logp is None:
-            return torch.cat([self.head(self.hidden[s:s + CHUNK_ROWS]).cpu()
-                              for s in range(0, self.hidden.shape[0], CHUNK_ROWS)]) if len(self) else torch.zeros(0)
+            return (
+                torch.cat(
+                    [
+                        self.head(self.hidden[s : s + CHUNK_ROWS]).cpu()
+                        for s in range(0, self.hidden.shape[0], CHUNK_ROWS)
+                    ]
+                )
+                if len(self)
+                else torch.zeros(0)
+            )
         return self._logp
 
     @property
@@ -107,8 +116,9 @@ def token_stats(ref: RefRows, cand_logp: torch.Tensor) -> dict[str, torch.Tensor
     }
 
 
-def chunked_token_stats(ref: RefRows, cand_logits_fn, chunk: int = CHUNK_ROWS,
-                        softcap: float | None = None) -> dict[str, torch.Tensor]:
+def chunked_token_stats(
+    ref: RefRows, cand_logits_fn, chunk: int = CHUNK_ROWS, softcap: float | None = None
+) -> dict[str, torch.Tensor]:
     """token_stats over row chunks; cand_logits_fn(start, end) returns the candidate logits of those rows."""
     parts: dict[str, list[torch.Tensor]] = {}
     for s in range(0, len(ref), chunk):
@@ -146,7 +156,10 @@ def summarize(stats: dict[str, torch.Tensor]) -> dict[str, float]:
         "kl_q_p": float(kl_qp.mean()),
         "kl_p_q": float(stats["kl_p_q"].double().mean()),
         "top1_agree": float(stats["top1"].double().mean()),
-        "kl_p50": float(pct[0]), "kl_p90": float(pct[1]), "kl_p99": float(pct[2]), "kl_p999": float(pct[3]),
+        "kl_p50": float(pct[0]),
+        "kl_p90": float(pct[1]),
+        "kl_p99": float(pct[2]),
+        "kl_p999": float(pct[3]),
         "kl_max": float(kl_qp.max()) if kl_qp.numel() else float("nan"),
         **sampled_token_metrics(stats["logp_ref"], stats["logp_cand"]),
     }
@@ -190,8 +203,9 @@ def metric_over(stats: dict[str, torch.Tensor], name: str):
     return v, lambda i: float(np.percentile(v[i], how))
 
 
-def metric_interval(stats: dict[str, torch.Tensor], groups: torch.Tensor, name: str, level: float | None = None,
-                    seed: int = 0) -> tuple[float, float]:
+def metric_interval(
+    stats: dict[str, torch.Tensor], groups: torch.Tensor, name: str, level: float | None = None, seed: int = 0
+) -> tuple[float, float]:
     """The 90 % (or `level`) bootstrap interval of metric `name` over groups of tokens (core/stats.py; a token's
     prompt): how far the figure could move on another draw of as many prompts."""
     from ..core.metrics import metric
@@ -202,14 +216,18 @@ def metric_interval(stats: dict[str, torch.Tensor], groups: torch.Tensor, name: 
     return bootstrap_interval(groups.numpy(), reduce, level=level or LEVEL, seed=seed, bounds=(m.low, m.high))
 
 
-def mismatch(ref_logits: torch.Tensor, cand_logits: torch.Tensor, tokens: torch.Tensor,
-             chunk: int = CHUNK_ROWS) -> dict[str, float]:
+def mismatch(
+    ref_logits: torch.Tensor, cand_logits: torch.Tensor, tokens: torch.Tensor, chunk: int = CHUNK_ROWS
+) -> dict[str, float]:
     """All metrics between reference and candidate logits [M, V] that predict the sampled tokens [M]."""
     if ref_logits.shape != cand_logits.shape or ref_logits.shape[0] != tokens.shape[0]:
-        raise ValueError(f"shape mismatch: ref {tuple(ref_logits.shape)}, cand {tuple(cand_logits.shape)}, "
-                         f"tokens {tuple(tokens.shape)}")
-    ref = RefRows.from_logp(torch.cat([log_softmax32(ref_logits[s:s + chunk]) for s in range(0, len(tokens), chunk)]),
-                            tokens)
+        raise ValueError(
+            f"shape mismatch: ref {tuple(ref_logits.shape)}, cand {tuple(cand_logits.shape)}, "
+            f"tokens {tuple(tokens.shape)}"
+        )
+    ref = RefRows.from_logp(
+        torch.cat([log_softmax32(ref_logits[s : s + chunk]) for s in range(0, len(tokens), chunk)]), tokens
+    )
     return summarize(chunked_token_stats(ref, lambda s, e: cand_logits[s:e], chunk))
 
 

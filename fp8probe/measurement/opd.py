@@ -30,8 +30,10 @@ OPENRLHF_RANGE = (0.5, 5.0)
 
 def check_teacher(student, teacher) -> None:
     if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
-        raise FP8ProbeError("the teacher's tokenizer differs from the student's; OPD rewards need a shared tokenizer: "
-                            "pass a teacher of the same tokenizer family")
+        raise FP8ProbeError(
+            "the teacher's tokenizer differs from the student's; OPD rewards need a shared tokenizer: "
+            "pass a teacher of the same tokenizer family"
+        )
 
 
 @torch.no_grad()
@@ -42,7 +44,7 @@ def token_logp(model, reference: Reference) -> torch.Tensor:
         logits = model(input_ids=rec["ids"], attention_mask=rec["am"], use_cache=False).logits
         rows = logits[rec["rows"], rec["cols"]]
         soft = getattr(model.config, "final_logit_softcapping", None)
-        lp = torch.cat([log_softmax32(rows[s:s + CHUNK_ROWS], soft) for s in range(0, rows.shape[0], CHUNK_ROWS)])
+        lp = torch.cat([log_softmax32(rows[s : s + CHUNK_ROWS], soft) for s in range(0, rows.shape[0], CHUNK_ROWS)])
         out.append(lp.gather(-1, rec["tokens"].to(lp.device)[:, None]).squeeze(-1).cpu())
     return torch.cat(out)
 
@@ -72,8 +74,9 @@ class OPDSignal:
         return distortion(self.logp_teacher, self.logp_ref, logp_q, self.seq)
 
 
-def distortion(logp_teacher: torch.Tensor, logp_p: torch.Tensor, logp_q: torch.Tensor,
-               seq: torch.Tensor) -> dict[str, float]:
+def distortion(
+    logp_teacher: torch.Tensor, logp_p: torch.Tensor, logp_q: torch.Tensor, seq: torch.Tensor
+) -> dict[str, float]:
     """OPD_COLUMNS from per-token log-probabilities of the sampled tokens [M] (the teacher's, the trainer's p, the
     rollout engine's q) and the sequence each token belongs to [M] (0 .. N-1)."""
     logp_teacher, logp_p, logp_q = (torch.as_tensor(x, dtype=torch.float64) for x in (logp_teacher, logp_p, logp_q))
@@ -84,7 +87,10 @@ def distortion(logp_teacher: torch.Tensor, logp_p: torch.Tensor, logp_q: torch.T
     ratio = (logp_p - logp_q).exp()  # pi_train / pi_rollout
     corr = torch.corrcoef(torch.stack([r_p, r_q]))[0, 1] if r_p.numel() > 1 else torch.tensor(float("nan"))
     lo, hi = OPENRLHF_RANGE
-    return {"mean_abs_reward_delta": float((r_q - r_p).abs().mean()), "reward_corr": float(corr),
-            "seq_rkl_delta": float(rkl.mean()) if n_seq else float("nan"),
-            "ratio_out_verl": float((ratio > VERL_TRUNCATION).double().mean()),
-            "ratio_out_openrlhf": float(((ratio < lo) | (ratio > hi)).double().mean())}
+    return {
+        "mean_abs_reward_delta": float((r_q - r_p).abs().mean()),
+        "reward_corr": float(corr),
+        "seq_rkl_delta": float(rkl.mean()) if n_seq else float("nan"),
+        "ratio_out_verl": float((ratio > VERL_TRUNCATION).double().mean()),
+        "ratio_out_openrlhf": float(((ratio < lo) | (ratio > hi)).double().mean()),
+    }

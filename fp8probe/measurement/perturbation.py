@@ -30,8 +30,16 @@ class Perturbation:
 
     def kinds(self) -> tuple[str, ...]:
         """The kinds of mismatch source it holds (fp8, kv, stale, noise): what a budget's evidence is read for."""
-        return tuple(k for k, on in (("fp8", bool(self.units)), ("kv", bool(self.kv_layers)),
-                                     ("stale", self.stale is not None), ("noise", bool(self.noise))) if on)
+        return tuple(
+            k
+            for k, on in (
+                ("fp8", bool(self.units)),
+                ("kv", bool(self.kv_layers)),
+                ("stale", self.stale is not None),
+                ("noise", bool(self.noise)),
+            )
+            if on
+        )
 
     def start_block(self, student) -> int:
         """The first decoder block whose output changes: the candidate pass starts there (-1: embeddings)."""

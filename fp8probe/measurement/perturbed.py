@@ -53,13 +53,16 @@ def _observe_outputs(model: nn.Module, names, energy: _Energy):
             if isinstance(mod, nn.Linear):
                 w, b = mod.weight.data, mod.bias
                 box = {}
-                handles.append(mod.register_forward_pre_hook(lambda m, a, box=box: box.__setitem__("x", a[0]),
-                                                             prepend=True))
-                handles.append(mod.register_forward_hook(
-                    lambda m, a, out, box=box, w=w, b=b: energy.add(nn.functional.linear(box.pop("x"), w, b), out)))
+                handles.append(
+                    mod.register_forward_pre_hook(lambda m, a, box=box: box.__setitem__("x", a[0]), prepend=True)
+                )
+                handles.append(
+                    mod.register_forward_hook(
+                        lambda m, a, out, box=box, w=w, b=b: energy.add(nn.functional.linear(box.pop("x"), w, b), out)
+                    )
+                )
             elif is_experts(mod):
-                handles.append(mod.register_forward_hook(
-                    lambda m, a, out: energy.add(type(m).forward(m, *a), out)))
+                handles.append(mod.register_forward_hook(lambda m, a, out: energy.add(type(m).forward(m, *a), out)))
         yield
     finally:
         for h in handles:
@@ -67,8 +70,9 @@ def _observe_outputs(model: nn.Module, names, energy: _Energy):
 
 
 @contextlib.contextmanager
-def apply_perturbation(student, p: Perturbation, calibration=None, energy: _Energy | None = None,
-                       many_forwards: bool = False):
+def apply_perturbation(
+    student, p: Perturbation, calibration=None, energy: _Energy | None = None, many_forwards: bool = False
+):
     """The student as the rollout engine runs it, for the duration: stale weights, then noise, then FP8 units
     and KV cache (static scales from `calibration`). With `energy`, the perturbed units' (or, with no units,
     the K/V tensors') outputs are compared with their unperturbed values. `many_forwards` (generation)
@@ -82,17 +86,22 @@ def apply_perturbation(student, p: Perturbation, calibration=None, energy: _Ener
         if p.units:
             if energy is not None:
                 stack.enter_context(_observe_outputs(model, p.units, energy))
-            stack.enter_context(quantize_units(model, p.units, p.scheme, calibration=calibration,
-                                               just_in_time=not many_forwards))
+            stack.enter_context(
+                quantize_units(model, p.units, p.scheme, calibration=calibration, just_in_time=not many_forwards)
+            )
         if p.kv_layers:
             observe_kv = energy is not None and not p.units  # a KV row: the SQNR of K and V themselves
-            stack.enter_context(quantize_kv(model, p.kv_layers, p.kv, calibration=calibration,
-                                            observer=energy.add_kv if observe_kv else None))
+            stack.enter_context(
+                quantize_kv(
+                    model, p.kv_layers, p.kv, calibration=calibration, observer=energy.add_kv if observe_kv else None
+                )
+            )
         yield
 
 
-def perturbed_stats(reference: Reference, student, p: Perturbation, start_block: int | None = None,
-                    sqnr: bool = False) -> tuple[dict, float | None]:
+def perturbed_stats(
+    reference: Reference, student, p: Perturbation, start_block: int | None = None, sqnr: bool = False
+) -> tuple[dict, float | None]:
     """(the per-token statistics of `p` against the reference, mismatch.token_stats; the SQNR of the perturbed
     units' or, with no units, the K/V tensors' own outputs against their unperturbed values when `sqnr`, else None),
     the candidate pass starting at `start_block` (default: the first block `p` touches)."""

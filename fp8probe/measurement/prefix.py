@@ -29,8 +29,9 @@ PREFIX_COLUMNS = ["diverged", "first_div_mean", "first_div_p50", "kl_q_p_own", "
 
 
 @torch.no_grad()
-def sample_crn(student, prompts: list[list[int]], max_new_tokens: int, seed: int = 0, temperature: float = 1.0,
-               batch_size: int = 8) -> list[list[int]]:
+def sample_crn(
+    student, prompts: list[list[int]], max_new_tokens: int, seed: int = 0, temperature: float = 1.0, batch_size: int = 8
+) -> list[list[int]]:
     """Continuations of tokenized prompts with common random numbers: the same seed, the same draws."""
     model, tok = student.model, student.tokenizer
     device = next(model.parameters()).device
@@ -39,7 +40,7 @@ def sample_crn(student, prompts: list[list[int]], max_new_tokens: int, seed: int
     vocab = model.get_output_embeddings().weight.shape[0]
     out: list[list[int]] = []
     for s in range(0, len(prompts), batch_size):
-        batch = prompts[s:s + batch_size]
+        batch = prompts[s : s + batch_size]
         width = max(len(p) for p in batch)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)  # left-padded
         am = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
@@ -47,7 +48,7 @@ def sample_crn(student, prompts: list[list[int]], max_new_tokens: int, seed: int
         resp = [[] for _ in batch]
         cache, step_ids = None, ids
         for t in range(max_new_tokens):
-            pos = (am.cumsum(-1) - 1).clamp_min(0)[:, -step_ids.shape[1]:]
+            pos = (am.cumsum(-1) - 1).clamp_min(0)[:, -step_ids.shape[1] :]
             o = model(input_ids=step_ids, attention_mask=am, position_ids=pos, past_key_values=cache, use_cache=True)
             cache = o.past_key_values
             logits = o.logits[:, -1].float()
@@ -55,10 +56,11 @@ def sample_crn(student, prompts: list[list[int]], max_new_tokens: int, seed: int
             if soft:
                 logits = torch.tanh(logits / soft) * soft
             g = torch.Generator().manual_seed(seed * 1_000_003 + t)
-            u = torch.rand(len(prompts), vocab, generator=g, dtype=torch.float64)[s:s + len(batch)].to(device)
+            u = torch.rand(len(prompts), vocab, generator=g, dtype=torch.float64)[s : s + len(batch)].to(device)
             gumbel = -torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
-            scores = (torch.log_softmax(logits / max(temperature, 1e-6), -1).double()
-                      + (gumbel if temperature > 0 else 0))
+            scores = torch.log_softmax(logits / max(temperature, 1e-6), -1).double() + (
+                gumbel if temperature > 0 else 0
+            )
             nxt = scores.argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
             for i, tkn in enumerate(nxt.tolist()):
@@ -85,17 +87,22 @@ def divergence(reference: list[list[int]], candidate: list[list[int]]) -> dict[s
     """diverged, first_div_mean, first_div_p50 of two sets of continuations of the same prompts."""
     firsts = [first_divergence(a, b) for a, b in zip(reference, candidate, strict=True)]
     div = [f for f in firsts if f is not None]
-    return {"diverged": len(div) / len(firsts),
-            "first_div_mean": statistics.fmean(div) if div else float("nan"),
-            "first_div_p50": statistics.median(div) if div else float("nan")}
+    return {
+        "diverged": len(div) / len(firsts),
+        "first_div_mean": statistics.fmean(div) if div else float("nan"),
+        "first_div_p50": statistics.median(div) if div else float("nan"),
+    }
 
 
 def prompt_ids(student, rollouts: Rollouts) -> list[list[int]]:
     """The prompts of saved rollouts, as token ids (what precedes each sequence's first response token)."""
     out = []
     for i in range(rollouts.num_sequences):
-        first = int(rollouts.response_mask[i].nonzero()[0]) if rollouts.response_mask[i].any() else \
-            int(rollouts.attention_mask[i].sum())
+        first = (
+            int(rollouts.response_mask[i].nonzero()[0])
+            if rollouts.response_mask[i].any()
+            else int(rollouts.attention_mask[i].sum())
+        )
         out.append(rollouts.input_ids[i, :first].tolist())
     return out
 
@@ -103,12 +110,22 @@ def prompt_ids(student, rollouts: Rollouts) -> list[list[int]]:
 class PrefixShift:
     """Reference continuations (sampled once) and the prefix shift of any perturbation against them."""
 
-    def __init__(self, student, reference: Reference, prompts: list[list[int]], max_new_tokens: int, seed: int = 0,
-                 temperature: float = 1.0, batch_size: int = 8, engine: str = "sim"):
+    def __init__(
+        self,
+        student,
+        reference: Reference,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        seed: int = 0,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        engine: str = "sim",
+    ):
         self.student, self.reference, self.prompts, self.engine = student, reference, prompts, engine
         # one batch for generation: a token-by-token forward costs little more for 64 sequences than for 8
-        self.kw = dict(max_new_tokens=max_new_tokens, seed=seed, temperature=temperature,
-                       batch_size=max(batch_size, 64))
+        self.kw = dict(
+            max_new_tokens=max_new_tokens, seed=seed, temperature=temperature, batch_size=max(batch_size, 64)
+        )
         self.reference_samples = sample_crn(student, prompts, **self.kw)
 
     @classmethod
@@ -121,8 +138,9 @@ class PrefixShift:
             tokens, seed, batch_size = int(sampled.get("max_new_tokens", 32)), 0, 8
         else:
             tokens, seed, batch_size = sampling.max_new_tokens, sampling.seed, sampling.batch_size
-        return cls(student, reference, prompt_ids(student, rollouts), tokens, seed=seed, batch_size=batch_size,
-                   engine=engine)
+        return cls(
+            student, reference, prompt_ids(student, rollouts), tokens, seed=seed, batch_size=batch_size, engine=engine
+        )
 
     def measure(self, p: Perturbation) -> dict[str, float]:
         with get_engine(self.engine).candidate(self.student, p, self.reference.calibration, many_forwards=True) as m:

@@ -44,8 +44,10 @@ def checkpoint_codes(model: nn.Module, names: list[str], scheme: Scheme) -> dict
 
 def simulated_weights(model: nn.Module, names, scheme: Scheme) -> dict[str, torch.Tensor]:
     """The weights vLLM multiplies with for the named Linear units (codes x scales, exact in fp32)."""
-    return {n: dequantize(c, s, scheme.weight).to(model.get_submodule(n).weight.dtype)
-            for n, (c, s) in checkpoint_codes(model, list(names), scheme).items()}
+    return {
+        n: dequantize(c, s, scheme.weight).to(model.get_submodule(n).weight.dtype)
+        for n, (c, s) in checkpoint_codes(model, list(names), scheme).items()
+    }
 
 
 def expert_forward(mod: nn.Module, quant_in, weights):
@@ -86,8 +88,14 @@ def _swap(cs):
 
 
 @contextlib.contextmanager
-def quantize_units(model: nn.Module, names, scheme: Scheme,
-                   calibration: Calibration | None = None, weights_only: bool = False, just_in_time: bool = True):
+def quantize_units(
+    model: nn.Module,
+    names,
+    scheme: Scheme,
+    calibration: Calibration | None = None,
+    weights_only: bool = False,
+    just_in_time: bool = True,
+):
     """Put the named units (Linear modules or fused-experts modules) in FP8 for the duration.
 
     just_in_time=False dequantizes every weight once on entry (a second copy of the weights in memory),
@@ -114,8 +122,7 @@ def quantize_units(model: nn.Module, names, scheme: Scheme,
             else:
                 mod.weight.data = dequantize(codes, scale, scheme.weight).to(mod.weight.dtype)
                 if quant_input is not None:
-                    handles.append(mod.register_forward_pre_hook(
-                        lambda m, a, q=quant_input: (q(a[0]),) + tuple(a[1:])))
+                    handles.append(mod.register_forward_pre_hook(lambda m, a, q=quant_input: (q(a[0]),) + tuple(a[1:])))
         for n in experts:
             mod = model.get_submodule(n)
             weights = _simulate_experts(mod, scheme)
@@ -203,9 +210,14 @@ def _swap_out_hook(original):
     return hook
 
 
-def fp8_forwards(model: nn.Module, names, scheme: Scheme,
-                 calibration: Calibration | None = None, fused: bool = True,
-                 straight_through: bool = False) -> dict[str, object]:
+def fp8_forwards(
+    model: nn.Module,
+    names,
+    scheme: Scheme,
+    calibration: Calibration | None = None,
+    fused: bool = True,
+    straight_through: bool = False,
+) -> dict[str, object]:
     """For each named unit, a function of that module's forward arguments giving the output it would have in
     FP8 (weights as vLLM holds them, inputs quantized as the scheme does), computed without changing the model.
 
@@ -261,6 +273,7 @@ def fp8_forwards(model: nn.Module, names, scheme: Scheme,
             weights = _simulate_experts(mod, scheme)
             out[n] = expert_forward(mod, quant_in, weights)
         else:
+
             def lazy(*args, _mod=mod, _q=quant_in):
                 return expert_forward(_mod, _q, _simulate_experts(_mod, scheme))(*args)
 

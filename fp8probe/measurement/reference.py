@@ -38,8 +38,15 @@ def _softcap(model) -> float | None:
 class Reference:
     """Reference activations and log-probs of a student on a set of rollouts."""
 
-    def __init__(self, student, rollouts, batch_size: int = 8, calibrate: bool = True, kv_strategy: str = "tensor",
-                 storage: str = "auto"):
+    def __init__(
+        self,
+        student,
+        rollouts,
+        batch_size: int = 8,
+        calibrate: bool = True,
+        kv_strategy: str = "tensor",
+        storage: str = "auto",
+    ):
         self.model = student.model
         self.storage = reference_storage(storage, student.model.config, rollouts.num_response_tokens)
         self.layers = decoder_layers(self.model)
@@ -65,15 +72,23 @@ class Reference:
         # [M, V] fp32 reference log-probs of the rows that predict response tokens, or [M, H] hidden states the same
         # log-probs are recomputed from, chunk by chunk as each batch was (bit for bit the same numbers)
         cat = torch.cat
-        self.rows = RefRows(cat(logps) if self.storage == "logp" else None, cat(top1), cat(tokens), cat(token_logp),
-                            cat(logps) if self.storage == "hidden" else None, _Head(self.model, self.softcap))
+        self.rows = RefRows(
+            cat(logps) if self.storage == "logp" else None,
+            cat(top1),
+            cat(tokens),
+            cat(token_logp),
+            cat(logps) if self.storage == "hidden" else None,
+            _Head(self.model, self.softcap),
+        )
         self.sequence = torch.cat(sequence)  # [M] the rollout each row belongs to
         self.prompt = rollouts.prompt_groups()[self.sequence]  # [M] its prompt: what intervals resample
         if not self._finite:
             bad = self._bad_rows
-            raise FP8ProbeError(f"the reference pass gives NaN/inf log-probabilities at {bad} of {len(self.rows)} "
-                                "response positions: the model overflows in this dtype or its weights are broken; "
-                                "try `dtype` float32, or fix the checkpoint")
+            raise FP8ProbeError(
+                f"the reference pass gives NaN/inf log-probabilities at {bad} of {len(self.rows)} "
+                "response positions: the model overflows in this dtype or its weights are broken; "
+                "try `dtype` float32, or fix the checkpoint"
+            )
         self.num_tokens = int(rollouts.attention_mask.sum())
         self.seconds = time.perf_counter() - t0
 
@@ -81,8 +96,10 @@ class Reference:
         inputs: list = [None] * len(self.layers)
         handles = []
         for i, layer in enumerate(self.layers):
+
             def pre(mod, args, kwargs, _i=i):
                 inputs[_i] = (args, kwargs)
+
             handles.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
         final = {}
         handles.append(final_norm(self.model).register_forward_pre_hook(lambda m, a: final.setdefault("h", a[0])))
@@ -94,16 +111,27 @@ class Reference:
         rows, cols = torch.nonzero(resp[:, 1:], as_tuple=True)
         tokens = ids[rows, cols + 1].cpu()
         hsel = final_norm(self.model)(final["h"][rows, cols])  # [M_b, H]
-        chunks = [log_softmax32(self._head(hsel[s:s + CHUNK_ROWS]), self.softcap)
-                  for s in range(0, hsel.shape[0], CHUNK_ROWS)]
+        chunks = [
+            log_softmax32(self._head(hsel[s : s + CHUNK_ROWS]), self.softcap)
+            for s in range(0, hsel.shape[0], CHUNK_ROWS)
+        ]
         logp = torch.cat(chunks) if chunks else torch.zeros(0, self._vocab(), device=hsel.device)
         self._finite = getattr(self, "_finite", True) and bool(torch.isfinite(logp).all())
         self._bad_rows = getattr(self, "_bad_rows", 0) + int((~torch.isfinite(logp).all(-1)).sum())
         top1 = logp.argmax(-1).cpu()
         tok_lp = logp.gather(-1, tokens[:, None].to(logp.device)).squeeze(-1).cpu()
         kept = logp.cpu() if self.storage == "logp" else hsel.float().cpu()
-        return {"inputs": inputs, "rows": rows, "cols": cols, "tokens": tokens, "kept": kept, "top1": top1,
-                "token_logp": tok_lp, "ids": ids, "am": am}
+        return {
+            "inputs": inputs,
+            "rows": rows,
+            "cols": cols,
+            "tokens": tokens,
+            "kept": kept,
+            "top1": top1,
+            "token_logp": tok_lp,
+            "ids": ids,
+            "am": am,
+        }
 
     def _vocab(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
@@ -139,8 +167,9 @@ class Reference:
                     h = out[0] if isinstance(out, tuple) else out
             hsel = final_norm(self.model)(h[rec["rows"], rec["cols"]])
             m = hsel.shape[0]
-            st = chunked_token_stats(self.rows.rows(offset, offset + m),
-                                     lambda s, e: self._head(hsel[s:e]), softcap=self.softcap)
+            st = chunked_token_stats(
+                self.rows.rows(offset, offset + m), lambda s, e: self._head(hsel[s:e]), softcap=self.softcap
+            )
             # chunked_token_stats applies the softcap before log_softmax, as the model's forward does
             offset += m
             for k, v in st.items():
@@ -201,7 +230,7 @@ STORAGES = ("auto", "logp", "hidden")
 
 
 def reference_storage(storage: str, config, response_tokens: int) -> str:
-    """"logp" or "hidden" for `storage` ("auto": hidden when the log-prob table would exceed HIDDEN_ABOVE_BYTES)."""
+    """ "logp" or "hidden" for `storage` ("auto": hidden when the log-prob table would exceed HIDDEN_ABOVE_BYTES)."""
     from ..model.structure import text_config
 
     if storage not in STORAGES:

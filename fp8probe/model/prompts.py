@@ -74,8 +74,25 @@ _TEMPLATES = [
     "Compare {s} with something similar and explain the difference.",
 ]
 _SUBJECTS = [
-    "photosynthesis", "the water cycle", "compound interest", "black holes", "the printing press", "vaccines",
-    "recycling", "the internet", "volcanoes", "bees", "electric cars", "chess", "the moon", "sleep", "bread baking",
-    "earthquakes", "solar panels", "the human heart", "maps", "rainbows",
+    "photosynthesis",
+    "the water cycle",
+    "compound interest",
+    "black holes",
+    "the printing press",
+    "vaccines",
+    "recycling",
+    "the internet",
+    "volcanoes",
+    "bees",
+    "electric cars",
+    "chess",
+    "the moon",
+    "sleep",
+    "bread baking",
+    "earthquakes",
+    "solar panels",
+    "the human heart",
+    "maps",
+    "rainbows",
 ]
 TRAINING_PROMPTS: list[str] = [t.format(s=s) for s in _SUBJECTS for t in _TEMPLATES]

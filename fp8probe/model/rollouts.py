@@ -53,8 +53,9 @@ class Rollouts:
         return int(self.response_mask.sum())
 
     @classmethod
-    def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad: int,
-                       meta: RolloutsRecord | None = None) -> "Rollouts":
+    def from_sequences(
+        cls, prompts: list[list[int]], responses: list[list[int]], pad: int, meta: RolloutsRecord | None = None
+    ) -> "Rollouts":
         """Token tensors from prompt and response ids: prompt + response, right-padded with `pad`."""
         t_max = max(len(p) + len(r) for p, r in zip(prompts, responses))
         n = len(prompts)
@@ -64,7 +65,7 @@ class Rollouts:
         for i, (p, r) in enumerate(zip(prompts, responses)):
             input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
             attention_mask[i, : len(p) + len(r)] = 1
-            response_mask[i, len(p): len(p) + len(r)] = 1
+            response_mask[i, len(p) : len(p) + len(r)] = 1
         return cls(input_ids, attention_mask, response_mask, meta)
 
     def prompt_groups(self) -> torch.Tensor:
@@ -72,8 +73,13 @@ class Rollouts:
         prompt are not independent draws of the prompt distribution, so intervals resample prompts."""
         keys: dict[tuple, int] = {}
         prompt = (self.attention_mask == 1) & (self.response_mask == 0)
-        return torch.tensor([keys.setdefault(tuple(self.input_ids[i][prompt[i]].tolist()), len(keys))
-                             for i in range(self.num_sequences)], dtype=torch.int64)
+        return torch.tensor(
+            [
+                keys.setdefault(tuple(self.input_ids[i][prompt[i]].tolist()), len(keys))
+                for i in range(self.num_sequences)
+            ],
+            dtype=torch.int64,
+        )
 
     @property
     def num_prompts(self) -> int:
@@ -89,8 +95,9 @@ class Rollouts:
         idx = torch.as_tensor(list(sequences), dtype=torch.int64)
         am = self.attention_mask[idx]
         t = int(am.sum(1).max()) if len(idx) else 0
-        return Rollouts(self.input_ids[idx, :t].clone(), am[:, :t].clone(), self.response_mask[idx, :t].clone(),
-                        self.meta)
+        return Rollouts(
+            self.input_ids[idx, :t].clone(), am[:, :t].clone(), self.response_mask[idx, :t].clone(), self.meta
+        )
 
     def split(self, holdout_every: int) -> tuple["Rollouts", "Rollouts", dict]:
         """(search, held out, the split as recorded): every `holdout_every`-th distinct prompt (0-based prompt
@@ -99,17 +106,24 @@ class Rollouts:
         if holdout_every < 2:
             raise FP8ProbeError(f"`holdout` {holdout_every}: hold out every k-th prompt with k >= 2 (0: no split)")
         if not self.can_split(holdout_every):
-            raise FP8ProbeError(f"the rollouts hold {self.num_prompts} distinct prompts: too few to hold out every "
-                                f"k-th (k = {holdout_every}) and keep two on each side; sample more (`num_prompts`) "
-                                "or pass `holdout` 0")
+            raise FP8ProbeError(
+                f"the rollouts hold {self.num_prompts} distinct prompts: too few to hold out every "
+                f"k-th (k = {holdout_every}) and keep two on each side; sample more (`num_prompts`) "
+                "or pass `holdout` 0"
+            )
         groups = self.prompt_groups()
         held = [i for i, g in enumerate(groups.tolist()) if g % holdout_every == holdout_every - 1]
         search = [i for i, g in enumerate(groups.tolist()) if g % holdout_every != holdout_every - 1]
         a, b = self.subset(search), self.subset(held)
-        doc = {"holdout_every": holdout_every, "search_sequences": search, "heldout_sequences": held,
-               "search_prompts": len({int(groups[i]) for i in search}),
-               "heldout_prompts": len({int(groups[i]) for i in held}),
-               "search_tokens": a.num_response_tokens, "heldout_tokens": b.num_response_tokens}
+        doc = {
+            "holdout_every": holdout_every,
+            "search_sequences": search,
+            "heldout_sequences": held,
+            "search_prompts": len({int(groups[i]) for i in search}),
+            "heldout_prompts": len({int(groups[i]) for i in held}),
+            "search_tokens": a.num_response_tokens,
+            "heldout_tokens": b.num_response_tokens,
+        }
         return a, b, doc
 
     def check_fits(self, config, where: str = "the rollouts") -> None:
@@ -121,20 +135,24 @@ class Rollouts:
         top = int(self.input_ids.max()) if self.input_ids.numel() else 0
         if vocab is not None and top >= vocab:
             source = self.meta.model if self.meta else None
-            raise FP8ProbeError(f"{where} hold token id {top}, past this model's vocabulary of {vocab}: they "
-                                f"come from another model ({source}); sample new ones for this model")
+            raise FP8ProbeError(
+                f"{where} hold token id {top}, past this model's vocabulary of {vocab}: they "
+                f"come from another model ({source}); sample new ones for this model"
+            )
         ctx = context_length(config)
         longest = int(self.attention_mask.sum(1).max()) if self.num_sequences else 0
         if ctx and longest > ctx:
-            raise FP8ProbeError(f"{where} hold a sequence of {longest} tokens, longer than this model's context "
-                                f"of {ctx}; sample new ones for this model")
+            raise FP8ProbeError(
+                f"{where} hold a sequence of {longest} tokens, longer than this model's context "
+                f"of {ctx}; sample new ones for this model"
+            )
 
     def batches(self, batch_size: int):
         """Row slices of at most batch_size sequences, each trimmed to its longest sequence."""
         for s in range(0, self.num_sequences, batch_size):
-            am = self.attention_mask[s:s + batch_size]
+            am = self.attention_mask[s : s + batch_size]
             t = int(am.sum(1).max())
-            yield (self.input_ids[s:s + batch_size, :t], am[:, :t], self.response_mask[s:s + batch_size, :t])
+            yield (self.input_ids[s : s + batch_size, :t], am[:, :t], self.response_mask[s : s + batch_size, :t])
 
 
 def context_length(config) -> int | None:
@@ -165,11 +183,20 @@ def read_prompts(path: str | Path) -> list[str]:
             val = rec.get("prompt", rec.get("text", rec.get("messages"))) if isinstance(rec, dict) else rec
             if not val:
                 raise FP8ProbeError(f"{path}:{i} has no 'prompt', 'text' or 'messages' field")
-            if not (isinstance(val, str) or (isinstance(val, list) and all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                    for m in val))):
-                raise FP8ProbeError(f"{path}:{i}: a prompt must be a string, or 'messages' a list of "
-                                    "{\"role\": ..., \"content\": ...} objects")
+            if not (
+                isinstance(val, str)
+                or (
+                    isinstance(val, list)
+                    and all(
+                        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                        for m in val
+                    )
+                )
+            ):
+                raise FP8ProbeError(
+                    f"{path}:{i}: a prompt must be a string, or 'messages' a list of "
+                    '{"role": ..., "content": ...} objects'
+                )
             out.append(val)
         return out
     return [ln.strip() for ln in lines]
@@ -186,8 +213,14 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 
 
 @torch.no_grad()
-def make_rollouts(student, prompts: list | str | Path | None = None, sampling: Sampling | None = None, *,
-                  progress: bool = False, **fields) -> Rollouts:
+def make_rollouts(
+    student,
+    prompts: list | str | Path | None = None,
+    sampling: Sampling | None = None,
+    *,
+    progress: bool = False,
+    **fields,
+) -> Rollouts:
     """Sample the student's responses to the prompts (built-in ones by default) as `sampling` says, with `fields`
     (Sampling's, e.g. num_prompts=4, max_new_tokens=16) changed; the samples of one prompt are consecutive
     sequences."""
@@ -218,22 +251,31 @@ def make_rollouts(student, prompts: list | str | Path | None = None, sampling: S
     ctx = context_length(model.config)
     for i, ids in enumerate(encoded):
         if ctx and len(ids) + max_new_tokens > ctx:
-            raise FP8ProbeError(f"prompt {i + 1} is {len(ids)} tokens; with `max_new_tokens` {max_new_tokens} that "
-                                f"exceeds the model's context of {ctx}: shorten it or lower `max_new_tokens`")
+            raise FP8ProbeError(
+                f"prompt {i + 1} is {len(ids)} tokens; with `max_new_tokens` {max_new_tokens} that "
+                f"exceeds the model's context of {ctx}: shorten it or lower `max_new_tokens`"
+            )
     seqs: list[tuple[list[int], list[int]]] = []
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(encoded), desc="rollouts", unit="prompt", disable=not progress, mininterval=bar_interval())
     for bi, s in enumerate(range(0, len(encoded), batch_size)):
-        batch = encoded[s:s + batch_size]
+        batch = encoded[s : s + batch_size]
         width = max(len(x) for x in batch)
         ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch], device=device)  # left-padded
         am = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=device)
         gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + bi)
         torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
         out = model.generate(
-            input_ids=ids, attention_mask=am, do_sample=temperature > 0, temperature=temperature if temperature > 0
-            else None, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
+            input_ids=ids,
+            attention_mask=am,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=eos,
         )
         for row, prompt_ids in enumerate(batch):
             resp = out[row, width:].tolist()
@@ -246,11 +288,24 @@ def make_rollouts(student, prompts: list | str | Path | None = None, sampling: S
     bar.close()
     out = Rollouts.from_sequences([p for p, _ in seqs], [resp for _, resp in seqs], pad)
     out.meta = RolloutsRecord(
-        fp8probe_version=__version__, model=student.name, model_path=student.path, prompts=prompts,
-        sampling={"temperature": temperature, "top_p": top_p, "top_k": 0, "max_new_tokens": max_new_tokens,
-                  "batch_size": batch_size, "eos_token_ids": eos, "samples_per_prompt": samples_per_prompt},
-        seed=seed, num_sequences=out.num_sequences, num_tokens=int(out.attention_mask.sum()),
-        num_response_tokens=out.num_response_tokens)
+        fp8probe_version=__version__,
+        model=student.name,
+        model_path=student.path,
+        prompts=prompts,
+        sampling={
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": 0,
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+            "eos_token_ids": eos,
+            "samples_per_prompt": samples_per_prompt,
+        },
+        seed=seed,
+        num_sequences=out.num_sequences,
+        num_tokens=int(out.attention_mask.sum()),
+        num_response_tokens=out.num_response_tokens,
+    )
     return out
 
 
@@ -266,8 +321,14 @@ def save_rollouts(r: Rollouts, out_dir: str | Path) -> None:
     from safetensors.torch import save
 
     out = Path(out_dir)
-    data = save({"input_ids": r.input_ids.contiguous(), "attention_mask": r.attention_mask.contiguous(),
-                 "response_mask": r.response_mask.contiguous()}, metadata={SCHEMA_KEY: str(SCHEMA_VERSION)})
+    data = save(
+        {
+            "input_ids": r.input_ids.contiguous(),
+            "attention_mask": r.attention_mask.contiguous(),
+            "response_mask": r.response_mask.contiguous(),
+        },
+        metadata={SCHEMA_KEY: str(SCHEMA_VERSION)},
+    )
     atomic_write_bytes(out / TENSORS, data)
     (r.meta or RolloutsRecord()).write(out / META)
 
@@ -279,8 +340,9 @@ def load_rollouts(directory: str | Path) -> Rollouts:
 
     d = Path(directory)
     if not (d / TENSORS).is_file() or not (d / META).is_file():
-        raise FP8ProbeError(f"{directory} holds no rollouts ({TENSORS} and {META}); create them with "
-                            "`fp8probe rollouts`")
+        raise FP8ProbeError(
+            f"{directory} holds no rollouts ({TENSORS} and {META}); create them with `fp8probe rollouts`"
+        )
     try:
         t = load_file(str(d / TENSORS))
         meta = json.loads((d / META).read_text())
@@ -288,8 +350,10 @@ def load_rollouts(directory: str | Path) -> Rollouts:
         raise FP8ProbeError(f"rollouts in {directory} are unreadable ({e}); create them again") from e
     if schema_of(meta) != SCHEMA_VERSION:
         got = schema_of(meta)
-        raise FP8ProbeError(f"rollouts in {directory} have schema {got!r}, this fp8probe reads {SCHEMA_VERSION}; "
-                            "create them again with `fp8probe rollouts`")
+        raise FP8ProbeError(
+            f"rollouts in {directory} have schema {got!r}, this fp8probe reads {SCHEMA_VERSION}; "
+            "create them again with `fp8probe rollouts`"
+        )
     missing = {"input_ids", "attention_mask", "response_mask"} - set(t)
     if missing:
         raise FP8ProbeError(f"rollouts in {directory} lack {', '.join(sorted(missing))}")
@@ -300,6 +364,7 @@ def load_rollouts(directory: str | Path) -> Rollouts:
 
 def _check_tensors(r: Rollouts, where) -> None:
     """Shapes, dtypes and masks as save_rollouts writes them; anything else was not written by fp8probe."""
+
     def bad(what):
         raise FP8ProbeError(f"rollouts in {where}: {what}; create them again with `fp8probe rollouts`")
 

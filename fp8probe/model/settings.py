@@ -14,13 +14,20 @@ class ModelSource(Settings):
     """A student and how to load it: a Hugging Face directory, a model id in the local HF cache, a .gguf file, or
     None for the embedded SmolLM2-135M-Instruct; fp32 on the CPU by default (bf16 is ~5x slower there)."""
 
-    model: str | None = opt(None, "HF directory, model id in the local HF cache, .gguf file (capacity: also a bare "
-                            "config.json); default: the embedded SmolLM2-135M-Instruct", positional=True)
+    model: str | None = opt(
+        None,
+        "HF directory, model id in the local HF cache, .gguf file (capacity: also a bare "
+        "config.json); default: the embedded SmolLM2-135M-Instruct",
+        positional=True,
+    )
     device: str = opt("cpu", "torch device: cpu, cuda, cuda:N, or auto (the model spread over this machine's GPUs)")
     dtype: str = opt("float32", "compute dtype (bf16 is ~5x slower on CPU)")
     trust_remote_code: bool = opt(False, "allow custom model code")
-    allow_pickle: bool = opt(False, "load .bin/.pt weights with torch.load(weights_only=True); by default only "
-                             "safetensors and GGUF are read (never unpickled)")
+    allow_pickle: bool = opt(
+        False,
+        "load .bin/.pt weights with torch.load(weights_only=True); by default only "
+        "safetensors and GGUF are read (never unpickled)",
+    )
 
     @property
     def label(self) -> str:
@@ -45,8 +52,13 @@ class ModelSource(Settings):
     def load(self):
         from .student import load_student
 
-        return load_student(self.model, device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code,
-                            allow_pickle=self.allow_pickle)
+        return load_student(
+            self.model,
+            device=self.device,
+            dtype=self.dtype,
+            trust_remote_code=self.trust_remote_code,
+            allow_pickle=self.allow_pickle,
+        )
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,11 @@ class RolloutSettings(Settings):
 
     def sampling(self) -> Sampling:
         """How these settings sample new rollouts (make_rollouts)."""
-        return Sampling(num_prompts=self.num_prompts, max_new_tokens=self.max_new_tokens, seed=self.seed,
-                        temperature=self.temperature, batch_size=self.batch_size,
-                        samples_per_prompt=self.samples_per_prompt)
+        return Sampling(
+            num_prompts=self.num_prompts,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+            temperature=self.temperature,
+            batch_size=self.batch_size,
+            samples_per_prompt=self.samples_per_prompt,
+        )

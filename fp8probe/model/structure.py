@@ -106,8 +106,11 @@ class KVGeometry:
 def kv_geometry(config) -> KVGeometry:
     cfg = text_config(config)
     heads = cfg.num_attention_heads
-    return KVGeometry(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
-                      getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    return KVGeometry(
+        cfg.num_hidden_layers,
+        getattr(cfg, "num_key_value_heads", None) or heads,
+        getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+    )
 
 
 def text_config(config):
@@ -129,9 +132,17 @@ def _supported_list() -> str:
 
 
 # config fields fp8probe computes with: each must be a positive integer when present (required: True)
-_CONFIG_INTS = {"num_hidden_layers": True, "hidden_size": True, "num_attention_heads": True, "vocab_size": True,
-                "num_key_value_heads": False, "head_dim": False, "intermediate_size": False,
-                "max_position_embeddings": False, "sliding_window": False}
+_CONFIG_INTS = {
+    "num_hidden_layers": True,
+    "hidden_size": True,
+    "num_attention_heads": True,
+    "vocab_size": True,
+    "num_key_value_heads": False,
+    "head_dim": False,
+    "intermediate_size": False,
+    "max_position_embeddings": False,
+    "sliding_window": False,
+}
 
 
 def check_supported(config) -> str:
@@ -145,8 +156,10 @@ def check_supported(config) -> str:
         if v is None and not required:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise FP8ProbeError(f"the model config's {key} is {v!r}; it must be a positive integer: "
-                                "is this a real Hugging Face config.json?")
+            raise FP8ProbeError(
+                f"the model config's {key} is {v!r}; it must be a positive integer: "
+                "is this a real Hugging Face config.json?"
+            )
     return model_type
 
 
@@ -192,8 +205,17 @@ def list_units(model: nn.Module) -> list[Unit]:
         units.append(_unit(_module_path(model, head), "lm_head", -1, head.weight, quantizable=False))
     elif head is not None:
         # tied embeddings: listed (it is a GEMM in vLLM) but its weight is the embedding's
-        units.append(Unit(_module_path(model, head), "lm_head", -1, _module_path(model, emb), 0,
-                          tuple(head.weight.shape), quantizable=False))
+        units.append(
+            Unit(
+                _module_path(model, head),
+                "lm_head",
+                -1,
+                _module_path(model, emb),
+                0,
+                tuple(head.weight.shape),
+                quantizable=False,
+            )
+        )
     return units
 
 
@@ -215,8 +237,9 @@ def scheme_blockers(units: list[Unit], scheme) -> dict[str, str]:
     bn = scheme.weight.block[0] if scheme.weight.strategy == "block" else None
     for g, us in fused_groups(units).items():
         bad = [f"{u.name.rsplit('.', 1)[-1]} input dim {input_dim(u)}" for u in us if g_in and input_dim(u) % g_in]
-        bad += [f"{u.name.rsplit('.', 1)[-1]} output dim {u.shape[-2]} (fused)" for u in us[:-1]
-                if bn and u.shape[-2] % bn]
+        bad += [
+            f"{u.name.rsplit('.', 1)[-1]} output dim {u.shape[-2]} (fused)" for u in us[:-1] if bn and u.shape[-2] % bn
+        ]
         if bad:
             out[g] = f"{bad[0]} not a multiple of {g_in or bn}"
     return out
@@ -233,12 +256,21 @@ def check_scheme(config, scheme, partial: bool = False) -> dict[str, str]:
     if blocked and (not partial or len(blocked) == len(groups)):
         scheme.check_input_dims({u.name: input_dim(u) for u in units})
         g, why = next(iter(blocked.items()))
-        raise FP8ProbeError(f"{scheme.name} cannot quantize {'any' if partial else len(blocked)} of this model's "
-                            f"fused groups ({g}: {why}); use FP8_DYNAMIC")
+        raise FP8ProbeError(
+            f"{scheme.name} cannot quantize {'any' if partial else len(blocked)} of this model's "
+            f"fused groups ({g}: {why}); use FP8_DYNAMIC"
+        )
     if blocked:
         g, why = next(iter(blocked.items()))
-        log.warning("%s cannot quantize %d of this model's %d fused groups (%s: %s); they are not swept and stay "
-                    "BF16 in every recipe", scheme.name, len(blocked), len(groups), g, why)
+        log.warning(
+            "%s cannot quantize %d of this model's %d fused groups (%s: %s); they are not swept and stay "
+            "BF16 in every recipe",
+            scheme.name,
+            len(blocked),
+            len(groups),
+            g,
+            why,
+        )
     return blocked
 
 

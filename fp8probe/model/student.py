@@ -88,13 +88,17 @@ def resolve_source(name_or_path: str | None, allow_pickle: bool = False) -> tupl
         has_safe = any(p.glob("*.safetensors"))
         pickled = sorted(f.name for f in p.iterdir() if f.suffix in PICKLE_SUFFIXES)
         if not has_safe and pickled and not allow_pickle:
-            raise FP8ProbeError(f"{s} holds only pickled weights ({pickled[0]}); fp8probe never unpickles by "
-                                "default: convert them to safetensors, or pass `allow_pickle` to load them with "
-                                "torch.load(weights_only=True)")
+            raise FP8ProbeError(
+                f"{s} holds only pickled weights ({pickled[0]}); fp8probe never unpickles by "
+                "default: convert them to safetensors, or pass `allow_pickle` to load them with "
+                "torch.load(weights_only=True)"
+            )
         return str(p), dict(safe)
     if p.is_file() and p.suffix in PICKLE_SUFFIXES:
-        raise FP8ProbeError(f"{s} is a pickled checkpoint file; pass the Hugging Face directory that holds it "
-                            "(with its config.json), as safetensors")
+        raise FP8ProbeError(
+            f"{s} is a pickled checkpoint file; pass the Hugging Face directory that holds it "
+            "(with its config.json), as safetensors"
+        )
     if p.exists():
         raise FP8ProbeError(f"{s} is not a model: pass a Hugging Face directory, a .gguf file or a model id")
     if s.startswith((".", "/", "~")) or s.count("/") > 1 or s.endswith((".json", ".safetensors", ".bin")):
@@ -213,8 +217,9 @@ def load_student(
     if is_pruned(name_or_path):  # the embedded student depth-pruned, as `calibrate --student pruned:K` makes it
         teacher = load_student(None, device, dtype)
         pruned = depth_pruned(teacher.model, pruned_every(name_or_path))
-        return Student(pruned, teacher.tokenizer, list_units(pruned), str(name_or_path).strip(), teacher.path,
-                       teacher.model_type)
+        return Student(
+            pruned, teacher.tokenizer, list_units(pruned), str(name_or_path).strip(), teacher.path, teacher.model_type
+        )
     config = load_config(name_or_path, trust_remote_code, allow_pickle)
     model_type = check_supported(config)
     src, kwargs = resolve_source(name_or_path, allow_pickle)
@@ -241,5 +246,7 @@ def check_finite_weights(model: nn.Module, name: str) -> None:
     for pname, p in model.named_parameters():
         if not torch.isfinite(p).all():
             bad = int((~torch.isfinite(p)).sum())
-            raise FP8ProbeError(f"the weights of {name} hold {bad} NaN/inf values in {pname}; the checkpoint is "
-                                "broken: fix or re-export it before measuring")
+            raise FP8ProbeError(
+                f"the weights of {name} hold {bad} NaN/inf values in {pname}; the checkpoint is "
+                "broken: fix or re-export it before measuring"
+            )

@@ -12,10 +12,34 @@ from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
 from ..core.settings import Settings, opt
 from ..deploy import throughput as tp_model
 
-COLUMNS = ["configuration", "weights", "kv_cache_dtype", "async", "mismatch", "mismatch_lo", "mismatch_hi",
-           "mismatch_source", "verdict", "weight_gib", "kv_tokens", "max_concurrency", "mean_running", "preemptions",
-           "rollout_s", "rollout_tokens_per_s", "train_s", "step_s", "steps_to_target", "steps_lo", "steps_hi",
-           "steps_source", "time_to_target_s", "speedup", "speedup_lo", "speedup_hi"]
+COLUMNS = [
+    "configuration",
+    "weights",
+    "kv_cache_dtype",
+    "async",
+    "mismatch",
+    "mismatch_lo",
+    "mismatch_hi",
+    "mismatch_source",
+    "verdict",
+    "weight_gib",
+    "kv_tokens",
+    "max_concurrency",
+    "mean_running",
+    "preemptions",
+    "rollout_s",
+    "rollout_tokens_per_s",
+    "train_s",
+    "step_s",
+    "steps_to_target",
+    "steps_lo",
+    "steps_hi",
+    "steps_source",
+    "time_to_target_s",
+    "speedup",
+    "speedup_lo",
+    "speedup_hi",
+]
 
 
 @dataclass(frozen=True)
@@ -24,47 +48,69 @@ class PlanSettings(Settings):
     rollout batch, the training step, and where cost and time to quality come from (`calibration`, `budget`)."""
 
     recipe: tuple[str, ...] = opt((), "recipe.yaml file(s) as weight configurations")
-    fp8: tuple[str, ...] = opt((), "whole-model FP8 scheme(s) as weight configurations (e.g. FP8_DYNAMIC)",
-                               choices=[s for s in SCHEMES if s != "FP8"])
-    kv_cache_dtype: tuple[str, ...] = opt((), f"FP8 KV cache dtype(s): {', '.join(KV_CACHE_DTYPES)}",
-                                          choices=KV_CACHE_DTYPES)
+    fp8: tuple[str, ...] = opt(
+        (),
+        "whole-model FP8 scheme(s) as weight configurations (e.g. FP8_DYNAMIC)",
+        choices=[s for s in SCHEMES if s != "FP8"],
+    )
+    kv_cache_dtype: tuple[str, ...] = opt(
+        (), f"FP8 KV cache dtype(s): {', '.join(KV_CACHE_DTYPES)}", choices=KV_CACHE_DTYPES
+    )
     async_steps: tuple[int, ...] = opt((), "asynchronous rollouts K steps behind the trainer", low=1, flag="--async")
-    stale: tuple[str, ...] = opt((), "a checkpoint K steps old for each --async K (its mismatch measured together "
-                                 "with the weights and KV cache); default: the calibration's stale:K level")
+    stale: tuple[str, ...] = opt(
+        (),
+        "a checkpoint K steps old for each --async K (its mismatch measured together "
+        "with the weights and KV cache); default: the calibration's stale:K level",
+    )
     calibration: str | None = opt(None, "a `fp8probe calibrate` directory: budget and learning curves")
     objective: str | None = opt(None, "the calibration's objective (one with several)")
     budget: str | None = opt(None, "a number (kl_q_p) or budget.json; default: the calibration's, else uncalibrated")
-    other_student: bool = opt(False, "measure this student against a budget calibrated on another one (refused "
-                              "otherwise; plan.json says so)")
-    target: float | None = opt(None, "target held-out quality (lower is better); default: the mismatch-free runs' "
-                               "final quality within the calibration's tolerance", low=0.0)
-    steps: int = opt(100, "without a calibration: the training steps every admitted configuration is assumed to need",
-                     low=1)
+    other_student: bool = opt(
+        False, "measure this student against a budget calibrated on another one (refused otherwise; plan.json says so)"
+    )
+    target: float | None = opt(
+        None,
+        "target held-out quality (lower is better); default: the mismatch-free runs' "
+        "final quality within the calibration's tolerance",
+        low=0.0,
+    )
+    steps: int = opt(
+        100, "without a calibration: the training steps every admitted configuration is assumed to need", low=1
+    )
     measure: bool = opt(True, "model throughput only: no student loaded, no mismatch measured", flag="--no-measure")
     rollout_batch: int = opt(512, "sequences generated per training step", low=1)
     prompt_len: int | None = opt(None, "prompt tokens per sequence (default: the rollouts', else 256)", low=1)
     response_len: int | None = opt(None, "response tokens per sequence (default: the rollouts' own lengths)", low=1)
-    train_step_s: float | None = opt(None, "seconds per training step (default: modelled at `mfu`)", low=0.0,
-                                     open_low=True)
+    train_step_s: float | None = opt(
+        None, "seconds per training step (default: modelled at `mfu`)", low=0.0, open_low=True
+    )
     mfu: float = opt(0.35, "model FLOP utilisation of the modelled training step", low=0.0, open_low=True, high=1.0)
-    bandwidth_efficiency: float = opt(tp_model.BANDWIDTH_EFFICIENCY, "achieved / peak memory bandwidth in decode",
-                                      low=0.0, open_low=True, high=1.0)
-    compute_efficiency: float = opt(tp_model.COMPUTE_EFFICIENCY, "achieved / peak tensor FLOP/s", low=0.0,
-                                    open_low=True, high=1.0)
-    step_overhead_s: float = opt(tp_model.STEP_OVERHEAD_S, "fixed seconds per decode step (scheduling, launches)",
-                                 low=0.0)
-    seq_overhead_s: float = opt(tp_model.SEQ_OVERHEAD_S, "seconds per running sequence and decode step (sampling)",
-                                low=0.0)
+    bandwidth_efficiency: float = opt(
+        tp_model.BANDWIDTH_EFFICIENCY, "achieved / peak memory bandwidth in decode", low=0.0, open_low=True, high=1.0
+    )
+    compute_efficiency: float = opt(
+        tp_model.COMPUTE_EFFICIENCY, "achieved / peak tensor FLOP/s", low=0.0, open_low=True, high=1.0
+    )
+    step_overhead_s: float = opt(
+        tp_model.STEP_OVERHEAD_S, "fixed seconds per decode step (scheduling, launches)", low=0.0
+    )
+    seq_overhead_s: float = opt(
+        tp_model.SEQ_OVERHEAD_S, "seconds per running sequence and decode step (sampling)", low=0.0
+    )
     bootstrap_seed: int = opt(0, "seed of the bootstrap over the calibration's seeds", low=0)
     configurations: tuple = field(default=(), repr=False)  # filled by __post_init__
 
     def __post_init__(self):
         super().__post_init__()
         if self.stale and len(self.stale) != len(self.async_steps):
-            raise FP8ProbeError("give one `stale` checkpoint per `async_steps` K (or none: the calibration's "
-                                "stale:K levels)")
-        weights = [("bf16", None, None)] + [(f"recipe {Path(r).parent.name or r}", r, None) for r in self.recipe] \
+            raise FP8ProbeError(
+                "give one `stale` checkpoint per `async_steps` K (or none: the calibration's stale:K levels)"
+            )
+        weights = (
+            [("bf16", None, None)]
+            + [(f"recipe {Path(r).parent.name or r}", r, None) for r in self.recipe]
             + [(f"fp8 {s}", None, s) for s in self.fp8]
+        )
         kvs = [None, *self.kv_cache_dtype]
         stale = [0, *self.async_steps]
         configs = []
@@ -76,9 +122,13 @@ class PlanSettings(Settings):
         object.__setattr__(self, "configurations", tuple(configs))
 
     def device(self, gpu: str) -> tp_model.Device:
-        return tp_model.Device.from_gpu(gpu, bandwidth_efficiency=self.bandwidth_efficiency,
-                                        compute_efficiency=self.compute_efficiency,
-                                        step_overhead_s=self.step_overhead_s, seq_overhead_s=self.seq_overhead_s)
+        return tp_model.Device.from_gpu(
+            gpu,
+            bandwidth_efficiency=self.bandwidth_efficiency,
+            compute_efficiency=self.compute_efficiency,
+            step_overhead_s=self.step_overhead_s,
+            seq_overhead_s=self.seq_overhead_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -115,8 +165,11 @@ def lengths(settings: PlanSettings, rollouts=None) -> tuple[list[int], list[int]
     r_src = "given" if settings.response_len else "the rollouts'"
     prompt = [settings.prompt_len] if settings.prompt_len else prompt or [256]
     resp = [settings.response_len] if settings.response_len else resp
-    return ([int(prompt[i % len(prompt)]) for i in range(n)], [int(resp[i % len(resp)]) for i in range(n)],
-            f"prompts {p_src}, responses {r_src}")
+    return (
+        [int(prompt[i % len(prompt)]) for i in range(n)],
+        [int(resp[i % len(resp)]) for i in range(n)],
+        f"prompts {p_src}, responses {r_src}",
+    )
 
 
 def rollout_cost(cfg, meta, units, conf: Configuration, device, serving, prompts, responses) -> dict:
@@ -135,22 +188,30 @@ def rollout_cost(cfg, meta, units, conf: Configuration, device, serving, prompts
     pool = kv_pool(tcfg, meta, rec, kvd, serving, max_len, conf.name)
     sm = tp_model.step_model(cfg, rec, kvd, device, serving.tensor_parallel_size, serving.hybrid)
     try:
-        r = tp_model.simulate(sm, prompts, responses, pool["num_blocks"], pool["groups"], pool["block_size"],
-                              serving.max_num_seqs)
+        r = tp_model.simulate(
+            sm, prompts, responses, pool["num_blocks"], pool["groups"], pool["block_size"], serving.max_num_seqs
+        )
     except ValueError as e:
         raise FP8ProbeError(f"{conf.name}: {e}") from e
-    return {"weight_gib": pool["weight_bytes"] / GiB, "kv_tokens": pool["kv_tokens"],
-            "max_concurrency": pool["max_concurrency"], "mean_running": r.mean_running,
-            "preemptions": r.preemptions, "rollout_s": r.seconds, "rollout_tokens_per_s": r.tokens_per_s,
-            "active_params": (sm.fp8_params + sm.bf16_params) * serving.tensor_parallel_size}
+    return {
+        "weight_gib": pool["weight_bytes"] / GiB,
+        "kv_tokens": pool["kv_tokens"],
+        "max_concurrency": pool["max_concurrency"],
+        "mean_running": r.mean_running,
+        "preemptions": r.preemptions,
+        "rollout_s": r.seconds,
+        "rollout_tokens_per_s": r.tokens_per_s,
+        "active_params": (sm.fp8_params + sm.bf16_params) * serving.tensor_parallel_size,
+    }
 
 
 def train_seconds(settings: PlanSettings, device, active_params: float, tokens: int, gpus: int) -> tuple[float, str]:
     if settings.train_step_s is not None:
         return settings.train_step_s, "given"
     s = 6.0 * active_params * tokens / (settings.mfu * device.bf16_flops * gpus)
-    return s, (f"modelled: 6 x {active_params / 1e9:.3g}B active parameters x {tokens:,} tokens at "
-               f"{settings.mfu:.0%} MFU")
+    return s, (
+        f"modelled: 6 x {active_params / 1e9:.3g}B active parameters x {tokens:,} tokens at {settings.mfu:.0%} MFU"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -176,8 +237,16 @@ def _perturbation(student, conf: Configuration, stale_ckpt: str | None, allow_pi
     return parts[0] if len(parts) == 1 else src.combine(parts, conf.name)
 
 
-def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, batch_size: int = 8,
-                  allow_pickle: bool = False, progress: bool = False) -> dict[str, dict]:
+def measure_costs(
+    student,
+    rollouts,
+    settings: PlanSettings,
+    budget,
+    curves,
+    batch_size: int = 8,
+    allow_pickle: bool = False,
+    progress: bool = False,
+) -> dict[str, dict]:
     """Per configuration: its mismatch on `budget.metric` (the excess) with its interval, where it came from, and
     the check's verdict (admission.judge: each kind on its evidence). One measurement per distinct engine
     configuration; asynchronous rows measure with their `stale` checkpoint, or add the calibration's stale:K mismatch
@@ -203,26 +272,46 @@ def measure_costs(student, rollouts, settings: PlanSettings, budget, curves, bat
                 seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel(), ())
             else:
                 m = measure(reference, student, rollouts, source.perturbation, "sim", batch_size)
-                seen[key] = (excess(metric, m.metrics[metric]), m.excess_interval(metric), m.num_prompts,
-                             source.perturbation.kinds())
+                seen[key] = (
+                    excess(metric, m.metrics[metric]),
+                    m.excess_interval(metric),
+                    m.num_prompts,
+                    source.perturbation.kinds(),
+                )
         value, (lo, hi), prompts, kinds = seen[key]
         how = "measured" if conf.base != (None, None, None) or ckpt else "none (the reference)"
         if conf.async_steps and not ckpt:
             level = f"stale:{conf.async_steps}"
             runs, at = curves.stale_runs(level), curves.mismatch[level]  # the level's place, its seeds' own range
             value, lo, hi = value + at, lo + min(at, runs.min()), hi + max(at, runs.max())
-            how = f"sum: measured + the calibration's {level} (its seeds' range)" if conf.base != (None, None, None) \
+            how = (
+                f"sum: measured + the calibration's {level} (its seeds' range)"
+                if conf.base != (None, None, None)
                 else f"the calibration's {level} (its seeds' range)"
+            )
         v = judge(value, (lo, hi), budget, int(prompts), (*kinds, *(("stale",) if conf.async_steps else ())))
-        out[conf.name] = {"mismatch": value, "mismatch_lo": lo, "mismatch_hi": hi, "mismatch_source": how,
-                          "verdict": v["verdict"], "prompts_to_decide": v["prompts_to_decide"]}
+        out[conf.name] = {
+            "mismatch": value,
+            "mismatch_lo": lo,
+            "mismatch_hi": hi,
+            "mismatch_source": how,
+            "verdict": v["verdict"],
+            "prompts_to_decide": v["prompts_to_decide"],
+        }
     return out
 
 
 def _kinds(conf: Configuration) -> tuple[str, ...]:
     """The kinds of mismatch source a configuration holds (what a budget's evidence is read for)."""
-    return tuple(k for k, on in (("fp8", bool(conf.recipe or conf.scheme)), ("kv", bool(conf.kv_cache_dtype)),
-                                 ("stale", bool(conf.async_steps))) if on)
+    return tuple(
+        k
+        for k, on in (
+            ("fp8", bool(conf.recipe or conf.scheme)),
+            ("kv", bool(conf.kv_cache_dtype)),
+            ("stale", bool(conf.async_steps)),
+        )
+        if on
+    )
 
 
 def _own_level(conf: Configuration, curves, settings: PlanSettings) -> str | None:
@@ -258,12 +347,22 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
         return None, (None, None), None, (None, None), "refused: REJECT", None
     level = _own_level(conf, curves, settings)
     stale_ruler = ((budget.dose_response or {}).get("rulers") or {}).get("stale") or {}
-    own = [k for k in _kinds(conf) if any(e.get("reading") == "costs more than the ruler predicts"
-                                          for e in (budget.kinds or {}).get(k, []))
-           or (k == "stale" and stale_ruler.get("fits") is True)]
+    own = [
+        k
+        for k in _kinds(conf)
+        if any(e.get("reading") == "costs more than the ruler predicts" for e in (budget.kinds or {}).get(k, []))
+        or (k == "stale" and stale_ruler.get("fits") is True)
+    ]
     if level is None and own:
-        return (None, (None, None), None, (None, None), f"refused: {', '.join(own)} cost otherwise than the noise "
-                "ruler's curves say on this student, and no calibration level is this configuration", None)
+        return (
+            None,
+            (None, None),
+            None,
+            (None, None),
+            f"refused: {', '.join(own)} cost otherwise than the noise "
+            "ruler's curves say on this student, and no calibration level is this configuration",
+            None,
+        )
     if level is None and cost["mismatch"] > curves.mismatch[curves.ruler[-1]]:
         return None, (None, None), None, (None, None), "refused: beyond the calibrated levels (not extrapolated)", None
     c = curves.curve_at(cost["mismatch"], level)
@@ -301,8 +400,10 @@ def check_plan(settings: PlanSettings, serving, model) -> tuple:
     from ..recipe.recipe import read_recipe
 
     if serving.gpu_memory_gib is not None or serving.kv_cache_memory is not None:
-        raise FP8ProbeError("plan models a GPU of the table (its bandwidth and peaks): pass `gpu`, not "
-                            "`gpu_memory_gib` or `kv_cache_memory`")
+        raise FP8ProbeError(
+            "plan models a GPU of the table (its bandwidth and peaks): pass `gpu`, not "
+            "`gpu_memory_gib` or `kv_cache_memory`"
+        )
     gpu(serving.gpu or "H100")
     for r in settings.recipe:
         read_recipe(r)
@@ -313,8 +414,10 @@ def check_plan(settings: PlanSettings, serving, model) -> tuple:
     measured = settings.measure and has_weights(model)
     if measured and settings.async_steps and not settings.stale:
         if curves is None:
-            raise FP8ProbeError("`async_steps` needs the mismatch of stale weights: a `stale` checkpoint per K, or a "
-                                "`calibration` with stale:K levels")
+            raise FP8ProbeError(
+                "`async_steps` needs the mismatch of stale weights: a `stale` checkpoint per K, or a "
+                "`calibration` with stale:K levels"
+            )
         for k in settings.async_steps:
             curves.stale_runs(f"stale:{k}")
     for path in settings.stale:
@@ -339,9 +442,16 @@ def time_to_target(rows: list[dict], settings: PlanSettings, curves, budget, tar
         row["step_s"] = max(row["rollout_s"], train_s) if conf.async_steps else row["rollout_s"] + train_s
         cost = row if row["verdict"] is not None else None
         s, (lo, hi), ratio, (rlo, rhi), how, curve = quality_steps(conf, cost, curves, budget, target, settings)
-        row.update({"steps_to_target": s, "steps_lo": lo, "steps_hi": hi, "steps_source": how,
-                    "time_to_target_s": s * row["step_s"] if s is not None else None,
-                    "curve": None if curve is None else [float(x) for x in curve]})
+        row.update(
+            {
+                "steps_to_target": s,
+                "steps_lo": lo,
+                "steps_hi": hi,
+                "steps_source": how,
+                "time_to_target_s": s * row["step_s"] if s is not None else None,
+                "curve": None if curve is None else [float(x) for x in curve],
+            }
+        )
         if base is None:
             base = row
         per_step = base["step_s"] / row["step_s"]

@@ -24,16 +24,21 @@ def capacity_bars(report: CapacityRecord, path: str | Path | None = None):
     b, c = report.baseline, report.candidate
     labels = ["BF16, auto KV", f"{c['scheme'] or 'BF16'}, {c['kv_cache_dtype']} KV"]
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for ax, key, title in ((axes[0], "kv_tokens", "KV-cache tokens"),
-                           (axes[1], "max_concurrency", f"max concurrency at {report.max_model_len:,} tokens")):
+    for ax, key, title in (
+        (axes[0], "kv_tokens", "KV-cache tokens"),
+        (axes[1], "max_concurrency", f"max concurrency at {report.max_model_len:,} tokens"),
+    ):
         vals = [b[key], c[key]]
         bars = ax.bar(labels, vals, color=["#888888", "#2b7bba"])
         ax.set_title(title, fontsize=10)
         ax.bar_label(bars, labels=[f"{v:,.0f}" if key == "kv_tokens" else f"{v:.2f}x" for v in vals], fontsize=8)
         ax.tick_params(axis="x", labelsize=8)
         ax.margins(y=0.15)
-    fig.suptitle(f"{report.model_type}: x{report.ratio_kv_tokens:.2f} KV tokens "
-                 f"({report.gpu or 'fixed KV memory'}, vLLM's accounting)", fontsize=11)
+    fig.suptitle(
+        f"{report.model_type}: x{report.ratio_kv_tokens:.2f} KV tokens "
+        f"({report.gpu or 'fixed KV memory'}, vLLM's accounting)",
+        fontsize=11,
+    )
     fig.tight_layout()
     return _save(fig, path)
 
@@ -72,8 +77,7 @@ def plan_plot(plan, path: str | Path | None = None):
     ax.set_xlabel(f"modelled time to target ({unit})")
     ax.set_title("ranking", fontsize=10)
     ax.margins(x=0.25)
-    fig.suptitle(f"{plan.model} on {plan.gpu} x{plan.tensor_parallel_size}: rollout throughput MODELLED",
-                 fontsize=11)
+    fig.suptitle(f"{plan.model} on {plan.gpu} x{plan.tensor_parallel_size}: rollout throughput MODELLED", fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -140,14 +144,22 @@ def budget_fit(budget, path: str | Path | None = None):
     df = pd.DataFrame(budget.runs)
     higher = str(df.get("higher_is_better", pd.Series(["true"])).iloc[0]).lower() in ("true", "1")
     clean = df[df["mismatch"] == 0]
-    base = (df["seed"].map(dict(zip(clean["seed"], clean["quality"]))) if budget.paired
-            else pd.Series(clean["quality"].mean(), index=df.index))
+    base = (
+        df["seed"].map(dict(zip(clean["seed"], clean["quality"])))
+        if budget.paired
+        else pd.Series(clean["quality"].mean(), index=df.index)
+    )
     loss = ((base - df["quality"]) if higher else (df["quality"] - base)) / base.abs()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     left = df["mismatch"][df["mismatch"] > 0].min() / 3
     x = df["mismatch"].where(df["mismatch"] > 0, left)
-    ax.scatter(x, 100 * loss, s=12, alpha=0.5, label=f"runs ({'paired' if budget.paired else 'unpaired'}; mismatch 0 "
-               "at the left edge)")
+    ax.scatter(
+        x,
+        100 * loss,
+        s=12,
+        alpha=0.5,
+        label=f"runs ({'paired' if budget.paired else 'unpaired'}; mismatch 0 at the left edge)",
+    )
     curve = dose_curve(budget)
     if curve is not None:
         cx, cy, band = curve
@@ -200,12 +212,24 @@ def sensitivity_by_block(df, path: str | Path | None = None, metric: str = "kl_q
     fig, ax = plt.subplots(figsize=(8, 4.6))
     for kind in [k for k in KIND_ORDER if k in set(units["kind"])]:
         rows = units[units["kind"] == kind].groupby("block")[metric].sum()
-        ax.plot(rows.index, rows.clip(lower=1e-12), marker="o", markersize=3, linewidth=1.2,
-                linestyle="--" if kind == "kv" else "-", label=KIND_LABEL.get(kind, kind))
+        ax.plot(
+            rows.index,
+            rows.clip(lower=1e-12),
+            marker="o",
+            markersize=3,
+            linewidth=1.2,
+            linestyle="--" if kind == "kv" else "-",
+            label=KIND_LABEL.get(kind, kind),
+        )
     whole = df[df["unit"] == "model.fp8_all"]
     if len(whole):
-        ax.axhline(float(whole[metric].iloc[0]), color="black", linestyle=":", linewidth=1,
-                   label="every unit in FP8 (model.fp8_all)")
+        ax.axhline(
+            float(whole[metric].iloc[0]),
+            color="black",
+            linestyle=":",
+            linewidth=1,
+            label="every unit in FP8 (model.fp8_all)",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("decoder block")
     ax.set_ylabel(f"{metric} (mean per response token)")
@@ -226,20 +250,40 @@ def frontier(df, recipes: list, path: str | Path | None = None, metric: str = "k
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (name, r) in enumerate(recipes):
         c = colors[i % len(colors)]
-        pts = [(e["bytes_saved"] / 2**20, e["measured"]) for e in r.search or []
-               if e.get("bytes_saved") and e.get("measured") is not None and e["measured"] > 0]
+        pts = [
+            (e["bytes_saved"] / 2**20, e["measured"])
+            for e in r.search or []
+            if e.get("bytes_saved") and e.get("measured") is not None and e["measured"] > 0
+        ]
         if pts:
             ax.scatter(*zip(*pts), s=12, color=c, alpha=0.6, label=f"{name}: measured passes")
         found = r.measured_search or r.measured
         if found and r.bytes_saved:
             mib = r.bytes_saved / 2**20
-            ax.scatter([mib], [found], s=120, marker="*", color=c, edgecolor="black", zorder=5,
-                       label=f"{name}: chosen ({mib:.1f} MiB, {found:.3g} where searched)")
+            ax.scatter(
+                [mib],
+                [found],
+                s=120,
+                marker="*",
+                color=c,
+                edgecolor="black",
+                zorder=5,
+                label=f"{name}: chosen ({mib:.1f} MiB, {found:.3g} where searched)",
+            )
             if r.measured_interval:  # its value on the held-out prompts, with the interval
                 lo, hi = r.measured_interval
-                ax.errorbar([mib], [r.measured], yerr=[[r.measured - lo], [hi - r.measured]], fmt="D",
-                            color=c, markeredgecolor="black", markersize=5, capsize=3, zorder=6,
-                            label=f"{name}: held out {r.measured:.3g} [{lo:.3g}, {hi:.3g}]")
+                ax.errorbar(
+                    [mib],
+                    [r.measured],
+                    yerr=[[r.measured - lo], [hi - r.measured]],
+                    fmt="D",
+                    color=c,
+                    markeredgecolor="black",
+                    markersize=5,
+                    capsize=3,
+                    zorder=6,
+                    label=f"{name}: held out {r.measured:.3g} [{lo:.3g}, {hi:.3g}]",
+                )
         if r.budget is not None:
             ax.axhline(r.budget, color=c, linestyle="--", linewidth=1, label=f"{name}: budget {r.budget:g}")
     ax.set_yscale("log")
@@ -327,7 +371,7 @@ def ladder_plot(df, path: str | Path | None = None, metric: str = "kl_q_p", budg
 
 
 def _short_source(name: str) -> str:
-    """"recipe runs/x/kl_q_p-0.008/recipe.yaml" -> "recipe kl_q_p-0.008": the directory names the recipe."""
+    """ "recipe runs/x/kl_q_p-0.008/recipe.yaml" -> "recipe kl_q_p-0.008": the directory names the recipe."""
     parts = name.split(" ", 1)
     if len(parts) == 2 and parts[1].endswith(".yaml"):
         p = Path(parts[1])
@@ -358,8 +402,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
     todo = _budget_figures(d)  # (name, fn(path))
     if (d / "sensitivity.csv").exists():
         df = read_sweep(d).table
-        todo += [("sensitivity_by_block", lambda p: sensitivity_by_block(df, p)),
-                 ("sensitivity_heatmap", lambda p: sensitivity_heatmap(df, p))]
+        todo += [
+            ("sensitivity_by_block", lambda p: sensitivity_by_block(df, p)),
+            ("sensitivity_heatmap", lambda p: sensitivity_heatmap(df, p)),
+        ]
         if (df["method"] == "exact").any():
             todo.append(("token_kl", lambda p: token_kl(df, p)))
         recipes = recipes_of(d)
@@ -378,9 +424,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, fmt: str = "png
         table = pd.read_csv(lad)
         todo.append((_name("ladder", lad, d), lambda p, t=table, b=_budget_beside(lad): ladder_plot(t, p, budget=b)))
     if not todo:
-        raise FP8ProbeError(f"{run_dir} holds none of the files fp8probe plots (sensitivity.csv, recipe.json, "
-                            "capacity.json, ladder.csv, plan.json, budget.json, runs.csv); pass a directory "
-                            "written by fp8probe")
+        raise FP8ProbeError(
+            f"{run_dir} holds none of the files fp8probe plots (sensitivity.csv, recipe.json, "
+            "capacity.json, ladder.csv, plan.json, budget.json, runs.csv); pass a directory "
+            "written by fp8probe"
+        )
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     for name, fn in todo:
@@ -406,8 +454,12 @@ def _budget_figures(d: Path) -> list:
     for runs in sorted(d.rglob("runs.csv")):
         budgets = {f.stem.split("-", 1)[1]: read_budget(str(f)) for f in sorted(runs.parent.glob("budget-*.json"))}
         if budgets:
-            out.append((_name("calibration", runs, d), lambda p, t=pd.read_csv(runs, dtype={"level": str}),
-                        b=budgets: calibration_plot(t, p, budgets=b)))
+            out.append(
+                (
+                    _name("calibration", runs, d),
+                    lambda p, t=pd.read_csv(runs, dtype={"level": str}), b=budgets: calibration_plot(t, p, budgets=b),
+                )
+            )
     for f in sorted(d.rglob("budget.json")):
         if (f.parent / "runs.csv").exists():
             continue
@@ -471,8 +523,14 @@ def _budget_beside(f: Path) -> float | None:
 OBJECTIVE_COLORS = {"opd": "tab:blue", "grpo": "tab:orange", "grpo-is": "tab:green", "grpo-bypass": "tab:red"}
 
 
-def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None = None, marks=(),
-                     quality: str = "quality", curves: dict | None = None):
+def calibration_plot(
+    runs,
+    path: str | Path | None = None,
+    budgets: dict | None = None,
+    marks=(),
+    quality: str = "quality",
+    curves: dict | None = None,
+):
     """Left: each run's paired quality loss (its rise over its own seed's mismatch-free run, %) against the measured
     rollout mismatch, per objective (symlog x: level 0 at 0): the runs, the level means with their paired-bootstrap
     intervals, the tolerance, each objective's budget with its interval, configurations measured elsewhere marked.
@@ -493,8 +551,16 @@ def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None 
             lo = [100 * (lv["loss"] - (lv["loss_interval"] or [lv["loss"]] * 2)[0]) for lv in b.levels]
             hi = [100 * ((lv["loss_interval"] or [lv["loss"]] * 2)[1] - lv["loss"]) for lv in b.levels]
             lo_b, hi_b = b.interval or (b.value, b.value)
-            ax.errorbar(xs, ys, yerr=[lo, hi], color=color, marker="o", capsize=3, ls="none" if dose_curve(b) else "-",
-                        label=f"{obj}: budget {b.value:.3g} [{lo_b:.3g}, {hi_b:.3g}]")
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=[lo, hi],
+                color=color,
+                marker="o",
+                capsize=3,
+                ls="none" if dose_curve(b) else "-",
+                label=f"{obj}: budget {b.value:.3g} [{lo_b:.3g}, {hi_b:.3g}]",
+            )
             curve = dose_curve(b)
             if curve is not None:
                 cx, cy, band = curve
@@ -505,11 +571,24 @@ def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None 
             ax.axvline(b.value, color=color, linewidth=1.2)
         for lv in (b.other_levels or []) if b is not None else []:  # other sources: shown, not fitted
             li = lv["loss_interval"] or [lv["loss"]] * 2
-            ax.errorbar([lv["mismatch"]], [100 * lv["loss"]],
-                        yerr=[[100 * (lv["loss"] - li[0])], [100 * (li[1] - lv["loss"])]],
-                        color=color, marker="X", markersize=9, capsize=3, ls="none")
-            ax.annotate(f"{obj} {lv['level']}", (lv["mismatch"], 100 * lv["loss"]), fontsize=7, color=color,
-                        xytext=(4, 4), textcoords="offset points")
+            ax.errorbar(
+                [lv["mismatch"]],
+                [100 * lv["loss"]],
+                yerr=[[100 * (lv["loss"] - li[0])], [100 * (li[1] - lv["loss"])]],
+                color=color,
+                marker="X",
+                markersize=9,
+                capsize=3,
+                ls="none",
+            )
+            ax.annotate(
+                f"{obj} {lv['level']}",
+                (lv["mismatch"], 100 * lv["loss"]),
+                fontsize=7,
+                color=color,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
     tol = next((b.tolerance for b in budgets.values() if b.tolerance is not None), None)
     if tol is not None:
         ax.axhline(100 * tol, color="tab:red", linestyle="--", linewidth=1, label=f"tolerance {100 * tol:.3g} %")
@@ -521,11 +600,22 @@ def calibration_plot(runs, path: str | Path | None = None, budgets: dict | None 
     for label, value in marks:
         inside = [o for o, b in budgets.items() if value <= b.value]
         ax.axvline(value, color="black", linestyle=":", linewidth=0.8)
-        ax.annotate(f"{label}{' (' + ', '.join(inside) + ')' if inside else ''}", (value, top), rotation=90,
-                    fontsize=6.5, va="top", ha="right", xytext=(-2, -4), textcoords="offset points")
+        ax.annotate(
+            f"{label}{' (' + ', '.join(inside) + ')' if inside else ''}",
+            (value, top),
+            rotation=90,
+            fontsize=6.5,
+            va="top",
+            ha="right",
+            xytext=(-2, -4),
+            textcoords="offset points",
+        )
     first = next(iter(budgets.values()), None)
-    ax.set_xlabel("dose: the level's KL(q‖p) as `check` measures it on the student before training"
-                  if first is not None and first.dose else "measured rollout mismatch, mean per-token KL(q‖p)")
+    ax.set_xlabel(
+        "dose: the level's KL(q‖p) as `check` measures it on the student before training"
+        if first is not None and first.dose
+        else "measured rollout mismatch, mean per-token KL(q‖p)"
+    )
     ax.set_ylabel(_loss_label(first))
     ax.set_title("quality loss vs rollout mismatch (each run against its seed's twin)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
@@ -567,8 +657,13 @@ def _learning_curves(ax, runs, curves: dict, objective: str, quality: str) -> No
         if level in by_level:
             mean = pd.concat(by_level[level], axis=1).mean(axis=1)
             m = d[d["level"] == level]["mismatch"].iloc[0]
-            ax.plot(mean.index, mean.values, marker=".", color=cmap(i / max(len(order) - 1, 1)),
-                    label=f"level {level} (KL {m:.2g})")
+            ax.plot(
+                mean.index,
+                mean.values,
+                marker=".",
+                color=cmap(i / max(len(order) - 1, 1)),
+                label=f"level {level} (KL {m:.2g})",
+            )
     ax.set_xlabel("training step")
     ax.set_ylabel(quality if len(quality) < 40 else "held-out reverse KL to the teacher")
     ax.set_title(f"{objective}: held-out learning curves (mean over seeds)", fontsize=10)

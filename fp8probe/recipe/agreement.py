@@ -38,13 +38,22 @@ def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, 
     theirs = (r.scheme, r.granularity, r.include_kv, r.kv_cache_dtype)
     ours = (scheme.upper(), granularity, include_kv, kv_cache_dtype)
     if theirs != ours:
-        return (f"it swept scheme/granularity/KV rows/KV dtype {theirs}, this sweep {ours}; compare sweeps with the "
-                "same settings")
+        return (
+            f"it swept scheme/granularity/KV rows/KV dtype {theirs}, this sweep {ours}; compare sweeps with the "
+            "same settings"
+        )
     return None
 
 
-def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str,
-                     rollouts, same_file: str | None = None) -> None:
+def check_comparable(
+    exact_run,
+    scheme: str,
+    granularity: str,
+    include_kv: bool,
+    kv_cache_dtype: str,
+    rollouts,
+    same_file: str | None = None,
+) -> None:
     """Refuse an exact sweep that measured something else than this one, or other rollouts (not read again when
     `rollouts` were read from the exact sweep's own directory, `same_file`)."""
     from pathlib import Path
@@ -59,15 +68,19 @@ def check_comparable(exact_run, scheme: str, granularity: str, include_kv: bool,
     if same_file is not None and Path(same_file).resolve() == Path(exact_run.directory).resolve():
         return
     other = load_rollouts(exact_run.directory)
-    same = all(torch.equal(getattr(other, t), getattr(rollouts, t))
-               for t in ("input_ids", "attention_mask", "response_mask"))
+    same = all(
+        torch.equal(getattr(other, t), getattr(rollouts, t)) for t in ("input_ids", "attention_mask", "response_mask")
+    )
     if not same:
-        raise FP8ProbeError(f"`compare` {exact_run.directory}: its rollouts differ from this sweep's; pass "
-                            f"`rollouts` {exact_run.directory} so that both score the same tokens")
+        raise FP8ProbeError(
+            f"`compare` {exact_run.directory}: its rollouts differ from this sweep's; pass "
+            f"`rollouts` {exact_run.directory} so that both score the same tokens"
+        )
 
 
-def agreement(fast_df, exact_df, student, rollouts, settings: SweepSettings, *, sampling=None,
-              reference=None) -> AgreementRecord:
+def agreement(
+    fast_df, exact_df, student, rollouts, settings: SweepSettings, *, sampling=None, reference=None
+) -> AgreementRecord:
     """The figures of agreement.json (see the module docstring): the fast sweep's settings give the scheme and the
     recipes' budget (`agreement_budget`; default half the whole-model FP8 mismatch), the rollouts' settings
     (`sampling`) the batch size (else 8)."""
@@ -81,8 +94,13 @@ def agreement(fast_df, exact_df, student, rollouts, settings: SweepSettings, *, 
     exact = exact_df.set_index("unit")
     fast = fast_df.set_index("unit")
     # the rows the fast sweep estimated (method path measures its KV rows: they hold no estimate)
-    units = [u for u in fast.index if fast.loc[u, "kind"] != "model" and u in exact.index
-             and (fast.loc[u, "method"] in ESTIMATED or not math.isnan(float(fast.loc[u, "kl_fisher"])))]
+    units = [
+        u
+        for u in fast.index
+        if fast.loc[u, "kind"] != "model"
+        and u in exact.index
+        and (fast.loc[u, "method"] in ESTIMATED or not math.isnan(float(fast.loc[u, "kl_fisher"])))
+    ]
     est = {u: float(fast.loc[u, "kl_fisher"]) for u in units}
     ex = {u: float(exact.loc[u, "kl_q_p"]) for u in units}
     if not units or any(math.isnan(v) for v in est.values()):
@@ -99,33 +117,45 @@ def agreement(fast_df, exact_df, student, rollouts, settings: SweepSettings, *, 
     for name, table in (("exact", exact_df), ("fast", fast_df)):
         try:
             r = make_recipe(table, student, rollouts, ask, context=context, reference=reference)
-            recipes[name] = {"fp8_groups": len(r.quantized), "measured_kl_q_p": r.measured,
-                             "predicted_kl_q_p": r.predicted, "bytes_saved": r.bytes_saved,
-                             "quantized": sorted(r.quantized)}
+            recipes[name] = {
+                "fp8_groups": len(r.quantized),
+                "measured_kl_q_p": r.measured,
+                "predicted_kl_q_p": r.predicted,
+                "bytes_saved": r.bytes_saved,
+                "quantized": sorted(r.quantized),
+            }
         except FP8ProbeError as e:  # e.g. nothing fits the budget: say so instead of failing the sweep
             recipes[name] = {"error": str(e)}
     same = "quantized" in recipes["exact"] and recipes["exact"].get("quantized") == recipes["fast"].get("quantized")
     return AgreementRecord(
-        rows=len(units), spearman=spearman([est[u] for u in units], [ex[u] for u in units]),
-        top10_overlap=top_overlap(est, ex, 10), scale=ratios[len(ratios) // 2] if ratios else float("nan"),
+        rows=len(units),
+        spearman=spearman([est[u] for u in units], [ex[u] for u in units]),
+        top10_overlap=top_overlap(est, ex, 10),
+        scale=ratios[len(ratios) // 2] if ratios else float("nan"),
         budget={"metric": "kl_q_p", "value": budget, "whole_model_exact": whole},
-        recipes={**recipes, "same": bool(same)})
+        recipes={**recipes, "same": bool(same)},
+    )
 
 
 def describe(a: AgreementRecord) -> str:
     """The line a sweep prints about its agreement with the exact sweep."""
     rec = a.recipes
-    line = (f"agreement with the exact sweep over {a.rows} rows: Spearman {a.spearman:.3f}, top-10 overlap "
-            f"{a.top10_overlap}/10, estimate/exact median {a.scale:.2f}")
+    line = (
+        f"agreement with the exact sweep over {a.rows} rows: Spearman {a.spearman:.3f}, top-10 overlap "
+        f"{a.top10_overlap}/10, estimate/exact median {a.scale:.2f}"
+    )
     if "measured_kl_q_p" in rec["exact"] and "measured_kl_q_p" in rec["fast"]:
-        line += (f"; recipes at kl_q_p <= {a.budget['value']:.3g}: {'the same' if rec['same'] else 'different'} "
-                 f"({rec['fast']['fp8_groups']} vs {rec['exact']['fp8_groups']} groups in FP8, measured "
-                 f"{rec['fast']['measured_kl_q_p']:.3g} vs {rec['exact']['measured_kl_q_p']:.3g})")
+        line += (
+            f"; recipes at kl_q_p <= {a.budget['value']:.3g}: {'the same' if rec['same'] else 'different'} "
+            f"({rec['fast']['fp8_groups']} vs {rec['exact']['fp8_groups']} groups in FP8, measured "
+            f"{rec['fast']['measured_kl_q_p']:.3g} vs {rec['exact']['measured_kl_q_p']:.3g})"
+        )
     return line
 
 
-def exact_run_for(rollouts_dir: str | None, compare: str | None, scheme: str, granularity: str, include_kv: bool,
-                  kv_cache_dtype: str):
+def exact_run_for(
+    rollouts_dir: str | None, compare: str | None, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str
+):
     """The exact sweep a fast one is compared with: `compare` (refused when it measured something else), or the
     `rollouts_dir` when it holds a finished exact sweep of the same settings (else its rollouts are only reused)."""
     from pathlib import Path

@@ -97,22 +97,41 @@ class DamageModel:
         """The model as recipe.json records it (to_json)."""
         terms = d["terms"]
         ctx = d.get("context")
-        return cls(list(terms), np.array([float(v) for v in terms.values()]), float(d["rho"]), float(d["k"]),
-                   float(d["tau"]), int(d["fitted_on"]), float(d["cv_median_rel_error"]),
-                   {float(t): e for t, e in d.get("cv", {}).items()},
-                   Context.of([ctx["single"][n] for n in terms], [ctx["in_context"][n] for n in terms],
-                              float(ctx["gamma"])) if ctx else None)
+        return cls(
+            list(terms),
+            np.array([float(v) for v in terms.values()]),
+            float(d["rho"]),
+            float(d["k"]),
+            float(d["tau"]),
+            int(d["fitted_on"]),
+            float(d["cv_median_rel_error"]),
+            {float(t): e for t, e in d.get("cv", {}).items()},
+            Context.of([ctx["single"][n] for n in terms], [ctx["in_context"][n] for n in terms], float(ctx["gamma"]))
+            if ctx
+            else None,
+        )
 
     def to_json(self) -> dict:
-        out = {"link": "(1 - exp(-rho*S)) / rho, S = sum of the groups' terms", "rho": self.rho, "k": self.k,
-               "tau": self.tau, "fitted_on": self.fitted_on, "cv_median_rel_error": self.cv_error,
-               "cv": {str(t): e for t, e in self.cv.items()}, "terms": self.terms()}
+        out = {
+            "link": "(1 - exp(-rho*S)) / rho, S = sum of the groups' terms",
+            "rho": self.rho,
+            "k": self.k,
+            "tau": self.tau,
+            "fitted_on": self.fitted_on,
+            "cv_median_rel_error": self.cv_error,
+            "cv": {str(t): e for t, e in self.cv.items()},
+            "terms": self.terms(),
+        }
         if self.context is not None:
             c = self.context
-            out["link"] += (" + k*gamma*q(R), q(R) = S_single(R) * sum over R of (in_context - single) / "
-                            "(2 S_single(all))")
-            out["context"] = {"gamma": c.gamma, "single": dict(zip(self.names, map(float, c.single))),
-                              "in_context": dict(zip(self.names, map(float, c.single + c.delta)))}
+            out["link"] += (
+                " + k*gamma*q(R), q(R) = S_single(R) * sum over R of (in_context - single) / (2 S_single(all))"
+            )
+            out["context"] = {
+                "gamma": c.gamma,
+                "single": dict(zip(self.names, map(float, c.single))),
+                "in_context": dict(zip(self.names, map(float, c.single + c.delta))),
+            }
         return out
 
 
@@ -158,8 +177,9 @@ def _sums(x, prior, lk, eps, gamma=0.0, q=None) -> np.ndarray:
     return s + np.exp(lk) * gamma * q if q is not None else s
 
 
-def _fit(x: np.ndarray, m: np.ndarray, prior: np.ndarray, tau: float, sigma: float = 0.05,
-         q: np.ndarray | None = None) -> tuple[float, float, np.ndarray, float]:
+def _fit(
+    x: np.ndarray, m: np.ndarray, prior: np.ndarray, tau: float, sigma: float = 0.05, q: np.ndarray | None = None
+) -> tuple[float, float, np.ndarray, float]:
     """(log k, rho, eps, gamma) minimising Σ (log D − log m)² + σ² Σ (ε / τ)²: the posterior mode with residuals of sd
     σ and corrections of prior sd τ (τ = 0: ε ≡ 0); q, each combination's in-context term (Context.features), adds
     k·γ·q to the link's input (γ fitted; 0 without q)."""
@@ -197,9 +217,15 @@ def _rel_errors(x, m, prior, lk, rho, eps, gamma=0.0, q=None) -> np.ndarray:
     return np.abs(link(_sums(x, prior, lk, eps, gamma, q), rho) / m - 1)
 
 
-def fit_damage(sets: Sequence[Iterable[str]], measured: Sequence[float], prior: dict[str, float],
-               taus: Sequence[float] = TAUS, folds: int = FOLDS, seed: int = 0,
-               context: dict[str, float] | None = None) -> DamageModel:
+def fit_damage(
+    sets: Sequence[Iterable[str]],
+    measured: Sequence[float],
+    prior: dict[str, float],
+    taus: Sequence[float] = TAUS,
+    folds: int = FOLDS,
+    seed: int = 0,
+    context: dict[str, float] | None = None,
+) -> DamageModel:
     """Fit the model on measured combinations (each a set of group names in FP8 and its measured excess mismatch),
     starting from the prior per-group costs (every group a recipe may hold, each > 0). τ by `folds`-fold
     cross-validation over the combinations (median |relative error| on the left-out fold), then refitted on all.
@@ -211,8 +237,10 @@ def fit_damage(sets: Sequence[Iterable[str]], measured: Sequence[float], prior: 
     m = np.asarray(measured, dtype=float)
     keep = m > _FLOOR
     if keep.sum() < 4:
-        raise FP8ProbeError(f"damage model: {int(keep.sum())} measured combinations with a mismatch above zero; "
-                            "it needs at least 4 (measure more recipes)")
+        raise FP8ProbeError(
+            f"damage model: {int(keep.sum())} measured combinations with a mismatch above zero; "
+            "it needs at least 4 (measure more recipes)"
+        )
     if context is not None and set(context) != set(names):
         raise FP8ProbeError("damage model: in-context costs for other groups than the prior's")
     ctx = Context.of(p, [float(context[n]) for n in names]) if context is not None else None
@@ -241,8 +269,9 @@ def fit_damage(sets: Sequence[Iterable[str]], measured: Sequence[float], prior: 
 def _log_sd(x, m, p, q) -> float:
     """The sd of log(predicted / measured) of the fit without per-group corrections."""
     lk, rho, eps, gamma = _fit(x, m, p, 0.0, q=q)
-    return float(np.sqrt(np.mean((np.log(np.maximum(link(_sums(x, p, lk, eps, gamma, q), rho), _FLOOR))
-                                  - np.log(m)) ** 2)))
+    return float(
+        np.sqrt(np.mean((np.log(np.maximum(link(_sums(x, p, lk, eps, gamma, q), rho), _FLOOR)) - np.log(m)) ** 2))
+    )
 
 
 def random_recipes(names: Sequence[str], sizes: Sequence[int], per_size: int, seed: int = 0) -> list[frozenset]:
@@ -271,8 +300,12 @@ def prediction_errors(model: DamageModel, sets: Sequence[Iterable[str]], measure
     m = np.asarray(measured, dtype=float)
     pred = np.array([model.predict(s) for s in sets])
     err = np.abs(pred / m - 1)
-    return {"n": len(m), "median": float(np.median(err)), "p90": float(np.quantile(err, 0.9)),
-            "predicted": pred.tolist()}
+    return {
+        "n": len(m),
+        "median": float(np.median(err)),
+        "p90": float(np.quantile(err, 0.9)),
+        "predicted": pred.tolist(),
+    }
 
 
 SPREAD = (0.5, 0.75, 1.0, 1.25, 1.5)  # random recipes' sizes, as fractions of the operating point's size
@@ -308,14 +341,20 @@ def predict(recipe_yaml, student, perturbation, metric: str) -> dict | None:
     info = doc.get("damage_model")
     if not info:
         return None
-    out = {"value": None, "source": str(rj), "cv_median_rel_error": info["cv_median_rel_error"],
-           "fitted_on": info["fitted_on"], "metric": doc.get("metric", "kl_q_p")}
+    out = {
+        "value": None,
+        "source": str(rj),
+        "cv_median_rel_error": info["cv_median_rel_error"],
+        "fitted_on": info["fitted_on"],
+        "metric": doc.get("metric", "kl_q_p"),
+    }
     p = perturbation
     if p.kv_layers or p.stale is not None or p.noise or metric != out["metric"]:
         out["why"] = f"the damage model predicts FP8 weights alone, on {out['metric']}"
         return out
     unit_group = {u.name: u.group for u in student.quantizable}
     out["value"] = DamageModel.from_json(info).predict({unit_group[u] for u in p.units if u in unit_group})
-    logging.getLogger(__name__).info("check: predicted %s %.4g by the damage model in %s, before measuring",
-                                     metric, out["value"], rj)
+    logging.getLogger(__name__).info(
+        "check: predicted %s %.4g by the damage model in %s, before measuring", metric, out["value"], rj
+    )
     return out

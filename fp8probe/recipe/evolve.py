@@ -47,9 +47,15 @@ class Evolved:
     history: list = field(default_factory=list)  # per generation: (evaluations so far, the parent's fitness)
 
 
-def evolve(items: Sequence[Hashable], value: Callable[[frozenset], float], need: float,
-           fitness: Callable[[frozenset], float], start: frozenset, evaluations: int,
-           strategy: Strategy = Strategy()) -> Evolved:
+def evolve(
+    items: Sequence[Hashable],
+    value: Callable[[frozenset], float],
+    need: float,
+    fitness: Callable[[frozenset], float],
+    start: frozenset,
+    evaluations: int,
+    strategy: Strategy = Strategy(),
+) -> Evolved:
     """Minimise fitness(set) over subsets of `items` with value(set) >= need, from `start` (which must meet it),
     measuring at most `evaluations` distinct sets."""
     lam, seed, mean_swaps = strategy.lam, strategy.seed, strategy.mean_swaps

@@ -59,14 +59,17 @@ def _edges(free, rank, n_blocks, keep_first, keep_last) -> list:
     return out
 
 
-FORMS: dict[str, Form] = {f.name: f for f in (
-    # what each expresses: the table in this module's docstring
-    Form("free", _ranked, chooses=True, smallest="the least sensitive group"),
-    Form("keywords", _ranked, chooses=True, smallest="the least sensitive group"),
-    Form("first-last", _edges, edges=True, narrower=("all", "none"), smallest="the smallest first-last recipe"),
-    Form("all", lambda free, *_: [[], free], every=True, narrower=("none",), smallest="every Linear"),
-    Form("none", lambda *_: [[]], weights=False, smallest="the FP8 KV cache alone"),
-)}
+FORMS: dict[str, Form] = {
+    f.name: f
+    for f in (
+        # what each expresses: the table in this module's docstring
+        Form("free", _ranked, chooses=True, smallest="the least sensitive group"),
+        Form("keywords", _ranked, chooses=True, smallest="the least sensitive group"),
+        Form("first-last", _edges, edges=True, narrower=("all", "none"), smallest="the smallest first-last recipe"),
+        Form("all", lambda free, *_: [[], free], every=True, narrower=("none",), smallest="every Linear"),
+        Form("none", lambda *_: [[]], weights=False, smallest="the FP8 KV cache alone"),
+    )
+}
 
 
 def narrower(name: str) -> tuple[str, ...]:
@@ -76,8 +79,16 @@ def narrower(name: str) -> tuple[str, ...]:
     return tuple(FORMS) if f.chooses else (name, *f.narrower)
 
 
-def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first: int, keep_last: int,
-                  costs: str = "single", damage_recipes: int = 0) -> None:
+def check_request(
+    form: str,
+    kv_cache_dtype: str | None,
+    keep,
+    force,
+    keep_first: int,
+    keep_last: int,
+    costs: str = "single",
+    damage_recipes: int = 0,
+) -> None:
     """What a recipe request's form takes, checked before anything is loaded (and without torch): a known form, a KV
     dtype a recipe can hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights, prices at
     the operating point (context.COSTS) and a damage model only for a form that chooses groups.
@@ -91,10 +102,14 @@ def check_request(form: str, kv_cache_dtype: str | None, keep, force, keep_first
     if not FORMS[form].weights and kv_cache_dtype is None:
         raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_dtype` fp8")
     if costs != "single" and not FORMS[form].chooses:
-        raise FP8ProbeError(f"`costs` {costs} prices groups for a form that chooses them (free, keywords); `form` "
-                            f"{form} does not: drop `costs`")
+        raise FP8ProbeError(
+            f"`costs` {costs} prices groups for a form that chooses them (free, keywords); `form` "
+            f"{form} does not: drop `costs`"
+        )
     if damage_recipes and not FORMS[form].chooses:
-        raise FP8ProbeError(f"`damage_model` ranks groups for a form that chooses them (free, keywords); `form` {form} "
-                            "does not: drop `damage_model`")
+        raise FP8ProbeError(
+            f"`damage_model` ranks groups for a form that chooses them (free, keywords); `form` {form} "
+            "does not: drop `damage_model`"
+        )
     if damage_recipes and damage_recipes < 4:
         raise FP8ProbeError(f"`damage_model` {damage_recipes}: a model is fitted on at least 4 measured recipes")

@@ -93,8 +93,7 @@ class Recipe:
         return cls(scheme=Scheme.from_name(scheme).name, ignore=ignore, **info)
 
     @classmethod
-    def whole_model(cls, units: list[Unit], scheme: str = "FP8_DYNAMIC",
-                    kv_cache_dtype: str | None = None) -> "Recipe":
+    def whole_model(cls, units: list[Unit], scheme: str = "FP8_DYNAMIC", kv_cache_dtype: str | None = None) -> "Recipe":
         """Every quantizable unit in FP8: the usual "all but lm_head" rollout setup."""
         return cls.from_groups(units, scheme, fused_groups(units), kv_cache_dtype=kv_cache_dtype)
 
@@ -126,9 +125,11 @@ class Recipe:
         names = {u.name for u in units}
         foreign = [p for p in self.ignore if not p.startswith("re:") and p != "lm_head" and p not in names]
         if foreign:
-            raise FP8ProbeError(f"{where} keeps {foreign[0]} in BF16, but this model has no such module"
-                                f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}: it was made for "
-                                "another model; make a recipe from a sweep of this one")
+            raise FP8ProbeError(
+                f"{where} keeps {foreign[0]} in BF16, but this model has no such module"
+                f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}: it was made for "
+                "another model; make a recipe from a sweep of this one"
+            )
 
     def check_vllm_loadable(self, units: list[Unit]) -> None:
         """Refuse, naming the units, what vLLM cannot load: split fused groups, mixed experts, bad shapes."""
@@ -138,19 +139,25 @@ class Recipe:
             if len({u.name in fp8 for u in us}) > 1:
                 q = [u.name for u in us if u.name in fp8]
                 b = [u.name for u in us if u.name not in fp8]
-                raise FP8ProbeError(f"the recipe splits vLLM's fused {g.rsplit('.', 1)[-1]} of block {us[0].block}: "
-                                    f"FP8 {', '.join(q)} but BF16 {', '.join(b)}; keep the whole group in one "
-                                    "precision")
+                raise FP8ProbeError(
+                    f"the recipe splits vLLM's fused {g.rsplit('.', 1)[-1]} of block {us[0].block}: "
+                    f"FP8 {', '.join(q)} but BF16 {', '.join(b)}; keep the whole group in one "
+                    "precision"
+                )
         for u in units:
             if u.kind == "expert" and len({self.is_ignored(n) for n in expert_linear_names(u.name, u.shape[0])}) > 1:
-                raise FP8ProbeError(f"the recipe gives the experts of {u.name} different precisions; vLLM runs all "
-                                    "experts of a layer with one scheme")
+                raise FP8ProbeError(
+                    f"the recipe gives the experts of {u.name} different precisions; vLLM runs all "
+                    "experts of a layer with one scheme"
+                )
         scheme = self.preset
         scheme.check_input_dims({u.name: input_dim(u) for u in units if u.name in fp8})
         bad = [f"{g} ({why})" for g, why in scheme_blockers([u for u in units if u.name in fp8], scheme).items()]
         if bad:  # what is left after the input dims: fused outputs that are not whole blocks
-            raise FP8ProbeError(f"{scheme.name} cannot take these shapes: {', '.join(bad[:4])}"
-                                f"{' ...' if len(bad) > 4 else ''}; keep these in BF16 or use FP8_DYNAMIC")
+            raise FP8ProbeError(
+                f"{scheme.name} cannot take these shapes: {', '.join(bad[:4])}"
+                f"{' ...' if len(bad) > 4 else ''}; keep these in BF16 or use FP8_DYNAMIC"
+            )
 
     @property
     def needs_calibration(self) -> bool:
@@ -170,9 +177,11 @@ class Recipe:
         if self.kv_cache_scheme is not None:
             mod["kv_cache_scheme"] = dict(self.kv_cache_scheme)
         doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": mod}}}
-        header = (f"# fp8probe recipe for {self.model}: {self.scheme}, {len(self.quantized)} fused groups in FP8, "
-                  f"{len(self.kept)} kept BF16\n# {self._constraint()}; measured {self.metric} {self.measured}"
-                  f"{' on held-out prompts' if self.split else ''}\n")
+        header = (
+            f"# fp8probe recipe for {self.model}: {self.scheme}, {len(self.quantized)} fused groups in FP8, "
+            f"{len(self.kept)} kept BF16\n# {self._constraint()}; measured {self.metric} {self.measured}"
+            f"{' on held-out prompts' if self.split else ''}\n"
+        )
         return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
 
     def _constraint(self) -> str:
@@ -183,14 +192,34 @@ class Recipe:
     def record(self) -> RecipeRecord:
         """recipe.json's record: how this recipe was chosen."""
         return RecipeRecord(
-            model=self.model, scheme=self.scheme, kv_cache_scheme=self.kv_cache_dtype, budget=self.budget,
-            metric=self.metric, predicted=self.predicted, measured=self.measured,
-            measured_metrics=self.measured_metrics, bytes_saved=self.bytes_saved, kept=self.kept,
-            quantized=self.quantized, kept_scores=self.kept_scores, group_units=self.group_units, search=self.search,
-            sweep=self.sweep, form=self.form, target=self.target, kv_scale=self.kv_scale,
-            memory_target=self.memory_target, fp8_share=self.fp8_share, effective_bits=self.effective_bits,
-            measured_search=self.measured_search, measured_interval=self.measured_interval, split=self.split,
-            measured_engine=self.measured_engine, costs=self.costs, damage_model=self.damage_model)
+            model=self.model,
+            scheme=self.scheme,
+            kv_cache_scheme=self.kv_cache_dtype,
+            budget=self.budget,
+            metric=self.metric,
+            predicted=self.predicted,
+            measured=self.measured,
+            measured_metrics=self.measured_metrics,
+            bytes_saved=self.bytes_saved,
+            kept=self.kept,
+            quantized=self.quantized,
+            kept_scores=self.kept_scores,
+            group_units=self.group_units,
+            search=self.search,
+            sweep=self.sweep,
+            form=self.form,
+            target=self.target,
+            kv_scale=self.kv_scale,
+            memory_target=self.memory_target,
+            fp8_share=self.fp8_share,
+            effective_bits=self.effective_bits,
+            measured_search=self.measured_search,
+            measured_interval=self.measured_interval,
+            split=self.split,
+            measured_engine=self.measured_engine,
+            costs=self.costs,
+            damage_model=self.damage_model,
+        )
 
     def to_json(self) -> dict:
         return self.record().to_json()
@@ -234,8 +263,10 @@ def read_recipe(path: str | Path) -> Recipe:
     m = mods[0]
     unknown = sorted(set(m) - MODIFIER_KEYS)
     if unknown:
-        raise FP8ProbeError(f"{path}: unsupported QuantizationModifier key {unknown[0]!r}; fp8probe reads "
-                            f"{', '.join(sorted(MODIFIER_KEYS))} (write recipes with `fp8probe recipe`)")
+        raise FP8ProbeError(
+            f"{path}: unsupported QuantizationModifier key {unknown[0]!r}; fp8probe reads "
+            f"{', '.join(sorted(MODIFIER_KEYS))} (write recipes with `fp8probe recipe`)"
+        )
     scheme = _scheme_of(m, path)
     ignore = m.get("ignore", [])
     if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
@@ -245,8 +276,9 @@ def read_recipe(path: str | Path) -> Recipe:
             try:
                 re.compile(pattern[3:])
             except re.error as e:
-                raise FP8ProbeError(f"{path}: ignore pattern {pattern!r} is not a valid regular expression "
-                                    f"({e})") from e
+                raise FP8ProbeError(
+                    f"{path}: ignore pattern {pattern!r} is not a valid regular expression ({e})"
+                ) from e
     kv = m.get("kv_cache_scheme")
     if kv is not None and not isinstance(kv, dict):
         raise FP8ProbeError(f"{path}: `kv_cache_scheme` must be a mapping such as {KV_CACHE_SCHEMES['fp8']}")
@@ -256,9 +288,27 @@ def read_recipe(path: str | Path) -> Recipe:
     return recipe
 
 
-INFO_FIELDS = ("model", "budget", "metric", "predicted", "measured", "bytes_saved", "quantized", "kept", "sweep",
-               "form", "target", "kv_scale", "memory_target", "fp8_share", "effective_bits", "measured_search",
-               "measured_interval", "split", "measured_engine")
+INFO_FIELDS = (
+    "model",
+    "budget",
+    "metric",
+    "predicted",
+    "measured",
+    "bytes_saved",
+    "quantized",
+    "kept",
+    "sweep",
+    "form",
+    "target",
+    "kv_scale",
+    "memory_target",
+    "fp8_share",
+    "effective_bits",
+    "measured_search",
+    "measured_interval",
+    "split",
+    "measured_engine",
+)
 
 
 def _read_info(recipe: Recipe, path: Path) -> None:

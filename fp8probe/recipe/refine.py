@@ -82,8 +82,17 @@ class Goal:
             raise ValueError("Goal: exactly one of `budget` and `min_value`")
 
 
-def refine(start: list, pool: list, forced: list, measure_groups, passes: int, *, goal: Goal,
-           start_measured: tuple | None = None, metric: str = "kl_q_p") -> Refined:
+def refine(
+    start: list,
+    pool: list,
+    forced: list,
+    measure_groups,
+    passes: int,
+    *,
+    goal: Goal,
+    start_measured: tuple | None = None,
+    metric: str = "kl_q_p",
+) -> Refined:
     """Improve `start` (GroupScores in FP8, `forced` among them never removed) with kept groups from `pool`.
 
     measure_groups(groups) -> (excess, metrics) or (excess, metrics, evidence) runs one measured pass; evidence (a
@@ -91,8 +100,18 @@ def refine(start: list, pool: list, forced: list, measure_groups, passes: int, *
     significance (module docstring). The `goal` says what "better" means: a budget (maximize bytes with the measured
     excess <= budget) or a memory target (minimize the measured excess with value(groups) >= min_value).
     """
-    r = _Refiner(start, pool, {g.group for g in forced}, measure_groups, passes, goal.budget, goal.min_value,
-                 goal.value, start_measured, metric)
+    r = _Refiner(
+        start,
+        pool,
+        {g.group for g in forced},
+        measure_groups,
+        passes,
+        goal.budget,
+        goal.min_value,
+        goal.value,
+        start_measured,
+        metric,
+    )
     while r.left > 0 and (r.add_one() or r.swap_one()):
         pass
     r.out.groups, r.out.measured, r.out.metrics = r.cur, r.m_cur, r.metrics
@@ -102,8 +121,19 @@ def refine(start: list, pool: list, forced: list, measure_groups, passes: int, *
 class _Refiner:
     """The state of one refinement: the current recipe, its measured value, the passes left, every set measured."""
 
-    def __init__(self, start, pool, forced_names, measure_groups, passes, budget, min_value, value, start_measured,
-                 metric="kl_q_p"):
+    def __init__(
+        self,
+        start,
+        pool,
+        forced_names,
+        measure_groups,
+        passes,
+        budget,
+        min_value,
+        value,
+        start_measured,
+        metric="kl_q_p",
+    ):
         self.pool, self.forced_names, self.measure_groups, self.metric = pool, forced_names, measure_groups, metric
         self.budget, self.min_value, self.value = budget, min_value, value
         self.memory = min_value is not None
@@ -122,10 +152,19 @@ class _Refiner:
         self.left -= 1
         m, met, ev = _three(self.measure_groups(groups))
         self.seen[key] = (m, met, ev)
-        pred = self.m_cur + sum(g.score for g in groups if g not in self.cur) - sum(
-            g.score for g in self.cur if g not in groups)
-        entry = {"move": move, "groups_fp8": len(groups), "bytes_saved": sum(g.bytes_saved for g in groups),
-                 "predicted": pred, "measured": m, "outcome": "probe"}
+        pred = (
+            self.m_cur
+            + sum(g.score for g in groups if g not in self.cur)
+            - sum(g.score for g in self.cur if g not in groups)
+        )
+        entry = {
+            "move": move,
+            "groups_fp8": len(groups),
+            "bytes_saved": sum(g.bytes_saved for g in groups),
+            "predicted": pred,
+            "measured": m,
+            "outcome": "probe",
+        }
         self.out.log.append(entry)
         self.entries[key] = entry
         return (m, met, ev), entry
@@ -158,8 +197,14 @@ class _Refiner:
             if entry["outcome"] == "probe":
                 entry["outcome"] = "taken" if take else "not better"
             ci = entry.get("change_interval")
-            log.info("refine: tried %s -> %.4g (predicted %.4g): %s%s", move, m, entry["predicted"], entry["outcome"],
-                     f" (change {ci[0]:+.3g} .. {ci[1]:+.3g})" if ci else "")
+            log.info(
+                "refine: tried %s -> %.4g (predicted %.4g): %s%s",
+                move,
+                m,
+                entry["predicted"],
+                entry["outcome"],
+                f" (change {ci[0]:+.3g} .. {ci[1]:+.3g})" if ci else "",
+            )
         if take:
             self.cur, self.m_cur, self.metrics, self.ev_cur = groups, m, met, ev
         return take
@@ -197,8 +242,11 @@ class _Refiner:
                 log.info("refine: measured leave out %s -> %.4g (its cost in context %.3g)", q.group, m, self.m_cur - m)
         for _, worst in sorted(contrib.values(), key=lambda cq: (-cq[0] / max(cq[1].bytes_saved, 1), cq[1].group)):
             rest = [g for g in self.cur if g is not worst]
-            feasible = [k for k in kept if (self.value(rest + [k]) >= self.min_value if self.memory
-                                            else k.bytes_saved > worst.bytes_saved)]  # budget mode: save more
+            feasible = [
+                k
+                for k in kept
+                if (self.value(rest + [k]) >= self.min_value if self.memory else k.bytes_saved > worst.bytes_saved)
+            ]  # budget mode: save more
             for k in feasible[:WIDTH]:
                 if self.left <= 0:
                     return False

@@ -72,14 +72,24 @@ def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[st
     if df.empty:
         raise FP8ProbeError("the sensitivity table has no unit rows")
     if df[metric].isna().any():
-        raise FP8ProbeError(f"the sweep's estimated rows (method fisher or path) hold only kl_q_p, not {metric}: "
-                            "use `metric` kl_q_p, or a sweep run with `method` exact")
+        raise FP8ProbeError(
+            f"the sweep's estimated rows (method fisher or path) hold only kl_q_p, not {metric}: "
+            "use `metric` kl_q_p, or a sweep run with `method` exact"
+        )
     out = []
     for g, rows in df.groupby("group", sort=False):
         score = sum(max(excess(metric, float(v)), 0.0) for v in rows[metric])
         units = members[g] if members and g in members else list(rows["unit"])
-        out.append(GroupScore(g, units, int(rows["block"].min()), float(score), int(rows["bytes_saved"].sum()),
-                              int(rows["params"].sum()) if "params" in rows else 0))
+        out.append(
+            GroupScore(
+                g,
+                units,
+                int(rows["block"].min()),
+                float(score),
+                int(rows["bytes_saved"].sum()),
+                int(rows["params"].sum()) if "params" in rows else 0,
+            )
+        )
     return out
 
 
@@ -88,8 +98,9 @@ def rank_groups(groups: list[GroupScore]) -> list[GroupScore]:
     return sorted(groups, key=lambda g: (g.per_byte, -g.block, g.group))
 
 
-def _check_table_matches(sensitivity, student, known: set[str], members: dict[str, list[str]],
-                         unit_group: dict[str, str]) -> None:
+def _check_table_matches(
+    sensitivity, student, known: set[str], members: dict[str, list[str]], unit_group: dict[str, str]
+) -> None:
     """Refuse a table from another model, or one that lost rows."""
     missing = [g for g in known if g not in unit_group and g not in members]
     if missing:
@@ -99,27 +110,39 @@ def _check_table_matches(sensitivity, student, known: set[str], members: dict[st
     if not isinstance(sensitivity, (str, Path)) and "params" in sensitivity.columns:
         for unit, params in zip(sensitivity["unit"], sensitivity["params"]):
             if unit in sizes and int(params) != sizes[unit]:
-                raise FP8ProbeError(f"the sweep gives {unit} {int(params):,} parameters, this model {sizes[unit]:,}: "
-                                    "was it run on another model?")
+                raise FP8ProbeError(
+                    f"the sweep gives {unit} {int(params):,} parameters, this model {sizes[unit]:,}: "
+                    "was it run on another model?"
+                )
     unscored = [g for g in members if g not in known]
     if unscored:
-        raise FP8ProbeError(f"the sweep scores {len(known)} of this model's {len(members)} fused groups (none for "
-                            f"{unscored[0]}): is it truncated? run the sweep again")
+        raise FP8ProbeError(
+            f"the sweep scores {len(known)} of this model's {len(members)} fused groups (none for "
+            f"{unscored[0]}): is it truncated? run the sweep again"
+        )
 
 
 def linear_params(student) -> int:
     """The weights effective bits and the FP8 share count (MemoryTarget): every Linear, lm_head and routers too
     (lm_head at its full size even when tied to the embeddings, as ModelOpt's cost model counts it)."""
     return sum(u.params for u in student.quantizable) + sum(
-        math.prod(u.shape) for u in student.units if u.kind in ("lm_head", "router"))
+        math.prod(u.shape) for u in student.units if u.kind in ("lm_head", "router")
+    )
 
 
 MAX_PASSES = 12  # measured passes of the bisection under a budget, at most
 PATH_NODES = 4  # nodes of each path attribution when groups are priced along the path (costs "path")
 
 
-def make_recipe(sensitivity, student, rollouts, settings: RecipeSettings, *,
-                context: RecipeContext = RecipeContext(), reference=None) -> Recipe:
+def make_recipe(
+    sensitivity,
+    student,
+    rollouts,
+    settings: RecipeSettings,
+    *,
+    context: RecipeContext = RecipeContext(),
+    reference=None,
+) -> Recipe:
     """The FP8 recipe of the settings' form that saves the most weight bytes while the measured `metric` stays
     <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
     or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
@@ -155,15 +178,28 @@ def make_recipe(sensitivity, student, rollouts, settings: RecipeSettings, *,
         raise ValueError("make_recipe: a reference is only reused without a held-out split")
     plan = _Plan.of(sensitivity, student, scheme, s)
     if holdout and not rollouts.can_split(holdout):
-        log.warning("recipe: %d prompts are too few to hold out every k-th (k = %d) with two on each side: the "
-                    "recipe is measured on the rollouts it was chosen on (sample more prompts for a held-out figure)",
-                    rollouts.num_prompts, holdout)
+        log.warning(
+            "recipe: %d prompts are too few to hold out every k-th (k = %d) with two on each side: the "
+            "recipe is measured on the rollouts it was chosen on (sample more prompts for a held-out figure)",
+            rollouts.num_prompts,
+            holdout,
+        )
         holdout = 0
     search_set, held, split = rollouts.split(holdout) if holdout else (rollouts, None, None)
-    kv_scheme = (KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache_dtype).fmt, scale=context.kv_scale)
-                 if kv_cache_dtype else None)
-    search = _Search(plan, student, search_set, scheme, metric, kv_scheme,
-                     reference if reference is not None else Reference(student, search_set, context.batch_size))
+    kv_scheme = (
+        KVCacheScheme(fmt=KVCacheScheme.from_name(kv_cache_dtype).fmt, scale=context.kv_scale)
+        if kv_cache_dtype
+        else None
+    )
+    search = _Search(
+        plan,
+        student,
+        search_set,
+        scheme,
+        metric,
+        kv_scheme,
+        reference if reference is not None else Reference(student, search_set, context.batch_size),
+    )
     weights = linear_params(student)  # what effective bits and the FP8 share count
     plan, search, priced, modelled = _scored(sensitivity, s, plan, search, weights, context.batch_size)
     if memory is not None:
@@ -176,21 +212,40 @@ def make_recipe(sensitivity, student, rollouts, settings: RecipeSettings, *,
     refined = None
     if s.refine_passes > 0 and shape.chooses:
         goal = Goal(budget=budget) if memory is None else Goal(min_value=memory.amount(weights), value=memory.value)
-        refined = refine(final, plan.free, plan.forced, search.measure_groups, s.refine_passes, goal=goal,
-                         start_measured=search.result(k), metric=metric)
+        refined = refine(
+            final,
+            plan.free,
+            plan.forced,
+            search.measure_groups,
+            s.refine_passes,
+            goal=goal,
+            start_measured=search.result(k),
+            metric=metric,
+        )
         final, found, result = refined.groups, refined.measured, refined.metrics
-    report = _report(final, (found, result), search, held, None if s.engine == "none" else s.engine,
-                     context.batch_size)
+    report = _report(final, (found, result), search, held, None if s.engine == "none" else s.engine, context.batch_size)
     fp8_params = sum(g.params for g in final)
     return Recipe.from_groups(
-        student.units, scheme.name, {g.group for g in final}, model=student.name, kv_cache_dtype=kv_cache_dtype,
-        **plan.membership(final, scheme), budget=budget, metric=metric,
-        predicted=search.predict(final), **report, split=split,
+        student.units,
+        scheme.name,
+        {g.group for g in final},
+        model=student.name,
+        kv_cache_dtype=kv_cache_dtype,
+        **plan.membership(final, scheme),
+        budget=budget,
+        metric=metric,
+        predicted=search.predict(final),
+        **report,
+        split=split,
         bytes_saved=sum(g.bytes_saved for g in final),
         search=search.log() + (refined.log if refined is not None else []),
-        sweep=context.sweep_dir, form=s.searched_form, target=context.target,
+        sweep=context.sweep_dir,
+        form=s.searched_form,
+        target=context.target,
         kv_scale=context.kv_scale if kv_cache_dtype else "calibrated",
-        memory_target=memory.to_json() if memory is not None else None, costs=priced, damage_model=modelled,
+        memory_target=memory.to_json() if memory is not None else None,
+        costs=priced,
+        damage_model=modelled,
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
@@ -219,19 +274,39 @@ def _reprice(sensitivity, settings: RecipeSettings, plan, search, weights, batch
     current = plan.chosen(_operating_point(plan, search, settings, weights))
 
     def path(groups, fixed):
-        return path_attribution(search.student, search.rollouts, search.reference, groups, search.scheme,
-                                PATH_NODES, batch_size, fixed=fixed).shares
+        return path_attribution(
+            search.student,
+            search.rollouts,
+            search.reference,
+            groups,
+            search.scheme,
+            PATH_NODES,
+            batch_size,
+            fixed=fixed,
+        ).shares
 
     priced = operating_point_costs(costs, current, plan.free, search.measure_groups, path)
     new = _Plan.of(sensitivity, search.student, search.scheme, settings, scores=priced)
-    log.info("recipe: %d groups priced %s at an operating point of %d groups (%.1f s)", len(priced), costs,
-             len(current), time.perf_counter() - t0)
-    info = {"method": costs, "operating_point": [g.group for g in current], "seconds": time.perf_counter() - t0,
-            "scores": priced}
+    log.info(
+        "recipe: %d groups priced %s at an operating point of %d groups (%.1f s)",
+        len(priced),
+        costs,
+        len(current),
+        time.perf_counter() - t0,
+    )
+    info = {
+        "method": costs,
+        "operating_point": [g.group for g in current],
+        "seconds": time.perf_counter() - t0,
+        "scores": priced,
+    }
     if costs == "path":
         info["nodes"] = PATH_NODES
-    return new, _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv,
-                        search.reference), info
+    return (
+        new,
+        _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv, search.reference),
+        info,
+    )
 
 
 def _operating_point(plan, search, settings: RecipeSettings, weights) -> int:
@@ -255,11 +330,26 @@ def _model_damage(sensitivity, settings: RecipeSettings, plan, search, weights):
     size = len(plan.candidates[_operating_point(plan, search, settings, weights)])
     model = fit_around(plan.free, plan.forced, search.measure_groups, max(size, 1), n)
     new = _Plan.of(sensitivity, search.student, search.scheme, settings, scores=model.terms())
-    log.info("recipe: damage model fitted on %d random recipes (rho %.3g, cross-validated median error %.1f %%)",
-             model.fitted_on, model.rho, 100 * model.cv_error)
-    return new, _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv,
-                        search.reference, predict=lambda gs: model.predict(g.group for g in gs)), \
-        model.to_json() | {"recipes_measured": n, "seconds": time.perf_counter() - t0}
+    log.info(
+        "recipe: damage model fitted on %d random recipes (rho %.3g, cross-validated median error %.1f %%)",
+        model.fitted_on,
+        model.rho,
+        100 * model.cv_error,
+    )
+    return (
+        new,
+        _Search(
+            new,
+            search.student,
+            search.rollouts,
+            search.scheme,
+            search.metric,
+            search.kv,
+            search.reference,
+            predict=lambda gs: model.predict(g.group for g in gs),
+        ),
+        model.to_json() | {"recipes_measured": n, "seconds": time.perf_counter() - t0},
+    )
 
 
 def _report(final, found, search, held, engine, batch_size) -> dict:
@@ -276,13 +366,19 @@ def _report(final, found, search, held, engine, batch_size) -> dict:
         value, metrics, evidence = measure_groups(final, student, held, scheme, metric, search.kv, ref)
         interval = evidence.excess_interval(metric) if evidence else [value, value]
         report.update(measured=value, measured_metrics=metrics, measured_interval=interval)
-        log.info("recipe: %s %.4g on the search set, %.4g [%.4g, %.4g] on the held-out prompts", metric, found,
-                 value, *interval)
+        log.info(
+            "recipe: %s %.4g on the search set, %.4g [%.4g, %.4g] on the held-out prompts",
+            metric,
+            found,
+            value,
+            *interval,
+        )
     if engine is not None:
         from ..measurement.measure import measured_as
 
-        report["measured_engine"] = measured_as(engine, ref, student, where,
-                                                _perturbation(final, student, scheme, search.kv), metric, batch_size)
+        report["measured_engine"] = measured_as(
+            engine, ref, student, where, _perturbation(final, student, scheme, search.kv), metric, batch_size
+        )
     return report
 
 
@@ -300,20 +396,29 @@ class _Plan:
     candidates: list[list[GroupScore]]
 
     @classmethod
-    def of(cls, sensitivity, student, scheme, settings: RecipeSettings,
-           scores: dict[str, float] | None = None) -> "_Plan":
+    def of(
+        cls, sensitivity, student, scheme, settings: RecipeSettings, scores: dict[str, float] | None = None
+    ) -> "_Plan":
         """The settings' form, metric and constraints on this student; `scores`: the free groups' prices (context.py)
         in place of their single rows' scores."""
         s = settings
-        metric, form, keep, force, keep_first, keep_last = (s.metric, FORMS[s.searched_form], s.keep, s.force,
-                                                            s.keep_first, s.keep_last)
+        metric, form, keep, force, keep_first, keep_last = (
+            s.metric,
+            FORMS[s.searched_form],
+            s.keep,
+            s.force,
+            s.keep_first,
+            s.keep_last,
+        )
         members = {g: [u.name for u in us] for g, us in student.groups().items()}
         blocked = scheme_blockers(student.quantizable, scheme)
         if form.every and blocked:
             g, why = next(iter(blocked.items()))
-            raise FP8ProbeError(f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused "
-                                f"groups ({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run "
-                                "on it")
+            raise FP8ProbeError(
+                f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused "
+                f"groups ({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run "
+                "on it"
+            )
         groups = [g for g in group_scores(sensitivity, metric, members) if g.group not in blocked]
         # a student's unit and group names, to map unit-level keep/force names to their group
         unit_group = {u.name: u.group for u in student.quantizable}
@@ -334,8 +439,9 @@ class _Plan:
         force_set = groups_of(force, "force")
         unquantizable = sorted(force_set & set(blocked))
         if unquantizable:
-            raise FP8ProbeError(f"`force` {unquantizable[0]}: {scheme.name} cannot quantize it "
-                                f"({blocked[unquantizable[0]]})")
+            raise FP8ProbeError(
+                f"`force` {unquantizable[0]}: {scheme.name} cannot quantize it ({blocked[unquantizable[0]]})"
+            )
         if keep_set & force_set:
             raise FP8ProbeError(f"{sorted(keep_set & force_set)[0]} is both kept and forced; choose one")
         if scores is not None:
@@ -356,16 +462,29 @@ class _Plan:
         kept = [g.group for g in self.groups if g.group not in quantized] + list(self.blocked)
         by_name = {g.group: g for g in self.groups}
         return dict(
-            quantized=[g.group for g in self.groups if g.group in quantized], kept=kept,
+            quantized=[g.group for g in self.groups if g.group in quantized],
+            kept=kept,
             group_units={**{g.group: g.units for g in self.groups}, **{g: self.members[g] for g in self.blocked}},
-            kept_scores=[{"group": g, "score": by_name[g].score, "bytes_saved": by_name[g].bytes_saved,
-                          "reason": "keep" if g in self.keep_set else "budget"} for g in kept if g in by_name]
-            + [{"group": g, "score": None, "bytes_saved": 0, "reason": f"{scheme.name}: {why}"}
-               for g, why in self.blocked.items()])
+            kept_scores=[
+                {
+                    "group": g,
+                    "score": by_name[g].score,
+                    "bytes_saved": by_name[g].bytes_saved,
+                    "reason": "keep" if g in self.keep_set else "budget",
+                }
+                for g in kept
+                if g in by_name
+            ]
+            + [
+                {"group": g, "score": None, "bytes_saved": 0, "reason": f"{scheme.name}: {why}"}
+                for g, why in self.blocked.items()
+            ],
+        )
 
 
-def measure_groups(gs, student, rollouts, scheme: Scheme, metric: str, kv: KVCacheScheme | None,
-                   reference: Reference) -> tuple[float, dict, Measured | None]:
+def measure_groups(
+    gs, student, rollouts, scheme: Scheme, metric: str, kv: KVCacheScheme | None, reference: Reference
+) -> tuple[float, dict, Measured | None]:
     """These groups in FP8 (+ the KV cache) measured on `rollouts` against `reference`: (the metric's excess, every
     metric, the Measured behind them; None for no FP8 at all)."""
     if not any(g.units for g in gs) and kv is None:
@@ -378,8 +497,9 @@ def measure_groups(gs, student, rollouts, scheme: Scheme, metric: str, kv: KVCac
 def _perturbation(gs, student, scheme: Scheme, kv: KVCacheScheme | None) -> Perturbation:
     """These groups' units in `scheme`, with the FP8 KV cache in every layer when `kv` is given."""
     units = tuple(u for g in gs for u in g.units)
-    return Perturbation(units, scheme, student.layers if kv is not None else (),
-                        kv if kv is not None else KVCacheScheme())
+    return Perturbation(
+        units, scheme, student.layers if kv is not None else (), kv if kv is not None else KVCacheScheme()
+    )
 
 
 class _Search:
@@ -403,8 +523,14 @@ class _Search:
     def measured(self, k: int) -> float:
         if k not in self.memo:
             self.memo[k] = self.measure_groups(self.plan.chosen(k))
-            log.info("recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)", len(self.plan.chosen(k)),
-                     len(self.plan.groups), self.metric, self.memo[k][0], self.predicted(k))
+            log.info(
+                "recipe search: %d of %d groups in FP8 -> %s = %.4g (predicted %.4g)",
+                len(self.plan.chosen(k)),
+                len(self.plan.groups),
+                self.metric,
+                self.memo[k][0],
+                self.predicted(k),
+            )
         return self.memo[k][0]
 
     def result(self, k: int) -> tuple[float, dict, Measured | None]:
@@ -413,9 +539,16 @@ class _Search:
         return self.memo[k]
 
     def log(self) -> list[dict]:
-        return [{"move": "prefix", "groups_fp8": len(self.plan.chosen(k)),
-                 "bytes_saved": sum(g.bytes_saved for g in self.plan.chosen(k)), "predicted": self.predicted(k),
-                 "measured": v[0]} for k, v in sorted(self.memo.items())]
+        return [
+            {
+                "move": "prefix",
+                "groups_fp8": len(self.plan.chosen(k)),
+                "bytes_saved": sum(g.bytes_saved for g in self.plan.chosen(k)),
+                "predicted": self.predicted(k),
+                "measured": v[0],
+            }
+            for k, v in sorted(self.memo.items())
+        ]
 
     def reach(self, memory: MemoryTarget, weights: int, form: Form) -> int:
         """The fewest candidates that meet the memory target (measured once)."""
@@ -425,18 +558,22 @@ class _Search:
         k = next((k for k in range(n + 1) if have[k] >= need), None)
         if k is None:
             others = ", the others cannot take " + self.scheme.name if self.plan.blocked else ""
-            raise FP8ProbeError(f"{memory.describe(need)} is more than {'FP8' if form.chooses else 'this form'} can "
-                                f"reach on this model: at most {memory.describe(have[-1])} ({len(self.plan.chosen(n))} "
-                                f"of {len(self.plan.members)} fused groups{others}); lower the target")
+            raise FP8ProbeError(
+                f"{memory.describe(need)} is more than {'FP8' if form.chooses else 'this form'} can "
+                f"reach on this model: at most {memory.describe(have[-1])} ({len(self.plan.chosen(n))} "
+                f"of {len(self.plan.members)} fused groups{others}); lower the target"
+            )
         self.measured(k)
         return k
 
     def everything(self, budget: float) -> int:
         """Form all: every group, if it fits."""
         if self.measured(1) > budget:
-            raise FP8ProbeError(f"every Linear in {self.scheme.name}{' with the FP8 KV cache' if self.kv else ''} (the "
-                                f"only FP8 recipe of form all) measures {self.metric} {self.measured(1):.3g} > budget "
-                                f"{budget}; at this budget keep the weights BF16 (`form` none for the KV cache alone)")
+            raise FP8ProbeError(
+                f"every Linear in {self.scheme.name}{' with the FP8 KV cache' if self.kv else ''} (the "
+                f"only FP8 recipe of form all) measures {self.metric} {self.measured(1):.3g} > budget "
+                f"{budget}; at this budget keep the weights BF16 (`form` none for the KV cache alone)"
+            )
         return 1
 
     def longest_prefix(self, budget: float, form: Form, max_passes: int) -> int:
@@ -444,10 +581,15 @@ class _Search:
         prediction's guess, at most max_passes measured passes."""
         n = len(self.plan.candidates) - 1
         if self.measured(0) > budget:
-            what = form.smallest if not form.weights else (
-                f"only the forced groups{' and the FP8 KV cache' if self.kv else ''} in FP8")
-            raise FP8ProbeError(f"even with {what} the measured {self.metric} is {self.measured(0):.3g} > budget "
-                                f"{budget}; raise the budget")
+            what = (
+                form.smallest
+                if not form.weights
+                else (f"only the forced groups{' and the FP8 KV cache' if self.kv else ''} in FP8")
+            )
+            raise FP8ProbeError(
+                f"even with {what} the measured {self.metric} is {self.measured(0):.3g} > budget "
+                f"{budget}; raise the budget"
+            )
         lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
         if n == 0 or self.measured(n) <= budget:
             lo = n
@@ -464,6 +606,8 @@ class _Search:
                 else:
                     hi = mid
         if lo == 0 and not self.plan.forced and self.kv is None and n:
-            raise FP8ProbeError(f"no fused group fits the budget: {form.smallest} alone measures {self.metric} "
-                                f"{self.measured(1):.3g} > {budget}; raise the budget")
+            raise FP8ProbeError(
+                f"no fused group fits the budget: {form.smallest} alone measures {self.metric} "
+                f"{self.measured(1):.3g} > {budget}; raise the budget"
+            )
         return lo

@@ -22,44 +22,101 @@ class RecipeSettings(Settings):
     """Exactly one goal, `budget` or a memory target (`min_bytes_saved`, `effective_bits`, `fp8_share`); the
     constraints on what is searched; how groups are priced and ranked; the refinement and the held-out report."""
 
-    budget: float | None = opt(None, "largest allowed measured mismatch (the recipe saves the most bytes within it)",
-                               low=0.0, group="goal", required=True)
-    min_bytes_saved: int | None = opt(None, "instead of a budget: save at least this many weight bytes, with the "
-                                      "least mismatch", low=0, group="goal", metavar="BYTES")
-    effective_bits: float | None = opt(None, "instead: at most B bits per weight of every Linear, lm_head included "
-                                       "(BF16 16, FP8 8; as ModelOpt's auto_quantize counts)", low=8.0, high=16.0,
-                                       group="goal", metavar="B")
-    fp8_share: float | None = opt(None, "instead: at least this fraction of every Linear's weights in FP8", low=0.0,
-                                  high=1.0, group="goal", metavar="F")
-    metric: str = opt("kl_q_p", f"the metric the budget bounds: {', '.join(METRICS)}", choices=METRICS,
-                      metavar="METRIC")
-    kv_cache_dtype: str | None = opt(None, "also put the KV cache in FP8, as vLLM's --kv-cache-dtype names it; "
-                                     "written as llm-compressor's kv_cache_scheme with calibrated k/v scales, and "
-                                     "counted in the budget", choices=KV_CACHE_SCHEMES,
-                                     aliases=("--kv-cache-scheme",))
+    budget: float | None = opt(
+        None,
+        "largest allowed measured mismatch (the recipe saves the most bytes within it)",
+        low=0.0,
+        group="goal",
+        required=True,
+    )
+    min_bytes_saved: int | None = opt(
+        None,
+        "instead of a budget: save at least this many weight bytes, with the least mismatch",
+        low=0,
+        group="goal",
+        metavar="BYTES",
+    )
+    effective_bits: float | None = opt(
+        None,
+        "instead: at most B bits per weight of every Linear, lm_head included "
+        "(BF16 16, FP8 8; as ModelOpt's auto_quantize counts)",
+        low=8.0,
+        high=16.0,
+        group="goal",
+        metavar="B",
+    )
+    fp8_share: float | None = opt(
+        None,
+        "instead: at least this fraction of every Linear's weights in FP8",
+        low=0.0,
+        high=1.0,
+        group="goal",
+        metavar="F",
+    )
+    metric: str = opt(
+        "kl_q_p", f"the metric the budget bounds: {', '.join(METRICS)}", choices=METRICS, metavar="METRIC"
+    )
+    kv_cache_dtype: str | None = opt(
+        None,
+        "also put the KV cache in FP8, as vLLM's --kv-cache-dtype names it; "
+        "written as llm-compressor's kv_cache_scheme with calibrated k/v scales, and "
+        "counted in the budget",
+        choices=KV_CACHE_SCHEMES,
+        aliases=("--kv-cache-scheme",),
+    )
     keep_first: int = opt(0, "keep the first N blocks in BF16", low=0)
     keep_last: int = opt(0, "keep the last N blocks in BF16", low=0)
     keep: tuple[str, ...] = opt((), "units or groups to keep in BF16")
     force: tuple[str, ...] = opt((), "units or groups to put in FP8 regardless")
-    form: str | None = opt(None, "the recipes searched: free (default), keywords, first-last, all (every Linear), "
-                           "none (FP8 KV cache only)", choices=FORMS)
-    costs: str = opt("single", "how groups are priced: single (the sweep's rows), or with the rest of the recipe the "
-                     "rows choose in FP8: context (a measured pass per group), path (path attributions)", choices=COSTS)
-    damage_model: int = opt(0, "rank and predict by a damage model fitted on N measured random recipes (0: off)",
-                            low=0, metavar="N")
-    refine: int | None = opt(None, f"measured passes refining a free recipe (0: off; default {DEFAULT_REFINE_PASSES} "
-                             "under a budget, 0 under a memory target)", low=0, metavar="PASSES")
-    engine: str = opt("vllm-cuda", "also report the recipe's figure as this rollout engine computes it (the search "
-                      "and budgets use the simulation; none: off)", choices=("vllm-cuda", "vllm-cpu", "none"))
-    holdout: int = opt(2, "select on one set, report on another: every k-th prompt of the rollouts is held out and "
-                       "the recipe's measured mismatch is its value there, with its interval (0: search and report "
-                       "on all the rollouts)", low=0, metavar="K")
+    form: str | None = opt(
+        None,
+        "the recipes searched: free (default), keywords, first-last, all (every Linear), none (FP8 KV cache only)",
+        choices=FORMS,
+    )
+    costs: str = opt(
+        "single",
+        "how groups are priced: single (the sweep's rows), or with the rest of the recipe the "
+        "rows choose in FP8: context (a measured pass per group), path (path attributions)",
+        choices=COSTS,
+    )
+    damage_model: int = opt(
+        0, "rank and predict by a damage model fitted on N measured random recipes (0: off)", low=0, metavar="N"
+    )
+    refine: int | None = opt(
+        None,
+        f"measured passes refining a free recipe (0: off; default {DEFAULT_REFINE_PASSES} "
+        "under a budget, 0 under a memory target)",
+        low=0,
+        metavar="PASSES",
+    )
+    engine: str = opt(
+        "vllm-cuda",
+        "also report the recipe's figure as this rollout engine computes it (the search "
+        "and budgets use the simulation; none: off)",
+        choices=("vllm-cuda", "vllm-cpu", "none"),
+    )
+    holdout: int = opt(
+        2,
+        "select on one set, report on another: every k-th prompt of the rollouts is held out and "
+        "the recipe's measured mismatch is its value there, with its interval (0: search and report "
+        "on all the rollouts)",
+        low=0,
+        metavar="K",
+    )
 
     def __post_init__(self):
         # the request's rules first (forms.check_request): they say what to do where a bare list of choices would not
         # (an engine-only KV dtype names the command that measures it)
-        check_request(self.searched_form, self.kv_cache_dtype, self.keep, self.force, self.keep_first,
-                      self.keep_last, self.costs, self.damage_model)
+        check_request(
+            self.searched_form,
+            self.kv_cache_dtype,
+            self.keep,
+            self.force,
+            self.keep_first,
+            self.keep_last,
+            self.costs,
+            self.damage_model,
+        )
         super().__post_init__()
         goals = [g for g in GOALS if getattr(self, g) is not None]
         if len(goals) != 1:

@@ -14,9 +14,17 @@ if TYPE_CHECKING:
     from ..model.settings import RolloutSettings
 
 
-def ladder(student, rollouts, sources: list[Source], settings: LadderSettings = LadderSettings(prefix_shift=False), *,
-           teacher=None, reference: Reference | None = None, sampling: RolloutSettings | None = None,
-           progress: bool = False):
+def ladder(
+    student,
+    rollouts,
+    sources: list[Source],
+    settings: LadderSettings = LadderSettings(prefix_shift=False),
+    *,
+    teacher=None,
+    reference: Reference | None = None,
+    sampling: RolloutSettings | None = None,
+    progress: bool = False,
+):
     """One row per source with every metric (METRICS), measured on the same rollouts against one reference;
     a combination's row adds `sum_of_parts` (its parts' kl_q_p added up). With the settings' `prefix_shift`, the
     prefix shift of each source (prefix.PREFIX_COLUMNS: continuations of `sampling`'s response length and seed, else
@@ -43,9 +51,13 @@ def ladder(student, rollouts, sources: list[Source], settings: LadderSettings = 
         m = measure(reference, student, rollouts, s.perturbation, engine, batch_size).metrics
         by_name[s.name] = m
         parts = [by_name[p]["kl_q_p"] for p in s.parts if p in by_name]
-        row = {"source": s.name, "kind": s.kind, "sigma": s.value if s.value is not None else float("nan"),
-               **{k: m[k] for k in METRICS},
-               "sum_of_parts": sum(parts) if s.parts and len(parts) == len(s.parts) else float("nan")}
+        row = {
+            "source": s.name,
+            "kind": s.kind,
+            "sigma": s.value if s.value is not None else float("nan"),
+            **{k: m[k] for k in METRICS},
+            "sum_of_parts": sum(parts) if s.parts and len(parts) == len(s.parts) else float("nan"),
+        }
         if shift is not None:
             row.update(shift.measure(s.perturbation))
         if opd is not None:

@@ -16,8 +16,12 @@ class LadderSettings(Settings):
     at once too when `combine`, with the prefix shift of each unless not `prefix_shift`."""
 
     shortcuts: Shortcuts = field(default_factory=Shortcuts)
-    noise: tuple[float, ...] | None = opt(None, "relative weight-noise levels σ (x each tensor's std); default: "
-                                          + " ".join(f"{x:g}" for x in NOISE_RULER), low=0.0, open_low=True)
+    noise: tuple[float, ...] | None = opt(
+        None,
+        "relative weight-noise levels σ (x each tensor's std); default: " + " ".join(f"{x:g}" for x in NOISE_RULER),
+        low=0.0,
+        open_low=True,
+    )
     noise_seed: int = opt(0, "seed of the noise draws", low=0)
     combine: bool = opt(False, "also measure the recipe, KV and stale sources together")
     prefix_shift: bool = opt(True, "skip the prefix-shift columns (faster)", flag="--no-prefix-shift")

@@ -25,8 +25,12 @@ class Shortcuts(Settings):
     kv_cache_dtype: tuple[str, ...] = opt((), f"FP8 KV cache(s): {', '.join(KV_CACHE_DTYPES)}")
     stale: tuple[str, ...] = opt((), "other checkpoint(s) of the student as the rollout policy")
     teacher: str | None = opt(None, "a teacher sharing the student's tokenizer: adds the OPD-signal distortion")
-    engine: str = opt("sim", "sim: every shortcut in the reference-dtype model, as recipes and budgets are measured; "
-                      "vllm-cuda / vllm-cpu: every figure as vLLM 0.32 computes it", choices=ENGINES)
+    engine: str = opt(
+        "sim",
+        "sim: every shortcut in the reference-dtype model, as recipes and budgets are measured; "
+        "vllm-cuda / vllm-cpu: every figure as vLLM 0.32 computes it",
+        choices=ENGINES,
+    )
 
     def check(self, model) -> None:
         """Everything readable and covered by the engine, before any output exists (`model`: the ModelSource)."""

@@ -77,9 +77,11 @@ class LevelKind:
 def _parse_fp8(text: str, arg: str) -> SourceSpec:
     scheme = arg or "FP8_DYNAMIC"
     if scheme not in SCHEMES or scheme == "FP8":
-        dynamic = ', '.join(s for s in SCHEMES if s != 'FP8')
-        raise FP8ProbeError(f"`levels` {text}: fp8 takes a dynamic scheme ({dynamic}); "
-                            "static activation scales need a calibration the rollout engine does not redo per step")
+        dynamic = ", ".join(s for s in SCHEMES if s != "FP8")
+        raise FP8ProbeError(
+            f"`levels` {text}: fp8 takes a dynamic scheme ({dynamic}); "
+            "static activation scales need a calibration the rollout engine does not redo per step"
+        )
     return SourceSpec("fp8", scheme=scheme)
 
 
@@ -116,8 +118,10 @@ def _fp8_rollout(spec, student, seed):
     blocked = scheme_blockers(student.quantizable, scheme)  # groups its kernels refuse stay BF16, as in a sweep
     units = tuple(u.name for u in student.quantizable if u.group not in blocked)
     if not units:
-        raise FP8ProbeError(f"`levels` {spec.name}: {spec.scheme} fits none of the student's units "
-                            f"({next(iter(blocked.values()))}); use fp8 (FP8_DYNAMIC)")
+        raise FP8ProbeError(
+            f"`levels` {spec.name}: {spec.scheme} fits none of the student's units "
+            f"({next(iter(blocked.values()))}); use fp8 (FP8_DYNAMIC)"
+        )
     return lambda step: Perturbation(units=units, scheme=scheme)
 
 
@@ -127,19 +131,31 @@ def _kv_rollout(spec, student, seed):
     return lambda step: Perturbation(kv_layers=layers, kv=kv)
 
 
-LEVEL_KINDS: dict[str, LevelKind] = {k.name: k for k in (
-    LevelKind("none", None, lambda spec: "0", _unperturbed),
-    LevelKind("noise", None, lambda spec: f"{spec.value:g}", _noise_rollout, slug=lambda spec: f"noise-{spec.name}"),
-    LevelKind("fp8", _parse_fp8, lambda spec: f"fp8:{spec.scheme}", _fp8_rollout),
-    LevelKind("kv", _parse_kv, lambda spec: f"kv:{spec.scheme}", _kv_rollout),
-    LevelKind("stale", _parse_stale, lambda spec: f"stale:{int(spec.value)}", _unperturbed,
-              stale_steps=lambda spec: int(spec.value)),
-)}
+LEVEL_KINDS: dict[str, LevelKind] = {
+    k.name: k
+    for k in (
+        LevelKind("none", None, lambda spec: "0", _unperturbed),
+        LevelKind(
+            "noise", None, lambda spec: f"{spec.value:g}", _noise_rollout, slug=lambda spec: f"noise-{spec.name}"
+        ),
+        LevelKind("fp8", _parse_fp8, lambda spec: f"fp8:{spec.scheme}", _fp8_rollout),
+        LevelKind("kv", _parse_kv, lambda spec: f"kv:{spec.scheme}", _kv_rollout),
+        LevelKind(
+            "stale",
+            _parse_stale,
+            lambda spec: f"stale:{int(spec.value)}",
+            _unperturbed,
+            stale_steps=lambda spec: int(spec.value),
+        ),
+    )
+}
 
 
-SOURCE_HELP = ("a number: weight noise σ (x each tensor's std; 0: no mismatch); fp8[:SCHEME] (every unit in FP8, "
-              "default FP8_DYNAMIC); kv[:DTYPE] (FP8 KV cache, default fp8); stale:K (rollouts from the weights of "
-              "K updates ago)")
+SOURCE_HELP = (
+    "a number: weight noise σ (x each tensor's std; 0: no mismatch); fp8[:SCHEME] (every unit in FP8, "
+    "default FP8_DYNAMIC); kv[:DTYPE] (FP8 KV cache, default fp8); stale:K (rollouts from the weights of "
+    "K updates ago)"
+)
 
 
 def parse_source(text: str) -> SourceSpec:
@@ -171,8 +187,9 @@ def noise(student, sigma: float, seed: int = 0) -> Source:
     if not sigma > 0:
         raise FP8ProbeError(f"`noise` {sigma}: a noise scale must be a positive number")
     units = student.unit_names
-    return Source(f"noise {sigma:g}", "noise", Perturbation(noise=sigma, noise_units=units, noise_seed=seed),
-                  value=sigma)
+    return Source(
+        f"noise {sigma:g}", "noise", Perturbation(noise=sigma, noise_units=units, noise_seed=seed), value=sigma
+    )
 
 
 def kv_cache(student, kv_dtype: str = "fp8") -> Source:
@@ -194,19 +211,28 @@ def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
     """Another checkpoint of the same student as the rollout policy; refuses another architecture or vocabulary."""
     from ..model.student import load_student
 
-    other = load_student(checkpoint, device=str(next(student.model.parameters()).device),
-                         dtype=next(student.model.parameters()).dtype, allow_pickle=allow_pickle)
+    other = load_student(
+        checkpoint,
+        device=str(next(student.model.parameters()).device),
+        dtype=next(student.model.parameters()).dtype,
+        allow_pickle=allow_pickle,
+    )
     if other.model_type != student.model_type:
-        raise FP8ProbeError(f"`stale` {checkpoint} is a {other.model_type} model, the student a {student.model_type}: "
-                            "pass a checkpoint of the same student")
+        raise FP8ProbeError(
+            f"`stale` {checkpoint} is a {other.model_type} model, the student a {student.model_type}: "
+            "pass a checkpoint of the same student"
+        )
     if other.tokenizer.get_vocab() != student.tokenizer.get_vocab():
-        raise FP8ProbeError(f"`stale` {checkpoint} has another vocabulary than the student: pass a checkpoint of the "
-                            "same student")
+        raise FP8ProbeError(
+            f"`stale` {checkpoint} has another vocabulary than the student: pass a checkpoint of the same student"
+        )
     state = {n: p.detach() for n, p in other.model.named_parameters()}
     shapes = {n: tuple(p.shape) for n, p in student.model.named_parameters()}
     if {n: tuple(t.shape) for n, t in state.items()} != shapes:
-        raise FP8ProbeError(f"`stale` {checkpoint} has other weight names or shapes than the student: pass a "
-                            "checkpoint of the same student")
+        raise FP8ProbeError(
+            f"`stale` {checkpoint} has other weight names or shapes than the student: pass a "
+            "checkpoint of the same student"
+        )
     return Source(f"stale {checkpoint}", "stale", Perturbation(stale=state))
 
 
@@ -224,6 +250,12 @@ def combine(sources: list[Source], name: str | None = None) -> Source:
     layers = tuple(sorted({i for p in ps for i in p.kv_layers}))
     kv = next((p.kv for p in ps if p.kv_layers), KVCacheScheme())
     base = noises[0] if noises else Perturbation()
-    p = replace(base, units=units, scheme=Scheme.from_name(schemes.pop()) if schemes else base.scheme,
-                kv_layers=layers, kv=kv, stale=stales[0] if stales else None)
+    p = replace(
+        base,
+        units=units,
+        scheme=Scheme.from_name(schemes.pop()) if schemes else base.scheme,
+        kv_layers=layers,
+        kv=kv,
+        stale=stales[0] if stales else None,
+    )
     return Source(name or " + ".join(s.name for s in sources), "combination", p, tuple(s.name for s in sources))

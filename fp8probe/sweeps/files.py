@@ -35,8 +35,19 @@ from .methods import ESTIMATED
 # fast estimate, fisher.py) or "path" (the path attribution, attribution.py): on an estimated row only kl_q_p holds
 # a number, the estimate; the other metrics are empty; kl_fisher: the estimate wherever one was made (--method
 # fisher, auto or path), empty after an exact-only sweep
-COLUMNS = ["unit", "kind", "block", "group", "params", "bytes_saved", "kv_bytes_saved_per_token", "method", "sqnr_db",
-           *METRICS, "kl_fisher"]
+COLUMNS = [
+    "unit",
+    "kind",
+    "block",
+    "group",
+    "params",
+    "bytes_saved",
+    "kv_bytes_saved_per_token",
+    "method",
+    "sqnr_db",
+    *METRICS,
+    "kl_fisher",
+]
 PARTIAL = "sensitivity.partial.csv"
 PARTIAL_SETTINGS = "sweep.partial.json"
 _INT_COLUMNS = ("block", "params", "bytes_saved", "kv_bytes_saved_per_token")
@@ -66,8 +77,10 @@ class SweepRun:
         """Refuse to use this sweep with a model of another architecture than the one it measured."""
         swept = self.run.model_type
         if swept is not None and swept != student.model_type:
-            raise FP8ProbeError(f"{self.directory} measured a {swept} model, but {self.run.model_path} is now a "
-                                f"{student.model_type} model: was it run on another model? sweep this one")
+            raise FP8ProbeError(
+                f"{self.directory} measured a {swept} model, but {self.run.model_path} is now a "
+                f"{student.model_type} model: was it run on another model? sweep this one"
+            )
 
 
 def write_run(out: str | Path, run: SweepRunRecord) -> None:
@@ -90,10 +103,14 @@ def read_sweep(directory: str | Path) -> SweepRun:
         raise FP8ProbeError(f"{directory} is a file, not a sweep directory; pass the `out` of `fp8probe sweep`")
     run_file, table = d / RUN_FILE, d / TABLE
     if not run_file.is_file() or not table.is_file():
-        partial = " (it holds an unfinished sweep: finish it with `fp8probe sweep ... --resume`)" if (
-            d / PARTIAL).exists() else ""
-        raise FP8ProbeError(f"{directory} is not a finished sweep (no {RUN_FILE} / {TABLE}){partial}; "
-                            "run `fp8probe sweep`")
+        partial = (
+            " (it holds an unfinished sweep: finish it with `fp8probe sweep ... --resume`)"
+            if (d / PARTIAL).exists()
+            else ""
+        )
+        raise FP8ProbeError(
+            f"{directory} is not a finished sweep (no {RUN_FILE} / {TABLE}){partial}; run `fp8probe sweep`"
+        )
     try:
         run = json.loads(run_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -102,13 +119,16 @@ def read_sweep(directory: str | Path) -> SweepRun:
         raise FP8ProbeError(f"{run_file} is not a JSON object; run the sweep again")
     version = schema_of(run)
     if version != RUN_SCHEMA_VERSION:
-        raise FP8ProbeError(f"{run_file} has schema_version {version!r}; this fp8probe reads {RUN_SCHEMA_VERSION} "
-                            f"(written by fp8probe {run.get('versions', {}).get('fp8probe', '?')}): run the sweep "
-                            "again with this version")
+        raise FP8ProbeError(
+            f"{run_file} has schema_version {version!r}; this fp8probe reads {RUN_SCHEMA_VERSION} "
+            f"(written by fp8probe {run.get('versions', {}).get('fp8probe', '?')}): run the sweep "
+            "again with this version"
+        )
     for key, typ in _RUN_KEYS.items():
         if not isinstance(run.get(key), typ) or isinstance(run.get(key), bool):
-            raise FP8ProbeError(f"{run_file}: {key!r} must be a {typ.__name__}, got {run.get(key)!r}; "
-                                "run the sweep again")
+            raise FP8ProbeError(
+                f"{run_file}: {key!r} must be a {typ.__name__}, got {run.get(key)!r}; run the sweep again"
+            )
     try:
         df = pd.read_csv(table, dtype={c: str for c in _TEXT_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -118,8 +138,10 @@ def read_sweep(directory: str | Path) -> SweepRun:
         df["kl_fisher"] = float("nan")
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
-        raise FP8ProbeError(f"{table} lacks the columns {', '.join(missing[:5])}; it was not written by this "
-                            "fp8probe: run the sweep again")
+        raise FP8ProbeError(
+            f"{table} lacks the columns {', '.join(missing[:5])}; it was not written by this "
+            "fp8probe: run the sweep again"
+        )
     numeric = [c for c in COLUMNS if c not in _TEXT_COLUMNS]
     bad = [c for c in numeric if not pd.api.types.is_numeric_dtype(df[c])]
     if bad:
@@ -128,8 +150,9 @@ def read_sweep(directory: str | Path) -> SweepRun:
         raise FP8ProbeError(f"{table} has rows without a unit, kind or group (truncated?); run the sweep again")
     bad_method = sorted(set(df["method"]) - {"exact", *ESTIMATED})
     if bad_method:
-        raise FP8ProbeError(f"{table}: unknown method {bad_method[0]!r} (exact, {', '.join(ESTIMATED)}); run the "
-                            "sweep again")
+        raise FP8ProbeError(
+            f"{table}: unknown method {bad_method[0]!r} (exact, {', '.join(ESTIMATED)}); run the sweep again"
+        )
     # every value is a number except sqnr_db (NaN on whole-model rows by definition), kl_fisher (NaN where no
     # estimate was made) and, on rows of the fast estimate, every metric but kl_q_p
     estimated = df["method"].isin(ESTIMATED)
@@ -147,8 +170,9 @@ def read_sweep(directory: str | Path) -> SweepRun:
 # resume state
 
 
-def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size,
-                   method: dict | None = None) -> dict:
+def sweep_settings(
+    student, rollouts, scheme, granularity, include_kv, kv, batch_size, method: dict | None = None
+) -> dict:
     """What a resume must match: model, scheme, granularity, KV scheme, batch size, the rollouts' bytes, and the
     method with its settings (estimator, label draws, seed, exact rows of --method auto)."""
     import hashlib
@@ -156,11 +180,18 @@ def sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch
     h = hashlib.sha256()
     for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask):
         h.update(t.contiguous().numpy().tobytes())
-    return {"fp8probe_version": __version__, "model": student.name, "scheme": scheme.name, "granularity": granularity,
-            "include_kv": include_kv,
-            "kv": {"fmt": kv.fmt, "strategy": kv.strategy, "scale": kv.scale}, "batch_size": batch_size,
-            "rollouts_sha256": h.hexdigest(), "dtype": str(next(student.model.parameters()).dtype),
-            "method": method or {"method": "exact"}}
+    return {
+        "fp8probe_version": __version__,
+        "model": student.name,
+        "scheme": scheme.name,
+        "granularity": granularity,
+        "include_kv": include_kv,
+        "kv": {"fmt": kv.fmt, "strategy": kv.strategy, "scale": kv.scale},
+        "batch_size": batch_size,
+        "rollouts_sha256": h.hexdigest(),
+        "dtype": str(next(student.model.parameters()).dtype),
+        "method": method or {"method": "exact"},
+    }
 
 
 def check_resume_state(out: Path, resume: bool) -> dict | None:
@@ -174,14 +205,17 @@ def check_resume_state(out: Path, resume: bool) -> dict | None:
     try:
         old = json.loads(sfile.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FP8ProbeError(f"`resume`: {sfile} is missing or unreadable ({e}); start the sweep again in an empty "
-                            "`out`") from e
+        raise FP8ProbeError(
+            f"`resume`: {sfile} is missing or unreadable ({e}); start the sweep again in an empty `out`"
+        ) from e
     if not isinstance(old, dict):
         raise FP8ProbeError(f"`resume`: {sfile} is not a JSON object; start the sweep again in an empty `out`")
     if old.get("fp8probe_version") != __version__:
-        raise FP8ProbeError(f"`resume`: the saved sweep in {out} was made by fp8probe "
-                            f"{old.get('fp8probe_version', 'older than 0.1.1')}, this is {__version__}; "
-                            "start a new sweep in another `out`")
+        raise FP8ProbeError(
+            f"`resume`: the saved sweep in {out} was made by fp8probe "
+            f"{old.get('fp8probe_version', 'older than 0.1.1')}, this is {__version__}; "
+            "start a new sweep in another `out`"
+        )
     return old
 
 
@@ -204,8 +238,10 @@ def open_partial(out: Path, settings: dict, resume: bool) -> dict[str, dict]:
     if old is not None:
         if old != settings:
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise FP8ProbeError(f"`resume`: the saved sweep in {out} was run with other settings ({', '.join(diff)}); "
-                                "rerun with the same settings or without `resume`")
+            raise FP8ProbeError(
+                f"`resume`: the saved sweep in {out} was run with other settings ({', '.join(diff)}); "
+                "rerun with the same settings or without `resume`"
+            )
         return _read_partial(out / PARTIAL)
     (out / PARTIAL_SETTINGS).unlink(missing_ok=True)
     return {}
@@ -224,8 +260,10 @@ def _read_partial(path: Path) -> dict[str, dict]:
         try:
             done[rec["unit"]] = _parse(rec)
         except ValueError as e:
-            raise FP8ProbeError(f"`resume`: {path}:{i} is not a row fp8probe wrote ({e}); start the sweep again "
-                                "without `resume` in an empty `out`") from e
+            raise FP8ProbeError(
+                f"`resume`: {path}:{i} is not a row fp8probe wrote ({e}); start the sweep again "
+                "without `resume` in an empty `out`"
+            ) from e
     # rewrite without the cut-off line, so that appends start on a fresh line
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=COLUMNS)

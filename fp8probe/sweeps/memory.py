@@ -42,13 +42,16 @@ class MemoryEstimate:
         return self.weights + self.recorded + self.working
 
     def describe(self) -> str:
-        return (f"weights {self.weights / GiB:.1f} GiB + recorded block inputs {self.recorded / GiB:.1f} GiB + one "
-                f"batch {self.working / GiB:.1f} GiB = {self.device / GiB:.1f} GiB on the device; "
-                f"{self.host / GiB:.1f} GiB on the host")
+        return (
+            f"weights {self.weights / GiB:.1f} GiB + recorded block inputs {self.recorded / GiB:.1f} GiB + one "
+            f"batch {self.working / GiB:.1f} GiB = {self.device / GiB:.1f} GiB on the device; "
+            f"{self.host / GiB:.1f} GiB on the host"
+        )
 
 
-def estimate(config, dtype_bytes: int, method: str, batch_size: int, num_sequences: int, seq_len: int,
-             response_tokens: int) -> MemoryEstimate:
+def estimate(
+    config, dtype_bytes: int, method: str, batch_size: int, num_sequences: int, seq_len: int, response_tokens: int
+) -> MemoryEstimate:
     """The memory a sweep of this model and these rollouts needs (see the module docstring)."""
     from ..measurement.mismatch import CHUNK_ROWS
     from ..measurement.quantize import DEQUANTIZED_CACHE_BYTES, LAZY_CODES_BYTES
@@ -116,8 +119,9 @@ def host_available() -> int:
     return 1 << 62
 
 
-def check_fits(est: MemoryEstimate, device: str, free: int | None = None, host_free: int | None = None,
-               where: str | None = None) -> None:
+def check_fits(
+    est: MemoryEstimate, device: str, free: int | None = None, host_free: int | None = None, where: str | None = None
+) -> None:
     """Refuse, with the option that would fit, a sweep that would run out of memory."""
     if free is None:
         free, where = available(device)
@@ -127,14 +131,18 @@ def check_fits(est: MemoryEstimate, device: str, free: int | None = None, host_f
     budget = free * MARGIN
     if need > budget:
         fix = _what_fits(est, budget, on_host)
-        raise FP8ProbeError(f"this sweep needs about {need / GiB:.1f} GiB ({est.describe()}), more than "
-                            f"{where} has free ({free / GiB:.1f} GiB); {fix}")
+        raise FP8ProbeError(
+            f"this sweep needs about {need / GiB:.1f} GiB ({est.describe()}), more than "
+            f"{where} has free ({free / GiB:.1f} GiB); {fix}"
+        )
     if not on_host:
         host_free = host_available() if host_free is None else host_free
         if est.host > host_free * MARGIN:
-            raise FP8ProbeError(f"this sweep needs about {est.host / GiB:.1f} GiB of host memory for the reference "
-                                f"log-probabilities, more than is free ({host_free / GiB:.1f} GiB); use fewer "
-                                "`num_prompts` or `max_new_tokens`")
+            raise FP8ProbeError(
+                f"this sweep needs about {est.host / GiB:.1f} GiB of host memory for the reference "
+                f"log-probabilities, more than is free ({host_free / GiB:.1f} GiB); use fewer "
+                "`num_prompts` or `max_new_tokens`"
+            )
 
 
 def _what_fits(est: MemoryEstimate, budget: float, on_host: bool) -> str:
@@ -143,8 +151,10 @@ def _what_fits(est: MemoryEstimate, budget: float, on_host: bool) -> str:
         gpus = "" if on_host else "use `device` auto to spread it over this machine's GPUs, or "
         return f"the weights alone take {est.weights / GiB:.1f} GiB: {gpus}a device with more memory"
     if METHODS[est.method].reference and est.recorded > rest:
-        return ("the reference's per-block records do not fit: use `method` fisher (no records), or fewer "
-                "`num_prompts` / `max_new_tokens`")
+        return (
+            "the reference's per-block records do not fit: use `method` fisher (no records), or fewer "
+            "`num_prompts` / `max_new_tokens`"
+        )
     per_token = est.working / max(est.batch_tokens, 1)
     fits = int((rest - est.recorded) // max(per_token, 1)) // max(est.seq_len, 1) if rest > est.recorded else 0
     if fits >= 1:

@@ -49,8 +49,8 @@ def top_and_controls(rows, estimates, settings, seed) -> set[str]:
     `controls` of the others drawn at random (with `seed`), which show how far the estimate holds below the top."""
     units = [r.unit for r in rows if r.kind != "model"]
     ranked = sorted(units, key=lambda u: -estimates[u])  # stable: ties keep model order
-    top = ranked[:settings.top_k]
-    rest = ranked[settings.top_k:]
+    top = ranked[: settings.top_k]
+    rest = ranked[settings.top_k :]
     controls = random.Random(seed).sample(rest, min(settings.controls, len(rest)))
     return {*top, *controls, *(r.unit for r in rows if r.kind == "model")}
 
@@ -61,12 +61,28 @@ def _whole_and_kv(rows, estimates, settings, seed) -> set[str]:
 
 
 _ESTIMATE = ("samples", "estimator", "seed")
-METHODS: dict[str, MethodKind] = {m.name: m for m in (
-    MethodKind("exact", "reference pass and sweep", reference=True, estimate=False, exact=_every_row),
-    MethodKind("fisher", "fast estimate", reference=False, estimate=True, exact=_no_row, recorded=_ESTIMATE),
-    MethodKind("auto", "reference pass, fast estimate, exact top rows", reference=True, estimate=True,
-               exact=top_and_controls, recorded=(*_ESTIMATE, "top_k", "controls")),
-    MethodKind("path", "reference pass and path attributions", reference=True, estimate=True, exact=_whole_and_kv,
-               recorded=("nodes",), by="path"),
-)}
+METHODS: dict[str, MethodKind] = {
+    m.name: m
+    for m in (
+        MethodKind("exact", "reference pass and sweep", reference=True, estimate=False, exact=_every_row),
+        MethodKind("fisher", "fast estimate", reference=False, estimate=True, exact=_no_row, recorded=_ESTIMATE),
+        MethodKind(
+            "auto",
+            "reference pass, fast estimate, exact top rows",
+            reference=True,
+            estimate=True,
+            exact=top_and_controls,
+            recorded=(*_ESTIMATE, "top_k", "controls"),
+        ),
+        MethodKind(
+            "path",
+            "reference pass and path attributions",
+            reference=True,
+            estimate=True,
+            exact=_whole_and_kv,
+            recorded=("nodes",),
+            by="path",
+        ),
+    )
+}
 ESTIMATED = ("fisher", "path")  # the `method` of a sensitivity.csv row that holds an estimate, not a measurement

@@ -75,13 +75,16 @@ def check_address(address: str | None, timeout: float = 5.0) -> None:
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise FP8ProbeError(f"`ray_address` {address}: give HOST:PORT of the Ray head (e.g. 10.0.0.1:6379), "
-                            "ray://HOST:PORT, or auto")
+        raise FP8ProbeError(
+            f"`ray_address` {address}: give HOST:PORT of the Ray head (e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as e:
-        raise FP8ProbeError(f"`ray_address` {address}: nothing answers there ({e.strerror or e}); start the cluster "
-                            "(`ray start --head`) or check the address (`ray status` on the head node)") from e
+        raise FP8ProbeError(
+            f"`ray_address` {address}: nothing answers there ({e.strerror or e}); start the cluster "
+            "(`ray start --head`) or check the address (`ray status` on the head node)"
+        ) from e
 
 
 @contextlib.contextmanager
@@ -91,8 +94,9 @@ def ray_session(cluster: Cluster):
     ray = require_ray()
     started = False
     if not ray.is_initialized():
-        kwargs = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                      configure_logging=True)
+        kwargs = dict(
+            include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING, configure_logging=True
+        )
         try:
             if cluster.address:
                 ray.init(address=cluster.address, **kwargs)
@@ -102,8 +106,10 @@ def ray_session(cluster: Cluster):
                 started = True
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = f"the Ray cluster at {cluster.address}" if cluster.address else "a local Ray instance"
-            raise FP8ProbeError(f"could not start or join {where}: {str(e).splitlines()[0]}; check `ray_address` "
-                                "(`ray status` on the head node shows it)") from e
+            raise FP8ProbeError(
+                f"could not start or join {where}: {str(e).splitlines()[0]}; check `ray_address` "
+                "(`ray status` on the head node shows it)"
+            ) from e
     try:
         yield ray
     finally:
@@ -136,7 +142,7 @@ class SweepWorker:
 def shards(rows: list, workers: int) -> list[list]:
     """Rows in plan order, cut into shards of at most MAX_SHARD, about four per worker."""
     size = max(1, min(MAX_SHARD, math.ceil(len(rows) / (4 * workers))))
-    return [rows[i:i + size] for i in range(0, len(rows), size)]
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 class RayRows:
@@ -178,8 +184,10 @@ class RayRows:
                     pending[self.actors[i].measure.remote(shard)] = (i, shard)
                     load[i] += 1
             if not pending:
-                raise FP8ProbeError(f"every sweep worker died (last: {last_error}); the finished rows are kept: "
-                                    "rerun with `resume` (and fewer `workers`, or more memory per worker)")
+                raise FP8ProbeError(
+                    f"every sweep worker died (last: {last_error}); the finished rows are kept: "
+                    "rerun with `resume` (and fewer `workers`, or more memory per worker)"
+                )
             done, _ = ray.wait(list(pending), num_returns=1)
             i, shard = pending.pop(done[0])
             load[i] -= 1
@@ -238,7 +246,7 @@ class CostModel:
     def seconds(self, start_blocks: list[int], num_layers: int, workers: int) -> float:
         costs = [self.row_seconds(b, num_layers) for b in start_blocks]
         work = sum(costs) / workers
-        slowest = max((sum(costs[i:i + len(s)]) for i, s in _shard_spans(len(costs), workers)), default=0.0)
+        slowest = max((sum(costs[i : i + len(s)]) for i, s in _shard_spans(len(costs), workers)), default=0.0)
         transfer = self.transfer_bytes / self.bandwidth if workers > 0 and self.transfer_bytes else 0.0
         return self.start + transfer + max(work, slowest)
 
@@ -278,8 +286,9 @@ def cluster_for(model, workers: int, ray_address: str | None, threads_per_worker
     require_ray()
     check_address(ray_address)
     if model.device == "auto":
-        raise FP8ProbeError("`workers` with `device` auto: each worker holds its own replica; use `device` cuda "
-                            "(one GPU per worker)")
+        raise FP8ProbeError(
+            "`workers` with `device` auto: each worker holds its own replica; use `device` cuda (one GPU per worker)"
+        )
     return Cluster(workers, ray_address, threads_per_worker, gpus=model.device.startswith("cuda"))
 
 
@@ -291,11 +300,22 @@ def row_workers(model, cluster):
         yield None
         return
 
-    load_kw = {"name_or_path": model.model, "device": "cuda" if cluster.gpus else model.device, "dtype": model.dtype,
-               "trust_remote_code": model.trust_remote_code, "allow_pickle": model.allow_pickle}
-    log.info("rows measured by %d Ray worker(s)%s", cluster.workers,
-             f" on the cluster at {cluster.address}" if cluster.address else
-             f" ({cluster.threads_per_worker()} CPU threads each)" if not cluster.gpus else " (one GPU each)")
+    load_kw = {
+        "name_or_path": model.model,
+        "device": "cuda" if cluster.gpus else model.device,
+        "dtype": model.dtype,
+        "trust_remote_code": model.trust_remote_code,
+        "allow_pickle": model.allow_pickle,
+    }
+    log.info(
+        "rows measured by %d Ray worker(s)%s",
+        cluster.workers,
+        f" on the cluster at {cluster.address}"
+        if cluster.address
+        else f" ({cluster.threads_per_worker()} CPU threads each)"
+        if not cluster.gpus
+        else " (one GPU each)",
+    )
     with ray_session(cluster):
         executor = RayRows(cluster, load_kw)
         try:

@@ -20,26 +20,34 @@ class SweepSettings(Settings):
     with `threads_per_worker` each). The library's `sweep()` takes it whole (its default: method exact)."""
 
     scheme: str = opt("FP8_DYNAMIC", f"FP8 scheme: {', '.join(SCHEMES)}")
-    granularity: str = opt("unit", "a row per Linear (unit) or per fused group as vLLM loads it (group)",
-                           choices=("unit", "group"))
+    granularity: str = opt(
+        "unit", "a row per Linear (unit) or per fused group as vLLM loads it (group)", choices=("unit", "group")
+    )
     include_kv: bool = opt(True, "skip the per-layer FP8 KV-cache rows", flag="--no-kv")
     kv_cache_dtype: str = opt("fp8", f"KV rows in {', '.join(KV_CACHE_DTYPES)}")
-    method: str = opt("fisher", "fisher: estimate every row from one pass with backward (fast; the default); "
-                      "exact: measure every row; auto: estimate, then measure the top-k highest, controls others and "
-                      "the whole model; path: each row's path attribution with the others partly in FP8 (fast)",
-                      choices=tuple(METHODS))
+    method: str = opt(
+        "fisher",
+        "fisher: estimate every row from one pass with backward (fast; the default); "
+        "exact: measure every row; auto: estimate, then measure the top-k highest, controls others and "
+        "the whole model; path: each row's path attribution with the others partly in FP8 (fast)",
+        choices=tuple(METHODS),
+    )
     top_k: int = opt(24, "method auto: rows measured exactly", low=0)
     controls: int = opt(8, "method auto: random other rows measured exactly, as a check", low=0)
     fisher_samples: int = opt(2, "label draws per position for the estimate, one backward each", low=1)
     path_nodes: int = opt(2, "method path: points on the path, one forward and backward each", low=1)
     compare: str | None = opt(None, "an exact sweep of the same rollouts: write agreement.json", metavar="EXACT_DIR")
-    agreement_budget: float | None = opt(None, "kl_q_p budget of the agreement's recipes (default: half the "
-                                         "whole-model FP8 mismatch)", low=0.0, metavar="X")
+    agreement_budget: float | None = opt(
+        None,
+        "kl_q_p budget of the agreement's recipes (default: half the whole-model FP8 mismatch)",
+        low=0.0,
+        metavar="X",
+    )
     workers: int = opt(1, "Ray workers measuring the rows, one replica each (pip install 'fp8probe[ray]')", low=1)
-    ray_address: str | None = opt(None, "join this Ray cluster (left running) instead of starting a local one",
-                                  metavar="ADDR")
-    threads_per_worker: int | None = opt(None, "CPU threads per worker (default: cores / workers)", low=1,
-                                         metavar="T")
+    ray_address: str | None = opt(
+        None, "join this Ray cluster (left running) instead of starting a local one", metavar="ADDR"
+    )
+    threads_per_worker: int | None = opt(None, "CPU threads per worker (default: cores / workers)", low=1, metavar="T")
 
     def __post_init__(self):
         super().__post_init__()
@@ -50,8 +58,10 @@ class SweepSettings(Settings):
         if (self.workers > 1 or self.ray_address) and not METHODS[self.method].measures:
             *others, last = [m for m, kind in METHODS.items() if kind.measures]
             measuring = f"{', '.join(others)} or {last}"
-            raise FP8ProbeError(f"Ray workers (`workers`, `ray_address`) measure rows exactly and method "
-                                f"{self.method} measures none: pass `method` {measuring} (or run without Ray)")
+            raise FP8ProbeError(
+                f"Ray workers (`workers`, `ray_address`) measure rows exactly and method "
+                f"{self.method} measures none: pass `method` {measuring} (or run without Ray)"
+            )
 
     @property
     def preset(self) -> Scheme:
@@ -72,6 +82,12 @@ class SweepSettings(Settings):
         the names run.json has always used."""
         from ..measurement.fisher import DEFAULT_ESTIMATOR
 
-        values = {"samples": self.fisher_samples, "estimator": DEFAULT_ESTIMATOR, "seed": seed, "top_k": self.top_k,
-                  "controls": self.controls, "nodes": self.path_nodes}
+        values = {
+            "samples": self.fisher_samples,
+            "estimator": DEFAULT_ESTIMATOR,
+            "seed": seed,
+            "top_k": self.top_k,
+            "controls": self.controls,
+            "nodes": self.path_nodes,
+        }
         return {"method": self.method, **{k: values[k] for k in self.kind.recorded}}

@@ -60,8 +60,9 @@ class Row:
     perturbation: Perturbation
 
 
-def plan_rows(student, scheme: Scheme, granularity: str = "unit", include_kv: bool = True,
-              kv: KVCacheScheme = KVCacheScheme()) -> list[Row]:
+def plan_rows(
+    student, scheme: Scheme, granularity: str = "unit", include_kv: bool = True, kv: KVCacheScheme = KVCacheScheme()
+) -> list[Row]:
     """Every row the sweep will measure, in output order (block, then model order; model rows last)."""
     if granularity not in ("unit", "group"):
         raise FP8ProbeError(f"unknown granularity {granularity!r}; supported: unit, group")
@@ -76,16 +77,28 @@ def plan_rows(student, scheme: Scheme, granularity: str = "unit", include_kv: bo
     rows: list[Row] = []
     if granularity == "unit":
         for u in units:
-            rows.append(Row(u.name, u.kind, u.block, u.group, u.params, _bytes_saved(u, scheme), 0, u.block,
-                            fp8([u.name])))
+            rows.append(
+                Row(u.name, u.kind, u.block, u.group, u.params, _bytes_saved(u, scheme), 0, u.block, fp8([u.name]))
+            )
     else:
         for g, us in student.groups().items():
             if g in blocked:
                 continue
             kind = "_".join(u.kind for u in us) if len(us) > 1 else us[0].kind
             kind = {"q_k_v": "qkv", "gate_up": "gate_up"}.get(kind, kind)
-            rows.append(Row(g, kind, us[0].block, g, sum(u.params for u in us),
-                            sum(_bytes_saved(u, scheme) for u in us), 0, us[0].block, fp8([u.name for u in us])))
+            rows.append(
+                Row(
+                    g,
+                    kind,
+                    us[0].block,
+                    g,
+                    sum(u.params for u in us),
+                    sum(_bytes_saved(u, scheme) for u in us),
+                    0,
+                    us[0].block,
+                    fp8([u.name for u in us]),
+                )
+            )
     if include_kv:
         for i in range(geo.num_layers):
             name = f"model.layers.{i}.self_attn.kv_cache"
@@ -96,8 +109,19 @@ def plan_rows(student, scheme: Scheme, granularity: str = "unit", include_kv: bo
     total_params = sum(u.params for u in units)
     rows.append(Row("model.fp8_all", "model", -1, "model", total_params, total_saved, 0, 0, fp8(all_units)))
     if include_kv:
-        rows.append(Row("model.fp8_all_kv", "model", -1, "model", total_params, total_saved,
-                        geo.num_layers * per_tok, 0, fp8(all_units, range(geo.num_layers))))
+        rows.append(
+            Row(
+                "model.fp8_all_kv",
+                "model",
+                -1,
+                "model",
+                total_params,
+                total_saved,
+                geo.num_layers * per_tok,
+                0,
+                fp8(all_units, range(geo.num_layers)),
+            )
+        )
     rows.append(Row("model.reference", "model", -1, "model", 0, 0, 0, 0, fp8([])))
     return rows
 
@@ -125,9 +149,17 @@ def measure_row(reference: Reference, student, row: Row) -> Measured:
 
 
 def _row_result(row: Row, metrics: dict, method: str = "exact", kl_fisher: float = float("nan")) -> dict:
-    out = {"unit": row.unit, "kind": row.kind, "block": row.block, "group": row.group, "params": row.params,
-           "bytes_saved": row.bytes_saved, "kv_bytes_saved_per_token": row.kv_bytes_saved_per_token,
-           "method": method, "sqnr_db": metrics.pop("sqnr_db", float("nan"))}
+    out = {
+        "unit": row.unit,
+        "kind": row.kind,
+        "block": row.block,
+        "group": row.group,
+        "params": row.params,
+        "bytes_saved": row.bytes_saved,
+        "kv_bytes_saved_per_token": row.kv_bytes_saved_per_token,
+        "method": method,
+        "sqnr_db": metrics.pop("sqnr_db", float("nan")),
+    }
     out.update(metrics)
     out["kl_fisher"] = kl_fisher
     return out
@@ -146,9 +178,17 @@ class Swept:
     seconds: dict
 
 
-def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exact"), *,
-          sampling: RolloutSettings | None = None, reference: Reference | None = None,
-          partial: PartialRows | None = None, progress: bool = False, rows_executor=None) -> Swept:
+def sweep(
+    student,
+    rollouts,
+    settings: SweepSettings = SweepSettings(method="exact"),
+    *,
+    sampling: RolloutSettings | None = None,
+    reference: Reference | None = None,
+    partial: PartialRows | None = None,
+    progress: bool = False,
+    rows_executor=None,
+) -> Swept:
     """Score every row of plan_rows() as `settings` say (what is measured: scheme, granularity, KV rows; how: the
     method and its knobs); returns a Swept (its `table` a pandas DataFrame with COLUMNS). `sampling`: the rollouts'
     settings, whose batch size the passes run in and whose seed draws the estimate's labels and auto's controls
@@ -172,8 +212,9 @@ def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exa
     done: dict[str, dict] = {}
     writer = None
     if partial is not None:
-        resumed = sweep_settings(student, rollouts, scheme, granularity, include_kv, kv, batch_size,
-                                 settings.recorded(seed))
+        resumed = sweep_settings(
+            student, rollouts, scheme, granularity, include_kv, kv, batch_size, settings.recorded(seed)
+        )
         done = open_partial(Path(partial.directory), resumed, partial.resume)
         writer = PartialWriter(Path(partial.directory), resumed)
     if reference is None and kind.reference:
@@ -182,7 +223,8 @@ def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exa
     estimates: dict[str, float] = {}
     if kind.estimate:
         estimates, sqnr, seconds[kind.by] = ESTIMATES[kind.by].run(
-            student, rollouts, rows, settings, batch_size, reference, seed, progress)
+            student, rollouts, rows, settings, batch_size, reference, seed, progress
+        )
     exact = kind.exact(rows, estimates, settings, seed)
     for row in rows:  # the others keep their estimate
         if row.unit not in exact and row.unit not in done:
@@ -194,10 +236,19 @@ def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exa
     todo = [r for r in rows if r.unit not in done]
     model_rows: dict = {}
     t_exact = time.perf_counter()
-    bar = tqdm(total=len(exact), initial=len(exact) - len(todo), desc="sweep", unit="row",
-               disable=not progress or not todo, mininterval=bar_interval())
-    measured = (rows_executor(reference, todo) if rows_executor is not None and todo else
-                ((row, measure_row(reference, student, row)) for row in todo))
+    bar = tqdm(
+        total=len(exact),
+        initial=len(exact) - len(todo),
+        desc="sweep",
+        unit="row",
+        disable=not progress or not todo,
+        mininterval=bar_interval(),
+    )
+    measured = (
+        rows_executor(reference, todo)
+        if rows_executor is not None and todo
+        else ((row, measure_row(reference, student, row)) for row in todo)
+    )
     try:
         for row, m in measured:
             if row.unit in done:  # a re-run shard's row that already arrived: written once
@@ -208,8 +259,9 @@ def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exa
             metrics = dict(m.metrics) | ({"sqnr_db": m.sqnr_db} if m.sqnr_db is not None else {})
             result = _row_result(row, metrics, "exact", estimates.get(row.unit, float("nan")))
             if row.unit == "model.reference" and not _at_zero(result):
-                raise RuntimeError(f"the reference against itself is not at the zero point: {result}; "
-                                   "this is a bug in fp8probe")
+                raise RuntimeError(
+                    f"the reference against itself is not at the zero point: {result}; this is a bug in fp8probe"
+                )
             done[row.unit] = result
             if writer:
                 writer.append(result)
@@ -224,9 +276,16 @@ def sweep(student, rollouts, settings: SweepSettings = SweepSettings(method="exa
 
 def _fisher(student, rollouts, rows, settings, batch_size, reference, seed, progress):
     """Every row's Fisher estimate (measurement/fisher.py): (estimates, output SQNR, seconds)."""
-    fr = fisher_rows(student, rollouts, rows, Draws(settings.fisher_samples, seed), batch_size=batch_size,
-                     calibration=reference.calibration if reference is not None else None,
-                     fused=settings.granularity == "group", progress=progress)
+    fr = fisher_rows(
+        student,
+        rollouts,
+        rows,
+        Draws(settings.fisher_samples, seed),
+        batch_size=batch_size,
+        calibration=reference.calibration if reference is not None else None,
+        fused=settings.granularity == "group",
+        progress=progress,
+    )
     return fr.column(DEFAULT_ESTIMATOR), fr.sqnr_db, fr.seconds
 
 
@@ -234,8 +293,15 @@ def _path(student, rollouts, rows, settings, batch_size, reference, seed, progre
     """Every weight row's path attribution from BF16 to every weight row in FP8 (measurement/attribution.py):
     (shares, no SQNR, seconds)."""
     on_path = [r for r in rows if r.kind not in ("model", "kv")]
-    att = path_attribution(student, rollouts, reference, {r.unit: list(r.perturbation.units) for r in on_path},
-                           settings.preset, nodes=settings.path_nodes, batch_size=batch_size)
+    att = path_attribution(
+        student,
+        rollouts,
+        reference,
+        {r.unit: list(r.perturbation.units) for r in on_path},
+        settings.preset,
+        nodes=settings.path_nodes,
+        batch_size=batch_size,
+    )
     return att.shares, {r.unit: float("nan") for r in on_path}, att.seconds
 
 
@@ -287,19 +353,24 @@ def summary(df, intervals: dict | None = None) -> str:
                 continue
             iv = (intervals or {}).get(name)
             ci = f" [{iv['interval'][0]:.3g}, {iv['interval'][1]:.3g}]" if iv else ""
-            lines.append(f"{name}: kl_q_p={r.kl_q_p:.3g}{ci} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
-                         f"token_mult_prob_error={r.token_mult_prob_error:.5f}")
+            lines.append(
+                f"{name}: kl_q_p={r.kl_q_p:.3g}{ci} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
+                f"token_mult_prob_error={r.token_mult_prob_error:.5f}"
+            )
     effect = (intervals or {}).get("kv_effect")
     if effect:
         lo, hi = effect["interval"]
         word = "raises" if lo > 0 else "lowers" if hi < 0 else "does not measurably change"
-        lines.append(f"the FP8 KV cache on top of FP8 weights {word} kl_q_p: {effect['kl_q_p']:+.3g} [{lo:+.3g}, "
-                     f"{hi:+.3g}] (paired, 90 % over {effect['num_prompts']} prompts)")
+        lines.append(
+            f"the FP8 KV cache on top of FP8 weights {word} kl_q_p: {effect['kl_q_p']:+.3g} [{lo:+.3g}, "
+            f"{hi:+.3g}] (paired, 90 % over {effect['num_prompts']} prompts)"
+        )
     return "\n".join(lines)
 
 
-def whole_model_rows(reference, student, rollouts, settings: SweepSettings, *, batch_size: int = 8,
-                     measured: dict | None = None) -> dict:
+def whole_model_rows(
+    reference, student, rollouts, settings: SweepSettings, *, batch_size: int = 8, measured: dict | None = None
+) -> dict:
     """The whole-model rows of the settings' plan with their intervals: each one's kl_q_p with its 90 % interval over
     the prompts, and the FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same
     tokens, measurement.measure.Measured.change_from): whether adding the KV cache raises, lowers, or cannot be told to
@@ -307,14 +378,24 @@ def whole_model_rows(reference, student, rollouts, settings: SweepSettings, *, b
     statistics (Swept.model_rows); a row missing there (measured before a resume, or estimated) is measured here."""
     from ..measurement.measure import measure
 
-    rows = [row for row in plan_rows(student, settings.preset, settings.granularity, settings.include_kv, settings.kv)
-            if row.unit in ("model.fp8_all", "model.fp8_all_kv")]
+    rows = [
+        row
+        for row in plan_rows(student, settings.preset, settings.granularity, settings.include_kv, settings.kv)
+        if row.unit in ("model.fp8_all", "model.fp8_all_kv")
+    ]
     measured = measured or {}
-    got = {row.unit: measured[row.unit] if row.unit in measured else
-           measure(reference, student, rollouts, row.perturbation, "sim", batch_size) for row in rows}
+    got = {
+        row.unit: measured[row.unit]
+        if row.unit in measured
+        else measure(reference, student, rollouts, row.perturbation, "sim", batch_size)
+        for row in rows
+    }
     out = {name: {"kl_q_p": m.metrics["kl_q_p"], "interval": list(m.interval("kl_q_p"))} for name, m in got.items()}
     if len(got) == 2:
         change, lo, hi = got["model.fp8_all_kv"].change_from(got["model.fp8_all"], "kl_q_p")
-        out["kv_effect"] = {"kl_q_p": float(change), "interval": [float(lo), float(hi)],
-                            "num_prompts": got["model.fp8_all"].num_prompts}
+        out["kv_effect"] = {
+            "kl_q_p": float(change),
+            "interval": [float(lo), float(hi)],
+            "num_prompts": got["model.fp8_all"].num_prompts,
+        }
     return out

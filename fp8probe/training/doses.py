@@ -29,9 +29,11 @@ from ..measurement.perturbation import Perturbation
 
 DOSE_DRAWS = 4  # noise draws averaged into a noise level's dose
 STALE_SEEDS = 3  # seeds of the mismatch-free run whose first K steps give a stale level's dose
-HOW = ("kl_q_p as `fp8probe check` measures it on the student before training: its own rollouts to the first 16 "
-       "built-in prompts (up to 48 tokens, seed 0), the simulation; noise: the mean of 4 draws; stale:K: the "
-       "mismatch-free student after K steps against its weights before training, mean of 3 seeds")
+HOW = (
+    "kl_q_p as `fp8probe check` measures it on the student before training: its own rollouts to the first 16 "
+    "built-in prompts (up to 48 tokens, seed 0), the simulation; noise: the mean of 4 draws; stale:K: the "
+    "mismatch-free student after K steps against its weights before training, mean of 3 seeds"
+)
 
 
 def check_rollouts(student):
@@ -91,8 +93,10 @@ class Doses:
         if self._rollouts is None:
             self._rollouts = check_rollouts(self.student)
             self._reference = Reference(self.student, self._rollouts, 8)
-        draws = [_measured(self.student, self._rollouts, level.rollout(self.student, k)(0), self._reference)
-                 for k in range(DOSE_DRAWS if level.kind == "noise" else 1)]  # noise: seed k's draw at step 0
+        draws = [
+            _measured(self.student, self._rollouts, level.rollout(self.student, k)(0), self._reference)
+            for k in range(DOSE_DRAWS if level.kind == "noise" else 1)
+        ]  # noise: seed k's draw at step 0
         return _mean(draws)
 
     def _stale(self, objective: str, level) -> dict:
@@ -105,9 +109,11 @@ class Doses:
 
 
 def _mean(draws: list[dict]) -> dict:
-    return {"dose": sum(d["dose"] for d in draws) / len(draws),
-            "interval": [sum(d["interval"][i] for d in draws) / len(draws) for i in (0, 1)],
-            "draws": [d["dose"] for d in draws]}
+    return {
+        "dose": sum(d["dose"] for d in draws) / len(draws),
+        "interval": [sum(d["interval"][i] for d in draws) / len(draws) for i in (0, 1)],
+        "draws": [d["dose"] for d in draws],
+    }
 
 
 def mapping(table) -> list[dict]:
@@ -115,6 +121,14 @@ def mapping(table) -> list[dict]:
     out = []
     for (objective, level), d in table[table["mismatch"] > 0].groupby(["objective", "level"]):
         dose, run = float(d["mismatch"].iloc[0]), float(d["mismatch_run"].mean())
-        out.append({"objective": str(objective), "level": str(level), "kind": str(d["kind"].iloc[0]), "dose": dose,
-                    "run_mean": run, "run_mean_over_dose": run / dose if dose > 0 else math.nan})
+        out.append(
+            {
+                "objective": str(objective),
+                "level": str(level),
+                "kind": str(d["kind"].iloc[0]),
+                "dose": dose,
+                "run_mean": run,
+                "run_mean_over_dose": run / dose if dose > 0 else math.nan,
+            }
+        )
     return out

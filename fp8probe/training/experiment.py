@@ -80,8 +80,9 @@ class Experiment:
     def of(cls, record: CalibrationRecord, **changes) -> Experiment:
         """The Experiment a calibrate.json recorded (settings added since it was written take their defaults)."""
         names = {x.name for x in fields(cls)} - {"train"}
-        train = TrainSettings(**{k: v for k, v in (record.train or {}).items()
-                                 if k in {x.name for x in fields(TrainSettings)}})
+        train = TrainSettings(
+            **{k: v for k, v in (record.train or {}).items() if k in {x.name for x in fields(TrainSettings)}}
+        )
         kw = {k: tuple(v) if isinstance(v, list) else v for k, v in record.body().items() if k in names}
         return cls(**{**kw, "train": train, **changes})
 
@@ -94,8 +95,10 @@ def split_prompts(prompts: list[str], heldout_every: int = HELDOUT_EVERY) -> tup
     held = [p for i, p in enumerate(prompts) if i % heldout_every == heldout_every - 1]
     train = [p for i, p in enumerate(prompts) if i % heldout_every != heldout_every - 1]
     if not held or not train:
-        raise FP8ProbeError(f"{len(prompts)} prompt(s) cannot be split into training and held-out prompts: "
-                            f"give at least {heldout_every}")
+        raise FP8ProbeError(
+            f"{len(prompts)} prompt(s) cannot be split into training and held-out prompts: "
+            f"give at least {heldout_every}"
+        )
     return train, held
 
 
@@ -115,10 +118,24 @@ def prepare(settings, train: TrainSettings) -> Experiment:
         pruned_every(settings.student)
     check_objectives(settings.objectives, train)
     tr, held = split_prompts(read_prompts(settings.prompts) if settings.prompts else list(TRAINING_PROMPTS))
-    return Experiment(settings.teacher, settings.student, tuple(settings.levels), settings.seeds, train, tuple(tr),
-                       tuple(held), tuple(dict.fromkeys(settings.objectives)), settings.tolerance, settings.quality,
-                       settings.bracket, settings.max_added, settings.max_runs, settings.max_hours,
-                       settings.response, settings.save_checkpoints)
+    return Experiment(
+        settings.teacher,
+        settings.student,
+        tuple(settings.levels),
+        settings.seeds,
+        train,
+        tuple(tr),
+        tuple(held),
+        tuple(dict.fromkeys(settings.objectives)),
+        settings.tolerance,
+        settings.quality,
+        settings.bracket,
+        settings.max_added,
+        settings.max_runs,
+        settings.max_hours,
+        settings.response,
+        settings.save_checkpoints,
+    )
 
 
 def check_resume(out: Path, calibration: Experiment, resume: bool) -> None:
@@ -135,18 +152,29 @@ def check_resume(out: Path, calibration: Experiment, resume: bool) -> None:
     new = json.loads(json.dumps(calibration.record().to_json()))
     if isinstance(old.get("train"), dict):  # settings added since it was written held their defaults then
         old["train"] = {**json.loads(json.dumps(asdict(TrainSettings()))), **old["train"]}
-    for key in ("teacher", "student", "train", "train_prompts", "heldout_prompts", "tolerance", "quality", "bracket",
-                "max_added"):
+    for key in (
+        "teacher",
+        "student",
+        "train",
+        "train_prompts",
+        "heldout_prompts",
+        "tolerance",
+        "quality",
+        "bracket",
+        "max_added",
+    ):
         if old.get(key) != new.get(key):
-            raise FP8ProbeError(f"{out} was calibrated with another {key.replace('_', ' ')}: resume with the same "
-                                "settings, or choose another `out`")
+            raise FP8ProbeError(
+                f"{out} was calibrated with another {key.replace('_', ' ')}: resume with the same "
+                "settings, or choose another `out`"
+            )
 
 
 def next_level(budget, table, bracket: float) -> SourceSpec | None:
     """The noise level the adaptive ladder runs next (module docstring), or None when the edge is bracketed within
     `bracket`. `table`: one objective's runs (runs_table), `budget`: its fit."""
     fitted = {round(lv["mismatch"], 15): lv["fitted"] for lv in budget.levels}
-    noise = (table[table["kind"] == "noise"].groupby("value")["mismatch"].first().sort_index())
+    noise = table[table["kind"] == "noise"].groupby("value")["mismatch"].first().sort_index()
     if noise.empty:
         return None
     ok = {sigma: fitted[round(m, 15)] <= budget.tolerance for sigma, m in noise.items()}
@@ -192,8 +220,9 @@ class Ladder:
         from ..budget.fit import fit_budget
         from ..budget.settings import BudgetSettings
 
-        return fit_budget(df, BudgetSettings(tolerance=self.c.tolerance, bootstrap=self.bootstrap,
-                                             response=self.c.response))
+        return fit_budget(
+            df, BudgetSettings(tolerance=self.c.tolerance, bootstrap=self.bootstrap, response=self.c.response)
+        )
 
     def objective(self, objective: str):
         """Every level of the ladder for one objective, then the adaptive levels, then the runs that narrow the
@@ -228,8 +257,13 @@ class Ladder:
         from ..budget.dose import allocate, binding
         from ..budget.fit import ruler_design
 
-        spent = {"runs": 0, "levels": [], "seeds": [], "hours": 0.0,
-                 "stop_rule": "the preset run budget (max_runs, max_hours): never the interval's width"}
+        spent = {
+            "runs": 0,
+            "levels": [],
+            "seeds": [],
+            "hours": 0.0,
+            "stop_rule": "the preset run budget (max_runs, max_hours): never the interval's width",
+        }
         start = time.time()
         while self.c.max_runs and spent["runs"] < self.c.max_runs:
             if self.c.max_hours and (time.time() - start) / 3600 >= self.c.max_hours:
@@ -237,8 +271,9 @@ class Ladder:
                 break
             fitted = (budget.dose_response or {}).get("rulers", {}).get("noise")
             design, rows, pairing = ruler_design(df, fitted)
-            step = allocate(design, rows, self.c.tolerance, runs=1, bind=binding(fitted), response=self.c.response,
-                            pairing=pairing)
+            step = allocate(
+                design, rows, self.c.tolerance, runs=1, bind=binding(fitted), response=self.c.response, pairing=pairing
+            )
             if not step:
                 spent["stopped"] = "no fit to allocate from"
                 break
@@ -277,10 +312,14 @@ class Ladder:
             level = SourceSpec("noise", _round(sigma_for(noise, step["mismatch"])))
             done = {s for lv, s in pairs if lv.name == level.name}
             return [(level, s) for s in range(self.c.seeds) if s not in done]
-        level = next(lv for lv, _ in pairs if lv.kind == "noise" and
-                     abs(float(noise.get(lv.value, -1)) - step["mismatch"]) <= 1e-9 * max(1.0, step["mismatch"]))
+        level = next(
+            lv
+            for lv, _ in pairs
+            if lv.kind == "noise"
+            and abs(float(noise.get(lv.value, -1)) - step["mismatch"]) <= 1e-9 * max(1.0, step["mismatch"])
+        )
         seeds = {s for lv, s in pairs if lv.name == level.name}
-        seed = next(s for s in range(10 ** 6) if s not in seeds)
+        seed = next(s for s in range(10**6) if s not in seeds)
         twin = next(lv for lv, _ in pairs if lv.kind == "none")
         has_twin = any(lv.name == twin.name and s == seed for lv, s in pairs)
         return ([] if has_twin else [(twin, seed)]) + [(level, seed)]
@@ -302,10 +341,17 @@ class _Trainer:
         for lv in levels:  # a level the student cannot take is refused before any run starts
             lv.rollout(self.initial, 0)
         todo = [(o, lv, s) for o in calibration.objectives for lv in levels for s in range(calibration.seeds)]
-        self.bar = tqdm(total=sum(calibration.train.steps for o, lv, s in todo if finished(out, o, lv, s) is None),
-                        desc="calibrate", unit="step", disable=not progress)
-        self.doses = Doses(self.initial, out / "doses.json",
-                           lambda o, seed, k: after_steps(self.teacher, self.initial, o, seed, calibration, k, device))
+        self.bar = tqdm(
+            total=sum(calibration.train.steps for o, lv, s in todo if finished(out, o, lv, s) is None),
+            desc="calibrate",
+            unit="step",
+            disable=not progress,
+        )
+        self.doses = Doses(
+            self.initial,
+            out / "doses.json",
+            lambda o, seed, k: after_steps(self.teacher, self.initial, o, seed, calibration, k, device),
+        )
         self.start = None  # the held-out evaluation before training: one student, one seed, the same for every run
 
     def more(self, runs: int) -> None:
@@ -329,13 +375,23 @@ class _Trainer:
                 last[0] = step
                 self.bar.set_postfix_str(f"{objective} level {level.name} seed {seed} held-out rKL {rkl:.3f}")
 
-            done = train_one(self.teacher, self.initial, RunId(objective, level, seed), self.c, self.out,
-                             on_step=on_step, device=self.device, start=self.start)
+            done = train_one(
+                self.teacher,
+                self.initial,
+                RunId(objective, level, seed),
+                self.c,
+                self.out,
+                on_step=on_step,
+                device=self.device,
+                start=self.start,
+            )
             if self.log is not None:
                 q = done.quality
-                self.log(f"{objective} level {level.name} seed {seed}: mismatch {done.mismatch['kl_q_p']:.4g}, "
-                         f"held-out reverse KL {done.quality_start['reverse_kl']:.4f} -> {q['final']:.4f} "
-                         f"(mean along training {q['auc']:.4f}; {done.seconds:.0f} s)")
+                self.log(
+                    f"{objective} level {level.name} seed {seed}: mismatch {done.mismatch['kl_q_p']:.4g}, "
+                    f"held-out reverse KL {done.quality_start['reverse_kl']:.4f} -> {q['final']:.4f} "
+                    f"(mean along training {q['auc']:.4f}; {done.seconds:.0f} s)"
+                )
         return done
 
 
@@ -352,8 +408,9 @@ def sigma_for(noise, mismatch: float) -> float:
     return math.exp(a + (t - fa) * (b - a) / (fb - fa)) if fb != fa else math.exp(b)
 
 
-def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress: bool = True, marks=(),
-              log=None) -> dict:
+def calibrate(
+    calibration: Experiment, out: Path, device: str = "cpu", progress: bool = True, marks=(), log=None
+) -> dict:
     """Every objective's ladder (finished runs kept), then runs.csv, the budgets (each naming its student, teacher,
     objective and dose) and calibration.png."""
     import pandas as pd
@@ -377,16 +434,23 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
     trainer.bar.close()
     kept = _kept_objectives(out, calibration)  # with no objectives (refit): every objective of runs.csv
     for objective, (table, extra) in kept.items():  # a resume of fewer objectives keeps the others' runs
-        table = table.assign(mismatch=[trainer.dose(o, parse_source(lv))["dose"]
-                                       for o, lv in zip(table["objective"], table["level"])])
+        table = table.assign(
+            mismatch=[trainer.dose(o, parse_source(lv))["dose"] for o, lv in zip(table["objective"], table["level"])]
+        )
         budgets[objective] = ladder.fit(table)
         tables.append(table)
         added[objective] = extra.get("added_levels", [])
         ladder.spent.setdefault(objective, extra.get("allocated", {}))
     for objective, b in budgets.items():
         n = sum(len(t[t["objective"] == objective]) for t in tables)
-        budgets[objective] = replace(b, source=f"fp8probe calibrate ({objective}): {n} runs in {out}",
-                                     objective=objective, student=student, teacher=teacher, dose=HOW)
+        budgets[objective] = replace(
+            b,
+            source=f"fp8probe calibrate ({objective}): {n} runs in {out}",
+            objective=objective,
+            student=student,
+            teacher=teacher,
+            dose=HOW,
+        )
     df = pd.concat(tables, ignore_index=True)
     atomic_write_text(out / "runs.csv", df.to_csv(index=False))
     for i, (objective, b) in enumerate(budgets.items()):
@@ -395,15 +459,26 @@ def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress:
             b.write(out / b.KIND)
     from ..plots.figures import calibration_plot
 
-    curves = {(o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv"
-              for o, lv, s in zip(df["objective"], df["level"], df["seed"])}
-    calibration_plot(df, out / "calibration.png", budgets=budgets, marks=read_marks(marks), quality=QUALITY_NAME,
-                     curves=curves)
+    curves = {
+        (o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv"
+        for o, lv, s in zip(df["objective"], df["level"], df["seed"])
+    }
+    calibration_plot(
+        df, out / "calibration.png", budgets=budgets, marks=read_marks(marks), quality=QUALITY_NAME, curves=curves
+    )
     objectives = list(budgets)
     first = budgets[objectives[0]]
     ratios = [{**budget_ratio(first, budgets[o]), **sigma_ratio(df, first, budgets[o])} for o in objectives[1:]]
-    done = replace(calibration.record(), objectives=objectives, added_levels=added, allocated=ladder.spent,
-                   ratios=ratios, kept_objectives=sorted(kept), dose=HOW, dose_mapping=mapping(df))
+    done = replace(
+        calibration.record(),
+        objectives=objectives,
+        added_levels=added,
+        allocated=ladder.spent,
+        ratios=ratios,
+        kept_objectives=sorted(kept),
+        dose=HOW,
+        dose_mapping=mapping(df),
+    )
     done.write(out / CalibrationRecord.KIND)
     (out / PARTIAL).unlink()
     return {"runs": df, "budgets": budgets, "added": added, "allocated": ladder.spent, "ratios": ratios}
@@ -416,10 +491,11 @@ def read_experiment(out: Path, response: str) -> Experiment:
     if not f.is_file():
         raise FP8ProbeError(f"no calibrate.json in {out}: `refit` refits a finished calibration; run it first")
     if not (Path(out) / "runs.csv").is_file():
-        raise FP8ProbeError(f"no runs.csv in {out}: `refit` refits the runs a finished calibration listed there; "
-                            "run `fp8probe calibrate --resume` to finish it first")
-    return Experiment.of(CalibrationRecord.read(f, "run `fp8probe calibrate` again"), objectives=(),
-                         response=response)
+        raise FP8ProbeError(
+            f"no runs.csv in {out}: `refit` refits the runs a finished calibration listed there; "
+            "run `fp8probe calibrate --resume` to finish it first"
+        )
+    return Experiment.of(CalibrationRecord.read(f, "run `fp8probe calibrate` again"), objectives=(), response=response)
 
 
 def sigma_ratio(df, a, b) -> dict:
@@ -445,8 +521,11 @@ def _kept_objectives(out: Path, calibration: Experiment) -> dict:
         return {}
     old = pd.read_csv(runs, dtype={"level": str})
     if "mismatch_run_mean" not in old.columns:  # runs.csv before doses.py: its `mismatch` was the run-mean KL
-        old.insert(old.columns.get_loc("mismatch") + 1, "mismatch_run_mean",
-                   old.groupby(["objective", "level"])["mismatch_run"].transform("mean"))
+        old.insert(
+            old.columns.get_loc("mismatch") + 1,
+            "mismatch_run_mean",
+            old.groupby(["objective", "level"])["mismatch_run"].transform("mean"),
+        )
     info = {}
     for name in ("calibrate.json", PARTIAL):
         if (out / name).exists():
@@ -457,8 +536,10 @@ def _kept_objectives(out: Path, calibration: Experiment) -> dict:
     for objective in dict.fromkeys([*listed, *old["objective"].astype(str)]):  # calibrate.json's order first
         if objective not in calibration.objectives:
             extra = {k: (info.get(k) or {}).get(objective) for k in ("added_levels", "allocated")}
-            kept[objective] = (old[old["objective"].astype(str) == objective].reset_index(drop=True),
-                               {k: v for k, v in extra.items() if v is not None})
+            kept[objective] = (
+                old[old["objective"].astype(str) == objective].reset_index(drop=True),
+                {k: v for k, v in extra.items() if v is not None},
+            )
     return kept
 
 

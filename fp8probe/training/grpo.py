@@ -62,8 +62,10 @@ class TeacherLikelihood:
     def __call__(self, prompts, completions, completion_ids, **kwargs) -> list[float]:
         from ..measurement.mismatch import response_positions
 
-        ids = [list(self.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)["input_ids"])
-               for p in prompts]
+        ids = [
+            list(self.tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)["input_ids"])
+            for p in prompts
+        ]
         seqs = Rollouts.from_sequences(ids, [list(c) for c in completion_ids], self.tokenizer.pad_token_id)
         logp, _ = sampled_logps(self.teacher.model, seqs)
         rows, _ = response_positions(seqs.response_mask)
@@ -78,22 +80,49 @@ def grpo_config(settings: TrainSettings, seed: int, output_dir: str, device: str
     the loss, no checkpoints or reporting."""
     _, GRPOConfig = require_grpo()
     if settings.batch_size % settings.group_size:
-        raise FP8ProbeError(f"`batch_size` {settings.batch_size} must be a multiple of `group_size` "
-                            f"{settings.group_size} (GRPO samples group_size completions per prompt)")
+        raise FP8ProbeError(
+            f"`batch_size` {settings.batch_size} must be a multiple of `group_size` "
+            f"{settings.group_size} (GRPO samples group_size completions per prompt)"
+        )
     return GRPOConfig(
-        output_dir=output_dir, max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
-        num_generations=settings.group_size, learning_rate=settings.learning_rate,
+        output_dir=output_dir,
+        max_steps=settings.steps,
+        per_device_train_batch_size=settings.batch_size,
+        num_generations=settings.group_size,
+        learning_rate=settings.learning_rate,
         lr_scheduler_type=settings.lr_schedule,
-        warmup_steps=0, max_completion_length=settings.max_new_tokens, temperature=settings.temperature, top_k=0,
-        top_p=1.0, beta=0.0, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=seed,
-        data_seed=seed, use_cpu=device == "cpu", bf16=False, fp16=False, dataloader_num_workers=0,
-        vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=IS_CAP,
+        warmup_steps=0,
+        max_completion_length=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_k=0,
+        top_p=1.0,
+        beta=0.0,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=seed,
+        data_seed=seed,
+        use_cpu=device == "cpu",
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=IS_CAP,
         num_iterations=settings.iterations,
     )
 
 
-def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: TrainSettings, run: TrainerRun, *,
-                      correction: bool = False, bypass: bool = False):
+def make_grpo_trainer(
+    student,
+    teacher,
+    train_prompts: list[str],
+    settings: TrainSettings,
+    run: TrainerRun,
+    *,
+    correction: bool = False,
+    bypass: bool = False,
+):
     """A GRPOTrainer for one run; with a `perturber`, rollouts come from the perturbed student, each step's mismatch
     lands in `trainer.rollout_mismatch`, with `correction` every token's loss is weighted by min(p/q, IS_CAP), and
     with `bypass` the PPO ratio's anchor is q's log-probs of the sampled tokens (without a perturbation q is p)."""
@@ -102,23 +131,26 @@ def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: Trai
     perturber = run.perturber
 
     class PerturbedRolloutGRPO(GRPOTrainer):
-        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
-                                  has_tool_images=False):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
             if perturber is None:
-                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                     has_tool_images)
+                return super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
             from .opd import measure_rollouts
 
             p = perturber.at(self.state.global_step)
             with apply_perturbation(student, p, many_forwards=True):
-                completions, _ = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
-                                                               num_generations, has_tool_images)
+                completions, _ = super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
             with torch.random.fork_rng(devices=[]):
-                seqs = Rollouts.from_sequences([list(x) for x in prompt_ids], [list(c) for c in completions],
-                                               student.tokenizer.pad_token_id)
+                seqs = Rollouts.from_sequences(
+                    [list(x) for x in prompt_ids], [list(c) for c in completions], student.tokenizer.pad_token_id
+                )
                 metrics, logp_p, logp_q = measure_rollouts(student, p, seqs)
-            self.rollout_mismatch.append({"step": self.state.global_step + 1, "tokens": seqs.num_response_tokens,
-                                          **metrics})
+            self.rollout_mismatch.append(
+                {"step": self.state.global_step + 1, "tokens": seqs.num_response_tokens, **metrics}
+            )
             lengths = [len(c) for c in completions]
             self._ratio = _split(logp_p - logp_q, lengths) if correction else None
             self._anchor = _split(logp_q, lengths) if bypass else None
@@ -144,9 +176,14 @@ def make_grpo_trainer(student, teacher, train_prompts: list[str], settings: Trai
             finally:
                 self.use_vllm = use_vllm
 
-    trainer = PerturbedRolloutGRPO(model=student.model, reward_funcs=[TeacherLikelihood(teacher, student.tokenizer)],
-                                   args=args, train_dataset=prompt_dataset(train_prompts),
-                                   processing_class=student.tokenizer, callbacks=list(run.callbacks))
+    trainer = PerturbedRolloutGRPO(
+        model=student.model,
+        reward_funcs=[TeacherLikelihood(teacher, student.tokenizer)],
+        args=args,
+        train_dataset=prompt_dataset(train_prompts),
+        processing_class=student.tokenizer,
+        callbacks=list(run.callbacks),
+    )
     trainer.rollout_mismatch = []
     from transformers.trainer_callback import PrinterCallback
 

@@ -47,8 +47,10 @@ def require_trl():
         import trl
         from trl import DistillationConfig, DistillationTrainer
     except ImportError as e:
-        raise FP8ProbeError(f"fp8probe calibrate trains with TRL's DistillationTrainer (trl >= {TRL_MIN}), which "
-                            f"is not installed: {INSTALL_HINT}") from e
+        raise FP8ProbeError(
+            f"fp8probe calibrate trains with TRL's DistillationTrainer (trl >= {TRL_MIN}), which "
+            f"is not installed: {INSTALL_HINT}"
+        ) from e
     major, minor = (int(x) for x in trl.__version__.split(".")[:2])
     if (major, minor) < tuple(int(x) for x in TRL_MIN.split(".")):
         raise FP8ProbeError(f"trl {trl.__version__} lacks the stable DistillationTrainer; upgrade: {INSTALL_HINT}")
@@ -60,11 +62,27 @@ def opd_config(settings: TrainSettings, seed: int, output_dir: str, device: str 
     checkpoints or reporting (the run directory is fp8probe's)."""
     _, DistillationConfig = require_trl()
     return DistillationConfig(
-        output_dir=output_dir, max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
-        learning_rate=settings.learning_rate, lr_scheduler_type=settings.lr_schedule, warmup_steps=0,
-        max_completion_length=settings.max_new_tokens, beta=1.0, temperature=settings.temperature, top_k=0,
-        top_p=1.0, logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True, seed=seed,
-        data_seed=seed, use_cpu=device == "cpu", bf16=False, fp16=False, dataloader_num_workers=0,
+        output_dir=output_dir,
+        max_steps=settings.steps,
+        per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type=settings.lr_schedule,
+        warmup_steps=0,
+        max_completion_length=settings.max_new_tokens,
+        beta=1.0,
+        temperature=settings.temperature,
+        top_k=0,
+        top_p=1.0,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=seed,
+        data_seed=seed,
+        use_cpu=device == "cpu",
+        bf16=False,
+        fp16=False,
+        dataloader_num_workers=0,
     )
 
 
@@ -106,8 +124,9 @@ def sampled_logps(model, r: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.log_softmax(logits.float(), -1).gather(-1, toks[:, None]).squeeze(-1), toks
 
 
-def measure_rollouts(student: Student, p: Perturbation, r: Rollouts) -> tuple[dict[str, float], torch.Tensor,
-                                                                           torch.Tensor]:
+def measure_rollouts(
+    student: Student, p: Perturbation, r: Rollouts
+) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
     """Every metric between the unperturbed student (p) and its perturbed copy (q) on rollouts r, and both policies'
     log-probabilities of the sampled tokens ([M] each, in the rollouts' order: what an importance ratio needs)."""
     with contextlib.ExitStack() as stack:
@@ -143,14 +162,23 @@ def make_trainer(student: Student, teacher, train_prompts: list[str], settings: 
                 completions = super()._generate_single_turn(prompt_ids, images, multimodal_fields, has_tool_images)
             with torch.random.fork_rng(devices=[]):
                 seqs = _sequences(prompt_ids, completions, student.tokenizer.pad_token_id)
-                self.rollout_mismatch.append({"step": self.state.global_step + 1,
-                                              "tokens": seqs.num_response_tokens,
-                                              **rollout_mismatch(student, p, seqs)})
+                self.rollout_mismatch.append(
+                    {
+                        "step": self.state.global_step + 1,
+                        "tokens": seqs.num_response_tokens,
+                        **rollout_mismatch(student, p, seqs),
+                    }
+                )
             return completions
 
-    trainer = PerturbedRolloutTrainer(model=student.model, teacher_model=teacher.model, args=args,
-                                      train_dataset=prompt_dataset(train_prompts), processing_class=student.tokenizer,
-                                      callbacks=list(run.callbacks))
+    trainer = PerturbedRolloutTrainer(
+        model=student.model,
+        teacher_model=teacher.model,
+        args=args,
+        train_dataset=prompt_dataset(train_prompts),
+        processing_class=student.tokenizer,
+        callbacks=list(run.callbacks),
+    )
     trainer.rollout_mismatch = []
     from transformers.trainer_callback import PrinterCallback
 
@@ -159,8 +187,9 @@ def make_trainer(student: Student, teacher, train_prompts: list[str], settings: 
 
 
 @torch.no_grad()
-def heldout_quality(student: Student, teacher: Student, prompts: list[str], settings: TrainSettings,
-                    step: int = 0) -> dict:
+def heldout_quality(
+    student: Student, teacher: Student, prompts: list[str], settings: TrainSettings, step: int = 0
+) -> dict:
     """The student's mean per-token reverse KL to the teacher (full vocabulary) and the teacher's mean
     log-likelihood, on responses the student samples to the held-out prompts after `step` optimizer steps (the
     step's seed, `TrainSettings.eval_seed_at`; the global random state is left as it was)."""
@@ -169,21 +198,37 @@ def heldout_quality(student: Student, teacher: Student, prompts: list[str], sett
     model.eval()
     try:
         with torch.random.fork_rng(devices=[]):
-            r = make_rollouts(student, prompts=prompts, samples_per_prompt=settings.eval_samples,
-                              max_new_tokens=settings.max_new_tokens, seed=settings.eval_seed_at(step),
-                              temperature=settings.temperature, batch_size=EVAL_BATCH)
+            r = make_rollouts(
+                student,
+                prompts=prompts,
+                samples_per_prompt=settings.eval_samples,
+                max_new_tokens=settings.max_new_tokens,
+                seed=settings.eval_seed_at(step),
+                temperature=settings.temperature,
+                batch_size=EVAL_BATCH,
+            )
             s_logits, toks = _logits(model, r)
             t_logits, _ = _logits(teacher.model, r)
         m = mismatch(t_logits, s_logits, toks)  # q = the student, p = the teacher: kl_q_p is reverse KL
         t_logp = torch.log_softmax(t_logits.float(), -1).gather(-1, toks[:, None]).mean()
     finally:
         model.train(was_training)
-    return {"reverse_kl": m["kl_q_p"], "forward_kl": m["kl_p_q"], "teacher_logp": float(t_logp),
-            "tokens": r.num_response_tokens}
+    return {
+        "reverse_kl": m["kl_q_p"],
+        "forward_kl": m["kl_p_q"],
+        "teacher_logp": float(t_logp),
+        "tokens": r.num_response_tokens,
+    }
 
 
 def trainable_student(model, tokenizer, name: str) -> Student:
     """A Student around a model being trained (gradients on)."""
     model.requires_grad_(True)
-    return Student(model=model, tokenizer=tokenizer, units=list_units(model), name=name, path="",
-                   model_type=model.config.model_type)
+    return Student(
+        model=model,
+        tokenizer=tokenizer,
+        units=list_units(model),
+        name=name,
+        path="",
+        model_type=model.config.model_type,
+    )

@@ -33,10 +33,31 @@ from ..sources.sources import SourceSpec
 from .settings import RunId, TrainerRun, TrainSettings
 
 QUALITY_NAME = "held-out reverse KL(student ‖ teacher) per token, full vocabulary"
-RUN_COLUMNS = ["objective", "level", "kind", "value", "seed", "metric", "mismatch", "mismatch_run_mean", "mismatch_run",
-               "k3", "quality",
-               "quality_plateau", "quality_auc", "quality_final", "paired_loss", "late_improvement", "higher_is_better",
-               "quality_start", "teacher_logp", "teacher_logp_start", "steps", "rollout_tokens", "seconds"]
+RUN_COLUMNS = [
+    "objective",
+    "level",
+    "kind",
+    "value",
+    "seed",
+    "metric",
+    "mismatch",
+    "mismatch_run_mean",
+    "mismatch_run",
+    "k3",
+    "quality",
+    "quality_plateau",
+    "quality_auc",
+    "quality_final",
+    "paired_loss",
+    "late_improvement",
+    "higher_is_better",
+    "quality_start",
+    "teacher_logp",
+    "teacher_logp_start",
+    "steps",
+    "rollout_tokens",
+    "seconds",
+]
 
 
 # what TRL logs per step that steps.csv keeps beside the loss (GRPO: the reward, the policy's entropy, the share of
@@ -55,6 +76,7 @@ def _grpo(correction: bool = False, bypass: bool = False):
         from .grpo import make_grpo_trainer
 
         return make_grpo_trainer(student, teacher, prompts, settings, run, correction=correction, bypass=bypass)
+
     return make
 
 
@@ -63,8 +85,10 @@ OBJECTIVES = {
     "opd": (_opd, "on-policy distillation: TRL's DistillationTrainer, per-token reverse KL to the teacher"),
     "grpo": (_grpo(), "GRPO, reward the teacher's log-likelihood of the completion, no correction"),
     "grpo-is": (_grpo(correction=True), "GRPO as above with token-level truncated importance sampling (cap 2.0)"),
-    "grpo-bypass": (_grpo(bypass=True), "GRPO as above, the PPO ratio anchored at the rollout's own log-probs "
-                                        "(verl's bypass mode)"),
+    "grpo-bypass": (
+        _grpo(bypass=True),
+        "GRPO as above, the PPO ratio anchored at the rollout's own log-probs (verl's bypass mode)",
+    ),
 }
 
 
@@ -97,8 +121,17 @@ def finished(out: Path, objective: str, level: SourceSpec, seed: int) -> Trainin
         return None
 
 
-def train_one(teacher, initial_student, run: RunId, calibration, out: Path, *, on_step=None, device: str = "cpu",
-              start: dict | None = None) -> TrainingRunRecord:
+def train_one(
+    teacher,
+    initial_student,
+    run: RunId,
+    calibration,
+    out: Path,
+    *,
+    on_step=None,
+    device: str = "cpu",
+    start: dict | None = None,
+) -> TrainingRunRecord:
     """One run (its objective at one level and seed); writes its run directory and returns its run.json. `start`:
     the held-out evaluation before training, when already made (it is the same for every run of a calibration)."""
     import copy
@@ -110,16 +143,20 @@ def train_one(teacher, initial_student, run: RunId, calibration, out: Path, *, o
     objective, level, seed = run.objective, run.level, run.seed
     d = run_dir(out, objective, level, seed)
     d.mkdir(parents=True, exist_ok=True)
-    student = trainable_student(copy.deepcopy(initial_student.model), initial_student.tokenizer,
-                                f"{calibration.student}@{level.name}")
+    student = trainable_student(
+        copy.deepcopy(initial_student.model), initial_student.tokenizer, f"{calibration.student}@{level.name}"
+    )
     tr = calibration.train
     evals: list[dict] = []
 
     def evaluate(step):
         evals.append({"step": step, **heldout_quality(student, teacher, list(calibration.heldout_prompts), tr, step)})
 
-    keep = {0, tr.steps // 2, tr.steps} if getattr(calibration, "save_checkpoints", False) and level.kind == "none" \
+    keep = (
+        {0, tr.steps // 2, tr.steps}
+        if getattr(calibration, "save_checkpoints", False) and level.kind == "none"
         else set()
+    )
 
     def save(step):  # the mismatch-free student along training, for `check --checkpoints`
         if step in keep:
@@ -143,8 +180,13 @@ def train_one(teacher, initial_student, run: RunId, calibration, out: Path, *, o
         perturber = Perturber(student.model, level.rollout(student, seed), stale=level.stale_steps)
     t0 = time.perf_counter()
     make = OBJECTIVES[objective][0]
-    trainer = make(student, teacher, list(calibration.train_prompts), tr,
-                   TrainerRun(seed, str(d / "trl"), perturber, (Progress(),), device))
+    trainer = make(
+        student,
+        teacher,
+        list(calibration.train_prompts),
+        tr,
+        TrainerRun(seed, str(d / "trl"), perturber, (Progress(),), device),
+    )
     trainer.train()
     return _write_run(d, trainer, evals, perturber, objective, level, seed, tr, time.perf_counter() - t0)
 
@@ -160,8 +202,11 @@ def after_steps(teacher, initial_student, objective: str, seed: int, calibration
 
     from .opd import trainable_student
 
-    student = trainable_student(copy.deepcopy(initial_student.model), initial_student.tokenizer,
-                                f"{calibration.student}@{objective}-seed{seed}-step{steps}")
+    student = trainable_student(
+        copy.deepcopy(initial_student.model),
+        initial_student.tokenizer,
+        f"{calibration.student}@{objective}-seed{seed}-step{steps}",
+    )
 
     class Stop(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
@@ -170,8 +215,13 @@ def after_steps(teacher, initial_student, objective: str, seed: int, calibration
 
     with tempfile.TemporaryDirectory() as tmp:
         make = OBJECTIVES[objective][0]
-        trainer = make(student, teacher, list(calibration.train_prompts), calibration.train,
-                       TrainerRun(seed, tmp, None, (Stop(),), device))
+        trainer = make(
+            student,
+            teacher,
+            list(calibration.train_prompts),
+            calibration.train,
+            TrainerRun(seed, tmp, None, (Stop(),), device),
+        )
         trainer.train()
     student.model.eval()
     student.model.requires_grad_(False)
@@ -185,8 +235,11 @@ def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, s
 
     if (d / "trl").is_dir() and not any((d / "trl").iterdir()):
         (d / "trl").rmdir()  # TRL makes its output_dir; nothing is saved there
-    losses = [{"step": h["step"], "loss": h["loss"], **{k: h[k] for k in STEP_LOGS if k in h}}
-              for h in trainer.state.log_history if "loss" in h]
+    losses = [
+        {"step": h["step"], "loss": h["loss"], **{k: h[k] for k in STEP_LOGS if k in h}}
+        for h in trainer.state.log_history
+        if "loss" in h
+    ]
     steps = pd.DataFrame(losses)
     if trainer.rollout_mismatch:
         steps = steps.merge(pd.DataFrame(trainer.rollout_mismatch), on="step", how="left")
@@ -197,12 +250,26 @@ def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, s
     else:
         m = pd.DataFrame(trainer.rollout_mismatch)
         w = m["tokens"] / m["tokens"].sum()
-        mism = {"kl_q_p": float((m["kl_q_p"] * w).sum()), "k3": float((m["k3"] * w).sum()),
-                "tokens": int(m["tokens"].sum())}
-    result = TrainingRunRecord(objective=objective, level=level.name, kind=level.kind, value=level.value,
-                               scheme=level.scheme, seed=seed, steps=tr.steps, seconds=round(seconds, 2),
-                               mismatch=mism, quality_start=evals[0], quality_end=evals[-1],
-                               quality=curve_quality(evals), losses=[x["loss"] for x in losses])
+        mism = {
+            "kl_q_p": float((m["kl_q_p"] * w).sum()),
+            "k3": float((m["k3"] * w).sum()),
+            "tokens": int(m["tokens"].sum()),
+        }
+    result = TrainingRunRecord(
+        objective=objective,
+        level=level.name,
+        kind=level.kind,
+        value=level.value,
+        scheme=level.scheme,
+        seed=seed,
+        steps=tr.steps,
+        seconds=round(seconds, 2),
+        mismatch=mism,
+        quality_start=evals[0],
+        quality_end=evals[-1],
+        quality=curve_quality(evals),
+        losses=[x["loss"] for x in losses],
+    )
     result.write(d / "run.json")
     return result
 
@@ -219,23 +286,44 @@ def runs_table(results: list[TrainingRunRecord], quality: str = "auc", dose=None
     for r in results:
         q = r.quality
         if quality not in q:
-            raise FP8ProbeError(f"run {r.objective} {r.level} seed {r.seed} has no {quality} quality (written "
-                                "by an older fp8probe): calibrate again, or pass the quality it has: "
-                                f"{', '.join(k for k in q if k != 'late_improvement')}")
-        rows.append({"objective": r.objective or "opd", "level": r.level, "kind": r.kind,
-                     "value": r.value, "seed": r.seed, "metric": "kl_q_p",
-                     "mismatch_run": r.mismatch["kl_q_p"], "k3": r.mismatch["k3"], "quality": q[quality],
-                     "quality_plateau": q.get("plateau", float("nan")), "quality_auc": q["auc"],
-                     "quality_final": q["final"], "late_improvement": q["late_improvement"],
-                     "higher_is_better": False, "quality_start": r.quality_start["reverse_kl"],
-                     "teacher_logp": r.quality_end["teacher_logp"],
-                     "teacher_logp_start": r.quality_start["teacher_logp"], "steps": r.steps,
-                     "rollout_tokens": r.mismatch["tokens"], "seconds": r.seconds})
-    df = pd.DataFrame(rows, columns=[c for c in RUN_COLUMNS if c not in ("mismatch", "mismatch_run_mean",
-                                                                          "paired_loss")])
+            raise FP8ProbeError(
+                f"run {r.objective} {r.level} seed {r.seed} has no {quality} quality (written "
+                "by an older fp8probe): calibrate again, or pass the quality it has: "
+                f"{', '.join(k for k in q if k != 'late_improvement')}"
+            )
+        rows.append(
+            {
+                "objective": r.objective or "opd",
+                "level": r.level,
+                "kind": r.kind,
+                "value": r.value,
+                "seed": r.seed,
+                "metric": "kl_q_p",
+                "mismatch_run": r.mismatch["kl_q_p"],
+                "k3": r.mismatch["k3"],
+                "quality": q[quality],
+                "quality_plateau": q.get("plateau", float("nan")),
+                "quality_auc": q["auc"],
+                "quality_final": q["final"],
+                "late_improvement": q["late_improvement"],
+                "higher_is_better": False,
+                "quality_start": r.quality_start["reverse_kl"],
+                "teacher_logp": r.quality_end["teacher_logp"],
+                "teacher_logp_start": r.quality_start["teacher_logp"],
+                "steps": r.steps,
+                "rollout_tokens": r.mismatch["tokens"],
+                "seconds": r.seconds,
+            }
+        )
+    df = pd.DataFrame(
+        rows, columns=[c for c in RUN_COLUMNS if c not in ("mismatch", "mismatch_run_mean", "paired_loss")]
+    )
     run_mean = df.groupby(["objective", "level"])["mismatch_run"].transform("mean")
-    df.insert(RUN_COLUMNS.index("mismatch"), "mismatch",
-              run_mean if dose is None else [float(dose(o, lv)) for o, lv in zip(df["objective"], df["level"])])
+    df.insert(
+        RUN_COLUMNS.index("mismatch"),
+        "mismatch",
+        run_mean if dose is None else [float(dose(o, lv)) for o, lv in zip(df["objective"], df["level"])],
+    )
     df.insert(RUN_COLUMNS.index("mismatch_run_mean"), "mismatch_run_mean", run_mean)
     twin = df[df["kind"] == "none"].set_index(["objective", "seed"])["quality"]
     base = [twin.get((o, s), float("nan")) for o, s in zip(df["objective"], df["seed"])]
@@ -268,5 +356,7 @@ def check_objectives(objectives, train: TrainSettings) -> None:
         if o not in OBJECTIVES:
             raise FP8ProbeError(f"unknown `objectives` {o!r}; one of {', '.join(OBJECTIVES)}")
     if any(o.startswith("grpo") for o in objectives) and train.batch_size % train.group_size:
-        raise FP8ProbeError(f"`batch_size` {train.batch_size} must be a multiple of `group_size` {train.group_size} "
-                            "(GRPO samples group_size completions per prompt)")
+        raise FP8ProbeError(
+            f"`batch_size` {train.batch_size} must be a multiple of `group_size` {train.group_size} "
+            "(GRPO samples group_size completions per prompt)"
+        )

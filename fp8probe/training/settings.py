@@ -19,17 +19,28 @@ class TrainSettings(Settings):
     group_size: int = opt(4, "GRPO: completions per prompt, whose rewards are normalised together", low=2)
     max_new_tokens: int = opt(16, "completion length", low=1)
     learning_rate: float = opt(2e-5, "AdamW's peak learning rate", low=0.0, open_low=True)
-    lr_schedule: str = opt("constant", "the learning rate along the run: constant, or linear / cosine decay to 0 at "
-                           "the last step (transformers' schedulers, no warm-up)",
-                           choices=("constant", "linear", "cosine"))
-    iterations: int = opt(1, "GRPO: optimisation steps per generation (TRL's num_iterations, PPO's epochs); from 2 "
-                          "on, the PPO ratio's anchor matters (grpo-bypass: the rollout's own log-probs)", low=1)
+    lr_schedule: str = opt(
+        "constant",
+        "the learning rate along the run: constant, or linear / cosine decay to 0 at "
+        "the last step (transformers' schedulers, no warm-up)",
+        choices=("constant", "linear", "cosine"),
+    )
+    iterations: int = opt(
+        1,
+        "GRPO: optimisation steps per generation (TRL's num_iterations, PPO's epochs); from 2 "
+        "on, the PPO ratio's anchor matters (grpo-bypass: the rollout's own log-probs)",
+        low=1,
+    )
     temperature: float = 1.0  # OPD samples its rollouts
     eval_every: int = opt(5, "held-out evaluation interval (steps)", low=1)
     eval_samples: int = opt(1, "responses sampled per held-out prompt", low=1)
-    eval_seeds: str = opt("fixed", "held-out sampling seed: fixed (eval_seed at every step) or per-step (eval_seed "
-                          "+ step: a fresh draw at every evaluation, the same draw for every run at that step, so runs "
-                          "stay paired)", choices=("fixed", "per-step"))
+    eval_seeds: str = opt(
+        "fixed",
+        "held-out sampling seed: fixed (eval_seed at every step) or per-step (eval_seed "
+        "+ step: a fresh draw at every evaluation, the same draw for every run at that step, so runs "
+        "stay paired)",
+        choices=("fixed", "per-step"),
+    )
     eval_seed: int = 1234
 
     def eval_seed_at(self, step: int) -> int:
@@ -49,44 +60,86 @@ class CalibrateSettings(Settings):
     """A calibration as a user asks for it: the pair, the objectives, the ladder of levels, seeds per level, prompts,
     how quality is scored and the budget read, how far the ladder may adapt, and configurations to mark."""
 
-    teacher: str | None = opt(None, "the teacher: HF directory, .gguf file, model id in the local HF cache; default: "
-                              "the embedded SmolLM2-135M-Instruct")
-    student: str = opt("pruned:3", "the student (same tokenizer as the teacher), or pruned[:K]: the teacher "
-                       "depth-pruned to every K-th decoder block (K=2 by default), initialised from its weights")
-    objectives: tuple[str, ...] = opt(("opd",), "training objectives, each with its own budget: opd, grpo (reward: "
-                                      "the teacher's log-likelihood; PPO anchor: the trainer's own log-probs), grpo-is "
-                                      "(with token-level truncated importance sampling: verl's decoupled mode), "
-                                      "grpo-bypass (PPO anchor: the rollout's log-probs: verl's bypass mode)",
-                                      nargs="+", choices=("opd", "grpo", "grpo-is", "grpo-bypass"),
-                                      metavar="OBJECTIVE")
-    levels: tuple[str, ...] = opt(CALIBRATION_LEVELS, f"rollout mismatch levels (0 included): {SOURCE_HELP}",
-                                  nargs="+", metavar="LEVEL")
+    teacher: str | None = opt(
+        None,
+        "the teacher: HF directory, .gguf file, model id in the local HF cache; default: "
+        "the embedded SmolLM2-135M-Instruct",
+    )
+    student: str = opt(
+        "pruned:3",
+        "the student (same tokenizer as the teacher), or pruned[:K]: the teacher "
+        "depth-pruned to every K-th decoder block (K=2 by default), initialised from its weights",
+    )
+    objectives: tuple[str, ...] = opt(
+        ("opd",),
+        "training objectives, each with its own budget: opd, grpo (reward: "
+        "the teacher's log-likelihood; PPO anchor: the trainer's own log-probs), grpo-is "
+        "(with token-level truncated importance sampling: verl's decoupled mode), "
+        "grpo-bypass (PPO anchor: the rollout's log-probs: verl's bypass mode)",
+        nargs="+",
+        choices=("opd", "grpo", "grpo-is", "grpo-bypass"),
+        metavar="OBJECTIVE",
+    )
+    levels: tuple[str, ...] = opt(
+        CALIBRATION_LEVELS, f"rollout mismatch levels (0 included): {SOURCE_HELP}", nargs="+", metavar="LEVEL"
+    )
     seeds: int = opt(3, "runs per level, paired by seed with the mismatch-free runs", low=2)
-    prompts: str | None = opt(None, "prompts file (text or JSONL); every 10th is held out; default: the built-in 240 "
-                              "training prompts")
-    quality: str = opt("auc", "the quality score of a run: auc (the mean of its whole held-out learning curve), "
-                       "plateau (the mean of its held-out evaluations over the second half of training) or final "
-                       "(its last evaluation)", choices=("auc", "plateau", "final"))
-    tolerance: float = opt(0.02, "largest relative quality loss accepted against each seed's mismatch-free run "
-                           "(your choice; the seeds' own spread is reported beside it)", low=0.0)
-    bracket: float = opt(2.0, "adaptive ladder: add noise levels until the edge is bracketed within this factor of "
-                         "measured mismatch", low=1.0, open_low=True)
+    prompts: str | None = opt(
+        None, "prompts file (text or JSONL); every 10th is held out; default: the built-in 240 training prompts"
+    )
+    quality: str = opt(
+        "auc",
+        "the quality score of a run: auc (the mean of its whole held-out learning curve), "
+        "plateau (the mean of its held-out evaluations over the second half of training) or final "
+        "(its last evaluation)",
+        choices=("auc", "plateau", "final"),
+    )
+    tolerance: float = opt(
+        0.02,
+        "largest relative quality loss accepted against each seed's mismatch-free run "
+        "(your choice; the seeds' own spread is reported beside it)",
+        low=0.0,
+    )
+    bracket: float = opt(
+        2.0,
+        "adaptive ladder: add noise levels until the edge is bracketed within this factor of measured mismatch",
+        low=1.0,
+        open_low=True,
+    )
     max_added: int = opt(3, "adaptive ladder: at most this many added levels per objective (0: none)", low=0)
-    max_runs: int = opt(0, "after the ladder, add runs where they narrow the benchmark dose's interval most: this "
-                        "many per objective, all of them (a preset budget: stopping once the interval looks narrow "
-                        "would make it under-cover)", low=0)
-    max_hours: float = opt(0.0, "... and stop adding once this many hours of training were spent in this invocation "
-                           "(0: no limit)", low=0.0)
-    response: str = opt("gain", "a run's quality loss: gain (the share of what training gained that the mismatch cost, "
-                        "against its twin) or relative (its relative shortfall against its twin)",
-                        choices=("gain", "relative"))
-    save_checkpoints: bool = opt(False, "the mismatch-free runs keep the student at the first, middle and last step "
-                                 "(runs/<objective>/0-seed<k>/checkpoints/step-N), for `check --checkpoints`")
-    mark: tuple[str, ...] = opt((), "configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
-                                "sensitivity.csv (whole-model rows)", metavar="FILE")
+    max_runs: int = opt(
+        0,
+        "after the ladder, add runs where they narrow the benchmark dose's interval most: this "
+        "many per objective, all of them (a preset budget: stopping once the interval looks narrow "
+        "would make it under-cover)",
+        low=0,
+    )
+    max_hours: float = opt(
+        0.0, "... and stop adding once this many hours of training were spent in this invocation (0: no limit)", low=0.0
+    )
+    response: str = opt(
+        "gain",
+        "a run's quality loss: gain (the share of what training gained that the mismatch cost, "
+        "against its twin) or relative (its relative shortfall against its twin)",
+        choices=("gain", "relative"),
+    )
+    save_checkpoints: bool = opt(
+        False,
+        "the mismatch-free runs keep the student at the first, middle and last step "
+        "(runs/<objective>/0-seed<k>/checkpoints/step-N), for `check --checkpoints`",
+    )
+    mark: tuple[str, ...] = opt(
+        (),
+        "configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
+        "sensitivity.csv (whole-model rows)",
+        metavar="FILE",
+    )
     device: str = opt("cpu", "torch device")
-    refit: bool = opt(False, "refit the finished calibration in `out` as this fp8probe reads budgets (each level's "
-                      "dose measured on check's scale; nothing trained but a stale level's first steps)")
+    refit: bool = opt(
+        False,
+        "refit the finished calibration in `out` as this fp8probe reads budgets (each level's "
+        "dose measured on check's scale; nothing trained but a stale level's first steps)",
+    )
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,22 @@ def test_a_sweep_reads_its_saved_rollouts_once(cli, tiny_dirs, tmp_path, monkeyp
     import fp8probe.model.rollouts as rollouts_module
 
     exact = tmp_path / "exact"
-    assert cli("-q", "sweep", tiny_dirs["llama"], "--out", exact, "--method", "exact", "--num-prompts", 3,
-               "--max-new-tokens", 6).code == 0
+    assert (
+        cli(
+            "-q",
+            "sweep",
+            tiny_dirs["llama"],
+            "--out",
+            exact,
+            "--method",
+            "exact",
+            "--num-prompts",
+            3,
+            "--max-new-tokens",
+            6,
+        ).code
+        == 0
+    )
     calls = []
     real = rollouts_module.load_rollouts
     monkeypatch.setattr(rollouts_module, "load_rollouts", lambda d: calls.append(str(d)) or real(d))

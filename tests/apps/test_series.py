@@ -61,9 +61,11 @@ def test_a_series_with_a_known_drift(cli, tmp_path, checkpoints):
 
 def test_bad_series(cli, tmp_path, checkpoints):
     ckpts, recipe = checkpoints
-    for args, match in [(("--checkpoints", ckpts[0]), "give at least two"),
-                        (("--checkpoints", ckpts[0], tmp_path / "nope"), "nope"),
-                        (("--checkpoints", *ckpts[:2], "--stale", ckpts[2]), "check stale weights one at a time")]:
+    for args, match in [
+        (("--checkpoints", ckpts[0]), "give at least two"),
+        (("--checkpoints", ckpts[0], tmp_path / "nope"), "nope"),
+        (("--checkpoints", *ckpts[:2], "--stale", ckpts[2]), "check stale weights one at a time"),
+    ]:
         out = tmp_path / "o"
         r = cli("check", *args, "--recipe", recipe, "--budget", 1.0, "--out", out)
         assert r.code == 2 and len(r.lines) == 1 and match in r.lines[0], (args, r.err)

@@ -15,10 +15,24 @@ def _budget(**kw) -> Budget:
     return Budget("kl_q_p", 0.5, True, "test", (0.3, 0.9), 0.02, method="benchmark dose", response="gain", **kw)
 
 
-FP8 = {"level": "fp8:FP8_DYNAMIC", "mismatch": 3.49, "loss": 0.60, "loss_interval": [0.37, 0.83], "seeds": 3,
-       "predicted": 0.19, "reading": "costs more than the ruler predicts"}
-KV = {"level": "kv:fp8", "mismatch": 0.062, "loss": 0.003, "loss_interval": [-0.01, 0.015], "seeds": 3,
-      "predicted": 0.003, "reading": "as the ruler predicts"}
+FP8 = {
+    "level": "fp8:FP8_DYNAMIC",
+    "mismatch": 3.49,
+    "loss": 0.60,
+    "loss_interval": [0.37, 0.83],
+    "seeds": 3,
+    "predicted": 0.19,
+    "reading": "costs more than the ruler predicts",
+}
+KV = {
+    "level": "kv:fp8",
+    "mismatch": 0.062,
+    "loss": 0.003,
+    "loss_interval": [-0.01, 0.015],
+    "seeds": 3,
+    "predicted": 0.003,
+    "reading": "as the ruler predicts",
+}
 
 
 def test_a_kind_is_judged_on_its_own_calibration_level():
@@ -77,8 +91,21 @@ def test_a_budget_without_a_student_is_labelled(cli, tiny_dirs, tmp_path, text, 
         d["schema_version"] = 3
         (tmp_path / "b3.json").write_text(json.dumps(d))
         budget = tmp_path / "b3.json"
-    r = cli("-q", "check", tiny_dirs["llama"], "--budget", budget, "--kv-cache-dtype", "fp8", "--num-prompts", 4,
-            "--max-new-tokens", 6, "--out", tmp_path / "c")
+    r = cli(
+        "-q",
+        "check",
+        tiny_dirs["llama"],
+        "--budget",
+        budget,
+        "--kv-cache-dtype",
+        "fp8",
+        "--num-prompts",
+        4,
+        "--max-new-tokens",
+        6,
+        "--out",
+        tmp_path / "c",
+    )
     assert r.code in (0, 1, 3), r.err
     note = json.loads((tmp_path / "c" / "check.json").read_text())["budget_student_note"]
     assert (note is None) if reason is None else (reason in note)

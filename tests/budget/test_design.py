@@ -29,8 +29,11 @@ def _layout(rng, su, s0, s1, seeds=7, levels=6):
     present[1:, :3] = True
     present[3] = True
     m = np.linspace(4.0, 4.5, levels)
-    q = m[:, None] + rng.normal(0, su, (1, seeds)) + rng.normal(0, 1, (levels, seeds)) * np.where(
-        np.arange(levels)[:, None] == 0, s0, s1)
+    q = (
+        m[:, None]
+        + rng.normal(0, su, (1, seeds))
+        + rng.normal(0, 1, (levels, seeds)) * np.where(np.arange(levels)[:, None] == 0, s0, s1)
+    )
     return Design(np.arange(levels) * 0.1, np.where(present, q, np.nan), tuple(range(seeds)), 8.0, False)
 
 

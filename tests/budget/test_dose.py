@@ -27,7 +27,7 @@ TRUE = {
     "linear": lambda x: 0.04 * x,
     "power": lambda x: 0.02 * (x / 0.5) ** 2,
     "exponential": lambda x: 0.02 * np.expm1(1.5 * x) / np.expm1(0.75),
-    "hill": lambda x: 0.06 * x ** 2 / (0.5 + x ** 2),  # 0.06 x 0.25 / 0.75 = 0.02
+    "hill": lambda x: 0.06 * x**2 / (0.5 + x**2),  # 0.06 x 0.25 / 0.75 = 0.02
 }
 TRUE["mixture"] = lambda x: 0.5 * TRUE["linear"](x) + 0.5 * TRUE["power"](x)
 
@@ -46,11 +46,25 @@ def synthetic(curve, seeds=3, sd=0.01, rng=None, levels=LEVELS, extra=()):
         q0 = 4.0 * (1 + rng.normal(0, 0.03))
         rows.append({"level": "0", "kind": "none", "seed": s, "mismatch": 0.0, "quality": q0})
         for x in levels:
-            rows.append({"level": str(x), "kind": "noise", "seed": s, "mismatch": x,
-                         "quality": q0 + (curve(x) + rng.normal(0, sd)) * (START - q0)})
+            rows.append(
+                {
+                    "level": str(x),
+                    "kind": "noise",
+                    "seed": s,
+                    "mismatch": x,
+                    "quality": q0 + (curve(x) + rng.normal(0, sd)) * (START - q0),
+                }
+            )
         for level, kind, x, loss in extra:
-            rows.append({"level": level, "kind": kind, "seed": s, "mismatch": x,
-                         "quality": q0 + (loss + rng.normal(0, sd)) * (START - q0)})
+            rows.append(
+                {
+                    "level": level,
+                    "kind": kind,
+                    "seed": s,
+                    "mismatch": x,
+                    "quality": q0 + (loss + rng.normal(0, sd)) * (START - q0),
+                }
+            )
     return pd.DataFrame(rows).assign(higher_is_better=False, quality_start=START)
 
 
@@ -84,10 +98,21 @@ def _with_an_allocated_level(df, curve, rng, sd=0.01):
         s = int(df["seed"].max()) + 1
         q0[s] = 4.0 * (1 + rng.normal(0, 0.03))
         seeds = [s]
-    twins = [{"level": "0", "kind": "none", "seed": s, "mismatch": 0.0, "quality": q0[s]}
-             for s in seeds if s not in set(df["seed"])]
-    new = [{"level": level, "kind": "noise", "seed": s, "mismatch": x,
-            "quality": q0[s] + (curve(x) + rng.normal(0, sd)) * (START - q0[s])} for s in seeds]
+    twins = [
+        {"level": "0", "kind": "none", "seed": s, "mismatch": 0.0, "quality": q0[s]}
+        for s in seeds
+        if s not in set(df["seed"])
+    ]
+    new = [
+        {
+            "level": level,
+            "kind": "noise",
+            "seed": s,
+            "mismatch": x,
+            "quality": q0[s] + (curve(x) + rng.normal(0, sd)) * (START - q0[s]),
+        }
+        for s in seeds
+    ]
     extra = pd.DataFrame(twins + new).assign(higher_is_better=False, quality_start=START)
     return pd.concat([df, extra], ignore_index=True)
 
@@ -107,12 +132,17 @@ def test_the_interval_covers_the_true_dose_in_repeated_draws():
     from concurrent.futures import ProcessPoolExecutor
 
     rng = np.random.default_rng(7)  # the draws in order, here; their fits on two processes (the fits are serial)
-    draws = [(family, r, _with_an_allocated_level(synthetic(curve, seeds=4, sd=0.01, rng=rng), curve, rng))
-             for family, curve in TRUE.items() for r in range(40)]
+    draws = [
+        (family, r, _with_an_allocated_level(synthetic(curve, seeds=4, sd=0.01, rng=rng), curve, rng))
+        for family, curve in TRUE.items()
+        for r in range(40)
+    ]
     with ProcessPoolExecutor(2) as pool:
         intervals = list(pool.map(_interval, [(df, r) for _, r, df in draws]))
-    covered = {family: float(np.mean([lo <= TRUE_BMD <= hi for (f, _, _), (lo, hi) in zip(draws, intervals)
-                                      if f == family])) for family in TRUE}
+    covered = {
+        family: float(np.mean([lo <= TRUE_BMD <= hi for (f, _, _), (lo, hi) in zip(draws, intervals) if f == family]))
+        for family in TRUE
+    }
     assert np.mean(list(covered.values())) >= 0.85, covered
     assert min(covered.values()) >= 0.75, covered
 
@@ -122,14 +152,19 @@ def test_a_noisy_low_level_no_longer_drags_the_budget_below_a_precise_higher_one
     2.1. The isotonic fit's edge falls below the noisy level (the first whose pooled mean crosses 2 %); the
     dose–response fit weighs that level by its spread and reads the edge above the precise 0.30."""
     levels = (0.0044, 0.04, 0.30, 2.13)
-    seed_loss = {0.0044: (0.02, 0.0, 0.01), 0.04: (0.16, -0.01, 0.03), 0.30: (0.0, 0.02, 0.015),
-                 2.13: (0.11, 0.05, 0.005)}
+    seed_loss = {
+        0.0044: (0.02, 0.0, 0.01),
+        0.04: (0.16, -0.01, 0.03),
+        0.30: (0.0, 0.02, 0.015),
+        2.13: (0.11, 0.05, 0.005),
+    }
     rows = []
     for s in range(3):
         rows.append({"level": "0", "kind": "none", "seed": s, "mismatch": 0.0, "quality": 4.0})
         for x in levels:
-            rows.append({"level": str(x), "kind": "noise", "seed": s, "mismatch": x,
-                         "quality": 4.0 * (1 + seed_loss[x][s])})
+            rows.append(
+                {"level": str(x), "kind": "noise", "seed": s, "mismatch": x, "quality": 4.0 * (1 + seed_loss[x][s])}
+            )
     df = pd.DataFrame(rows).assign(higher_is_better=False)
     isotonic = fit_budget(df, at_tol(bootstrap=100, fit="isotonic", response="relative"))
     dose = fit_budget(df, at_tol(bootstrap=100, response="relative"))
@@ -157,8 +192,12 @@ def test_each_kind_gets_its_own_curve_and_fp8_is_read_against_the_noise_ruler():
     """A stale ruler that costs 4x what noise costs gets its own benchmark dose (0.125 against 0.5); an FP8 level
     at mismatch 0.25 that loses what the noise ruler predicts there (1 %) reads "as the ruler predicts", one that
     loses 6 % there "costs more than the ruler predicts"."""
-    extra = [("stale:1", "stale", 0.1, 0.016), ("stale:2", "stale", 0.4, 0.064),
-             ("fp8", "fp8", 0.25, 0.01), ("kv", "kv", 0.25 * (1 + 1e-9), 0.06)]
+    extra = [
+        ("stale:1", "stale", 0.1, 0.016),
+        ("stale:2", "stale", 0.4, 0.064),
+        ("fp8", "fp8", 0.25, 0.01),
+        ("kv", "kv", 0.25 * (1 + 1e-9), 0.06),
+    ]
     b = fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.002, extra=extra), at_tol(bootstrap=100))
     rulers = b.dose_response["rulers"]
     assert b.value == pytest.approx(0.5, rel=0.1) and rulers["stale"]["bmd"] == pytest.approx(0.125, rel=0.1)
@@ -180,8 +219,19 @@ def test_no_fitting_family_falls_back_to_the_isotonic_fit_and_says_so():
 def test_older_budget_files_still_read(tmp_path):
     """budget.json 1 and 2 (written before the dose–response fit) read as isotonic budgets with their own value and
     interval; a budget.json 3 reads back with its method and fit."""
-    v2 = {"schema_version": 2, "metric": "kl_q_p", "value": 0.0044, "calibrated": True, "source": "fp8probe calibrate",
-          "interval": [0.0, 0.0397], "tolerance": 0.02, "runs": [], "paired": True, "levels": [], "seed_spread": 0.03}
+    v2 = {
+        "schema_version": 2,
+        "metric": "kl_q_p",
+        "value": 0.0044,
+        "calibrated": True,
+        "source": "fp8probe calibrate",
+        "interval": [0.0, 0.0397],
+        "tolerance": 0.02,
+        "runs": [],
+        "paired": True,
+        "levels": [],
+        "seed_spread": 0.03,
+    }
     v1 = {"schema_version": 1, "metric": "kl_q_p", "value": 0.001, "calibrated": True, "source": "fit"}
     for name, d in (("v1.json", v1), ("v2.json", v2)):
         (tmp_path / name).write_text(json.dumps(d))
@@ -214,8 +264,15 @@ def test_seed_draws_keep_every_level_when_the_seeds_are_unequal():
     one (one draw of the seeds for every level)."""
     from fp8probe.budget.design import by_seed
 
-    unequal = _design({0.0: {s: 100.0 + s for s in range(8)}, 0.1: {s: float(s) for s in range(3)},
-                       0.2: {s: 10.0 + s for s in range(3)}, 0.5: {s: 20.0 + s for s in (0, 1, 2, 5, 6, 7)}}, 8)
+    unequal = _design(
+        {
+            0.0: {s: 100.0 + s for s in range(8)},
+            0.1: {s: float(s) for s in range(3)},
+            0.2: {s: 10.0 + s for s in range(3)},
+            0.5: {s: 20.0 + s for s in (0, 1, 2, 5, 6, 7)},
+        },
+        8,
+    )
     q, tw = by_seed(unequal, 4000, np.random.default_rng(3))
     assert ((~np.isnan(q)).sum(axis=2) == [8, 3, 3, 6]).all()
     seen = q[:, 1, :3].ravel()
@@ -312,8 +369,11 @@ def test_the_readme_budget_and_verdict_follow_from_the_shipped_runs_refitted():
     stated = re.search(r"training gain is lost: kl_q_p ([\d.]+) \[([\d.]+), ([\d.]+)\]", readme)
     assert stated, "the README states the OPD budget"
     assert [float(x) for x in stated.groups()] == pytest.approx([refit.value, *refit.interval], rel=1e-3)
-    check = re.search(r"(ADMIT|REJECT|UNCERTAIN): kv fp8: kl_q_p ([\d.]+) \[([\d.]+), ([\d.]+)\] \S+ budget "
-                      r"([\d.]+) \[([\d.]+), ([\d.]+)\]", readme)
+    check = re.search(
+        r"(ADMIT|REJECT|UNCERTAIN): kv fp8: kl_q_p ([\d.]+) \[([\d.]+), ([\d.]+)\] \S+ budget "
+        r"([\d.]+) \[([\d.]+), ([\d.]+)\]",
+        readme,
+    )
     assert check, "the README shows a check against the shipped budget"
     value, lo, hi, b, b_lo, b_hi = (float(x) for x in check.groups()[1:])
     assert [b, b_lo, b_hi] == pytest.approx([refit.value, *refit.interval], rel=1e-3)
@@ -379,7 +439,7 @@ def test_the_interval_is_widened_for_three_seeds_by_hand():
     from fp8probe.budget.dose import expanded
 
     e = math.sqrt(1.5) * 2.919986 / 1.644854
-    assert expanded(1.0, [0.5, 2.0], 3, 10.0) == pytest.approx([0.5 ** e, 2.0 ** e], rel=1e-5)
+    assert expanded(1.0, [0.5, 2.0], 3, 10.0) == pytest.approx([0.5**e, 2.0**e], rel=1e-5)
     assert expanded(1.0, [0.5, 2.0], 3, 10.0) == pytest.approx([0.22157, 4.51335], rel=1e-4)
     assert expanded(1.0, [0.5, 2.0], 3, 3.0) == pytest.approx([0.22157, 3.0], rel=1e-4)
 
@@ -404,12 +464,18 @@ def test_the_ratio_is_refused_for_a_failed_fit_and_for_a_censored_dose():
     no ratio: "undetermined", with the reason."""
     from fp8probe.budget.fit import budget_ratio
 
-    ok = dataclasses.replace(fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001), at_tol(bootstrap=60)),
-                             objective="opd")
-    unfit = dataclasses.replace(fit_budget(synthetic({0.005: 0.0, 0.04: 0.08, 0.3: 0.0, 2.1: 0.08}.get, seeds=4,
-                                                     sd=0.002), at_tol(bootstrap=50)), objective="grpo")
-    censored = dataclasses.replace(fit_budget(synthetic(lambda x: 0.002 * x, seeds=4, sd=0.0005), at_tol(bootstrap=60)),
-                                   objective="grpo")
+    ok = dataclasses.replace(
+        fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001), at_tol(bootstrap=60)), objective="opd"
+    )
+    unfit = dataclasses.replace(
+        fit_budget(
+            synthetic({0.005: 0.0, 0.04: 0.08, 0.3: 0.0, 2.1: 0.08}.get, seeds=4, sd=0.002), at_tol(bootstrap=50)
+        ),
+        objective="grpo",
+    )
+    censored = dataclasses.replace(
+        fit_budget(synthetic(lambda x: 0.002 * x, seeds=4, sd=0.0005), at_tol(bootstrap=60)), objective="grpo"
+    )
     assert unfit.method == "isotonic" and censored.censored
     r = budget_ratio(unfit, ok)
     assert r["ratio"] is None and "not a fitted benchmark dose" in r["undetermined"]

@@ -12,8 +12,10 @@ U = np.array([0.05, 0.1, 0.25, 0.5, 1.0])
 W = np.full(5, 1e4)  # a standard error of 0.01 at every level
 
 
-@pytest.mark.parametrize("name, params", [("linear", (0.04,)), ("power", (0.08, 2.5)), ("exponential", (0.02, 3.0)),
-                                          ("hill", (0.06, 0.4, 2.5))])
+@pytest.mark.parametrize(
+    "name, params",
+    [("linear", (0.04,)), ("power", (0.08, 2.5)), ("exponential", (0.02, 3.0)), ("hill", (0.06, 0.4, 2.5))],
+)
 def test_each_family_recovers_its_own_curve(name, params):
     """Exact data from a family: its own fit has χ² ~ 0 and its parameters (the profiled grid's zooms reach an eighth
     of the grid's spacing: a few percent at most)."""
@@ -55,7 +57,7 @@ def test_a_flat_curve_has_no_parameter_off_its_bounds():
 def test_the_benchmark_dose_by_hand_and_many_draws_at_once():
     """0.04·u reaches 2 % at u = 0.5; 0.08·u² at sqrt(0.25) = 0.5; and a thousand noisy tables are fitted by the same
     array operations, their BMDs scattered about 0.5."""
-    for y in (0.04 * U, 0.08 * U ** 2):
+    for y in (0.04 * U, 0.08 * U**2):
         fits = [fit(MODELS["linear"], U, y[None], W)] if y[0] == 0.04 * U[0] else [fit(MODELS["power"], U, y[None], W)]
         assert benchmark_doses(fits, np.ones((1, 1)), 0.02)[0][0] == pytest.approx(0.5, rel=1e-3)
     noisy = 0.04 * U + np.random.default_rng(0).normal(0, 0.002, (1000, 5))

@@ -66,21 +66,32 @@ def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
 
     def result(level, value, seed, kl):
         return TrainingRunRecord(
-            objective="opd", level=level, kind="noise" if value else "none", value=value, scheme=None, seed=seed,
-            mismatch={"kl_q_p": value, "k3": value, "tokens": 100}, steps=30, seconds=1.0, losses=[],
+            objective="opd",
+            level=level,
+            kind="noise" if value else "none",
+            value=value,
+            scheme=None,
+            seed=seed,
+            mismatch={"kl_q_p": value, "k3": value, "tokens": 100},
+            steps=30,
+            seconds=1.0,
+            losses=[],
             quality_start={"reverse_kl": 6.0, "teacher_logp": -3.0},
             quality_end={"reverse_kl": kl, "teacher_logp": -2.0},
-            quality={"plateau": kl + 0.5, "auc": kl + 1, "final": kl, "late_improvement": 0.0})
+            quality={"plateau": kl + 0.5, "auc": kl + 1, "final": kl, "late_improvement": 0.0},
+        )
 
     results = [result("0", 0.0, s, 1.40 + 0.2 * s) for s in range(2)]  # seeds 14 % apart
     results += [result("0.01", 0.01, s, (1.40 + 0.2 * s) * 1.004) for s in range(2)]  # +0.4 % on each seed
     results += [result("0.1", 0.1, s, (1.40 + 0.2 * s) * 1.14) for s in range(2)]  # +14 %: worse
     df = runs_table(results, quality="final")
-    assert set(df["higher_is_better"]) == {False} and list(df["quality"]) == [r.quality_end["reverse_kl"]
-                                                                             for r in results]
+    assert set(df["higher_is_better"]) == {False} and list(df["quality"]) == [
+        r.quality_end["reverse_kl"] for r in results
+    ]
     assert list(df["paired_loss"][:2]) == [0.0, 0.0]
-    assert list(df["paired_loss"][2:4]) == pytest.approx([0.004, 0.004]) and list(df["paired_loss"][4:]) == \
-        pytest.approx([0.14, 0.14])
+    assert list(df["paired_loss"][2:4]) == pytest.approx([0.004, 0.004]) and list(
+        df["paired_loss"][4:]
+    ) == pytest.approx([0.14, 0.14])
     b = fit_budget(df, BudgetSettings(tolerance=0.02, bootstrap=200))
     assert b.paired and b.value == 0.01 and b.interval == (0.01, 0.01)
     assert list(runs_table(results)["quality"]) == [r.quality["auc"] for r in results]  # auc by default
@@ -93,8 +104,19 @@ def test_calibrate_runs_table_is_read_lower_is_better_and_paired():
 
 def test_budget_command_and_bad_tables(cli, tmp_path):
     _runs().to_csv(tmp_path / "runs.csv", index=False)
-    r = cli("-q", "budget", tmp_path / "runs.csv", "--out", tmp_path / "b", "--bootstrap", 200, "--fit", "isotonic",
-            "--response", "relative")
+    r = cli(
+        "-q",
+        "budget",
+        tmp_path / "runs.csv",
+        "--out",
+        tmp_path / "b",
+        "--bootstrap",
+        200,
+        "--fit",
+        "isotonic",
+        "--response",
+        "relative",
+    )
     assert r.code == 0, r.err
     d = json.loads((tmp_path / "b" / "budget.json").read_text())
     assert d["value"] == 1e-3 and d["metric"] == "k3" and d["schema_version"] == 4 and d["paired"]
@@ -104,8 +126,12 @@ def test_budget_command_and_bad_tables(cli, tmp_path):
     pd.DataFrame({"mismatch": [1e-3], "quality": [0.5]}).to_csv(tmp_path / "noclean.csv", index=False)
     pd.DataFrame({"mismatch": [0, "x"], "quality": [0.5, 0.4]}).to_csv(tmp_path / "typed.csv", index=False)
     pd.DataFrame({"level": [0], "quality": [0.5]}).to_csv(tmp_path / "cols.csv", index=False)
-    for name, match in [("noclean.csv", "no mismatch-free run"), ("typed.csv", "must hold finite numbers"),
-                        ("cols.csv", "lacks the column(s) mismatch"), ("none.csv", "no such runs table")]:
+    for name, match in [
+        ("noclean.csv", "no mismatch-free run"),
+        ("typed.csv", "must hold finite numbers"),
+        ("cols.csv", "lacks the column(s) mismatch"),
+        ("none.csv", "no such runs table"),
+    ]:
         r = cli("budget", tmp_path / name, "--out", tmp_path / "x")
         assert r.code == 2 and len(r.lines) == 1 and match in r.lines[0], r.err
         assert not (tmp_path / "x").exists()
@@ -122,8 +148,14 @@ def _seeded_runs(edge_index=3, levels=LEVELS, seeds=4, seed_effect=0.10, noise=0
         loss = 0.0 if i <= edge_index else 0.03 * (i - edge_index)
         for s in range(seeds):
             eps = noise * (2 * float(torch.rand(1, generator=g)) - 1)
-            rows.append({"mismatch": lv, "seed": s, "quality": 2.0 * base[s] * (1 + loss) * (1 + eps),
-                         "higher_is_better": False})
+            rows.append(
+                {
+                    "mismatch": lv,
+                    "seed": s,
+                    "quality": 2.0 * base[s] * (1 + loss) * (1 + eps),
+                    "higher_is_better": False,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -164,10 +196,22 @@ def test_other_sources_are_shown_beside_the_ruler_not_fitted():
 
     rows = []
     for seed in range(3):
-        for level, kind, mismatch, quality in (("0", "none", 0.0, 10.0), ("0.01", "noise", 0.01, 10.1),
-                                               ("0.1", "noise", 0.1, 10.5), ("stale:1", "stale", 0.005, 10.8)):
-            rows.append({"level": level, "kind": kind, "seed": seed, "mismatch": mismatch, "quality": quality,
-                         "higher_is_better": False})
+        for level, kind, mismatch, quality in (
+            ("0", "none", 0.0, 10.0),
+            ("0.01", "noise", 0.01, 10.1),
+            ("0.1", "noise", 0.1, 10.5),
+            ("stale:1", "stale", 0.005, 10.8),
+        ):
+            rows.append(
+                {
+                    "level": level,
+                    "kind": kind,
+                    "seed": seed,
+                    "mismatch": mismatch,
+                    "quality": quality,
+                    "higher_is_better": False,
+                }
+            )
     df = pd.DataFrame(rows)
     b = fit_budget(df, BudgetSettings(tolerance=0.02, bootstrap=50, fit="isotonic"))
     assert b.value == 0.01 and [lv["mismatch"] for lv in b.levels] == [0.0, 0.01, 0.1]
@@ -198,10 +242,12 @@ def test_a_budgets_kinds_come_in_the_tables_order_under_any_hash_seed():
 
     cal = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m" / "calibration"
     want = json.loads((cal / "budget-opd.json").read_text())
-    code = ("import json; from fp8probe.budget.fit import fit_budget; from fp8probe.budget.settings import "
-            f"BudgetSettings; b = fit_budget({str(cal / 'runs.csv')!r}, BudgetSettings(objective='opd', "
-            "bootstrap=20)); print(json.dumps([list(b.dose_response['rulers']['noise']['predictions']), "
-            "list(b.kinds)]))")
+    code = (
+        "import json; from fp8probe.budget.fit import fit_budget; from fp8probe.budget.settings import "
+        f"BudgetSettings; b = fit_budget({str(cal / 'runs.csv')!r}, BudgetSettings(objective='opd', "
+        "bootstrap=20)); print(json.dumps([list(b.dose_response['rulers']['noise']['predictions']), "
+        "list(b.kinds)]))"
+    )
     for seed in range(4):
         env = {**os.environ, "PYTHONHASHSEED": str(seed)}
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout

@@ -37,7 +37,9 @@ def test_the_trend_reads_growth_fall_and_flat(scale, reading):
 
 
 def test_the_first_rejected_checkpoint_is_where_the_configuration_leaves_the_budget():
-    rows = [{"checkpoint": c, "verdict": v} for c, v in (("a", "ADMIT"), ("b", "UNCERTAIN"), ("c", "REJECT"),
-                                                         ("d", "REJECT"))]
+    rows = [
+        {"checkpoint": c, "verdict": v}
+        for c, v in (("a", "ADMIT"), ("b", "UNCERTAIN"), ("c", "REJECT"), ("d", "REJECT"))
+    ]
     out = summarize_series(rows, _measured(BASE), _measured(BASE * 4), "kl_q_p")
     assert out["first_outside"] == "c" and out["first_uncertain"] == "b"

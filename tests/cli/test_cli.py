@@ -7,8 +7,9 @@ import pytest
 
 
 def run(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "fp8probe.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "fp8probe.cli", *map(str, args)], capture_output=True, text=True, timeout=600, **kw
+    )
 
 
 def test_help_and_version():
@@ -26,8 +27,9 @@ def test_bad_input_in_a_real_process(tmp_path, tiny_dirs):
     out = tmp_path / "out"
     r = run("sweep", tiny_dirs["llama"], "--scheme", "INT4", "--out", out)
     assert r.returncode == 2 and not out.exists()
-    assert r.stderr.splitlines() == ["fp8probe: error: unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK, "
-                                     "FP8_TENSOR_DYNAMIC"]
+    assert r.stderr.splitlines() == [
+        "fp8probe: error: unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK, FP8_TENSOR_DYNAMIC"
+    ]
     r = run("sweep", tmp_path / "nope" / "model", "--out", out)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "no such file or directory" in r.stderr
 
@@ -42,8 +44,19 @@ def test_truncated_gguf(cli, tmp_path, tiny_gguf):
 
 @pytest.mark.parametrize("arch", ["qwen3", "mixtral"])
 def test_measure_and_units_on_tiny(cli, tmp_path, tiny_dirs, arch):
-    r = cli("-q", "measure", tiny_dirs[arch], "--out", tmp_path / "m", "--num-prompts", 3, "--max-new-tokens", 5,
-            "--kv-cache-dtype", "fp8")
+    r = cli(
+        "-q",
+        "measure",
+        tiny_dirs[arch],
+        "--out",
+        tmp_path / "m",
+        "--num-prompts",
+        3,
+        "--max-new-tokens",
+        5,
+        "--kv-cache-dtype",
+        "fp8",
+    )
     assert r.code == 0, r.err
     import json
 
@@ -78,13 +91,30 @@ def test_help_imports_no_torch_and_the_api_resolves():
 
     with tempfile.TemporaryDirectory() as d:
         cfg = Path(d) / "config.json"
-        cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-                                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                   "vocab_size": 300, "max_position_embeddings": 256}))
+        cfg.write_text(
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "hidden_size": 128,
+                    "intermediate_size": 256,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 4,
+                    "num_key_value_heads": 2,
+                    "vocab_size": 300,
+                    "max_position_embeddings": 256,
+                }
+            )
+        )
         r = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, timeout=300)
     mods = json.loads(r.stdout.strip().splitlines()[-1])
-    for heavy in ("pandas", "matplotlib", "fp8probe.measurement.quantize", "fp8probe.measurement.reference",
-                  "fp8probe.sweeps.sweep", "fp8probe.deploy.export"):
+    for heavy in (
+        "pandas",
+        "matplotlib",
+        "fp8probe.measurement.quantize",
+        "fp8probe.measurement.reference",
+        "fp8probe.sweeps.sweep",
+        "fp8probe.deploy.export",
+    ):
         assert heavy not in mods, (heavy, mods)
     import fp8probe
 

@@ -22,13 +22,16 @@ def test_reads_the_current_version_and_the_older_ones_a_reader_takes(tmp_path):
     assert read_artifact("plan.json", p, "redo") == {"schema_version": 1, "rows": []}
 
 
-@pytest.mark.parametrize("text,match", [
-    (None, "no plan.json at"),
-    ("{", "is not a readable plan.json"),
-    ("[1, 2]", "has schema_version None; this fp8probe reads plan.json 1: run it again"),
-    (json.dumps({"schema_version": 2}), "has schema_version 2; this fp8probe reads plan.json 1: run it again"),
-    (json.dumps({"rows": []}), "has schema_version None"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        (None, "no plan.json at"),
+        ("{", "is not a readable plan.json"),
+        ("[1, 2]", "has schema_version None; this fp8probe reads plan.json 1: run it again"),
+        (json.dumps({"schema_version": 2}), "has schema_version 2; this fp8probe reads plan.json 1: run it again"),
+        (json.dumps({"rows": []}), "has schema_version None"),
+    ],
+)
 def test_refuses_in_one_line_that_says_what_to_do(tmp_path, text, match):
     p = tmp_path / "plan.json"
     if text is not None:
@@ -90,5 +93,13 @@ def test_every_committed_file_reads_through_its_record_and_writes_back_the_same_
         seen[record.__name__] = seen.get(record.__name__, 0) + 1
         if doc[SCHEMA_KEY] == record.VERSION:
             assert json.dumps(got.to_json(), indent=2) + "\n" == path.read_text(encoding="utf-8"), rel
-    assert {"Budget", "CalibrationRecord", "TrainingRunRecord", "SweepRunRecord", "RecipeRecord", "PlanRecord",
-            "CapacityRecord", "RolloutsRecord"} <= set(seen), seen
+    assert {
+        "Budget",
+        "CalibrationRecord",
+        "TrainingRunRecord",
+        "SweepRunRecord",
+        "RecipeRecord",
+        "PlanRecord",
+        "CapacityRecord",
+        "RolloutsRecord",
+    } <= set(seen), seen

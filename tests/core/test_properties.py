@@ -14,17 +14,18 @@ from fp8probe.core.schemes import QuantSpec
 from fp8probe.measurement.mismatch import METRICS, mismatch  # noqa: E402
 
 # finite fp32 values, subnormals included; |x| <= 2^116 (8e34) keeps 448 x (amax / 448) representable in fp32
-values = st.floats(min_value=-(2.0 ** 116), max_value=2.0 ** 116, allow_nan=False, allow_infinity=False, width=32)
+values = st.floats(min_value=-(2.0**116), max_value=2.0**116, allow_nan=False, allow_infinity=False, width=32)
 tensors = st.lists(values, min_size=1, max_size=64).map(lambda v: torch.tensor(v, dtype=torch.float32))
-specs = st.sampled_from([QuantSpec("tensor"), QuantSpec("token"), QuantSpec("tensor", fmt="e5m2"),
-                         QuantSpec("token", fmt="e5m2")])
+specs = st.sampled_from(
+    [QuantSpec("tensor"), QuantSpec("token"), QuantSpec("tensor", fmt="e5m2"), QuantSpec("token", fmt="e5m2")]
+)
 FMT = {"e4m3": (3, -6), "e5m2": (2, -14)}  # mantissa bits, smallest normal exponent
 
 
 def half_step(v: torch.Tensor, fmt: str) -> torch.Tensor:
     """Half the spacing of FP8 values around |v| (in units of the scale)."""
     mant, emin = FMT[fmt]
-    e = torch.floor(torch.log2(v.abs().clamp_min(2.0 ** emin))).clamp_min(emin)
+    e = torch.floor(torch.log2(v.abs().clamp_min(2.0**emin))).clamp_min(emin)
     return 0.5 * torch.exp2(e - mant)
 
 
@@ -77,8 +78,7 @@ def _kl64(p_logits, q_logits):
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**31), m=logit_rows, v=vocab, spread=st.floats(0.01, 20.0),
-       noise=st.floats(1e-3, 5.0))
+@given(seed=st.integers(0, 2**31), m=logit_rows, v=vocab, spread=st.floats(0.01, 20.0), noise=st.floats(1e-3, 5.0))
 def test_kl_nonnegative_and_matches_float64(seed, m, v, spread, noise):
     p = _logits(seed, m, v, spread)
     q = p + _logits(seed + 1, m, v, noise)

@@ -11,8 +11,17 @@ import pytest
 from fp8probe.core.stats import bootstrap_interval, expansion, t_quantile
 
 
-@pytest.mark.parametrize("p, df, table", [(0.95, 1, 6.3138), (0.975, 1, 12.7062), (0.95, 3, 2.3534),
-                                          (0.95, 10, 1.8125), (0.975, 30, 2.0423), (0.95, 1000, 1.6464)])
+@pytest.mark.parametrize(
+    "p, df, table",
+    [
+        (0.95, 1, 6.3138),
+        (0.975, 1, 12.7062),
+        (0.95, 3, 2.3534),
+        (0.95, 10, 1.8125),
+        (0.975, 30, 2.0423),
+        (0.95, 1000, 1.6464),
+    ],
+)
 def test_t_quantiles_match_the_tables(p, df, table):
     assert t_quantile(p, df) == pytest.approx(table, abs=1e-4)
     assert t_quantile(1 - p, df) == pytest.approx(-table, abs=1e-4)
@@ -53,8 +62,11 @@ def test_metric_intervals_stay_where_each_metric_lives():
     tokens = torch.multinomial(ref.exp(), 1, generator=g).squeeze(-1)
     stats = token_stats(RefRows.from_logp(ref, tokens), cand)
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    for name, low, high in (("kl_q_p", 0.0, math.inf), ("top1_agree", 0.0, 1.0), ("token_mult_prob_error", 1.0,
-                                                                                      math.inf)):
+    for name, low, high in (
+        ("kl_q_p", 0.0, math.inf),
+        ("top1_agree", 0.0, 1.0),
+        ("token_mult_prob_error", 1.0, math.inf),
+    ):
         lo, hi = metric_interval(stats, groups, name)
         assert (metric(name).low, metric(name).high) == (low, high) and low <= lo <= hi <= high
     assert metric_interval(stats, groups, "kl_q_p")[0] == 0.0 and metric_interval(stats, groups, "top1_agree")[1] == 1

@@ -64,10 +64,16 @@ def _remove(t):
 
 DEFECTS = {
     "layer renamed": (dict(tensors=_rename), "tensors", "model.layers.0.mlp.down_proj"),
-    "fused group split": (dict(config=lambda q: q["ignore"].append("model.layers.0.self_attn.k_proj")),
-                          "fused-split", "model.layers.0.self_attn.qkv_proj"),
-    "ignore entry dropped": (dict(config=lambda q: q["ignore"].remove("model.layers.1.mlp.down_proj")),
-                             "membership", "model.layers.1.mlp.down_proj"),
+    "fused group split": (
+        dict(config=lambda q: q["ignore"].append("model.layers.0.self_attn.k_proj")),
+        "fused-split",
+        "model.layers.0.self_attn.qkv_proj",
+    ),
+    "ignore entry dropped": (
+        dict(config=lambda q: q["ignore"].remove("model.layers.1.mlp.down_proj")),
+        "membership",
+        "model.layers.1.mlp.down_proj",
+    ),
     "weight scale doubled": (dict(tensors=_double), "weight-scale", "model.layers.2.self_attn.o_proj"),
     "KV scale reset to 1.0": (dict(tensors=_kv_reset), "kv-scale", "model.layers.0.self_attn.k_scale"),
     "scale removed": (dict(tensors=_remove), "input-scale", "model.layers.2.mlp.up_proj.input_scale"),
@@ -83,8 +89,7 @@ def test_each_planted_defect_is_found_where_it_was_planted(exported, tmp_path, d
     assert any(f.kind == kind and f.where == where for f in a.findings), [f.line() for f in a.findings]
     # nothing far from the defect: every finding names the planted module (or its layer / tensor)
     stem = where.rsplit(".", 1)[0] if kind in ("kv-scale", "input-scale", "fused-split") else where
-    assert all(f.where.startswith(stem) or stem.startswith(f.where) for f in a.findings), \
-        [f.line() for f in a.findings]
+    assert all(f.where.startswith(stem) or stem.startswith(f.where) for f in a.findings), [f.line() for f in a.findings]
 
 
 def test_a_plain_audit_checks_the_weights_against_the_student_the_export_recorded(exported, tmp_path):
@@ -133,8 +138,10 @@ def test_vllms_resolution_of_ignore_patterns():
     mid = dict(qc, ignore=["re:layers\\.3"])  # re.match anchors at the start: this matches nothing
     assert engine_quantizes("model.layers.3.self_attn.qkv_proj", three, mid) == (True, None)
     named = {"config_groups": {"g": {"targets": ["re:.*mlp.*"]}}, "ignore": []}
-    assert engine_quantizes("model.layers.0.self_attn.o_proj", ["model.layers.0.self_attn.o_proj"], named) \
-        == (False, None)
+    assert engine_quantizes("model.layers.0.self_attn.o_proj", ["model.layers.0.self_attn.o_proj"], named) == (
+        False,
+        None,
+    )
     assert engine_quantizes("model.layers.0.mlp.down_proj", ["model.layers.0.mlp.down_proj"], named) == (True, None)
 
 
@@ -147,19 +154,23 @@ def test_the_command(cli, exported, tmp_path):
     assert r.code == 0 and r.out.startswith("clean: 21 Linear modules (14 in FP8"), (r.code, r.out, r.err)
     rep = json.loads((tmp_path / "a" / "audit.json").read_text())
     assert rep["clean"] and rep["schema_version"] == 1 and rep["checked"]["weights"] == 14
-    bad = planted_copy(ckpt, tmp_path / "bad", tensors=_kv_reset, config=lambda q: q["ignore"].remove(
-        "model.layers.1.mlp.down_proj"))
+    bad = planted_copy(
+        ckpt, tmp_path / "bad", tensors=_kv_reset, config=lambda q: q["ignore"].remove("model.layers.1.mlp.down_proj")
+    )
     r = cli("audit", bad, "--out", tmp_path / "b")  # no `model`: the student the export recorded
     lines = r.out.splitlines()
-    assert r.code == 1 and lines[0].startswith("5 finding(s)") and "FP8 weights against the student's" in lines[0], \
+    assert r.code == 1 and lines[0].startswith("5 finding(s)") and "FP8 weights against the student's" in lines[0], (
         r.out
+    )
     assert len(lines) == 6 and any(ln.startswith("kv-scale: model.layers.0.self_attn.k_scale") for ln in lines)
     rep = json.loads((tmp_path / "b" / "audit.json").read_text())
     assert len(rep["findings"]) == 5 and rep["student"]["status"].startswith("checked")
-    for args, match in [((tmp_path / "none",), "no such export directory"),
-                        ((model,), "no compressed-tensors quantization_config"),
-                        ((tmp_path,), "has no config.json"),
-                        ((ckpt, "--recipe", tmp_path / "none.yaml"), "no such recipe file")]:
+    for args, match in [
+        ((tmp_path / "none",), "no such export directory"),
+        ((model,), "no compressed-tensors quantization_config"),
+        ((tmp_path,), "has no config.json"),
+        ((ckpt, "--recipe", tmp_path / "none.yaml"), "no such recipe file"),
+    ]:
         out = tmp_path / "c"
         r = cli("audit", *args, "--out", out)
         assert r.code == 2 and len(r.lines) == 1 and match in r.lines[0], (args, r.err)
@@ -176,16 +187,25 @@ def all_targets(tmp_path_factory):
     st = tiny_student("llama", num_key_value_heads=4, num_hidden_layers=4)
     groups = fused_groups(st.units)
     keep = {"model.layers.0.", "model.layers.2.mlp.gate_up"}
-    recipes = {"block": Recipe.from_groups(st.units, "FP8_BLOCK", [g for g in groups if not any(
-                   g.startswith(k) for k in keep)], kv_cache_dtype="fp8"),
-               "online": Recipe.from_groups(st.units, "FP8_TENSOR_DYNAMIC", list(groups), kv_cache_dtype="fp8",
-                                            kv_scale="unit", target="skyrl")}
+    recipes = {
+        "block": Recipe.from_groups(
+            st.units, "FP8_BLOCK", [g for g in groups if not any(g.startswith(k) for k in keep)], kv_cache_dtype="fp8"
+        ),
+        "online": Recipe.from_groups(
+            st.units, "FP8_TENSOR_DYNAMIC", list(groups), kv_cache_dtype="fp8", kv_scale="unit", target="skyrl"
+        ),
+    }
     paths = []
     for name, r in recipes.items():
         r.write(root / name)
         paths.append(root / name / "recipe.yaml")
-    out = export(ModelSource(str(root / "model")), paths, root / "out", targets=["all"],
-                 rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6)).out
+    out = export(
+        ModelSource(str(root / "model")),
+        paths,
+        root / "out",
+        targets=["all"],
+        rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6),
+    ).out
     return Path(out), st
 
 
@@ -213,10 +233,12 @@ def test_every_framework_fragment_is_read_as_its_framework_reads_it(all_targets,
     got = planted("verl-sglang.sh", lambda t: t.replace('IGNORED_LAYERS="', 'IGNORED_LAYERS="x.', 1))
     assert got and all(f.where.startswith("verl-sglang: model.layers.") for f in got)
     # ... and the other way round: an entry added that keeps an FP8 module of the recipe (block 3's o_proj) in BF16
-    got = planted("verl-sglang.sh", lambda t: t.replace('IGNORED_LAYERS="', 'IGNORED_LAYERS="model.layers.3.self_attn'
-                                                                           '.o_proj,', 1))
-    assert [(f.where, f.message) for f in got] == [("verl-sglang: model.layers.3.self_attn.o_proj",
-                                                    "the recipe puts it in FP8, verl-sglang keeps it BF16")]
+    got = planted(
+        "verl-sglang.sh", lambda t: t.replace('IGNORED_LAYERS="', 'IGNORED_LAYERS="model.layers.3.self_attn.o_proj,', 1)
+    )
+    assert [(f.where, f.message) for f in got] == [
+        ("verl-sglang: model.layers.3.self_attn.o_proj", "the recipe puts it in FP8, verl-sglang keeps it BF16")
+    ]
     # SkyRL's FP8 KV cache dropped
     got = planted("skyrl.sh", lambda t: "\n".join(ln for ln in t.splitlines() if "kv_cache_dtype" not in ln) + "\n")
     assert [f.where for f in got] == ["skyrl: kv_cache_dtype"]

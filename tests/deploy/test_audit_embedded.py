@@ -27,8 +27,9 @@ KEPT = ("model.layers.0.", "model.layers.29.", "model.layers.1.mlp.down_proj")
 def exported(embedded, tmp_path_factory):
     root = tmp_path_factory.mktemp("audit-embedded")
     groups = fused_groups(embedded.units)
-    rec = Recipe.from_groups(embedded.units, "FP8_DYNAMIC", [g for g in groups if not g.startswith(KEPT)],
-                             kv_cache_dtype="fp8")
+    rec = Recipe.from_groups(
+        embedded.units, "FP8_DYNAMIC", [g for g in groups if not g.startswith(KEPT)], kv_cache_dtype="fp8"
+    )
     rec.write(root / "recipe")
     r = make_rollouts(embedded, num_prompts=4, max_new_tokens=8, seed=0)
     ckpt = export(ModelSource(), root / "recipe" / "recipe.yaml", root / "ckpt", rollouts=r).out
@@ -54,10 +55,16 @@ def _remove(t):
 
 DEFECTS = {
     "layer renamed": (dict(tensors=_rename), "tensors", "model.layers.5.mlp.down_proj"),
-    "fused group split": (dict(config=lambda q: q["ignore"].append("model.layers.4.mlp.up_proj")), "fused-split",
-                          "model.layers.4.mlp.gate_up_proj"),
-    "ignore entry dropped": (dict(config=lambda q: q["ignore"].remove("model.layers.1.mlp.down_proj")),
-                             "membership", "model.layers.1.mlp.down_proj"),
+    "fused group split": (
+        dict(config=lambda q: q["ignore"].append("model.layers.4.mlp.up_proj")),
+        "fused-split",
+        "model.layers.4.mlp.gate_up_proj",
+    ),
+    "ignore entry dropped": (
+        dict(config=lambda q: q["ignore"].remove("model.layers.1.mlp.down_proj")),
+        "membership",
+        "model.layers.1.mlp.down_proj",
+    ),
     "weight scale doubled": (dict(tensors=_double), "weight-scale", "model.layers.7.self_attn.o_proj"),
     "KV scale reset to 1.0": (dict(tensors=_kv), "kv-scale", "model.layers.3.self_attn.v_scale"),
     "scale removed": (dict(tensors=_remove), "tensors", "model.layers.9.mlp.up_proj"),

@@ -20,22 +20,70 @@ GiB = 1 << 30
 
 CONFIGS = {
     # the few fields that matter, from the public config.json files
-    "llama-3.1-8b": dict(model_type="llama", num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         hidden_size=4096, intermediate_size=14336, head_dim=128, vocab_size=128256,
-                         max_position_embeddings=131072, tie_word_embeddings=False),
-    "qwen3-8b": dict(model_type="qwen3", num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                     hidden_size=4096, intermediate_size=12288, head_dim=128, vocab_size=151936,
-                     max_position_embeddings=40960, tie_word_embeddings=False),
-    "qwen3-1.7b": dict(model_type="qwen3", num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                       hidden_size=2048, intermediate_size=6144, head_dim=128, vocab_size=151936,
-                       max_position_embeddings=40960, tie_word_embeddings=True),
-    "qwen3-30b-a3b": dict(model_type="qwen3_moe", num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-                          hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
-                          num_experts_per_tok=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                          tie_word_embeddings=False),
-    "gemma-2-9b": dict(model_type="gemma2", num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8,
-                       hidden_size=3584, intermediate_size=14336, head_dim=256, vocab_size=256000,
-                       max_position_embeddings=8192, sliding_window=4096, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(
+        model_type="llama",
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=4096,
+        intermediate_size=14336,
+        head_dim=128,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+    ),
+    "qwen3-8b": dict(
+        model_type="qwen3",
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_size=4096,
+        intermediate_size=12288,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+    "qwen3-1.7b": dict(
+        model_type="qwen3",
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        hidden_size=2048,
+        intermediate_size=6144,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe",
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
+    "gemma-2-9b": dict(
+        model_type="gemma2",
+        num_hidden_layers=42,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        hidden_size=3584,
+        intermediate_size=14336,
+        head_dim=256,
+        vocab_size=256000,
+        max_position_embeddings=8192,
+        sliding_window=4096,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -46,32 +94,35 @@ def cfg(name):
     return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
-@pytest.mark.parametrize("name,kv_dtype,tp,mem,max_len,per_token,blocks,tokens,conc", [
-    # Llama-3.1-8B BF16: 2 x 32 layers x 8 heads x 128 x 2 B = 131,072 B/token; page 16x8x256x2 = 65,536;
-    # block 32 x 65,536 = 2 MiB; 10 GiB / 2 MiB = 5,120 blocks; L 8,192 -> 512 blocks/req -> 10.0x, 81,920 tokens
-    ("llama-3.1-8b", "auto", 1, 10 * GiB, 8192, 131072, 5120, 81920, 10.0),
-    # FP8 KV halves the page: 10,240 blocks, 20.0x, 163,840 tokens
-    ("llama-3.1-8b", "fp8", 1, 10 * GiB, 8192, 65536, 10240, 163840, 20.0),
-    # Qwen3-8B: 2 x 36 x 8 x 128 x 2 = 147,456 B/token; block 36 x 65,536 = 2,359,296 B;
-    # 10 GiB // that = 4,551 blocks; L 40,960 -> 2,560 blocks/req -> 1.7777x, int(4,551/2,560 x 40,960) = 72,816
-    ("qwen3-8b", "auto", 1, 10 * GiB, 40960, 147456, 4551, 72816, 4551 / 2560),
-    # Qwen3-1.7B: 2 x 28 x 8 x 128 x 2 = 114,688 B/token; block 28 x 65,536 = 1,835,008; 4 GiB // = 2,340;
-    # L 32,768 -> 2,048 blocks/req -> 1.142578x, 37,440 tokens
-    ("qwen3-1.7b", "auto", 1, 4 * GiB, 32768, 114688, 2340, 37440, 2340 / 2048),
-    # Qwen3-30B-A3B: 4 KV heads: 2 x 48 x 4 x 128 x 2 = 98,304 B/token; page 32,768; block 48 x 32,768 =
-    # 1,572,864; 20 GiB // = 13,653 blocks; L 32,768 -> 2,048/req -> 6.6665x, 218,448 tokens
-    ("qwen3-30b-a3b", "auto", 1, 20 * GiB, 32768, 98304, 13653, 218448, 13653 / 2048),
-    # ... FP8 KV: block 786,432 -> 27,306 blocks -> 436,896 tokens
-    ("qwen3-30b-a3b", "fp8", 1, 20 * GiB, 32768, 49152, 27306, 436896, 27306 / 2048),
-    # ... TP 8 > 4 KV heads: each rank keeps 1 head (replicated): 2 x 48 x 1 x 128 x 2 = 24,576 B/token/rank;
-    # block 48 x 8,192 = 393,216; 20 GiB // = 54,613 blocks -> 26.66650x, 873,808 tokens
-    ("qwen3-30b-a3b", "auto", 8, 20 * GiB, 32768, 24576, 54613, 873808, 54613 / 2048),
-    # Gemma-2-9B: 42 layers, 21 sliding (window 4,096) + 21 full: two groups of 21; page 16x8x512x2 = 131,072;
-    # block 21 x 131,072 = 2,752,512; 10 GiB // = 3,900 blocks. Per request at L 8,192 (8,192 tokens in flight):
-    # full 512 blocks + sliding ceil(min(4,095 + 8,192, 8,192)/16) + 1 = 513 -> 1,025;
-    # 3,900/1,025 = 3.80488x; int(3.80488 x 8,192) = 31,169 tokens. Bytes per token: 2 x 42 x 8 x 256 x 2 = 344,064
-    ("gemma-2-9b", "auto", 1, 10 * GiB, 8192, 344064, 3900, 31169, 3900 / 1025),
-])
+@pytest.mark.parametrize(
+    "name,kv_dtype,tp,mem,max_len,per_token,blocks,tokens,conc",
+    [
+        # Llama-3.1-8B BF16: 2 x 32 layers x 8 heads x 128 x 2 B = 131,072 B/token; page 16x8x256x2 = 65,536;
+        # block 32 x 65,536 = 2 MiB; 10 GiB / 2 MiB = 5,120 blocks; L 8,192 -> 512 blocks/req -> 10.0x, 81,920 tokens
+        ("llama-3.1-8b", "auto", 1, 10 * GiB, 8192, 131072, 5120, 81920, 10.0),
+        # FP8 KV halves the page: 10,240 blocks, 20.0x, 163,840 tokens
+        ("llama-3.1-8b", "fp8", 1, 10 * GiB, 8192, 65536, 10240, 163840, 20.0),
+        # Qwen3-8B: 2 x 36 x 8 x 128 x 2 = 147,456 B/token; block 36 x 65,536 = 2,359,296 B;
+        # 10 GiB // that = 4,551 blocks; L 40,960 -> 2,560 blocks/req -> 1.7777x, int(4,551/2,560 x 40,960) = 72,816
+        ("qwen3-8b", "auto", 1, 10 * GiB, 40960, 147456, 4551, 72816, 4551 / 2560),
+        # Qwen3-1.7B: 2 x 28 x 8 x 128 x 2 = 114,688 B/token; block 28 x 65,536 = 1,835,008; 4 GiB // = 2,340;
+        # L 32,768 -> 2,048 blocks/req -> 1.142578x, 37,440 tokens
+        ("qwen3-1.7b", "auto", 1, 4 * GiB, 32768, 114688, 2340, 37440, 2340 / 2048),
+        # Qwen3-30B-A3B: 4 KV heads: 2 x 48 x 4 x 128 x 2 = 98,304 B/token; page 32,768; block 48 x 32,768 =
+        # 1,572,864; 20 GiB // = 13,653 blocks; L 32,768 -> 2,048/req -> 6.6665x, 218,448 tokens
+        ("qwen3-30b-a3b", "auto", 1, 20 * GiB, 32768, 98304, 13653, 218448, 13653 / 2048),
+        # ... FP8 KV: block 786,432 -> 27,306 blocks -> 436,896 tokens
+        ("qwen3-30b-a3b", "fp8", 1, 20 * GiB, 32768, 49152, 27306, 436896, 27306 / 2048),
+        # ... TP 8 > 4 KV heads: each rank keeps 1 head (replicated): 2 x 48 x 1 x 128 x 2 = 24,576 B/token/rank;
+        # block 48 x 8,192 = 393,216; 20 GiB // = 54,613 blocks -> 26.66650x, 873,808 tokens
+        ("qwen3-30b-a3b", "auto", 8, 20 * GiB, 32768, 24576, 54613, 873808, 54613 / 2048),
+        # Gemma-2-9B: 42 layers, 21 sliding (window 4,096) + 21 full: two groups of 21; page 16x8x512x2 = 131,072;
+        # block 21 x 131,072 = 2,752,512; 10 GiB // = 3,900 blocks. Per request at L 8,192 (8,192 tokens in flight):
+        # full 512 blocks + sliding ceil(min(4,095 + 8,192, 8,192)/16) + 1 = 513 -> 1,025;
+        # 3,900/1,025 = 3.80488x; int(3.80488 x 8,192) = 31,169 tokens. Bytes per token: 2 x 42 x 8 x 256 x 2 = 344,064
+        ("gemma-2-9b", "auto", 1, 10 * GiB, 8192, 344064, 3900, 31169, 3900 / 1025),
+    ],
+)
 def test_table(name, kv_dtype, tp, mem, max_len, per_token, blocks, tokens, conc):
     layout = kv_layout(cfg(name), kv_dtype, tp=tp, block_size=16)
     assert layout["bytes_per_token"] == per_token
@@ -97,8 +148,7 @@ def test_gemma2_in_flight_and_no_hybrid():
 def test_embedded_student_cpu_block_size():
     # SmolLM2-135M: 30 layers, 3 KV heads x 64, bf16; vLLM CPU block 128: page 128 x 3 x 128 x 2 = 98,304;
     # block 30 x 98,304 = 2,949,120; 1 GiB // = 364 blocks; L 8,192 -> 64 per request -> 5.6875x, 46,592 tokens
-    rep = capacity(None, kv_cache_dtype="auto", kv_cache_memory=GiB, block_size=128,
-                   max_model_len=8192)
+    rep = capacity(None, kv_cache_dtype="auto", kv_cache_memory=GiB, block_size=128, max_model_len=8192)
     for side in ("baseline", "candidate"):
         assert getattr(rep, side)["num_blocks"] == 364 and getattr(rep, side)["kv_tokens"] == 46592
         assert getattr(rep, side)["max_concurrency"] == 5.6875
@@ -144,13 +194,28 @@ def test_ratio_fp8_weights_and_kv_qwen3_8b_h100():
 def test_cli_config_only_and_json(cli, tmp_path):
     d = dict(CONFIGS["qwen3-8b"])
     (tmp_path / "config.json").write_text(json.dumps(d))
-    r = cli("capacity", tmp_path / "config.json", "--gpu", "H100", "--max-model-len", "32768",
-            "--out", tmp_path / "cap", "--plot")
+    r = cli(
+        "capacity",
+        tmp_path / "config.json",
+        "--gpu",
+        "H100",
+        "--max-model-len",
+        "32768",
+        "--out",
+        tmp_path / "cap",
+        "--plot",
+    )
     assert r.code == 0, r.err
     rep = json.loads((tmp_path / "cap" / "capacity.json").read_text())
     for side in ("baseline", "candidate"):
-        assert {"weight_bytes", "kv_bytes_per_token", "kv_memory_bytes", "num_blocks", "kv_tokens",
-                "max_concurrency"} <= set(rep[side])
+        assert {
+            "weight_bytes",
+            "kv_bytes_per_token",
+            "kv_memory_bytes",
+            "num_blocks",
+            "kv_tokens",
+            "max_concurrency",
+        } <= set(rep[side])
     assert rep["ratio_kv_tokens"] > 2 and (tmp_path / "cap" / "capacity.png").stat().st_size > 1000
     assert "KV tokens" in r.out
     r = cli("capacity", tmp_path, "--gpu", "X999")

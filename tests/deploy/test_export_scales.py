@@ -45,7 +45,8 @@ def disagreements(ckpt: Path, st, cal) -> dict[str, float]:
         keys = set(f.keys())
         for u in st.quantizable:
             ratios[f"{u.name}.input_scale"] = f.get_tensor(f"{u.name}.input_scale").float().item() / (
-                cal.input_amax[u.name].item() / 448)
+                cal.input_amax[u.name].item() / 448
+            )
         for i in range(st.model.config.num_hidden_layers):
             for side, amax in (("k", cal.k_amax), ("v", cal.v_amax)):
                 key = f"model.layers.{i}.self_attn.{side}_scale"
@@ -69,7 +70,8 @@ def test_the_comparison_fails_with_llm_compressors_default_observer(setup):
     text = (root / "recipe" / "recipe.yaml").read_text().replace(f", observer: {STATIC_OBSERVER}", "")
     assert "observer" not in text
     (root / "default" / "recipe.yaml").write_text(text)
-    ckpt = export(ModelSource(str(root / "model")), root / "default" / "recipe.yaml", root / "ckpt-default",
-                  rollouts=r).out
+    ckpt = export(
+        ModelSource(str(root / "model")), root / "default" / "recipe.yaml", root / "ckpt-default", rollouts=r
+    ).out
     off = disagreements(ckpt, st, cal)
     assert len(off) >= 5 and min(off.values()) < -0.1, off  # the moving average stays below the amax

@@ -28,8 +28,13 @@ def exported(embedded, tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     ignore = ["lm_head", "model.layers.1.mlp.down_proj"]
     ignore += [u.name for u in embedded.quantizable if u.block in KEPT_BLOCKS]
-    doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
-        "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}}}}
+    doc = {
+        "default_stage": {
+            "default_modifiers": {
+                "QuantizationModifier": {"targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ignore}
+            }
+        }
+    }
     (root / "recipe.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     ckpt = export(ModelSource(), root / "recipe.yaml", root / "ckpt", max_model_len=8192).out
     return ckpt, [u.name for u in read_recipe(root / "recipe.yaml").fp8_units(embedded.units)]
@@ -82,8 +87,17 @@ def test_same_codes_as_checkpoint(embedded, exported):
 def test_export_refuses_split_group(tmp_path):
     from fp8probe import FP8ProbeError
 
-    doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
-        "targets": ["Linear"], "scheme": "FP8_DYNAMIC", "ignore": ["lm_head", "model.layers.3.mlp.gate_proj"]}}}}
+    doc = {
+        "default_stage": {
+            "default_modifiers": {
+                "QuantizationModifier": {
+                    "targets": ["Linear"],
+                    "scheme": "FP8_DYNAMIC",
+                    "ignore": ["lm_head", "model.layers.3.mlp.gate_proj"],
+                }
+            }
+        }
+    }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(FP8ProbeError, match="gate_up_proj of block 3"):
         export(ModelSource(), tmp_path / "r.yaml", tmp_path / "ckpt")
@@ -111,8 +125,7 @@ def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path, cli):
     for side in ("bf16", "fp8"):
         assert v["vllm"][side]["greedy_gap"] <= GREEDY_GAP[side], (side, v["vllm"][side])
     # KV-cache size equals fp8probe's accounting for the same bytes (1 GiB, CPU block size 128)
-    cap = capacity(None, kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
-                   max_model_len=8192)
+    cap = capacity(None, kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128, max_model_len=8192)
     assert v["vllm"]["bf16"]["kv_cache_tokens"] == cap.baseline["kv_tokens"]
     assert v["vllm"]["fp8"]["kv_cache_tokens"] == cap.candidate["kv_tokens"]
     assert v["vllm"]["bf16"]["max_concurrency"] == pytest.approx(cap.baseline["max_concurrency"], abs=0.005)

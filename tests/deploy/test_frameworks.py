@@ -40,8 +40,22 @@ def released() -> dict[str, Path]:
         d = root / spec.replace("==", "-")
         if not (d / ".done").exists():
             wheels = d / "wheel"
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:",
-                            spec, "-d", str(wheels)], check=True, timeout=600)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--quiet",
+                    "--only-binary=:all:",
+                    spec,
+                    "-d",
+                    str(wheels),
+                ],
+                check=True,
+                timeout=600,
+            )
             (whl,) = wheels.glob("*.whl")
             with zipfile.ZipFile(whl) as z:
                 z.extractall(d / "src")
@@ -58,6 +72,7 @@ def _find(root: Path, rel: str) -> Path:
 
 # ----------------------------------------------------------------------------------------------------
 # recipes and what we render for them
+
 
 @pytest.fixture(scope="module")
 def student():
@@ -80,13 +95,15 @@ def rendered(student):
     """target -> its files, each for a recipe that target can apply (with an FP8 KV cache where it takes one)."""
     mid = "model.layers.1.mlp.gate_up_proj"
     block = _recipe(student, "FP8_BLOCK", kept_blocks=(0, 3), kept_groups=(mid,), kv="fp8")
-    out = {"verl-sglang": _files(student, "verl-sglang", block)[1],
-           "nemo-rl": _files(student, "nemo-rl", block)[1],
-           "verl": _files(student, "verl", _recipe(student, "FP8_BLOCK", kv="fp8"))[1],
-           "slime": _files(student, "slime", _recipe(student, "FP8_BLOCK", kv="fp8"))[1],
-           "skyrl": _files(student, "skyrl", _recipe(student, "FP8_TENSOR_DYNAMIC", kv="fp8"))[1],
-           "trl": _files(student, "trl", _recipe(student, "FP8_DYNAMIC", kept_blocks=range(4), kv="fp8"))[1],
-           "openrlhf": _files(student, "openrlhf", _recipe(student, "FP8_DYNAMIC", kept_blocks=range(4)))[1]}
+    out = {
+        "verl-sglang": _files(student, "verl-sglang", block)[1],
+        "nemo-rl": _files(student, "nemo-rl", block)[1],
+        "verl": _files(student, "verl", _recipe(student, "FP8_BLOCK", kv="fp8"))[1],
+        "slime": _files(student, "slime", _recipe(student, "FP8_BLOCK", kv="fp8"))[1],
+        "skyrl": _files(student, "skyrl", _recipe(student, "FP8_TENSOR_DYNAMIC", kv="fp8"))[1],
+        "trl": _files(student, "trl", _recipe(student, "FP8_DYNAMIC", kept_blocks=range(4), kv="fp8"))[1],
+        "openrlhf": _files(student, "openrlhf", _recipe(student, "FP8_DYNAMIC", kept_blocks=range(4)))[1],
+    }
     return out
 
 
@@ -156,8 +173,10 @@ def test_verl_keys_exist(released, rendered, target):
     for key in overrides:
         assert _verl_has(cfg, key), key
     assert overrides["actor_rollout_ref.rollout.quantization"] == "fp8"
-    assert re.search(r'_SUPPORTED_QUANTIZATION = \[[^\]]*"fp8"', _find(
-        root, "verl/workers/rollout/vllm_rollout/vllm_async_server.py").read_text())
+    assert re.search(
+        r'_SUPPORTED_QUANTIZATION = \[[^\]]*"fp8"',
+        _find(root, "verl/workers/rollout/vllm_rollout/vllm_async_server.py").read_text(),
+    )
     assert 'rollout_is="token"' in _find(root, "verl/trainer/config/algorithm.py").read_text()
     main_ppo = _find(root, "verl/trainer/main_ppo.py").read_text()
     assert 'ray_init_kwargs.get("runtime_env"' in main_ppo  # our env var reaches every Ray actor
@@ -195,8 +214,11 @@ def _dataclass_fields(path: Path) -> dict[str, dict[str, str]]:
     out = {}
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ClassDef):
-            out[node.name] = {s.target.id: ast.unparse(s.annotation) for s in node.body
-                              if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+            out[node.name] = {
+                s.target.id: ast.unparse(s.annotation)
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            }
     return out
 
 
@@ -295,12 +317,17 @@ def test_verl_sglang_ignores_exactly_the_kept_modules(released, student, rendere
             assert _matches_ignored(u.name, entry) == matches(u.name + ".weight", entry), (u.name, entry)
 
 
-@pytest.mark.parametrize("kept_groups,keywords", [
-    (["model.layers.1.mlp.gate_up_proj"], ["model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj"]),
-    # every o_proj kept: one suffix keyword stands for all of them (layers 1 and 2 outside the edge blocks)
-    ([f"model.layers.{b}.self_attn.o_proj" for b in range(4)] + ["model.layers.2.mlp.down_proj"],
-     ["self_attn.o_proj", "model.layers.2.mlp.down_proj"]),
-])
+@pytest.mark.parametrize(
+    "kept_groups,keywords",
+    [
+        (["model.layers.1.mlp.gate_up_proj"], ["model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj"]),
+        # every o_proj kept: one suffix keyword stands for all of them (layers 1 and 2 outside the edge blocks)
+        (
+            [f"model.layers.{b}.self_attn.o_proj" for b in range(4)] + ["model.layers.2.mlp.down_proj"],
+            ["self_attn.o_proj", "model.layers.2.mlp.down_proj"],
+        ),
+    ],
+)
 def test_nemo_rl_keywords_select_exactly_the_kept_modules(student, kept_groups, keywords):
     """NeMo-RL keeps a module BF16 when it is in the first/last blocks or a keyword is a substring of its name."""
     recipe = _recipe(student, "FP8_BLOCK", kept_blocks=(0, 3), kept_groups=kept_groups)
@@ -346,8 +373,12 @@ def test_refusals_say_what_the_framework_would_do(student):
     with pytest.raises(Inexpressible, match=r"quantizes with FP8_BLOCK, this recipe is FP8_DYNAMIC.*--target nemo-rl"):
         express(TARGETS["nemo-rl"], _recipe(student, "FP8_DYNAMIC"), student.units, 4)
     with pytest.raises(Inexpressible, match="keeps only whole leading/trailing blocks"):
-        express(TARGETS["nemo-rl"].__class__(**{**TARGETS["nemo-rl"].__dict__, "form": "first-last"}), free,
-                student.units, 4)
+        express(
+            TARGETS["nemo-rl"].__class__(**{**TARGETS["nemo-rl"].__dict__, "form": "first-last"}),
+            free,
+            student.units,
+            4,
+        )
     with pytest.raises(Inexpressible, match="no FP8 KV-cache setting"):
         express(TARGETS["openrlhf"], _recipe(student, "FP8_DYNAMIC", kept_blocks=range(4), kv="fp8"), student.units, 4)
     e = express(TARGETS["verl"], _recipe(student, "FP8_BLOCK", kv="fp8"), student.units, 4)
@@ -370,14 +401,21 @@ def test_export_all_targets_on_a_tiny_model(tmp_path):
     tiny_model("llama", num_key_value_heads=4, num_hidden_layers=4).save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
     st = tiny_student("llama", num_key_value_heads=4, num_hidden_layers=4)
-    recipes = {"block": _recipe(st, "FP8_BLOCK", kept_blocks=(0,), kv="fp8"),
-               "online": _recipe(st, "FP8_TENSOR_DYNAMIC", kv="fp8", kv_scale="unit", target="skyrl")}
+    recipes = {
+        "block": _recipe(st, "FP8_BLOCK", kept_blocks=(0,), kv="fp8"),
+        "online": _recipe(st, "FP8_TENSOR_DYNAMIC", kv="fp8", kv_scale="unit", target="skyrl"),
+    }
     paths = []
     for name, r in recipes.items():
         r.write(tmp_path / name)
         paths.append(tmp_path / name / "recipe.yaml")
-    done = export(ModelSource(str(model_dir)), paths, tmp_path / "out", targets=["all"],
-                  rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6))
+    done = export(
+        ModelSource(str(model_dir)),
+        paths,
+        tmp_path / "out",
+        targets=["all"],
+        rollouts=make_rollouts(st, num_prompts=4, max_new_tokens=6),
+    )
     ckpt = done.out
     qc = json.loads((ckpt / "config.json").read_text())["quantization_config"]
     assert list(qc["config_groups"]) == ["group_0"] and qc["kv_cache_scheme"]["strategy"] == "tensor"

@@ -14,15 +14,30 @@ from fp8probe.model.structure import list_units, meta_model
 from fp8probe.recipe.recipe import Recipe
 
 # hidden 64, intermediate 128, 2 layers, 4 heads of 16, 2 KV heads, vocabulary 256 (a multiple of 64), untied
-CFG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-           vocab_size=256, tie_word_embeddings=False)
+CFG = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    tie_word_embeddings=False,
+)
 # per layer: q 64x64, k 64x32, v 64x32, o 64x64, gate/up 64x128, down 128x64 = 36,864 weights; lm_head 256x64
 LINEAR = 2 * (4096 + 2048 + 2048 + 4096 + 3 * 8192)  # 73,728
 LM_HEAD = 256 * 64  # 16,384 (the input embedding is a lookup: not read whole)
 SCALES = 2 * (64 + 32 + 32 + 64 + 128 + 128 + 64) * 4  # FP8_DYNAMIC: one fp32 scale per output channel
 KV_TOKEN_LAYER = {"auto": 2 * 2 * 16 * 2, "fp8": 2 * 2 * 16 * 1}  # K and V, 2 heads of 16
-UNIT = Device("unit", bytes_per_s=1e9, bf16_flops=1e12, fp8_flops=2e12, bandwidth_efficiency=1.0,
-              compute_efficiency=1.0, step_overhead_s=0.0, seq_overhead_s=0.0)
+UNIT = Device(
+    "unit",
+    bytes_per_s=1e9,
+    bf16_flops=1e12,
+    fp8_flops=2e12,
+    bandwidth_efficiency=1.0,
+    compute_efficiency=1.0,
+    step_overhead_s=0.0,
+    seq_overhead_s=0.0,
+)
 
 
 def _model(kv="auto", fp8=False, device=UNIT):
@@ -40,8 +55,18 @@ def test_bytes_and_flops_by_hand():
     mem = (2 * (LINEAR + LM_HEAD) + KV_TOKEN_LAYER["auto"] * 2 * 400) / 1e9
     assert float(m.step_s(4, 400, 400)) == pytest.approx(mem, rel=1e-12)
     # compute-bound once the FLOP/s are scarce: 2 x B x weights + 4 x T x heads x head_dim x layers
-    slow = _model(device=Device("slow", 1e15, 1e6, 2e6, bandwidth_efficiency=1.0, compute_efficiency=1.0,
-                                step_overhead_s=0.0, seq_overhead_s=0.0))
+    slow = _model(
+        device=Device(
+            "slow",
+            1e15,
+            1e6,
+            2e6,
+            bandwidth_efficiency=1.0,
+            compute_efficiency=1.0,
+            step_overhead_s=0.0,
+            seq_overhead_s=0.0,
+        )
+    )
     flops = 2 * 4 * (LINEAR + LM_HEAD) + 4 * 400 * 64 * 2
     assert float(slow.step_s(4, 400, 400)) == pytest.approx(flops / 1e6, rel=1e-9)
 
@@ -51,8 +76,20 @@ def test_fp8_weights_and_kv_by_hand():
     assert m.dense_bytes == LINEAR + SCALES + 2 * LM_HEAD  # the lm_head stays BF16
     assert m.fp8_params == LINEAR and m.bf16_params == LM_HEAD
     assert m.kv_bytes_per_token_layer == KV_TOKEN_LAYER["fp8"]
-    slow = _model(kv="fp8", fp8=True, device=Device("slow", 1e15, 1e6, 2e6, bandwidth_efficiency=1.0,
-                                                   compute_efficiency=1.0, step_overhead_s=0.0, seq_overhead_s=0.0))
+    slow = _model(
+        kv="fp8",
+        fp8=True,
+        device=Device(
+            "slow",
+            1e15,
+            1e6,
+            2e6,
+            bandwidth_efficiency=1.0,
+            compute_efficiency=1.0,
+            step_overhead_s=0.0,
+            seq_overhead_s=0.0,
+        ),
+    )
     # FP8 weights at the FP8 peak (2e6), the rest and attention at BF16's (1e6)
     want = 2 * 4 * LINEAR / 2e6 + (2 * 4 * LM_HEAD + 4 * 400 * 64 * 2) / 1e6
     assert float(slow.step_s(4, 400, 400)) == pytest.approx(want, rel=1e-9)
@@ -124,8 +161,9 @@ def test_simulate_by_hand():
     assert tight.seconds == pytest.approx(0.048, rel=1e-6)
     assert tight.mean_running == pytest.approx((16 * 2 + 16 + 16) / 48)
     # prefill is charged: on a device whose FLOP/s are finite, the readmission's 32 tokens cost 2 x 32 x weights
-    slow = Device("p", 1e30, 1e9, None, bandwidth_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.0,
-                  seq_overhead_s=0.0)
+    slow = Device(
+        "p", 1e30, 1e9, None, bandwidth_efficiency=1.0, compute_efficiency=1.0, step_overhead_s=0.0, seq_overhead_s=0.0
+    )
     mp = _model(device=slow)
     tight_p = simulate(mp, [16, 16], [32, 32], num_blocks=5, groups=groups, max_num_seqs=8)
     roomy_p = simulate(mp, [16, 16], [32, 32], num_blocks=100, groups=groups, max_num_seqs=8)

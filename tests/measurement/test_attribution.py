@@ -122,11 +122,36 @@ def test_sweep_method_path_prices_rows_that_add_up_to_the_whole_model(cli, tiny_
 
     exact = tmp_path / "exact"
     common = ["--granularity", "group", "--scheme", "FP8"]
-    assert cli("sweep", tiny_dirs["llama"], "--out", exact, "--method", "exact", "--num-prompts", "4",
-               "--max-new-tokens", "10", *common).code == 0
+    assert (
+        cli(
+            "sweep",
+            tiny_dirs["llama"],
+            "--out",
+            exact,
+            "--method",
+            "exact",
+            "--num-prompts",
+            "4",
+            "--max-new-tokens",
+            "10",
+            *common,
+        ).code
+        == 0
+    )
     path = tmp_path / "path"
-    res = cli("sweep", tiny_dirs["llama"], "--out", path, "--rollouts", exact, "--method", "path", "--path-nodes", "4",
-              *common)
+    res = cli(
+        "sweep",
+        tiny_dirs["llama"],
+        "--out",
+        path,
+        "--rollouts",
+        exact,
+        "--method",
+        "path",
+        "--path-nodes",
+        "4",
+        *common,
+    )
     assert res.code == 0, res.err
     df = read_sweep(path).table.set_index("unit")
     weights = df[~df["kind"].isin(["model", "kv"])]
@@ -147,8 +172,9 @@ def test_sweep_method_path_refuses_a_moe_student_before_any_output(cli, tiny_dir
     from fp8probe.core.errors import EXIT_USAGE
 
     out = tmp_path / "path"
-    res = cli("sweep", tiny_dirs["qwen3_moe"], "--out", out, "--num-prompts", "2", "--max-new-tokens", "4",
-              "--method", "path")
+    res = cli(
+        "sweep", tiny_dirs["qwen3_moe"], "--out", out, "--num-prompts", "2", "--max-new-tokens", "4", "--method", "path"
+    )
     assert res.code == EXIT_USAGE
     assert res.err.count("\n") == 1 and "does not cover MoE experts" in res.err and "Traceback" not in res.err
     assert not out.exists()

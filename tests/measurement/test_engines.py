@@ -9,9 +9,17 @@ from conftest import tiny_student
 
 from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.measurement.engines import engine
-from fp8probe.measurement.vllm_profile import (MIN_SCALE, _fp8_linear, engine_model, fp8_kv_attention,
-                                               quantize_activation, quantize_activation_groups,
-                                               quantize_activation_static, quantize_activation_tensor, response_logp)
+from fp8probe.measurement.vllm_profile import (
+    MIN_SCALE,
+    _fp8_linear,
+    engine_model,
+    fp8_kv_attention,
+    quantize_activation,
+    quantize_activation_groups,
+    quantize_activation_static,
+    quantize_activation_tensor,
+    response_logp,
+)
 
 CPU, CUDA = engine("vllm-cpu"), engine("vllm-cuda")
 DYNAMIC, KV = Scheme.from_name("FP8_DYNAMIC"), KVCacheScheme.from_name("fp8")
@@ -51,8 +59,14 @@ def test_static_and_block_linears_by_hand():
     """FP8 (static): codes = e4m3(x * (1 / input_scale)), fp32 GEMM, * scales, bf16. FP8_BLOCK: one scale per 128
     values of a token, x / scale, the GEMM summed per 128-block with both scales."""
     e4 = torch.float8_e4m3fn
-    lin = _fp8_linear(torch.tensor([[1.0, 2.0]]).to(e4), torch.tensor(0.5), None, torch.bfloat16,
-                      Scheme.from_name("FP8"), input_scale=torch.tensor(0.01))
+    lin = _fp8_linear(
+        torch.tensor([[1.0, 2.0]]).to(e4),
+        torch.tensor(0.5),
+        None,
+        torch.bfloat16,
+        Scheme.from_name("FP8"),
+        input_scale=torch.tensor(0.01),
+    )
     # 0.1 / 0.01 = 10 (exact in e4m3), 0.33 / 0.01 = 33 -> 32 (step 4 in [32, 64)); (10 + 64) * 0.01 * 0.5 = 0.37
     assert lin(torch.tensor([[0.1, 0.33]])).item() == torch.tensor(0.37, dtype=torch.bfloat16).item()
     assert quantize_activation_static(torch.tensor([1000.0, 3.3]), torch.tensor(1.0)).float().tolist() == [448.0, 3.25]
@@ -80,7 +94,7 @@ def test_fp8_kv_attention_by_hand():
     keep = torch.ones(1, 1, 1, 2, dtype=torch.bool)
     one = torch.tensor(1.0)
     out = fp8_kv_attention(q, k, v, keep, 0.5 * math.log(2), (one, one, one))
-    p0, total = 2 ** 7.5, 2 ** 7.5 + 256
+    p0, total = 2**7.5, 2**7.5 + 256
     assert out.shape == (1, 1, 1, 2)
     assert out[0, 0, 0, 0].item() == torch.tensor(176 / total, dtype=torch.bfloat16).item()
     assert out[0, 0, 0, 1].item() == torch.tensor(768 / total, dtype=torch.bfloat16).item()
@@ -91,8 +105,10 @@ def test_fp8_kv_attention_by_hand():
     assert torch.equal(big, sat)
     # an additive float mask and a boolean one are the same mask; a fully masked (padding) row gives 0, not NaN
     add = torch.tensor([[[[0.0, torch.finfo(torch.float32).min]]]])
-    assert torch.equal(fp8_kv_attention(q, k, v, add, 1.0, (one, one, one)),
-                       fp8_kv_attention(q, k, v, torch.tensor([[[[True, False]]]]), 1.0, (one, one, one)))
+    assert torch.equal(
+        fp8_kv_attention(q, k, v, add, 1.0, (one, one, one)),
+        fp8_kv_attention(q, k, v, torch.tensor([[[[True, False]]]]), 1.0, (one, one, one)),
+    )
     none = fp8_kv_attention(q, k, v, torch.zeros(1, 1, 1, 2, dtype=torch.bool), 1.0, (one, one, one))
     assert torch.equal(none, torch.zeros_like(none))
     # no mask (transformers' SDPA path): one query (a decoding step) sees every key; several queries are causal
@@ -100,8 +116,9 @@ def test_fp8_kv_attention_by_hand():
     assert torch.equal(fp8_kv_attention(q, k, v, None, 1.0, ones), fp8_kv_attention(q, k, v, keep, 1.0, ones))
     q2 = q.expand(1, 1, 2, 2)
     causal = torch.tensor([[[[True, False], [True, True]]]])
-    assert torch.equal(fp8_kv_attention(q2, k, v, None, 1.0, (one, one, one)),
-                       fp8_kv_attention(q2, k, v, causal, 1.0, (one, one, one)))
+    assert torch.equal(
+        fp8_kv_attention(q2, k, v, None, 1.0, (one, one, one)), fp8_kv_attention(q2, k, v, causal, 1.0, (one, one, one))
+    )
 
 
 def test_fp8_kv_profile_in_the_model(monkeypatch):
@@ -171,8 +188,7 @@ def paired_interval(a: np.ndarray, b: np.ndarray, seq: np.ndarray, n: int = 2000
     rng = np.random.default_rng(seed)
     d = a - b
     groups = [np.flatnonzero(seq == s) for s in np.unique(seq)]
-    draws = [d[np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])].mean()
-             for _ in range(n)]
+    draws = [d[np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])].mean() for _ in range(n)]
     return float(d.mean()), *np.quantile(draws, [0.05, 0.95])
 
 
@@ -216,10 +232,13 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
 
     units = [u.name for u in read_recipe(recipe).fp8_units(embedded.units)]
     with tempfile.TemporaryDirectory() as tmp:
-        res = run_vllm(export(ModelSource(), recipe, Path(tmp) / "ckpt", max_model_len=8192).out, VLLMServe(8192),
-                       score=seqs)
-    real = np.asarray([lp[t] for i, lp in enumerate(res["prompt_logprobs"]) for t in range(1, len(lp))
-                       if r.response_mask[i][t]], dtype=np.float64)
+        res = run_vllm(
+            export(ModelSource(), recipe, Path(tmp) / "ckpt", max_model_len=8192).out, VLLMServe(8192), score=seqs
+        )
+    real = np.asarray(
+        [lp[t] for i, lp in enumerate(res["prompt_logprobs"]) for t in range(1, len(lp)) if r.response_mask[i][t]],
+        dtype=np.float64,
+    )
     with engine_model(embedded, units, DYNAMIC, CPU) as m:
         prof = logp(m)
     with quantize_units(embedded.model, units, Scheme.from_name("FP8_DYNAMIC")):
@@ -227,9 +246,11 @@ def test_cpu_profile_predicts_vllm_cpu_within_sampling_noise(embedded):
     d_real, d_prof, d_sim = (np.abs(lp_ref - x) for x in (real, prof, sim))
     prof_mean, lo, hi = paired_interval(d_prof, d_real, seq)
     sim_mean, slo, shi = paired_interval(d_sim, d_real, seq)
-    print(f"{len(real)} tokens; mean |dlogp| realised {d_real.mean():.4f}, profile {d_prof.mean():.4f} "
-          f"(diff {prof_mean:+.4f} [{lo:+.4f}, {hi:+.4f}]), fp32 simulation {d_sim.mean():.4f} "
-          f"(diff {sim_mean:+.4f} [{slo:+.4f}, {shi:+.4f}])")
+    print(
+        f"{len(real)} tokens; mean |dlogp| realised {d_real.mean():.4f}, profile {d_prof.mean():.4f} "
+        f"(diff {prof_mean:+.4f} [{lo:+.4f}, {hi:+.4f}]), fp32 simulation {d_sim.mean():.4f} "
+        f"(diff {sim_mean:+.4f} [{slo:+.4f}, {shi:+.4f}])"
+    )
     assert abs(prof_mean) < abs(sim_mean)
     if torch.cpu._is_amx_tile_supported():
         assert abs(prof_mean) <= AMX_GAP * d_real.mean()
@@ -263,8 +284,10 @@ def test_measure_engine_cli(cli, tiny_dirs, tmp_path):
         with engine_model(moe, [u.name for u in moe.quantizable], DYNAMIC, CPU):
             pass
     engine("sim").check(Scheme.from_name("FP8_BLOCK"), KVCacheScheme.from_name("fp8_e5m2"), experts=True)
-    for name, bad, why in (("vllm-cpu", ["--kv-cache-dtype", "fp8"], "AVX-512"),
-                             ("vllm-cuda", ["--kv-cache-dtype", "fp8_e5m2"], "e4m3")):
+    for name, bad, why in (
+        ("vllm-cpu", ["--kv-cache-dtype", "fp8"], "AVX-512"),
+        ("vllm-cuda", ["--kv-cache-dtype", "fp8_e5m2"], "e4m3"),
+    ):
         r = cli(*common, "--out", tmp_path / "x", "--engine", name, *bad)
         assert r.code == 2 and len(r.lines) == 1 and "use --engine sim" in r.err and why in r.err
         assert not (tmp_path / "x").exists()
@@ -301,9 +324,9 @@ def test_fp8_kv_profile_decodes_as_it_prefills():
         out = m(input_ids=ids[:, :-3], use_cache=True)
         steps = [out.logits[0, -1].float()]
         for t in range(ids.shape[1] - 3, ids.shape[1]):
-            out = m(input_ids=ids[:, t:t + 1], past_key_values=out.past_key_values, use_cache=True)
+            out = m(input_ids=ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True)
             steps.append(out.logits[0, -1].float())
-    want = full[ids.shape[1] - 4:]
+    want = full[ids.shape[1] - 4 :]
     got = torch.stack(steps)
     assert (got - want).abs().max() < 0.05 * want.abs().max()  # bf16 arithmetic in other shapes, nothing more
     assert (got.argmax(-1) == want.argmax(-1)).all()
@@ -334,8 +357,18 @@ def test_ladder_through_the_engine(cli, tiny_dirs, tmp_path):
 
     import pandas as pd
 
-    common = [tiny_dirs["llama"], "--noise", 1e-3, "--kv-cache-dtype", "fp8", "--num-prompts", 3,
-              "--max-new-tokens", 6, "--no-prefix-shift"]
+    common = [
+        tiny_dirs["llama"],
+        "--noise",
+        1e-3,
+        "--kv-cache-dtype",
+        "fp8",
+        "--num-prompts",
+        3,
+        "--max-new-tokens",
+        6,
+        "--no-prefix-shift",
+    ]
     assert cli("-q", "ladder", *common, "--out", tmp_path / "sim").code == 0
     r = cli("-q", "ladder", *common, "--out", tmp_path / "eng", "--engine", "vllm-cuda", "--rollouts", tmp_path / "sim")
     assert r.code == 0, r.err

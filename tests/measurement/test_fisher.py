@@ -38,8 +38,11 @@ def test_quadratic_form_matches_brute_force(tiny):
     Fisher quadratic form computed here from two whole forwards (BF16 and that unit in FP8, through
     quantize_units, not the estimate's own code) — the second-order term of the KL the exact sweep measures."""
     s, r, _ = tiny
-    rows = [x for x in plan_rows(s, Scheme.from_name("FP8_DYNAMIC")) if x.unit in (
-        "model.layers.1.mlp.down_proj", "model.layers.3.self_attn.v_proj")]
+    rows = [
+        x
+        for x in plan_rows(s, Scheme.from_name("FP8_DYNAMIC"))
+        if x.unit in ("model.layers.1.mlp.down_proj", "model.layers.3.self_attn.v_proj")
+    ]
     est = fisher_rows(s, r, rows, Draws(256, 1)).column("sequence")
     m = s.model
     ids, am, resp = r.input_ids, r.attention_mask, r.response_mask
@@ -151,12 +154,25 @@ def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path, caplog):
     assert "that sweep is not exact (run with --method exact)" in caplog.text, caplog.text
     # reusing an exact sweep's rollouts with other settings only reuses them; --compare refuses it
     grouped = tmp_path / "grouped"
-    res = cli("sweep", deep_tiny_dir, "--out", grouped, "--rollouts", exact, "--method", "fisher", "--granularity",
-              "group")
+    res = cli(
+        "sweep", deep_tiny_dir, "--out", grouped, "--rollouts", exact, "--method", "fisher", "--granularity", "group"
+    )
     assert res.code == 0, res.err
     assert not (grouped / "agreement.json").exists() and "agreement" not in res.out
-    res = cli("sweep", deep_tiny_dir, "--out", tmp_path / "g2", "--compare", exact, "--rollouts", exact,
-              "--method", "fisher", "--granularity", "group")
+    res = cli(
+        "sweep",
+        deep_tiny_dir,
+        "--out",
+        tmp_path / "g2",
+        "--compare",
+        exact,
+        "--rollouts",
+        exact,
+        "--method",
+        "fisher",
+        "--granularity",
+        "group",
+    )
     assert res.code == 2 and "same settings" in res.err
     # other rollouts cannot be compared
     other = tmp_path / "other"
@@ -173,8 +189,21 @@ def test_auto_resumes_after_kill(deep_tiny_dir, tmp_path):
 
     from conftest import cli_process, same_arithmetic
 
-    common = ["-q", "sweep", deep_tiny_dir, "--num-prompts", "6", "--max-new-tokens", "12", "--method", "auto",
-              "--top-k", "30", "--controls", "4"]
+    common = [
+        "-q",
+        "sweep",
+        deep_tiny_dir,
+        "--num-prompts",
+        "6",
+        "--max-new-tokens",
+        "12",
+        "--method",
+        "auto",
+        "--top-k",
+        "30",
+        "--controls",
+        "4",
+    ]
     full = tmp_path / "full"
     assert cli_process(*common, "--out", full).wait(timeout=600) == 0
     n_rows = len(pd.read_csv(full / "sensitivity.csv"))

@@ -19,10 +19,14 @@ def test_two_tokens_by_hand():
     cand = _logits((0.75, 0.25), (0.4, 0.6))
     tok = torch.tensor([0, 1])
     m = mismatch(ref, cand, tok)
-    kl_qp = [0.75 * math.log(0.75 / 0.4) + 0.25 * math.log(0.25 / 0.6),  # 0.2525893
-             0.4 * math.log(0.4 / 0.2) + 0.6 * math.log(0.6 / 0.8)]  # 0.1046496
-    kl_pq = [0.4 * math.log(0.4 / 0.75) + 0.6 * math.log(0.6 / 0.25),  # 0.2738378
-             0.2 * math.log(0.2 / 0.4) + 0.8 * math.log(0.8 / 0.6)]  # 0.0915198
+    kl_qp = [
+        0.75 * math.log(0.75 / 0.4) + 0.25 * math.log(0.25 / 0.6),  # 0.2525893
+        0.4 * math.log(0.4 / 0.2) + 0.6 * math.log(0.6 / 0.8),
+    ]  # 0.1046496
+    kl_pq = [
+        0.4 * math.log(0.4 / 0.75) + 0.6 * math.log(0.6 / 0.25),  # 0.2738378
+        0.2 * math.log(0.2 / 0.4) + 0.8 * math.log(0.8 / 0.6),
+    ]  # 0.0915198
     r = [math.log(0.4 / 0.75), math.log(0.8 / 0.6)]  # log p(y) - log q(y)
     assert m["kl_q_p"] == pytest.approx(sum(kl_qp) / 2, rel=1e-5)
     assert m["kl_q_p"] == pytest.approx(0.1786195, rel=1e-5)
@@ -33,7 +37,7 @@ def test_two_tokens_by_hand():
     assert m["abs_dlogp_max"] == pytest.approx(abs(r[0]), rel=1e-5)
     assert m["token_mult_prob_error"] == pytest.approx((0.75 / 0.4 + 0.8 / 0.6) / 2, rel=1e-5)
     assert m["top1_agree"] == 0.5  # pos 0: argmax p = 1, argmax q = 0; pos 1: both 1
-    assert m["rms_dp"] == pytest.approx(math.sqrt((0.35 ** 2 + 0.2 ** 2) / 2), rel=1e-5)
+    assert m["rms_dp"] == pytest.approx(math.sqrt((0.35**2 + 0.2**2) / 2), rel=1e-5)
     assert m["kl_max"] == pytest.approx(max(kl_qp), rel=1e-5)
     assert m["kl_p50"] == pytest.approx(sum(kl_qp) / 2, rel=1e-5)  # median of two = their mean
     assert m["kl_p90"] == pytest.approx(kl_qp[1] + 0.9 * (kl_qp[0] - kl_qp[1]), rel=1e-5)

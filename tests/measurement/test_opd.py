@@ -37,8 +37,13 @@ def test_distortion_by_hand():
 
 def test_no_mismatch_and_the_sign_of_the_sequence_change():
     same = distortion(TEACHER, LOGP, LOGP, SEQ)
-    assert same == {"mean_abs_reward_delta": 0.0, "reward_corr": pytest.approx(1.0), "seq_rkl_delta": 0.0,
-                    "ratio_out_verl": 0.0, "ratio_out_openrlhf": 0.0}
+    assert same == {
+        "mean_abs_reward_delta": 0.0,
+        "reward_corr": pytest.approx(1.0),
+        "seq_rkl_delta": 0.0,
+        "ratio_out_verl": 0.0,
+        "ratio_out_openrlhf": 0.0,
+    }
     higher = distortion(TEACHER, LOGP, [x + 0.1 for x in LOGP], SEQ)  # q gives every sampled token more
     assert higher["seq_rkl_delta"] == pytest.approx(0.4, rel=1e-12)  # 4 tokens per sequence x 0.1
     assert higher["ratio_out_verl"] == 0 and higher["ratio_out_openrlhf"] == 0  # ratio exp(-0.1) = 0.905

@@ -30,9 +30,11 @@ def test_restore_after_exception():
     with record_calibration(m, names) as cal:
         m(ids)
     with pytest.raises(RuntimeError, match="boom"):
-        with quantize_units(m, names, Scheme.from_name("FP8"), calibration=cal), \
-                quantize_kv(m, None, KVCacheScheme(), calibration=cal), \
-                add_noise(m, names[:2], 0.1):
+        with (
+            quantize_units(m, names, Scheme.from_name("FP8"), calibration=cal),
+            quantize_kv(m, None, KVCacheScheme(), calibration=cal),
+            add_noise(m, names[:2], 0.1),
+        ):
             assert not torch.equal(m(ids).logits, ref)
             raise RuntimeError("boom")
     after = _state(m)
@@ -90,8 +92,9 @@ def test_kv_hook_sees_post_rope_keys():
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     box = {}
-    h = m.model.layers[2].register_forward_pre_hook(lambda mod, a, kw: box.update(x=a[0], pe=kw["position_embeddings"]),
-                                                    with_kwargs=True)
+    h = m.model.layers[2].register_forward_pre_hook(
+        lambda mod, a, kw: box.update(x=a[0], pe=kw["position_embeddings"]), with_kwargs=True
+    )
     m(ids)
     h.remove()
     x = m.model.layers[2].input_layernorm(box["x"])
@@ -152,7 +155,8 @@ def test_calibration_ignores_left_padding(arch):
     assert len(set(r.attention_mask.sum(1).tolist())) > 1  # padding in the batch
     padded, alone = Reference(s, r, batch_size=4).calibration, Reference(s, r, batch_size=1).calibration
     assert set(padded.input_amax) == set(alone.input_amax) and any(":experts_mid" in k for k in alone.input_amax) == (
-        arch == "mixtral")
+        arch == "mixtral"
+    )
     for k in alone.input_amax:
         torch.testing.assert_close(padded.input_amax[k], alone.input_amax[k], rtol=1e-5, atol=0)
     for i in alone.k_amax:
@@ -162,5 +166,6 @@ def test_calibration_ignores_left_padding(arch):
         for ids, am, _ in r.batches(4):
             s.model(input_ids=ids, attention_mask=am)
     grew = [float(raw.v_amax[i].max() / alone.v_amax[i].max()) for i in alone.v_amax] + [
-        float(raw.input_amax[k].max() / alone.input_amax[k].max()) for k in alone.input_amax]
+        float(raw.input_amax[k].max() / alone.input_amax[k].max()) for k in alone.input_amax
+    ]
     assert min(grew) >= 1.0 - 1e-6 and (max(grew) > 1.01 or arch == "mixtral")  # llama's pads reach further

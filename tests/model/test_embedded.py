@@ -13,8 +13,20 @@ pytestmark = pytest.mark.slow  # the real embedded student
 
 def test_embedded_sweep_end_to_end(cli, tmp_path):
     out = tmp_path / "run"
-    r = cli("-q", "sweep", "--out", out, "--method", "exact", "--num-prompts", 2, "--max-new-tokens", 6,
-            "--granularity", "group")
+    r = cli(
+        "-q",
+        "sweep",
+        "--out",
+        out,
+        "--method",
+        "exact",
+        "--num-prompts",
+        2,
+        "--max-new-tokens",
+        6,
+        "--granularity",
+        "group",
+    )
     assert r.code == 0, r.err
     assert "ten most sensitive rows" in r.out and "model.fp8_all:" in r.out
     df = pd.read_csv(out / "sensitivity.csv")

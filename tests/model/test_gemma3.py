@@ -30,8 +30,28 @@ def swept(tmp_path_factory):
     from fp8probe.cli import main
 
     d = tmp_path_factory.mktemp("gemma") / "sweep"
-    assert main(["-q", "sweep", "gemma3-270m", "--method", "auto", "--num-prompts", "4", "--max-new-tokens", "8",
-                 "--top-k", "8", "--controls", "4", "--out", str(d)]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "sweep",
+                "gemma3-270m",
+                "--method",
+                "auto",
+                "--num-prompts",
+                "4",
+                "--max-new-tokens",
+                "8",
+                "--top-k",
+                "8",
+                "--controls",
+                "4",
+                "--out",
+                str(d),
+            ]
+        )
+        == 0
+    )
     return d
 
 
@@ -108,14 +128,17 @@ def test_recipe_export_and_vllm_cpu(swept, tmp_path):
     from fp8probe.model.embedded import gemma3_gguf, gguf_copy
 
     rec = tmp_path / "recipe"
-    assert main(["-q", "recipe", str(swept), "--budget", "0.05", "--holdout", "2", "--engine", "none", "--out",
-                 str(rec)]) == 0
+    assert (
+        main(["-q", "recipe", str(swept), "--budget", "0.05", "--holdout", "2", "--engine", "none", "--out", str(rec)])
+        == 0
+    )
     ckpt = tmp_path / "ckpt"
     assert main(["-q", "export", "gemma3-270m", "--recipe", str(rec / "recipe.yaml"), "--out", str(ckpt)]) == 0
     res = run_vllm(ckpt, VLLMServe(2048), generate=[[2, 818, 5279, 529, 7001, 563]])
     assert res["generated_ids"] and len(res["generated_ids"][0]) > 0
-    cap = capacity(gguf_copy(gemma3_gguf()), kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128,
-                   max_model_len=2048)
+    cap = capacity(
+        gguf_copy(gemma3_gguf()), kv_cache_dtype="auto", kv_cache_memory=1 << 30, block_size=128, max_model_len=2048
+    )
     print(res["kv_cache_tokens"], res["max_concurrency"], cap.baseline)
     assert res["kv_cache_tokens"] == cap.baseline["kv_tokens"]
     assert res["max_concurrency"] == pytest.approx(cap.baseline["max_concurrency"], abs=0.005)

@@ -15,8 +15,9 @@ from fp8probe.model.student import Student
 @pytest.fixture(scope="module")
 def student():
     m = tiny_model("llama")
-    return Student(model=m, tokenizer=tiny_tokenizer(), units=list_units(m), name="tiny-llama", path="",
-                   model_type="llama")
+    return Student(
+        model=m, tokenizer=tiny_tokenizer(), units=list_units(m), name="tiny-llama", path="", model_type="llama"
+    )
 
 
 def test_masks_and_layout(student):
@@ -32,11 +33,12 @@ def test_masks_and_layout(student):
         start = int(resp.nonzero()[0])
         assert resp[start:length].all() and not resp[:start].any() and not resp[length:].any()
         assert 1 <= length - start <= 10
-        prompt = tok.apply_chat_template([{"role": "user", "content": r.meta.prompts[i]}],
-                                         add_generation_prompt=True, tokenize=True)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": r.meta.prompts[i]}], add_generation_prompt=True, tokenize=True
+        )
         prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
         assert ids[:start].tolist() == list(prompt)
-        assert (ids[start:length - 1] != 2).all()  # an EOS, if sampled, only at the end
+        assert (ids[start : length - 1] != 2).all()  # an EOS, if sampled, only at the end
     assert r.num_response_tokens == int(r.response_mask.sum())
 
 

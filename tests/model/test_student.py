@@ -33,8 +33,10 @@ def test_units_and_groups(arch):
             assert u.group == f"model.layers.{u.block}.mlp.gate_up_proj"
         elif u.kind == "expert":
             assert u.group == u.name == f"model.layers.{u.block}.mlp.experts"
-            assert u.params == model.get_submodule(u.name).gate_up_proj.numel() + \
-                model.get_submodule(u.name).down_proj.numel()
+            assert (
+                u.params
+                == model.get_submodule(u.name).gate_up_proj.numel() + model.get_submodule(u.name).down_proj.numel()
+            )
         else:
             assert u.group == u.name
         if u.kind != "expert":

@@ -32,8 +32,18 @@ def write_calibration(d, levels=LEVELS, tolerance=0.02):
             run = d / "runs" / "opd" / f"{parse_source(level).slug}-seed{seed}"
             run.mkdir(parents=True)
             pd.DataFrame({"step": STEPS, "reverse_kl": c}).to_csv(run / "eval.csv", index=False)
-            rows.append({"objective": "opd", "level": level, "kind": kind, "value": value, "seed": seed,
-                         "metric": "kl_q_p", "mismatch": m, "quality": float(np.mean(c))})
+            rows.append(
+                {
+                    "objective": "opd",
+                    "level": level,
+                    "kind": kind,
+                    "value": value,
+                    "seed": seed,
+                    "metric": "kl_q_p",
+                    "mismatch": m,
+                    "quality": float(np.mean(c)),
+                }
+            )
     pd.DataFrame(rows).to_csv(d / "runs.csv", index=False)
     (d / "calibrate.json").write_text(json.dumps({"schema_version": 2, "tolerance": tolerance}))
     return d
@@ -91,10 +101,34 @@ def test_paired_interval_of_steps(tmp_path):
 def test_plan_end_to_end(cli, tiny_dirs, tmp_path):
     cal = write_calibration(tmp_path / "cal")
     out = tmp_path / "plan"
-    r = cli("plan", str(tiny_dirs["llama"]), "--num-prompts", "4", "--max-new-tokens", "8", "--fp8", "FP8_DYNAMIC",
-            "--kv-cache-dtype", "fp8", "--async", "1", "--calibration", str(cal), "--budget", "2.0",
-            "--train-step-s", "0.5", "--gpu", "H100", "--response-len", "256", "--rollout-batch", "64",
-            "--out", str(out))
+    r = cli(
+        "plan",
+        str(tiny_dirs["llama"]),
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--fp8",
+        "FP8_DYNAMIC",
+        "--kv-cache-dtype",
+        "fp8",
+        "--async",
+        "1",
+        "--calibration",
+        str(cal),
+        "--budget",
+        "2.0",
+        "--train-step-s",
+        "0.5",
+        "--gpu",
+        "H100",
+        "--response-len",
+        "256",
+        "--rollout-batch",
+        "64",
+        "--out",
+        str(out),
+    )
     assert r.code == 0, r.err
     doc = json.loads((out / "plan.json").read_text())
     rows = {row["configuration"]: row for row in doc["rows"]}
@@ -130,20 +164,55 @@ def test_plan_end_to_end(cli, tiny_dirs, tmp_path):
 
 
 def test_plan_refuses_what_the_check_rejects_and_what_lies_beyond_the_levels(cli, tiny_dirs, tmp_path):
-    common = ["--num-prompts", "4", "--max-new-tokens", "8", "--train-step-s", "0.5", "--response-len", "64",
-              "--rollout-batch", "16"]
+    common = [
+        "--num-prompts",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--train-step-s",
+        "0.5",
+        "--response-len",
+        "64",
+        "--rollout-batch",
+        "16",
+    ]
     cal = write_calibration(tmp_path / "cal")
     out = tmp_path / "plan"
-    r = cli("plan", str(tiny_dirs["llama"]), *common, "--async", "1", "--calibration", str(cal), "--budget", "0.1",
-            "--out", str(out))
+    r = cli(
+        "plan",
+        str(tiny_dirs["llama"]),
+        *common,
+        "--async",
+        "1",
+        "--calibration",
+        str(cal),
+        "--budget",
+        "0.1",
+        "--out",
+        str(out),
+    )
     assert r.code == 0, r.err
     rows = {row["configuration"]: row for row in json.loads((out / "plan.json").read_text())["rows"]}
     a = rows["bf16 + async 1"]  # stale:1 measured 0.3 [0.2, 0.4], wholly above the budget 0.1
     assert a["verdict"] == "REJECT" and a["steps_to_target"] is None and a["steps_source"] == "refused: REJECT"
     # an UNCERTAIN verdict is computed (and says so): the same level against a budget inside its interval
     out2 = tmp_path / "plan2"
-    assert cli("plan", str(tiny_dirs["llama"]), *common, "--async", "1", "--calibration", str(cal), "--budget",
-               "0.25", "--out", str(out2)).code == 0
+    assert (
+        cli(
+            "plan",
+            str(tiny_dirs["llama"]),
+            *common,
+            "--async",
+            "1",
+            "--calibration",
+            str(cal),
+            "--budget",
+            "0.25",
+            "--out",
+            str(out2),
+        ).code
+        == 0
+    )
     rows = {row["configuration"]: row for row in json.loads((out2 / "plan.json").read_text())["rows"]}
     u = rows["bf16 + async 1"]
     assert u["verdict"] == "UNCERTAIN" and u["steps_to_target"] == pytest.approx(10 + 5 * (3.5 - 3.06) / 0.5)
@@ -151,8 +220,22 @@ def test_plan_refuses_what_the_check_rejects_and_what_lies_beyond_the_levels(cli
     low = {k: v for k, v in LEVELS.items() if k in ("0", "0.1")}
     low["0.1"] = ("noise", 0.1, [1e-9] * 3, LEVELS["0.1"][3])
     out3 = tmp_path / "plan3"
-    assert cli("plan", str(tiny_dirs["llama"]), *common, "--fp8", "FP8_DYNAMIC", "--calibration",
-               str(write_calibration(tmp_path / "low", low)), "--budget", "100", "--out", str(out3)).code == 0
+    assert (
+        cli(
+            "plan",
+            str(tiny_dirs["llama"]),
+            *common,
+            "--fp8",
+            "FP8_DYNAMIC",
+            "--calibration",
+            str(write_calibration(tmp_path / "low", low)),
+            "--budget",
+            "100",
+            "--out",
+            str(out3),
+        ).code
+        == 0
+    )
     rows = {row["configuration"]: row for row in json.loads((out3 / "plan.json").read_text())["rows"]}
     f = rows["fp8 FP8_DYNAMIC"]
     assert f["mismatch"] > 1e-9 and f["steps_to_target"] is None and "beyond the calibrated levels" in f["steps_source"]
@@ -160,20 +243,36 @@ def test_plan_refuses_what_the_check_rejects_and_what_lies_beyond_the_levels(cli
 
 def test_plan_shape_without_measurement(cli, tmp_path):
     out = tmp_path / "p"
-    r = cli("plan", "shape:qwen3-8b", "--no-measure", "--gpu", "H200", "--fp8", "FP8_DYNAMIC", "--response-len",
-            "1024", "--rollout-batch", "64", "--out", str(out))
+    r = cli(
+        "plan",
+        "shape:qwen3-8b",
+        "--no-measure",
+        "--gpu",
+        "H200",
+        "--fp8",
+        "FP8_DYNAMIC",
+        "--response-len",
+        "1024",
+        "--rollout-batch",
+        "64",
+        "--out",
+        str(out),
+    )
     assert r.code == 0, r.err
     doc = json.loads((out / "plan.json").read_text())
     assert doc["assumed_steps"] == 100 and all(row["mismatch"] is None for row in doc["rows"])
     assert "ASSUMED to need BF16's 100 steps" in r.out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--async", "1"], "--async needs the mismatch of stale weights"),
-    (["--gpu-memory", "80"], "plan models a GPU of the table"),
-    (["--calibration", "nowhere"], "not a directory written by `fp8probe calibrate`"),
-    (["--stale", "a", "b", "--async", "1"], "one --stale checkpoint per --async K"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--async", "1"], "--async needs the mismatch of stale weights"),
+        (["--gpu-memory", "80"], "plan models a GPU of the table"),
+        (["--calibration", "nowhere"], "not a directory written by `fp8probe calibrate`"),
+        (["--stale", "a", "b", "--async", "1"], "one --stale checkpoint per --async K"),
+    ],
+)
 def test_plan_bad_input(cli, tiny_dirs, tmp_path, args, message):
     out = tmp_path / "p"
     r = cli("plan", str(tiny_dirs["llama"]), "--response-len", "64", *args, "--out", str(out))
@@ -191,15 +290,47 @@ def test_each_configurations_rollout_by_hand(cli, tmp_path):
     from fp8probe.deploy.gpus import gpu
 
     hidden, inter, layers, vocab = 64, 128, 2, 256
-    cfg = tiny_config("llama", hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, tie_word_embeddings=False)
+    cfg = tiny_config(
+        "llama",
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        tie_word_embeddings=False,
+    )
     (tmp_path / "m").mkdir()
     cfg.to_json_file(tmp_path / "m" / "config.json")
     out = tmp_path / "plan"
-    r = cli("plan", tmp_path / "m" / "config.json", "--gpu", "H100", "--fp8", "FP8_DYNAMIC", "--kv-cache-dtype",
-            "fp8", "--prompt-len", "16", "--response-len", "32", "--rollout-batch", "4", "--train-step-s", "1",
-            "--bandwidth-efficiency", "1", "--compute-efficiency", "1", "--step-overhead-s", "0",
-            "--seq-overhead-s", "0", "--out", out)
+    r = cli(
+        "plan",
+        tmp_path / "m" / "config.json",
+        "--gpu",
+        "H100",
+        "--fp8",
+        "FP8_DYNAMIC",
+        "--kv-cache-dtype",
+        "fp8",
+        "--prompt-len",
+        "16",
+        "--response-len",
+        "32",
+        "--rollout-batch",
+        "4",
+        "--train-step-s",
+        "1",
+        "--bandwidth-efficiency",
+        "1",
+        "--compute-efficiency",
+        "1",
+        "--step-overhead-s",
+        "0",
+        "--seq-overhead-s",
+        "0",
+        "--out",
+        out,
+    )
     assert r.code == 0, r.err
     rows = {row["configuration"]: row for row in json.loads((out / "plan.json").read_text())["rows"]}
     h100 = gpu("H100")
@@ -222,8 +353,12 @@ def test_each_configurations_rollout_by_hand(cli, tmp_path):
         prefill = 2 * B * P * (linear / fp8 + lm_head / bf16 if fp8_weights else (linear + lm_head) / bf16)
         return t + prefill
 
-    want = {"bf16": by_hand(False, 2), "bf16 + kv fp8": by_hand(False, 1), "fp8 FP8_DYNAMIC": by_hand(True, 2),
-            "fp8 FP8_DYNAMIC + kv fp8": by_hand(True, 1)}
+    want = {
+        "bf16": by_hand(False, 2),
+        "bf16 + kv fp8": by_hand(False, 1),
+        "fp8 FP8_DYNAMIC": by_hand(True, 2),
+        "fp8 FP8_DYNAMIC + kv fp8": by_hand(True, 1),
+    }
     assert set(rows) == set(want)
     for name, seconds in want.items():
         assert rows[name]["rollout_s"] == pytest.approx(seconds, rel=1e-9), name
@@ -241,11 +376,21 @@ def test_a_calibrated_kind_takes_its_own_curves_and_a_combination_of_a_costlier_
     from fp8probe.budget.fit import Budget
     from fp8probe.planning.plan import Configuration, PlanSettings, quality_steps
 
-    levels = {**LEVELS, "fp8:FP8_DYNAMIC": ("fp8", "", [1.0, 1.0, 1.0], [[10, 9, 8.5, 8.0, 7.5]] * 3),
-              "kv:fp8": ("kv", "", [0.5, 0.5, 0.5], [[10, 6, 4, 3.1, 3.05]] * 3)}
+    levels = {
+        **LEVELS,
+        "fp8:FP8_DYNAMIC": ("fp8", "", [1.0, 1.0, 1.0], [[10, 9, 8.5, 8.0, 7.5]] * 3),
+        "kv:fp8": ("kv", "", [0.5, 0.5, 0.5], [[10, 6, 4, 3.1, 3.05]] * 3),
+    }
     c = read_curves(write_calibration(tmp_path, levels))
-    fp8 = {"level": "fp8:FP8_DYNAMIC", "mismatch": 1.0, "loss": 0.6, "loss_interval": [0.4, 0.8], "seeds": 3,
-           "predicted": 0.02, "reading": "costs more than the ruler predicts"}
+    fp8 = {
+        "level": "fp8:FP8_DYNAMIC",
+        "mismatch": 1.0,
+        "loss": 0.6,
+        "loss_interval": [0.4, 0.8],
+        "seeds": 3,
+        "predicted": 0.02,
+        "reading": "costs more than the ruler predicts",
+    }
     budget = Budget("kl_q_p", 2.0, True, "test", (1.5, 3.0), 0.02, method="benchmark dose", kinds={"fp8": [fp8]})
     settings = PlanSettings()
     cost = {"mismatch": 1.0, "verdict": "UNCERTAIN"}
@@ -253,10 +398,12 @@ def test_a_calibrated_kind_takes_its_own_curves_and_a_combination_of_a_costlier_
     s, _, _, _, how, _ = quality_steps(whole, cost, c, budget, c.default_target(), settings)
     assert s is None and how.startswith("not reached")  # its own curves stay above the target (the ruler's reach it)
     kv = Configuration("bf16 + kv fp8", "bf16", None, None, "fp8", 0)
-    s, _, _, _, how, _ = quality_steps(kv, {"mismatch": 0.5, "verdict": "ADMIT"}, c, budget, c.default_target(),
-                                       settings)
+    s, _, _, _, how, _ = quality_steps(
+        kv, {"mismatch": 0.5, "verdict": "ADMIT"}, c, budget, c.default_target(), settings
+    )
     assert s == pytest.approx(15 + 5 * (3.1 - 3.06) / (3.1 - 3.05)) and how == "the calibration's kv:fp8 curves"
     both = Configuration("fp8 FP8_DYNAMIC + kv fp8", "fp8 FP8_DYNAMIC", None, "FP8_DYNAMIC", "fp8", 0)
-    s, _, _, _, how, _ = quality_steps(both, {"mismatch": 1.2, "verdict": "UNCERTAIN"}, c, budget, c.default_target(),
-                                       settings)
+    s, _, _, _, how, _ = quality_steps(
+        both, {"mismatch": 1.2, "verdict": "UNCERTAIN"}, c, budget, c.default_target(), settings
+    )
     assert s is None and how.startswith("refused: fp8 cost otherwise than the noise ruler's curves say")

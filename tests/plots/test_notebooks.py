@@ -34,8 +34,9 @@ def small_run(tmp_path_factory):
         if run["method"]["method"] == "auto" and run["num_sequences"] == 2 and run["model"] == "smollm2-135m":
             shutil.copytree(given, d)
             return d
-    assert main(["-q", "sweep", "--out", str(d), "--method", "auto", "--num-prompts", "2", "--max-new-tokens",
-                 "8"]) == 0
+    assert (
+        main(["-q", "sweep", "--out", str(d), "--method", "auto", "--num-prompts", "2", "--max-new-tokens", "8"]) == 0
+    )
     return d
 
 
@@ -47,8 +48,7 @@ def test_notebook_runs(path, small_run, monkeypatch):
 
     monkeypatch.setenv("FP8PROBE_RUN", str(small_run))
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {}))
@@ -59,8 +59,13 @@ def test_notebook_runs(path, small_run, monkeypatch):
 
         df = pd.read_csv(small_run / "sensitivity.csv")
         top = df[df.kind != "model"].sort_values("kl_q_p", ascending=False).unit.iloc[0]
-        shown = next(o["data"]["text/plain"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
-                     if "text/plain" in o.get("data", {}) and "sqnr_db" in o["data"]["text/plain"])
+        shown = next(
+            o["data"]["text/plain"]
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.outputs
+            if "text/plain" in o.get("data", {}) and "sqnr_db" in o["data"]["text/plain"]
+        )
         assert shown.splitlines()[1].split()[1] == top  # the first row of the most-sensitive display
         units = df[~df.kind.isin(["model", "kv"])]
         text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)

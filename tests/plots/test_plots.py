@@ -12,15 +12,32 @@ def _table():
     rows = []
     for b in range(3):
         for k in ("q", "k", "v", "o", "gate", "up", "down"):
-            grp = f"model.layers.{b}." + {"q": "self_attn.qkv_proj", "k": "self_attn.qkv_proj",
-                                          "v": "self_attn.qkv_proj", "o": "self_attn.o_proj",
-                                          "gate": "mlp.gate_up_proj", "up": "mlp.gate_up_proj",
-                                          "down": "mlp.down_proj"}[k]
-            rows.append({"unit": f"model.layers.{b}.{k}", "kind": k, "block": b, "group": grp,
-                         "bytes_saved": 1000 * (b + 1), "kl_q_p": 1e-4 * (b + 1)})
+            grp = (
+                f"model.layers.{b}."
+                + {
+                    "q": "self_attn.qkv_proj",
+                    "k": "self_attn.qkv_proj",
+                    "v": "self_attn.qkv_proj",
+                    "o": "self_attn.o_proj",
+                    "gate": "mlp.gate_up_proj",
+                    "up": "mlp.gate_up_proj",
+                    "down": "mlp.down_proj",
+                }[k]
+            )
+            rows.append(
+                {
+                    "unit": f"model.layers.{b}.{k}",
+                    "kind": k,
+                    "block": b,
+                    "group": grp,
+                    "bytes_saved": 1000 * (b + 1),
+                    "kl_q_p": 1e-4 * (b + 1),
+                }
+            )
         rows.append({"unit": f"kv{b}", "kind": "kv", "block": b, "group": f"kv{b}", "bytes_saved": 0, "kl_q_p": 1e-5})
-    rows.append({"unit": "model.fp8_all", "kind": "model", "block": -1, "group": "model", "bytes_saved": 1,
-                 "kl_q_p": 1e-2})
+    rows.append(
+        {"unit": "model.fp8_all", "kind": "model", "block": -1, "group": "model", "bytes_saved": 1, "kl_q_p": 1e-2}
+    )
     return pd.DataFrame(rows)
 
 
@@ -30,10 +47,22 @@ def test_figures(tmp_path):
     sensitivity_heatmap(_table(), tmp_path / "h.png")
     frontier(_table(), [], tmp_path / "b.png")  # the prediction alone
     side = {"kv_tokens": 100, "max_concurrency": 1.5, "scheme": "FP8_DYNAMIC", "kv_cache_dtype": "fp8"}
-    capacity_bars(CapacityRecord(vllm_version="0.32.0", model_type="llama", max_model_len=8192, block_size=16,
-                                 tensor_parallel_size=1, gpu="H100", gpu_memory_utilization=0.9,
-                                 baseline=dict(side, scheme=None, kv_cache_dtype="auto"), candidate=side,
-                                 ratio_kv_tokens=1.0, ratio_concurrency=1.0), tmp_path / "c.png")
+    capacity_bars(
+        CapacityRecord(
+            vllm_version="0.32.0",
+            model_type="llama",
+            max_model_len=8192,
+            block_size=16,
+            tensor_parallel_size=1,
+            gpu="H100",
+            gpu_memory_utilization=0.9,
+            baseline=dict(side, scheme=None, kv_cache_dtype="auto"),
+            candidate=side,
+            ratio_kv_tokens=1.0,
+            ratio_concurrency=1.0,
+        ),
+        tmp_path / "c.png",
+    )
     for f in ("h.png", "b.png", "c.png"):
         assert (tmp_path / f).read_bytes()[:4] == b"\x89PNG"
 
@@ -46,17 +75,84 @@ def run_dir(tmp_path_factory, tiny_dirs):
 
     d = tmp_path_factory.mktemp("plotrun") / "run"
     model = str(tiny_dirs["llama"])
-    assert main(["-q", "sweep", model, "--out", str(d), "--method", "auto", "--top-k", "6", "--controls", "3",
-                 "--num-prompts", "4", "--max-new-tokens", "10"]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "sweep",
+                model,
+                "--out",
+                str(d),
+                "--method",
+                "auto",
+                "--top-k",
+                "6",
+                "--controls",
+                "3",
+                "--num-prompts",
+                "4",
+                "--max-new-tokens",
+                "10",
+            ]
+        )
+        == 0
+    )
     whole = float(pd.read_csv(d / "sensitivity.csv").set_index("unit").loc["model.fp8_all", "kl_q_p"])
     for frac in (0.2, 0.5):
-        assert main(["-q", "recipe", str(d), "--budget", str(whole * frac), "--refine", "2",
-                     "--out", str(d / f"recipe-{frac}")]) == 0
-    assert main(["-q", "capacity", model, "--recipe", str(d / "recipe-0.5" / "recipe.yaml"), "--kv-cache-dtype", "fp8",
-                 "--out", str(d / "recipe-0.5")]) == 0
-    assert main(["-q", "ladder", model, "--rollouts", str(d), "--out", str(d / "ladder"), "--noise", "0.01", "0.03",
-                 "--recipe", str(d / "recipe-0.5" / "recipe.yaml"), "--kv-cache-dtype", "fp8",
-                 "--no-prefix-shift"]) == 0
+        assert (
+            main(
+                [
+                    "-q",
+                    "recipe",
+                    str(d),
+                    "--budget",
+                    str(whole * frac),
+                    "--refine",
+                    "2",
+                    "--out",
+                    str(d / f"recipe-{frac}"),
+                ]
+            )
+            == 0
+        )
+    assert (
+        main(
+            [
+                "-q",
+                "capacity",
+                model,
+                "--recipe",
+                str(d / "recipe-0.5" / "recipe.yaml"),
+                "--kv-cache-dtype",
+                "fp8",
+                "--out",
+                str(d / "recipe-0.5"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "-q",
+                "ladder",
+                model,
+                "--rollouts",
+                str(d),
+                "--out",
+                str(d / "ladder"),
+                "--noise",
+                "0.01",
+                "0.03",
+                "--recipe",
+                str(d / "recipe-0.5" / "recipe.yaml"),
+                "--kv-cache-dtype",
+                "fp8",
+                "--no-prefix-shift",
+            ]
+        )
+        == 0
+    )
     (d / "ladder" / "budget.json").write_text(json.dumps({"value": whole * 0.5, "metric": "kl_q_p"}))
     return d
 
@@ -66,8 +162,15 @@ def test_plot_command_draws_every_figure(cli, run_dir, tmp_path):
     res = cli("plot", run_dir, "--out", out)
     assert res.code == 0, res.err
     names = {p.stem for p in out.iterdir()}
-    assert names == {"sensitivity_by_block", "sensitivity_heatmap", "token_kl", "frontier", "fast_vs_exact",
-                     "capacity-recipe-0.5", "ladder-ladder"}
+    assert names == {
+        "sensitivity_by_block",
+        "sensitivity_heatmap",
+        "token_kl",
+        "frontier",
+        "fast_vs_exact",
+        "capacity-recipe-0.5",
+        "ladder-ladder",
+    }
     for p in out.iterdir():
         assert p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 10_000
     svg = tmp_path / "svg"
@@ -102,10 +205,15 @@ def test_frontier_shows_every_recipe_search(run_dir):
     assert all(r.split and r.measured_interval for _, r in recipes)  # the default split
     fig = frontier(read_sweep(run_dir).table, recipes)
     ax = fig.axes[0]
-    drawn = sorted(tuple(map(float, xy)) for c in ax.collections if isinstance(c, PathCollection)
-                   for xy in c.get_offsets())
-    want = [(e["bytes_saved"] / 2**20, e["measured"]) for _, r in recipes for e in r.search
-            if e.get("bytes_saved") and e["measured"] > 0]
+    drawn = sorted(
+        tuple(map(float, xy)) for c in ax.collections if isinstance(c, PathCollection) for xy in c.get_offsets()
+    )
+    want = [
+        (e["bytes_saved"] / 2**20, e["measured"])
+        for _, r in recipes
+        for e in r.search
+        if e.get("bytes_saved") and e["measured"] > 0
+    ]
     want += [(r.bytes_saved / 2**20, r.measured_search) for _, r in recipes]  # the chosen ones, as stars
     assert len(drawn) == len(want)
     assert [v for xy in drawn for v in xy] == pytest.approx([v for xy in sorted(want) for v in xy], rel=1e-12)

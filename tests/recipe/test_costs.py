@@ -56,8 +56,9 @@ def test_groups_priced_at_the_operating_point(setup, costs):
     if costs == "context":
         # leave-one-out and add-one, each one measured pass: checked against measure_scheme() for one of each
         inside, outside = point[0], next(g for g in members if g not in point)
-        assert prices[inside] == pytest.approx(m_point - _m(st, r, ref, [g for g in point if g != inside], members),
-                                               rel=1e-6)
+        assert prices[inside] == pytest.approx(
+            m_point - _m(st, r, ref, [g for g in point if g != inside], members), rel=1e-6
+        )
         assert prices[outside] == pytest.approx(_m(st, r, ref, point + [outside], members) - m_point, rel=1e-6)
     else:
         # the members' shares add up to the operating point's mismatch, the others' to what they add to it

@@ -124,8 +124,9 @@ def test_the_prior_may_be_in_other_units():
     held = random_recipes(names, [5, 12, 20, 26], 20, seed=3)
     truth = [damage(s) for s in held]
     same = fit_damage(sets, measured, single, context=loo)
-    other = fit_damage(sets, measured, {g: 1000 * v for g, v in single.items()},
-                       context={g: 1000 * v for g, v in loo.items()})
+    other = fit_damage(
+        sets, measured, {g: 1000 * v for g, v in single.items()}, context={g: 1000 * v for g, v in loo.items()}
+    )
     assert other.k == pytest.approx(same.k / 1000, rel=0.05)
     got = prediction_errors(other, held, truth)["median"]
     assert got < 0.025, got

@@ -23,9 +23,13 @@ def test_the_registry_holds_the_five_forms_and_what_each_refuses():
 
 def test_a_framework_writes_its_form_and_the_narrower_ones():
     # an ignore list (free) or keywords express any set of kept modules; first-last only whole edge blocks
-    table = {"free": {"free", "keywords", "first-last", "all", "none"},
-             "keywords": {"free", "keywords", "first-last", "all", "none"},
-             "first-last": {"first-last", "all", "none"}, "all": {"all", "none"}, "none": {"none"}}
+    table = {
+        "free": {"free", "keywords", "first-last", "all", "none"},
+        "keywords": {"free", "keywords", "first-last", "all", "none"},
+        "first-last": {"first-last", "all", "none"},
+        "all": {"all", "none"},
+        "none": {"none"},
+    }
     assert {f: set(narrower(f)) for f in FORMS} == table
 
 
@@ -50,8 +54,10 @@ def test_first_last_candidates_are_the_cheapest_split_for_each_size(seed, keep_f
     for cand in got:
         blocks = {g.block for g in cand}
         kept = n - len(blocks)
-        best = min(sum(g.score for g in free if first <= g.block < n - last)
-                   for first, last in itertools.product(range(n + 1), repeat=2)
-                   if first + last == kept and first >= keep_first and last >= keep_last)
+        best = min(
+            sum(g.score for g in free if first <= g.block < n - last)
+            for first, last in itertools.product(range(n + 1), repeat=2)
+            if first + last == kept and first >= keep_first and last >= keep_last
+        )
         assert sum(g.score for g in cand) == pytest.approx(best)
         assert blocks == set(range(min(blocks), max(blocks) + 1)) if blocks else True  # one contiguous middle

@@ -77,15 +77,28 @@ def test_yaml_parsed_by_llmcompressor(setup, tmp_path):
 
 def test_split_group_refused(setup, tmp_path):
     st = setup[0]
-    doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
-        "targets": ["Linear"], "scheme": "FP8_DYNAMIC",
-        "ignore": ["lm_head", "model.layers.1.self_attn.k_proj"]}}}}
+    doc = {
+        "default_stage": {
+            "default_modifiers": {
+                "QuantizationModifier": {
+                    "targets": ["Linear"],
+                    "scheme": "FP8_DYNAMIC",
+                    "ignore": ["lm_head", "model.layers.1.self_attn.k_proj"],
+                }
+            }
+        }
+    }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
-    with pytest.raises(FP8ProbeError, match=r"splits vLLM's fused qkv_proj of block 1: FP8 "
-                                            r"model.layers.1.self_attn.q_proj, .*v_proj but BF16 .*k_proj"):
+    with pytest.raises(
+        FP8ProbeError,
+        match=r"splits vLLM's fused qkv_proj of block 1: FP8 "
+        r"model.layers.1.self_attn.q_proj, .*v_proj but BF16 .*k_proj",
+    ):
         read_recipe(tmp_path / "r.yaml").check_vllm_loadable(st.units)
-    doc["default_stage"]["default_modifiers"]["QuantizationModifier"]["ignore"] = ["lm_head",
-                                                                                   "model.layers.2.mlp.up_proj"]
+    doc["default_stage"]["default_modifiers"]["QuantizationModifier"]["ignore"] = [
+        "lm_head",
+        "model.layers.2.mlp.up_proj",
+    ]
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(FP8ProbeError, match="gate_up_proj of block 2"):
         read_recipe(tmp_path / "r.yaml").check_vllm_loadable(st.units)
@@ -94,11 +107,19 @@ def test_split_group_refused(setup, tmp_path):
 @pytest.mark.slow  # the real embedded student
 def test_block_scheme_shapes_refused(embedded, tmp_path):
     """SmolLM2's q_proj (576 outputs) cannot be a whole-block member of a fused FP8_BLOCK qkv_proj."""
-    doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": {
-        "targets": ["Linear"], "scheme": "FP8_BLOCK", "ignore": ["lm_head"]}}}}
+    doc = {
+        "default_stage": {
+            "default_modifiers": {
+                "QuantizationModifier": {"targets": ["Linear"], "scheme": "FP8_BLOCK", "ignore": ["lm_head"]}
+            }
+        }
+    }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
-    with pytest.raises(FP8ProbeError, match=r"FP8_BLOCK needs input dims divisible by 128; not: "
-                                            r"model.layers.0.self_attn.q_proj \(576\)"):
+    with pytest.raises(
+        FP8ProbeError,
+        match=r"FP8_BLOCK needs input dims divisible by 128; not: "
+        r"model.layers.0.self_attn.q_proj \(576\)",
+    ):
         read_recipe(tmp_path / "r.yaml").check_vllm_loadable(embedded.units)
 
 
@@ -140,8 +161,17 @@ def test_cli_recipe_then_capacity(cli, tiny_dirs, tmp_path):
     kept_for_keep = {k["group"] for k in meta["kept_scores"] if k["reason"] == "keep"}
     last_block = {g for g in meta["group_units"] if g.startswith("model.layers.2.")}  # --keep-last 1 of 3 blocks
     assert kept_for_keep == last_block and len(last_block) == 4
-    r = cli("-q", "capacity", tiny_dirs["qwen3"], "--recipe", tmp_path / "r" / "recipe.yaml", "--kv-cache-memory",
-            1 << 24, "--max-model-len", 256)
+    r = cli(
+        "-q",
+        "capacity",
+        tiny_dirs["qwen3"],
+        "--recipe",
+        tmp_path / "r" / "recipe.yaml",
+        "--kv-cache-memory",
+        1 << 24,
+        "--max-model-len",
+        256,
+    )
     assert r.code == 0, r.err
     assert f"({len([u for g in meta['quantized'] for u in meta['group_units'][g]])} units)" in r.out
     r = cli("-q", "recipe", tmp_path / "nowhere", "--budget", 1, "--out", tmp_path / "r2")
@@ -177,8 +207,9 @@ def test_first_last_form_keeps_whole_edge_blocks_and_is_the_best_split(setup):
     assert blocks == set(range(lo, hi + 1))  # a contiguous middle: whole leading and trailing blocks BF16
     from fp8probe import measure_scheme
 
-    assert measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)["kl_q_p"] == \
-        pytest.approx(rec.measured, rel=1e-9)
+    assert measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)["kl_q_p"] == pytest.approx(
+        rec.measured, rel=1e-9
+    )
     units = df[~df.kind.isin(["kv", "model"])]
     score = {b: float(units[units.block == b].kl_q_p.clip(lower=0).sum()) for b in range(4)}
     width = hi - lo + 1
@@ -195,8 +226,9 @@ def test_all_and_none_forms(setup):
     assert rec.kept == [] and rec.measured == pytest.approx(whole, rel=1e-9)
     with pytest.raises(FP8ProbeError, match=r"every Linear in FP8_DYNAMIC .* measures kl_q_p .* > budget"):
         make_recipe(df, st, r, ask(whole * 0.5, form="all"), reference=ref)
-    kv_only = make_recipe(df, st, r, ask(1.0, form="none", kv_cache_dtype="fp8"),
-                          context=RecipeContext(kv_scale="unit"), reference=ref)
+    kv_only = make_recipe(
+        df, st, r, ask(1.0, form="none", kv_cache_dtype="fp8"), context=RecipeContext(kv_scale="unit"), reference=ref
+    )
     assert kv_only.quantized == [] and kv_only.kv_scale == "unit" and kv_only.measured > 0
     from fp8probe import measure_scheme
     from fp8probe.core.schemes import KVCacheScheme
@@ -208,10 +240,14 @@ def test_all_and_none_forms(setup):
         make_recipe(df, st, r, ask(1.0, form="none"), reference=ref)
     # the KV cache is named as the engines name it; a dtype llm-compressor's kv_cache_scheme cannot hold is refused
     # with the command that measures it instead
-    with pytest.raises(FP8ProbeError, match=r"'fp8_e5m2' is an engine setting .* `fp8probe check --kv-cache-dtype "
-                       r"fp8_e5m2`; a recipe takes: fp8"):
+    with pytest.raises(
+        FP8ProbeError,
+        match=r"'fp8_e5m2' is an engine setting .* `fp8probe check --kv-cache-dtype "
+        r"fp8_e5m2`; a recipe takes: fp8",
+    ):
         make_recipe(df, st, r, ask(1.0, form="none", kv_cache_dtype="fp8_e5m2"), reference=ref)
     from fp8probe.recipe.recipe import Recipe
+
     with pytest.raises(FP8ProbeError, match="'int8' is not a KV-cache dtype"):
         Recipe(scheme="FP8_DYNAMIC", ignore=[], kv_cache_dtype="int8")
 
@@ -246,8 +282,9 @@ def test_memory_targets(setup):
     assert more.bytes_saved >= need and more.memory_target == {"kind": "bytes_saved", "value": need}
     from fp8probe import measure_scheme
 
-    assert measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(more, st), reference=ref)["kl_q_p"] == \
-        pytest.approx(more.measured, rel=1e-9)
+    assert measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(more, st), reference=ref)["kl_q_p"] == pytest.approx(
+        more.measured, rel=1e-9
+    )
     everything = int(df[df.unit == "model.fp8_all"].bytes_saved.iloc[0])
     with pytest.raises(FP8ProbeError, match=r"is more than FP8 can reach on this model: at most .* lower the target"):
         make_recipe(df, st, r, ask(min_bytes_saved=everything + 1), reference=ref)
@@ -284,8 +321,11 @@ def test_block_scheme_fused_outputs_refused():
     st = tiny_student("llama")  # hidden 128 (inputs fit), 2 KV heads of 32: k/v outputs 64
     from fp8probe.recipe.recipe import Recipe
 
-    with pytest.raises(FP8ProbeError, match=r"FP8_BLOCK cannot take these shapes: model.layers.0.self_attn.qkv_proj "
-                                            r"\(k_proj output dim 64 \(fused\) not a multiple of 128\)"):
+    with pytest.raises(
+        FP8ProbeError,
+        match=r"FP8_BLOCK cannot take these shapes: model.layers.0.self_attn.qkv_proj "
+        r"\(k_proj output dim 64 \(fused\) not a multiple of 128\)",
+    ):
         Recipe.whole_model(st.units, "FP8_BLOCK").check_vllm_loadable(st.units)
 
 

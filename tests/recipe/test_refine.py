@@ -82,8 +82,9 @@ def test_budget_mode_reaches_the_optimum():
     assert [g.group for g in ranked[:2]] == ["A", "B"] and measured({"A", "B"}) > budget
     start = [GROUPS["A"]]
     rec = Recorder()
-    out = refine(start, list(GROUPS.values()), [], rec, passes=8, goal=Goal(budget=budget),
-                 start_measured=(1.0, {"kl_q_p": 1.0}))
+    out = refine(
+        start, list(GROUPS.values()), [], rec, passes=8, goal=Goal(budget=budget), start_measured=(1.0, {"kl_q_p": 1.0})
+    )
     assert {g.group for g in out.groups} == best and out.measured == pytest.approx(2.6)
     assert len(out.log) <= 8
     check_predictions(out.log, rec.calls, start)
@@ -108,8 +109,14 @@ def nbytes_of(groups) -> int:
 
 def test_forced_groups_stay_and_passes_are_a_bound():
     rec = Recorder()
-    out = refine([GROUPS["A"], GROUPS["B"]], list(GROUPS.values()), [GROUPS["B"]], rec, passes=2,
-                 goal=Goal(min_value=20, value=nbytes_of))
+    out = refine(
+        [GROUPS["A"], GROUPS["B"]],
+        list(GROUPS.values()),
+        [GROUPS["B"]],
+        rec,
+        passes=2,
+        goal=Goal(min_value=20, value=nbytes_of),
+    )
     assert len(out.log) == 2 and "B" in {g.group for g in out.groups}
     assert not any(e["move"] == "leave out B" or e["move"].startswith("swap B ") for e in out.log)
 
@@ -140,6 +147,7 @@ def test_pure_noise_takes_no_move():
     """Every set of groups has the same true mismatch; what differs is noise. Without the paired test the first
     lower draw would be taken (seen: the mutation that skips the test takes one); with it, none is, and the moves
     that measured lower are logged as noise."""
+
     def noisy(groups):
         return _evidence([g.group for g in groups], effect=1.0, noise=0.3)
 
@@ -155,6 +163,7 @@ def test_pure_noise_takes_no_move():
 def test_a_real_interaction_is_found_through_the_noise():
     """The interaction of test_memory_mode_reaches_the_optimum, under per-token noise: the optimum {A, C} is still
     reached, every taken move with a change interval wholly below zero."""
+
     def real(groups):
         return _evidence([g.group for g in groups], effect=measured([g.group for g in groups]), noise=0.3)
 

@@ -7,16 +7,19 @@ from fp8probe import FP8ProbeError
 from fp8probe.recipe.settings import RecipeSettings
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"budget": 0.1, "form": "none"}, "`form` none .* add `kv_cache_dtype` fp8"),
-    ({"budget": 0.1, "form": "all", "keep": ("model.layers.0.mlp",)}, "`form` all takes no `keep`"),
-    ({"budget": 0.1, "kv_cache_dtype": "fp8_e5m2"}, "an engine setting .* a recipe takes: fp8"),
-    ({"budget": 0.1, "fp8_share": 0.5}, "give exactly one of"),
-    ({"budget": 0.1, "holdout": 1}, "would hold out every prompt"),
-    ({"budget": 0.1, "form": "first-last", "costs": "path"}, "`costs` path prices groups for a form that chooses"),
-    ({"budget": 0.1, "form": "all", "damage_model": 20}, "`damage_model` ranks groups for a form that chooses"),
-    ({"budget": 0.1, "damage_model": 3}, "at least 4 measured recipes"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"budget": 0.1, "form": "none"}, "`form` none .* add `kv_cache_dtype` fp8"),
+        ({"budget": 0.1, "form": "all", "keep": ("model.layers.0.mlp",)}, "`form` all takes no `keep`"),
+        ({"budget": 0.1, "kv_cache_dtype": "fp8_e5m2"}, "an engine setting .* a recipe takes: fp8"),
+        ({"budget": 0.1, "fp8_share": 0.5}, "give exactly one of"),
+        ({"budget": 0.1, "holdout": 1}, "would hold out every prompt"),
+        ({"budget": 0.1, "form": "first-last", "costs": "path"}, "`costs` path prices groups for a form that chooses"),
+        ({"budget": 0.1, "form": "all", "damage_model": 20}, "`damage_model` ranks groups for a form that chooses"),
+        ({"budget": 0.1, "damage_model": 3}, "at least 4 measured recipes"),
+    ],
+)
 def test_a_bad_request_is_refused_by_the_settings(kw, match):
     with pytest.raises(FP8ProbeError, match=match):
         RecipeSettings(**kw)
@@ -32,11 +35,15 @@ def test_the_settings_check_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom fp8probe.recipe.settings import RecipeSettings\nRecipeSettings(budget=0.1, form='all')\n"
-            "try:\n    RecipeSettings(budget=0.1, form='none')\nexcept Exception:\n    pass\n"
-            "print('torch' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
+    code = (
+        "import sys\nfrom fp8probe.recipe.settings import RecipeSettings\nRecipeSettings(budget=0.1, form='all')\n"
+        "try:\n    RecipeSettings(budget=0.1, form='none')\nexcept Exception:\n    pass\n"
+        "print('torch' in sys.modules)"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"
+    )
 
 
 def test_the_closing_line_times_the_search_not_the_command():
@@ -46,9 +53,20 @@ def test_the_closing_line_times_the_search_not_the_command():
 
     from fp8probe.apps.recipe import RecipeResult
 
-    recipe = SimpleNamespace(form="free", split=None, measured=0.012, measured_engine=None, quantized=["a", "b", "c"],
-                             kept=["d"], scheme="FP8_DYNAMIC", kv_cache_dtype=None, predicted=0.01,
-                             bytes_saved=3 * 2**20, effective_bits=10.0, search=[{}, {}])
+    recipe = SimpleNamespace(
+        form="free",
+        split=None,
+        measured=0.012,
+        measured_engine=None,
+        quantized=["a", "b", "c"],
+        kept=["d"],
+        scheme="FP8_DYNAMIC",
+        kv_cache_dtype=None,
+        predicted=0.01,
+        bytes_saved=3 * 2**20,
+        effective_bits=10.0,
+        search=[{}, {}],
+    )
     line = RecipeResult("/tmp/r", recipe, RecipeSettings(budget=0.05), 12.4).describe(999.0)
     assert "3/4 fused groups in FP8_DYNAMIC" in line and "3.0 MiB saved" in line
     assert "2 measured passes in 12 s" in line and "999" not in line

@@ -74,8 +74,7 @@ def finished(tmp_path_factory, tiny_dirs):
     from fp8probe.cli import main
 
     root = tmp_path_factory.mktemp("finished")
-    assert main(["-q", "sweep", str(tiny_dirs["llama"]), "--out", str(root / "sweep"), "--no-kv",
-                 *map(str, FEW)]) == 0
+    assert main(["-q", "sweep", str(tiny_dirs["llama"]), "--out", str(root / "sweep"), "--no-kv", *map(str, FEW)]) == 0
     assert main(["-q", "recipe", str(root / "sweep"), "--budget", "1e9", "--out", str(root / "recipe")]) == 0
     return root
 
@@ -208,20 +207,23 @@ def test_bad_rollouts(cli, tmp_path, tiny_dirs, finished):
 # arguments
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--scheme", "INT4"], "unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK, FP8_TENSOR_DYNAMIC"),
-    (["--kv-cache-dtype", "int8"], "unknown KV-cache dtype 'int8'; supported: fp8, fp8_e4m3, fp8_e5m2"),
-    (["--num-prompts", 0], "argument --num-prompts: 0 must be >= 1"),
-    (["--max-new-tokens", -3], "argument --max-new-tokens: -3 must be >= 1"),
-    (["--batch-size", 0], "argument --batch-size: 0 must be >= 1"),
-    (["--temperature", "nan"], "argument --temperature: 'nan' is not a finite number"),
-    (["--temperature", "-1"], "argument --temperature: -1 must be >= 0.0"),
-    (["--seed", "x"], "argument --seed: 'x' is not an integer"),
-    (["--granularity", "layer"], "argument --granularity: invalid choice: 'layer'"),
-    (["--device", "cuda:0"], "no CUDA device is available here"),
-    (["--device", "tpu9"], "device 'tpu9'"),
-    (["--dtype", "int8"], "unknown dtype 'int8'"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--scheme", "INT4"], "unknown scheme 'INT4'; supported: FP8, FP8_DYNAMIC, FP8_BLOCK, FP8_TENSOR_DYNAMIC"),
+        (["--kv-cache-dtype", "int8"], "unknown KV-cache dtype 'int8'; supported: fp8, fp8_e4m3, fp8_e5m2"),
+        (["--num-prompts", 0], "argument --num-prompts: 0 must be >= 1"),
+        (["--max-new-tokens", -3], "argument --max-new-tokens: -3 must be >= 1"),
+        (["--batch-size", 0], "argument --batch-size: 0 must be >= 1"),
+        (["--temperature", "nan"], "argument --temperature: 'nan' is not a finite number"),
+        (["--temperature", "-1"], "argument --temperature: -1 must be >= 0.0"),
+        (["--seed", "x"], "argument --seed: 'x' is not an integer"),
+        (["--granularity", "layer"], "argument --granularity: invalid choice: 'layer'"),
+        (["--device", "cuda:0"], "no CUDA device is available here"),
+        (["--device", "tpu9"], "device 'tpu9'"),
+        (["--dtype", "int8"], "unknown dtype 'int8'"),
+    ],
+)
 def test_bad_sweep_arguments(cli, tmp_path, tiny_dirs, args, match):
     out = tmp_path / "out"
     check_bad(cli("sweep", tiny_dirs["llama"], "--out", out, *args), match, out)
@@ -232,8 +234,11 @@ def test_block_scheme_refused_before_any_output(cli, tmp_path, broken, caplog):
     file exists (it used to fail inside the hooks, leaving resume state that could never be resumed); a sweep
     sweeps the groups the scheme can take (down_proj, input 256) and says which it leaves BF16."""
     out = tmp_path / "out"
-    msg = check_bad(cli("measure", broken["hidden96"], "--out", out, "--scheme", "fp8_block", *FEW),
-                    "FP8_BLOCK needs input dims divisible by 128", out)
+    msg = check_bad(
+        cli("measure", broken["hidden96"], "--out", out, "--scheme", "fp8_block", *FEW),
+        "FP8_BLOCK needs input dims divisible by 128",
+        out,
+    )
     assert "model.layers.0.self_attn.q_proj (96)" in msg and "use FP8_DYNAMIC" in msg
     r = cli("sweep", broken["hidden96"], "--out", out, "--scheme", "FP8_BLOCK", "--no-kv", *FEW)
     assert r.code == 0
@@ -295,40 +300,51 @@ def test_bad_sweep_dirs(cli, tmp_path, finished):
         (edited("typed", run=json.dumps({**run, "batch_size": "8"})), "'batch_size' must be a int"),
         (edited("nocols", table="unit,kind\nx,q\n"), "lacks the columns"),
         (edited("cut", table=header + "\n" + first[: len(first) // 2] + "\n"), "run the sweep again"),
-        (edited("text", table=table.replace(first, first.replace(first.split(",")[-1], "abc"), 1)),
-         "holds values that are not numbers"),
+        (
+            edited("text", table=table.replace(first, first.replace(first.split(",")[-1], "abc"), 1)),
+            "holds values that are not numbers",
+        ),
         (edited("empty", table=""), "not a readable CSV"),
     ]
     for d, match in cases:
         check_bad(cli("recipe", d, "--budget", 0.1, "--out", out), match, out), d
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--budget", "-1"], "argument --budget: -1 must be >= 0.0"),
-    (["--budget", "nan"], "'nan' is not a finite number"),
-    (["--budget", "inf"], "'inf' is not a finite number"),
-    (["--budget", "0.1", "--metric", "kl"], "argument --metric: invalid choice: 'kl'"),
-    (["--budget", "0.1", "--keep", "model.layers.99.mlp"], "--keep model.layers.99.mlp: no such unit or group"),
-    (["--budget", "0.1", "--keep-first", "-1"], "argument --keep-first: -1 must be >= 0"),
-    (["--budget", "1e-30"], "raise the budget"),
-    (["--budget", "0.1", "--target", "trl"], "measures the FP8 KV cache alone: add --kv-cache-dtype fp8"),
-    (["--budget", "0.1", "--target", "openrlhf", "--kv-cache-scheme", "fp8"],  # llm-compressor's name, an alias
-     "has no FP8 KV-cache setting; drop --kv-cache-dtype"),
-    (["--budget", "0.1", "--kv-cache-dtype", "fp8_e5m2"],
-     "argument --kv-cache-dtype/--kv-cache-scheme: invalid choice: 'fp8_e5m2' (choose from 'fp8')"),
-    (["--budget", "0.1", "--target", "verl", "--form", "free"],
-     "cannot apply --form free recipes (it takes all); use one of: all, none"),
-    (["--budget", "0.1", "--target", "nemo-rl"], "was swept with FP8_DYNAMIC: run `fp8probe sweep --rollouts "),
-    (["--budget", "0.1", "--target", "slurm"], "argument --target: invalid choice: 'slurm'"),
-    (["--budget", "0.1", "--form", "some"], "argument --form: invalid choice: 'some'"),
-    (["--budget", "0.1", "--form", "all", "--keep-first", "1"], "--form all takes no --keep"),
-    (["--effective-bits", "20"], "argument --effective-bits: 20 must be <= 16.0"),
-    (["--fp8-share", "-0.5"], "argument --fp8-share: -0.5 must be >= 0.0"),
-    (["--budget", "0.1", "--fp8-share", "0.5"], "argument --fp8-share: not allowed with argument --budget"),
-    ([], "one of the arguments --budget --min-bytes-saved --effective-bits --fp8-share is required"),
-    (["--min-bytes-saved", "999999999999"], "is more than FP8 can reach on this model: at most"),
-    (["--budget", "0.1", "--refine", "-2"], "argument --refine: -2 must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--budget", "-1"], "argument --budget: -1 must be >= 0.0"),
+        (["--budget", "nan"], "'nan' is not a finite number"),
+        (["--budget", "inf"], "'inf' is not a finite number"),
+        (["--budget", "0.1", "--metric", "kl"], "argument --metric: invalid choice: 'kl'"),
+        (["--budget", "0.1", "--keep", "model.layers.99.mlp"], "--keep model.layers.99.mlp: no such unit or group"),
+        (["--budget", "0.1", "--keep-first", "-1"], "argument --keep-first: -1 must be >= 0"),
+        (["--budget", "1e-30"], "raise the budget"),
+        (["--budget", "0.1", "--target", "trl"], "measures the FP8 KV cache alone: add --kv-cache-dtype fp8"),
+        (
+            ["--budget", "0.1", "--target", "openrlhf", "--kv-cache-scheme", "fp8"],  # llm-compressor's name, an alias
+            "has no FP8 KV-cache setting; drop --kv-cache-dtype",
+        ),
+        (
+            ["--budget", "0.1", "--kv-cache-dtype", "fp8_e5m2"],
+            "argument --kv-cache-dtype/--kv-cache-scheme: invalid choice: 'fp8_e5m2' (choose from 'fp8')",
+        ),
+        (
+            ["--budget", "0.1", "--target", "verl", "--form", "free"],
+            "cannot apply --form free recipes (it takes all); use one of: all, none",
+        ),
+        (["--budget", "0.1", "--target", "nemo-rl"], "was swept with FP8_DYNAMIC: run `fp8probe sweep --rollouts "),
+        (["--budget", "0.1", "--target", "slurm"], "argument --target: invalid choice: 'slurm'"),
+        (["--budget", "0.1", "--form", "some"], "argument --form: invalid choice: 'some'"),
+        (["--budget", "0.1", "--form", "all", "--keep-first", "1"], "--form all takes no --keep"),
+        (["--effective-bits", "20"], "argument --effective-bits: 20 must be <= 16.0"),
+        (["--fp8-share", "-0.5"], "argument --fp8-share: -0.5 must be >= 0.0"),
+        (["--budget", "0.1", "--fp8-share", "0.5"], "argument --fp8-share: not allowed with argument --budget"),
+        ([], "one of the arguments --budget --min-bytes-saved --effective-bits --fp8-share is required"),
+        (["--min-bytes-saved", "999999999999"], "is more than FP8 can reach on this model: at most"),
+        (["--budget", "0.1", "--refine", "-2"], "argument --refine: -2 must be >= 0"),
+    ],
+)
 def test_bad_recipe_arguments(cli, tmp_path, finished, args, match):
     out = tmp_path / "out"
     check_bad(cli("recipe", finished / "sweep", "--out", out, *args), match, out)
@@ -337,8 +353,9 @@ def test_bad_recipe_arguments(cli, tmp_path, finished, args, match):
 def test_recipe_from_a_sweep_of_another_model(cli, tmp_path, finished, tiny_dirs):
     d = copy_sweep(finished, tmp_path)
     run = json.loads((d / "run.json").read_text())
-    (d / "run.json").write_text(json.dumps({**run, "model": str(tiny_dirs["phi3"]),
-                                            "model_path": str(tiny_dirs["phi3"])}))
+    (d / "run.json").write_text(
+        json.dumps({**run, "model": str(tiny_dirs["phi3"]), "model_path": str(tiny_dirs["phi3"])})
+    )
     out = tmp_path / "out"
     check_bad(cli("recipe", d, "--budget", 0.1, "--out", out), "was it run on another model", out)
 
@@ -363,43 +380,68 @@ def test_bad_recipes_for_export(cli, tmp_path, tiny_dirs, finished):
         (_recipe(tmp_path, "cut.yaml", good[: good.index("ignore") + 12] + "[a, b"), "is not valid YAML"),
         (_recipe(tmp_path, "latin1.yaml", "scheme: caf\xe9\n".encode("latin-1")), "not a UTF-8 YAML file"),
         (_recipe(tmp_path, "empty.yaml", "{}\n"), "exactly one QuantizationModifier"),
-        (_recipe(tmp_path, "unknown.yaml", mod + "      scheme: FP8_DYNAMIC\n      bits: 4\n"),
-         "unsupported QuantizationModifier key 'bits'"),
-        (_recipe(tmp_path, "ignore.yaml", mod + "      scheme: FP8_DYNAMIC\n      ignore: lm_head\n"),
-         "`ignore` must be a list of module names"),
+        (
+            _recipe(tmp_path, "unknown.yaml", mod + "      scheme: FP8_DYNAMIC\n      bits: 4\n"),
+            "unsupported QuantizationModifier key 'bits'",
+        ),
+        (
+            _recipe(tmp_path, "ignore.yaml", mod + "      scheme: FP8_DYNAMIC\n      ignore: lm_head\n"),
+            "`ignore` must be a list of module names",
+        ),
         (_recipe(tmp_path, "scheme.yaml", mod + "      scheme: INT4\n"), "unknown scheme 'INT4'"),
-        (_recipe(tmp_path, "regex.yaml", mod + "      scheme: FP8_DYNAMIC\n      ignore: ['re:(']\n"),
-         "not a valid regular expression"),
-        (_recipe(tmp_path, "other.yaml", mod + "      scheme: FP8_DYNAMIC\n"
-                 "      ignore: [lm_head, model.layers.17.mlp.down_proj]\n"), "it was made for another model"),
+        (
+            _recipe(tmp_path, "regex.yaml", mod + "      scheme: FP8_DYNAMIC\n      ignore: ['re:(']\n"),
+            "not a valid regular expression",
+        ),
+        (
+            _recipe(
+                tmp_path,
+                "other.yaml",
+                mod + "      scheme: FP8_DYNAMIC\n      ignore: [lm_head, model.layers.17.mlp.down_proj]\n",
+            ),
+            "it was made for another model",
+        ),
     ]
     for recipe, match in cases:
         check_bad(cli("export", model, "--recipe", recipe, "--out", out), match, out)
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    check_bad(cli("export", model, "--recipe", finished / "recipe" / "recipe.yaml", "--out", out),
-              "exists and is not empty")
+    check_bad(
+        cli("export", model, "--recipe", finished / "recipe" / "recipe.yaml", "--out", out), "exists and is not empty"
+    )
     assert (out / "keep.txt").read_text() == "mine"
 
 
 def test_export_targets_that_cannot_apply_the_recipe(cli, tmp_path, tiny_dirs, finished):
     """A target that cannot apply any given recipe: one line saying what it would do; nothing written."""
     model, out, recipe = tiny_dirs["llama"], tmp_path / "out", finished / "recipe" / "recipe.yaml"
-    check_bad(cli("export", model, "--recipe", recipe, "--out", out, "--target", "openrlhf"),
-              "BF16 only: no quantization or kv_cache_dtype reaches its vLLM engines; it would run the recipe's", out)
-    check_bad(cli("export", model, "--recipe", recipe, "--out", out, "--target", "verl", "trl"),
-              "no target can apply these recipes: verl (vLLM rollout) puts every Linear in FP8_BLOCK, which cannot "
-              "take 3 of this model's 12 fused groups", out)
-    check_bad(cli("export", model, "--recipe", recipe, "--out", out, "--target", "kubeflow"),
-              "argument --target: invalid choice: 'kubeflow'", out)
+    check_bad(
+        cli("export", model, "--recipe", recipe, "--out", out, "--target", "openrlhf"),
+        "BF16 only: no quantization or kv_cache_dtype reaches its vLLM engines; it would run the recipe's",
+        out,
+    )
+    check_bad(
+        cli("export", model, "--recipe", recipe, "--out", out, "--target", "verl", "trl"),
+        "no target can apply these recipes: verl (vLLM rollout) puts every Linear in FP8_BLOCK, which cannot "
+        "take 3 of this model's 12 fused groups",
+        out,
+    )
+    check_bad(
+        cli("export", model, "--recipe", recipe, "--out", out, "--target", "kubeflow"),
+        "argument --target: invalid choice: 'kubeflow'",
+        out,
+    )
 
 
 def test_missing_export_extra(cli, tmp_path, tiny_dirs, finished, monkeypatch):
     """Without llm-compressor: one line naming the pip command, not an ImportError traceback."""
     monkeypatch.setitem(sys.modules, "llmcompressor", None)  # import fails as if not installed
     out = tmp_path / "ckpt"
-    check_bad(cli("export", tiny_dirs["llama"], "--recipe", finished / "recipe" / "recipe.yaml", "--out", out),
-              "pip install 'fp8probe[export]'", out)
+    check_bad(
+        cli("export", tiny_dirs["llama"], "--recipe", finished / "recipe" / "recipe.yaml", "--out", out),
+        "pip install 'fp8probe[export]'",
+        out,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -422,27 +464,35 @@ def test_bad_capacity_configs(cli, tmp_path, tiny_dirs):
         else:
             (tmp_path / name).write_text(text)
     out = tmp_path / "out"
-    for name, match in [("cut.json", "is not valid JSON"), ("latin1.json", "is not valid JSON"),
-                        ("list.json", "has no model_type"), ("nomodel.json", "has no model_type"),
-                        ("typed.json", "num_attention_heads is -4"), ("floaty.json", "field 'hidden_size'")]:
+    for name, match in [
+        ("cut.json", "is not valid JSON"),
+        ("latin1.json", "is not valid JSON"),
+        ("list.json", "has no model_type"),
+        ("nomodel.json", "has no model_type"),
+        ("typed.json", "num_attention_heads is -4"),
+        ("floaty.json", "field 'hidden_size'"),
+    ]:
         check_bad(cli("capacity", tmp_path / name, "--out", out), match, out)
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--gpu", "X100"], "unknown GPU 'X100'; presets:"),
-    (["--gpu-memory", "0"], "argument --gpu-memory: 0 must be > 0.0"),
-    (["--gpu-memory", "-8"], "argument --gpu-memory: -8 must be > 0.0"),
-    (["--gpu-memory", "inf"], "'inf' is not a finite number"),
-    (["--kv-cache-memory", "-5"], "argument --kv-cache-memory: -5 must be >= 1"),
-    (["--max-model-len", "0"], "argument --max-model-len: 0 must be >= 1"),
-    (["--tensor-parallel-size", "0"], "argument --tensor-parallel-size: 0 must be >= 1"),
-    (["--tensor-parallel-size", "3"], "do not split over 3 ranks"),
-    (["--gpu-memory-utilization", "1.5"], "1.5 must be <= 1.0"),
-    (["--kv-cache-dtype", "int4"], "argument --kv-cache-dtype: invalid choice: 'int4'"),
-    (["--scheme", "W4A16"], "unknown scheme 'W4A16'"),
-    (["--gpu-memory", "0.01"], "leave no room for a KV cache"),
-    (["--plot"], "--plot needs --out DIR"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--gpu", "X100"], "unknown GPU 'X100'; presets:"),
+        (["--gpu-memory", "0"], "argument --gpu-memory: 0 must be > 0.0"),
+        (["--gpu-memory", "-8"], "argument --gpu-memory: -8 must be > 0.0"),
+        (["--gpu-memory", "inf"], "'inf' is not a finite number"),
+        (["--kv-cache-memory", "-5"], "argument --kv-cache-memory: -5 must be >= 1"),
+        (["--max-model-len", "0"], "argument --max-model-len: 0 must be >= 1"),
+        (["--tensor-parallel-size", "0"], "argument --tensor-parallel-size: 0 must be >= 1"),
+        (["--tensor-parallel-size", "3"], "do not split over 3 ranks"),
+        (["--gpu-memory-utilization", "1.5"], "1.5 must be <= 1.0"),
+        (["--kv-cache-dtype", "int4"], "argument --kv-cache-dtype: invalid choice: 'int4'"),
+        (["--scheme", "W4A16"], "unknown scheme 'W4A16'"),
+        (["--gpu-memory", "0.01"], "leave no room for a KV cache"),
+        (["--plot"], "--plot needs --out DIR"),
+    ],
+)
 def test_bad_capacity_arguments(cli, tmp_path, tiny_dirs, args, match):
     out = tmp_path / "out"
     extra = [] if "--plot" in args else ["--out", out]
@@ -451,10 +501,17 @@ def test_bad_capacity_arguments(cli, tmp_path, tiny_dirs, args, match):
 
 def test_capacity_recipe_of_another_model(cli, tmp_path, tiny_dirs, finished):
     out = tmp_path / "out"
-    check_bad(cli("capacity", tiny_dirs["llama"], "--recipe", tmp_path / "none.yaml", "--out", out),
-              "no such recipe file", out)
-    recipe = _recipe(tmp_path, "r.yaml", "default_stage:\n  default_modifiers:\n    QuantizationModifier:\n"
-                     "      scheme: FP8_DYNAMIC\n      ignore: [lm_head, model.layers.5.self_attn.q_proj]\n")
+    check_bad(
+        cli("capacity", tiny_dirs["llama"], "--recipe", tmp_path / "none.yaml", "--out", out),
+        "no such recipe file",
+        out,
+    )
+    recipe = _recipe(
+        tmp_path,
+        "r.yaml",
+        "default_stage:\n  default_modifiers:\n    QuantizationModifier:\n"
+        "      scheme: FP8_DYNAMIC\n      ignore: [lm_head, model.layers.5.self_attn.q_proj]\n",
+    )
     check_bad(cli("capacity", tiny_dirs["llama"], "--recipe", recipe, "--out", out), "made for another model", out)
 
 
@@ -477,8 +534,12 @@ def test_internal_error_asks_for_a_report(cli, tmp_path, tiny_dirs, monkeypatch)
 
     monkeypatch.setattr(importlib.import_module("fp8probe.sweeps.sweep"), "plan_rows", boom)
     out = tmp_path / "out"
-    msg = check_bad(cli("-q", "sweep", tiny_dirs["llama"], "--out", out, *FEW), "internal error (ZeroDivisionError: "
-                    "injected)", out, code=1)
+    msg = check_bad(
+        cli("-q", "sweep", tiny_dirs["llama"], "--out", out, *FEW),
+        "internal error (ZeroDivisionError: injected)",
+        out,
+        code=1,
+    )
     assert "please report it" in msg and "--verbose" in msg
     r = cli("-v", "sweep", tiny_dirs["llama"], "--out", out, *FEW)
     assert r.code == 1 and "Traceback" in r.err and r.lines[-1].startswith("fp8probe: error: internal error")

@@ -158,8 +158,7 @@ def test_opd_signal(setup, tiny_dirs):
     p = sources.noise(st, 0.05).perturbation
     got = opd.measure(p)
     # the teacher term cancels token by token: |Δ reward| is the sampled-token |Δ log p| of the same source
-    assert got["mean_abs_reward_delta"] == pytest.approx(measure(ref, st, r, p).metrics["abs_dlogp_mean"],
-                                                         rel=1e-5)
+    assert got["mean_abs_reward_delta"] == pytest.approx(measure(ref, st, r, p).metrics["abs_dlogp_mean"], rel=1e-5)
     assert 0 < got["reward_corr"] < 1
     other = tiny_student("llama")
     other.tokenizer = tiny_tokenizer()
@@ -187,8 +186,11 @@ def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):
     assert set(rep["prefix_shift"]) >= {"diverged", "first_div_mean", "kl_q_p_own"}
     r = cli("-q", "check", model, "--budget", measured / 10, "--out", tmp_path / "c2", *common)
     assert r.code == 1 and r.out.startswith("REJECT"), (r.code, r.out, r.err)
-    for bad, match in [("-1", "finite, non-negative"), ("nan", "finite, non-negative"),
-                       (tmp_path / "nope.json", "neither a number nor a budget.json")]:
+    for bad, match in [
+        ("-1", "finite, non-negative"),
+        ("nan", "finite, non-negative"),
+        (tmp_path / "nope.json", "neither a number nor a budget.json"),
+    ]:
         r = cli("check", model, "--budget", bad, "--out", tmp_path / "c3", *common)
         assert r.code == 2 and len(r.lines) == 1 and match in r.lines[0], r.err
         assert not (tmp_path / "c3").exists()
@@ -199,8 +201,24 @@ def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):
 
 def test_ladder_command(cli, tmp_path, tiny_dirs):
     out = tmp_path / "l"
-    r = cli("-q", "ladder", tiny_dirs["llama"], "--out", out, "--num-prompts", 3, "--max-new-tokens", 6,
-            "--noise", 1e-3, 1e-2, "--kv-cache-dtype", "fp8", "--teacher", tiny_dirs["qwen3"])
+    r = cli(
+        "-q",
+        "ladder",
+        tiny_dirs["llama"],
+        "--out",
+        out,
+        "--num-prompts",
+        3,
+        "--max-new-tokens",
+        6,
+        "--noise",
+        1e-3,
+        1e-2,
+        "--kv-cache-dtype",
+        "fp8",
+        "--teacher",
+        tiny_dirs["qwen3"],
+    )
     assert r.code == 0, r.err
     df = pd.read_csv(out / "ladder.csv")
     assert list(df.source) == ["noise 0.001", "noise 0.01", "kv fp8"]
@@ -213,8 +231,10 @@ def test_ladder_command(cli, tmp_path, tiny_dirs):
     st = load_student(str(tiny_dirs["llama"]))
     r = load_rollouts(out)
     ref = Reference(st, r)
-    again = [measure(ref, st, r, s.perturbation).metrics
-             for s in (sources.noise(st, 1e-3), sources.noise(st, 1e-2), sources.kv_cache(st, "fp8"))]
+    again = [
+        measure(ref, st, r, s.perturbation).metrics
+        for s in (sources.noise(st, 1e-3), sources.noise(st, 1e-2), sources.kv_cache(st, "fp8"))
+    ]
     assert list(df.kl_q_p) == pytest.approx([m["kl_q_p"] for m in again], rel=1e-6)
     assert list(df.k3) == pytest.approx([m["k3"] for m in again], rel=1e-5, abs=1e-12)
     assert df.kl_q_p.iloc[0] < df.kl_q_p.iloc[1]
@@ -228,8 +248,23 @@ def test_check_with_a_teacher_end_to_end(cli, tmp_path, tiny_dirs):
     is the sampled-token |dlog p| of the same check (the teacher cancels token by token), its shares are shares."""
     model = tiny_dirs["llama"]
     out = tmp_path / "c"
-    r = cli("-q", "check", model, "--budget", 1.0, "--kv-cache-dtype", "fp8", "--teacher", tiny_dirs["qwen3"],
-            "--num-prompts", 3, "--max-new-tokens", 6, "--out", out)
+    r = cli(
+        "-q",
+        "check",
+        model,
+        "--budget",
+        1.0,
+        "--kv-cache-dtype",
+        "fp8",
+        "--teacher",
+        tiny_dirs["qwen3"],
+        "--num-prompts",
+        3,
+        "--max-new-tokens",
+        6,
+        "--out",
+        out,
+    )
     assert r.code == 0 and r.out.startswith("ADMIT"), (r.code, r.out, r.err)
     rep = json.loads((out / "check.json").read_text())
     o = rep["opd_signal"]
@@ -319,8 +354,9 @@ def test_check_gives_the_other_engines_figure(setup):
     back = check(st, r, cfg, point, reference=ref, engine="vllm-cuda")
     assert back.also_measured["engine"] == "sim"
     assert back.also_measured["measured"] == pytest.approx(rep.measured, rel=1e-9)
-    kv = sources.Source("kv e5m2", "kv",
-                        Perturbation(kv_layers=tuple(st.layers), kv=KVCacheScheme.from_name("fp8_e5m2")))
+    kv = sources.Source(
+        "kv e5m2", "kv", Perturbation(kv_layers=tuple(st.layers), kv=KVCacheScheme.from_name("fp8_e5m2"))
+    )
     rep = check(st, r, kv, point, reference=ref)
     assert rep.also_measured["measured"] is None and "FlashAttention 3" in rep.also_measured["not_covered"]
     assert "not measured as vllm-cuda computes it" in format_check(rep)
@@ -333,8 +369,21 @@ def test_check_predicts_a_modelled_recipe_before_measuring(cli, tmp_path, tiny_d
     model = tiny_dirs["llama"]
     r = cli("-q", "sweep", model, "--out", tmp_path / "s", "--num-prompts", 4, "--max-new-tokens", 8, "--no-kv")
     assert r.code == 0, r.err
-    r = cli("-q", "recipe", tmp_path / "s", "--fp8-share", 0.5, "--damage-model", 12, "--out", tmp_path / "r",
-            "--holdout", 0, "--refine", 0)
+    r = cli(
+        "-q",
+        "recipe",
+        tmp_path / "s",
+        "--fp8-share",
+        0.5,
+        "--damage-model",
+        12,
+        "--out",
+        tmp_path / "r",
+        "--holdout",
+        0,
+        "--refine",
+        0,
+    )
     assert r.code == 0, r.err
     rj = json.loads((tmp_path / "r" / "recipe.json").read_text())
     common = ["--rollouts", tmp_path / "s", "--recipe", tmp_path / "r" / "recipe.yaml", "--max-new-tokens", 8]

@@ -10,14 +10,29 @@ from fp8probe.core.units import GiB
 from fp8probe.sweeps.memory import check_fits, estimate
 
 # Qwen3-32B's shape (config.json of Qwen/Qwen3-32B): 64 blocks, hidden 5120, 151,936-token vocabulary
-QWEN3_32B = dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
-                 num_attention_heads=64, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                 tie_word_embeddings=False)
+QWEN3_32B = dict(
+    vocab_size=151936,
+    hidden_size=5120,
+    intermediate_size=25600,
+    num_hidden_layers=64,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+)
 
 
 def test_weights_and_records_by_hand():
-    cfg = tf.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    cfg = tf.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     # embed + lm_head 2*1000*64, per block q,o 64*64, k,v 64*32, gate/up/down 3*64*128, two norms 2*64; final norm
     params = 2 * 1000 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64
     e = estimate(cfg, 2, "exact", batch_size=4, num_sequences=8, seq_len=100, response_tokens=400)
@@ -49,8 +64,9 @@ def test_32b_on_one_80gb_gpu():
 def test_cli_refuses_before_loading(cli, tmp_path):
     d = tmp_path / "qwen3-32b"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
-                                               **QWEN3_32B}))
+    (d / "config.json").write_text(
+        json.dumps({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **QWEN3_32B})
+    )
     out = tmp_path / "out"
     res = cli("sweep", d, "--out", out)
     assert res.code == 2, res.err

@@ -19,8 +19,11 @@ def test_each_method_measures_its_rows_exactly():
     # auto: the top 2 estimates (u1 0.6, u3 0.5), the whole model, and 1 control drawn from the other four
     auto = SweepSettings(method="auto", top_k=2, controls=1)
     got = METHODS["auto"].exact(rows, est, auto, 3)
-    assert {"u1", "u3", "model.fp8"} <= got and len(got) == 4 and (got - {"u1", "u3", "model.fp8"}) <= {"u0", "u2",
-                                                                                                       "u4", "u5"}
+    assert (
+        {"u1", "u3", "model.fp8"} <= got
+        and len(got) == 4
+        and (got - {"u1", "u3", "model.fp8"}) <= {"u0", "u2", "u4", "u5"}
+    )
     assert got == METHODS["auto"].exact(rows, est, auto, 3)  # seeded
     # path: what the path does not cover (the whole model, the KV caches)
     path = SweepSettings(method="path")
@@ -31,9 +34,19 @@ def test_run_json_records_each_methods_settings():
     # as tests/golden/tiny-llama/sweep/run.json (exact) and test_fisher's runs record them
     assert SweepSettings(method="exact").recorded(0) == {"method": "exact"}
     assert list(SweepSettings(method="fisher", fisher_samples=3).recorded(5).items()) == [
-        ("method", "fisher"), ("samples", 3), ("estimator", DEFAULT_ESTIMATOR), ("seed", 5)]
-    assert list(SweepSettings(method="auto", top_k=4, controls=2).recorded(0)) == ["method", "samples", "estimator",
-                                                                                   "seed", "top_k", "controls"]
+        ("method", "fisher"),
+        ("samples", 3),
+        ("estimator", DEFAULT_ESTIMATOR),
+        ("seed", 5),
+    ]
+    assert list(SweepSettings(method="auto", top_k=4, controls=2).recorded(0)) == [
+        "method",
+        "samples",
+        "estimator",
+        "seed",
+        "top_k",
+        "controls",
+    ]
     assert SweepSettings(method="path", path_nodes=3).recorded(0) == {"method": "path", "nodes": 3}
     assert [m for m in METHODS if METHODS[m].reference] == ["exact", "auto", "path"]
     assert [m for m in METHODS if METHODS[m].estimate] == ["fisher", "auto", "path"]

@@ -28,16 +28,45 @@ def single(tiny_dirs, tmp_path_factory):
     from fp8probe.cli import main
 
     out = tmp_path_factory.mktemp("single") / "run"
-    assert main(["-q", "sweep", str(tiny_dirs["llama"]), "--out", str(out), "--method", "exact", "--num-prompts", "6",
-                 "--max-new-tokens", "10"]) == 0
+    assert (
+        main(
+            [
+                "-q",
+                "sweep",
+                str(tiny_dirs["llama"]),
+                "--out",
+                str(out),
+                "--method",
+                "exact",
+                "--num-prompts",
+                "6",
+                "--max-new-tokens",
+                "10",
+            ]
+        )
+        == 0
+    )
     return out
 
 
 @ray_workers
 def test_two_workers_write_the_single_process_table_byte_for_byte(tiny_dirs, single, tmp_path, cli):
     out = tmp_path / "ray"
-    r = cli("-q", "sweep", tiny_dirs["llama"], "--out", out, "--rollouts", single, "--method", "exact",
-            "--workers", "2", "--threads-per-worker", "1")
+    r = cli(
+        "-q",
+        "sweep",
+        tiny_dirs["llama"],
+        "--out",
+        out,
+        "--rollouts",
+        single,
+        "--method",
+        "exact",
+        "--workers",
+        "2",
+        "--threads-per-worker",
+        "1",
+    )
     assert r.code == 0, r.err
     assert (out / "sensitivity.csv").read_bytes() == (single / "sensitivity.csv").read_bytes()
     import json
@@ -93,12 +122,28 @@ def test_a_killed_driver_resumes_with_workers(deep_tiny_dir, tmp_path):
     equality of Ray and single-process tables is test_two_workers_write_the_single_process_table_byte_for_byte's."""
     common = ["-q", "sweep", str(deep_tiny_dir), "--method", "exact", "--num-prompts", "6", "--max-new-tokens", "12"]
     full = tmp_path / "full"
-    assert subprocess.run([sys.executable, "-m", "fp8probe.cli", *common, "--out", str(full)],
-                          capture_output=True, timeout=600).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "fp8probe.cli", *common, "--out", str(full)], capture_output=True, timeout=600
+        ).returncode
+        == 0
+    )
     n_rows = len(pd.read_csv(full / "sensitivity.csv"))
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "fp8probe.cli", *common, "--out", str(out), "--rollouts", str(full), "--workers",
-           "2", "--threads-per-worker", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fp8probe.cli",
+        *common,
+        "--out",
+        str(out),
+        "--rollouts",
+        str(full),
+        "--workers",
+        "2",
+        "--threads-per-worker",
+        "1",
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     part = out / "sensitivity.partial.csv"
     deadline = time.time() + 300
@@ -131,11 +176,31 @@ def test_an_address_nobody_answers_is_refused_in_one_line(tiny_dirs, tmp_path, c
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2",
-            "--ray-address", f"127.0.0.1:{port}")
+    r = cli(
+        "sweep",
+        tiny_dirs["llama"],
+        "--out",
+        tmp_path / "x",
+        "--method",
+        "exact",
+        "--workers",
+        "2",
+        "--ray-address",
+        f"127.0.0.1:{port}",
+    )
     assert r.code == 2 and len(r.lines) == 1 and "nothing answers" in r.err and not (tmp_path / "x").exists()
-    r = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "x", "--method", "exact", "--workers", "2",
-            "--ray-address", "headnode")
+    r = cli(
+        "sweep",
+        tiny_dirs["llama"],
+        "--out",
+        tmp_path / "x",
+        "--method",
+        "exact",
+        "--workers",
+        "2",
+        "--ray-address",
+        "headnode",
+    )
     assert r.code == 2 and len(r.lines) == 1 and "HOST:PORT" in r.err
 
 
@@ -169,19 +234,55 @@ def test_joins_an_existing_cluster_and_leaves_it_running(tiny_dirs, single, tmp_
 
     # Ray >= 2.59 authenticates clients of a cluster with a token: the same one for the head and for fp8probe
     env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    up = subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                         "--disable-usage-stats"], capture_output=True, text=True, timeout=120, env=env)
+    up = subprocess.run(
+        [
+            ray_bin,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert up.returncode == 0, up.stderr
     try:
         out = tmp_path / "joined"
-        r = subprocess.run([sys.executable, "-m", "fp8probe.cli", "-q", "sweep", str(tiny_dirs["llama"]), "--out",
-                            str(out), "--rollouts", str(single), "--method", "exact", "--workers", "2",
-                            "--threads-per-worker", "1", "--ray-address", f"127.0.0.1:{port}"],
-                           capture_output=True, text=True, timeout=300, env=env)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fp8probe.cli",
+                "-q",
+                "sweep",
+                str(tiny_dirs["llama"]),
+                "--out",
+                str(out),
+                "--rollouts",
+                str(single),
+                "--method",
+                "exact",
+                "--workers",
+                "2",
+                "--threads-per-worker",
+                "1",
+                "--ray-address",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr
         assert (out / "sensitivity.csv").read_bytes() == (single / "sensitivity.csv").read_bytes()
-        status = subprocess.run([ray_bin, "status", f"--address=127.0.0.1:{port}"], capture_output=True, text=True,
-                                timeout=60, env=env)
+        status = subprocess.run(
+            [ray_bin, "status", f"--address=127.0.0.1:{port}"], capture_output=True, text=True, timeout=60, env=env
+        )
         assert status.returncode == 0, "the cluster fp8probe joined is gone"
     finally:
         subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=env)

@@ -132,8 +132,9 @@ def test_whole_model_rows_carry_intervals_and_the_kv_effect():
         assert w[name]["kl_q_p"] == pytest.approx(df.loc[name, "kl_q_p"], rel=1e-5)
         assert lo <= w[name]["kl_q_p"] <= hi and lo < hi
     effect = w["kv_effect"]
-    assert effect["kl_q_p"] == pytest.approx(df.loc["model.fp8_all_kv", "kl_q_p"] - df.loc["model.fp8_all", "kl_q_p"],
-                                             rel=1e-4, abs=1e-9)
+    assert effect["kl_q_p"] == pytest.approx(
+        df.loc["model.fp8_all_kv", "kl_q_p"] - df.loc["model.fp8_all", "kl_q_p"], rel=1e-4, abs=1e-9
+    )
     lo, hi = effect["interval"]
     assert lo <= effect["kl_q_p"] <= hi and effect["num_prompts"] == 6
     # the paired interval is narrower than the two rows' own intervals side by side
@@ -166,8 +167,7 @@ def test_whole_model_intervals_come_from_the_sweeps_own_rows(monkeypatch):
         assert w[name]["interval"] == pytest.approx(again[name]["interval"], rel=1e-4)
     assert w["kv_effect"]["interval"] == pytest.approx(again["kv_effect"]["interval"], rel=1e-4, abs=1e-9)
     partial = {"model.fp8_all": swept.model_rows["model.fp8_all"]}
-    mixed = whole_model_rows(swept.reference, student, r, SweepSettings(method="exact"),
-                             measured=partial)["kv_effect"]
+    mixed = whole_model_rows(swept.reference, student, r, SweepSettings(method="exact"), measured=partial)["kv_effect"]
     assert len(calls) == 1 and mixed["kl_q_p"] == pytest.approx(w["kv_effect"]["kl_q_p"], rel=1e-4, abs=1e-9)
 
 

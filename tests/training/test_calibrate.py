@@ -43,8 +43,15 @@ def pair():
 
 
 def _settings(levels=("0",), steps=TRAIN.steps, **train):
-    return Experiment(None, "pruned", tuple(levels), 2, TrainSettings(**{**TRAIN.__dict__, "steps": steps, **train}),
-                       tuple(BUILTIN_PROMPTS[:8]), tuple(BUILTIN_PROMPTS[8:10]))
+    return Experiment(
+        None,
+        "pruned",
+        tuple(levels),
+        2,
+        TrainSettings(**{**TRAIN.__dict__, "steps": steps, **train}),
+        tuple(BUILTIN_PROMPTS[:8]),
+        tuple(BUILTIN_PROMPTS[8:10]),
+    )
 
 
 def test_depth_pruned_keeps_every_other_block_with_the_teachers_weights(pair):
@@ -74,9 +81,13 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
     s = _settings(("0", "0.3"))
     zero = train_one(teacher, student, RunId("opd", SourceSpec("none"), 0), s, tmp_path)
     plain_model = trainable_student(copy.deepcopy(student.model), student.tokenizer, "plain").model
-    plain = DistillationTrainer(model=plain_model, teacher_model=teacher.model,
-                                args=opd_config(s.train, 0, str(tmp_path / "plain")),
-                                train_dataset=prompt_dataset(list(s.train_prompts)), processing_class=student.tokenizer)
+    plain = DistillationTrainer(
+        model=plain_model,
+        teacher_model=teacher.model,
+        args=opd_config(s.train, 0, str(tmp_path / "plain")),
+        train_dataset=prompt_dataset(list(s.train_prompts)),
+        processing_class=student.tokenizer,
+    )
     plain.train()
     plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
     assert len(plain_losses) == TRAIN.steps
@@ -90,8 +101,9 @@ def test_zero_level_is_plain_trl_opd_and_perturbed_rollouts_change_the_run(pair,
 def test_measured_mismatch_is_positive_and_grows_with_the_level(pair, tmp_path):
     teacher, student = pair
     s = _settings(("0.05", "0.2", "0.8"), steps=2)
-    got = [train_one(teacher, student, RunId("opd", parse_source(x), 0), s, tmp_path).mismatch["kl_q_p"]
-           for x in s.levels]
+    got = [
+        train_one(teacher, student, RunId("opd", parse_source(x), 0), s, tmp_path).mismatch["kl_q_p"] for x in s.levels
+    ]
     assert 0 < got[0] < got[1] < got[2]
     steps = pd.read_csv(run_dir(tmp_path, "opd", parse_source("0.2"), 0) / "steps.csv")
     assert list(steps["step"]) == [1, 2] and (steps["kl_q_p"] > 0).all() and (steps["k3"] > 0).all()
@@ -133,9 +145,27 @@ def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     out = tmp_path / "cal"
 
     def args(steps=2):
-        return ["calibrate", "--teacher", tiny_dirs["llama"], "--out", out, "--seeds", "2", "--steps", steps,
-                "--batch-size", "4", "--max-new-tokens", "5", "--eval-every", "1", "--eval-samples", "1",
-                "--max-added", "0"]
+        return [
+            "calibrate",
+            "--teacher",
+            tiny_dirs["llama"],
+            "--out",
+            out,
+            "--seeds",
+            "2",
+            "--steps",
+            steps,
+            "--batch-size",
+            "4",
+            "--max-new-tokens",
+            "5",
+            "--eval-every",
+            "1",
+            "--eval-samples",
+            "1",
+            "--max-added",
+            "0",
+        ]
 
     common = args()
     r = cli(*common, "--levels", "0", "0.2")
@@ -197,8 +227,11 @@ def test_learning_rate_schedules_reach_trl():
             lrs.append(opt.param_groups[0]["lr"])
             opt.step()
             sched.step()
-        want = {"constant": [1, 1, 1, 1], "linear": [1, 0.75, 0.5, 0.25],
-                "cosine": [0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]}[name]
+        want = {
+            "constant": [1, 1, 1, 1],
+            "linear": [1, 0.75, 0.5, 0.25],
+            "cosine": [0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)],
+        }[name]
         assert lrs == pytest.approx(want)
 
 
@@ -220,9 +253,31 @@ def test_interrupted_calibration_keeps_finished_runs_and_resumes(tiny_dirs, tmp_
     from conftest import cli_process
 
     out = tmp_path / "cal"
-    common = ["calibrate", "--teacher", tiny_dirs["llama"], "--out", out, "--seeds", "2", "--steps", "3",
-              "--batch-size", "4", "--max-new-tokens", "5", "--eval-every", "1", "--eval-samples", "1",
-              "--levels", "0", "0.1", "0.4", "--max-added", "0"]
+    common = [
+        "calibrate",
+        "--teacher",
+        tiny_dirs["llama"],
+        "--out",
+        out,
+        "--seeds",
+        "2",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--max-new-tokens",
+        "5",
+        "--eval-every",
+        "1",
+        "--eval-samples",
+        "1",
+        "--levels",
+        "0",
+        "0.1",
+        "0.4",
+        "--max-added",
+        "0",
+    ]
     p = cli_process(*common)
     first = run_dir(out, "opd", parse_source("0"), 0) / "run.json"
     deadline = time.time() + 300
@@ -250,16 +305,21 @@ def test_grpo_at_level_zero_is_plain_trl_grpo_and_the_correction_weights_tokens(
     s = _settings(("0", "0.3"), batch_size=4, group_size=2)
     zero = train_one(teacher, student, RunId("grpo", SourceSpec("none"), 0), s, tmp_path)
     plain_model = trainable_student(copy.deepcopy(student.model), student.tokenizer, "plain").model
-    plain = GRPOTrainer(model=plain_model, reward_funcs=[TeacherLikelihood(teacher, student.tokenizer)],
-                        args=grpo_config(s.train, 0, str(tmp_path / "plain")),
-                        train_dataset=prompt_dataset(list(s.train_prompts)), processing_class=student.tokenizer)
+    plain = GRPOTrainer(
+        model=plain_model,
+        reward_funcs=[TeacherLikelihood(teacher, student.tokenizer)],
+        args=grpo_config(s.train, 0, str(tmp_path / "plain")),
+        train_dataset=prompt_dataset(list(s.train_prompts)),
+        processing_class=student.tokenizer,
+    )
     plain.train()
     plain_losses = [h["loss"] for h in plain.state.log_history if "loss" in h]
     assert len(plain_losses) == TRAIN.steps and zero.losses == plain_losses
     noisy = train_one(teacher, student, RunId("grpo", parse_source("0.3"), 0), s, tmp_path)
     corrected = train_one(teacher, student, RunId("grpo-is", parse_source("0.3"), 0), s, tmp_path)
-    first = [pd.read_csv(run_dir(tmp_path, o, parse_source("0.3"), 0) / "steps.csv").iloc[0] for o in ("grpo",
-                                                                                                      "grpo-is")]
+    first = [
+        pd.read_csv(run_dir(tmp_path, o, parse_source("0.3"), 0) / "steps.csv").iloc[0] for o in ("grpo", "grpo-is")
+    ]
     assert first[0]["kl_q_p"] == first[1]["kl_q_p"] > 0  # the same first rollouts, measured alike
     assert noisy.losses[0] != corrected.losses[0]
 
@@ -294,17 +354,19 @@ def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_p
         st = trainable_student(copy.deepcopy(student.model), student.tokenizer, name)
         perturber = Perturber(st.model, level.rollout(st, 0))
         probe = copy.deepcopy(st.model)  # p before the update (copied before TRL patches the model's LM head)
-        trainer = make_grpo_trainer(st, teacher, list(s.train_prompts), s.train,
-                                    TrainerRun(0, str(tmp_path / name), perturber), bypass=bypass)
+        trainer = make_grpo_trainer(
+            st, teacher, list(s.train_prompts), s.train, TrainerRun(0, str(tmp_path / name), perturber), bypass=bypass
+        )
         trainer.train()
         inputs, loss = seen[-1]
         losses[name] = loss
     prompts, completions, mask = inputs["prompt_ids"], inputs["completion_ids"], inputs["completion_mask"]
     lengths = mask.sum(1).tolist()
-    seqs = Rollouts.from_sequences([[t for t, m in zip(p, pm) if m] for p, pm in zip(prompts.tolist(),
-                                                                                   inputs["prompt_mask"].tolist())],
-                                   [c[:n] for c, n in zip(completions.tolist(), lengths)],
-                                   student.tokenizer.pad_token_id)
+    seqs = Rollouts.from_sequences(
+        [[t for t, m in zip(p, pm) if m] for p, pm in zip(prompts.tolist(), inputs["prompt_mask"].tolist())],
+        [c[:n] for c, n in zip(completions.tolist(), lengths)],
+        student.tokenizer.pad_token_id,
+    )
     probe_student = Student(probe, student.tokenizer, list_units(probe), "probe", "", "llama")
     probe.eval()
     with torch.no_grad():
@@ -319,8 +381,10 @@ def test_grpo_bypass_anchors_the_ppo_ratio_at_the_rollouts_log_probs(pair, tmp_p
     anchor = inputs["old_per_token_logps"]
     assert torch.cat([anchor[i, :n] for i, n in enumerate(lengths)]).tolist() == pytest.approx(lq.tolist(), abs=1e-4)
     assert abs(losses["grpo"] - losses["grpo-bypass"]) > 1e-4  # the anchor changed the loss
-    zero = [train_one(teacher, student, RunId(o, SourceSpec("none"), 0), s, tmp_path).losses
-            for o in ("grpo", "grpo-bypass")]
+    zero = [
+        train_one(teacher, student, RunId(o, SourceSpec("none"), 0), s, tmp_path).losses
+        for o in ("grpo", "grpo-bypass")
+    ]
     assert zero[0] == zero[1]
 
 
@@ -336,8 +400,9 @@ def test_heldout_quality_by_hand_with_each_steps_seed(pair):
     tr = TrainSettings(**{**TRAIN.__dict__, "eval_samples": 2, "max_new_tokens": 5, "eval_seeds": "per-step"})
 
     def by_hand(seed):
-        r = make_rollouts(student, prompts=prompts, samples_per_prompt=2, max_new_tokens=5, seed=seed,
-                          temperature=tr.temperature)
+        r = make_rollouts(
+            student, prompts=prompts, samples_per_prompt=2, max_new_tokens=5, seed=seed, temperature=tr.temperature
+        )
         kls = []
         with torch.no_grad():
             for i in range(r.num_sequences):
@@ -409,11 +474,20 @@ def _fake_run(response, order):
         m, q = response(objective, level, seed)
         order.append((level.name, seed))
         return TrainingRunRecord(
-            objective=objective, level=level.name, kind=level.kind, value=level.value, scheme=level.scheme, seed=seed,
-            steps=1, seconds=0.0, mismatch={"kl_q_p": m, "k3": m, "tokens": 10}, losses=[],
+            objective=objective,
+            level=level.name,
+            kind=level.kind,
+            value=level.value,
+            scheme=level.scheme,
+            seed=seed,
+            steps=1,
+            seconds=0.0,
+            mismatch={"kl_q_p": m, "k3": m, "tokens": 10},
+            losses=[],
             quality_start={"reverse_kl": 5.0, "teacher_logp": -1.0},
             quality_end={"reverse_kl": q, "teacher_logp": -1.0},
-            quality={"plateau": q, "auc": q, "final": q, "late_improvement": 0.0})
+            quality={"plateau": q, "auc": q, "final": q, "late_improvement": 0.0},
+        )
 
     return run
 
@@ -425,8 +499,9 @@ def _fake_ladder(response):
 
     def make(c, out, device, progress, log):
         order = []
-        ladder = cal.Ladder(c, _fake_run(response, order), lambda o, level: {"dose": response(o, level, 0)[0]},
-                            bootstrap=cal.BOOTSTRAP)
+        ladder = cal.Ladder(
+            c, _fake_run(response, order), lambda o, level: {"dose": response(o, level, 0)[0]}, bootstrap=cal.BOOTSTRAP
+        )
         ladder.order = order
         return ladder
 
@@ -464,17 +539,18 @@ def test_adaptive_ladder_brackets_a_known_edge(tmp_path, monkeypatch):
     from fp8probe.training import experiment as cal
 
     def response(objective, level, seed):
-        m = 10 * level.value ** 2 if level.kind == "noise" else 0.0
+        m = 10 * level.value**2 if level.kind == "noise" else 0.0
         loss = 0.0 if m <= 3e-3 else 0.05 * math.log2(m / 3e-3)
         return m, (2.0 + 0.3 * seed) * (1 + loss)
 
     Ladder = _fake_ladder(response)
     monkeypatch.setattr(cal, "BOOTSTRAP", 100)  # the fits' resamples: the ladder's decisions read the point fit
-    c = Experiment(None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6,
-                   response="relative")
+    c = Experiment(
+        None, "pruned", ("0", "0.003", "0.03", "0.3"), 3, TRAIN, ("a",), ("b",), max_added=6, response="relative"
+    )
     df, budget, added = Ladder(c, tmp_path, "cpu", False, None).objective("opd")
     noise = df[df["kind"] == "noise"].groupby("value")["mismatch"].first()
-    ok = [s for s in noise.index if 10 * s ** 2 <= 3e-3 + 1e-12]
+    ok = [s for s in noise.index if 10 * s**2 <= 3e-3 + 1e-12]
     lo, hi = max(ok), min(s for s in noise.index if s not in ok)
     assert added and noise[hi] / noise[lo] <= 2.0 and len(added) <= 6
     assert budget.value == pytest.approx(noise[lo]) and budget.interval == (pytest.approx(noise[lo]),) * 2
@@ -490,13 +566,23 @@ def test_allocated_runs_go_to_the_edge_with_their_twins_and_replay_on_resume(tmp
     from fp8probe.training import experiment as cal
 
     def response(objective, level, seed):
-        m = 200 * level.value ** 2 if level.kind == "noise" else 0.0
+        m = 200 * level.value**2 if level.kind == "noise" else 0.0
         return m, (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
 
     Ladder = _fake_ladder(response)
     monkeypatch.setattr(cal, "BOOTSTRAP", 60)
-    c = Experiment(None, "pruned", ("0", "0.005", "0.015", "0.1"), 3, TRAIN, ("a",), ("b",), max_added=0,
-                   max_runs=7, response="relative")
+    c = Experiment(
+        None,
+        "pruned",
+        ("0", "0.005", "0.015", "0.1"),
+        3,
+        TRAIN,
+        ("a",),
+        ("b",),
+        max_added=0,
+        max_runs=7,
+        response="relative",
+    )
     first = Ladder(c, tmp_path, "cpu", False, None)
     df, budget, added = first.objective("opd")
     spent = first.spent["opd"]
@@ -508,7 +594,7 @@ def test_allocated_runs_go_to_the_edge_with_their_twins_and_replay_on_resume(tmp
     assert new[:3] == [(level, 0), (level, 1), (level, 2)]
     for i, (name, seed) in enumerate(new[3:]):
         if seed >= 3 and name == level:
-            assert ("0", seed) in new[:3 + i]  # its twin ran before it
+            assert ("0", seed) in new[: 3 + i]  # its twin ran before it
     again = Ladder(c, tmp_path, "cpu", False, None)
     again.objective("opd")
     assert again.order == first.order
@@ -520,19 +606,30 @@ def test_a_resume_of_one_objective_keeps_the_others_runs_and_budget(tmp_path, mo
     from fp8probe.training import experiment as cal
 
     def response(objective, level, seed):
-        m = (200 if objective == "grpo" else 100) * level.value ** 2 if level.kind == "noise" else 0.0
+        m = (200 if objective == "grpo" else 100) * level.value**2 if level.kind == "noise" else 0.0
         return m, (2.0 + 0.3 * seed) * (1 + 0.04 * m + 0.002 * ((seed * 7 + int(m * 1000)) % 5 - 2))
 
     monkeypatch.setattr(cal, "_Trainer", _fake_trainer(response))
     monkeypatch.setattr(cal, "BOOTSTRAP", 30)
     monkeypatch.setattr("fp8probe.plots.figures.calibration_plot", lambda *a, **k: None)
     levels = ("0", "0.01", "0.05", "0.2")
-    both = Experiment(None, "pruned", levels, 3, TRAIN, ("a",), ("b",), objectives=("opd", "grpo"), max_added=0,
-                      response="relative")
+    both = Experiment(
+        None, "pruned", levels, 3, TRAIN, ("a",), ("b",), objectives=("opd", "grpo"), max_added=0, response="relative"
+    )
     cal.calibrate(both, tmp_path, progress=False)
     grpo_before = json.loads((tmp_path / "budget-grpo.json").read_text())["value"]
-    one = Experiment(None, "pruned", levels + ("0.03",), 3, TRAIN, ("a",), ("b",), objectives=("opd",), max_added=0,
-                     response="relative")
+    one = Experiment(
+        None,
+        "pruned",
+        levels + ("0.03",),
+        3,
+        TRAIN,
+        ("a",),
+        ("b",),
+        objectives=("opd",),
+        max_added=0,
+        response="relative",
+    )
     res = cal.calibrate(one, tmp_path, progress=False)
     runs = pd.read_csv(tmp_path / "runs.csv", dtype={"level": str})
     assert sorted(set(runs["objective"])) == ["grpo", "opd"]
@@ -542,6 +639,7 @@ def test_a_resume_of_one_objective_keeps_the_others_runs_and_budget(tmp_path, mo
     assert c["objectives"] == ["opd", "grpo"] and c["kept_objectives"] == ["grpo"]
     assert set(res["budgets"]) == {"opd", "grpo"} and res["ratios"][0]["other"] == "grpo"
     from fp8probe.apps.calibrate import _describe  # its first line names what it fitted, not what the settings ran
+
     assert "calibrate: 27 runs (opd, grpo; 3 seeds per level)" in _describe(res, one, tmp_path, 60).splitlines()[0]
 
 

@@ -74,9 +74,11 @@ class Applied:
 
 def resolves(target: "Target", *files: str):
     """Decorator of a framework's reader: the fragment's files, read as that framework reads them."""
+
     def deco(fn):
         RESOLVERS[target.name] = (files, fn)
         return fn
+
     return deco
 
 
@@ -114,12 +116,14 @@ def flags(text: str) -> dict[str, str]:
 
 def register(target: Target):
     """Decorator of a framework's renderer: registers the target and how its config fragment is written."""
+
     def deco(fn):
         if target.name in TARGETS:
             raise ValueError(f"framework target {target.name!r} registered twice")
         TARGETS[target.name] = target
         RENDERERS[target.name] = fn
         return fn
+
     return deco
 
 
@@ -153,30 +157,38 @@ class TargetSettings(Settings):
     """The rollout framework a recipe is made for (`fp8probe recipe --target`): its form, FP8 scheme and KV-cache
     scales (recipe_form), which the recipe layer below cannot know."""
 
-    target: str | None = opt(None, "a rollout framework: its form, FP8 scheme and KV-cache scales (see `fp8probe "
-                             "export`)", choices=lambda: TARGETS)
+    target: str | None = opt(
+        None,
+        "a rollout framework: its form, FP8 scheme and KV-cache scales (see `fp8probe export`)",
+        choices=lambda: TARGETS,
+    )
 
     @property
     def chosen(self) -> Target | None:
         return TARGETS[self.target] if self.target else None
 
 
-def recipe_form(target: Target | None, form: str | None, kv_cache_dtype: str | None, sweep_scheme: str,
-                sweep_dir="SWEEP") -> tuple[str, str, str]:
+def recipe_form(
+    target: Target | None, form: str | None, kv_cache_dtype: str | None, sweep_scheme: str, sweep_dir="SWEEP"
+) -> tuple[str, str, str]:
     """(form, scheme, kv_scale) of the recipe search for `target`, refusing what it or the sweep cannot give."""
     form = form or (target.form if target else "free")
     if target is None:
         return form, sweep_scheme, "calibrated"
     if form not in narrower(target.form):
-        raise FP8ProbeError(f"{target.title} cannot apply `form` {form} recipes (it takes {target.form}); "
-                            f"use one of: {', '.join(narrower(target.form))}")
+        raise FP8ProbeError(
+            f"{target.title} cannot apply `form` {form} recipes (it takes {target.form}); "
+            f"use one of: {', '.join(narrower(target.form))}"
+        )
     if kv_cache_dtype and target.kv is None:
         raise FP8ProbeError(f"{target.title} has no FP8 KV-cache setting; drop `kv_cache_dtype`")
     scheme = target.scheme or sweep_scheme
     if not FORMS[form].fixed and scheme != sweep_scheme:  # its groups are chosen on the sweep's scores
-        raise FP8ProbeError(f"{target.title} quantizes with {scheme}, but {sweep_dir} was swept with {sweep_scheme}: "
-                            f"run `fp8probe sweep --rollouts {sweep_dir} --scheme {scheme} --out DIR` and make the "
-                            "recipe from DIR")
+        raise FP8ProbeError(
+            f"{target.title} quantizes with {scheme}, but {sweep_dir} was swept with {sweep_scheme}: "
+            f"run `fp8probe sweep --rollouts {sweep_dir} --scheme {scheme} --out DIR` and make the "
+            "recipe from DIR"
+        )
     return form, scheme, target.kv_scale
 
 
@@ -230,17 +242,23 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
         blocked = scheme_blockers([u for u in units if u.quantizable], Scheme.from_name(target.scheme))
         if blocked:
             g, why = next(iter(blocked.items()))
-            raise Inexpressible(f"{t} puts every Linear in {target.scheme}, which cannot take {len(blocked)} of this "
-                                f"model's {len(groups)} fused groups ({g}: {why}): its block-FP8 kernels would "
-                                "refuse the model")
+            raise Inexpressible(
+                f"{t} puts every Linear in {target.scheme}, which cannot take {len(blocked)} of this "
+                f"model's {len(groups)} fused groups ({g}: {why}): its block-FP8 kernels would "
+                "refuse the model"
+            )
     if fp8 and target.scheme and Scheme.from_name(recipe.scheme).name != target.scheme:
-        raise Inexpressible(f"{t} quantizes with {target.scheme}, this recipe is {recipe.scheme}: make one with "
-                            f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with --scheme "
-                            f"{target.scheme})")
+        raise Inexpressible(
+            f"{t} quantizes with {target.scheme}, this recipe is {recipe.scheme}: make one with "
+            f"`fp8probe recipe SWEEP --target {target.name}` (a sweep run with --scheme "
+            f"{target.scheme})"
+        )
     if fp8 and form.every and kept:
-        raise Inexpressible(f"{t} cannot keep layers in BF16 ({target.how}): it would quantize the recipe's "
-                            f"{len(kept)} kept groups too; make one with "
-                            f"`fp8probe recipe SWEEP --target {target.name}`")
+        raise Inexpressible(
+            f"{t} cannot keep layers in BF16 ({target.how}): it would quantize the recipe's "
+            f"{len(kept)} kept groups too; make one with "
+            f"`fp8probe recipe SWEEP --target {target.name}`"
+        )
     if not fp8 and form.every and recipe.kv_cache_dtype is None:
         raise Inexpressible(f"{t}: the recipe has no FP8 units; run BF16 rollouts (nothing to configure)")
     kept_blocks = {u.block for g in kept for u in groups[g]}
@@ -249,22 +267,36 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
     edge = set(range(first)) | set(range(n_blocks - last, n_blocks))
     rest = [g for g in kept if groups[g][0].block not in edge]
     if fp8 and form.edges and rest:
-        raise Inexpressible(f"{t} keeps only whole leading/trailing blocks in BF16; this recipe also keeps "
-                            f"{rest[0]} (and {len(rest) - 1} more): make one with `--form first-last`")
+        raise Inexpressible(
+            f"{t} keeps only whole leading/trailing blocks in BF16; this recipe also keeps "
+            f"{rest[0]} (and {len(rest) - 1} more): make one with `--form first-last`"
+        )
     kv = None
     if recipe.kv_cache_dtype is not None:
         if target.kv is None:
             raise Inexpressible(f"{t} has no FP8 KV-cache setting ({target.how}); it would keep the KV cache BF16")
         kv = target.kv
-    e = Expression(target, fp8, kept, [u.name for g in kept for u in groups[g]], first, last,
-                   [u.name for g in rest for u in groups[g]], kv)
+    e = Expression(
+        target,
+        fp8,
+        kept,
+        [u.name for g in kept for u in groups[g]],
+        first,
+        last,
+        [u.name for g in rest for u in groups[g]],
+        kv,
+    )
     if kv and recipe.kv_scale == "calibrated" and target.kv_scale == "unit":
-        e.warnings.append(f"{t} runs the FP8 KV cache with k/v scales 1.0 (it drops calibrated scales); this "
-                          f"recipe's KV mismatch was measured with calibrated scales: remake it with `target` "
-                          f"{target.name} to measure what the engine does")
+        e.warnings.append(
+            f"{t} runs the FP8 KV cache with k/v scales 1.0 (it drops calibrated scales); this "
+            f"recipe's KV mismatch was measured with calibrated scales: remake it with `target` "
+            f"{target.name} to measure what the engine does"
+        )
     if target.name == "nemo-rl" and kv and not fp8:
-        raise Inexpressible(f"{t} takes kv_cache_dtype fp8 only together with precision fp8 (init_fp8 refuses "
-                            "an FP8 KV cache over BF16 weights)")
+        raise Inexpressible(
+            f"{t} takes kv_cache_dtype fp8 only together with precision fp8 (init_fp8 refuses "
+            "an FP8 KV cache over BF16 weights)"
+        )
     return e
 
 
@@ -298,9 +330,11 @@ def ignore_keywords(kept: list[str], units: list[Unit], bf16: set[str] | None = 
 
 
 def verl_correction() -> list[str]:
-    return ["actor_rollout_ref.rollout.calculate_log_probs=True",
-            "algorithm.rollout_correction.rollout_is=token",
-            f"algorithm.rollout_correction.rollout_is_threshold={IS_CLIP}"]
+    return [
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "algorithm.rollout_correction.rollout_is=token",
+        f"algorithm.rollout_correction.rollout_is_threshold={IS_CLIP}",
+    ]
 
 
 def hydra(cmd: str, lines: list[str]) -> str:

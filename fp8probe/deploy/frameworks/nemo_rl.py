@@ -2,9 +2,17 @@
 
 from .base import IS_CLIP, Applied, Target, every_linear, header, ignore_keywords, register, resolves, yaml_text
 
-NEMO_RL = Target("nemo-rl", "NeMo-RL (vLLM generation)", "keywords", "FP8_BLOCK", "fp8", "calibrated", "yaml",
-                 "NVIDIA-NeMo/RL@00fa128513dc nemo_rl/models/generation/vllm/quantization/fp8.py (init_fp8)",
-                 "128x128 blocks; first/last blocks and substring keywords in BF16; calibrates K/V scales itself")
+NEMO_RL = Target(
+    "nemo-rl",
+    "NeMo-RL (vLLM generation)",
+    "keywords",
+    "FP8_BLOCK",
+    "fp8",
+    "calibrated",
+    "yaml",
+    "NVIDIA-NeMo/RL@00fa128513dc nemo_rl/models/generation/vllm/quantization/fp8.py (init_fp8)",
+    "128x128 blocks; first/last blocks and substring keywords in BF16; calibrates K/V scales itself",
+)
 
 
 @register(NEMO_RL)
@@ -14,9 +22,14 @@ def render(e, model_path, units) -> dict[str, str]:
         vllm_cfg.update(num_first_layers_in_bf16=e.first, num_last_layers_in_bf16=e.last)
     if e.keywords:
         vllm_cfg["quantization_ignored_layer_kws"] = ignore_keywords(e.keywords, units, set(e.kept_units))
-    doc = {"policy": {"generation": {"vllm_cfg": vllm_cfg}},
-           "loss_fn": {"use_importance_sampling_correction": True, "truncated_importance_sampling_type": "tis",
-                       "truncated_importance_sampling_ratio": IS_CLIP}}
+    doc = {
+        "policy": {"generation": {"vllm_cfg": vllm_cfg}},
+        "loss_fn": {
+            "use_importance_sampling_correction": True,
+            "truncated_importance_sampling_type": "tis",
+            "truncated_importance_sampling_ratio": IS_CLIP,
+        },
+    }
     return {"nemo-rl.yaml": header(e.target) + yaml_text(doc)}
 
 
@@ -34,5 +47,6 @@ def read(files, units, n_blocks) -> Applied:
     first, last = int(cfg.get("num_first_layers_in_bf16", 0)), int(cfg.get("num_last_layers_in_bf16", 0))
     kws = cfg.get("quantization_ignored_layer_kws") or []
     block = {u.name: u.block for u in units}
-    return Applied({n for n in every_linear(units) if first <= block[n] < n_blocks - last
-                    and not any(k in n for k in kws)}, kv)
+    return Applied(
+        {n for n in every_linear(units) if first <= block[n] < n_blocks - last and not any(k in n for k in kws)}, kv
+    )

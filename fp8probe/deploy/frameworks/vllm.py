@@ -3,9 +3,17 @@ arguments), so any recipe vLLM can load applies, with the checkpoint's calibrate
 
 from .base import Target, register
 
-VLLM = Target("vllm", "vLLM (compressed-tensors checkpoint)", "free", None, "fp8", "calibrated", "checkpoint",
-              "vllm 0.32 (vllm/model_executor/layers/quantization/compressed_tensors)",
-              "loads the exported checkpoint: any recipe vLLM can load, k/v scales from the checkpoint")
+VLLM = Target(
+    "vllm",
+    "vLLM (compressed-tensors checkpoint)",
+    "free",
+    None,
+    "fp8",
+    "calibrated",
+    "checkpoint",
+    "vllm 0.32 (vllm/model_executor/layers/quantization/compressed_tensors)",
+    "loads the exported checkpoint: any recipe vLLM can load, k/v scales from the checkpoint",
+)
 
 
 @register(VLLM)

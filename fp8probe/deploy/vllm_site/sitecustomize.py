@@ -17,11 +17,18 @@ def emulated_scaled_mm(native):
     """torch._scaled_mm for CPU tensors as an fp32 GEMM of the exact FP8 values; `native` for anything else."""
     import torch
 
-    def scaled_mm(a, b, scale_a=None, scale_b=None, bias=None, scale_result=None, out_dtype=None,
-                  use_fast_accum=False):
+    def scaled_mm(a, b, scale_a=None, scale_b=None, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
         if a.device.type != "cpu" or scale_result is not None:
-            return native(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, scale_result=scale_result,
-                          out_dtype=out_dtype, use_fast_accum=use_fast_accum)
+            return native(
+                a,
+                b,
+                scale_a=scale_a,
+                scale_b=scale_b,
+                bias=bias,
+                scale_result=scale_result,
+                out_dtype=out_dtype,
+                use_fast_accum=use_fast_accum,
+            )
         f32 = torch.float32
         out = a.to(f32) @ b.to(f32)  # exact products, fp32 sums
         if scale_a is not None:
@@ -39,5 +46,4 @@ if os.environ.get("FP8PROBE_EMULATE_SCALED_MM") == "1":
     import torch
 
     torch._scaled_mm = emulated_scaled_mm(torch._scaled_mm)
-    print(f"fp8probe: torch._scaled_mm emulated in fp32 (exact FP8 products) in process {os.getpid()}",
-          file=sys.stderr)
+    print(f"fp8probe: torch._scaled_mm emulated in fp32 (exact FP8 products) in process {os.getpid()}", file=sys.stderr)
