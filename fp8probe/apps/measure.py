@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.artifacts import arithmetic, versions
+from ..core.files import output_dir
 from ..core.records import MismatchRecord
 from ..core.results import Result
 from ..measurement.settings import MeasureSettings
@@ -19,7 +20,6 @@ def run_measure(
     model: ModelSource, rollouts: RolloutSettings, settings: MeasureSettings, out, progress: bool = False
 ) -> MeasureResult:
     """mismatch.json's content (every metric, the tokens it was measured on), after writing it into `out`."""
-    from ..core.files import output_dir
     from ..measurement.measure import measure_scheme
 
     check_inputs(model, rollouts, out, settings.preset)

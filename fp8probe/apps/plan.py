@@ -26,9 +26,12 @@ Writes plan.csv, plan.json (schema-versioned) and plan.png; prints the table sor
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.artifacts import arithmetic, versions
+from ..core.files import atomic_write_text, check_writable, output_dir
 from ..core.records import PlanRecord
 from ..core.results import Result
 from ..planning.plan import (
@@ -46,11 +49,7 @@ from ..planning.plan import (
 
 def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> PlanResult:
     """`fp8probe plan`: the table (plan.csv), plan.json and plan.png in `out`; returns plan.json's content."""
-    import time
-
     from ..budget.fit import check_student
-    from ..core.artifacts import arithmetic, versions
-    from ..core.files import atomic_write_text, check_writable, output_dir
     from ..deploy.gpus import gpu
     from ..model.structure import list_units, meta_model
     from ..plots import plan_plot

@@ -4,10 +4,11 @@ sweep's own rollouts, written as DIR/recipe.yaml (llm-compressor's format) and D
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.files import check_writable, output_dir
 from ..core.results import Result
 from ..deploy.frameworks import TargetSettings
 from ..recipe.settings import RecipeContext, RecipeSettings
@@ -26,9 +27,6 @@ def run_recipe(
 ) -> RecipeResult:
     """The recipe of `sweep_dir` (its table, rollouts and model) as `settings` say, for `target`'s framework (its form,
     scheme and KV scales, resolved here: above the recipe layer), written into `out`."""
-    from dataclasses import replace
-
-    from ..core.files import check_writable, output_dir
     from ..deploy.frameworks import recipe_form
     from ..model.rollouts import load_rollouts
     from ..model.student import load_student

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
+from ..core.files import output_dir
 from ..core.records import SeriesRecord
 from ..core.results import Result
 
@@ -18,8 +20,6 @@ class SeriesResult(Result):
     @property
     def exit_code(self) -> int:
         """0 when every checkpoint is admitted, 1 when one is rejected, 3 otherwise (as check's)."""
-        from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
-
         verdicts = {r["verdict"] for r in self.report.checkpoints}
         return EXIT_REJECT if "REJECT" in verdicts else EXIT_OK if verdicts == {"ADMIT"} else EXIT_UNCERTAIN
 
@@ -43,7 +43,6 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
     """The configuration of `settings` (a check.CheckSettings with `checkpoints`) at each checkpoint."""
     from ..budget.fit import check_student, read_budget
     from ..budget.series import measure_point, summarize_series
-    from ..core.files import output_dir
     from ..sources.sources import combine
     from .inputs import check_inputs, load, rollouts_for
 

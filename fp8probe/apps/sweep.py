@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..core.artifacts import arithmetic, versions
 from ..core.errors import FP8ProbeError
+from ..core.files import output_dir
 from ..core.records import AgreementRecord, SweepRunRecord
 from ..core.results import Result
 from ..model.settings import ModelSource, RolloutSettings
@@ -52,7 +53,6 @@ def run_sweep(
     progress: bool = False,
 ) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
-    from ..core.files import output_dir
     from ..model.structure import list_units, meta_model
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable, exact_run_for
     from ..sweeps.files import RUN_FILE, PartialRows, check_resume_state, finish_sweep, write_run, write_table

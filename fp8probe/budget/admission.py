@@ -20,6 +20,7 @@ tolerance there) cannot REJECT: the verdict is UNCERTAIN, and what would decide 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 from ..core.artifacts import arithmetic
@@ -158,8 +159,6 @@ def decide_factor(level: float = LEVEL, power: float = POWER) -> float:
     """How much more than the square-root law's count a decision needs: ((z_level + z_power) / z_level)^2 (3.17 at
     a 90 % interval and 90 % power). The square-root law alone (an interval that just touches the budget) would
     decide only half the time, since the estimate moves as much as its interval narrows."""
-    from statistics import NormalDist
-
     z_level, z_power = NormalDist().inv_cdf((1 + level) / 2), NormalDist().inv_cdf(power)
     return ((z_level + z_power) / z_level) ** 2
 

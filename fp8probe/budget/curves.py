@@ -19,6 +19,7 @@ every configuration and BF16 resample the same seeds), widened for few seeds (co
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,8 +143,6 @@ def _seed_doses(d: Path, objective: str, level: str, rows, n: int):
     """Each seed's own dose of a level: its draws in doses.json where the calibration measured doses on the check's
     scale (a stale level: one per seed), else the mismatch each run measured while it trained (runs.csv before
     doses: `mismatch` was that run-mean KL too)."""
-    import json
-
     import numpy as np
 
     f = d / "doses.json"

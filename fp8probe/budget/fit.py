@@ -35,12 +35,13 @@ acceptable), labelled uncalibrated in every output that uses it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.artifacts import Record, read_artifact
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
+from ..core.stats import expansion
 from .settings import BudgetSettings
 
 
@@ -115,8 +116,6 @@ class Budget(Record):
         """The budget a configuration of this kind of mismatch is judged against: the kind's own dose–response
         curve where the calibration fitted one that fits (stale weights: the demo's stale:1 cost 7 % at a KL where
         noise cost 1 %), else this (the noise ruler's)."""
-        from dataclasses import replace
-
         r = ((self.dose_response or {}).get("rulers") or {}).get(kind)
         if self.method != "benchmark dose" or not r or "bmd" not in r or r.get("fits") is not True:
             return self
@@ -498,7 +497,6 @@ def _level_intervals(design, y, response: str, pairing: str, n: int, seed: int) 
     """Each level's mean loss interval: the seed bootstrap's percentiles widened for the level's own seeds."""
     import numpy as np
 
-    from ..core.stats import expansion
     from .design import by_seed, level_means, losses
     from .dose import LEVEL, quantiles
 

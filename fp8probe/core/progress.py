@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 
 def bar_interval() -> float:
@@ -12,8 +13,6 @@ def bar_interval() -> float:
 
 def quiet_dependencies() -> None:
     """Warnings off, transformers' own logging and progress bars off: a command's output is fp8probe's lines."""
-    import warnings
-
     warnings.filterwarnings("ignore")
     try:
         from transformers.utils import logging as tlog

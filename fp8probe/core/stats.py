@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 
 def spearman(a, b) -> float:
@@ -75,8 +76,6 @@ def expansion(n: int, level: float = LEVEL) -> float:
     half-widths about the point by the same factor). The plain percentile interval is too narrow for few groups (it
     forgets the n-1 and the t tails): on a tiny model, 4 prompts gave an interval that the estimate from 20 prompts
     fell outside of. 1.65 at n = 4, 1.10 at n = 16, 1.01 at n = 100."""
-    import math
-    from statistics import NormalDist
 
     if n < 2:
         return math.inf

@@ -32,11 +32,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
-from ..core.records import AuditRecord
+from ..core.records import AuditRecord, StudentRecord
+from ..core.schemes import Scheme
 
 # vLLM's packed_modules_mapping for the dense decoders fp8probe covers (Llama, Qwen, Gemma, Mistral): a fused layer
 # and its shards, as the checkpoint names them
@@ -120,8 +122,6 @@ def engine_quantizes(layer: str, shards: list[str], qc: dict) -> tuple[bool, str
 
 def _tensors(ckpt: Path) -> dict[str, tuple]:
     """name -> (dtype name, shape) of every tensor in the checkpoint's safetensors files (headers only)."""
-    import struct
-
     out = {}
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
@@ -153,7 +153,6 @@ def recorded_student(ckpt: str | Path, allow_pickle: bool = False):
     so."""
     import torch
 
-    from ..core.records import StudentRecord
     from ..model.identity import SHORT, content_hash
     from ..model.student import load_student
 
@@ -377,7 +376,6 @@ def _check_weights(a: Audit, ckpt: Path, fp8: list[str], tensors: dict, student,
     import torch
 
     from ..core.numerics import STORAGE_DTYPE, dequantize, quantize_weight
-    from ..core.schemes import Scheme
 
     scheme = Scheme.from_name(recipe.scheme)
     present = [n for n in fp8 if f"{n}.weight" in tensors and f"{n}.weight_scale" in tensors]

@@ -27,6 +27,7 @@ predicted on the other half) and from published speed-ups.
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, replace
 
@@ -207,8 +208,6 @@ def simulate(
     response_lens[i] response tokens, a pool of `num_blocks` KV blocks laid out as `groups` (capacity.kv_layout).
     Sequences advance `chunk` steps at a time (default: block_size; never past a finish), so that admission and
     preemption are checked at most a block apart; each step's time is still summed step by step."""
-    import collections
-
     import numpy as np
 
     prompt = np.asarray(prompt_lens, dtype=np.int64)

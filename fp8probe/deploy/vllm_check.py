@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +50,6 @@ def scaled_mm_seconds() -> float:
     """The best of three torch._scaled_mm calls on the CPU (e4m3, [8, 576] x [576, 1536], fp32 out): about
     1e-4 s where oneDNN has an FP8 kernel for this CPU, 0.1-0.2 s where it falls back to `ref:any`. The vLLM
     venv's torch is this one (torch==2.13.0 CPU), so its oneDNN behaves the same."""
-    import time
-
     a = torch.randn(8, 576).to(torch.float8_e4m3fn)
     b = torch.randn(1536, 576).to(torch.float8_e4m3fn).t()
     one = torch.ones(1)

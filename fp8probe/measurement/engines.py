@@ -13,7 +13,7 @@ Each says what it covers and refuses the rest in one line, before any output exi
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..core.errors import FP8ProbeError
 from ..core.schemes import SCHEMES, KVCacheScheme, Scheme
@@ -94,8 +94,6 @@ class Profile(Engine):
 
     @contextlib.contextmanager
     def candidate(self, student, p, calibration=None, many_forwards: bool = False):
-        from dataclasses import replace
-
         from .perturbed import apply_perturbation
         from .vllm_profile import engine_model
 

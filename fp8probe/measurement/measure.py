@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.metrics import METRICS
+from ..core.errors import FP8ProbeError
+from ..core.metrics import METRICS, excess
+from ..core.metrics import metric as metric_info
 from ..core.schemes import KVCacheScheme, Scheme
+from ..core.stats import LEVEL, bootstrap_interval
 from .engines import Engine
 from .engines import engine as get_engine
 from .perturbation import Perturbation
@@ -41,8 +44,6 @@ class Measured:
 
     def excess_interval(self, metric: str = "kl_q_p", level: float | None = None) -> list[float]:
         """interval() on the metric's excess scale (metrics.excess: what budgets bound), low end first."""
-        from ..core.metrics import excess
-
         return sorted(excess(metric, x) for x in self.interval(metric, level))
 
     def change_from(
@@ -54,8 +55,6 @@ class Measured:
         difficulty) cancels and only the difference is resampled."""
         import numpy as np
 
-        from ..core.metrics import metric as metric_info
-        from ..core.stats import LEVEL, bootstrap_interval
         from .mismatch import metric_over
 
         if old.prompt.shape != self.prompt.shape or not bool((old.prompt == self.prompt).all()):
@@ -91,8 +90,6 @@ def measured_as(
     """`p` on `metric` as another engine computes it, the second figure beside a recipe's or a check's: {"engine",
     "measured" (the excess), "interval" (90 %, over the prompts)}, or with "not_covered" (why) when that engine does
     not cover the configuration."""
-    from ..core.errors import FP8ProbeError
-    from ..core.metrics import excess
 
     experts = any(student.unit(u).kind == "expert" for u in p.units)
     try:

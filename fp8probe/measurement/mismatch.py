@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from ..core.metrics import METRICS  # the names, zero points and directions are declared in metrics.py
+from ..core.metrics import metric
+from ..core.stats import LEVEL, bootstrap_interval
 
 CHUNK_ROWS = 128  # rows per chunk: measured fastest on a 2-core CPU (benchmarks/)
 
@@ -208,8 +210,6 @@ def metric_interval(
 ) -> tuple[float, float]:
     """The 90 % (or `level`) bootstrap interval of metric `name` over groups of tokens (core/stats.py; a token's
     prompt): how far the figure could move on another draw of as many prompts."""
-    from ..core.metrics import metric
-    from ..core.stats import LEVEL, bootstrap_interval
 
     _, reduce = metric_over(stats, name)
     m = metric(name)

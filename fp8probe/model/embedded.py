@@ -16,6 +16,7 @@ cached copy declares that.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -172,8 +173,6 @@ def file_sha256(path: Path) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _sha256(path: str, size: int, mtime_ns: int, chunk: int = 1 << 22) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):

@@ -6,6 +6,7 @@ the budget calibrated on it)."""
 
 from __future__ import annotations
 
+import copy
 import re
 
 from torch import nn
@@ -17,8 +18,6 @@ from .structure import decoder_layers, text_config
 def depth_pruned(model: nn.Module, every: int = 2) -> nn.Module:
     """A depth-pruned copy of `model`, initialised from its weights (Minitron-style): decoder blocks 0, every,
     2·every, ... kept, the embeddings, final norm and head copied; the rest dropped. The teacher is untouched."""
-    import copy
-
     if every < 2:
         raise FP8ProbeError("a depth-pruned student keeps every k-th block for k >= 2")
     n = len(decoder_layers(model))
@@ -71,8 +70,6 @@ def pruned_every(spec: str) -> int:
 
 def pruned_config(spec: str, base):
     """The config of `pruned:K` from its teacher's config `base` (copied)."""
-    import copy
-
     every = pruned_every(spec)
     n = text_config(base).num_hidden_layers
     return prune_config(copy.deepcopy(base), n, list(range(0, n, every)))

@@ -7,6 +7,7 @@ config.json is enough), which is how bad input is refused before any output exis
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from ..core.errors import FP8ProbeError, one_line
+from ..core.files import atomic_write_text
 from . import embedded
 from .devices import parse_dtype
 from .pruning import depth_pruned, is_pruned, pruned_config, pruned_every
@@ -162,7 +164,6 @@ def _gguf_config(p: Path, AutoConfig, name_or_path, trust_remote_code):
         return _bare_config(cached, AutoConfig)
     _check_gguf(p)
     cfg = _read_config(AutoConfig, str(p.parent), {"gguf_file": p.name}, name_or_path, trust_remote_code)
-    from ..core.files import atomic_write_text
 
     cached.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(cached, cfg.to_json_string())
@@ -185,8 +186,6 @@ def _read_config(AutoConfig, src, kwargs, name_or_path, trust_remote_code):
 
 
 def _bare_config(p: Path, AutoConfig):
-    import json
-
     try:
         d = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.metrics import excess
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
 from ..core.settings import Settings, opt
+from ..core.units import GiB
 from ..deploy import throughput as tp_model
 
 COLUMNS = [
@@ -174,7 +176,6 @@ def lengths(settings: PlanSettings, rollouts=None) -> tuple[list[int], list[int]
 
 def rollout_cost(cfg, meta, units, conf: Configuration, device, serving, prompts, responses) -> dict:
     """One configuration's KV pool and modelled rollout of the batch."""
-    from ..core.units import GiB
     from ..deploy.capacity import kv_pool
     from ..model.structure import text_config
     from ..recipe.recipe import Recipe, read_recipe
@@ -254,7 +255,6 @@ def measure_costs(
     from tqdm.auto import tqdm
 
     from ..budget.admission import judge
-    from ..core.metrics import excess
     from ..measurement.measure import measure
     from ..measurement.reference import Reference
 

@@ -7,10 +7,12 @@ ladder table) and an optional path; it returns the figure, so a notebook shows i
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
 from ..core.records import AgreementRecord, CapacityRecord, CheckRecord, PlanRecord, RecipeRecord
+from ..core.stats import spearman
 from ..recipe.selection import group_scores, rank_groups
 
 KIND_ORDER = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down", "expert", "kv")
@@ -326,8 +328,6 @@ def fast_vs_exact(estimate: dict, exact: dict, path: str | Path | None = None, r
     """The fast estimate against the exact value, one point per row, log-log with the diagonal."""
     import numpy as np
 
-    from ..core.stats import spearman
-
     plt = _plt()
     keys = [k for k in estimate if k in exact and estimate[k] > 0 and exact[k] > 0]
     if rho is None:
@@ -486,8 +486,6 @@ def recipes_of(d: Path) -> list[tuple[str, RecipeRecord]]:
 
 def fast_exact_pair(d: Path, df):
     """(estimate, exact) by row, when the run has both: exact rows of --method auto, or agreement.json's exact sweep."""
-    import math
-
     from ..sweeps.files import read_sweep
 
     agreement = d / "agreement.json"

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 from ..core.errors import FP8ProbeError
 from ..core.records import AgreementRecord
+from ..core.schemes import KVCacheScheme
 from ..core.stats import spearman, top_overlap
 from ..sweeps.methods import ESTIMATED
 from ..sweeps.settings import SweepSettings
@@ -56,8 +58,6 @@ def check_comparable(
 ) -> None:
     """Refuse an exact sweep that measured something else than this one, or other rollouts (not read again when
     `rollouts` were read from the exact sweep's own directory, `same_file`)."""
-    from pathlib import Path
-
     import torch
 
     from ..model.rollouts import load_rollouts
@@ -84,7 +84,6 @@ def agreement(
     """The figures of agreement.json (see the module docstring): the fast sweep's settings give the scheme and the
     recipes' budget (`agreement_budget`; default half the whole-model FP8 mismatch), the rollouts' settings
     (`sampling`) the batch size (else 8)."""
-    from ..core.schemes import KVCacheScheme
     from ..measurement.reference import Reference
     from .selection import make_recipe
     from .settings import RecipeContext, RecipeSettings
@@ -158,8 +157,6 @@ def exact_run_for(
 ):
     """The exact sweep a fast one is compared with: `compare` (refused when it measured something else), or the
     `rollouts_dir` when it holds a finished exact sweep of the same settings (else its rollouts are only reused)."""
-    from pathlib import Path
-
     from ..sweeps.files import RUN_FILE, read_sweep
 
     if compare:

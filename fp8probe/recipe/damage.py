@@ -34,8 +34,11 @@ selection.py ranks groups by any per-group score, so the model plugs in by handi
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -332,10 +335,6 @@ def predict(recipe_yaml, student, perturbation, metric: str) -> dict | None:
     """A checked configuration's mismatch as the damage model in the recipe's recipe.json predicts it (`recipe
     --damage-model`), before anything is measured: {"value", "source", "cv_median_rel_error", "fitted_on", "metric"},
     value None (with why) for what the model does not cover; None without such a model."""
-    import json
-    import logging
-    from pathlib import Path
-
     rj = Path(recipe_yaml).with_name("recipe.json")
     doc = json.loads(rj.read_text()) if rj.is_file() else {}
     info = doc.get("damage_model")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,8 +266,6 @@ def _scored(sensitivity, settings: RecipeSettings, plan, search, weights, batch_
 def _reprice(sensitivity, settings: RecipeSettings, plan, search, weights, batch_size):
     """The plan again, its groups priced at the operating point the single scores choose (context.py), and a fresh
     search over it; with what recipe.json records of the pricing."""
-    import time
-
     from ..measurement.attribution import path_attribution
     from .context import operating_point_costs
 
@@ -322,8 +321,6 @@ def _operating_point(plan, search, settings: RecipeSettings, weights) -> int:
 def _model_damage(sensitivity, settings: RecipeSettings, plan, search, weights):
     """The plan ranked by a damage model fitted on n random recipes around the operating point (damage.fit_around),
     and a search that predicts by it; with what recipe.json records of the model."""
-    import time
-
     from .damage import fit_around
 
     t0, n = time.perf_counter(), settings.damage_model

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from dataclasses import replace as with_
 
 from ..core.schemes import KV_CACHE_DTYPES, KVCacheScheme, Scheme
 from ..core.settings import Settings, opt
@@ -34,8 +35,6 @@ class Shortcuts(Settings):
 
     def check(self, model) -> None:
         """Everything readable and covered by the engine, before any output exists (`model`: the ModelSource)."""
-        from dataclasses import replace as with_
-
         from ..recipe.recipe import read_recipe
 
         eng = ENGINES[self.engine]
@@ -56,8 +55,6 @@ class Shortcuts(Settings):
         return out
 
     def load_teacher(self, model):
-        from dataclasses import replace as with_
-
         if not self.teacher:
             return None
         log.info("loading the teacher %s", self.teacher)

@@ -16,6 +16,7 @@ a killed sweep resumes where it stopped, refusing other settings or another fp8p
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -175,8 +176,6 @@ def sweep_settings(
 ) -> dict:
     """What a resume must match: model, scheme, granularity, KV scheme, batch size, the rollouts' bytes, and the
     method with its settings (estimator, label draws, seed, exact rows of --method auto)."""
-    import hashlib
-
     h = hashlib.sha256()
     for t in (rollouts.input_ids, rollouts.attention_mask, rollouts.response_mask):
         h.update(t.contiguous().numpy().tobytes())

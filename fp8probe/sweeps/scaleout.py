@@ -32,6 +32,7 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass
 
@@ -68,8 +69,6 @@ class Cluster:
 def check_address(address: str | None, timeout: float = 5.0) -> None:
     """A HOST:PORT (or ray://HOST:PORT) address must accept a connection: Ray itself retries a wrong one for
     minutes. `auto` (the cluster this machine belongs to, found by Ray) is left to Ray."""
-    import socket
-
     if not address or address == "auto":
         return
     hostport = address.split("://", 1)[-1]

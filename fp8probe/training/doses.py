@@ -23,8 +23,12 @@ calibrate.json (`dose_mapping`).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
+from ..core.files import atomic_write_json
+from ..core.metrics import excess
 from ..measurement.perturbation import Perturbation
 
 DOSE_DRAWS = 4  # noise draws averaged into a noise level's dose
@@ -47,7 +51,6 @@ def check_rollouts(student):
 
 def _measured(student, rollouts, perturbation, reference=None) -> dict:
     """check's measurement of one perturbation: kl_q_p's excess and its 90 % interval over the prompts."""
-    from ..core.metrics import excess
     from ..measurement.measure import measure
     from ..measurement.reference import Reference
 
@@ -64,8 +67,6 @@ class Doses:
     def __init__(self, student, path, after_steps=None):
         """`after_steps(objective, seed, k)`: the mismatch-free student of that objective and seed after k steps
         (for stale levels)."""
-        import json
-        from pathlib import Path
 
         self.student, self.path, self.after_steps = student, Path(path), after_steps
         self.known: dict = json.loads(self.path.read_text(encoding="utf-8")) if self.path.exists() else {}
@@ -76,8 +77,6 @@ class Doses:
 
     def dose(self, objective: str, level) -> dict:
         """{"dose", "interval", "draws"} of `level` (a SourceSpec) for `objective`; 0 for the mismatch-free level."""
-        from ..core.files import atomic_write_json
-
         if level.kind == "none":
             return {"dose": 0.0, "interval": [0.0, 0.0], "draws": []}
         key = self._key(objective, level)

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.files import atomic_write_text
 from ..core.records import CalibrationRecord
 from ..sources.sources import SourceSpec, parse_source
 from .runs import QUALITY_NAME, check_objectives, finished, load_pair, run_dir, runs_table, train_one
@@ -252,8 +254,6 @@ class Ladder:
         each, until `max_runs` (or `max_hours`) is spent. The stop rule is the preset run budget alone: stopping when
         the interval first looks narrow enough is optional stopping, and its intervals under-cover. The decisions
         follow from the results alone, so a resumed calibration takes them again."""
-        import time
-
         from ..budget.dose import allocate, binding
         from ..budget.fit import ruler_design
 
@@ -416,7 +416,6 @@ def calibrate(
     import pandas as pd
 
     from ..budget.fit import budget_ratio
-    from ..core.files import atomic_write_text
     from ..model.identity import identity
     from .doses import HOW, mapping
 

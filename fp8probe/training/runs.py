@@ -24,10 +24,13 @@ the default.
 
 from __future__ import annotations
 
+import copy
+import tempfile
 import time
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
+from ..core.files import atomic_write_text
 from ..core.records import TrainingRunRecord
 from ..sources.sources import SourceSpec
 from .settings import RunId, TrainerRun, TrainSettings
@@ -134,8 +137,6 @@ def train_one(
 ) -> TrainingRunRecord:
     """One run (its objective at one level and seed); writes its run directory and returns its run.json. `start`:
     the held-out evaluation before training, when already made (it is the same for every run of a calibration)."""
-    import copy
-
     from transformers import TrainerCallback
 
     from .opd import Perturber, heldout_quality, trainable_student
@@ -195,8 +196,6 @@ def after_steps(teacher, initial_student, objective: str, seed: int, calibration
     """The mismatch-free student of `objective` and `seed` after `steps` optimizer steps, trained exactly as its run
     trains (the run's settings, schedule and seeds, stopped there): what a stale level's dose checks against the
     student before training (doses.py)."""
-    import copy
-    import tempfile
 
     from transformers import TrainerCallback
 
@@ -230,8 +229,6 @@ def after_steps(teacher, initial_student, objective: str, seed: int, calibration
 
 def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, seconds) -> dict:
     import pandas as pd
-
-    from ..core.files import atomic_write_text
 
     if (d / "trl").is_dir() and not any((d / "trl").iterdir()):
         (d / "trl").rmdir()  # TRL makes its output_dir; nothing is saved there
