@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -314,3 +317,47 @@ def ask(budget=None, **kw):
     from fp8probe.recipe.settings import RecipeSettings
 
     return RecipeSettings(budget=budget, **{"refine": 0, "holdout": 0, "engine": "none", **kw})
+
+
+# the released framework wheels the network tests read (downloaded, never installed)
+RELEASES = {"verl": "verl==0.9.1", "openrlhf": "openrlhf==0.11.2", "trl": "trl==1.16.0", "skyrl": "skyrl==0.3.0"}
+
+
+@pytest.fixture(scope="session")
+def released() -> dict[str, Path]:
+    """name -> the unpacked released wheel (downloaded once into the user's cache)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fp8probe" / "frameworks"
+    out = {}
+    for name, spec in RELEASES.items():
+        d = root / spec.replace("==", "-")
+        if not (d / ".done").exists():
+            wheels = d / "wheel"
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--quiet",
+                    "--only-binary=:all:",
+                    spec,
+                    "-d",
+                    str(wheels),
+                ],
+                check=True,
+                timeout=600,
+            )
+            (whl,) = wheels.glob("*.whl")
+            with zipfile.ZipFile(whl) as z:
+                z.extractall(d / "src")
+            (d / ".done").touch()
+        out[name] = d / "src"
+    return out
+
+
+def find_in(root: Path, rel: str) -> Path:
+    """The file of a released wheel whose path ends with `rel`."""
+    hits = [p for p in root.rglob(Path(rel).name) if p.as_posix().endswith(rel)]
+    assert hits, f"{rel} not in {root}"
+    return hits[0]

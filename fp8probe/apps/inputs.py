@@ -43,7 +43,7 @@ def check_inputs(
     for other in others:
         other.check()
     if rollouts.prompts:
-        read_prompts(rollouts.prompts)
+        read_prompts(rollouts.prompts, rollouts.prompt_key)
     saved = load_rollouts(rollouts.rollouts) if rollouts.rollouts else None
     if out is not None:
         check_writable(out)
@@ -66,7 +66,7 @@ def rollouts_for(
 ):
     """The rollouts (`settings.rollouts`: `saved` when check_inputs read them already; the ones a resumed command saved
     in `reuse_from`; or new ones), saved into `out`; and the seconds it took."""
-    from ..model.rollouts import load_rollouts, make_rollouts, save_rollouts
+    from ..model.rollouts import load_rollouts, make_rollouts, read_prompts, save_rollouts
 
     t = time.perf_counter()
     src = settings.rollouts or (reuse_from if reuse_from and (reuse_from / "rollouts.json").exists() else None)
@@ -74,7 +74,8 @@ def rollouts_for(
         r = saved if saved is not None and settings.rollouts else load_rollouts(src)
         log.info("reusing %d rollouts (%d response tokens) from %s", r.num_sequences, r.num_response_tokens, src)
     else:
-        r = make_rollouts(student, settings.prompts, settings.sampling(), progress=progress)
+        prompts = read_prompts(settings.prompts, settings.prompt_key) if settings.prompts else None
+        r = make_rollouts(student, prompts, settings.sampling(), progress=progress)
         log.info("sampled %d rollouts, %d response tokens", r.num_sequences, r.num_response_tokens)
     if Path(src or "") != Path(out):
         save_rollouts(r, out)

@@ -42,6 +42,7 @@ from ..planning.plan import (
     lengths,
     measure_costs,
     rollout_cost,
+    teacher_seconds,
     time_to_target,
     train_seconds,
 )
@@ -100,7 +101,8 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
             settings, device, rows[0]["active_params"], tokens, serving.tensor_parallel_size
         )
         target = settings.target if settings.target is not None else curves.default_target() if curves else None
-        time_to_target(rows, settings, curves, budget, target, train_s)
+        teacher_s, teacher_how = teacher_seconds(settings, device, prompts, responses)
+        time_to_target(rows, settings, curves, budget, target, train_s, teacher_s)
         record = PlanRecord(
             command="plan",
             model=model.label,
@@ -125,6 +127,17 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
             mean_prompt_len=sum(prompts) / len(prompts),
             mean_response_len=sum(responses) / len(responses),
             train_step_s=train_s,
+            teacher=None
+            if settings.teacher is None
+            else {
+                "model": settings.teacher,
+                "weights": settings.teacher_fp8 or "bf16",
+                "tensor_parallel_size": settings.teacher_tp,
+                "replicas": settings.teacher_replicas,
+                "topk": settings.teacher_topk,
+                "scoring_s": teacher_s,
+                "how": teacher_how,
+            },
             train_step=train_how,
             budget={
                 "metric": budget.metric,
@@ -177,6 +190,11 @@ class PlanResult(Result):
             f"{rec.model} on {rec.gpu} x{rec.tensor_parallel_size}: {rec.rollout_batch} rollouts of "
             f"{rec.mean_prompt_len:.0f} + {rec.mean_response_len:.0f} tokens per step ({rec.lengths}); "
             f"train step {rec.train_step_s:.3g} s ({rec.train_step}); throughput MODELLED",
+            *(
+                [f"teacher scoring pass {rec.teacher['scoring_s']:.3g} s per step ({rec.teacher['how']})"]
+                if rec.teacher
+                else []
+            ),
             f"{'configuration':<34}{'mismatch [90% interval]':>30}{'verdict':>11}{'KV tokens':>12}{'tok/s':>10}"
             f"{'step s':>9}{'steps':>8}{'to target':>11}{'speed-up [90%]':>22}",
         ]

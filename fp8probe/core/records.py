@@ -77,6 +77,7 @@ class PlanRecord(Record):
     mean_response_len: float
     train_step_s: float
     train_step: str  # how the train step was had, in words
+    teacher: dict | None = optional()  # OPD: the teacher's scoring pass, a stage of each step (MODELLED)
     budget: dict
     calibration: dict | None
     assumed_steps: int | None

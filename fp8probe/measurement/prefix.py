@@ -10,6 +10,8 @@ policies alone. Reported per source:
     diverged            fraction of sequences whose continuation differs from the reference's
     first_div_mean/p50  mean / median response position of the first differing token (diverged ones)
     kl_q_p_own, k3_own  the mismatch measured on the candidate's own samples (not the reference's)
+    rollout_corr/..., training/rollout_probs_..., ppo_clip_share
+                        verl's own metrics of the candidate's samples, as verl computes them (verl.py)
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from .engines import engine as get_engine
 from .measure import measure
 from .perturbation import Perturbation
 from .reference import Reference
+from .verl import VERL_METRICS, verl_metrics
 
-PREFIX_COLUMNS = ["diverged", "first_div_mean", "first_div_p50", "kl_q_p_own", "k3_own"]
+PREFIX_COLUMNS = ["diverged", "first_div_mean", "first_div_p50", "kl_q_p_own", "k3_own", *VERL_METRICS]
 
 
 @torch.no_grad()
@@ -148,9 +151,10 @@ class PrefixShift:
         out = divergence(self.reference_samples, cand)
         tok = self.student.tokenizer
         own = Rollouts.from_sequences(self.prompts, cand, tok.pad_token_id if tok.pad_token_id is not None else 0)
-        own_metrics = {"kl_q_p": 0.0, "k3": 0.0}
-        if own.num_response_tokens:
-            ref_own = Reference(self.student, own, self.kw["batch_size"])
-            ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
-            own_metrics = measure(ref_own, self.student, own, p, self.engine, self.kw["batch_size"]).metrics
-        return {**out, "kl_q_p_own": own_metrics["kl_q_p"], "k3_own": own_metrics["k3"]}
+        if not own.num_response_tokens:
+            return {**out, "kl_q_p_own": 0.0, "k3_own": 0.0, **dict.fromkeys(VERL_METRICS, float("nan"))}
+        ref_own = Reference(self.student, own, self.kw["batch_size"])
+        ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
+        m = measure(ref_own, self.student, own, p, self.engine, self.kw["batch_size"])
+        verl = verl_metrics(m.stats["logp_cand"], m.stats["logp_ref"], own.response_mask.sum(1))
+        return {**out, "kl_q_p_own": m.metrics["kl_q_p"], "k3_own": m.metrics["k3"], **verl}

@@ -23,7 +23,7 @@ import torch
 
 from .. import __version__
 from ..core.artifacts import SCHEMA_KEY, schema_of
-from ..core.errors import FP8ProbeError
+from ..core.errors import FP8ProbeError, one_line
 from ..core.files import atomic_write_bytes
 from ..core.progress import bar_interval
 from ..core.records import RolloutsRecord
@@ -160,13 +160,61 @@ def context_length(config) -> int | None:
     return getattr(cfg, "max_position_embeddings", None)
 
 
-def read_prompts(path: str | Path) -> list[str]:
-    """Prompts from a text file (one per line) or JSONL (a "prompt", "text" or "messages" field)."""
+def _is_prompt(val) -> bool:
+    """A prompt fp8probe samples from: a string, or chat messages ({"role": str, "content": str} each)."""
+    return isinstance(val, str) or (
+        isinstance(val, list)
+        and bool(val)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in val
+        )
+    )
+
+
+def _parquet_prompts(p: Path, key: str | None) -> list:
+    """Prompts from a parquet file as verl's RLHFDataset reads it: the `key` column (verl's data.prompt_key,
+    default "prompt"), each row chat messages or a string."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise FP8ProbeError(f"reading {p} needs pyarrow (verl installs it): pip install pyarrow") from e
+    key = key or "prompt"
+    try:
+        table = pq.read_table(p)
+    except Exception as e:  # pyarrow's errors have no common base: a file that is not parquet
+        raise FP8ProbeError(f"{p} is not a readable parquet file ({one_line(e)})") from e
+    if key not in table.column_names:
+        raise FP8ProbeError(
+            f"{p} has no column {key!r} (it has {', '.join(table.column_names)}): name the prompts' column with "
+            "`prompt_key`, as verl's data.prompt_key"
+        )
+    out = table.column(key).to_pylist()
+    for i, val in enumerate(out):
+        if isinstance(val, list):  # parquet keeps a struct's every field: drop the ones a message leaves empty
+            val = [{k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m for m in val]
+            out[i] = val
+        if not _is_prompt(val):
+            raise FP8ProbeError(
+                f"{p} row {i}: {key!r} must be a string or chat messages with string content (multimodal prompts "
+                "are not sampled here)"
+            )
+    if not out:
+        raise FP8ProbeError(f"{p} holds no rows")
+    return out
+
+
+def read_prompts(path: str | Path, key: str | None = None) -> list:
+    """Prompts from a text file (one per line), JSONL (the `key` field, else "prompt", "text" or "messages") or a
+    parquet file as verl reads it (the `key` column, default "prompt"): strings, or chat messages."""
     p = Path(path)
     if p.is_dir():
-        raise FP8ProbeError(f"`prompts` {path} is a directory; pass a text file (one prompt per line) or JSONL")
+        raise FP8ProbeError(
+            f"`prompts` {path} is a directory; pass a text file (one prompt per line), JSONL or parquet"
+        )
     if not p.is_file():
         raise FP8ProbeError(f"no such prompts file: {path}")
+    if p.suffix == ".parquet":
+        return _parquet_prompts(p, key)
     try:
         lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
     except UnicodeDecodeError as e:
@@ -180,19 +228,15 @@ def read_prompts(path: str | Path) -> list[str]:
                 rec = json.loads(ln)
             except json.JSONDecodeError as e:
                 raise FP8ProbeError(f"{path}:{i} is not valid JSON ({e.msg})") from e
-            val = rec.get("prompt", rec.get("text", rec.get("messages"))) if isinstance(rec, dict) else rec
-            if not val:
-                raise FP8ProbeError(f"{path}:{i} has no 'prompt', 'text' or 'messages' field")
-            if not (
-                isinstance(val, str)
-                or (
-                    isinstance(val, list)
-                    and all(
-                        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                        for m in val
-                    )
-                )
-            ):
+            if key is not None:
+                val = rec.get(key) if isinstance(rec, dict) else None
+                if not val:
+                    raise FP8ProbeError(f"{path}:{i} has no {key!r} field (`prompt_key`)")
+            else:
+                val = rec.get("prompt", rec.get("text", rec.get("messages"))) if isinstance(rec, dict) else rec
+                if not val:
+                    raise FP8ProbeError(f"{path}:{i} has no 'prompt', 'text' or 'messages' field")
+            if not _is_prompt(val):
                 raise FP8ProbeError(
                     f"{path}:{i}: a prompt must be a string, or 'messages' a list of "
                     '{"role": ..., "content": ...} objects'
@@ -202,10 +246,14 @@ def read_prompts(path: str | Path) -> list[str]:
     return [ln.strip() for ln in lines]
 
 
-def encode_prompt(tokenizer, prompt) -> list[int]:
+def encode_prompt(tokenizer, prompt, template_kwargs: dict | None = None) -> list[int]:
+    """The prompt's token ids as the chat template writes it (with `template_kwargs`, as verl passes its
+    apply_chat_template_kwargs), or its text where the tokenizer has no template."""
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **(template_kwargs or {})
+        )
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         return list(ids)
     text = "\n".join(m["content"] for m in messages)
@@ -227,9 +275,10 @@ def make_rollouts(
     unknown = sorted(set(fields) - set(Sampling.__dataclass_fields__))
     if unknown:
         raise TypeError(f"make_rollouts() got an unexpected keyword argument {unknown[0]!r}")
-    s = replace(sampling or Sampling(), **fields)
-    num_prompts, max_new_tokens, seed, temperature = s.num_prompts, s.max_new_tokens, s.seed, s.temperature
-    top_p, batch_size, samples_per_prompt = s.top_p, s.batch_size, s.samples_per_prompt
+    how = replace(sampling or Sampling(), **fields)
+    num_prompts, max_new_tokens, seed, temperature = how.num_prompts, how.max_new_tokens, how.seed, how.temperature
+    top_p, batch_size, samples_per_prompt = how.top_p, how.batch_size, how.samples_per_prompt
+    template_kwargs = how.chat_template_kwargs
     if isinstance(prompts, (str, Path)):
         prompts = read_prompts(prompts)
     prompts = list(BUILTIN_PROMPTS if prompts is None else prompts)
@@ -247,7 +296,7 @@ def make_rollouts(
     device = next(model.parameters()).device
     eos = eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    encoded = [encode_prompt(tok, p) for p in prompts for _ in range(samples_per_prompt)]
+    encoded = [encode_prompt(tok, p, template_kwargs) for p in prompts for _ in range(samples_per_prompt)]
     ctx = context_length(model.config)
     for i, ids in enumerate(encoded):
         if ctx and len(ids) + max_new_tokens > ctx:
@@ -300,6 +349,8 @@ def make_rollouts(
             "batch_size": batch_size,
             "eos_token_ids": eos,
             "samples_per_prompt": samples_per_prompt,
+            # only where given: rollouts.json without it reads as before (the template's defaults)
+            **({"chat_template_kwargs": template_kwargs} if template_kwargs else {}),
         },
         seed=seed,
         num_sequences=out.num_sequences,

@@ -4,8 +4,10 @@ its flag (--num-prompts)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
+from ..core.errors import FP8ProbeError
 from ..core.settings import Settings, opt
 
 
@@ -74,6 +76,9 @@ class Sampling:
     top_p: float = 1.0
     batch_size: int = 8
     samples_per_prompt: int = 1
+    chat_template_kwargs: dict | None = (
+        None  # keywords of the tokenizer's chat template (verl's apply_chat_template_kwargs)
+    )
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,20 @@ class RolloutSettings(Settings):
     `samples_per_prompt` each, up to `max_new_tokens` each, `seed`, `temperature`; 0 is greedy) or reused from a
     directory (`rollouts`)."""
 
-    prompts: str | None = opt(None, "prompts file: text (one per line) or JSONL with a 'prompt' field")
+    prompts: str | None = opt(
+        None,
+        "prompts file: text (one per line), JSONL with a 'prompt' field, or a parquet file as verl reads it (a column "
+        "of chat messages or strings)",
+    )
+    prompt_key: str | None = opt(
+        None,
+        "the prompts file's field (column) holding each prompt (default: JSONL prompt/text/messages, parquet prompt)",
+    )
+    chat_template_kwargs: str | None = opt(
+        None,
+        "a JSON object of keywords for the tokenizer's chat template, as verl's data.apply_chat_template_kwargs "
+        "(e.g. '{\"enable_thinking\": false}')",
+    )
     num_prompts: int = opt(16, "use the first N prompts", low=1)
     samples_per_prompt: int = opt(1, "responses sampled per prompt (rollouts = prompts x this)", low=1)
     max_new_tokens: int = opt(48, "response length cap", low=1)
@@ -90,6 +108,27 @@ class RolloutSettings(Settings):
     temperature: float = opt(1.0, "sampling temperature; 0 is greedy", low=0.0)
     batch_size: int = opt(8, "sequences per forward", low=1)
     rollouts: str | None = opt(None, "reuse the rollouts saved in this directory instead of sampling new ones")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.template_kwargs  # a bad JSON object fails here, before any output
+
+    @property
+    def template_kwargs(self) -> dict | None:
+        """`chat_template_kwargs` parsed (None: not given)."""
+        if self.chat_template_kwargs is None:
+            return None
+        try:
+            kw = json.loads(self.chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            raise FP8ProbeError(
+                f"`chat_template_kwargs` is not JSON ({e.msg}): give an object such as '{{\"enable_thinking\": false}}'"
+            ) from e
+        if not isinstance(kw, dict):
+            raise FP8ProbeError(
+                "`chat_template_kwargs` must be a JSON object of keywords, such as '{\"enable_thinking\": false}'"
+            )
+        return kw
 
     def sampling(self) -> Sampling:
         """How these settings sample new rollouts (make_rollouts)."""
@@ -100,4 +139,5 @@ class RolloutSettings(Settings):
             temperature=self.temperature,
             batch_size=self.batch_size,
             samples_per_prompt=self.samples_per_prompt,
+            chat_template_kwargs=self.template_kwargs,
         )

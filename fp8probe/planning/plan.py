@@ -31,6 +31,7 @@ COLUMNS = [
     "preemptions",
     "rollout_s",
     "rollout_tokens_per_s",
+    "teacher_s",
     "train_s",
     "step_s",
     "steps_to_target",
@@ -87,6 +88,22 @@ class PlanSettings(Settings):
         None, "seconds per training step (default: modelled at `mfu`)", low=0.0, open_low=True
     )
     mfu: float = opt(0.35, "model FLOP utilisation of the modelled training step", low=0.0, open_low=True, high=1.0)
+    teacher: str | None = opt(
+        None,
+        "on-policy distillation: the teacher that scores every rollout batch (a model, a bare config.json or "
+        "shape:NAME); its scoring pass (a prefill of prompt + response with top-k log-probs) is a stage of each "
+        "step, MODELLED",
+    )
+    teacher_tp: int = opt(1, "tensor-parallel ranks of one teacher replica", low=1)
+    teacher_replicas: int = opt(1, "teacher replicas scoring the batch side by side", low=1)
+    teacher_topk: int = opt(
+        0, "top-k log-probs the teacher returns per position (recorded; 0: the sampled token's)", low=0
+    )
+    teacher_fp8: str | None = opt(
+        None,
+        "the teacher's weights in this whole-model FP8 scheme (default BF16)",
+        choices=[s for s in SCHEMES if s != "FP8"],
+    )
     bandwidth_efficiency: float = opt(
         tp_model.BANDWIDTH_EFFICIENCY, "achieved / peak memory bandwidth in decode", low=0.0, open_low=True, high=1.0
     )
@@ -204,6 +221,28 @@ def rollout_cost(cfg, meta, units, conf: Configuration, device, serving, prompts
         "rollout_tokens_per_s": r.tokens_per_s,
         "active_params": (sm.fp8_params + sm.bf16_params) * serving.tensor_parallel_size,
     }
+
+
+def teacher_seconds(settings: PlanSettings, device, prompts, responses) -> tuple[float, str]:
+    """The teacher's scoring pass over the rollout batch (0 without a teacher), MODELLED as the throughput model's
+    prefill (deploy/throughput.py: compute-bound, every prompt + response token once) of the teacher in BF16 (or
+    `teacher_fp8`), `teacher_tp` ranks a replica, the batch split over `teacher_replicas`; and how it was had."""
+    if settings.teacher is None:
+        return 0.0, "no teacher"
+    from ..model.structure import list_units, meta_model
+    from ..model.student import load_config
+    from ..recipe.recipe import Recipe
+
+    cfg = load_config(settings.teacher)
+    rec = Recipe.whole_model(list_units(meta_model(cfg)), settings.teacher_fp8) if settings.teacher_fp8 else None
+    sm = tp_model.step_model(cfg, rec, "auto", device, settings.teacher_tp)
+    tokens = sum(prompts) + sum(responses)
+    s = float(sm.prefill_s(tokens / settings.teacher_replicas))
+    weights = settings.teacher_fp8 or "BF16"
+    return s, (
+        f"modelled: {settings.teacher} ({weights}, TP {settings.teacher_tp} x {settings.teacher_replicas} replicas) "
+        f"prefills {tokens:,} tokens, top-{settings.teacher_topk} log-probs"
+    )
 
 
 def train_seconds(settings: PlanSettings, device, active_params: float, tokens: int, gpus: int) -> tuple[float, str]:
@@ -434,12 +473,18 @@ def has_weights(model) -> bool:
     return not (is_shape(m) or (m is not None and str(m).endswith(".json")))
 
 
-def time_to_target(rows: list[dict], settings: PlanSettings, curves, budget, target, train_s: float) -> None:
-    """Step time, steps and time to target, speed-up against synchronous BF16 (the first row), in place."""
+def time_to_target(
+    rows: list[dict], settings: PlanSettings, curves, budget, target, train_s: float, teacher_s: float = 0.0
+) -> None:
+    """Step time, steps and time to target, speed-up against synchronous BF16 (the first row), in place. A step is
+    its stages' sum (rollout, the teacher's scoring pass, training), or with asynchronous rollouts their maximum (each
+    stage on a pool of its own, as verl's fully-async policy runs them)."""
     base = None
     for row, conf in zip(rows, settings.configurations):
         row["train_s"] = train_s
-        row["step_s"] = max(row["rollout_s"], train_s) if conf.async_steps else row["rollout_s"] + train_s
+        row["teacher_s"] = teacher_s
+        stages = (row["rollout_s"], teacher_s, train_s)
+        row["step_s"] = max(stages) if conf.async_steps else sum(stages)
         cost = row if row["verdict"] is not None else None
         s, (lo, hi), ratio, (rlo, rhi), how, curve = quality_steps(conf, cost, curves, budget, target, settings)
         row.update(

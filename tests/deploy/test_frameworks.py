@@ -12,62 +12,18 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_student
+from conftest import find_in, tiny_student
 
 from fp8probe.deploy.frameworks import TARGETS, Inexpressible, express, render
 from fp8probe.recipe.recipe import Recipe
 
-RELEASES = {"verl": "verl==0.9.1", "openrlhf": "openrlhf==0.11.2", "trl": "trl==1.16.0", "skyrl": "skyrl==0.3.0"}
 PINNED = json.loads((Path(__file__).resolve().parents[1] / "data" / "framework_keys.json").read_text())
-
-
-@pytest.fixture(scope="session")
-def released() -> dict[str, Path]:
-    """name -> the unpacked released wheel (downloaded once into the user's cache)."""
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fp8probe" / "frameworks"
-    out = {}
-    for name, spec in RELEASES.items():
-        d = root / spec.replace("==", "-")
-        if not (d / ".done").exists():
-            wheels = d / "wheel"
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--quiet",
-                    "--only-binary=:all:",
-                    spec,
-                    "-d",
-                    str(wheels),
-                ],
-                check=True,
-                timeout=600,
-            )
-            (whl,) = wheels.glob("*.whl")
-            with zipfile.ZipFile(whl) as z:
-                z.extractall(d / "src")
-            (d / ".done").touch()
-        out[name] = d / "src"
-    return out
-
-
-def _find(root: Path, rel: str) -> Path:
-    hits = [p for p in root.rglob(Path(rel).name) if p.as_posix().endswith(rel)]
-    assert hits, f"{rel} not in {root}"
-    return hits[0]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -166,7 +122,7 @@ def _verl_has(cfg: dict, key: str) -> bool:
 @pytest.mark.parametrize("target", ["verl", "verl-sglang"])
 def test_verl_keys_exist(released, rendered, target):
     root = released["verl"]
-    cfg = yaml.safe_load(_find(root, "verl/trainer/config/_generated_ppo_trainer.yaml").read_text())
+    cfg = yaml.safe_load(find_in(root, "verl/trainer/config/_generated_ppo_trainer.yaml").read_text())
     (text,) = rendered[target].values()
     overrides = hydra_overrides(text)
     assert len(overrides) >= 5
@@ -175,13 +131,13 @@ def test_verl_keys_exist(released, rendered, target):
     assert overrides["actor_rollout_ref.rollout.quantization"] == "fp8"
     assert re.search(
         r'_SUPPORTED_QUANTIZATION = \[[^\]]*"fp8"',
-        _find(root, "verl/workers/rollout/vllm_rollout/vllm_async_server.py").read_text(),
+        find_in(root, "verl/workers/rollout/vllm_rollout/vllm_async_server.py").read_text(),
     )
-    assert 'rollout_is="token"' in _find(root, "verl/trainer/config/algorithm.py").read_text()
-    main_ppo = _find(root, "verl/trainer/main_ppo.py").read_text()
+    assert 'rollout_is="token"' in find_in(root, "verl/trainer/config/algorithm.py").read_text()
+    main_ppo = find_in(root, "verl/trainer/main_ppo.py").read_text()
     assert 'ray_init_kwargs.get("runtime_env"' in main_ppo  # our env var reaches every Ray actor
     if target == "verl-sglang":
-        assert "SGLANG_FP8_IGNORED_LAYERS" in _find(root, "verl/utils/sglang/sglang_fp8_utils.py").read_text()
+        assert "SGLANG_FP8_IGNORED_LAYERS" in find_in(root, "verl/utils/sglang/sglang_fp8_utils.py").read_text()
 
 
 def _argparse_flags(path: Path) -> dict[str, list | None]:
@@ -198,14 +154,14 @@ def _argparse_flags(path: Path) -> dict[str, list | None]:
 
 @pytest.mark.network
 def test_openrlhf_flags_exist(released, rendered):
-    known = _argparse_flags(_find(released["openrlhf"], "openrlhf/cli/train_ppo_ray.py"))
+    known = _argparse_flags(find_in(released["openrlhf"], "openrlhf/cli/train_ppo_ray.py"))
     flags = cli_flags(rendered["openrlhf"]["openrlhf.sh"])
     assert len(flags) == 4
     for flag, value in flags.items():
         assert flag in known, flag
         if known[flag] is not None:
             assert value in known[flag], (flag, value)
-    engine = _find(released["openrlhf"], "openrlhf/trainer/ray/vllm_engine.py").read_text()
+    engine = find_in(released["openrlhf"], "openrlhf/trainer/ray/vllm_engine.py").read_text()
     assert '"dtype": "bfloat16"' in engine and "kv_cache_dtype" not in engine  # why it takes no FP8
 
 
@@ -225,12 +181,12 @@ def _dataclass_fields(path: Path) -> dict[str, dict[str, str]]:
 @pytest.mark.network
 def test_trl_fields_exist(released, rendered):
     root = released["trl"]
-    serve = _dataclass_fields(_find(root, "trl/scripts/vllm_serve.py"))["ScriptArguments"]
+    serve = _dataclass_fields(find_in(root, "trl/scripts/vllm_serve.py"))["ScriptArguments"]
     flags = cli_flags(rendered["trl"]["trl.sh"])
     assert set(flags) == {"--model", "--kv_cache_dtype"}
     for flag in flags:
         assert flag[2:] in serve, flag
-    grpo_src = _find(root, "trl/trainer/grpo_config.py")
+    grpo_src = find_in(root, "trl/trainer/grpo_config.py")
     grpo = _dataclass_fields(grpo_src)["GRPOConfig"]
     cfg = yaml.safe_load(rendered["trl"]["trl_grpo_config.yaml"])
     for k in cfg:
@@ -240,7 +196,7 @@ def test_trl_fields_exist(released, rendered):
 
 @pytest.mark.network
 def test_skyrl_keys_exist(released, rendered):
-    classes = _dataclass_fields(_find(released["skyrl"], "skyrl/train/config/config.py"))
+    classes = _dataclass_fields(find_in(released["skyrl"], "skyrl/train/config/config.py"))
     overrides = hydra_overrides(rendered["skyrl"]["skyrl.sh"])
     assert len(overrides) == 4 and not any(k.startswith("+") for k in overrides)  # SkyRL refuses "+"
     for key in overrides:
@@ -290,7 +246,7 @@ def test_slime_flags_pinned(rendered):
 
 def _verl_matcher(released):
     """verl's own `_matches_ignored_layer` (SGLang path), lifted from its source without importing verl."""
-    src = _find(released["verl"], "verl/utils/sglang/sglang_fp8_utils.py").read_text()
+    src = find_in(released["verl"], "verl/utils/sglang/sglang_fp8_utils.py").read_text()
     fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "_matches_ignored_layer")
     scope = {"re": re}
     exec(compile(ast.Module([fn], []), "sglang_fp8_utils", "exec"), scope)

@@ -122,3 +122,62 @@ def test_split_holds_out_whole_prompts_reproducibly(student):
     assert not r.can_split(4) and r.can_split(2)  # 6 // 4 = 1 held-out prompt is too few
     with pytest.raises(FP8ProbeError, match="too few to hold out"):
         r.split(4)
+
+
+def _verl_parquet(path, prompts, key="prompt"):
+    """A parquet as verl's data preprocessing writes one (written by `datasets`, as verl's scripts do): the
+    `key` column holds each prompt's chat messages (verl/utils/dataset/rl_dataset.py reads example[prompt_key] as the
+    messages), beside data_source, ability, reward_model and extra_info."""
+    from datasets import Dataset
+
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            key: [{"role": "user", "content": p}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(i)},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i, p in enumerate(prompts)
+    ]
+    Dataset.from_list(rows).to_parquet(str(path))
+
+
+def test_prompts_from_verls_parquet_sample_what_the_same_messages_sample(student, tmp_path):
+    """verl's parquet (its prompt column of chat messages, or another one named by `prompt_key`) gives the very
+    rollouts the same messages give from JSONL; a missing column is one line naming the columns there are."""
+    prompts = ["What is 2 + 3?", "Name a prime above 10.", "Spell cat backwards."]
+    _verl_parquet(tmp_path / "train.parquet", prompts)
+    _verl_parquet(tmp_path / "q.parquet", prompts, key="question")
+    (tmp_path / "p.jsonl").write_text(
+        "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in prompts)
+    )
+    want = read_prompts(tmp_path / "p.jsonl")
+    assert read_prompts(tmp_path / "train.parquet") == want == read_prompts(tmp_path / "q.parquet", "question")
+    a = make_rollouts(student, read_prompts(tmp_path / "train.parquet"), max_new_tokens=6, seed=3)
+    b = make_rollouts(student, tmp_path / "p.jsonl", max_new_tokens=6, seed=3)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.response_mask, b.response_mask)
+    with pytest.raises(FP8ProbeError, match="has no column 'prompt' \\(it has data_source, question"):
+        read_prompts(tmp_path / "q.parquet")
+
+
+def test_chat_template_kwargs_reach_the_template(student, tmp_path):
+    """verl's apply_chat_template_kwargs: keywords the chat template reads (here a template that writes a marker when
+    `think` is set) change the prompt's tokens, and rollouts.json records them; bad JSON fails on construction."""
+    from dataclasses import replace
+
+    from fp8probe.model.settings import RolloutSettings
+
+    tok = tiny_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if think %} think{% endif %}"
+    st = replace(student, tokenizer=tok)
+    settings = RolloutSettings(num_prompts=2, max_new_tokens=4, chat_template_kwargs='{"think": true}')
+    plain = make_rollouts(st, None, RolloutSettings(num_prompts=2, max_new_tokens=4).sampling())
+    thought = make_rollouts(st, None, settings.sampling())
+    first = lambda r: r.input_ids[0][(r.attention_mask[0] == 1) & (r.response_mask[0] == 0)].tolist()  # noqa: E731
+    assert first(thought)[: len(first(plain))] == first(plain) and len(first(thought)) > len(first(plain))
+    assert thought.meta.sampling["chat_template_kwargs"] == {"think": True}
+    assert "chat_template_kwargs" not in plain.meta.sampling
+    for bad in ("{think", "[1]"):
+        with pytest.raises(FP8ProbeError, match="chat_template_kwargs"):
+            RolloutSettings(chat_template_kwargs=bad)

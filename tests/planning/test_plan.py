@@ -407,3 +407,55 @@ def test_a_calibrated_kind_takes_its_own_curves_and_a_combination_of_a_costlier_
         both, {"mismatch": 1.2, "verdict": "UNCERTAIN"}, c, budget, c.default_target(), settings
     )
     assert s is None and how.startswith("refused: fp8 cost otherwise than the noise ruler's curves say")
+
+
+def test_the_teachers_scoring_pass_is_a_stage_of_each_step(cli, tmp_path):
+    """On-policy distillation: the teacher prefills every prompt + response of the batch, by hand 2 x tokens x its
+    matmul weights / the peak (efficiency 1), the batch split over its replicas, FP8 weights at the FP8 peak. A
+    synchronous step is rollout + teacher + train, an asynchronous one their maximum; a plan that left the teacher
+    out (or added it to one row only) fails here."""
+    from conftest import tiny_config
+
+    from fp8probe.deploy.gpus import gpu
+
+    hidden, inter, layers, vocab = 64, 128, 2, 256
+    cfg = tiny_config(
+        "llama",
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        tie_word_embeddings=False,
+    )
+    (tmp_path / "m").mkdir()
+    cfg.to_json_file(tmp_path / "m" / "config.json")
+    model = str(tmp_path / "m" / "config.json")
+    common = ["--gpu", "H100", "--prompt-len", "16", "--response-len", "32", "--rollout-batch", "4"]
+    common += ["--train-step-s", "1", "--compute-efficiency", "1", "--bandwidth-efficiency", "1"]
+    h100 = gpu("H100")
+    bf16, fp8 = h100.bf16_tflops * 1e12, h100.fp8_tflops * 1e12
+    linear = layers * (hidden * hidden * 2 + hidden * 32 * 2 + 3 * hidden * inter)
+    lm_head = vocab * hidden
+    tokens = 4 * (16 + 32)
+
+    def plan(name, *args):
+        r = cli("plan", model, *common, *args, "--out", tmp_path / name)
+        assert r.code == 0, r.err
+        return json.loads((tmp_path / name / "plan.json").read_text())
+
+    alone = plan("alone", "--async", "1")
+    taught = plan("taught", "--async", "1", "--teacher", model, "--teacher-replicas", "2")
+    fp8_teacher = plan("fp8", "--teacher", model, "--teacher-fp8", "FP8_DYNAMIC")
+    teacher_bf16 = 2 * (tokens / 2) * (linear + lm_head) / bf16
+    assert taught["teacher"]["scoring_s"] == pytest.approx(teacher_bf16, rel=1e-9)
+    assert fp8_teacher["teacher"]["scoring_s"] == pytest.approx(2 * tokens * (linear / fp8 + lm_head / bf16), rel=1e-9)
+    assert "teacher" not in alone
+    for a, t in zip(alone["rows"], taught["rows"]):
+        assert t["teacher_s"] == pytest.approx(teacher_bf16, rel=1e-9)
+        if t["async"]:
+            assert t["step_s"] == pytest.approx(max(t["rollout_s"], teacher_bf16, 1.0), rel=1e-12)
+        else:
+            assert t["step_s"] == pytest.approx(t["rollout_s"] + teacher_bf16 + 1.0, rel=1e-12)
+            assert t["step_s"] > a["step_s"]

@@ -103,6 +103,17 @@ def test_prefix_shift_measures_the_candidates_own_samples(setup):
     naive = mismatch(ref_logits, cand_logits, tokens)
     assert got["kl_q_p_own"] > 0 and got["kl_q_p_own"] == pytest.approx(naive["kl_q_p"], rel=1e-4)
     assert got["k3_own"] == pytest.approx(naive["k3"], rel=1e-3)
+    # verl's metrics of the candidate's samples, by hand from the naive forwards: q (the candidate, verl's
+    # rollout_log_probs) against p (the trainer's old_log_probs), on the tokens q wrote
+    lp = torch.log_softmax(ref_logits.double(), -1).gather(-1, tokens[:, None]).squeeze(-1)
+    lq = torch.log_softmax(cand_logits.double(), -1).gather(-1, tokens[:, None]).squeeze(-1)
+    r = lp - lq
+    assert got["rollout_corr/kl"] == pytest.approx(float((lq - lp).mean()), rel=1e-3)
+    assert got["rollout_corr/k3_kl"] == pytest.approx(float((r.exp() - r - 1).mean()), rel=1e-3)
+    assert got["rollout_corr/chi2_token"] == pytest.approx(float((2 * r).exp().mean() - 1), rel=1e-3)
+    assert got["training/rollout_probs_diff_max"] == pytest.approx(float((lp.exp() - lq.exp()).abs().max()), rel=1e-3)
+    # (a token on the clip's edge may round to either side on another machine)
+    assert got["ppo_clip_share"] == pytest.approx(float(((r.exp() - 1).abs() > 0.2).double().mean()), abs=1.5 / len(r))
 
 
 def test_stale_in_one_tensor_is_noise_on_that_tensor(setup, tmp_path):
