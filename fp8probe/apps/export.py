@@ -6,6 +6,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..deploy.frameworks.verl import VerlSettings
+from ..model.settings import ModelSource
+
 if TYPE_CHECKING:  # the CLI imports this module for --help: deploy/export.py loads torch
     from ..deploy.export import Exported
 
@@ -13,22 +16,20 @@ log = logging.getLogger(__name__)
 
 
 def run_export(
-    model: str | None,
+    source: ModelSource,
     recipes,
     out,
     rollouts: str | None = None,
     max_model_len: int | None = None,
     targets=("vllm",),
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
+    verl: VerlSettings | None = None,
 ) -> Exported:
-    """Export `model` under `recipes` into `out` for `targets` (calibrating static scales on the `rollouts` of a sweep
-    directory when a recipe needs them); returns deploy.export's Exported (a Result: the plan per target)."""
+    """Export the student `source` names under `recipes` into `out` for `targets` (calibrating static scales on the
+    `rollouts` of a sweep directory when a recipe needs them; verl's OPD and fully-async targets as `verl` says);
+    returns deploy.export's Exported (a Result: the plan per target)."""
     from ..deploy.export import export
     from ..model.rollouts import load_rollouts
-    from ..model.settings import ModelSource
 
-    source = ModelSource(model, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
     done = export(
         source,
         recipes,
@@ -36,6 +37,7 @@ def run_export(
         rollouts=load_rollouts(rollouts) if rollouts else None,
         max_model_len=max_model_len,
         targets=targets,
+        verl=verl,
     )
     for w in done.warnings():
         log.warning("%s", w)

@@ -59,8 +59,9 @@ def _recipe(a):
 
 
 def _export(a):
+    source = ModelSource(a.model, trust_remote_code=a.trust_remote_code, allow_pickle=a.allow_pickle)
     return export.run_export(
-        a.model, a.recipe, a.out, a.rollouts, a.max_model_len, a.target, a.trust_remote_code, a.allow_pickle
+        source, a.recipe, a.out, a.rollouts, a.max_model_len, a.target, settings_from(export.VerlSettings, a)
     )
 
 
@@ -164,7 +165,7 @@ COMMANDS: dict[str, Command] = {
         Command(
             "export",
             "write a vLLM checkpoint and each RL framework's rollout config for recipes",
-            (),
+            (export.VerlSettings,),
             (
                 ("model", {"nargs": "?", "help": "HF directory or id; default: the embedded student"}),
                 (

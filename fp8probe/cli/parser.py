@@ -12,7 +12,7 @@ from ..deploy.frameworks import TARGETS
 from .commands import COMMANDS
 from .options import add_settings
 
-TARGET_LINES = "\n".join(f"  {t.name:<12} {t.form:<10} {t.how}" for t in TARGETS.values())
+TARGET_LINES = "\n".join(f"  {t.name:<17} {t.form:<10} {t.how}" for t in TARGETS.values())
 
 
 class _Parser(argparse.ArgumentParser):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -114,6 +114,7 @@ def export(
     max_model_len: int | None = None,
     num_calibration_samples: int = 64,
     targets=("vllm",),
+    verl=None,
 ) -> Exported:
     """Write what each target needs to apply the recipe(s) (`recipe`: one path or several) into `out`, for the
     student `source` names (its model, and whether custom code and pickled weights may be loaded)."""
@@ -186,7 +187,7 @@ def export(
             if p.target.name == "vllm":
                 lines.append(f"  - files: the checkpoint in {final}, vllm.yaml, vllm_args.json")
                 continue
-            files = render(p.expression, model_path, units)
+            files = render(replace(p.expression, options=verl), model_path, units)
             for name, text in files.items():
                 atomic_write_text(tmp / "frameworks" / name, text)
             lines.append(f"  - files: {', '.join('frameworks/' + n for n in files)}")

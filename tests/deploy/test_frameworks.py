@@ -20,6 +20,7 @@ import pytest
 import yaml
 from conftest import find_in, tiny_student
 
+from fp8probe.core.errors import FP8ProbeError
 from fp8probe.deploy.frameworks import TARGETS, Inexpressible, express, render
 from fp8probe.recipe.recipe import Recipe
 
@@ -386,3 +387,88 @@ def test_export_all_targets_on_a_tiny_model(tmp_path):
     assert files == ["README.md", "nemo-rl.yaml", "skyrl.sh", "verl-sglang.sh"]  # verl, slime: all or nothing
     readme = (ckpt / "frameworks" / "README.md").read_text()
     assert all(f"{t}: cannot apply" in readme for t in ("verl", "slime", "openrlhf", "trl"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# verl's on-policy distillation and fully-async targets
+
+
+def _opd(student, target, **options):
+    from dataclasses import replace
+
+    from fp8probe.deploy.frameworks.verl import VerlSettings
+
+    e = express(TARGETS[target], _recipe(student, "FP8_BLOCK", kv="fp8"), student.units, 4)
+    (text,) = render(replace(e, options=VerlSettings(**options)), "/models/student", student.units).values()
+    return text, hydra_overrides(text)
+
+
+def test_verl_opd_writes_the_screen_each_loss_takes(student):
+    """Supervised distillation: verl weights no term of the loss by the rollout IS weights, so the fragment sets
+    verl's K3 rejection screen and says TIS does not act; policy-gradient distillation: token TIS, which verl passes
+    to its PPO-clip loss. k1 without the policy gradient, and a verl older than the keys, are refused in one line."""
+    text, o = _opd(student, "verl-opd", teacher="/models/teacher", opd_no_task_rewards=True)
+    assert o["distillation.enabled"] == "True" and o["distillation.distillation_loss.loss_mode"] == "k3"
+    assert o["distillation.distillation_loss.use_policy_gradient"] == "False"
+    assert o["distillation.distillation_loss.use_task_rewards"] == "False"
+    assert o["distillation.teacher_models.teacher_model.model_path"] == "/models/teacher"
+    assert (
+        o["algorithm.rollout_correction.rollout_rs"] == "seq_mean_k3"
+        and "algorithm.rollout_correction.rollout_is" not in o
+    )
+    assert "verl applies no IS weight to this loss" in text and "and on no other term" in text
+    assert o["actor_rollout_ref.rollout.quantization"] == "fp8"
+    text, o = _opd(student, "verl-opd", opd_loss="k1", opd_policy_gradient=True)
+    assert o["algorithm.rollout_correction.rollout_is"] == "token" and "rollout_rs" not in " ".join(o)
+    assert "so token TIS acts on it" in text
+    assert o["distillation.teacher_models.teacher_model.model_path"].startswith("${TEACHER:?")
+    with pytest.raises(FP8ProbeError, match="k1 needs `opd_policy_gradient`"):
+        _opd(student, "verl-opd", opd_loss="k1")
+    with pytest.raises(FP8ProbeError, match="verl 0.8.0 predates"):
+        _opd(student, "verl-opd", verl_version="0.8.0")
+
+
+def test_verl_fully_async_states_its_lags(student):
+    text, o = _opd(student, "verl-fully-async", staleness_threshold=0.5, trigger_parameter_sync_step=2)
+    assert text.splitlines()[text.count("\n#") + 1].startswith(
+        "python3 -m verl.experimental.fully_async_policy.fully_async_main"
+    )
+    assert o["async_training.staleness_threshold"] == "0.5" and o["async_training.partial_rollout"] == "True"
+    assert "samples lag 0 .. 2 x (1 + 0.5) optimizer steps" in text and "distillation.enabled" not in o
+    _, with_teacher = _opd(student, "verl-fully-async", teacher="/t")
+    assert with_teacher["distillation.enabled"] == "True"
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("target", ["verl-opd", "verl-fully-async"])
+def test_verl_opd_keys_exist(released, student, target):
+    """Every key the OPD and fully-async fragments write is in verl 0.9.1's own config (the trainer's generated
+    YAML; the fully-async policy's YAML over it), the loss a mode verl registers, the rejection mode one verl's
+    helper implements, and the entry point a Hydra main of that config."""
+    root = released["verl"]
+    cfg = yaml.safe_load(find_in(root, "verl/trainer/config/_generated_ppo_trainer.yaml").read_text())
+    if target == "verl-fully-async":
+        over = yaml.safe_load(
+            find_in(root, "verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml").read_text()
+        )
+
+        def merge(base: dict, top: dict) -> dict:  # Hydra's defaults list: the fully-async YAML over ppo_trainer
+            out = dict(base)
+            for k, v in top.items():
+                out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+            return out
+
+        cfg = merge(cfg, over)
+        main = find_in(root, "verl/experimental/fully_async_policy/fully_async_main.py").read_text()
+        assert 'config_name="fully_async_ppo_trainer"' in main
+    text, o = _opd(student, target, teacher="/t", opd_loss="forward_kl_topk", opd_topk=16)
+    for key in o:
+        assert _verl_has(cfg, key), key
+    losses = find_in(root, "verl/trainer/distillation/losses.py").read_text()
+    registered = {n for m in re.findall(r"names=\[([^\]]*)\]", losses) for n in re.findall(r'"(\w+)"', m)}
+    assert o["distillation.distillation_loss.loss_mode"] in registered
+    from fp8probe.deploy.frameworks.verl import OPD_LOSSES
+
+    assert set(OPD_LOSSES) == registered  # every mode fp8probe offers, and no other, is verl's
+    helper = find_in(root, "verl/trainer/ppo/rollout_corr_helper.py").read_text()
+    assert f'"{o["algorithm.rollout_correction.rollout_rs"]}"' in helper

@@ -209,6 +209,7 @@ class Expression:
     keywords: list[str] = field(default_factory=list)  # kept modules outside those blocks
     kv: str | None = None  # the framework's FP8 KV dtype, when the recipe has an FP8 KV cache
     warnings: list[str] = field(default_factory=list)
+    options: object = None  # the framework's own settings where a target reads some (verl.VerlSettings)
 
 
 class Inexpressible(FP8ProbeError):

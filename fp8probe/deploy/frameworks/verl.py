@@ -1,8 +1,13 @@
 """verl, with a vLLM or an SGLang rollout (Hydra overrides of `python3 -m verl.trainer.main_ppo`)."""
 
+from __future__ import annotations
+
 import re
 import shlex
+from dataclasses import dataclass
 
+from ...core.errors import FP8ProbeError
+from ...core.settings import Settings, opt
 from .base import (
     Applied,
     Target,
@@ -107,4 +112,207 @@ def read_sglang(files, units, n_blocks) -> Applied:
     return Applied(
         {n for n in every_linear(units) if not any(_matches_ignored(n, x) for x in ignored)},
         o.get("actor_rollout_ref.rollout.engine_kwargs.sglang.kv_cache_dtype"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# on-policy distillation (distillation.*) and the fully-async policy (verl.experimental.fully_async_policy)
+
+# verl 0.9.1's distillation losses (verl/trainer/distillation/losses.py, register_distillation_loss): the sampled-token
+# estimators and the forward KL over the teacher's top-k
+OPD_LOSSES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "forward_kl_topk")
+CHECKED_VERL = (0, 9, 1)  # the release whose config these targets were read from
+# verl's own K3 rejection preset (verl/trainer/config/algorithm.py, bypass_ppo_clip_k3_rs: seq_mean_k3 at 0.01)
+REJECTION = ("seq_mean_k3", 0.01)
+FULLY_ASYNC = "python3 -m verl.experimental.fully_async_policy.fully_async_main"
+
+
+@dataclass(frozen=True)
+class VerlSettings(Settings):
+    """What verl's OPD and fully-async targets write beyond the rollout's FP8: the distillation loss (verl's
+    `distillation.distillation_loss.*`), the teacher, the fully-async policy's staleness and pools, and the verl
+    release they are written for."""
+
+    opd_loss: str = opt("k3", "verl's distillation loss_mode (verl-opd, verl-fully-async)", choices=OPD_LOSSES)
+    opd_topk: int | None = opt(None, "top-k of the teacher's distribution for forward_kl_topk (default: verl's)", low=1)
+    opd_policy_gradient: bool = opt(
+        False, "the k1 estimate as a per-token advantage in a PPO-clip loss (verl's use_policy_gradient)"
+    )
+    opd_no_task_rewards: bool = opt(False, "distillation alone: no task rewards (verl's use_task_rewards=False)")
+    teacher: str | None = opt(None, "the teacher's model path (verl-opd; default: $TEACHER, required at launch)")
+    staleness_threshold: float = opt(0.1, "fully-async: verl's async_training.staleness_threshold", low=0.0)
+    trigger_parameter_sync_step: int = opt(4, "fully-async: optimizer steps between weight syncs", low=1)
+    no_partial_rollout: bool = opt(False, "fully-async: finish a response on the weights it began with")
+    rollout_gpus: int = opt(8, "fully-async: GPUs of the rollout pool (rollout.n_gpus_per_node)", low=1)
+    trainer_gpus: int = opt(8, "fully-async: GPUs of the trainer pool (trainer.n_gpus_per_node)", low=1)
+    verl_version: str | None = opt(
+        None, "the verl release the config is for (default: the installed verl's, else the checked 0.9.1)"
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.opd_loss == "k1" and not self.opd_policy_gradient:
+            raise FP8ProbeError(
+                "`opd_loss` k1 needs `opd_policy_gradient`: verl refuses to backpropagate k1 directly (its gradient "
+                "does not depend on the teacher)"
+            )
+        self.release  # an unreadable version fails here
+
+    @property
+    def release(self) -> tuple[int, ...]:
+        """The verl release: `verl_version`, else the installed verl's, else the one the keys were read from."""
+        text = self.verl_version
+        if text is None:
+            try:
+                from importlib.metadata import PackageNotFoundError, version
+
+                text = version("verl")
+            except PackageNotFoundError:
+                return CHECKED_VERL
+        m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+        if not m:
+            raise FP8ProbeError(f"`verl_version` {text!r} is not a release such as 0.9.1")
+        return tuple(int(x or 0) for x in m.groups())
+
+
+def _check_release(options: VerlSettings, what: str) -> None:
+    if options.release < CHECKED_VERL:
+        got = ".".join(map(str, options.release))
+        raise FP8ProbeError(
+            f"{what}: verl {got} predates the release these keys were read from (verl 0.9.1's distillation.* and "
+            "async_training.*): upgrade verl, or pass `verl_version`"
+        )
+
+
+def _distillation(o: VerlSettings) -> tuple[list[str], list[str]]:
+    """(the distillation.* overrides, the comment lines on what screens the rollouts' mismatch for this loss)."""
+    loss = "distillation.distillation_loss"
+    teacher = shlex.quote(o.teacher) if o.teacher else '"${TEACHER:?set TEACHER to the teacher model path}"'
+    lines = [
+        "distillation.enabled=True",
+        f"{loss}.loss_mode={o.opd_loss}",
+        f"{loss}.use_policy_gradient={o.opd_policy_gradient}",
+        f"{loss}.use_task_rewards={not o.opd_no_task_rewards}",
+        f"distillation.teacher_models.teacher_model.model_path={teacher}",
+    ]
+    if o.opd_topk is not None:
+        lines.append(f"{loss}.topk={o.opd_topk}")
+    if o.opd_policy_gradient:
+        why = [
+            f"policy-gradient distillation ({o.opd_loss} as the advantage): verl passes the rollout IS weights "
+            "(rollout_is) to its PPO-clip loss (verl/trainer/distillation/losses.py), so token TIS acts on it"
+        ]
+    else:
+        tasks = (
+            "and on no other term (use_task_rewards=False)"
+            if o.opd_no_task_rewards
+            else "only on the task-reward policy loss"
+        )
+        why = [
+            f"supervised distillation ({o.opd_loss}): verl applies no IS weight to this loss "
+            f"(verl/trainer/distillation/losses.py), so TIS acts {tasks}; the rejection mask (rollout_rs) screens "
+            "mismatched sequences out of every loss"
+        ]
+    return lines, why
+
+
+def _screen(policy_gradient: bool) -> list[str]:
+    """The correction that acts: token TIS where verl weights the loss, else verl's K3 rejection preset."""
+    if policy_gradient:
+        return verl_correction()
+    mode, threshold = REJECTION
+    return [
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        f"algorithm.rollout_correction.rollout_rs={mode}",
+        f"algorithm.rollout_correction.rollout_rs_threshold={threshold}",
+    ]
+
+
+def _rollout(e) -> list[str]:
+    lines = ["actor_rollout_ref.rollout.name=vllm"]
+    if e.fp8:
+        lines.append("actor_rollout_ref.rollout.quantization=fp8")
+    if e.kv:
+        lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={e.kv}")
+    return lines
+
+
+VERL_OPD = Target(
+    "verl-opd",
+    "verl on-policy distillation (vLLM rollout)",
+    "all",
+    "FP8_BLOCK",
+    "fp8",
+    "unit",
+    "hydra",
+    "verl==0.9.1 verl/trainer/config/distillation/distillation.yaml, verl/trainer/distillation/losses.py",
+    "the vLLM rollout re-quantizes every Linear in 128x128 blocks (as `verl`); the teacher scores every batch "
+    "(distillation.*)",
+)
+VERL_FULLY_ASYNC = Target(
+    "verl-fully-async",
+    "verl fully-async policy (vLLM rollout)",
+    "all",
+    "FP8_BLOCK",
+    "fp8",
+    "unit",
+    "hydra",
+    "verl==0.9.1 verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml",
+    "rollouter and trainer on their own pools, the rollout's log-probs the PPO ratio's denominator (bypass mode); "
+    "FP8 as `verl`",
+)
+
+
+@register(VERL_OPD)
+def render_opd(e, model_path, units) -> dict[str, str]:
+    o = e.options or VerlSettings()
+    _check_release(o, "verl-opd")
+    lines, why = _distillation(o)
+    head = header(e.target) + "".join(f"# {w}.\n" for w in why)
+    return {"verl-opd.sh": head + hydra(MAIN, _rollout(e) + lines + _screen(o.opd_policy_gradient))}
+
+
+@register(VERL_FULLY_ASYNC)
+def render_fully_async(e, model_path, units) -> dict[str, str]:
+    o = e.options or VerlSettings()
+    _check_release(o, "verl-fully-async")
+    lines = [
+        f"async_training.staleness_threshold={o.staleness_threshold}",
+        f"async_training.trigger_parameter_sync_step={o.trigger_parameter_sync_step}",
+        f"async_training.partial_rollout={not o.no_partial_rollout}",
+        "rollout.nnodes=1",
+        f"rollout.n_gpus_per_node={o.rollout_gpus}",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={o.trainer_gpus}",
+    ]
+    why = [
+        "bypass mode (verl's default here): the rollout's log-probs are the PPO ratio's denominator, so the ratio "
+        "itself carries the mismatch and TIS weights would count it twice; verl's K3 rejection preset screens it",
+        f"samples lag 0 .. {o.trigger_parameter_sync_step} x (1 + {o.staleness_threshold:g}) optimizer steps"
+        + ("; with partial rollouts a response's prefix comes from older weights" if not o.no_partial_rollout else ""),
+    ]
+    if o.teacher is not None:
+        opd, opd_why = _distillation(o)
+        lines += opd
+        why += opd_why
+    head = header(e.target) + "".join(f"# {w}.\n" for w in why)
+    return {"verl-fully-async.sh": head + hydra(FULLY_ASYNC, _rollout(e) + lines + _screen(False))}
+
+
+@resolves(VERL_OPD, "verl-opd.sh")
+def read_opd(files, units, n_blocks) -> Applied:
+    """verl-opd runs the `verl` vLLM rollout: quantization=fp8 re-quantizes every Linear."""
+    return _read_rollout(files["verl-opd.sh"], units)
+
+
+@resolves(VERL_FULLY_ASYNC, "verl-fully-async.sh")
+def read_fully_async(files, units, n_blocks) -> Applied:
+    return _read_rollout(files["verl-fully-async.sh"], units)
+
+
+def _read_rollout(text: str, units) -> Applied:
+    o = overrides(text)
+    return Applied(
+        every_linear(units) if o.get("actor_rollout_ref.rollout.quantization") == "fp8" else set(),
+        o.get("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype"),
     )
