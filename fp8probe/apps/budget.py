@@ -8,15 +8,26 @@ from pathlib import Path
 from ..budget.fit import fit_budget
 from ..budget.settings import BudgetSettings
 from ..budget.words import budget_text, fit_lines, loss_words
-from ..core.files import check_writable, output_dir
+from ..core.errors import FP8ProbeError
+from ..core.files import atomic_write_text, check_writable, output_dir
 from ..core.results import Result
+from ..training.verl_runs import VerlRunsSettings, verl_runs_table
 
 
-def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()) -> BudgetResult:
-    """The budget fitted to a runs table (budget/fit.py), written as DIR/budget.json and DIR/budget.png."""
+def run_budget(
+    runs, out, settings: BudgetSettings = BudgetSettings(), verl: VerlRunsSettings | None = None
+) -> BudgetResult:
+    """The budget fitted to a runs table (budget/fit.py), or to a user's verl runs (`verl.from_verl`: their
+    file-logger JSONL, training/verl_runs.py; the table is written as DIR/runs.csv), written as DIR/budget.json and
+    DIR/budget.png."""
     from ..plots import budget_fit
 
     check_writable(out)
+    if (runs is None) == (verl is None or not verl.from_verl):
+        raise FP8ProbeError("give either a runs table (RUNS) or verl runs (`from_verl`), not both or neither")
+    used = None
+    if runs is None:
+        runs, used = verl_runs_table(verl)
     b = fit_budget(runs, settings)
     if settings.student:
         from ..model.identity import identity
@@ -24,17 +35,21 @@ def run_budget(runs, out, settings: BudgetSettings = BudgetSettings()) -> Budget
 
         b = replace(b, student=identity(load_student(settings.student)))
     with output_dir(out) as d:
+        if used is not None:
+            atomic_write_text(d / "runs.csv", runs.to_csv(index=False))
         b.write(d / b.KIND)
         budget_fit(b, d / "budget.png")
-    return BudgetResult(Path(out), b)
+    return BudgetResult(Path(out), b, used)
 
 
 @dataclass(frozen=True)
 class BudgetResult(Result):
     budget: object  # budget.fit.Budget, budget.json
+    keys: str | None = None  # verl runs: the keys read, in words
 
     def describe(self, seconds: float) -> str:
-        return describe_budget(self.budget, self.out)
+        head = f"from verl's logs: {self.keys}\n" if self.keys else ""
+        return head + describe_budget(self.budget, self.out)
 
 
 def describe_budget(b, out) -> str:

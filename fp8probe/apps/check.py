@@ -111,6 +111,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
     from .inputs import check_inputs, load, rollouts_for
 
     budget = read_budget(settings.budget, settings.metric)  # a negative, NaN or unreadable budget fails here
+    budget.check_judgeable()
     sc = settings.shortcuts
     check_inputs(model, rollouts, out)
     sc.check(model)

@@ -47,6 +47,7 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
     from .inputs import check_inputs, load, rollouts_for
 
     budget = read_budget(settings.budget, settings.metric)
+    budget.check_judgeable()
     sc = settings.shortcuts
     sources = [replace(model, model=c) for c in settings.checkpoints]
     for s in sources:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from ..core.artifacts import Record, read_artifact
 from ..core.errors import FP8ProbeError
-from ..core.metrics import METRICS
+from ..core.metrics import METRICS, VERL_METRICS
 from ..core.stats import expansion
 from .settings import BudgetSettings
 
@@ -74,8 +74,10 @@ class Budget(Record):
     kinds: dict | None = None  # per kind of source run as a calibration level: its own measured loss and reading
 
     def __post_init__(self):
-        if self.metric not in METRICS:
-            raise FP8ProbeError(f"budget metric {self.metric!r} is not one of {', '.join(METRICS)}")
+        if self.metric not in METRICS and self.metric not in VERL_METRICS:
+            raise FP8ProbeError(
+                f"budget metric {self.metric!r} is not one of {', '.join(METRICS)} or verl's {', '.join(VERL_METRICS)}"
+            )
         if not isinstance(self.value, (int, float)) or not math.isfinite(self.value) or self.value < 0:
             raise FP8ProbeError(f"a budget must be a finite, non-negative number, got {self.value!r}")
 
@@ -111,6 +113,17 @@ class Budget(Record):
             )
         except KeyError as e:
             raise FP8ProbeError(f"{where} lacks {e}; write it with `fp8probe budget`") from e
+
+    def check_judgeable(self) -> None:
+        """Refuse, in one line, a budget a configuration cannot be judged against here: one on a verl metric (fitted
+        to a user's verl runs, `budget --from-verl`), which fp8probe measures on the candidate's own samples without
+        the interval a verdict needs."""
+        if self.metric in VERL_METRICS:
+            raise FP8ProbeError(
+                f"{self.source} bounds verl's {self.metric}, measured on each run's own rollouts: check, plan and "
+                f"recipe judge fp8probe's metrics; compare with the {self.metric} a check reports under "
+                "prefix_shift, or fit the budget on kl_q_p (fp8probe calibrate)"
+            )
 
     def for_kind(self, kind: str) -> Budget:
         """The budget a configuration of this kind of mismatch is judged against: the kind's own dose–response

@@ -96,7 +96,9 @@ def _plan(a):
 
 
 def _budget(a):
-    return budget.run_budget(a.runs, a.out, settings_from(budget.BudgetSettings, a))
+    return budget.run_budget(
+        a.runs, a.out, settings_from(budget.BudgetSettings, a), settings_from(budget.VerlRunsSettings, a)
+    )
 
 
 def _calibrate(a):
@@ -283,12 +285,18 @@ COMMANDS: dict[str, Command] = {
         Command(
             "budget",
             "the mismatch budget from a table of training runs (quality vs mismatch)",
-            (budget.BudgetSettings,),
+            (budget.BudgetSettings, budget.VerlRunsSettings),
             (
-                ("runs", {"help": "CSV: mismatch, quality[, metric, seed, higher_is_better], one row per run"}),
+                (
+                    "runs",
+                    {"nargs": "?", "help": "CSV: mismatch, quality[, metric, seed, higher_is_better], one row per run"},
+                ),
                 ("--out", {"required": True, "help": "output directory for budget.json and budget.png"}),
             ),
-            ("budget runs.csv --out runs/budget --tolerance 0.01",),
+            (
+                "budget runs.csv --out runs/budget --tolerance 0.01",
+                "budget --from-verl bf16.jsonl:level=0,seed=0 fp8.jsonl:level=fp8,seed=0 --out runs/verl-budget",
+            ),
             _budget,
         ),
         Command(

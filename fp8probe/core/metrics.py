@@ -66,3 +66,23 @@ def excess(name: str, value: float) -> float:
     """
     m = metric(name)
     return value - m.zero if m.worse == "higher" else m.zero - value
+
+
+# verl's own names of the mismatch, computed on the rollout engine's samples (measurement/verl.py): torch-free here,
+# so that a budget on one of them (training/verl_runs.py) reads without loading torch
+VERL_METRICS = (
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "rollout_corr/chi2_token",
+    "rollout_corr/chi2_seq",
+    "rollout_corr/training_ppl",
+    "rollout_corr/rollout_ppl",
+    "rollout_corr/log_ppl_diff",
+    "rollout_corr/log_ppl_abs_diff",
+    "rollout_corr/ppl_ratio",
+    "training/rollout_probs_diff_mean",
+    "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_std",
+    "training/rollout_actor_probs_pearson_corr",
+    "ppo_clip_share",
+)

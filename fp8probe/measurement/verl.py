@@ -26,25 +26,10 @@ from __future__ import annotations
 
 import torch
 
+from ..core.metrics import VERL_METRICS  # noqa: F401  (re-exported: the names this module computes)
+
 SAFETY_BOUND = 20.0  # verl's clamp of log-ratios before exp (rollout_corr_helper.SAFETY_BOUND)
 PPO_CLIP = 0.2
-
-VERL_METRICS = (
-    "rollout_corr/kl",
-    "rollout_corr/k3_kl",
-    "rollout_corr/chi2_token",
-    "rollout_corr/chi2_seq",
-    "rollout_corr/training_ppl",
-    "rollout_corr/rollout_ppl",
-    "rollout_corr/log_ppl_diff",
-    "rollout_corr/log_ppl_abs_diff",
-    "rollout_corr/ppl_ratio",
-    "training/rollout_probs_diff_mean",
-    "training/rollout_probs_diff_max",
-    "training/rollout_probs_diff_std",
-    "training/rollout_actor_probs_pearson_corr",
-    "ppo_clip_share",
-)
 
 
 def verl_metrics(logp_rollout, logp_train, lengths, clip: float = PPO_CLIP) -> dict[str, float]:

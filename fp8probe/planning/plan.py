@@ -419,6 +419,12 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
 
 
 def _budget(settings: PlanSettings, curves):
+    b = _read_budget(settings, curves)
+    b.check_judgeable()
+    return b
+
+
+def _read_budget(settings: PlanSettings, curves):
     from ..budget.fit import default_budget, read_budget
 
     if settings.budget is not None:
