@@ -37,7 +37,7 @@ def test_library_page_runs(tmp_path, monkeypatch):
     assert printed[1] == "`num_prompts` 0 must be >= 1"  # what the page says the error prints
     # the sweep, the recipe and its read-back
     assert (tmp_path / "runs/lib/sweep/sensitivity.csv").exists()
-    assert ns["recipe"].quantized and ns["report"]["ratio_kv_tokens"] > 1
+    assert ns["recipe"].quantized and ns["report"].ratio_kv_tokens > 1
     assert ns["x_hat"].shape == (4, 256)
     assert set(ns["run"].table["unit"]) == set(ns["df"]["unit"])
 

@@ -93,7 +93,7 @@ def test_sweep_rows_equal_a_plain_forward(gemma):
     with torch.no_grad():
         ref_logits, tokens = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
         for unit in ("model.layers.0.mlp.down_proj", "model.layers.5.self_attn.o_proj"):
-            got = measure_row(ref, gemma, rows[unit])
+            got = measure_row(ref, gemma, rows[unit]).metrics
             with quantize_units(m, [unit], scheme, calibration=ref.calibration):
                 cand, _ = response_logits(m(input_ids=ids, attention_mask=am).logits, ids, resp)
             want = mismatch(ref_logits, cand, tokens)
