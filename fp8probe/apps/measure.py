@@ -19,17 +19,29 @@ from .inputs import check_inputs, load, rollouts_for
 def run_measure(
     model: ModelSource, rollouts: RolloutSettings, settings: MeasureSettings, out, progress: bool = False
 ) -> MeasureResult:
-    """mismatch.json's content (every metric, the tokens it was measured on), after writing it into `out`."""
-    from ..measurement.measure import measure_scheme
+    """mismatch.json's content (every metric, the tokens it was measured on, and the prefix shift: the candidate's
+    own continuations with verl's metrics of them), after writing it into `out`."""
+    from ..measurement.measure import measure_scheme, scheme_perturbation
+    from ..measurement.prefix import PrefixShift
+    from ..measurement.reference import Reference
 
     check_inputs(model, rollouts, out, settings.preset)
     t0 = time.perf_counter()
     with output_dir(out) as d:
         student, _ = load(model)
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
+        p = scheme_perturbation(student, settings.preset, kv=settings.kv)
+        reference = Reference(student, r, rollouts.batch_size, kv_strategy=p.kv.strategy)
         metrics = measure_scheme(
-            student, r, scheme=settings.preset, kv=settings.kv, batch_size=rollouts.batch_size, engine=settings.engine
+            student,
+            r,
+            scheme=settings.preset,
+            kv=settings.kv,
+            reference=reference,
+            batch_size=rollouts.batch_size,
+            engine=settings.engine,
         )
+        shift = PrefixShift.sampled_as(student, reference, r, rollouts, settings.engine).measure(p)
         record = MismatchRecord(
             command="measure",
             model=student.name,
@@ -39,6 +51,7 @@ def run_measure(
             num_sequences=r.num_sequences,
             num_response_tokens=r.num_response_tokens,
             metrics=metrics,
+            prefix_shift=shift,
             arithmetic=arithmetic(rollouts.batch_size),
             seconds=round(time.perf_counter() - t0, 3),
             versions=versions(),
@@ -62,6 +75,18 @@ def _describe(rec: MismatchRecord, out, seconds: float) -> str:
         [
             f"\nwhole-model {what}{engine} vs reference on {rec.num_response_tokens} response tokens:",
             *(f"  {k:<22} {v:.6g}" for k, v in rec.metrics.items()),
+            *_shift_lines(rec.prefix_shift),
             f"measure: {seconds:.0f} s -> {Path(out) / MismatchRecord.KIND}",
         ]
     )
+
+
+def _shift_lines(shift: dict | None) -> list[str]:
+    """The candidate's own continuations: how many diverge, and verl's figures of them (measurement/verl.py)."""
+    if not shift:
+        return []
+    verl = [k for k in shift if "/" in k or k == "ppo_clip_share"]
+    return [
+        f"on its own continuations ({shift['diverged']:.0%} diverge from the reference's), as verl logs them:",
+        *(f"  {k:<44} {shift[k]:.6g}" for k in verl),
+    ]

@@ -33,6 +33,8 @@ class MismatchRecord(Record):
     num_sequences: int
     num_response_tokens: int
     metrics: dict  # metric name -> value
+    # the prefix shift: the candidate's own continuations, verl's metrics of them among its keys (added within 1)
+    prefix_shift: dict | None = optional()
     arithmetic: dict
     seconds: float
     versions: dict

@@ -114,14 +114,18 @@ def measure_scheme(
     plus an FP8 KV cache in every layer when `kv` is given ("fp8", "fp8_e5m2" or a KVCacheScheme), against the
     reference (made here when None); computed as `engine` does ("sim", or a profile of the rollout engine:
     "vllm-cuda", "vllm-cpu")."""
-    scheme = Scheme.from_name(scheme)
-    kv_scheme = KVCacheScheme.from_name(kv) if kv is not None else KVCacheScheme()
+    p = scheme_perturbation(student, scheme, units, kv)
     eng = get_engine(engine)
-    eng.check(scheme, kv_scheme if kv is not None else None)
+    eng.check(p.scheme, p.kv if kv is not None else None)
     if reference is None:
-        reference = Reference(student, rollouts, batch_size, kv_strategy=kv_scheme.strategy)
-    names = list(student.unit_names) if units is None else list(units)
-    kv_layers = student.layers if kv is not None else ()
-    p = Perturbation(tuple(names), scheme, kv_layers, kv_scheme)
+        reference = Reference(student, rollouts, batch_size, kv_strategy=p.kv.strategy)
     result = measure(reference, student, rollouts, p, eng, batch_size).metrics
     return {k: result[k] for k in METRICS}
+
+
+def scheme_perturbation(student, scheme="FP8_DYNAMIC", units=None, kv=None) -> Perturbation:
+    """The Perturbation of `units` (names; all quantizable units when None) in `scheme` by name, with an FP8 KV
+    cache in every layer when `kv` is given (a name or a KVCacheScheme)."""
+    kv_scheme = KVCacheScheme.from_name(kv) if kv is not None else KVCacheScheme()
+    names = list(student.unit_names) if units is None else list(units)
+    return Perturbation(tuple(names), Scheme.from_name(scheme), student.layers if kv is not None else (), kv_scheme)

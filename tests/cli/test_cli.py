@@ -63,6 +63,12 @@ def test_measure_and_units_on_tiny(cli, tmp_path, tiny_dirs, arch):
     rep = json.loads((tmp_path / "m" / "mismatch.json").read_text())
     assert rep["metrics"]["kl_q_p"] > 0 and rep["schema_version"] == 1
     assert (tmp_path / "m" / "rollouts.safetensors").exists()
+    # the candidate's own continuations, with verl's figures of them (measurement/verl.py; checked against verl's
+    # own functions in tests/measurement/test_verl_metrics.py)
+    from fp8probe.core.metrics import VERL_METRICS
+
+    shift = rep["prefix_shift"]
+    assert set(VERL_METRICS) <= set(shift) and 0 <= shift["diverged"] <= 1 and shift["rollout_corr/k3_kl"] >= 0
     r = cli("-q", "units", tiny_dirs[arch])
     assert r.code == 0 and "qkv_proj" in r.out
 
