@@ -47,15 +47,19 @@ VERL_SGLANG = Target(
 MAIN = "python3 -m verl.trainer.main_ppo"
 
 
-@register(VERL)
-def render_vllm(e, model_path, units) -> dict[str, str]:
+def _rollout(e) -> list[str]:
+    """verl's vLLM rollout with the recipe's FP8 weights and KV cache (every verl target that rolls out in vLLM)."""
     lines = ["actor_rollout_ref.rollout.name=vllm"]
     if e.fp8:
         lines.append("actor_rollout_ref.rollout.quantization=fp8")
     if e.kv:
         lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={e.kv}")
-    lines += verl_correction()
-    return {"verl.sh": header(e.target) + hydra(MAIN, lines)}
+    return lines
+
+
+@register(VERL)
+def render_vllm(e, model_path, units) -> dict[str, str]:
+    return {"verl.sh": header(e.target) + hydra(MAIN, _rollout(e) + verl_correction())}
 
 
 @register(VERL_SGLANG)
@@ -79,7 +83,12 @@ def render_sglang(e, model_path, units) -> dict[str, str]:
 @resolves(VERL, "verl.sh")
 def read_vllm(files, units, n_blocks) -> Applied:
     """verl's vLLM rollout: quantization=fp8 re-quantizes every Linear; kv_cache_dtype through engine_kwargs."""
-    o = overrides(files["verl.sh"])
+    return _read_rollout(files["verl.sh"], units)
+
+
+def _read_rollout(text: str, units) -> Applied:
+    """What the vLLM rollout of a verl script runs (the verl, verl-opd and verl-fully-async targets)."""
+    o = overrides(text)
     return Applied(
         every_linear(units) if o.get("actor_rollout_ref.rollout.quantization") == "fp8" else set(),
         o.get("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype"),
@@ -228,15 +237,6 @@ def _screen(policy_gradient: bool) -> list[str]:
     ]
 
 
-def _rollout(e) -> list[str]:
-    lines = ["actor_rollout_ref.rollout.name=vllm"]
-    if e.fp8:
-        lines.append("actor_rollout_ref.rollout.quantization=fp8")
-    if e.kv:
-        lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={e.kv}")
-    return lines
-
-
 VERL_OPD = Target(
     "verl-opd",
     "verl on-policy distillation (vLLM rollout)",
@@ -308,11 +308,3 @@ def read_opd(files, units, n_blocks) -> Applied:
 @resolves(VERL_FULLY_ASYNC, "verl-fully-async.sh")
 def read_fully_async(files, units, n_blocks) -> Applied:
     return _read_rollout(files["verl-fully-async.sh"], units)
-
-
-def _read_rollout(text: str, units) -> Applied:
-    o = overrides(text)
-    return Applied(
-        every_linear(units) if o.get("actor_rollout_ref.rollout.quantization") == "fp8" else set(),
-        o.get("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype"),
-    )
