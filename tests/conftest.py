@@ -361,3 +361,21 @@ def find_in(root: Path, rel: str) -> Path:
     hits = [p for p in root.rglob(Path(rel).name) if p.as_posix().endswith(rel)]
     assert hits, f"{rel} not in {root}"
     return hits[0]
+
+
+def lift(root: Path, rel: str, names: tuple[str, ...], scope: dict) -> dict:
+    """The named top-level functions, classes and constants of a released wheel's source file (`rel` under `root`),
+    executed in `scope` (the names they use, given by the caller): a framework's own code run without installing or
+    importing the framework. Returns the scope."""
+    import ast
+
+    tree = ast.parse(find_in(root, rel).read_text())
+    keep = [
+        n
+        for n in tree.body
+        if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names)
+        or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in names for t in n.targets))
+    ]
+    assert len(keep) == len(names), f"{rel}: found {len(keep)} of {names}"
+    exec(compile(ast.Module(keep, []), rel, "exec"), scope)
+    return scope

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import find_in, tiny_student
+from conftest import find_in, lift, tiny_student
 
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.deploy.frameworks import TARGETS, Inexpressible, express, render
@@ -247,11 +247,8 @@ def test_slime_flags_pinned(rendered):
 
 def _verl_matcher(released):
     """verl's own `_matches_ignored_layer` (SGLang path), lifted from its source without importing verl."""
-    src = find_in(released["verl"], "verl/utils/sglang/sglang_fp8_utils.py").read_text()
-    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "_matches_ignored_layer")
-    scope = {"re": re}
-    exec(compile(ast.Module([fn], []), "sglang_fp8_utils", "exec"), scope)
-    return scope["_matches_ignored_layer"]
+    path = "verl/utils/sglang/sglang_fp8_utils.py"
+    return lift(released["verl"], path, ("_matches_ignored_layer",), {"re": re})["_matches_ignored_layer"]
 
 
 @pytest.mark.network

@@ -9,12 +9,11 @@ machinery), laid out as verl's batches are ([B, T] with a response mask), and go
 
 from __future__ import annotations
 
-import ast
 from typing import Any, Optional
 
 import pytest
 import torch
-from conftest import find_in
+from conftest import lift
 
 from fp8probe.core.schemes import Scheme
 from fp8probe.measurement.perturbation import Perturbation
@@ -24,30 +23,16 @@ from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import Rollouts, make_rollouts
 
 
-def _lift(root, rel: str, names: tuple[str, ...], scope: dict) -> dict:
-    """The named top-level functions and constants of a verl source file, executed in `scope` (verl not imported)."""
-    tree = ast.parse(find_in(root, rel).read_text())
-    keep = [
-        n
-        for n in tree.body
-        if (isinstance(n, ast.FunctionDef) and n.name in names)
-        or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in names for t in n.targets))
-    ]
-    assert len(keep) == len(names), f"{rel}: found {len(keep)} of {names}"
-    exec(compile(ast.Module(keep, []), rel, "exec"), scope)
-    return scope
-
-
 def _verl(root) -> dict:
-    functional = _lift(root, "verl/utils/torch_functional.py", ("masked_sum", "masked_mean"), {"torch": torch})
+    functional = lift(root, "verl/utils/torch_functional.py", ("masked_sum", "masked_mean"), {"torch": torch})
     verl_f = type("verl_F", (), {"masked_sum": functional["masked_sum"], "masked_mean": functional["masked_mean"]})
-    helper = _lift(
+    helper = lift(
         root,
         "verl/trainer/ppo/rollout_corr_helper.py",
         ("SAFETY_BOUND", "compute_offpolicy_metrics"),
         {"torch": torch, "verl_F": verl_f, "Optional": Optional, "Any": Any},
     )
-    debug = _lift(
+    debug = lift(
         root,
         "verl/utils/debug/metrics.py",
         ("pearson_correlation_coefficient", "calculate_log_prob_diff"),

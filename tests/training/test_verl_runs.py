@@ -3,13 +3,12 @@ FileLogger (lifted from the released wheel, with its serializer, orjson)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 
 import pandas as pd
 import pytest
-from conftest import find_in
+from conftest import lift
 
 # a synthetic study: the mismatch-free twin and three rollout configurations, three seeds each; each logs
 # rollout_corr/kl every step and val-core accuracy (higher is better) before training and every 2 steps
@@ -18,13 +17,9 @@ LOSS = {"0": 0.0, "fp8-kv": 0.002, "fp8": 0.01, "noisy": 0.08}  # accuracy lost 
 
 
 def _file_logger(root):
-    src = find_in(root, "verl/utils/tracking.py").read_text()
-    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "FileLogger")
     import orjson
 
-    scope = {"os": os, "orjson": orjson}
-    exec(compile(ast.Module([cls], []), "tracking", "exec"), scope)
-    return scope["FileLogger"]
+    return lift(root, "verl/utils/tracking.py", ("FileLogger",), {"os": os, "orjson": orjson})["FileLogger"]
 
 
 def _write_runs(file_logger, tmp_path, monkeypatch) -> list[str]:
