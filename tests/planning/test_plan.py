@@ -280,28 +280,36 @@ def test_plan_bad_input(cli, tiny_dirs, tmp_path, args, message):
     assert not out.exists()
 
 
+# a config-only tiny Llama whose byte and FLOP counts the by-hand tests below derive (tests/deploy/test_throughput.py's)
+HIDDEN, INTER, LAYERS, VOCAB = 64, 128, 2, 256
+
+
+def _tiny_llama_config(d) -> None:
+    from conftest import tiny_config
+
+    cfg = tiny_config(
+        "llama",
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        tie_word_embeddings=False,
+    )
+    d.mkdir()
+    cfg.to_json_file(d / "config.json")
+
+
 def test_each_configurations_rollout_by_hand(cli, tmp_path):
     """Every configuration's modelled rollout, from its own weights and KV dtype, against the roofline by hand: a
     config-only tiny Llama (tests/deploy/test_throughput.py's, byte counts derived there) on an H100 of the table
     with no overheads and efficiencies of 1, four requests of 16 + 32 tokens (all admitted at once: no preemption).
     A plan that modelled every configuration as BF16 (the recipe or KV dtype not passed on) fails here."""
-    from conftest import tiny_config
-
     from fp8probe.deploy.gpus import gpu
 
-    hidden, inter, layers, vocab = 64, 128, 2, 256
-    cfg = tiny_config(
-        "llama",
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=vocab,
-        tie_word_embeddings=False,
-    )
-    (tmp_path / "m").mkdir()
-    cfg.to_json_file(tmp_path / "m" / "config.json")
+    hidden, inter, layers, vocab = HIDDEN, INTER, LAYERS, VOCAB
+    _tiny_llama_config(tmp_path / "m")
     out = tmp_path / "plan"
     r = cli(
         "plan",
@@ -414,23 +422,10 @@ def test_the_teachers_scoring_pass_is_a_stage_of_each_step(cli, tmp_path):
     matmul weights / the peak (efficiency 1), the batch split over its replicas, FP8 weights at the FP8 peak. A
     synchronous step is rollout + teacher + train, an asynchronous one their maximum; a plan that left the teacher
     out (or added it to one row only) fails here."""
-    from conftest import tiny_config
-
     from fp8probe.deploy.gpus import gpu
 
-    hidden, inter, layers, vocab = 64, 128, 2, 256
-    cfg = tiny_config(
-        "llama",
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=vocab,
-        tie_word_embeddings=False,
-    )
-    (tmp_path / "m").mkdir()
-    cfg.to_json_file(tmp_path / "m" / "config.json")
+    hidden, inter, layers, vocab = HIDDEN, INTER, LAYERS, VOCAB
+    _tiny_llama_config(tmp_path / "m")
     model = str(tmp_path / "m" / "config.json")
     common = ["--gpu", "H100", "--prompt-len", "16", "--response-len", "32", "--rollout-batch", "4"]
     common += ["--train-step-s", "1", "--compute-efficiency", "1", "--bandwidth-efficiency", "1"]
