@@ -57,7 +57,8 @@ class VerlRun:
 
 def parse_run(spec: str) -> VerlRun:
     """`PATH:level=L,seed=S[,objective=O]`."""
-    path, sep, attrs = spec.rpartition(":") if ":" in spec and "=" in spec.rsplit(":", 1)[-1] else (spec, "", "")
+    head, _, tail = spec.rpartition(":")
+    path, attrs = (head, tail) if head and "=" in tail else (spec, "")
     fields = {}
     for part in filter(None, attrs.split(",")):
         key, eq, value = part.partition("=")
