@@ -35,8 +35,9 @@ import torch
 from ..core.errors import FP8ProbeError
 from ..measurement.perturbed import apply_perturbation
 from ..model.rollouts import Rollouts
-from .opd import prompt_dataset, require_trl, sampled_logps
+from .opd import completion_logits, prompt_dataset, require_trl, sampled, sampled_logps
 from .settings import TrainerRun, TrainSettings
+from .verl_losses import pg_loss
 
 IS_CAP = 2.0  # verl's rollout_is_threshold default; TRL's clip_max for token_truncate
 
@@ -122,11 +123,15 @@ def make_grpo_trainer(
     *,
     correction: bool = False,
     bypass: bool = False,
+    opd_pg: bool = False,
 ):
     """A GRPOTrainer for one run; with a `perturber`, rollouts come from the perturbed student, each step's mismatch
     lands in `trainer.rollout_mismatch`, with `correction` every token's loss is weighted by min(p/q, IS_CAP), and
-    with `bypass` the PPO ratio's anchor is q's log-probs of the sampled tokens (without a perturbation q is p)."""
+    with `bypass` the PPO ratio's anchor is q's log-probs of the sampled tokens (without a perturbation q is p).
+    `opd_pg`: verl's policy-gradient OPD in place of GRPO's loss (verl_losses.pg_loss: the per-token k1 to the teacher
+    as the advantage, anchored as `bypass` anchors it); the teacher-likelihood reward is then only logged."""
     GRPOTrainer, _ = require_grpo()
+    bypass = bypass or opd_pg
     args = grpo_config(settings, run.seed, run.output_dir, run.device)
     perturber = run.perturber
 
@@ -165,9 +170,15 @@ def make_grpo_trainer(
             if bypass and self._anchor is not None:  # q's log-probs: the rollout engine's, as verl's bypass keeps them
                 out["old_per_token_logps"] = _padded(self._anchor, out["completion_mask"])
                 self._anchor = None
+            if opd_pg:
+                with torch.no_grad():
+                    t_logits = completion_logits(teacher.model, out)
+                out["teacher_per_token_logps"] = sampled(t_logits, out["completion_ids"])
             return out
 
         def _compute_loss(self, model, inputs):
+            if opd_pg:
+                return self._opd_pg_loss(model, inputs)
             if "importance_sampling_ratio" not in inputs:
                 return super()._compute_loss(model, inputs)
             use_vllm, self.use_vllm = self.use_vllm, True  # the one condition TRL applies the ratio under
@@ -175,6 +186,15 @@ def make_grpo_trainer(
                 return super()._compute_loss(model, inputs)
             finally:
                 self.use_vllm = use_vllm
+
+        def _opd_pg_loss(self, model, inputs):
+            mask = inputs["completion_mask"]
+            logp = sampled(completion_logits(model, inputs), inputs["completion_ids"])
+            anchor = inputs.get("old_per_token_logps")
+            anchor = logp.detach() if anchor is None else anchor
+            loss, clipfrac = pg_loss(logp, inputs["teacher_per_token_logps"], anchor, mask)
+            self._metrics["train"]["clip_ratio/region_mean"].append(clipfrac)
+            return loss
 
     trainer = PerturbedRolloutGRPO(
         model=student.model,

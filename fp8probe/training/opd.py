@@ -146,9 +146,39 @@ def rollout_mismatch(student: Student, p: Perturbation, r: Rollouts) -> dict[str
     return measure_rollouts(student, p, r)[0]
 
 
-def make_trainer(student: Student, teacher, train_prompts: list[str], settings: TrainSettings, run: TrainerRun):
+def completion_logits(model, inputs: dict) -> torch.Tensor:
+    """The logits that predict each completion token of a TRL batch ([B, T, V]): the prompt and completion in one
+    forward, the last T + 1 positions kept and the last dropped (TRL's own alignment)."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    keep = inputs["completion_ids"].size(1)
+    return model(input_ids=ids, attention_mask=attention, logits_to_keep=keep + 1).logits[:, :-1, :]
+
+
+def sampled(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Each sampled token's log-probability under `logits` ([B, T, V] and [B, T] -> [B, T], fp32)."""
+    return torch.log_softmax(logits.float(), -1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def verl_supervised_loss(loss_mode: str, topk: int | None = None):
+    """One of verl's supervised OPD losses (verl_losses.py) as (student logits, teacher logits, tokens, mask) -> the
+    token-mean loss: `k3` on the sampled tokens or `forward_kl_topk` over the teacher's top-`topk`."""
+    from .verl_losses import k3_losses, token_mean, topk_forward_kl
+
+    def loss(s_logits, t_logits, tokens, mask):
+        if loss_mode == "k3":
+            return token_mean(k3_losses(sampled(s_logits, tokens), sampled(t_logits, tokens)), mask)
+        return token_mean(topk_forward_kl(s_logits, t_logits, topk), mask)
+
+    return loss
+
+
+def make_trainer(
+    student: Student, teacher, train_prompts: list[str], settings: TrainSettings, run: TrainerRun, loss=None
+):
     """A DistillationTrainer for one run; with the run's `perturber`, rollouts come from the perturbed student and
-    each step's mismatch lands in `trainer.rollout_mismatch` (one dict per generation)."""
+    each step's mismatch lands in `trainer.rollout_mismatch` (one dict per generation). `loss`: verl's supervised
+    loss to train with (verl_supervised_loss) in place of TRL's full-vocabulary reverse KL."""
     DistillationTrainer, _ = require_trl()
     args = opd_config(settings, run.seed, run.output_dir, run.device)
     perturber = run.perturber
@@ -170,6 +200,19 @@ def make_trainer(student: Student, teacher, train_prompts: list[str], settings: 
                     }
                 )
             return completions
+
+        def _compute_loss(self, unwrapped_student, inputs, num_items_in_batch):
+            if loss is None:
+                return super()._compute_loss(unwrapped_student, inputs, num_items_in_batch)
+            mask = inputs["completion_mask"]
+            s_logits = completion_logits(unwrapped_student, inputs)
+            self.teacher_model.eval()
+            with torch.no_grad():
+                t_logits = completion_logits(self.teacher_model, inputs)
+            with torch.no_grad():  # TRL logs the student's entropy per token
+                logp = torch.log_softmax(s_logits.float(), -1)
+                entropy = (-(logp.exp() * logp).sum(-1) * mask).sum()
+            return loss(s_logits, t_logits, inputs["completion_ids"], mask), entropy, mask.sum()
 
     trainer = PerturbedRolloutTrainer(
         model=student.model,

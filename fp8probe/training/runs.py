@@ -68,24 +68,47 @@ RUN_COLUMNS = [
 STEP_LOGS = ("reward", "reward_std", "entropy", "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
 
 
-def _opd(student, teacher, prompts, settings, run: TrainerRun):
-    from .opd import make_trainer
+def _opd(loss_mode: str | None = None):
+    def make(student, teacher, prompts, settings, run: TrainerRun, arg=None):
+        from .opd import make_trainer, verl_supervised_loss
 
-    return make_trainer(student, teacher, prompts, settings, run)
-
-
-def _grpo(correction: bool = False, bypass: bool = False):
-    def make(student, teacher, prompts, settings, run: TrainerRun):
-        from .grpo import make_grpo_trainer
-
-        return make_grpo_trainer(student, teacher, prompts, settings, run, correction=correction, bypass=bypass)
+        loss = verl_supervised_loss(loss_mode, arg) if loss_mode else None
+        return make_trainer(student, teacher, prompts, settings, run, loss=loss)
 
     return make
 
 
-# objective -> (how its trainer is made, what it is)
+def _grpo(correction: bool = False, bypass: bool = False, opd_pg: bool = False):
+    def make(student, teacher, prompts, settings, run: TrainerRun, arg=None):
+        from .grpo import make_grpo_trainer
+
+        return make_grpo_trainer(
+            student, teacher, prompts, settings, run, correction=correction, bypass=bypass, opd_pg=opd_pg
+        )
+
+    return make
+
+
+TOPK = 128  # opd-topk without :K: verl's DistillationLossConfig.topk default
+
+# objective -> (how its trainer is made, what it is); opd-topk takes :K (the teacher's top-K)
 OBJECTIVES = {
-    "opd": (_opd, "on-policy distillation: TRL's DistillationTrainer, per-token reverse KL to the teacher"),
+    "opd": (_opd(), "on-policy distillation: TRL's DistillationTrainer, per-token reverse KL to the teacher"),
+    "opd-k3": (
+        _opd("k3"),
+        "verl's supervised OPD: the k3 reverse-KL estimator on the sampled tokens "
+        "(distillation_loss.loss_mode=k3, use_policy_gradient=false)",
+    ),
+    "opd-topk": (
+        _opd("forward_kl_topk"),
+        f"verl's supervised OPD: forward KL over the teacher's top-K tokens (loss_mode=forward_kl_topk, "
+        f"opd-topk:K; K {TOPK} by default)",
+    ),
+    "opd-pg": (
+        _grpo(opd_pg=True),
+        "verl's policy-gradient OPD: the k1 estimate as a per-token advantage in PPO-clip 0.2, the rollout's "
+        "log-probs the ratio's denominator (loss_mode=k1, use_policy_gradient=true); needs --iterations 2 or more",
+    ),
     "grpo": (_grpo(), "GRPO, reward the teacher's log-likelihood of the completion, no correction"),
     "grpo-is": (_grpo(correction=True), "GRPO as above with token-level truncated importance sampling (cap 2.0)"),
     "grpo-bypass": (
@@ -93,6 +116,29 @@ OBJECTIVES = {
         "GRPO as above, the PPO ratio anchored at the rollout's own log-probs (verl's bypass mode)",
     ),
 }
+# the objectives whose steps sample group_size completions per prompt (TRL's GRPOTrainer underneath)
+GROUPED = ("opd-pg", "grpo", "grpo-is", "grpo-bypass")
+
+
+def parse_objective(objective: str) -> tuple[str, int | None]:
+    """(the OBJECTIVES key, its argument) of an objective as named: `opd-topk:64` -> ("opd-topk", 64)."""
+    name, _, arg = objective.partition(":")
+    if name not in OBJECTIVES:
+        raise FP8ProbeError(f"unknown `objectives` {objective!r}; one of {', '.join(OBJECTIVES)} (opd-topk:K)")
+    if name != "opd-topk":
+        if arg:
+            raise FP8ProbeError(f"`objectives` {objective!r}: only opd-topk takes an argument (:K)")
+        return name, None
+    if arg and not (arg.isdigit() and int(arg) > 0):
+        raise FP8ProbeError(f"`objectives` {objective!r}: K in opd-topk:K is a positive whole number of tokens")
+    return name, int(arg) if arg else TOPK
+
+
+def trainer_maker(objective: str):
+    """The function that makes `objective`'s trainer (student, teacher, prompts, settings, run) -> trainer."""
+    name, arg = parse_objective(objective)
+    make = OBJECTIVES[name][0]
+    return lambda *a: make(*a, arg=arg)
 
 
 def curve_quality(evals: list[dict]) -> dict[str, float]:
@@ -180,7 +226,7 @@ def train_one(
     if level.kind != "none":
         perturber = Perturber(student.model, level.rollout(student, seed), stale=level.stale_steps)
     t0 = time.perf_counter()
-    make = OBJECTIVES[objective][0]
+    make = trainer_maker(objective)
     trainer = make(
         student,
         teacher,
@@ -213,7 +259,7 @@ def after_steps(teacher, initial_student, objective: str, seed: int, calibration
                 control.should_training_stop = True
 
     with tempfile.TemporaryDirectory() as tmp:
-        make = OBJECTIVES[objective][0]
+        make = trainer_maker(objective)
         trainer = make(
             student,
             teacher,
@@ -349,11 +395,15 @@ def load_pair(teacher_path: str | None, student_spec: str, device: str = "cpu"):
 
 def check_objectives(objectives, train: TrainSettings) -> None:
     """Refuse, before any output, an unknown objective or GRPO settings it cannot run."""
-    for o in objectives:
-        if o not in OBJECTIVES:
-            raise FP8ProbeError(f"unknown `objectives` {o!r}; one of {', '.join(OBJECTIVES)}")
-    if any(o.startswith("grpo") for o in objectives) and train.batch_size % train.group_size:
+    names = [parse_objective(o)[0] for o in objectives]
+    if any(n in GROUPED for n in names) and train.batch_size % train.group_size:
         raise FP8ProbeError(
             f"`batch_size` {train.batch_size} must be a multiple of `group_size` {train.group_size} "
-            "(GRPO samples group_size completions per prompt)"
+            "(GRPO and opd-pg sample group_size completions per prompt)"
+        )
+    if "opd-pg" in names and train.iterations < 2:
+        raise FP8ProbeError(
+            "opd-pg trains as verl's policy-gradient OPD does, with two or more PPO updates per generation "
+            "(mini-batches or epochs), so the clip acts on the policy's own drift as well as the mismatch: "
+            "add --iterations 2"
         )

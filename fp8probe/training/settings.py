@@ -27,7 +27,7 @@ class TrainSettings(Settings):
     )
     iterations: int = opt(
         1,
-        "GRPO: optimisation steps per generation (TRL's num_iterations, PPO's epochs); from 2 "
+        "GRPO and opd-pg: optimisation steps per generation (TRL's num_iterations, PPO's epochs); from 2 "
         "on, the PPO ratio's anchor matters (grpo-bypass: the rollout's own log-probs)",
         low=1,
     )
@@ -72,12 +72,13 @@ class CalibrateSettings(Settings):
     )
     objectives: tuple[str, ...] = opt(
         ("opd",),
-        "training objectives, each with its own budget: opd, grpo (reward: "
-        "the teacher's log-likelihood; PPO anchor: the trainer's own log-probs), grpo-is "
-        "(with token-level truncated importance sampling: verl's decoupled mode), "
+        "training objectives, each with its own budget: opd (TRL's full-vocabulary reverse KL), "
+        "opd-k3 (verl's supervised sampled-token k3), opd-topk[:K] (verl's forward KL over the teacher's top-K, "
+        "K 128), opd-pg (verl's k1 advantage in PPO-clip 0.2 anchored at the rollout's log-probs; "
+        "--iterations 2), grpo (reward: the teacher's log-likelihood; PPO anchor: the trainer's own log-probs), "
+        "grpo-is (with token-level truncated importance sampling: verl's decoupled mode), "
         "grpo-bypass (PPO anchor: the rollout's log-probs: verl's bypass mode)",
         nargs="+",
-        choices=("opd", "grpo", "grpo-is", "grpo-bypass"),
         metavar="OBJECTIVE",
     )
     levels: tuple[str, ...] = opt(
