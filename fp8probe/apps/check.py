@@ -67,8 +67,9 @@ def format_check(report: CheckRecord) -> str:
             f"loss, {e['seeds']} seeds); "
             f"{e['reading']}"
         )
-    if report.budget_student_note:
-        lines.append(f"note: {report.budget_student_note}")
+    for note in (report.budget_student_note, report.budget_objective_note):
+        if note:
+            lines.append(f"note: {note}")
     if report.undecided_because:
         lines.append(f"undecided: {report.undecided_because}")
     a = report.also_measured
@@ -108,10 +109,12 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         return run_series(model, rollouts, settings, out, progress)
     from ..budget.fit import check_student, read_budget
     from ..recipe.damage import predict
+    from ..training.runs import objective_note
     from .inputs import check_inputs, load, rollouts_for
 
     budget = read_budget(settings.budget, settings.metric)  # a negative, NaN or unreadable budget fails here
     budget.check_judgeable()
+    objective = objective_note(budget, settings.objective)  # an unknown objective fails here
     sc = settings.shortcuts
     check_inputs(model, rollouts, out)
     sc.check(model)
@@ -124,6 +127,6 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         config = named[0] if len(named) == 1 else combine(named)
         predicted = predict(sc.recipe[0], student, config.perturbation, budget.metric) if sc.recipe else None
         report = check(student, r, config, budget, engine=sc.engine, teacher=teacher, sampling=rollouts)
-        report = replace(report, budget_student_note=note, predicted=predicted)
+        report = replace(report, budget_student_note=note, predicted=predicted, budget_objective_note=objective)
         report.write(d / CheckRecord.KIND)
     return CheckResult(Path(out), report)

@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.artifacts import Record, read_artifact
+from ..core.artifacts import Record, optional, read_artifact
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, VERL_METRICS
 from ..core.stats import expansion
@@ -72,6 +72,7 @@ class Budget(Record):
     teacher: dict | None = None  # ... and its teacher
     dose: str | None = None  # what the dose is: how `mismatch` was measured
     kinds: dict | None = None  # per kind of source run as a calibration level: its own measured loss and reading
+    loss: str | None = optional()  # the objective's training loss, in words (calibrate: runs.OBJECTIVES)
 
     def __post_init__(self):
         if self.metric not in METRICS and self.metric not in VERL_METRICS:
@@ -110,6 +111,7 @@ class Budget(Record):
                 d.get("teacher"),
                 d.get("dose"),
                 d.get("kinds"),
+                d.get("loss"),
             )
         except KeyError as e:
             raise FP8ProbeError(f"{where} lacks {e}; write it with `fp8probe budget`") from e

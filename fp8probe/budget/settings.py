@@ -67,6 +67,11 @@ class CheckSettings(Settings):
     other_student: bool = opt(
         False, "judge this student against a budget calibrated on another one (refused otherwise; the verdict says so)"
     )
+    objective: str | None = opt(
+        None,
+        "the objective you train with (calibrate's names: opd, opd-k3, opd-topk:K, opd-pg, grpo, ...): the "
+        "verdict says when the budget was calibrated under another",
+    )
 
     def __post_init__(self):
         super().__post_init__()

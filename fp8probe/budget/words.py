@@ -55,7 +55,8 @@ def fit_lines(b) -> list[str]:
         who = f"  for {b.student['name']} (sha256 {b.student['sha256'][:12]})"
         if b.teacher:
             who += f" taught by {b.teacher['name']}"
-        lines.append(who + (f", objective {b.objective}" if b.objective else ""))
+        loss = f" ({b.loss})" if b.loss else ""
+        lines.append(who + (f", objective {b.objective}{loss}" if b.objective else ""))
     if b.dose:
         lines.append(f"  dose: {b.dose}")
     if b.method != "benchmark dose":

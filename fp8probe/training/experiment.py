@@ -44,7 +44,16 @@ from ..core.errors import FP8ProbeError
 from ..core.files import atomic_write_text
 from ..core.records import CalibrationRecord
 from ..sources.sources import SourceSpec, parse_source
-from .runs import QUALITY_NAME, check_objectives, finished, load_pair, run_dir, runs_table, train_one
+from .runs import (
+    QUALITY_NAME,
+    check_objectives,
+    finished,
+    load_pair,
+    objective_loss,
+    run_dir,
+    runs_table,
+    train_one,
+)
 from .settings import RunId, TrainSettings
 
 BOOTSTRAP = 1000  # resamples behind every budget the ladder fits
@@ -449,6 +458,7 @@ def calibrate(
             student=student,
             teacher=teacher,
             dose=HOW,
+            loss=objective_loss(objective),
         )
     df = pd.concat(tables, ignore_index=True)
     atomic_write_text(out / "runs.csv", df.to_csv(index=False))

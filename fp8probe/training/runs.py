@@ -134,6 +134,34 @@ def parse_objective(objective: str) -> tuple[str, int | None]:
     return name, int(arg) if arg else TOPK
 
 
+def objective_loss(objective: str) -> str | None:
+    """The loss `objective` trains, in words (None: not one of OBJECTIVES, e.g. a verl run's own label)."""
+    try:
+        name, arg = parse_objective(objective)
+    except FP8ProbeError:
+        return None
+    text = OBJECTIVES[name][1]
+    return text.replace("top-K tokens", f"top-{arg} tokens") if arg else text
+
+
+def objective_note(budget, named: str | None) -> str | None:
+    """What a verdict says when the budget's objective is not the one the user trains with (`named`; None: not
+    named, nothing said): the tolerance of one objective's training to a mismatch is not another's."""
+    if named is None:
+        return None
+    parse_objective(named)  # an unknown name is refused before any output
+    if budget.objective == named or not budget.calibrated:
+        return None
+    if budget.objective is None:
+        return f"the budget does not record the objective it was calibrated under; you train with {named}"
+    theirs = budget.loss or objective_loss(budget.objective) or "its loss not recorded"
+    return (
+        f"the budget was calibrated under {budget.objective} ({theirs}), not {named} ({objective_loss(named)}), "
+        f"which you train with: its tolerance of the same mismatch was not measured (fp8probe calibrate "
+        f"--objectives {named})"
+    )
+
+
 def trainer_maker(objective: str):
     """The function that makes `objective`'s trainer (student, teacher, prompts, settings, run) -> trainer."""
     name, arg = parse_objective(objective)

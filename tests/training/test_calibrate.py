@@ -183,7 +183,8 @@ def test_cli_runs_tables_budget_and_resume(tiny_dirs, tmp_path, cli):
     assert not (out / "calibrate.partial.json").exists()
     assert re.search(r"budget: kl_q_p (<=|>) [\d.]+", r.out) and "seeds alone spread" in r.out
     assert "for pruned:3 of " in r.out and b["student"]["name"].startswith("pruned:3 of "), r.out
-    assert b["objective"] == "opd"
+    assert b["objective"] == "opd" and b["loss"].startswith("on-policy distillation: TRL's DistillationTrainer")
+    assert ", objective opd (on-policy distillation: TRL's" in r.out  # the budget labelled with its loss
     assert json.loads((out / "doses.json").read_text())["0.2"]["dose"] == runs["mismatch"].iloc[2]
     # the same directory again: refused without --resume; with it, only the new level trains
     assert cli(*common, "--levels", "0", "0.2").code == 2
