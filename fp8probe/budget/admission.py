@@ -33,6 +33,7 @@ from .fit import Budget
 if TYPE_CHECKING:  # light at import: the CLI reads CheckSettings (budget/settings.py) for --help
     from ..measurement.reference import Reference
     from ..model.settings import RolloutSettings
+    from ..sources.verl_async import AsyncLags
 
 
 def check(
@@ -103,6 +104,85 @@ def check(
         num_sequences=rollouts.num_sequences,
         num_response_tokens=rollouts.num_response_tokens,
         arithmetic=arithmetic(batch_size),
+    )
+
+
+def check_async(
+    student,
+    rollouts,
+    name: str,
+    budget: Budget,
+    lags: AsyncLags,
+    *,
+    engine: str = "sim",
+    teacher=None,
+    sampling: RolloutSettings | None = None,
+) -> CheckRecord:
+    """The verdict on verl's fully-async rollouts (sources/verl_async.py): every lag either regime trains at measured
+    on the same tokens, each regime's mixture the share-weighted sum (measurement.Mixture) with one interval over the
+    prompts, the verdict on the trainer-bound mixture (the larger lags: the rollouter keeps its staleness allowance
+    full), judged as stale weights are; the figures beside the verdict (the prefix shift, the other engine, the
+    OPD signal) are the 90th-percentile lag's, and check.json's `verl_async` holds the lags, both regimes and every
+    lag's own figure."""
+    from dataclasses import replace
+
+    from ..measurement.measure import Mixture, measure
+    from ..measurement.reference import Reference
+    from ..sources.verl_async import REGIMES
+
+    batch_size = sampling.batch_size if sampling is not None else 8
+    reference = Reference(student, rollouts, batch_size)
+    metric = budget.metric
+    at = {k: measure(reference, student, rollouts, lags.at(k), engine, batch_size) for k in lags.support()}
+    regimes = {}
+    for regime in REGIMES:
+        mix = Mixture([(share, at[k]) for k, share in lags.spec.lags(regime).items()])
+        summary = lags.spec.summary(regime)
+        regimes[regime] = {
+            **{k: summary[k] for k in ("mean", "p50", "p90", "max")},
+            "lags": {str(k): w for k, w in summary["lags"].items()},
+            "measured": excess(metric, mix.metrics[metric]),
+            "interval": mix.excess_interval(metric),
+            "metrics": mix.metrics,
+        }
+    judged = regimes[REGIMES[0]]
+    p90 = judged["p90"]
+    beside = Source(f"{name} at lag {p90}", "stale", lags.at(p90))
+    report = check(
+        student, rollouts, beside, budget, engine=engine, teacher=teacher, reference=reference, sampling=sampling
+    )
+    kinds = tuple(dict.fromkeys((*lags.base.kinds(), "stale")))
+    v = judge(judged["measured"], tuple(judged["interval"]), budget, at[0].num_prompts, kinds)
+    record = {
+        "keys": lags.spec.describe(),
+        "stale_steps": lags.steps,
+        "path": lags.path(),
+        "judged": REGIMES[0],
+        "regimes": regimes,
+        "lags": {
+            str(k): {"measured": excess(metric, m.metrics[metric]), "interval": m.excess_interval(metric)}
+            for k, m in at.items()
+        },
+        "beside_at_lag": p90,
+    }
+    return replace(
+        report,
+        verdict=v["verdict"],
+        configuration=name,
+        measured=judged["measured"],
+        measured_interval=list(judged["interval"]),
+        budget=v["ruler"].value,
+        margin=v["ruler"].value - judged["measured"],
+        budget_source=v["ruler"].source,
+        budget_interval=v["ruler"].interval,
+        budget_censored=v["ruler"].censored,
+        budget_interval_censored=v["ruler"].interval_censored,
+        judged_on=v["judged_on"],
+        kind_evidence=v["kind_evidence"],
+        prompts_to_decide=v["prompts_to_decide"],
+        undecided_because=v["undecided_because"],
+        metrics=judged["metrics"],
+        verl_async=record,
     )
 
 

@@ -10,6 +10,8 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
 from ..core.settings import Settings, opt
 from ..sources.shortcuts import Shortcuts
+from ..sources.verl_async import HELP as VERL_ASYNC_HELP
+from ..sources.verl_async import VerlAsync
 from .design import PAIRINGS, RESPONSES
 
 DEFAULT_TOLERANCE = 0.02  # the relative quality loss a budget allows unless told otherwise (a user's choice)
@@ -72,6 +74,10 @@ class CheckSettings(Settings):
         "the objective you train with (calibrate's names: opd, opd-k3, opd-topk:K, opd-pg, grpo, ...): the "
         "verdict says when the budget was calibrated under another",
     )
+    verl_async: str | None = opt(None, VERL_ASYNC_HELP + "; needs `stale` and `stale_steps`", metavar="KEYS")
+    stale_steps: int | None = opt(
+        None, "with `verl_async`: how many trainer steps older than MODEL the `stale` checkpoint is", low=1
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -80,6 +86,18 @@ class CheckSettings(Settings):
             raise FP8ProbeError(
                 "nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout configuration)"
             )
+        if self.verl_async is not None:
+            spec = VerlAsync.parse(self.verl_async)
+            if not sc.stale or self.stale_steps is None:
+                raise FP8ProbeError(
+                    "`verl_async` measures every lag from two states of the student: give `stale` (an older "
+                    "checkpoint) and `stale_steps` (how many trainer steps older than MODEL it is)"
+                )
+            if spec.partial:
+                raise FP8ProbeError(
+                    "`verl_async` with partial: a response that straddles a sync is not measured yet; "
+                    "check without partial (the lags are the same)"
+                )
         if len(self.checkpoints) == 1:
             raise FP8ProbeError("`checkpoints` takes a series: give at least two (or MODEL for one)")
         if self.checkpoints and sc.stale:

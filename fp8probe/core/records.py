@@ -266,6 +266,7 @@ class CheckRecord(Record):
     budget_student_note: str | None = None  # what check_student said of a budget calibrated on another student
     predicted: dict | None = optional()  # the damage model's figure before measuring (a recipe's configuration)
     budget_objective_note: str | None = optional()  # the budget's objective is not the one named (`objective`)
+    verl_async: dict | None = optional()  # verl's fully-async lags: both regimes' mixtures, every lag's figure
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -70,6 +70,46 @@ class Measured:
         return change(np.arange(len(old.prompt))), lo, hi
 
 
+@dataclass
+class Mixture:
+    """A rollout engine that runs several states of the student, each generating its share of the samples (verl's
+    fully-async lags): each state measured on the same tokens (a Measured each), the mixture's figure the
+    share-weighted sum. Only the metrics a mean over tokens makes are a mixture's (a max or a percentile of a
+    mixture is not the weighted one); the interval resamples the prompts once for every state together."""
+
+    parts: list  # [(share, Measured)], the shares summing to 1
+
+    @property
+    def prompt(self):
+        return self.parts[0][1].prompt
+
+    @property
+    def num_prompts(self) -> int:
+        return self.parts[0][1].num_prompts
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        from .mismatch import MEAN_METRICS
+
+        first = self.parts[0][1].metrics
+        return {k: sum(w * m.metrics[k] for w, m in self.parts) for k in first if k in MEAN_METRICS}
+
+    def interval(self, metric: str = "kl_q_p", level: float | None = None) -> tuple[float, float]:
+        from .mismatch import metric_over
+
+        reducers = [(w, metric_over(m.stats, metric)[1]) for w, m in self.parts]
+        info = metric_info(metric)
+        return bootstrap_interval(
+            self.prompt.numpy(),
+            lambda i: sum(w * r(i) for w, r in reducers),
+            level=level or LEVEL,
+            bounds=(info.low, info.high),
+        )
+
+    def excess_interval(self, metric: str = "kl_q_p", level: float | None = None) -> list[float]:
+        return sorted(excess(metric, x) for x in self.interval(metric, level))
+
+
 def measure(
     reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim", batch_size: int = 8
 ) -> Measured:

@@ -190,6 +190,7 @@ _PER_TOKEN = {
     "kl_max": (lambda s: s["kl_q_p"].double(), "max"),
     "rms_dp": (lambda s: (s["logp_cand"].double().exp() - s["logp_ref"].double().exp()).pow(2), "rms"),
 }
+MEAN_METRICS = tuple(k for k, (_, how) in _PER_TOKEN.items() if how == "mean")  # a mean over the tokens
 
 
 def metric_over(stats: dict[str, torch.Tensor], name: str):

@@ -133,3 +133,48 @@ def test_check_says_when_the_budget_was_calibrated_under_another_objective(cli, 
     assert "budget_objective_note" not in json.loads((tmp_path / "k3" / "check.json").read_text())
     r = cli("check", *common, "--out", tmp_path / "bad", "--objective", "opd-k9")
     assert r.code == 2 and len(r.lines) == 1 and "opd-k9" in r.err and not (tmp_path / "bad").exists()
+
+
+def test_verl_async_judges_the_mixture_of_lags(cli, tiny_dirs, tmp_path):
+    """trigger 2, staleness 0.5 with a checkpoint 2 steps old: trainer-bound lags 1 and 2 (half each), rollout-bound
+    0 and 1. Lag 2 is the checkpoint itself, so its figure must be a plain `check --stale` of it; lag 0 is the trainer
+    (0); the verdict's figure is half of lags 1 and 2, the rollout-bound one half of lag 1, by hand. Seen failing
+    with the interpolation's sign flipped (lag 2 another figure than the checkpoint's)."""
+    import torch
+
+    from fp8probe.model.student import load_student
+
+    old = load_student(str(tiny_dirs["llama"]))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in old.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.std().clamp_min(1e-3))
+    old.model.save_pretrained(tmp_path / "old")
+    old.tokenizer.save_pretrained(tmp_path / "old")
+    common = [tiny_dirs["llama"], "--budget", "0.5", "--stale", tmp_path / "old", "--num-prompts", 6]
+    common += ["--max-new-tokens", 6]
+    r = cli("check", *common, "--out", tmp_path / "plain")
+    assert r.code in (0, 1, 3), r.err
+    plain = json.loads((tmp_path / "plain" / "check.json").read_text())["measured"]
+    r = cli(
+        "check", *common, "--out", tmp_path / "async", "--verl-async", "trigger=2,staleness=0.5", "--stale-steps", 2
+    )
+    assert r.code in (0, 1, 3), r.err
+    rep = json.loads((tmp_path / "async" / "check.json").read_text())
+    lag = {k: v["measured"] for k, v in rep["verl_async"]["lags"].items()}
+    assert set(lag) == {"0", "1", "2"} and lag["0"] == 0
+    assert lag["2"] == pytest.approx(plain, rel=1e-5) and 0 < lag["1"] < lag["2"]
+    regimes = rep["verl_async"]["regimes"]
+    assert regimes["trainer-bound"]["lags"] == {"1": 0.5, "2": 0.5} and regimes["rollout-bound"]["max"] == 1
+    assert rep["measured"] == pytest.approx(0.5 * (lag["1"] + lag["2"]), rel=1e-9)
+    assert regimes["rollout-bound"]["measured"] == pytest.approx(0.5 * lag["1"], rel=1e-9)
+    lo, hi = rep["measured_interval"]
+    assert lo <= rep["measured"] <= hi and "lags 1 modelled on the straight line" in r.out
+    for extra, says in (
+        (["--verl-async", "trigger=2,staleness=0.5"], "stale_steps"),
+        (["--verl-async", "trigger=2,staleness=0.5,partial", "--stale-steps", 2], "partial"),
+        (["--verl-async", "trigger=2,staleness=0.5", "--stale-steps", 2, "--metric", "kl_max"], "mean over tokens"),
+    ):
+        r = cli("check", *common, "--out", tmp_path / "bad", *extra)
+        assert r.code == 2 and len(r.lines) == 1 and says.replace("_", "-") in r.err.replace("_", "-"), r.err
+        assert not (tmp_path / "bad").exists()

@@ -349,8 +349,8 @@ def test_check_gives_the_other_engines_figure(setup):
     simulation (equal to fp8probe.measure with that engine) and the simulation beside the profile; an engine that
     does not cover the configuration says why."""
     from fp8probe import measure_scheme
-    from fp8probe.apps.check import format_check
     from fp8probe.budget.admission import check
+    from fp8probe.budget.check_words import format_check
 
     st, r, ref = setup
     units = tuple(st.unit_names[:4])

@@ -1,0 +1,93 @@
+"""`fp8probe check`'s report in words: the verdict line, what it was judged on, each kind's evidence, the notes, the
+figures beside it (the other engine, the prefix shift, the OPD signal) and verl's fully-async lags."""
+
+from __future__ import annotations
+
+from ..core.records import CheckRecord
+
+
+def format_check(report: CheckRecord) -> str:
+    engine = report.engine
+    as_run = "" if engine == "sim" else f" as {engine} runs it"
+    v = report.verdict
+    lo, hi = report.measured_interval
+    b = f"budget {'> ' if report.budget_censored else ''}{report.budget:.4g}"
+    if report.budget_interval:
+        top = report.budget_interval[1]
+        b += f" [{report.budget_interval[0]:.4g}, {'> ' if report.budget_interval_censored else ''}{top:.4g}]"
+    sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
+    pred = report.predicted
+    lines = (
+        [
+            f"predicted before measuring: {report.metric} {pred['value']:.4g} by the damage model in "
+            f"{pred['source']} (its cross-validated median error {pred['cv_median_rel_error']:.0%})"
+        ]
+        if pred and pred.get("value") is not None
+        else []
+    )
+    lines += [
+        f"{v}: {report.configuration}{as_run}: {report.metric} {report.measured:.4g} "
+        f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report.margin:+.3g}; budget "
+        f"{'calibrated' if report.budget_calibrated else 'UNCALIBRATED'}: {report.budget_source})"
+    ]
+    if report.judged_on and report.judged_on != "the noise ruler":
+        lines.append(f"judged on {report.judged_on}")
+    for e in report.kind_evidence or []:
+        lo, hi = e["loss_interval"] or (float("nan"), float("nan"))
+        lines.append(
+            f"{e['kind']} as a calibration level ({e['level']}, dose {e['mismatch']:.4g}): lost "
+            f"{e['loss']:+.1%} [{lo:+.1%}, {hi:+.1%}] ({report.budget_response} "
+            f"loss, {e['seeds']} seeds); "
+            f"{e['reading']}"
+        )
+    lines += verl_async_lines(report)
+    for note in (report.budget_student_note, report.budget_objective_note):
+        if note:
+            lines.append(f"note: {note}")
+    if report.undecided_because:
+        lines.append(f"undecided: {report.undecided_because}")
+    a = report.also_measured
+    if a and a.get("measured") is not None:
+        lines.append(
+            f"as {a['engine']} computes it: {report.metric} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
+            f"{a['interval'][1]:.4g}] (the verdict is on the {engine} figure; calibrated budgets measure "
+            "mismatch in sim)"
+        )
+    elif a:
+        lines.append(f"not measured as {a['engine']} computes it: {a['not_covered']}")
+    s = report.prefix_shift
+    lines.append(
+        f"prefix shift: {s['diverged']:.0%} of continuations diverge"
+        + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")
+        + f"; on its own samples kl_q_p {s['kl_q_p_own']:.4g}, k3 {s['k3_own']:.4g}; as verl logs it "
+        + f"rollout_corr/kl {s['rollout_corr/kl']:.4g}, k3_kl {s['rollout_corr/k3_kl']:.4g}, "
+        + f"{s['ppo_clip_share']:.1%} of tokens outside a PPO clip of 0.2"
+    )
+    if report.opd_signal:
+        o = report.opd_signal
+        lines.append(
+            f"OPD signal: mean |Δreward| {o['mean_abs_reward_delta']:.4g} per token, corr "
+            f"{o['reward_corr']:.4f} with the mismatch-free reward, sequence reverse-KL change "
+            f"{o['seq_rkl_delta']:+.4g}; ratios beyond verl's 2.0: {o['ratio_out_verl']:.2%}, outside "
+            f"OpenRLHF's [0.5, 5]: {o['ratio_out_openrlhf']:.2%}"
+        )
+    return "\n".join(lines)
+
+
+def verl_async_lines(report: CheckRecord) -> list[str]:
+    """check.json's `verl_async` in words: each regime's lags and mixture, every lag's own figure, what is modelled."""
+    a = report.verl_async
+    if not a:
+        return []
+    out = [f"verl fully-async ({a['keys']}), lags in trainer steps:"]
+    for regime, r in a["regimes"].items():
+        lo, hi = r["interval"]
+        out.append(
+            f"  {regime}: mean {r['mean']:.2f}, p50 {r['p50']}, p90 {r['p90']}, max {r['max']}; the mixture's "
+            f"{report.metric} {r['measured']:.4g} [{lo:.4g}, {hi:.4g}]" + (" (judged)" if regime == a["judged"] else "")
+        )
+    each = ", ".join(f"{k}: {v['measured']:.4g}" for k, v in a["lags"].items())
+    out.append(f"  each lag's own {report.metric}: {each}; beside the verdict: lag {a['beside_at_lag']}'s figures")
+    if a["path"]:
+        out.append(f"  {a['path']}")
+    return out
