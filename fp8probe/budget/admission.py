@@ -165,6 +165,8 @@ def check_async(
         },
         "beside_at_lag": p90,
     }
+    if lags.spec.partial:
+        record["straddle"] = _straddle(reference, student, rollouts, lags, metric)
     return replace(
         report,
         verdict=v["verdict"],
@@ -184,6 +186,27 @@ def check_async(
         metrics=judged["metrics"],
         verl_async=record,
     )
+
+
+def _straddle(reference, student, rollouts, lags: AsyncLags, metric: str) -> dict:
+    """verl's partial rollouts: a response that straddles a sync, its prefix and KV cache a sync older than its
+    suffix (measurement/straddle.py), at every trainer-bound lag of its suffix, their mixture by the lags' shares."""
+    from ..measurement.measure import Mixture
+    from ..measurement.straddle import measure_straddle
+    from ..sources.verl_async import REGIMES
+
+    t = lags.spec.trigger
+    shares = lags.spec.lags(REGIMES[0])
+    at = {k: measure_straddle(reference, student, rollouts, lags.at(k + t), lags.at(k)) for k in shares}
+    mix = Mixture([(w, at[k]) for k, w in shares.items()])
+    return {
+        "measured": excess(metric, mix.metrics[metric]),
+        "interval": mix.excess_interval(metric),
+        "lags": {str(k): excess(metric, m.metrics[metric]) for k, m in at.items()},
+        "how": f"the suffix at each {REGIMES[0]} lag, its prefix and the prefix's KV cache {t} steps older (a sync), "
+        "split halfway through each response, in the simulation; the share of responses that straddle a sync "
+        "(the rollouter's concurrency) is not folded into the verdict",
+    }
 
 
 def judge(

@@ -88,6 +88,13 @@ def verl_async_lines(report: CheckRecord) -> list[str]:
         )
     each = ", ".join(f"{k}: {v['measured']:.4g}" for k, v in a["lags"].items())
     out.append(f"  each lag's own {report.metric}: {each}; beside the verdict: lag {a['beside_at_lag']}'s figures")
+    st = a.get("straddle")
+    if st:
+        lo, hi = st["interval"]
+        out.append(
+            f"  a response straddling a sync (partial_rollout): {report.metric} {st['measured']:.4g} [{lo:.4g}, "
+            f"{hi:.4g}]; {st['how']}"
+        )
     if a["path"]:
         out.append(f"  {a['path']}")
     return out

@@ -87,16 +87,11 @@ class CheckSettings(Settings):
                 "nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout configuration)"
             )
         if self.verl_async is not None:
-            spec = VerlAsync.parse(self.verl_async)
+            VerlAsync.parse(self.verl_async)
             if not sc.stale or self.stale_steps is None:
                 raise FP8ProbeError(
                     "`verl_async` measures every lag from two states of the student: give `stale` (an older "
                     "checkpoint) and `stale_steps` (how many trainer steps older than MODEL it is)"
-                )
-            if spec.partial:
-                raise FP8ProbeError(
-                    "`verl_async` with partial: a response that straddles a sync is not measured yet; "
-                    "check without partial (the lags are the same)"
                 )
         if len(self.checkpoints) == 1:
             raise FP8ProbeError("`checkpoints` takes a series: give at least two (or MODEL for one)")

@@ -125,8 +125,13 @@ class AsyncLags:
         """Every lag either regime trains at (the rollout-bound lags are the trainer-bound ones' first T at S = 0)."""
         return sorted({k for r in REGIMES for k in self.spec.lags(r)})
 
+    def straddled(self) -> list[int]:
+        """With `partial`: the lags of a straddling response's prefix (a sync, T steps, older than its suffix)."""
+        return [k + self.spec.trigger for k in self.support()] if self.spec.partial else []
+
     def path(self) -> str:
-        modelled = [k for k in self.support() if k not in (0, self.steps)]
+        lags = sorted({*self.support(), *self.straddled()})
+        modelled = [k for k in lags if k not in (0, self.steps)]
         beyond = [k for k in modelled if k > self.steps]
         words = f"lags {', '.join(map(str, modelled))} modelled on the straight line from MODEL (lag 0) through the "
         words += f"`stale` checkpoint (lag {self.steps})"

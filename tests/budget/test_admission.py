@@ -170,9 +170,17 @@ def test_verl_async_judges_the_mixture_of_lags(cli, tiny_dirs, tmp_path):
     assert regimes["rollout-bound"]["measured"] == pytest.approx(0.5 * lag["1"], rel=1e-9)
     lo, hi = rep["measured_interval"]
     assert lo <= rep["measured"] <= hi and "lags 1 modelled on the straight line" in r.out
+    # partial rollouts: a straddling response at each trainer-bound lag (its prefix 2 steps older), mixed by hand
+    r = cli("-q", "check", *common, "--out", tmp_path / "partial", "--verl-async", "trigger=2,staleness=0.5,partial")
+    assert r.code == 2  # still needs --stale-steps
+    args = ["--verl-async", "trigger=2,staleness=0.5,partial", "--stale-steps", 2]
+    r = cli("check", *common, "--out", tmp_path / "partial", *args)
+    straddle = json.loads((tmp_path / "partial" / "check.json").read_text())["verl_async"]["straddle"]
+    assert set(straddle["lags"]) == {"1", "2"} and straddle["lags"]["1"] > lag["1"]  # its prefix lags 3
+    assert straddle["measured"] == pytest.approx(0.5 * (straddle["lags"]["1"] + straddle["lags"]["2"]), rel=1e-9)
+    assert "a response straddling a sync (partial_rollout)" in r.out
     for extra, says in (
         (["--verl-async", "trigger=2,staleness=0.5"], "stale_steps"),
-        (["--verl-async", "trigger=2,staleness=0.5,partial", "--stale-steps", 2], "partial"),
         (["--verl-async", "trigger=2,staleness=0.5", "--stale-steps", 2, "--metric", "kl_max"], "mean over tokens"),
     ):
         r = cli("check", *common, "--out", tmp_path / "bad", *extra)
