@@ -5,21 +5,43 @@
 TOKENS.pt holds the rollouts (input_ids, attention_mask, response_mask) as fp8probe sampled them. Candidates:
 FP8_DEFAULT_CFG (per-tensor FP8 weights and inputs, max-calibrated) or no quantization, lm_head disabled, at
 EFFECTIVE_BITS. METHOD: gradient, kl_div, or aumann_shapley (the saturation-aware mode of Model-Optimizer PR
-#2183, in a venv built from that source; label-free like kl_div, its default method_options). The gradient
-method's loss is the cross-entropy of the student's own sampled response
-tokens (the same tokens the KL method compares logits on). Writes the modules it put in FP8 and its time.
+#2183, in a venv built from that source; label-free like kl_div, its default method_options).
+
+Every mode scores exactly the rows fp8probe's judge scores: the positions that predict a response token (no
+prompt, no padding). `forward_step` hands ModelOpt those rows' logits only ([rows, vocab]: kl_div's and
+aumann_shapley's KL is a sum over whatever rows forward_step returns, unmasked), and the gradient method's loss is
+the cross-entropy of the sampled response tokens on the same rows. Writes the modules it put in FP8 and its time.
 """
 
 import json
 import sys
 import time
 
-import modelopt.torch.quantization as mtq
 import torch
-from transformers import AutoModelForCausalLM
+
+
+def judge_rows(logits, batch):
+    """The logits of the positions that predict a response token, as fp8probe's judge scores them: position t
+    predicts token t + 1, so the rows are the positions t whose next token is in the response."""
+    mask = batch["response_mask"][:, 1:].bool()
+    return logits[:, :-1][mask]
+
+
+def forward_step(m, batch):
+    return judge_rows(m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch)
+
+
+def loss_func(rows, batch):
+    """The gradient method's loss: the cross-entropy of the sampled response tokens, on the judge's rows."""
+    return torch.nn.functional.cross_entropy(
+        rows.float(), batch["input_ids"][:, 1:][batch["response_mask"][:, 1:].bool()]
+    )
 
 
 def main():
+    import modelopt.torch.quantization as mtq
+    from transformers import AutoModelForCausalLM
+
     model_dir, tokens, method, bits, out = sys.argv[1:6]
     torch.manual_seed(0)
     data = torch.load(tokens)
@@ -28,13 +50,6 @@ def main():
     batches = [
         {k: data[k][i : i + bs] for k in ("input_ids", "attention_mask", "response_mask")} for i in range(0, n, bs)
     ]
-
-    def forward_step(m, batch):
-        return m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-
-    def loss_func(logits, batch):
-        mask = batch["response_mask"][:, 1:].bool()
-        return torch.nn.functional.cross_entropy(logits[:, :-1][mask].float(), batch["input_ids"][:, 1:][mask])
 
     kw = {"loss_func": loss_func} if method == "gradient" else {}
     t = time.perf_counter()

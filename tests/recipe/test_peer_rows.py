@@ -1,0 +1,42 @@
+"""The peer table scores every ModelOpt mode on the judge's rows (#55): benchmarks/modelopt_worker.py hands ModelOpt's
+`forward_step` the logits of exactly the positions fp8probe's judge scores (those that predict a response token: no
+prompt, no padding), and the gradient mode's loss is the cross-entropy of those tokens. Checked against fp8probe's own
+reference rows (measurement/reference.response_rows), without ModelOpt: the worker imports it only to run."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from conftest import tiny_student
+
+from fp8probe.measurement.reference import response_rows
+from fp8probe.model.rollouts import make_rollouts
+
+WORKER = Path(__file__).resolve().parents[2] / "benchmarks" / "modelopt_worker.py"
+
+
+def _worker():
+    spec = importlib.util.spec_from_file_location("modelopt_worker", WORKER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_mode_scores_the_judges_rows_only():
+    """Prompts of different lengths padded to one batch (as the worker batches the search rollouts): the rows every
+    mode's KL or loss sums over are the judge's, row for row; a prompt or pad row would add rows. Seen failing with
+    forward_step returning every position's logits (the earlier worker's)."""
+    worker = _worker()
+    st = tiny_student("llama")
+    r = make_rollouts(st, num_prompts=6, max_new_tokens=7, seed=0)
+    assert (r.attention_mask == 0).any() and ((r.attention_mask == 1) & (r.response_mask == 0)).any()
+    batch = {"input_ids": r.input_ids, "attention_mask": r.attention_mask, "response_mask": r.response_mask}
+    with torch.no_grad():
+        rows = worker.forward_step(st.model, batch)
+        want, tokens = response_rows(st.model, r, batch_size=r.num_sequences)
+    assert rows.shape == (r.num_response_tokens, want.shape[1])
+    assert torch.allclose(rows.float(), want, atol=1e-5)
+    loss = worker.loss_func(rows, batch)
+    assert torch.allclose(loss, torch.nn.functional.cross_entropy(want, tokens), atol=1e-6)
