@@ -127,7 +127,8 @@ def prepare(settings, train: TrainSettings) -> Experiment:
         raise FP8ProbeError("`levels` needs 0: every level is compared with its mismatch-free twin")
     if settings.student.startswith("pruned"):
         pruned_every(settings.student)
-    check_objectives(settings.objectives, train)
+    objectives = tuple(dict.fromkeys(o for given in settings.objectives for o in given.split(",") if o))
+    check_objectives(objectives, train)
     tr, held = split_prompts(read_prompts(settings.prompts) if settings.prompts else list(TRAINING_PROMPTS))
     return Experiment(
         settings.teacher,
@@ -137,7 +138,7 @@ def prepare(settings, train: TrainSettings) -> Experiment:
         train,
         tuple(tr),
         tuple(held),
-        tuple(dict.fromkeys(settings.objectives)),
+        objectives,
         settings.tolerance,
         settings.quality,
         settings.bracket,

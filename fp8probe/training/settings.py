@@ -72,9 +72,9 @@ class CalibrateSettings(Settings):
     )
     objectives: tuple[str, ...] = opt(
         ("opd",),
-        "training objectives, each with its own budget: opd (TRL's full-vocabulary reverse KL), "
-        "opd-k3 (verl's supervised sampled-token k3), opd-topk[:K] (verl's forward KL over the teacher's top-K, "
-        "K 128), opd-pg (verl's k1 advantage in PPO-clip 0.2 anchored at the rollout's log-probs; "
+        "training objectives (space- or comma-separated), each with its own budget: opd (TRL's full-vocabulary "
+        "reverse KL), opd-k3 (verl's supervised sampled-token k3), opd-topk[:K] (verl's forward KL over the "
+        "teacher's top-K, K 128), opd-pg (verl's k1 advantage in PPO-clip 0.2 anchored at the rollout's log-probs; "
         "--iterations 2), grpo (reward: the teacher's log-likelihood; PPO anchor: the trainer's own log-probs), "
         "grpo-is (with token-level truncated importance sampling: verl's decoupled mode), "
         "grpo-bypass (PPO anchor: the rollout's log-probs: verl's bypass mode)",

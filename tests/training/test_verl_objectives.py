@@ -135,6 +135,11 @@ def test_objectives_parse_and_refuse():
     with pytest.raises(FP8ProbeError, match="--iterations 2"):
         check_objectives(["opd-k3", "opd-pg"], TrainSettings(iterations=1))
     check_objectives(["opd-k3", "opd-pg"], TrainSettings(iterations=2))
+    from fp8probe.training.experiment import prepare
+    from fp8probe.training.settings import CalibrateSettings
+
+    comma = prepare(CalibrateSettings(objectives=("opd-k3,opd-pg", "opd")), TrainSettings(iterations=2))
+    assert comma.objectives == ("opd-k3", "opd-pg", "opd")  # as the issue spells it, or one per argument
 
 
 @pytest.fixture(scope="module")
