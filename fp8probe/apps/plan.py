@@ -45,6 +45,8 @@ from ..planning.plan import (
     teacher_seconds,
     time_to_target,
     train_seconds,
+    verl_async_lines,
+    verl_async_record,
 )
 
 
@@ -162,6 +164,7 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
             },
             assumed_steps=None if curves else settings.steps,
             arithmetic=arithmetic(rollouts.batch_size) if measured else None,
+            verl_async=verl_async_record(settings),
             rows=rows,
             seconds=round(time.perf_counter() - t0, 3),
             versions=versions(),
@@ -195,6 +198,7 @@ class PlanResult(Result):
                 if rec.teacher
                 else []
             ),
+            *verl_async_lines(rec.verl_async),
             f"{'configuration':<34}{'mismatch [90% interval]':>30}{'verdict':>11}{'KV tokens':>12}{'tok/s':>10}"
             f"{'step s':>9}{'steps':>8}{'to target':>11}{'speed-up [90%]':>22}",
         ]

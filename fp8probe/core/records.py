@@ -84,6 +84,7 @@ class PlanRecord(Record):
     calibration: dict | None
     assumed_steps: int | None
     arithmetic: dict | None = added()  # added within version 1
+    verl_async: dict | None = optional()  # verl's fully-async keys and each regime's lags (`plan --verl-async`)
     rows: list  # one dict per configuration
     seconds: float
     versions: dict

@@ -13,6 +13,8 @@ from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
 from ..core.settings import Settings, opt
 from ..core.units import GiB
 from ..deploy import throughput as tp_model
+from ..sources.verl_async import HELP as VERL_ASYNC_HELP
+from ..sources.verl_async import REGIMES, VerlAsync
 
 COLUMNS = [
     "configuration",
@@ -117,11 +119,31 @@ class PlanSettings(Settings):
         tp_model.SEQ_OVERHEAD_S, "seconds per running sequence and decode step (sampling)", low=0.0
     )
     bootstrap_seed: int = opt(0, "seed of the bootstrap over the calibration's seeds", low=0)
+    verl_async: str | None = opt(
+        None,
+        VERL_ASYNC_HELP + ": one asynchronous row per configuration, its mismatch verl's trainer-bound mixture of "
+        "lags (every lag measured with one `stale` checkpoint and `stale_steps`, else the calibration's stale:K "
+        "levels)",
+        metavar="KEYS",
+    )
+    stale_steps: int | None = opt(
+        None, "with `verl_async` and `stale`: how many trainer steps older than MODEL the checkpoint is", low=1
+    )
     configurations: tuple = field(default=(), repr=False)  # filled by __post_init__
+    verl: object = field(default=None, repr=False)  # verl_async parsed (sources/verl_async.VerlAsync)
 
     def __post_init__(self):
         super().__post_init__()
-        if self.stale and len(self.stale) != len(self.async_steps):
+        verl = VerlAsync.parse(self.verl_async) if self.verl_async else None
+        object.__setattr__(self, "verl", verl)
+        if verl and self.async_steps:
+            raise FP8ProbeError("give `async_steps` (one lag each) or `verl_async` (verl's mixture of lags), not both")
+        if verl and self.stale and (len(self.stale) != 1 or self.stale_steps is None):
+            raise FP8ProbeError(
+                "`verl_async` measures every lag from one `stale` checkpoint: give one, with `stale_steps` (how "
+                "many trainer steps older than MODEL it is); or none, for the calibration's stale:K levels"
+            )
+        if self.stale and not verl and len(self.stale) != len(self.async_steps):
             raise FP8ProbeError(
                 "give one `stale` checkpoint per `async_steps` K (or none: the calibration's stale:K levels)"
             )
@@ -132,12 +154,16 @@ class PlanSettings(Settings):
         )
         kvs = [None, *self.kv_cache_dtype]
         stale = [0, *self.async_steps]
+        lags = tuple(verl.lags(REGIMES[0]).items()) if verl else ()
         configs = []
         for w in weights:
             for kv in kvs:
                 for k in stale:
                     parts = [w[0]] + ([f"kv {kv}"] if kv else []) + ([f"async {k}"] if k else [])
                     configs.append(Configuration(" + ".join(parts), w[0], w[1], w[2], kv, k))
+                if verl:
+                    name = " + ".join([w[0]] + ([f"kv {kv}"] if kv else []) + ["verl async"])
+                    configs.append(Configuration(name, w[0], w[1], w[2], kv, max(k for k, _ in lags), lags))
         object.__setattr__(self, "configurations", tuple(configs))
 
     def device(self, gpu: str) -> tp_model.Device:
@@ -157,7 +183,8 @@ class Configuration:
     recipe: str | None
     scheme: str | None
     kv_cache_dtype: str | None
-    async_steps: int
+    async_steps: int  # the lag (trainer steps); verl's mixture: its largest
+    lags: tuple = ()  # verl's fully-async mixture: (lag, share of the samples) pairs, trainer-bound
 
     @property
     def base(self) -> tuple:
@@ -303,6 +330,9 @@ def measure_costs(
     seen: dict = {}
     out = {}
     for conf in tqdm(settings.configurations, desc="plan: measuring", unit="config", disable=not progress):
+        if conf.lags:
+            out[conf.name] = _mixture_cost(student, rollouts, settings, conf, reference, budget, curves, allow_pickle)
+            continue
         ckpt = stale_of.get(conf.async_steps)
         key = (conf.base, ckpt)
         if key not in seen:
@@ -340,6 +370,71 @@ def measure_costs(
     return out
 
 
+def _mixture_cost(student, rollouts, settings: PlanSettings, conf: Configuration, reference, budget, curves, pickle):
+    """A verl fully-async row's cost: every trainer-bound lag measured on the same tokens with the configuration on
+    top (one `stale` checkpoint, `stale_steps` old: sources/verl_async.AsyncLags) and mixed by the lags' shares
+    (measurement.Mixture); or, without a checkpoint, the configuration measured and the calibration's stale:K levels
+    added, mixed by the same shares (their seeds' range), labelled as a sum."""
+    from ..budget.admission import judge
+    from ..measurement.measure import Mixture, measure
+    from ..measurement.perturbation import Perturbation
+    from ..sources import sources as src
+    from ..sources.verl_async import async_lags
+
+    metric = budget.metric
+    source = _perturbation(student, conf, None, pickle)
+    base = source.perturbation if source is not None else Perturbation()
+    if settings.stale:
+        lags = async_lags(
+            student, src.stale(student, settings.stale[0], pickle), settings.stale_steps, settings.verl, base
+        )
+        mix = Mixture([(w, measure(reference, student, rollouts, lags.at(k), "sim")) for k, w in conf.lags])
+        value, (lo, hi) = excess(metric, mix.metrics[metric]), mix.excess_interval(metric)
+        how = f"measured: verl's trainer-bound lags, mixed ({lags.path() or 'every lag a checkpoint'})"
+        prompts = mix.num_prompts
+    else:
+        m = measure(reference, student, rollouts, base, "sim")
+        value, (lo, hi), prompts = excess(metric, m.metrics[metric]), m.excess_interval(metric), m.num_prompts
+        for k, w in conf.lags:
+            if k:
+                runs, at = curves.stale_runs(f"stale:{k}"), curves.mismatch[f"stale:{k}"]
+                value, lo, hi = value + w * at, lo + w * min(at, runs.min()), hi + w * max(at, runs.max())
+        how = "sum: measured + the calibration's stale:K levels mixed by verl's trainer-bound lags (their seeds' range)"
+    v = judge(value, (lo, hi), budget, int(prompts), (*base.kinds(), "stale"))
+    return {
+        "mismatch": value,
+        "mismatch_lo": lo,
+        "mismatch_hi": hi,
+        "mismatch_source": how,
+        "verdict": v["verdict"],
+        "prompts_to_decide": v["prompts_to_decide"],
+    }
+
+
+def verl_async_record(settings: PlanSettings) -> dict | None:
+    """plan.json's `verl_async`: the keys and each regime's lags (the rows are the trainer-bound mixture)."""
+    if settings.verl is None:
+        return None
+    regimes = {}
+    for regime in REGIMES:
+        sm = settings.verl.summary(regime)
+        regimes[regime] = {
+            **{k: sm[k] for k in ("mean", "p50", "p90", "max")},
+            "lags": {str(k): w for k, w in sm["lags"].items()},
+        }
+    return {"keys": settings.verl.describe(), "rows": REGIMES[0], "regimes": regimes}
+
+
+def verl_async_lines(record: dict | None) -> list[str]:
+    if not record:
+        return []
+    parts = [
+        f"{regime} mean {r['mean']:.2f}, p50 {r['p50']}, p90 {r['p90']}, max {r['max']}"
+        for regime, r in record["regimes"].items()
+    ]
+    return [f"verl fully-async ({record['keys']}), lags in trainer steps: {'; '.join(parts)} (rows: {record['rows']})"]
+
+
 def _kinds(conf: Configuration) -> tuple[str, ...]:
     """The kinds of mismatch source a configuration holds (what a budget's evidence is read for)."""
     return tuple(
@@ -357,7 +452,9 @@ def _own_level(conf: Configuration, curves, settings: PlanSettings) -> str | Non
     """The calibration level a configuration is, where the calibration ran it (each kind on its own evidence): one
     step of asynchronous BF16 rollouts is stale:1, whole-model FP8 in a scheme is fp8:SCHEME, a BF16 model with an
     FP8 KV cache is kv:DTYPE; None for anything else (read off the noise ruler's curves at its measured mismatch)."""
-    if conf.async_steps:
+    if conf.lags:
+        own = None  # a mixture of lags is no calibration level
+    elif conf.async_steps:
         own = f"stale:{conf.async_steps}" if conf.base == (None, None, None) and not settings.stale else None
     elif conf.recipe is None and conf.scheme and not conf.kv_cache_dtype:
         own = f"fp8:{conf.scheme}"
@@ -457,6 +554,15 @@ def check_plan(settings: PlanSettings, serving, model) -> tuple:
     if curves is not None and budget.metric != curves.metric:
         raise FP8ProbeError(f"the budget bounds {budget.metric}, the calibration measured {curves.metric}")
     measured = settings.measure and has_weights(model)
+    if measured and settings.verl and not settings.stale:
+        if curves is None:
+            raise FP8ProbeError(
+                "`verl_async` needs the mismatch of stale weights: one `stale` checkpoint with `stale_steps`, or a "
+                "`calibration` with a stale:K level for every lag"
+            )
+        for k in settings.verl.lags(REGIMES[0]):
+            if k:
+                curves.stale_runs(f"stale:{k}")
     if measured and settings.async_steps and not settings.stale:
         if curves is None:
             raise FP8ProbeError(

@@ -454,3 +454,73 @@ def test_the_teachers_scoring_pass_is_a_stage_of_each_step(cli, tmp_path):
         else:
             assert t["step_s"] == pytest.approx(t["rollout_s"] + teacher_bf16 + 1.0, rel=1e-12)
             assert t["step_s"] > a["step_s"]
+
+
+def test_verl_async_rows_mix_the_lags(cli, tiny_dirs, tmp_path):
+    """trigger 2, staleness 0: half the samples at lag 0, half at lag 1. From the calibration: BF16's row is half of
+    stale:1 (0.3 [0.2, 0.4] over its seeds) = 0.15 [0.10, 0.20], FP8's its measured weights plus that, labelled as a
+    sum, and every verl row steps as asynchronous rows do (the stages' maximum). With one checkpoint 2 steps old and
+    staleness 0.5 (lags 1 and 2, half each) the row is half the sum of those lags' figures as `check --verl-async`
+    measures them on the same rollouts. A lag the calibration lacks is refused in one line. Seen failing with the
+    shares ignored (the whole stale:1 dose added)."""
+    cal = write_calibration(tmp_path / "cal")
+    common = [str(tiny_dirs["llama"]), "--num-prompts", "4", "--max-new-tokens", "8", "--budget", "2.0"]
+    common += ["--train-step-s", "0.5", "--gpu", "H100", "--response-len", "64", "--rollout-batch", "16"]
+    r = cli(
+        "plan",
+        *common,
+        "--fp8",
+        "FP8_DYNAMIC",
+        "--calibration",
+        str(cal),
+        "--verl-async",
+        "trigger=2,staleness=0",
+        "--out",
+        str(tmp_path / "cal-plan"),
+    )
+    assert r.code == 0, r.err
+    doc = json.loads((tmp_path / "cal-plan" / "plan.json").read_text())
+    rows = {row["configuration"]: row for row in doc["rows"]}
+    a = rows["bf16 + verl async"]
+    assert (a["mismatch"], a["mismatch_lo"], a["mismatch_hi"]) == pytest.approx((0.15, 0.10, 0.20))
+    f = rows["fp8 FP8_DYNAMIC + verl async"]
+    assert f["mismatch"] == pytest.approx(rows["fp8 FP8_DYNAMIC"]["mismatch"] + 0.15)
+    assert f["mismatch_source"].startswith("sum")
+    for row in (a, f):
+        assert row["step_s"] == pytest.approx(max(row["rollout_s"], 0.5))
+    assert doc["verl_async"]["regimes"]["trainer-bound"]["lags"] == {"0": 0.5, "1": 0.5}
+    assert "verl fully-async (trigger_parameter_sync_step 2, staleness_threshold 0)" in r.out
+    r = cli(
+        "plan",
+        *common,
+        "--calibration",
+        str(cal),
+        "--verl-async",
+        "trigger=3,staleness=0",
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert r.code == 2 and len(r.lines) == 1 and "no stale:2 level" in r.err and not (tmp_path / "x").exists()
+
+    # measured: one checkpoint two steps old
+    import torch
+
+    from fp8probe.model.student import load_student
+
+    old = load_student(str(tiny_dirs["llama"]))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in old.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.std().clamp_min(1e-3))
+    old.model.save_pretrained(tmp_path / "old")
+    old.tokenizer.save_pretrained(tmp_path / "old")
+    keys = ["--verl-async", "trigger=2,staleness=0.5", "--stale", str(tmp_path / "old"), "--stale-steps", "2"]
+    r = cli("plan", *common, *keys, "--out", str(tmp_path / "measured"))
+    assert r.code == 0, r.err
+    row = {x["configuration"]: x for x in json.loads((tmp_path / "measured" / "plan.json").read_text())["rows"]}
+    c = cli("check", *common[:7], *keys, "--out", str(tmp_path / "check"))
+    assert c.code in (0, 1, 3), c.err
+    lag = json.loads((tmp_path / "check" / "check.json").read_text())["verl_async"]["lags"]
+    want = 0.5 * (lag["1"]["measured"] + lag["2"]["measured"])
+    assert row["bf16 + verl async"]["mismatch"] == pytest.approx(want, rel=1e-6)
+    assert row["bf16 + verl async"]["mismatch_source"].startswith("measured: verl's trainer-bound lags")
