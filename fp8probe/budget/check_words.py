@@ -47,9 +47,10 @@ def format_check(report: CheckRecord) -> str:
     if report.undecided_because:
         lines.append(f"undecided: {report.undecided_because}")
     a = report.also_measured
+    at_lag = f"at lag {report.verl_async['beside_at_lag']}, " if report.verl_async else ""
     if a and a.get("measured") is not None:
         lines.append(
-            f"as {a['engine']} computes it: {report.metric} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
+            f"{at_lag}as {a['engine']} computes it: {report.metric} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
             f"{a['interval'][1]:.4g}] (the verdict is on the {engine} figure; calibrated budgets measure "
             "mismatch in sim)"
         )
@@ -57,7 +58,7 @@ def format_check(report: CheckRecord) -> str:
         lines.append(f"not measured as {a['engine']} computes it: {a['not_covered']}")
     s = report.prefix_shift
     lines.append(
-        f"prefix shift: {s['diverged']:.0%} of continuations diverge"
+        f"{at_lag}prefix shift: {s['diverged']:.0%} of continuations diverge"
         + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")
         + f"; on its own samples kl_q_p {s['kl_q_p_own']:.4g}, k3 {s['k3_own']:.4g}; as verl logs it "
         + f"rollout_corr/kl {s['rollout_corr/kl']:.4g}, k3_kl {s['rollout_corr/k3_kl']:.4g}, "

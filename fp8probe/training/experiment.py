@@ -244,6 +244,8 @@ class Ladder:
             for lv in levels:
                 for seed in range(self.c.seeds):
                     self.run(objective, lv, seed)
+                if lv.kind == "none":
+                    self.check_gain(objective, lv)
             pairs = [(lv, s) for lv in levels for s in range(self.c.seeds)]
             df = self.table(objective, pairs)
             budget = self.fit(df)
@@ -256,6 +258,21 @@ class Ladder:
         df, budget, spent = self.allocate(objective, pairs, df, budget)
         self.spent[objective] = spent
         return df, budget, added + [name for name in spent["levels"] if name not in added]
+
+    def check_gain(self, objective: str, zero) -> None:
+        """With the gain response, refuse as soon as the mismatch-free runs are in (they train first) when one of
+        them did not improve on the student before training: the fit would refuse it after every other level had
+        trained (budget/design.py), and there is no training gain to lose."""
+        if self.c.response != "gain":
+            return
+        df = self.table(objective, [(zero, s) for s in range(self.c.seeds)])
+        sign = [-1.0 if not h else 1.0 for h in df["higher_is_better"]]
+        if any((q - q0) * s <= 0 for q, q0, s in zip(df["quality"], df["quality_start"], sign)):
+            raise FP8ProbeError(
+                f"{objective}: a mismatch-free run did not improve on the quality before training "
+                f"({df['quality_start'].iloc[0]:.4g}), so there is no training gain to lose (found before the other "
+                "levels trained); train longer, or pass the relative response"
+            )
 
     def allocate(self, objective: str, pairs: list, df, budget):
         """Runs added where they narrow the benchmark dose's interval most (dose.allocate: a new noise level at the

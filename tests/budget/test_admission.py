@@ -170,6 +170,7 @@ def test_verl_async_judges_the_mixture_of_lags(cli, tiny_dirs, tmp_path):
     assert regimes["rollout-bound"]["measured"] == pytest.approx(0.5 * lag["1"], rel=1e-9)
     lo, hi = rep["measured_interval"]
     assert lo <= rep["measured"] <= hi and "lags 1 modelled on the straight line" in r.out
+    assert "at lag 2, as vllm-cuda computes it" in r.out and "at lag 2, prefix shift" in r.out  # the p90 lag's
     # partial rollouts: a straddling response at each trainer-bound lag (its prefix 2 steps older), mixed by hand
     r = cli("-q", "check", *common, "--out", tmp_path / "partial", "--verl-async", "trigger=2,staleness=0.5,partial")
     assert r.code == 2  # still needs --stale-steps

@@ -662,3 +662,22 @@ def test_mismatch_free_runs_keep_their_checkpoints_for_a_series(pair, tmp_path):
     assert not torch.equal(last.state_dict()[w], first.state_dict()[w])  # it trained
     train_one(teacher, student, RunId("opd", parse_source("0.3"), 0), s, tmp_path)
     assert not (run_dir(tmp_path, "opd", parse_source("0.3"), 0) / "checkpoints").exists()
+
+
+def test_the_gain_response_refuses_twins_that_did_not_learn_before_the_other_levels_train(tmp_path):
+    """Twins that end at 6.0 from 5.0 before training (lower is better): with the gain response the ladder stops once
+    they are in, naming the objective, before any other level trains; with the relative response it goes on. Seen
+    failing with the check skipped (every level trained, the fit refusing only after)."""
+
+    def response(objective, level, seed):
+        return (0.0, 6.0) if level.kind == "none" else (10 * level.value**2, 6.0 + level.value)
+
+    Ladder = _fake_ladder(response)
+    c = Experiment(None, "pruned", ("0", "0.01", "0.1"), 2, TRAIN, ("a",), ("b",), max_added=0, response="gain")
+    ladder = Ladder(c, tmp_path, "cpu", False, None)
+    with pytest.raises(FP8ProbeError, match="opd: a mismatch-free run did not improve.*before the other levels"):
+        ladder.objective("opd")
+    assert ladder.order == [("0", 0), ("0", 1)]
+    relative = Ladder(dataclasses.replace(c, response="relative"), tmp_path / "r", "cpu", False, None)
+    relative.objective("opd")
+    assert len(relative.order) == 6
