@@ -60,7 +60,9 @@ def format_check(report: CheckRecord) -> str:
     lines.append(
         f"{at_lag}prefix shift: {s['diverged']:.0%} of continuations diverge"
         + (f" (first at token {s['first_div_mean']:.1f} on average)" if s["diverged"] else "")
-        + f"; on its own samples kl_q_p {s['kl_q_p_own']:.4g}, k3 {s['k3_own']:.4g}; as verl logs it "
+        + f"; on its own samples kl_q_p {s['kl_q_p_own']:.4g}, k3 {s['k3_own']:.4g}"
+        + (f" (>= {s['kl_top20_own']:.4g} from the engine's top-20 log-probs)" if "kl_top20_own" in s else "")
+        + "; as verl logs it "
         + f"rollout_corr/kl {s['rollout_corr/kl']:.4g}, k3_kl {s['rollout_corr/k3_kl']:.4g}, "
         + f"{s['ppo_clip_share']:.1%} of tokens outside a PPO clip of 0.2"
     )

@@ -10,6 +10,9 @@ policies alone. Reported per source:
     diverged            fraction of sequences whose continuation differs from the reference's
     first_div_mean/p50  mean / median response position of the first differing token (diverged ones)
     kl_q_p_own, k3_own  the mismatch measured on the candidate's own samples (not the reference's)
+    kl_top20_own        what an engine's log-probs show of kl_q_p_own: a lower bound of KL(q || p) on the same
+                        samples from q's 20 most likely tokens (vLLM's default max_logprobs) and p whole, the rest of
+                        the vocabulary pooled into one bin (mismatch.kl_lower_bound_topk: never above the full KL)
     rollout_corr/..., training/rollout_probs_..., ppo_clip_share
                         verl's own metrics of the candidate's samples, as verl computes them (verl.py)
 """
@@ -28,7 +31,16 @@ from .perturbation import Perturbation
 from .reference import Reference
 from .verl import VERL_METRICS, verl_metrics
 
-PREFIX_COLUMNS = ["diverged", "first_div_mean", "first_div_p50", "kl_q_p_own", "k3_own", *VERL_METRICS]
+OBSERVED_TOPK = 20  # the top-K log-probs per token an engine returns (vLLM's default max_logprobs)
+PREFIX_COLUMNS = [
+    "diverged",
+    "first_div_mean",
+    "first_div_p50",
+    "kl_q_p_own",
+    "k3_own",
+    "kl_top20_own",
+    *VERL_METRICS,
+]
 
 
 @torch.no_grad()
@@ -152,9 +164,22 @@ class PrefixShift:
         tok = self.student.tokenizer
         own = Rollouts.from_sequences(self.prompts, cand, tok.pad_token_id if tok.pad_token_id is not None else 0)
         if not own.num_response_tokens:
-            return {**out, "kl_q_p_own": 0.0, "k3_own": 0.0, **dict.fromkeys(VERL_METRICS, float("nan"))}
+            nan = dict.fromkeys(VERL_METRICS, float("nan"))
+            return {**out, "kl_q_p_own": 0.0, "k3_own": 0.0, "kl_top20_own": 0.0, **nan}
         ref_own = Reference(self.student, own, self.kw["batch_size"])
         ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
         m = measure(ref_own, self.student, own, p, self.engine, self.kw["batch_size"])
         verl = verl_metrics(m.stats["logp_cand"], m.stats["logp_ref"], own.response_mask.sum(1))
-        return {**out, "kl_q_p_own": m.metrics["kl_q_p"], "k3_own": m.metrics["k3"], **verl}
+        top = self.observed_topk(p, own, ref_own)
+        return {**out, "kl_q_p_own": m.metrics["kl_q_p"], "k3_own": m.metrics["k3"], "kl_top20_own": top, **verl}
+
+    def observed_topk(self, p: Perturbation, own: Rollouts, ref_own: Reference) -> float:
+        """kl_top20_own (module docstring): the candidate's top-K log-probs of its own samples, as the engine computes
+        them, against the reference's whole distribution, the tail pooled; the mean over the tokens."""
+        from .mismatch import kl_lower_bound_topk, log_softmax32
+        from .reference import response_rows
+
+        with get_engine(self.engine).candidate(self.student, p, self.reference.calibration) as model:
+            logits, _ = response_rows(model, own, self.kw["batch_size"])
+        top, ids = log_softmax32(logits.cpu()).topk(OBSERVED_TOPK, dim=-1)
+        return float(kl_lower_bound_topk(ids, top, ref_own.rows.logp.cpu()).mean())
