@@ -323,17 +323,16 @@ def measure_costs(
     from ..budget.admission import judge
     from ..measurement.measure import measure
     from ..measurement.reference import Reference
+    from ..sources.sources import stale
 
     metric = budget.metric
     reference = Reference(student, rollouts, batch_size)
     stale_of = dict(zip(settings.async_steps, settings.stale))
     seen: dict = {}
+    stale_source = None  # verl's mixture: the one `stale` checkpoint, loaded once for every row
     out = {}
     for conf in tqdm(settings.configurations, desc="plan: measuring", unit="config", disable=not progress):
-        if conf.lags:
-            out[conf.name] = _mixture_cost(student, rollouts, settings, conf, reference, budget, curves, allow_pickle)
-            continue
-        ckpt = stale_of.get(conf.async_steps)
+        ckpt = None if conf.lags else stale_of.get(conf.async_steps)
         key = (conf.base, ckpt)
         if key not in seen:
             source = _perturbation(student, conf, ckpt, allow_pickle)
@@ -349,16 +348,25 @@ def measure_costs(
                 )
         value, (lo, hi), prompts, kinds = seen[key]
         how = "measured" if conf.base != (None, None, None) or ckpt else "none (the reference)"
-        if conf.async_steps and not ckpt:
+        if conf.lags and settings.stale:
+            if stale_source is None:
+                stale_source = stale(student, settings.stale[0], allow_pickle)
+            value, (lo, hi), prompts, how = _measured_mixture(
+                student, rollouts, settings, conf, reference, stale_source, metric
+            )
+        elif conf.lags:
+            value, lo, hi = _add_stale_levels(value, lo, hi, conf.lags, curves)
+            how = MIXED_LEVELS
+        elif conf.async_steps and not ckpt:
             level = f"stale:{conf.async_steps}"
-            runs, at = curves.stale_runs(level), curves.mismatch[level]  # the level's place, its seeds' own range
-            value, lo, hi = value + at, lo + min(at, runs.min()), hi + max(at, runs.max())
+            value, lo, hi = _add_stale_levels(value, lo, hi, ((conf.async_steps, 1.0),), curves)
             how = (
                 f"sum: measured + the calibration's {level} (its seeds' range)"
                 if conf.base != (None, None, None)
                 else f"the calibration's {level} (its seeds' range)"
             )
-        v = judge(value, (lo, hi), budget, int(prompts), (*kinds, *(("stale",) if conf.async_steps else ())))
+        stale_kind = ("stale",) if conf.async_steps or conf.lags else ()
+        v = judge(value, (lo, hi), budget, int(prompts), (*kinds, *stale_kind))
         out[conf.name] = {
             "mismatch": value,
             "mismatch_lo": lo,
@@ -370,45 +378,35 @@ def measure_costs(
     return out
 
 
-def _mixture_cost(student, rollouts, settings: PlanSettings, conf: Configuration, reference, budget, curves, pickle):
-    """A verl fully-async row's cost: every trainer-bound lag measured on the same tokens with the configuration on
-    top (one `stale` checkpoint, `stale_steps` old: sources/verl_async.AsyncLags) and mixed by the lags' shares
-    (measurement.Mixture); or, without a checkpoint, the configuration measured and the calibration's stale:K levels
-    added, mixed by the same shares (their seeds' range), labelled as a sum."""
-    from ..budget.admission import judge
+MIXED_LEVELS = (
+    "sum: measured + the calibration's stale:K levels mixed by verl's trainer-bound lags (their seeds' range)"
+)
+
+
+def _add_stale_levels(value: float, lo: float, hi: float, lags, curves) -> tuple[float, float, float]:
+    """A measured mismatch (and its interval) plus the calibration's stale:K levels, each weighted by its share of the
+    samples (`lags`: (K, share) pairs; lag 0 adds nothing): each level at its place, its interval its seeds' range."""
+    for k, w in lags:
+        if k:
+            runs, at = curves.stale_runs(f"stale:{k}"), curves.mismatch[f"stale:{k}"]
+            value, lo, hi = value + w * at, lo + w * min(at, runs.min()), hi + w * max(at, runs.max())
+    return value, lo, hi
+
+
+def _measured_mixture(student, rollouts, settings: PlanSettings, conf: Configuration, reference, stale_source, metric):
+    """A verl fully-async row measured: every trainer-bound lag on the same tokens with the configuration on top (the
+    `stale` checkpoint, `stale_steps` old: sources/verl_async.AsyncLags), mixed by the lags' shares
+    (measurement.Mixture); (its mismatch, its interval, prompts, how it was had)."""
     from ..measurement.measure import Mixture, measure
     from ..measurement.perturbation import Perturbation
-    from ..sources import sources as src
     from ..sources.verl_async import async_lags
 
-    metric = budget.metric
-    source = _perturbation(student, conf, None, pickle)
+    source = _perturbation(student, conf, None, False)
     base = source.perturbation if source is not None else Perturbation()
-    if settings.stale:
-        lags = async_lags(
-            student, src.stale(student, settings.stale[0], pickle), settings.stale_steps, settings.verl, base
-        )
-        mix = Mixture([(w, measure(reference, student, rollouts, lags.at(k), "sim")) for k, w in conf.lags])
-        value, (lo, hi) = excess(metric, mix.metrics[metric]), mix.excess_interval(metric)
-        how = f"measured: verl's trainer-bound lags, mixed ({lags.path() or 'every lag a checkpoint'})"
-        prompts = mix.num_prompts
-    else:
-        m = measure(reference, student, rollouts, base, "sim")
-        value, (lo, hi), prompts = excess(metric, m.metrics[metric]), m.excess_interval(metric), m.num_prompts
-        for k, w in conf.lags:
-            if k:
-                runs, at = curves.stale_runs(f"stale:{k}"), curves.mismatch[f"stale:{k}"]
-                value, lo, hi = value + w * at, lo + w * min(at, runs.min()), hi + w * max(at, runs.max())
-        how = "sum: measured + the calibration's stale:K levels mixed by verl's trainer-bound lags (their seeds' range)"
-    v = judge(value, (lo, hi), budget, int(prompts), (*base.kinds(), "stale"))
-    return {
-        "mismatch": value,
-        "mismatch_lo": lo,
-        "mismatch_hi": hi,
-        "mismatch_source": how,
-        "verdict": v["verdict"],
-        "prompts_to_decide": v["prompts_to_decide"],
-    }
+    lags = async_lags(student, stale_source, settings.stale_steps, settings.verl, base)
+    mix = Mixture([(w, measure(reference, student, rollouts, lags.at(k), "sim")) for k, w in conf.lags])
+    how = f"measured: verl's trainer-bound lags, mixed ({lags.path() or 'every lag a checkpoint'})"
+    return excess(metric, mix.metrics[metric]), mix.excess_interval(metric), mix.num_prompts, how
 
 
 def verl_async_record(settings: PlanSettings) -> dict | None:
