@@ -99,6 +99,35 @@ def tiny_student(model_type: str = "llama", **overrides):
     )
 
 
+def tiny_pair():
+    """(teacher, student): a 4-block tiny llama (random weights) and its depth-pruned copy (blocks 0 and 2), the
+    calibration tests' pair."""
+    from fp8probe.model.pruning import depth_pruned
+    from fp8probe.model.structure import list_units
+    from fp8probe.model.student import Student
+
+    tok = tiny_tokenizer()
+    m = tiny_model("llama", num_hidden_layers=4)
+    teacher = Student(m, tok, list_units(m), "tiny-teacher", "", "llama")
+    pm = depth_pruned(m, 2)
+    return teacher, Student(pm, tok, list_units(pm), "pruned", "", "llama")
+
+
+def older_checkpoint(model_dir, out: Path, scale: float = 0.05, seed: int = 0) -> Path:
+    """An older state of the student saved at `model_dir`: every weight moved by seeded noise of `scale` x its own
+    std, saved with the tokenizer to `out` (what `--stale` takes)."""
+    from fp8probe.model.student import load_student
+
+    old = load_student(str(model_dir))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in old.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp_min(1e-3))
+    old.model.save_pretrained(out)
+    old.tokenizer.save_pretrained(out)
+    return out
+
+
 def tiny_tokenizer():
     """A word-level tokenizer with a chat template, small enough for the tiny models' vocabulary."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import pytest
+from conftest import older_checkpoint
 
 from fp8probe.budget.admission import judge
 from fp8probe.budget.fit import Budget
@@ -140,17 +141,7 @@ def test_verl_async_judges_the_mixture_of_lags(cli, tiny_dirs, tmp_path):
     0 and 1. Lag 2 is the checkpoint itself, so its figure must be a plain `check --stale` of it; lag 0 is the trainer
     (0); the verdict's figure is half of lags 1 and 2, the rollout-bound one half of lag 1, by hand. Seen failing
     with the interpolation's sign flipped (lag 2 another figure than the checkpoint's)."""
-    import torch
-
-    from fp8probe.model.student import load_student
-
-    old = load_student(str(tiny_dirs["llama"]))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in old.model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.std().clamp_min(1e-3))
-    old.model.save_pretrained(tmp_path / "old")
-    old.tokenizer.save_pretrained(tmp_path / "old")
+    older_checkpoint(tiny_dirs["llama"], tmp_path / "old")
     common = [tiny_dirs["llama"], "--budget", "0.5", "--stale", tmp_path / "old", "--num-prompts", 6]
     common += ["--max-new-tokens", 6]
     r = cli("check", *common, "--out", tmp_path / "plain")

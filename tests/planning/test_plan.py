@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import older_checkpoint
 
 from fp8probe.budget.curves import read_curves, steps_to, steps_with_interval
 from fp8probe.core.errors import FP8ProbeError
@@ -503,17 +504,7 @@ def test_verl_async_rows_mix_the_lags(cli, tiny_dirs, tmp_path):
     assert r.code == 2 and len(r.lines) == 1 and "no stale:2 level" in r.err and not (tmp_path / "x").exists()
 
     # measured: one checkpoint two steps old
-    import torch
-
-    from fp8probe.model.student import load_student
-
-    old = load_student(str(tiny_dirs["llama"]))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in old.model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.std().clamp_min(1e-3))
-    old.model.save_pretrained(tmp_path / "old")
-    old.tokenizer.save_pretrained(tmp_path / "old")
+    older_checkpoint(tiny_dirs["llama"], tmp_path / "old")
     keys = ["--verl-async", "trigger=2,staleness=0.5", "--stale", str(tmp_path / "old"), "--stale-steps", "2"]
     r = cli("plan", *common, *keys, "--out", str(tmp_path / "measured"))
     assert r.code == 0, r.err

@@ -15,11 +15,10 @@ import re
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_model, tiny_tokenizer
+from conftest import tiny_model, tiny_pair, tiny_tokenizer
 
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.model.prompts import BUILTIN_PROMPTS
-from fp8probe.model.pruning import depth_pruned
 from fp8probe.model.structure import list_units
 from fp8probe.model.student import Student
 from fp8probe.sources.sources import SourceSpec, parse_source
@@ -35,11 +34,7 @@ TRAIN = TrainSettings(steps=3, batch_size=4, max_new_tokens=6, learning_rate=1e-
 
 @pytest.fixture(scope="module")
 def pair():
-    tok = tiny_tokenizer()
-    m = tiny_model("llama", num_hidden_layers=4)
-    teacher = Student(m, tok, list_units(m), "tiny-teacher", "", "llama")
-    pm = depth_pruned(m, 2)
-    return teacher, Student(pm, tok, list_units(pm), "pruned", "", "llama")
+    return tiny_pair()
 
 
 def _settings(levels=("0",), steps=TRAIN.steps, **train):

@@ -15,11 +15,10 @@ from typing import Any, Optional
 
 import pytest
 import torch
-from conftest import lift, tiny_model, tiny_tokenizer
+from conftest import lift, tiny_pair
 
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.model.prompts import BUILTIN_PROMPTS
-from fp8probe.model.pruning import depth_pruned
 from fp8probe.model.structure import list_units
 from fp8probe.model.student import Student
 from fp8probe.sources.sources import parse_source
@@ -144,11 +143,7 @@ def test_objectives_parse_and_refuse():
 
 @pytest.fixture(scope="module")
 def pair():
-    tok = tiny_tokenizer()
-    m = tiny_model("llama", num_hidden_layers=4)
-    teacher = Student(m, tok, list_units(m), "tiny-teacher", "", "llama")
-    pm = depth_pruned(m, 2)
-    return teacher, Student(pm, tok, list_units(pm), "pruned", "", "llama")
+    return tiny_pair()
 
 
 def _first_loss(pair, tmp_path, objective, level):
