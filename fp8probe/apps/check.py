@@ -19,7 +19,7 @@ from ..core.files import output_dir
 from ..core.records import CheckRecord
 from ..core.results import Result
 from ..sources.sources import combine
-from ..sources.verl_async import VerlAsync, async_configuration, check_mixable
+from ..sources.verl_async import async_configuration, check_mixable
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
         named = sc.sources(student, model.allow_pickle)
         if settings.verl_async:
-            spec = VerlAsync.parse(settings.verl_async)
-            name, lags = async_configuration(student, named, settings.stale_steps, spec)
+            name, lags = async_configuration(student, named, settings.stale_steps, settings.verl)
             report = check_async(student, r, name, budget, lags, engine=sc.engine, teacher=teacher, sampling=rollouts)
             predicted = None
         else:

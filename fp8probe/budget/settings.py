@@ -4,7 +4,7 @@ flags."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, dataclass, field
 
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
@@ -78,6 +78,7 @@ class CheckSettings(Settings):
     stale_steps: int | None = opt(
         None, "with `verl_async`: how many trainer steps older than MODEL the `stale` checkpoint is", low=1
     )
+    verl: object = field(default=None, repr=False)  # verl_async parsed (sources/verl_async.VerlAsync)
 
     def __post_init__(self):
         super().__post_init__()
@@ -87,7 +88,7 @@ class CheckSettings(Settings):
                 "nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout configuration)"
             )
         if self.verl_async is not None:
-            VerlAsync.parse(self.verl_async)
+            object.__setattr__(self, "verl", VerlAsync.parse(self.verl_async))
             if not sc.stale or self.stale_steps is None:
                 raise FP8ProbeError(
                     "`verl_async` measures every lag from two states of the student: give `stale` (an older "
