@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -56,37 +57,43 @@ from fp8probe.recipe.selection import group_scores, linear_params, make_recipe
 from fp8probe.recipe.settings import RecipeContext
 from fp8probe.sweeps.files import read_sweep
 
-VENV = Path.home() / ".cache" / "fp8probe" / "modelopt-venv"
-VENV_AS = Path.home() / ".cache" / "fp8probe" / "modelopt-as-venv"  # ModelOpt built from PR #2183's source
+CACHE = Path.home() / ".cache" / "fp8probe"
+VENV = CACHE / "modelopt-venv"  # the released wheel, MODELOPT_RELEASE
+VENV_AS = CACHE / "modelopt-as-venv"  # ModelOpt built from PR #2183's merge commit (its source given as --as-source)
+MODELOPT_RELEASE = "0.47.0"
 WORKER = Path(__file__).with_name("modelopt_worker.py")
 METHODS = ("exact", "fisher", "path")
 ENGINES = ("sim", "vllm-cuda")
-MODES = ("kl_div", "gradient", "aumann_shapley")  # ModelOpt's search modes
+# ModelOpt's search modes, every one from the PR's merge build; "aumann_shapley:8" at 8 path nodes (its default: 2);
+# "gradient@0.47.0" the released wheel's gradient mode, a check that the two builds agree
+MODES = ("gradient", "kl_div", "aumann_shapley", "aumann_shapley:8", f"gradient@{MODELOPT_RELEASE}")
 
 
-def modelopt_python() -> Path:
-    py = VENV / "bin" / "python"
-    if not (VENV / ".ready").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+def _venv(path: Path, *packages: str) -> Path:
+    py = path / "bin" / "python"
+    if not (path / ".ready").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
         pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run(pip + ["torch==2.13.0"], check=True)
-        subprocess.run(
-            pip + ["nvidia-modelopt", "transformers<5.15", "requests", "accelerate", "safetensors"], check=True
-        )
-        (VENV / ".ready").touch()
+        subprocess.run(pip + ["transformers<5.15", "requests", "accelerate", "safetensors", *packages], check=True)
     return py
 
 
-def modelopt_as_python(source: str | None) -> Path:
-    """A venv with ModelOpt built from the saturation-aware mode's source (NVIDIA Model-Optimizer PR #2183, a checkout
-    given as --as-source): ModelOpt's own venv with that package installed over it."""
-    py = VENV_AS / "bin" / "python"
-    if not (VENV_AS / ".ready").exists():
-        if source is None:
-            raise SystemExit("ModelOpt's aumann_shapley mode: pass --as-source, a checkout of Model-Optimizer PR #2183")
-        modelopt_python()
-        subprocess.run(["cp", "-a", str(VENV), str(VENV_AS)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", source], check=True)
+def modelopt_python(mode: str, source: str | None) -> Path:
+    """The venv that runs `mode`: ModelOpt's released wheel for "...@0.47.0", else ModelOpt built from the
+    saturation-aware mode's source (NVIDIA Model-Optimizer PR #2183's merge commit, a checkout given as --as-source)
+    over the same dependencies, made on first use."""
+    if mode.endswith(f"@{MODELOPT_RELEASE}"):
+        py = _venv(VENV, f"nvidia-modelopt=={MODELOPT_RELEASE}")
+        (VENV / ".ready").touch()
+        return py
+    if not (VENV_AS / ".ready").exists() and source is None:
+        raise SystemExit("ModelOpt's merge build: pass --as-source, a checkout of Model-Optimizer PR #2183's merge")
+    py = _venv(VENV_AS, f"nvidia-modelopt=={MODELOPT_RELEASE}", "setuptools", "setuptools_scm", "wheel")
+    if not (VENV_AS / ".ready").exists():  # the source over the wheel's dependencies; it has no git for its version
+        env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": "0.48.0.dev0"}
+        pip = [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--force-reinstall"]
+        subprocess.run(pip + [source], check=True, env=env)
         (VENV_AS / ".ready").touch()
     return py
 
@@ -110,18 +117,17 @@ def run_modelopt(
     )
     mo = {}
     # the modes asked for, then any other mode run before at this size and kept in --out
-    for method in [*modes, *(m for m in MODES if m not in modes)]:
-        res = out / f"modelopt-{method}-{bits:g}.json"
-        if method in modes and not res.exists():
-            py = modelopt_as_python(as_source) if method == "aumann_shapley" else modelopt_python()
-            done = subprocess.run(
-                [str(py), str(WORKER), str(STUDENTS[model]()), str(tokens), method, str(bits), str(res)]
-            )
+    for mode in [*modes, *(m for m in MODES if m not in modes)]:
+        res = out / f"modelopt-{mode.replace(':', '-')}-{bits:g}.json"
+        if mode in modes and not res.exists():
+            method, _, nodes = mode.split("@")[0].partition(":")
+            args = [str(STUDENTS[model]()), str(tokens), method, str(bits), str(res), *([nodes] if nodes else [])]
+            done = subprocess.run([str(modelopt_python(mode, as_source)), str(WORKER), *args])
             if done.returncode != 0:  # said in the table's place, the other modes still compared
-                print(f"ModelOpt {method} at {bits:g} bits failed (exit {done.returncode}): no row", flush=True)
+                print(f"ModelOpt {mode} at {bits:g} bits failed (exit {done.returncode}): no row", flush=True)
                 continue
         if res.exists():
-            mo[method] = json.loads(res.read_text())
+            mo[mode] = json.loads(res.read_text())
     return mo
 
 
@@ -158,17 +164,20 @@ def sweeps(sweep: str, out: Path, model: str = "smollm2-135m", methods=METHODS) 
 
 
 class Judge:
-    """Every recipe on the held-out rollouts by both evaluators, with intervals; ratios paired on the same tokens."""
+    """Every recipe on the held-out rollouts by both evaluators, with intervals; ratios paired on the same tokens; and
+    by the simulation on the search rollouts (what every search saw), beside them."""
 
-    def __init__(self, student, held, search_reference):
+    def __init__(self, student, held, search_reference, search):
         self.student, self.held = student, held
+        self.search_reference, self.search = search_reference, search
         self.reference = Reference(student, held, calibrate=False)
         self.reference.calibration = search_reference.calibration  # static input scales from the search rollouts
         self.prompt = self.reference.prompt.numpy()
 
     def __call__(self, units) -> dict:
         p = Perturbation(tuple(units), Scheme.from_name("FP8"))
-        return {e: measure(self.reference, self.student, self.held, p, e) for e in ENGINES}
+        got = {e: measure(self.reference, self.student, self.held, p, e) for e in ENGINES}
+        return got | {"search": measure(self.search_reference, self.student, self.search, p, "sim")}
 
     def kl(self, m) -> tuple[float, float, float]:
         lo, hi = m.interval("kl_q_p")
@@ -219,7 +228,7 @@ def main():
     ap.add_argument(
         "--modes",
         nargs="+",
-        default=["kl_div", "gradient"],
+        default=["gradient", "aumann_shapley", f"gradient@{MODELOPT_RELEASE}"],
         choices=MODES,
         help="ModelOpt's search modes (aumann_shapley: the saturation-aware mode, from --as-source)",
     )
@@ -257,7 +266,7 @@ def main():
     seen = set(rollouts.meta.get("prompts", []))
     unseen = [p for p in BUILTIN_PROMPTS if p not in seen]
     held = make_rollouts(student, prompts=unseen, max_new_tokens=64, seed=args.heldout_seed)
-    judge = Judge(student, held, search_ref)
+    judge = Judge(student, held, search_ref, rollouts)
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
     unit_group = {u.name: u.group for u in student.quantizable}
     total = linear_params(student)
@@ -275,7 +284,7 @@ def main():
     for bits in args.bits:
         print(f"\n{bits:g} effective bits")
         print(
-            f"{'recipe':<34}{'groups':>7}{'MiB':>7}{'bits':>6}  {'KL sim':<28}{'KL vllm-cuda':<28}"
+            f"{'recipe':<34}{'groups':>7}{'MiB':>7}{'bits':>6}  {'KL sim':<28}{'KL vllm-cuda':<28}{'KL search':<28}"
             f"{'ratio sim':<24}{'ratio vllm-cuda':<24}{'time s':>7}"
         )
         chosen = {
@@ -384,18 +393,21 @@ def _headroom(
     secs = time.perf_counter() - t0
     got = judge([u for g in ev.best for u in members[g]])
     b = 16 - 8 * sum(by_name[g].params for g in ev.best) / total
+    # did it converge: the best KL on the search rollouts against the candidates measured so far
+    print("  headroom, best search KL by candidates measured: " + ", ".join(f"{n}: {f:.5f}" for n, f in ev.history))
     return _row(f"  headroom ({ev.evaluations} measured)", len(ev.best), value(ev.best), b, got, base, judge, secs) | {
         "bits_target": bits,
         "tool": "headroom",
         "evaluations": ev.evaluations,
         "search_kl": ev.fitness,
+        "history": ev.history,
         "start_search_kl": fitness(start),
     }
 
 
 def _row(name, groups, saved, bits, got, base, judge, secs) -> dict:
     cells, row = [], {"recipe": name.strip(), "groups": groups, "mib": saved / 2**20, "bits": bits, "seconds": secs}
-    for e in ENGINES:
+    for e in (*ENGINES, "search"):
         v, lo, hi = judge.kl(got[e])
         cells.append(f"{v:.5f} [{lo:.5f}, {hi:.5f}]  ")
         row[f"kl_{e}"] = [v, lo, hi]
@@ -406,7 +418,7 @@ def _row(name, groups, saved, bits, got, base, judge, secs) -> dict:
         r, lo, hi = judge.ratio(got[e], base[e])
         cells.append(f"{r:.3f} [{lo:.3f}, {hi:.3f}]".ljust(24))
         row[f"ratio_{e}"] = [r, lo, hi]
-    print(f"{name:<30}{groups:>7}{saved / 2**20:>7.1f}{bits:>6.2f}  {''.join(cells)}{secs:>7.0f}")
+    print(f"{name:<34}{groups:>7}{saved / 2**20:>7.1f}{bits:>6.2f}  {''.join(cells)}{secs:>7.0f}")
     return row
 
 

@@ -40,3 +40,19 @@ def test_every_mode_scores_the_judges_rows_only():
     assert torch.allclose(rows.float(), want, atol=1e-5)
     loss = worker.loss_func(rows, batch)
     assert torch.allclose(loss, torch.nn.functional.cross_entropy(want, tokens), atol=1e-6)
+
+
+def test_the_search_set_sized_like_a_users_leaves_the_held_out_prompts_unseen():
+    """benchmarks/search_prompts.py: 128 distinct search prompts, the quick start's 16 first, none of them among the
+    24 built-in prompts the peer table judges on; the same file on every call (a fixed seed). Seen failing with the
+    generator allowed to return built-in prompts (the held-out ones among them)."""
+    from fp8probe.model.prompts import BUILTIN_PROMPTS
+
+    spec = importlib.util.spec_from_file_location("search_prompts", WORKER.with_name("search_prompts.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.search_prompts(128)
+    assert len(got) == len(set(got)) == 128
+    assert got[:16] == BUILTIN_PROMPTS[:16]
+    assert not set(got) & set(BUILTIN_PROMPTS[16:]) and len(BUILTIN_PROMPTS[16:]) == 24
+    assert mod.search_prompts(128) == got and mod.search_prompts(16) == BUILTIN_PROMPTS[:16]
