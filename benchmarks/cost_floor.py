@@ -58,7 +58,8 @@ def main():
     f, s = min(floor), min(swept)
     print(
         f"{args.model}: {rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens; default "
-        f"sweep (method {settings.method}, FP8 per group, no KV) {s:.1f} s [runs {', '.join(f'{x:.1f}' for x in swept)}]; "
+        f"sweep (method {settings.method}, FP8 per group, no KV) {s:.1f} s "
+        f"[runs {', '.join(f'{x:.1f}' for x in swept)}]; "
         f"one forward + backward {f:.2f} s [runs {', '.join(f'{x:.2f}' for x in floor)}]; "
         f"sweep / floor {s / f:.1f}x (best of {args.repeat} each)"
     )

@@ -40,10 +40,9 @@ def loss_func(rows, batch):
 
 
 def main():
+    import modelopt
     import modelopt.torch.quantization as mtq
     from transformers import AutoModelForCausalLM
-
-    import modelopt
 
     model_dir, tokens, method, bits, out = sys.argv[1:6]
     nodes = int(sys.argv[6]) if len(sys.argv) > 6 else None
@@ -105,7 +104,11 @@ def _scores(state) -> dict:
     """Every searched group's score and cost per candidate format, as the search saw them."""
     stats = state.get("candidate_stats", {}) if isinstance(state, dict) else {}
     return {
-        name: {k: [str(f) if k == "formats" else _number(f) for f in st[k]] for k in ("formats", "scores", "costs") if k in st}
+        name: {
+            k: [str(f) if k == "formats" else _number(f) for f in st[k]]
+            for k in ("formats", "scores", "costs")
+            if k in st
+        }
         for name, st in stats.items()
     }
 
