@@ -18,7 +18,7 @@
    `--costs context`); the row "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told
    otherwise (the defaults read from their settings: the fisher estimate, refinement, the recipe's own held-out
    split).
-3. The headroom: an evolutionary search (recipe/evolve.py) measures --headroom candidates at those bytes on the search
+3. The headroom: an evolutionary search (evolve.py, beside this file) measures --headroom candidates at those bytes on the search
    rollouts, from the best fp8probe recipe there: the best any selection found at that size.
 4. Judged on rollouts no search saw: the student's samples of other prompts (the built-in prompts the sweep did not
    use) with another seed. Two evaluators that no search used: the simulation on those tokens (static input scales
@@ -377,7 +377,7 @@ def _headroom(
 ) -> dict:
     """The best recipe at these bytes an evolutionary search finds, measuring `evaluations` candidates on the search
     rollouts, started from the best fp8probe recipe there; judged like the others."""
-    from fp8probe.recipe.evolve import evolve
+    from evolve import evolve  # benchmarks/evolve.py: the script's own folder is on sys.path
     from fp8probe.recipe.selection import measure_groups
 
     def fitness(s):

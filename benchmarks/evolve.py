@@ -1,4 +1,5 @@
-"""The headroom: a deliberately expensive search for the best recipe of a size, to read every selection against.
+"""The headroom: a deliberately expensive search for the best recipe of a size, to read every selection against (a
+benchmark's reference, not a product feature: the peer table in vs_modelopt.py runs it).
 
 A (1+λ) evolutionary search in the spirit of EvoPress (arXiv 2410.14649): one parent recipe (a set of groups in FP8
 that meets a memory target); each generation makes λ offspring by mutation (take out a random number of the parent's
@@ -17,7 +18,7 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from ..core.errors import FP8ProbeError
+from fp8probe.core.errors import FP8ProbeError
 
 log = logging.getLogger(__name__)
 
