@@ -18,8 +18,8 @@
    `--costs context`); the row "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told
    otherwise (the defaults read from their settings: the fisher estimate, refinement, the recipe's own held-out
    split).
-3. The headroom: an evolutionary search (evolve.py, beside this file) measures --headroom candidates at those bytes on the search
-   rollouts, from the best fp8probe recipe there: the best any selection found at that size.
+3. The headroom: an evolutionary search (evolve.py, beside this file) measures --headroom candidates at those bytes on
+   the search rollouts, from the best fp8probe recipe there: the best any selection found at that size.
 4. Judged on rollouts no search saw: the student's samples of other prompts (the built-in prompts the sweep did not
    use) with another seed. Two evaluators that no search used: the simulation on those tokens (static input scales
    calibrated on the search rollouts, as an export would) and the vllm-cuda engine profile (vLLM's bf16 model with

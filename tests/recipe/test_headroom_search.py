@@ -1,4 +1,5 @@
-"""The peer table's headroom search (benchmarks/evolve.py) reaches the brute-force optimum on a small case with interactions."""
+"""The peer table's headroom search (benchmarks/evolve.py) reaches the brute-force optimum on a small case with
+interactions."""
 
 import importlib.util
 import itertools
