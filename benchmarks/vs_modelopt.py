@@ -378,6 +378,7 @@ def _headroom(
     """The best recipe at these bytes an evolutionary search finds, measuring `evaluations` candidates on the search
     rollouts, started from the best fp8probe recipe there; judged like the others."""
     from evolve import evolve  # benchmarks/evolve.py: the script's own folder is on sys.path
+
     from fp8probe.recipe.selection import measure_groups
 
     def fitness(s):
