@@ -71,6 +71,8 @@ def settings_table(path: str) -> str:
         "|---|---|---|---|---|---|",
     ]
     for f in dataclasses.fields(cls):
+        if not f.init:  # derived in __post_init__ from the fields above (CheckSettings.verl from verl_async)
+            continue
         m = f.metadata
         cli = m.get("cli", {}) if m else {}
         flag = (

@@ -78,7 +78,7 @@ class CheckSettings(Settings):
     stale_steps: int | None = opt(
         None, "with `verl_async`: how many trainer steps older than MODEL the `stale` checkpoint is", low=1
     )
-    verl: object = field(default=None, repr=False)  # verl_async parsed (sources/verl_async.VerlAsync)
+    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async.VerlAsync)
 
     def __post_init__(self):
         super().__post_init__()
