@@ -263,7 +263,7 @@ def main():
     paths = [p for p in PATHS if p[0] in args.methods and p[1] in args.costs]
     student = load_student(args.model)
     search_ref = Reference(student, rollouts)
-    seen = set(rollouts.meta.get("prompts", []))
+    seen = set(rollouts.meta.prompts)
     unseen = [p for p in BUILTIN_PROMPTS if p not in seen]
     held = make_rollouts(student, prompts=unseen, max_new_tokens=64, seed=args.heldout_seed)
     judge = Judge(student, held, search_ref, rollouts)
