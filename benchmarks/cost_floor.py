@@ -5,9 +5,10 @@ at least that; so does fisher, the sweep's default method).
     python benchmarks/cost_floor.py --model smollm2-135m --rollouts runs/smollm2 [--repeat 3]
 
 Both timed side by side in one run, alternating, best of --repeat: the floor is a forward of the fp32 student over
-the rollouts in the sweep's batches (8) and a backward of the sampled response tokens' log-likelihood into every
-parameter; the sweep is `sweep()` with SweepSettings' defaults except what the peer table measures (scheme FP8,
-per fused group, no KV rows), its whole time (reference pass, estimate, rows) as `fp8probe sweep` records it.
+the rollouts in the sweep's batches (8) and a backward of the sampled response tokens' log-likelihood to the
+embeddings' output (every activation's gradient; no parameter's, as the fisher estimate's own pass); the sweep is
+`sweep()` with SweepSettings' defaults except what the peer table measures (scheme FP8, per fused group, no KV rows),
+its whole time (calibration, estimate, the whole-model rows' reference and passes).
 """
 
 from __future__ import annotations
@@ -24,19 +25,18 @@ from fp8probe.sweeps.sweep import sweep
 
 
 def forward_backward(student, rollouts, batch_size: int = 8) -> float:
-    """Seconds of one forward + backward over the rollouts: the sampled response tokens' negative log-likelihood."""
+    """Seconds of one forward + backward over the rollouts: the sampled response tokens' negative log-likelihood,
+    back to the embeddings' output (every layer's activation gradient, what a gradient score reads; no parameter's)."""
     model = student.model
-    for p in model.parameters():
-        p.requires_grad_(True)
+    leaf = model.get_input_embeddings().register_forward_hook(lambda m, a, out: out.requires_grad_(True))
     t = time.perf_counter()
-    for ids, am, rm in rollouts.batches(batch_size):
-        logits = model(input_ids=ids, attention_mask=am).logits[:, :-1]
+    for ids, am, rm in rollouts.batches(batch_size):  # the lm_head on the response-predicting rows only, as the sweep
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=am).last_hidden_state[:, :-1]
         rows = rm[:, 1:].bool()
-        torch.nn.functional.cross_entropy(logits[rows].float(), ids[:, 1:][rows], reduction="sum").backward()
+        logits = model.get_output_embeddings()(hidden[rows])
+        torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][rows], reduction="sum").backward()
     secs = time.perf_counter() - t
-    model.zero_grad(set_to_none=True)
-    for p in model.parameters():
-        p.requires_grad_(False)
+    leaf.remove()
     return secs
 
 
