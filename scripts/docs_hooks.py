@@ -15,13 +15,13 @@ import inspect
 import re
 from pathlib import Path
 
-from mkdocs.structure.files import File
-
 ROOT = Path(__file__).resolve().parents[1]
 MARK = re.compile(r"<!-- settings: ([\w.]+) -->")
 
 
 def on_files(files, config):
+    from mkdocs.structure.files import File  # mkdocs only here: the settings tables are read (and tested) without it
+
     for png in sorted((ROOT / "recipes").rglob("*.png")):
         files.append(File(str(png.relative_to(ROOT)), str(ROOT), config["site_dir"], config["use_directory_urls"]))
     return files
