@@ -322,6 +322,7 @@ def measure_costs(
 
     from ..budget.admission import judge
     from ..measurement.measure import measure
+    from ..measurement.perturbation import Perturbation
     from ..measurement.reference import Reference
     from ..sources.sources import stale
 
@@ -337,7 +338,7 @@ def measure_costs(
         if key not in seen:
             source = _perturbation(student, conf, ckpt, allow_pickle)
             if source is None:
-                seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel(), ())
+                seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel(), (), Perturbation())
             else:
                 m = measure(reference, student, rollouts, source.perturbation, "sim", batch_size)
                 seen[key] = (
@@ -345,14 +346,15 @@ def measure_costs(
                     m.excess_interval(metric),
                     m.num_prompts,
                     source.perturbation.kinds(),
+                    source.perturbation,
                 )
-        value, (lo, hi), prompts, kinds = seen[key]
+        value, (lo, hi), prompts, kinds, base = seen[key]
         how = "measured" if conf.base != (None, None, None) or ckpt else "none (the reference)"
         if conf.lags and settings.stale:
             if stale_source is None:
                 stale_source = stale(student, settings.stale[0], allow_pickle)
             value, (lo, hi), prompts, how = _measured_mixture(
-                student, rollouts, settings, conf, reference, stale_source, metric
+                student, rollouts, settings, conf.lags, base, reference, stale_source, metric
             )
         elif conf.lags:
             value, lo, hi = _add_stale_levels(value, lo, hi, conf.lags, curves)
@@ -393,19 +395,17 @@ def _add_stale_levels(value: float, lo: float, hi: float, lags, curves) -> tuple
     return value, lo, hi
 
 
-def _measured_mixture(student, rollouts, settings: PlanSettings, conf: Configuration, reference, stale_source, metric):
-    """A verl fully-async row measured: every trainer-bound lag on the same tokens with the configuration on top (the
-    `stale` checkpoint, `stale_steps` old: sources/verl_async.AsyncLags), mixed by the lags' shares
-    (measurement.Mixture); (its mismatch, its interval, prompts, how it was had)."""
+def _measured_mixture(student, rollouts, settings: PlanSettings, lags, base, reference, stale_source, metric):
+    """A verl fully-async row measured: every trainer-bound lag (`lags`: (K, share) pairs) on the same tokens with the
+    configuration's perturbation `base` on top (the `stale` checkpoint, `stale_steps` old:
+    sources/verl_async.AsyncLags), mixed by the lags' shares (measurement.Mixture); (its mismatch, its interval,
+    prompts, how it was had)."""
     from ..measurement.measure import Mixture, measure
-    from ..measurement.perturbation import Perturbation
     from ..sources.verl_async import async_lags
 
-    source = _perturbation(student, conf, None, False)
-    base = source.perturbation if source is not None else Perturbation()
-    lags = async_lags(student, stale_source, settings.stale_steps, settings.verl, base)
-    mix = Mixture([(w, measure(reference, student, rollouts, lags.at(k), "sim")) for k, w in conf.lags])
-    how = f"measured: verl's trainer-bound lags, mixed ({lags.path() or 'every lag a checkpoint'})"
+    at = async_lags(student, stale_source, settings.stale_steps, settings.verl, base)
+    mix = Mixture([(w, measure(reference, student, rollouts, at.at(k), "sim")) for k, w in lags])
+    how = f"measured: verl's trainer-bound lags, mixed ({at.path() or 'every lag a checkpoint'})"
     return excess(metric, mix.metrics[metric]), mix.excess_interval(metric), mix.num_prompts, how
 
 
