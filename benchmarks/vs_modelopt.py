@@ -402,7 +402,7 @@ def _headroom(
         "evaluations": ev.evaluations,
         "search_kl": ev.fitness,
         "history": ev.history,
-        "start_search_kl": fitness(start),
+        "start_search_kl": ev.history[0][1],  # the start, as the search measured it first
     }
 
 
