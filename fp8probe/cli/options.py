@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 from ..core.settings import choices_of, out_of_bounds
 
@@ -48,7 +48,8 @@ def add_settings(p, cls, **overrides):
         else:
             kind = _scalar(f.type)
             kw["type"] = number(kind, m["low"], m["open_low"], m["high"]) if kind is not str else str
-            kw["default"] = list(default) if isinstance(default, tuple) else default
+            if default is not MISSING:  # a required setting has no default to show
+                kw["default"] = list(default) if isinstance(default, tuple) else default
             if "tuple" in f.type:
                 kw["nargs"] = cli.get("nargs", "*")
             if choices_of(f) is not None:

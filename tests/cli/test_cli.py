@@ -21,6 +21,20 @@ def test_help_and_version():
     assert r.returncode == 0 and "--resume" in r.stdout and "examples:" in r.stdout
 
 
+def test_every_verbs_help_shows_real_defaults():
+    """Each verb's --help, formatted in process: a required option says no default (it showed dataclasses'
+    MISSING sentinel, `check --budget`), and every shown default is a value."""
+    from fp8probe.cli.parser import build_parser
+
+    verbs = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    assert {"check", "sweep", "recipe", "export"} <= set(verbs)
+    for name, sub in verbs.items():
+        text = sub.format_help()
+        assert "MISSING" not in text and "object at 0x" not in text, name
+    budget = next(a for a in verbs["check"]._actions if "--budget" in a.option_strings)
+    assert budget.required and budget.default is None
+
+
 def test_bad_input_in_a_real_process(tmp_path, tiny_dirs):
     """The whole path a user sees: a real process, its stderr, its exit code, nothing left behind (the other
     bad inputs run in-process: tests/robustness/)."""
