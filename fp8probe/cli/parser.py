@@ -24,8 +24,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    def _get_help_string(self, action):  # a default worth showing: not None, not a switch's False
-        shown = action.default is not None and action.default is not False and action.default != []
+    def _get_help_string(self, action):  # a default worth showing: not None, not empty, not a switch's
+        shown = action.default is not None and action.default != [] and action.nargs != 0
         return super()._get_help_string(action) if shown else action.help
 
 

@@ -23,7 +23,7 @@ def test_help_and_version():
 
 def test_every_verbs_help_shows_real_defaults():
     """Each verb's --help, formatted in process: a required option says no default (it showed dataclasses'
-    MISSING sentinel, `check --budget`), and every shown default is a value."""
+    MISSING sentinel, `check --budget`), every shown default is a value, and no switch shows one."""
     from fp8probe.cli.parser import build_parser
 
     verbs = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction").choices
@@ -31,6 +31,9 @@ def test_every_verbs_help_shows_real_defaults():
     for name, sub in verbs.items():
         text = sub.format_help()
         assert "MISSING" not in text and "object at 0x" not in text, name
+        # a switch shows no default: `--no-kv ... (default: True)` read as "no KV rows by default"
+        switches = [a for a in sub._actions if a.nargs == 0 and a.help and a.option_strings[0] != "-h"]
+        assert all(sub.formatter_class(name)._get_help_string(a) == a.help for a in switches), name
     budget = next(a for a in verbs["check"]._actions if "--budget" in a.option_strings)
     assert budget.required and budget.default is None
 
