@@ -15,7 +15,8 @@ from .methods import METHODS
 class SweepSettings(Settings):
     """What a sweep measures (`scheme`, a row per unit or fused `group`, KV-cache rows in `kv_cache_dtype` unless not
     `include_kv`), how (`method` exact | fisher | auto | path: `top_k`, `controls`, `fisher_samples`,
-    `path_nodes`; the label draws and auto's controls are seeded with the rollouts' seed), compared with which exact
+    `path_nodes`; the label draws and auto's controls are seeded with the rollouts' seed; `verl_figures`: the
+    whole-model rows also on their own samples, as verl logs them), compared with which exact
     sweep (`compare`, `agreement_budget`), and where the rows are measured (`workers` Ray actors, at `ray_address`,
     with `threads_per_worker` each). The library's `sweep()` takes it whole (its default: method exact)."""
 
@@ -36,6 +37,11 @@ class SweepSettings(Settings):
     controls: int = opt(8, "method auto: random other rows measured exactly, as a check", low=0)
     fisher_samples: int = opt(2, "label draws per position for the estimate, one backward each", low=1)
     path_nodes: int = opt(2, "method path: points on the path, one forward and backward each", low=1)
+    verl_figures: bool = opt(
+        False,
+        "also score the whole-model rows on each one's own samples, as verl logs the mismatch (rollout_corr/kl, "
+        "k3_kl, chi2_token, rollout_probs_diff_*, pearson): one more generation per row (exact and auto)",
+    )
     compare: str | None = opt(None, "an exact sweep of the same rollouts: write agreement.json", metavar="EXACT_DIR")
     agreement_budget: float | None = opt(
         None,
@@ -55,6 +61,11 @@ class SweepSettings(Settings):
         KVCacheScheme.from_name(self.kv_cache_dtype)
         if self.threads_per_worker is not None and self.workers == 1 and not self.ray_address:
             raise FP8ProbeError("`threads_per_worker` needs `workers` N (N > 1) or `ray_address`")
+        if self.verl_figures and not METHODS[self.method].reference:
+            raise FP8ProbeError(
+                f"`verl_figures` scores the whole-model rows a sweep measures, and method {self.method} measures "
+                "none: pass `method` auto or exact"
+            )
         if (self.workers > 1 or self.ray_address) and not METHODS[self.method].measures:
             *others, last = [m for m, kind in METHODS.items() if kind.measures]
             measuring = f"{', '.join(others)} or {last}"

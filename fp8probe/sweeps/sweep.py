@@ -357,6 +357,16 @@ def summary(df, intervals: dict | None = None) -> str:
                 f"{name}: kl_q_p={r.kl_q_p:.3g}{ci} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
                 f"token_mult_prob_error={r.token_mult_prob_error:.5f}"
             )
+    for name in ("model.fp8_all", "model.fp8_all_kv"):
+        own = ((intervals or {}).get(name) or {}).get("own_samples")
+        if own:
+            lines.append(
+                f"{name} on its own samples, as verl logs it: rollout_corr/kl={own['rollout_corr/kl']:.3g} "
+                f"k3_kl={own['rollout_corr/k3_kl']:.3g} chi2_token={own['rollout_corr/chi2_token']:.3g} "
+                f"rollout_probs_diff_mean={own['training/rollout_probs_diff_mean']:.3g} "
+                f"pearson={own['training/rollout_actor_probs_pearson_corr']:.4f} "
+                f"ppo_clip_share={own['ppo_clip_share']:.2%}"
+            )
     effect = (intervals or {}).get("kv_effect")
     if effect:
         lo, hi = effect["interval"]
@@ -375,7 +385,9 @@ def whole_model_rows(
     the prompts, and the FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same
     tokens, measurement.measure.Measured.change_from): whether adding the KV cache raises, lowers, or cannot be told to
     change the mismatch. run.json's `whole_model`. `measured`: the rows the sweep measured with their per-token
-    statistics (Swept.model_rows); a row missing there (measured before a resume, or estimated) is measured here."""
+    statistics (Swept.model_rows); a row missing there (measured before a resume, or estimated) is measured here.
+    With settings.verl_figures each row also gets `own_samples`: its prefix shift (measurement/prefix.py), the row's
+    own continuations of the rollouts' prompts scored as `check` scores a configuration, verl's figures included."""
     from ..measurement.measure import measure
 
     rows = [
@@ -391,6 +403,12 @@ def whole_model_rows(
         for row in rows
     }
     out = {name: {"kl_q_p": m.metrics["kl_q_p"], "interval": list(m.interval("kl_q_p"))} for name, m in got.items()}
+    if settings.verl_figures and rows:
+        from ..measurement.prefix import PrefixShift
+
+        shift = PrefixShift.sampled_as(student, reference, rollouts)  # the rollouts' own length and seed
+        for row in rows:
+            out[row.unit]["own_samples"] = shift.measure(row.perturbation)
     if len(got) == 2:
         change, lo, hi = got["model.fp8_all_kv"].change_from(got["model.fp8_all"], "kl_q_p")
         out["kv_effect"] = {

@@ -171,6 +171,48 @@ def test_whole_model_intervals_come_from_the_sweeps_own_rows(monkeypatch):
     assert len(calls) == 1 and mixed["kl_q_p"] == pytest.approx(w["kv_effect"]["kl_q_p"], rel=1e-4, abs=1e-9)
 
 
+def test_whole_model_rows_on_their_own_samples_as_verl_logs_them(cli, tiny_dirs, tmp_path):
+    """`sweep --verl-figures`: run.json's whole-model rows carry verl's figures on each row's own samples, and
+    rollout_corr/kl (mean of log q - log p over the tokens the FP8 model sampled) equals a recomputation from plain
+    full forwards here: the candidate's continuations sampled again with the same common random numbers, both
+    policies' log-probs of them gathered by hand. The sweep prints it; the fast estimate, which measures no
+    whole-model row, refuses the flag in one line."""
+    import json
+
+    from fp8probe import load_rollouts, load_student
+    from fp8probe.measurement.perturbed import apply_perturbation
+    from fp8probe.measurement.prefix import prompt_ids, sample_crn
+    from fp8probe.model.rollouts import Rollouts
+    from fp8probe.sweeps.sweep import plan_rows
+
+    out = tmp_path / "s"
+    args = ("sweep", tiny_dirs["llama"], "--num-prompts", 4, "--max-new-tokens", 10)
+    r = cli(*args, "--method", "exact", "--verl-figures", "--out", out)
+    assert r.code == 0, r.err
+    assert "model.fp8_all on its own samples, as verl logs it: rollout_corr/kl=" in r.out
+    whole = json.loads((out / "run.json").read_text())["whole_model"]
+    st, rollouts = load_student(tiny_dirs["llama"]), load_rollouts(out)
+    ref = Reference(st, rollouts)
+    prompts = prompt_ids(st, rollouts)
+    for row in plan_rows(st, Scheme.from_name("FP8_DYNAMIC"), include_kv=True):
+        if row.unit not in ("model.fp8_all", "model.fp8_all_kv"):
+            continue
+        got = whole[row.unit]["own_samples"]
+        with apply_perturbation(st, row.perturbation, ref.calibration, many_forwards=True):
+            own = Rollouts.from_sequences(
+                prompts, sample_crn(st, prompts, max_new_tokens=10, seed=0, batch_size=64), st.tokenizer.pad_token_id
+            )
+            with torch.no_grad():
+                q = torch.log_softmax(st.model(input_ids=own.input_ids, attention_mask=own.attention_mask).logits, -1)
+        with torch.no_grad():
+            p = torch.log_softmax(st.model(input_ids=own.input_ids, attention_mask=own.attention_mask).logits, -1)
+        tok, mask = own.input_ids[:, 1:, None], own.response_mask[:, 1:].bool()
+        diff = (q[:, :-1].gather(-1, tok) - p[:, :-1].gather(-1, tok)).squeeze(-1)[mask]
+        assert diff.abs().max() > 0 and got["rollout_corr/kl"] == pytest.approx(float(diff.mean()), rel=0.01, abs=1e-7)
+    bad = cli(*args, "--verl-figures", "--out", tmp_path / "f")
+    assert bad.code == 2 and "pass --method auto or exact" in bad.err and not (tmp_path / "f").exists()
+
+
 def test_reference_kept_as_hidden_states_gives_the_same_rows_bit_for_bit():
     """Storage "hidden" recomputes the reference log-probs a chunk at a time, as the reference pass chunked them:
     every row of the sweep is the same number as with the log-probs kept, in a fraction of the memory."""
