@@ -83,9 +83,13 @@ class RecipeResult(Result):
         goal = f"<= budget {s.budget}" if s.budget is not None else f"(memory target {m.kind} {m.given})"
         if r.split:
             lo, hi = r.measured_interval
+            searched_as = (
+                f"measured {r.measured_search:.4g} on the search set ({r.split['search_prompts']} prompts) {goal}"
+                if r.measured_search is not None
+                else f"chosen by rank {goal}, unmeasured on the search set"
+            )
             measured = (
-                f"measured {r.measured_search:.4g} on the search set ({r.split['search_prompts']} prompts) "
-                f"{goal}, {r.measured:.4g} [{lo:.4g}, {hi:.4g}] on the {r.split['heldout_prompts']} held out"
+                f"{searched_as}, {r.measured:.4g} [{lo:.4g}, {hi:.4g}] on the {r.split['heldout_prompts']} held out"
             )
         else:
             measured = f"measured {r.measured:.4g} {goal}"

@@ -67,3 +67,15 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor"):
             h.remove()
         for m in restore:
             del m.forward
+
+
+def calibrate(student, rollouts, names, kv_strategy: str = "tensor", batch_size: int = 8) -> Calibration:
+    """Static input scales of the named units and K/V amax from one forward over the rollouts (no lm_head): the same
+    numbers a Reference records in its pass, without keeping anything else."""
+    model = student.model
+    device = next(model.parameters()).device
+    with torch.no_grad(), record_calibration(model, names, kv_strategy) as cal:
+        for ids, am, _ in rollouts.batches(batch_size):
+            cal.valid = am.to(device).bool()
+            model.model(input_ids=ids.to(device), attention_mask=am.to(device), use_cache=False)
+    return cal

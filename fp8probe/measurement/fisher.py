@@ -27,9 +27,10 @@ the scale of the exact sweep's `kl_q_p` column (mean per response token):
 where D = Σ d over what the row perturbs (a fused group's units, a layer's K and V after RoPE, every unit
 for the whole-model rows), so a row's estimate is not the sum of its members'. More label draws
 (`samples`, two by default) average the noise away at one backward pass each; δ is kept for the batch's
-later draws instead of recomputed. The lm_head and log-softmax run in chunks of rows (mismatch.CHUNK_ROWS)
-with their own backward into a detached copy of the final hidden states, so a 150k vocabulary never holds
-more than one chunk of logits.
+later draws instead of recomputed. The lm_head and softmax run once per batch, in chunks of rows
+(mismatch.CHUNK_ROWS, so a 150k vocabulary never holds more than one chunk of logits), and every draw's gradient
+at the final hidden states is formed there by hand (_head_grads: one shared matmul per chunk, no autograd through
+the head); one backward per draw then carries it through the decoder.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from ..core.numerics import amax, fake_quant, sqnr_db_from_energy
 from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, QuantSpec, Scheme
 from .attention import kv_scales, observe_kv
-from .calibration import record_calibration
-from .mismatch import CHUNK_ROWS, log_softmax32
+from .calibration import calibrate
+from .mismatch import CHUNK_ROWS
 from .quantize import fp8_forwards
 from .scales import Calibration, without_padding
 
@@ -104,17 +105,6 @@ class _Sums:
         self.noise[key] = self.noise.get(key, 0.0) + _sumsq(delta)
 
 
-def _calibrate(student, rollouts, names, kv_strategy: str, batch_size: int) -> Calibration:
-    """Static input scales and K/V amax from a forward pass over the rollouts (no lm_head)."""
-    model = student.model
-    device = next(model.parameters()).device
-    with torch.no_grad(), record_calibration(model, names, kv_strategy) as cal:
-        for ids, am, _ in rollouts.batches(batch_size):
-            cal.valid = am.to(device).bool()
-            model.model(input_ids=ids.to(device), attention_mask=am.to(device), use_cache=False)
-    return cal
-
-
 def fisher_rows(
     student,
     rollouts,
@@ -144,7 +134,7 @@ def fisher_rows(
     kv_layers = sorted({i for r in rows for i in r.perturbation.kv_layers})
     cal_seconds = 0.0
     if calibration is None and scheme.static_input and units:
-        calibration = _calibrate(student, rollouts, units, kv.strategy, batch_size)
+        calibration = calibrate(student, rollouts, units, kv.strategy, batch_size)
         cal_seconds = time.perf_counter() - t0
     fp = _Pass(
         model, fp8_forwards(model, units, scheme, calibration, fused=fused), kv, kv_layers, calibration, samples, seed
@@ -254,17 +244,12 @@ class _Pass:
         rows_b, cols_b = torch.nonzero(resp[:, 1:], as_tuple=True)
         hsel = h[rows_b.to(self.device), cols_b.to(self.device)]
         self.num_tokens += hsel.shape[0]
-        head = self.model.get_output_embeddings()
+        grads = _head_grads(self.model.get_output_embeddings(), hsel.detach(), self.samples, self.softcap, self.gen)
         for draw in range(self.samples):
             self.first_draw = draw == 0
             self.draws.append(_Sums())
-            hl = hsel.detach().requires_grad_(True)
-            for s in range(0, hl.shape[0], CHUNK_ROWS):
-                logp = log_softmax32(head(hl[s : s + CHUNK_ROWS]), self.softcap)
-                labels = _sample(logp.detach(), self.gen)
-                logp.gather(-1, labels).sum().backward()
-            if hl.grad is not None:  # a batch with no response tokens has nothing to score
-                hsel.backward(hl.grad, retain_graph=draw < self.samples - 1)
+            if hsel.shape[0]:  # a batch with no response tokens has nothing to score
+                hsel.backward(grads[draw], retain_graph=draw < self.samples - 1)
             if on_draw is not None:
                 on_draw()
         self.kept.clear()
@@ -309,11 +294,39 @@ def _sumsq(x: torch.Tensor) -> float:
     return float(torch.dot(flat, flat))
 
 
-def _sample(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """One label per row drawn from exp(logp) by inverting its CDF with one seeded uniform per row ([M, 1])."""
-    cdf = logp.exp().cumsum(-1)
-    u = torch.rand(logp.shape[0], 1, generator=gen).to(logp.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).clamp_max(logp.shape[-1] - 1)
+def _head_grads(head, h: torch.Tensor, samples: int, softcap: float | None, gen: torch.Generator) -> torch.Tensor:
+    """The gradient of Σ_rows log p(ŷ) with respect to the final hidden states h [M, H], for each of `samples` label
+    draws ([samples, M, H]), by hand rather than by autograd: with logits z = W h (softcapped: c·tanh(z / c)),
+    ∂ log p(ŷ) / ∂h = s_ŷ W_ŷ − (p ⊙ s) W, s the softcap's derivative (1 without one). The logits, p and its CDF are
+    formed once per chunk of rows (mismatch.CHUNK_ROWS, so a large vocabulary never holds more) and the (p ⊙ s) W
+    product is shared by every draw: one matmul per chunk instead of a forward and a backward per draw. The labels
+    are drawn chunk by chunk, every draw of a chunk before the next (one seeded uniform per row and draw)."""
+    w = head.weight  # [V, H] (a bias moves the logits, not their gradient)
+    out = torch.zeros(samples, *h.shape, dtype=torch.float32, device=h.device)
+    with torch.no_grad():
+        for s in range(0, h.shape[0], CHUNK_ROWS):
+            z = head(h[s : s + CHUNK_ROWS]).float()
+            slope = None
+            if softcap:
+                t = torch.tanh(z / softcap)
+                z, slope = t * softcap, 1 - t * t
+            p = torch.softmax(z, dim=-1)
+            cdf = p.cumsum(-1)
+            shared = ((p if slope is None else p * slope).to(w.dtype) @ w).float()  # [m, H]
+            for d in range(samples):
+                y = _sample(cdf, gen)  # [m, 1]
+                own = w[y[:, 0]].float()
+                if slope is not None:
+                    own = own * slope.gather(-1, y)
+                out[d, s : s + CHUNK_ROWS] = own - shared
+    return out.to(h.dtype)
+
+
+def _sample(cdf: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One label per row drawn from a distribution given by its CDF over the vocabulary ([M, V]) by inverting it with
+    one seeded uniform per row ([M, 1])."""
+    u = torch.rand(cdf.shape[0], 1, generator=gen).to(cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).clamp_max(cdf.shape[-1] - 1)
 
 
 def _accumulate(rows, sums: _Sums, totals) -> None:

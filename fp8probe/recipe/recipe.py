@@ -66,7 +66,7 @@ class Recipe:
     memory_target: dict | None = None  # {"kind", "value"} when chosen under a memory target instead of a budget
     fp8_share: float | None = None  # FP8 weights / weights of every Linear, lm_head included (selection.MemoryTarget)
     effective_bits: float | None = None  # 16 - 8 x fp8_share
-    measured_search: float | None = None  # the search set's value (= measured without a held-out split)
+    measured_search: float | None = None  # the search set's value (= measured without a split; None: not measured)
     measured_interval: list | None = None  # measured's 90 % bootstrap interval over the held-out prompts
     split: dict | None = None  # the held-out split (Rollouts.split), or None: measured on the rollouts searched
     measured_engine: dict | None = None  # the same figure as a rollout engine's profile computes it (measured_as)

@@ -192,15 +192,7 @@ def make_recipe(
         if kv_cache_dtype
         else None
     )
-    search = _Search(
-        plan,
-        student,
-        search_set,
-        scheme,
-        metric,
-        kv_scheme,
-        reference if reference is not None else Reference(student, search_set, context.batch_size),
-    )
+    search = _Search(plan, student, search_set, scheme, metric, kv_scheme, reference, batch_size=context.batch_size)
     weights = linear_params(student)  # what effective bits and the FP8 share count
     plan, search, priced, modelled = _scored(sensitivity, s, plan, search, weights, context.batch_size)
     if memory is not None:
@@ -209,9 +201,12 @@ def make_recipe(
         k = search.everything(budget)
     else:
         k = search.longest_prefix(budget, shape, MAX_PASSES)
-    final, (found, result, _) = plan.chosen(k), search.result(k)
+    final, refines = plan.chosen(k), s.refine_passes > 0 and shape.chooses
+    # the search set's own figure of the choice: what a budget bounded and refinement starts from; with a held-out
+    # split and neither (a memory target's prefix chosen by rank, unrefined), it decides nothing and is not measured
+    found, result = (None, None) if held is not None and not refines and k not in search.memo else search.result(k)[:2]
     refined = None
-    if s.refine_passes > 0 and shape.chooses:
+    if refines:
         goal = Goal(budget=budget) if memory is None else Goal(min_value=memory.amount(weights), value=memory.value)
         refined = refine(
             final,
@@ -303,7 +298,16 @@ def _reprice(sensitivity, settings: RecipeSettings, plan, search, weights, batch
         info["nodes"] = PATH_NODES
     return (
         new,
-        _Search(new, search.student, search.rollouts, search.scheme, search.metric, search.kv, search.reference),
+        _Search(
+            new,
+            search.student,
+            search.rollouts,
+            search.scheme,
+            search.metric,
+            search.kv,
+            search.reference,
+            batch_size=search.batch_size,
+        ),
         info,
     )
 
@@ -344,32 +348,34 @@ def _model_damage(sensitivity, settings: RecipeSettings, plan, search, weights):
             search.kv,
             search.reference,
             predict=lambda gs: model.predict(g.group for g in gs),
+            batch_size=search.batch_size,
         ),
         model.to_json() | {"recipes_measured": n, "seconds": time.perf_counter() - t0},
     )
 
 
 def _report(final, found, search, held, engine, batch_size) -> dict:
-    """What recipe.json reports of the chosen recipe (`found`: its excess and metrics on the search set): with a
-    held-out set, its value there with the search set's calibration (the static and KV scales an export calibrates
-    before the held-out prompts are seen) and the interval, beside the search set's; without one, the search set's.
-    With `engine`, the same figure as it computes."""
+    """What recipe.json reports of the chosen recipe (`found`: its excess and metrics on the search set, None when
+    the search never measured it): with a held-out set, its value there with the search set's calibration (the
+    static and KV scales an export calibrates before the held-out prompts are seen) and the interval, beside the
+    search set's; without one, the search set's. With `engine`, the same figure as it computes."""
     (found, result), student, scheme, metric = found, search.student, search.scheme, search.metric
     report = dict(measured=found, measured_metrics=result, measured_search=found, measured_interval=None)
-    ref, where = search.reference, search.rollouts
     if held is not None:
         ref, where = Reference(student, held, batch_size, calibrate=False), held
-        ref.calibration = search.reference.calibration
+        ref.calibration = search.calibration()
         value, metrics, evidence = measure_groups(final, student, held, scheme, metric, search.kv, ref)
         interval = evidence.excess_interval(metric) if evidence else [value, value]
         report.update(measured=value, measured_metrics=metrics, measured_interval=interval)
         log.info(
-            "recipe: %s %.4g on the search set, %.4g [%.4g, %.4g] on the held-out prompts",
+            "recipe: %s %s on the search set, %.4g [%.4g, %.4g] on the held-out prompts",
             metric,
-            found,
+            "not measured" if found is None else f"{found:.4g}",
             value,
             *interval,
         )
+    else:
+        ref, where = search.reference, search.rollouts
     if engine is not None:
         from ..measurement.measure import measured_as
 
@@ -502,12 +508,33 @@ def _perturbation(gs, student, scheme: Scheme, kv: KVCacheScheme | None) -> Pert
 class _Search:
     """Measured passes over the plan's candidates, each measured once (memo), and the three ways to choose one."""
 
-    def __init__(self, plan: _Plan, student, rollouts, scheme, metric, kv_scheme, reference, predict=None):
+    def __init__(
+        self, plan: _Plan, student, rollouts, scheme, metric, kv_scheme, reference, predict=None, batch_size: int = 8
+    ):
         self.plan, self.student, self.rollouts, self.scheme = plan, student, rollouts, scheme
-        self.metric, self.kv, self.reference = metric, kv_scheme, reference
+        self.metric, self.kv, self._reference, self.batch_size = metric, kv_scheme, reference, batch_size
         self.memo: dict[int, dict] = {}
         # a set of groups' predicted mismatch: the sum of their scores, or a damage model's prediction
         self.predict = predict or (lambda gs: sum(g.score for g in gs))
+
+    @property
+    def reference(self) -> Reference:
+        """The search set's reference pass, made when a measured pass first needs it (the one given, else its own)."""
+        if self._reference is None:
+            self._reference = Reference(self.student, self.rollouts, self.batch_size)
+        return self._reference
+
+    def calibration(self):
+        """The search set's static input scales and K/V amax (what an export calibrates): the reference's when one was
+        made, else one calibration pass alone (the same numbers, no lm_head, nothing kept); None where nothing is
+        calibrated (dynamic input scales, no KV cache with calibrated scales)."""
+        if self._reference is not None:
+            return self._reference.calibration
+        if not self.scheme.static_input and (self.kv is None or self.kv.scale != "calibrated"):
+            return None
+        from ..measurement.calibration import calibrate
+
+        return calibrate(self.student, self.rollouts, list(self.student.unit_names), batch_size=self.batch_size)
 
     def predicted(self, k: int) -> float:
         return self.predict(self.plan.chosen(k))
@@ -548,7 +575,7 @@ class _Search:
         ]
 
     def reach(self, memory: MemoryTarget, weights: int, form: Form) -> int:
-        """The fewest candidates that meet the memory target (measured once)."""
+        """The fewest candidates that meet the memory target (by their bytes: nothing measured)."""
         n = len(self.plan.candidates) - 1
         need = memory.amount(weights)
         have = [memory.value(self.plan.chosen(k)) for k in range(n + 1)]
@@ -560,7 +587,6 @@ class _Search:
                 f"reach on this model: at most {memory.describe(have[-1])} ({len(self.plan.chosen(n))} "
                 f"of {len(self.plan.members)} fused groups{others}); lower the target"
             )
-        self.measured(k)
         return k
 
     def everything(self, budget: float) -> int:

@@ -58,6 +58,33 @@ def test_quadratic_form_matches_brute_force(tiny):
         assert est[row.unit] == pytest.approx(float(quad), rel=0.25), row.unit
 
 
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_head_gradients_by_hand_equal_autograd(softcap):
+    """The label draws' gradients at the final hidden states, formed by hand (one shared matmul per chunk), equal
+    autograd's gradient of Σ log_softmax(head(h))[ŷ] (softcapped as Gemma's head is) for the same labels, drawn here
+    from a copy of the generator in the documented order (a chunk's draws before the next chunk's); 300 rows make
+    three chunks, the head has a bias."""
+    from fp8probe.measurement.fisher import _head_grads, _sample
+    from fp8probe.measurement.mismatch import CHUNK_ROWS, log_softmax32
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=True)
+    h = torch.randn(300, 16)
+    got = _head_grads(head, h, 2, softcap, torch.Generator().manual_seed(5))
+    gen = torch.Generator().manual_seed(5)
+    labels = [[], []]
+    with torch.no_grad():
+        for s in range(0, 300, CHUNK_ROWS):
+            cdf = log_softmax32(head(h[s : s + CHUNK_ROWS]), softcap).exp().cumsum(-1)
+            for d in range(2):
+                labels[d].append(_sample(cdf, gen))
+    for d in range(2):
+        x = h.clone().requires_grad_(True)
+        log_softmax32(head(x), softcap).gather(-1, torch.cat(labels[d])).sum().backward()
+        assert torch.allclose(got[d], x.grad, atol=1e-5, rtol=1e-4), d
+    assert not torch.allclose(got[0], got[1])  # two draws, two label sets
+
+
 def test_estimate_ranks_like_the_exact_sweep(tiny):
     s, r, exact = tiny
     rows = plan_rows(s, Scheme.from_name("FP8_DYNAMIC"))

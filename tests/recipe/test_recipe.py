@@ -388,6 +388,37 @@ def test_held_out_figure_uses_the_search_prompts_scales(twelve):
     assert abs(own - want) > 1e-3 * want  # the two calibrations give measurably different figures here
 
 
+def test_memory_target_measures_only_the_held_out_prompts(twelve, monkeypatch):
+    """Under a memory target, unrefined, the prefix is chosen by rank and bytes: no measured pass decides it, so
+    with a split the search prompts get no reference pass and no measured pass (the time it saves), only their
+    calibration (static FP8's input scales); `measured_search` is None; the recipe is the one the same settings choose
+    without a split, and its held-out figure equals fp8probe.measure there with the search prompts' scales."""
+    from fp8probe import measure_scheme
+    from fp8probe.measurement import reference as reference_module
+
+    st, r, df = twelve
+    made = []
+    real = reference_module.Reference.__init__
+
+    def counted(self, student, rollouts, *a, **kw):
+        made.append(rollouts.num_sequences)
+        real(self, student, rollouts, *a, **kw)
+
+    monkeypatch.setattr(reference_module.Reference, "__init__", counted)
+    ctx = RecipeContext(scheme="FP8")
+    rec = make_recipe(df, st, r, ask(effective_bits=12.0, holdout=2), context=ctx)
+    held = r.subset(rec.split["heldout_sequences"])
+    assert made == [held.num_sequences] and rec.measured_search is None and rec.search == []
+    assert rec.quantized == make_recipe(df, st, r, ask(effective_bits=12.0), context=ctx).quantized
+    monkeypatch.setattr(reference_module.Reference, "__init__", real)
+    with_search_scales = Reference(st, held, calibrate=False)
+    with_search_scales.calibration = Reference(st, r.subset(rec.split["search_sequences"])).calibration
+    want = measure_scheme(st, held, "FP8", units=fp8_names(rec, st), reference=with_search_scales)["kl_q_p"]
+    assert rec.measured == pytest.approx(want, rel=1e-9)
+    lo, hi = rec.measured_interval
+    assert lo < rec.measured < hi
+
+
 def test_the_engine_figure_is_the_profile_on_the_held_out_prompts(twelve):
     """measured_engine: the recipe on the held-out prompts as the vllm-cuda profile computes it, equal to
     fp8probe.measure(engine="vllm-cuda") there, and different from the simulation's figure (bf16 arithmetic); an
