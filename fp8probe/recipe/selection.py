@@ -420,7 +420,7 @@ class _Plan:
             raise FP8ProbeError(
                 f"{scheme.name} cannot quantize {len(blocked)} of this model's {len(members)} fused "
                 f"groups ({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run "
-                "on it"
+                "on it; `form` none with `kv_cache_dtype` fp8 makes the FP8 KV cache alone"
             )
         groups = [g for g in group_scores(sensitivity, metric, members) if g.group not in blocked]
         # a student's unit and group names, to map unit-level keep/force names to their group

@@ -71,8 +71,13 @@ class SweepRun:
     @property
     def model_source(self) -> str | None:
         """What load_student takes to load the swept model again (None: the embedded student, whose path
-        is a cache that may have moved)."""
-        return None if self.run.model == EMBEDDED else self.run.model_path
+        is a cache that may have moved; the embedded student depth-pruned by its name, `pruned:K`: its path is the
+        whole student's, which it is built from)."""
+        from ..model.pruning import is_pruned
+
+        if self.run.model == EMBEDDED:
+            return None
+        return self.run.model if is_pruned(self.run.model) else self.run.model_path
 
     def check_student(self, student) -> None:
         """Refuse to use this sweep with a model of another architecture than the one it measured."""

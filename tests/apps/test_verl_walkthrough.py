@@ -44,7 +44,10 @@ def _exit_code(shown: list[str]) -> int:
 
 
 @pytest.mark.slow
-def test_verl_walkthrough_runs_as_written(cli, tmp_path, monkeypatch):
+def test_verl_walkthrough_runs_as_written(cli, tmp_path, monkeypatch, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="fp8probe")  # the log lines a terminal shows on stderr
     monkeypatch.chdir(tmp_path)
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")  # the shipped budgets, where the page names them
     ran = steps()
@@ -68,9 +71,10 @@ def test_verl_walkthrough_runs_as_written(cli, tmp_path, monkeypatch):
             printed = (tmp_path / args[1]).read_text().splitlines()
         else:
             assert args[0] == "fp8probe", text
+            caplog.clear()
             r = cli(*args[1:])
             assert r.code == _exit_code(shown), (text, r.code, r.err[-2000:])
-            printed = (r.out + r.err).splitlines()
+            printed = (r.out + r.err).splitlines() + [x.getMessage() for x in caplog.records]
         have = {_shape(x) for x in printed}
         for line in shown:
             if line.strip() and line.strip() != "...":
