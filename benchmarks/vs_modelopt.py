@@ -15,7 +15,8 @@
    inputs, as FP8_DEFAULT_CFG), per fused group (exact, fisher and path: `sweep --method path`), then chooses the
    recipe that saves at least ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the
    sweep's rows (with and without refinement), and groups priced at the operating point (`--costs path`,
-   `--costs context`); the row "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told
+   `--costs context`: pricing.py, beside this file, writes the prices into the table make_recipe ranks); the row
+   "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told
    otherwise (the defaults read from their settings: the fisher estimate, refinement, the recipe's own held-out
    split).
 3. The headroom: an evolutionary search (evolve.py, beside this file) measures --headroom candidates at those bytes on
@@ -196,7 +197,7 @@ SIZES = (14.0, 12.0, 10.0)  # effective bits: about 25 %, 50 % and 75 % of the L
 # CLI's default path, `sweep` then `recipe` with neither told otherwise, is DEFAULT_PATH
 _RECIPE = RecipeSettings(effective_bits=SIZES[0])  # every size here is a memory target: its defaults resolved
 _SWEEP = {f.name: f.default for f in dataclasses.fields(SweepSettings)}
-DEFAULT_PATH = (_SWEEP["method"], _RECIPE.costs, _RECIPE.refine_passes, _RECIPE.holdout)
+DEFAULT_PATH = (_SWEEP["method"], "single", _RECIPE.refine_passes, _RECIPE.holdout)
 PATHS = (
     ("exact", "single", 0, 0),
     ("exact", "single", DEFAULT_REFINE_PASSES, 0),
@@ -319,7 +320,9 @@ def main():
             table, t_sweep = tables[method]
             t0 = time.perf_counter()
             # with its own held-out split the recipe makes its references (the CLI's time), else it reuses one
-            ask = RecipeSettings(min_bytes_saved=saved, refine=passes, costs=costs, holdout=holdout, engine="none")
+            ask = RecipeSettings(min_bytes_saved=saved, refine=passes, holdout=holdout, engine="none")
+            if costs != "single":  # priced where the single rows' recipe runs, then ranked by those prices
+                table = _priced(table, costs, saved, student, rollouts, search_ref, members)
             rec = make_recipe(
                 table,
                 student,
@@ -370,6 +373,20 @@ def main():
         "(reference + group rows) + the recipe (pricing and search); headroom = the evolutionary search alone; "
         "ratios below 1 favour fp8probe"
     )
+
+
+def _priced(table, costs, saved, student, rollouts, search_ref, members):
+    """The group table with each group priced at the operating point the single rows choose at these bytes (`costs`
+    path or context: pricing.py, beside this file)."""
+    from pricing import priced_table  # benchmarks/pricing.py: the script's own folder is on sys.path
+
+    ask = RecipeSettings(min_bytes_saved=saved, refine=0, holdout=0, engine="none")
+    point = make_recipe(table, student, rollouts, ask, context=RecipeContext(scheme="FP8"), reference=search_ref)
+    by_name = {g.group: g for g in group_scores(table, "kl_q_p", members)}
+    current = [by_name[g] for g in point.quantized]
+    return priced_table(
+        table, costs, current, list(by_name.values()), student, rollouts, Scheme.from_name("FP8"), search_ref
+    )[0]
 
 
 def _headroom(

@@ -121,7 +121,7 @@ class RecipeRecord(Record):
     measured_interval: list | None = None
     split: dict | None = None
     measured_engine: dict | None = None
-    costs: dict | None = optional()
+    costs: dict | None = optional()  # written by recipes priced with the former `--costs` (now benchmarks/pricing.py)
     damage_model: dict | None = optional()
 
 

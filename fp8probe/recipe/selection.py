@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
@@ -132,7 +132,6 @@ def linear_params(student) -> int:
 
 
 MAX_PASSES = 12  # measured passes of the bisection under a budget, at most
-PATH_NODES = 4  # nodes of each path attribution when groups are priced along the path (costs "path")
 
 
 def make_recipe(
@@ -158,11 +157,6 @@ def make_recipe(
     without a split. `engine` (an engines.py profile, e.g. "vllm-cuda"; "none": off) adds the same figure as that
     rollout engine computes it (`measured_engine`): the search and the budget use the simulation; the engine is what
     will run.
-
-    costs (context.COSTS): how groups are priced before they are ranked: "single" (the sweep's rows), or at the
-    operating point the single rows choose, with the rest of that recipe in FP8: "context" (leave-one-out / add-one,
-    one measured pass per group) or "path" (two path attributions with PATH_NODES nodes each); only forms that
-    choose groups (free, keywords).
 
     damage_model n > 0 (free and keywords forms): measure n random recipes around the operating point, fit the
     damage model (damage.py: per-group terms and a saturating or compounding link) on them, rank groups by its
@@ -194,7 +188,7 @@ def make_recipe(
     )
     search = _Search(plan, student, search_set, scheme, metric, kv_scheme, reference, batch_size=context.batch_size)
     weights = linear_params(student)  # what effective bits and the FP8 share count
-    plan, search, priced, modelled = _scored(sensitivity, s, plan, search, weights, context.batch_size)
+    plan, search, modelled = _scored(sensitivity, s, plan, search, weights)
     if memory is not None:
         k = search.reach(memory, weights, shape)
     elif shape.every:
@@ -240,76 +234,19 @@ def make_recipe(
         target=context.target,
         kv_scale=context.kv_scale if kv_cache_dtype else "calibrated",
         memory_target=memory.to_json() if memory is not None else None,
-        costs=priced,
         damage_model=modelled,
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
     )
 
 
-def _scored(sensitivity, settings: RecipeSettings, plan, search, weights, batch_size):
-    """The plan and search with the groups priced at the operating point (`costs`) and/or ranked by a damage model
-    (`damage_model`), and what recipe.json records of each (None where not asked)."""
-    priced = modelled = None
-    if settings.costs != "single":
-        plan, search, priced = _reprice(sensitivity, settings, plan, search, weights, batch_size)
+def _scored(sensitivity, settings: RecipeSettings, plan, search, weights):
+    """The plan and search with the groups ranked by a damage model (`damage_model`), and what recipe.json records
+    of it (None where not asked)."""
+    modelled = None
     if settings.damage_model:
         plan, search, modelled = _model_damage(sensitivity, settings, plan, search, weights)
-    return plan, search, priced, modelled
-
-
-def _reprice(sensitivity, settings: RecipeSettings, plan, search, weights, batch_size):
-    """The plan again, its groups priced at the operating point the single scores choose (context.py), and a fresh
-    search over it; with what recipe.json records of the pricing."""
-    from ..measurement.attribution import path_attribution
-    from .context import operating_point_costs
-
-    t0, costs = time.perf_counter(), settings.costs
-    current = plan.chosen(_operating_point(plan, search, settings, weights))
-
-    def path(groups, fixed):
-        return path_attribution(
-            search.student,
-            search.rollouts,
-            search.reference,
-            groups,
-            search.scheme,
-            PATH_NODES,
-            batch_size,
-            fixed=fixed,
-        ).shares
-
-    priced = operating_point_costs(costs, current, plan.free, search.measure_groups, path)
-    new = _Plan.of(sensitivity, search.student, search.scheme, settings, scores=priced)
-    log.info(
-        "recipe: %d groups priced %s at an operating point of %d groups (%.1f s)",
-        len(priced),
-        costs,
-        len(current),
-        time.perf_counter() - t0,
-    )
-    info = {
-        "method": costs,
-        "operating_point": [g.group for g in current],
-        "seconds": time.perf_counter() - t0,
-        "scores": priced,
-    }
-    if costs == "path":
-        info["nodes"] = PATH_NODES
-    return (
-        new,
-        _Search(
-            new,
-            search.student,
-            search.rollouts,
-            search.scheme,
-            search.metric,
-            search.kv,
-            search.reference,
-            batch_size=search.batch_size,
-        ),
-        info,
-    )
+    return plan, search, modelled
 
 
 def _operating_point(plan, search, settings: RecipeSettings, weights) -> int:
@@ -447,10 +384,8 @@ class _Plan:
             )
         if keep_set & force_set:
             raise FP8ProbeError(f"{sorted(keep_set & force_set)[0]} is both kept and forced; choose one")
-        if scores is not None:
-            from .context import score_as
-
-            groups = [score_as([g], scores)[0] if g.group in scores else g for g in groups]
+        if scores is not None:  # a damage model's per-group terms (a term below zero: free, not a gain to chase)
+            groups = [replace(g, score=max(float(scores[g.group]), 0.0)) if g.group in scores else g for g in groups]
         by_name = {g.group: g for g in groups}
         free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
         candidates = form.candidates(free, rank_groups, n_blocks, keep_first, keep_last)

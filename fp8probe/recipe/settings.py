@@ -10,7 +10,6 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
 from ..core.schemes import KV_CACHE_SCHEMES
 from ..core.settings import Settings, opt
-from .context import COSTS
 from .forms import FORMS, check_request
 from .refine import DEFAULT_REFINE_PASSES, default_passes
 
@@ -73,12 +72,6 @@ class RecipeSettings(Settings):
         "the recipes searched: free (default), keywords, first-last, all (every Linear), none (FP8 KV cache only)",
         choices=FORMS,
     )
-    costs: str = opt(
-        "single",
-        "how groups are priced: single (the sweep's rows), or with the rest of the recipe the "
-        "rows choose in FP8: context (a measured pass per group), path (path attributions)",
-        choices=COSTS,
-    )
     damage_model: int = opt(
         0, "rank and predict by a damage model fitted on N measured random recipes (0: off)", low=0, metavar="N"
     )
@@ -114,7 +107,6 @@ class RecipeSettings(Settings):
             self.force,
             self.keep_first,
             self.keep_last,
-            self.costs,
             self.damage_model,
         )
         super().__post_init__()

@@ -1,16 +1,27 @@
-"""Recipes chosen on groups priced at the operating point (make_recipe(costs=...)): what recipe.json records, and the
-prices checked against the simulation's own measurements."""
+"""Recipes chosen on groups priced at the operating point (benchmarks/pricing.py, the peer table's `--costs` rows:
+they left the package), the prices checked against the simulation's own measurements; and a recipe chosen on a
+damage model (`recipe --damage-model`)."""
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import ask, tiny_student
 
 from fp8probe import measure_scheme
+from fp8probe.core.schemes import Scheme
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
-from fp8probe.recipe.selection import make_recipe
+from fp8probe.recipe.selection import group_scores, make_recipe
 from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import sweep
+
+_spec = importlib.util.spec_from_file_location(
+    "pricing", Path(__file__).resolve().parents[2] / "benchmarks" / "pricing.py"
+)
+pricing = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pricing)
 
 
 @pytest.fixture(scope="module")
@@ -44,33 +55,38 @@ def _m(st, r, ref, groups, members):
 def test_groups_priced_at_the_operating_point(setup, costs):
     st, r, ref, df = setup
     members = {g: [u.name for u in us] for g, us in st.groups().items()}
-    rec = make_recipe(df, st, r, ask(fp8_share=0.5, costs=costs), reference=ref)
-    info = rec.costs
-    assert info["method"] == costs and info["seconds"] > 0
-    point = info["operating_point"]
     single = make_recipe(df, st, r, ask(fp8_share=0.5), reference=ref)
-    assert sorted(point) == sorted(single.quantized)  # the single rows' choice is where groups are priced
+    by_name = {g.group: g for g in group_scores(df, "kl_q_p", members)}
+    point = [by_name[g] for g in single.quantized]  # the single rows' choice is where groups are priced
+    table, info = pricing.priced_table(
+        df, costs, point, list(by_name.values()), st, r, Scheme.from_name("FP8_DYNAMIC"), ref
+    )
+    assert info["method"] == costs and info["seconds"] > 0 and info["operating_point"] == single.quantized
     prices = info["scores"]
     assert set(prices) == set(members)
-    m_point = _m(st, r, ref, point, members)
+    m_point = _m(st, r, ref, single.quantized, members)
     if costs == "context":
         # leave-one-out and add-one, each one measured pass: checked against measure_scheme() for one of each
-        inside, outside = point[0], next(g for g in members if g not in point)
+        inside, outside = single.quantized[0], next(g for g in members if g not in single.quantized)
         assert prices[inside] == pytest.approx(
-            m_point - _m(st, r, ref, [g for g in point if g != inside], members), rel=1e-6
+            m_point - _m(st, r, ref, [g for g in single.quantized if g != inside], members), rel=1e-6
         )
-        assert prices[outside] == pytest.approx(_m(st, r, ref, point + [outside], members) - m_point, rel=1e-6)
+        assert prices[outside] == pytest.approx(
+            _m(st, r, ref, single.quantized + [outside], members) - m_point, rel=1e-6
+        )
     else:
         # the members' shares add up to the operating point's mismatch, the others' to what they add to it
-        assert sum(prices[g] for g in point) == pytest.approx(m_point, rel=0.05)
+        assert sum(prices[g] for g in single.quantized) == pytest.approx(m_point, rel=0.05)
         m_all = _m(st, r, ref, list(members), members)
-        assert sum(v for g, v in prices.items() if g not in point) == pytest.approx(m_all - m_point, rel=0.05)
-    # the recipe is the cheapest prefix by the new prices per byte (negative prices count as free), meets its target
-    # and is measured as reported
+        assert sum(v for g, v in prices.items() if g not in single.quantized) == pytest.approx(
+            m_all - m_point, rel=0.05
+        )
+    # make_recipe on the priced table takes the cheapest prefix by the new prices per byte (negative prices count as
+    # free), meets its target and is measured as reported
+    rec = make_recipe(table, st, r, ask(fp8_share=0.5), reference=ref)
     assert sorted(rec.quantized) == _cheapest_half(st, members, {g: max(v, 0.0) for g, v in prices.items()})
     assert rec.fp8_share >= 0.5
     assert _m(st, r, ref, rec.quantized, members) == pytest.approx(rec.measured, rel=1e-9)
-    assert rec.to_json()["costs"]["method"] == costs and "costs" not in single.to_json()
 
 
 def test_a_recipe_chosen_on_a_damage_model(setup, monkeypatch):
