@@ -35,6 +35,12 @@ KEYS = {
     "verl": "`actor_rollout_ref.rollout.quantization=fp8`, `+…engine_kwargs.vllm.kv_cache_dtype`, "
     "`algorithm.rollout_correction.rollout_is=token`",
     "verl-sglang": "the same with `rollout.name=sglang` + `SGLANG_FP8_IGNORED_LAYERS` (Ray runtime env)",
+    "verl-opd": "verl's rollout FP8 and KV as `verl`, `distillation.{enabled, distillation_loss.{loss_mode, "
+    "use_policy_gradient, use_task_rewards}, teacher_models.teacher_model.model_path}`, "
+    "`algorithm.rollout_correction.rollout_{is,rs}` by loss",
+    "verl-fully-async": "`verl.experimental.fully_async_policy.fully_async_main`, "
+    "`async_training.{staleness_threshold, trigger_parameter_sync_step, partial_rollout}`, "
+    "`{rollout,trainer}.n_gpus_per_node`, `rollout_rs`",
     "nemo-rl": "`policy.generation.vllm_cfg.{precision, kv_cache_dtype, num_first_layers_in_bf16, "
     "num_last_layers_in_bf16, quantization_ignored_layer_kws}`, `loss_fn.truncated_importance_sampling_*`",
     "slime": "`tools/convert_hf_to_fp8.py --strategy block`, `--sglang-kv-cache-dtype`, `--use-tis --tis-clip`",
