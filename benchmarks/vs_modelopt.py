@@ -322,7 +322,8 @@ def main():
             # with its own held-out split the recipe makes its references (the CLI's time), else it reuses one
             ask = RecipeSettings(min_bytes_saved=saved, refine=passes, holdout=holdout, engine="none")
             if costs != "single":  # priced where the single rows' recipe runs, then ranked by those prices
-                table = _priced(table, costs, saved, student, rollouts, search_ref, members)
+                point = recipes.get((method, "single", 0, 0), (None,))[0]  # made above, where PATHS lists it first
+                table = _priced(table, costs, saved, student, rollouts, search_ref, members, point)
             rec = make_recipe(
                 table,
                 student,
@@ -375,15 +376,18 @@ def main():
     )
 
 
-def _priced(table, costs, saved, student, rollouts, search_ref, members):
+def _priced(table, costs, saved, student, rollouts, search_ref, members, point=None):
     """The group table with each group priced at the operating point the single rows choose at these bytes (`costs`
-    path or context: pricing.py, beside this file)."""
+    path or context: pricing.py, beside this file); `point`: that recipe's groups where the table already made it
+    (its row "method, single, refine 0"), else made here."""
     from pricing import priced_table  # benchmarks/pricing.py: the script's own folder is on sys.path
 
-    ask = RecipeSettings(min_bytes_saved=saved, refine=0, holdout=0, engine="none")
-    point = make_recipe(table, student, rollouts, ask, context=RecipeContext(scheme="FP8"), reference=search_ref)
+    if point is None:
+        ask = RecipeSettings(min_bytes_saved=saved, refine=0, holdout=0, engine="none")
+        ctx = RecipeContext(scheme="FP8")
+        point = make_recipe(table, student, rollouts, ask, context=ctx, reference=search_ref).quantized
     by_name = {g.group: g for g in group_scores(table, "kl_q_p", members)}
-    current = [by_name[g] for g in point.quantized]
+    current = [by_name[g] for g in point]
     return priced_table(
         table, costs, current, list(by_name.values()), student, rollouts, Scheme.from_name("FP8"), search_ref
     )[0]
