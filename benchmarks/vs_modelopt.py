@@ -15,7 +15,9 @@
    inputs, as FP8_DEFAULT_CFG), per fused group (exact, fisher and path: `sweep --method path`), then chooses the
    recipe that saves at least ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the
    sweep's rows (with and without refinement), and groups priced at the operating point (`--costs path`,
-   `--costs context`: pricing.py, beside this file, writes the prices into the table make_recipe ranks); the row
+   `--costs context`: pricing.py, beside this file, writes the prices into the table make_recipe ranks; `--costs
+   damage`: the sweep's rows ranked by `recipe --damage-model 40`, a damage model fitted on 40 measured random
+   recipes around the operating point); the row
    "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told
    otherwise (the defaults read from their settings: the fisher estimate, refinement, the recipe's own held-out
    split).
@@ -207,8 +209,11 @@ PATHS = (
     ("fisher", "path", 0, 0),
     ("exact", "path", 0, 0),
     ("exact", "context", 0, 0),
+    ("fisher", "damage", 0, 0),
 )
-COSTS = tuple(dict.fromkeys(p[1] for p in PATHS))  # single, path, context
+DAMAGE_RECIPES = 40  # "damage": ranked by `recipe --damage-model 40` (a damage model fitted on 40 measured recipes)
+COSTS = tuple(dict.fromkeys(p[1] for p in PATHS))
+PRICED = ("path", "context")  # the kinds pricing.py writes into the table  # single, path, context
 
 
 def main():
@@ -320,8 +325,11 @@ def main():
             table, t_sweep = tables[method]
             t0 = time.perf_counter()
             # with its own held-out split the recipe makes its references (the CLI's time), else it reuses one
-            ask = RecipeSettings(min_bytes_saved=saved, refine=passes, holdout=holdout, engine="none")
-            if costs != "single":  # priced where the single rows' recipe runs, then ranked by those prices
+            fitted = DAMAGE_RECIPES if costs == "damage" else 0
+            ask = RecipeSettings(
+                min_bytes_saved=saved, refine=passes, holdout=holdout, engine="none", damage_model=fitted
+            )
+            if costs in PRICED:  # priced where the single rows' recipe runs, then ranked by those prices
                 point = recipes.get((method, "single", 0, 0), (None,))[0]  # made above, where PATHS lists it first
                 table = _priced(table, costs, saved, student, rollouts, search_ref, members, point)
             rec = make_recipe(
