@@ -9,7 +9,7 @@ plain sum of single-group costs that selection predicted with, on random recipes
 1. The student samples its own rollouts (--num-prompts, --max-new-tokens, seed 0); every measurement below is the
    simulation on those tokens (mean per-token KL(q||p) against the BF16 reference).
 2. Prior per-group costs, two kinds: each fused group alone in FP8 (the sweep's group rows, measured), and its path
-   attribution from BF16 to every group in FP8 (measurement/attribution.py: a few forward and backward passes);
+   attribution from BF16 to every group in FP8 (attribution.py, beside this file: a few forward and backward passes);
    and each group's in-context cost, left out of the whole model in FP8 (one measured pass per group), for the
    damage model's in-context term (recipe/damage.py).
 3. Random recipes (uniform sets of fused groups) measured: --fit of them, at sizes spread from 10 % to 90 % of the
@@ -38,11 +38,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from attribution import path_attribution  # beside this file
 
 from fp8probe import load_student
 from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import bootstrap_interval, spearman
-from fp8probe.measurement.attribution import path_attribution
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.damage import fit_damage, prediction_errors, random_recipes

@@ -7,7 +7,7 @@ Three ways to price a group g, from cheap to exact at the operating point R (a c
     context       m(R) − m(R \\ {g}) for g in R, m(R ∪ {g}) − m(R) for g outside R: one measured pass per group,
                   the marginal cost of g where the recipe will run
     path          the Aumann–Shapley attribution along t·δ from BF16 to a set in FP8, every group at once from a few
-                  forward and backward passes (fp8probe/measurement/attribution.py); its shares add up to the set's
+                  forward and backward passes (attribution.py, beside this file); its shares add up to the set's
                   mismatch
 
 A group that costs little alone and much beside its neighbours is cheap by its single row and dear by the other two.
@@ -75,7 +75,8 @@ def priced_table(table, costs: str, current: list, pool: list, student, rollouts
     """(the group sweep's `table` with each group row's kl_q_p replaced by its price at `current`, what was priced):
     `current` and `pool` are GroupScores (fp8probe.recipe.selection.group_scores), `reference` the rollouts' (its
     calibration gives the static scales). The prices: `operating_point_costs`."""
-    from fp8probe.measurement.attribution import path_attribution
+    from attribution import path_attribution  # beside this file
+
     from fp8probe.recipe.selection import measure_groups
 
     t0 = time.perf_counter()

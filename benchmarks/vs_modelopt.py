@@ -12,15 +12,14 @@
    its sizes are 15.25, 14.5 and 13.75 (a quarter, half and three quarters of the decoder's Linear weights). Its
    results are kept in --out (a rerun reuses them, wall time included, and shows every mode kept there).
 2. fp8probe sweeps the same rollouts with the same kind of FP8 (scheme FP8: per-tensor weights and static per-tensor
-   inputs, as FP8_DEFAULT_CFG), per fused group (exact, fisher and path: `sweep --method path`), then chooses the
-   recipe that saves at least ModelOpt gradient's bytes at that size (`--min-bytes-saved`) by each path: the
-   sweep's rows (with and without refinement), and groups priced at the operating point (`--costs path`,
-   `--costs context`: pricing.py, beside this file, writes the prices into the table make_recipe ranks; `--costs
-   damage`: the sweep's rows ranked by `recipe --damage-model 40`, a damage model fitted on 40 measured random
-   recipes around the operating point); the row
-   "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told
-   otherwise (the defaults read from their settings: the fisher estimate, refinement, the recipe's own held-out
-   split).
+   inputs, as FP8_DEFAULT_CFG), per fused group (exact, fisher, and path: path_sweep.py, beside this file, `sweep
+   --method path` until it left the package), then chooses the recipe that saves at least ModelOpt gradient's bytes at
+   that size (`--min-bytes-saved`) by each path: the sweep's rows (with and without refinement), and groups priced at
+   the operating point (`--costs path`, `--costs context`: pricing.py, beside this file, writes the prices into the
+   table make_recipe ranks; `--costs damage`: the sweep's rows ranked by `recipe --damage-model 40`, a damage model
+   fitted on 40 measured random recipes around the operating point); the row "default path" is what `fp8probe sweep`
+   then `fp8probe recipe` run with neither told otherwise (the defaults read from their settings: the fisher estimate,
+   refinement, the recipe's own held-out split).
 3. The headroom: an evolutionary search (evolve.py, beside this file) measures --headroom candidates at those bytes on
    the search rollouts, from the best fp8probe recipe there: the best any selection found at that size.
 4. Judged on rollouts no search saw: the student's samples of other prompts (the built-in prompts the sweep did not
@@ -135,35 +134,29 @@ def run_modelopt(
 
 
 def sweeps(sweep: str, out: Path, model: str = "smollm2-135m", methods=METHODS) -> dict:
-    """method -> (the per-group FP8 sweep table, its seconds: reference + rows)."""
+    """method -> (the per-group FP8 sweep table, its seconds: reference + rows). The path sweep (path_sweep.py,
+    beside this file: out of the package) prices the fisher sweep's rows, made first where not kept."""
     tables = {}
     for method in methods:
         d = out / f"sweep-fp8-{method}"
         if not (d / "sensitivity.csv").exists():
-            assert (
-                cli(
-                    [
-                        "-q",
-                        "sweep",
-                        model,
-                        "--rollouts",
-                        sweep,
-                        "--scheme",
-                        "FP8",
-                        "--granularity",
-                        "group",
-                        "--no-kv",
-                        "--method",
-                        method,
-                        "--out",
-                        str(d),
-                    ]
-                )
-                == 0
-            )
+            _sweep(sweep, out, model, method)
         run = read_sweep(d)
         tables[method] = (run.table, run.run.seconds["sweep"])  # reference, estimate and rows; no loading
     return tables
+
+
+def _sweep(sweep: str, out: Path, model: str, method: str) -> None:
+    d = out / f"sweep-fp8-{method}"
+    if method == "path":
+        from path_sweep import path_sweep  # beside this file
+
+        if not (out / "sweep-fp8-fisher" / "sensitivity.csv").exists():
+            _sweep(sweep, out, model, "fisher")
+        path_sweep(load_student(model), out / "sweep-fp8-fisher", d)
+        return
+    args = ["-q", "sweep", model, "--rollouts", sweep, "--scheme", "FP8", "--granularity", "group", "--no-kv"]
+    assert cli([*args, "--method", method, "--out", str(d)]) == 0
 
 
 class Judge:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -22,6 +23,17 @@ try:
     _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "explore"))
 except ImportError:  # the test extra is not installed: the property tests say so themselves
     pass
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def benchmark(name: str):
+    """benchmarks/NAME.py as a module, imported as the scripts there import one another (their folder on sys.path,
+    after everything else)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    return importlib.import_module(name)
+
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"]
 VOCAB = 300

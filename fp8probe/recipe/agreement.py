@@ -92,7 +92,7 @@ def agreement(
     batch_size = sampling.batch_size if sampling is not None else 8
     exact = exact_df.set_index("unit")
     fast = fast_df.set_index("unit")
-    # the rows the fast sweep estimated (method path measures its KV rows: they hold no estimate)
+    # the rows the fast sweep estimated (a path sweep, benchmarks/path_sweep.py, keeps measured KV rows: no estimate)
     units = [
         u
         for u in fast.index

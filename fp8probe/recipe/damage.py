@@ -9,11 +9,11 @@ Model-Optimizer PR #2183) or exceed it (errors compound through later layers). O
 
 ρ > 0 saturates at 1/ρ (ModelOpt's form with c = 1/ρ and a_i = 1 − exp(−ρ·u_i)), ρ = 0 is the plain sum, ρ < 0
 compounds. s_i is a prior cost per group (its single-group row of the sweep, its in-context cost or its path
-attribution: context.py), k one scale for all of them, and ε_i a per-group correction in log units, shrunk toward 0
-with a prior standard deviation τ (a ridge penalty), so that a group only moves away from its prior where the
-measured combinations say so. τ is chosen by k-fold cross-validation over the measured combinations (τ = 0: the prior
-costs, rescaled, with the link). The fit is scipy's least_squares on log D − log m (relative errors, as the mismatch
-spans decades), so the median relative error is what it minimises.
+attribution: benchmarks/pricing.py and attribution.py), k one scale for all of them, and ε_i a per-group correction in
+log units, shrunk toward 0 with a prior standard deviation τ (a ridge penalty), so that a group only moves away from its
+prior where the measured combinations say so. τ is chosen by k-fold cross-validation over the measured combinations (τ =
+0: the prior costs, rescaled, with the link). The fit is scipy's least_squares on log D − log m (relative errors, as the
+mismatch spans decades), so the median relative error is what it minimises.
 
 With in-context costs (`context`: each group's cost left out of the whole model in FP8, l_i = m(all) − m(all \\ i),
 against its single cost s_i), a group's marginal cost is interpolated between the two ends by how much of the whole

@@ -4,13 +4,12 @@
     fisher  every row estimated from one pass with backward (measurement/fisher.py): no reference, no exact row
     auto    the estimate, then the `top_k` highest estimates, `controls` other rows drawn at random and the
             whole-model rows measured exactly
-    path    the reference pass, then every row's path attribution from BF16 to every row in FP8
-            (measurement/attribution.py: `nodes` forward and backward passes, each row priced with the others
-            partly in FP8); the whole-model and KV-cache rows (not on the path) measured exactly
 
 SweepSettings (settings.py) holds a run's settings; its `kind` says what runs. The memory model (memory.py) and the
-sweep itself read the kind's `reference` and `estimate`, `by` names the estimate (sweep.ESTIMATES: "fisher" or
-"path") and `exact` picks the rows measured exactly.
+sweep itself read the kind's `reference` and `estimate`, `by` names the estimate (sweep.ESTIMATES) and `exact`
+picks the rows measured exactly. The path attribution (`path`) left the package for benchmarks/path_sweep.py: no
+better than the fisher estimate at any size measured on either student (docs/modelopt.md); the rows it writes still
+read as estimated (ESTIMATED).
 """
 
 from __future__ import annotations
@@ -55,11 +54,6 @@ def top_and_controls(rows, estimates, settings, seed) -> set[str]:
     return {*top, *controls, *(r.unit for r in rows if r.kind == "model")}
 
 
-def _whole_and_kv(rows, estimates, settings, seed) -> set[str]:
-    """The rows --method path measures exactly: those the path does not cover (the whole model, the KV caches)."""
-    return {r.unit for r in rows if r.kind in ("model", "kv")}
-
-
 _ESTIMATE = ("samples", "estimator", "seed")
 METHODS: dict[str, MethodKind] = {
     m.name: m
@@ -74,15 +68,7 @@ METHODS: dict[str, MethodKind] = {
             exact=top_and_controls,
             recorded=(*_ESTIMATE, "top_k", "controls"),
         ),
-        MethodKind(
-            "path",
-            "reference pass and path attributions",
-            reference=True,
-            estimate=True,
-            exact=_whole_and_kv,
-            recorded=("nodes",),
-            by="path",
-        ),
     )
 }
-ESTIMATED = ("fisher", "path")  # the `method` of a sensitivity.csv row that holds an estimate, not a measurement
+# the `method` of a sensitivity.csv row that holds an estimate, not a measurement ("path": benchmarks/path_sweep.py)
+ESTIMATED = ("fisher", "path")

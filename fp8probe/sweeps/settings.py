@@ -14,11 +14,11 @@ from .methods import METHODS
 @dataclass(frozen=True)
 class SweepSettings(Settings):
     """What a sweep measures (`scheme`, a row per unit or fused `group`, KV-cache rows in `kv_cache_dtype` unless not
-    `include_kv`), how (`method` exact | fisher | auto | path: `top_k`, `controls`, `fisher_samples`,
-    `path_nodes`; the label draws and auto's controls are seeded with the rollouts' seed; `verl_figures`: the
-    whole-model rows also on their own samples, as verl logs them), compared with which exact
-    sweep (`compare`, `agreement_budget`), and where the rows are measured (`workers` Ray actors, at `ray_address`,
-    with `threads_per_worker` each). The library's `sweep()` takes it whole (its default: method exact)."""
+    `include_kv`), how (`method` exact | fisher | auto: `top_k`, `controls`, `fisher_samples`; the label draws and
+    auto's controls are seeded with the rollouts' seed; `verl_figures`: the whole-model rows also on their own samples,
+    as verl logs them), compared with which exact sweep (`compare`, `agreement_budget`), and where the rows are measured
+    (`workers` Ray actors, at `ray_address`, with `threads_per_worker` each). The library's `sweep()` takes it whole
+    (its default: method exact)."""
 
     scheme: str = opt("FP8_DYNAMIC", f"FP8 scheme: {', '.join(SCHEMES)}")
     granularity: str = opt(
@@ -30,13 +30,12 @@ class SweepSettings(Settings):
         "fisher",
         "fisher: estimate every row from one pass with backward (fast; the default); "
         "exact: measure every row; auto: estimate, then measure the top-k highest, controls others and "
-        "the whole model; path: each row's path attribution with the others partly in FP8 (fast)",
+        "the whole model",
         choices=tuple(METHODS),
     )
     top_k: int = opt(24, "method auto: rows measured exactly", low=0)
     controls: int = opt(8, "method auto: random other rows measured exactly, as a check", low=0)
     fisher_samples: int = opt(2, "label draws per position for the estimate, one backward each", low=1)
-    path_nodes: int = opt(2, "method path: points on the path, one forward and backward each", low=1)
     verl_figures: bool = opt(
         False,
         "also score the whole-model rows on each one's own samples, as verl logs the mismatch (rollout_corr/kl, "
@@ -89,7 +88,7 @@ class SweepSettings(Settings):
 
     def recorded(self, seed: int) -> dict:
         """run.json's `method` (and what a resume must match): its name and the settings its kind records (the
-        estimate's label draws, estimator and `seed`, the rollouts' seed; auto's exact rows; the path's nodes), under
+        estimate's label draws, estimator and `seed`, the rollouts' seed; auto's exact rows), under
         the names run.json has always used."""
         from ..measurement.fisher import DEFAULT_ESTIMATOR
 
@@ -99,6 +98,5 @@ class SweepSettings(Settings):
             "seed": seed,
             "top_k": self.top_k,
             "controls": self.controls,
-            "nodes": self.path_nodes,
         }
         return {"method": self.method, **{k: values[k] for k in self.kind.recorded}}

@@ -29,7 +29,6 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, no_mismatch
 from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
-from ..measurement.attribution import path_attribution
 from ..measurement.fisher import DEFAULT_ESTIMATOR, Draws, fisher_rows
 from ..measurement.measure import Measured
 from ..measurement.mismatch import summarize
@@ -289,28 +288,6 @@ def _fisher(student, rollouts, rows, settings, batch_size, reference, seed, prog
     return fr.column(DEFAULT_ESTIMATOR), fr.sqnr_db, fr.seconds
 
 
-def _path(student, rollouts, rows, settings, batch_size, reference, seed, progress):
-    """Every weight row's path attribution from BF16 to every weight row in FP8 (measurement/attribution.py):
-    (shares, no SQNR, seconds)."""
-    on_path = [r for r in rows if r.kind not in ("model", "kv")]
-    att = path_attribution(
-        student,
-        rollouts,
-        reference,
-        {r.unit: list(r.perturbation.units) for r in on_path},
-        settings.preset,
-        nodes=settings.path_nodes,
-        batch_size=batch_size,
-    )
-    return att.shares, {r.unit: float("nan") for r in on_path}, att.seconds
-
-
-def _no_experts(rows) -> None:
-    """Experts are not on the path (attribution.py scales the dense Linears' weights): a MoE student is refused."""
-    if any(r.kind == "expert" for r in rows):
-        raise FP8ProbeError("`method` path does not cover MoE experts yet; use exact, auto or fisher")
-
-
 @dataclass(frozen=True)
 class Estimate:
     """How a method's estimate is made (`run`: (estimates, output SQNR, seconds)) and which plans it refuses
@@ -320,7 +297,7 @@ class Estimate:
     check: Callable = lambda rows: None
 
 
-ESTIMATES = {"fisher": Estimate(_fisher), "path": Estimate(_path, _no_experts)}  # methods.MethodKind.by
+ESTIMATES = {"fisher": Estimate(_fisher)}  # methods.MethodKind.by
 
 
 SANITY_TOLERANCE = 1e-5  # the sanity row's largest excess: fp32 GEMMs on CPU can round differently by alignment

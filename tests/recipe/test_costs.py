@@ -2,12 +2,9 @@
 they left the package), the prices checked against the simulation's own measurements; and a recipe chosen on a
 damage model (`recipe --damage-model`)."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import ask, tiny_student
+from conftest import ask, benchmark, tiny_student
 
 from fp8probe import measure_scheme
 from fp8probe.core.schemes import Scheme
@@ -17,11 +14,7 @@ from fp8probe.recipe.selection import group_scores, make_recipe
 from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import sweep
 
-_spec = importlib.util.spec_from_file_location(
-    "pricing", Path(__file__).resolve().parents[2] / "benchmarks" / "pricing.py"
-)
-pricing = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pricing)
+pricing = benchmark("pricing")
 
 
 @pytest.fixture(scope="module")

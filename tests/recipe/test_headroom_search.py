@@ -1,22 +1,15 @@
 """The peer table's headroom search (benchmarks/evolve.py) reaches the brute-force optimum on a small case with
 interactions."""
 
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import benchmark
 
 from fp8probe.core.errors import FP8ProbeError
 
-_spec = importlib.util.spec_from_file_location(
-    "evolve", Path(__file__).resolve().parents[2] / "benchmarks" / "evolve.py"
-)
-_evolve = importlib.util.module_from_spec(_spec)
-sys.modules["evolve"] = _evolve  # its dataclasses resolve their module by name
-_spec.loader.exec_module(_evolve)
+_evolve = benchmark("evolve")
 Strategy, evolve = _evolve.Strategy, _evolve.evolve
 
 

@@ -5,23 +5,15 @@ reference rows (measurement/reference.response_rows), without ModelOpt: the work
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import torch
-from conftest import tiny_student
+from conftest import benchmark, tiny_student
 
 from fp8probe.measurement.reference import response_rows
 from fp8probe.model.rollouts import make_rollouts
 
-WORKER = Path(__file__).resolve().parents[2] / "benchmarks" / "modelopt_worker.py"
-
 
 def _worker():
-    spec = importlib.util.spec_from_file_location("modelopt_worker", WORKER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("modelopt_worker")
 
 
 def test_every_mode_scores_the_judges_rows_only():
@@ -48,9 +40,7 @@ def test_the_search_set_sized_like_a_users_leaves_the_held_out_prompts_unseen():
     generator allowed to return built-in prompts (the held-out ones among them)."""
     from fp8probe.model.prompts import BUILTIN_PROMPTS
 
-    spec = importlib.util.spec_from_file_location("search_prompts", WORKER.with_name("search_prompts.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark("search_prompts")
     got = mod.search_prompts(128)
     assert len(got) == len(set(got)) == 128
     assert got[:16] == BUILTIN_PROMPTS[:16]

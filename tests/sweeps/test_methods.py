@@ -25,9 +25,6 @@ def test_each_method_measures_its_rows_exactly():
         and (got - {"u1", "u3", "model.fp8"}) <= {"u0", "u2", "u4", "u5"}
     )
     assert got == METHODS["auto"].exact(rows, est, auto, 3)  # seeded
-    # path: what the path does not cover (the whole model, the KV caches)
-    path = SweepSettings(method="path")
-    assert METHODS["path"].exact(rows + [R("kv.3", "kv")], est, path, 0) == {"model.fp8", "kv.3"}
 
 
 def test_run_json_records_each_methods_settings():
@@ -47,6 +44,5 @@ def test_run_json_records_each_methods_settings():
         "top_k",
         "controls",
     ]
-    assert SweepSettings(method="path", path_nodes=3).recorded(0) == {"method": "path", "nodes": 3}
-    assert [m for m in METHODS if METHODS[m].reference] == ["exact", "auto", "path"]
-    assert [m for m in METHODS if METHODS[m].estimate] == ["fisher", "auto", "path"]
+    assert [m for m in METHODS if METHODS[m].reference] == ["exact", "auto"]
+    assert [m for m in METHODS if METHODS[m].estimate] == ["fisher", "auto"]

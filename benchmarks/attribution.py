@@ -1,4 +1,6 @@
 """Path attributions: every group's share of a recipe's mismatch with the other groups partly in FP8 (Aumann–Shapley).
+Out of the package with `sweep --method path` (docs/modelopt.md: no better than the default at any size measured on
+either student); used by path_sweep.py, pricing.py's `path` prices and damage_model.py's path prior, beside this file.
 
 A single-group row of the sweep prices a group with every other group BF16; inside a recipe the others are FP8 too,
 and the group's cost there differs (the interactions refinement chases one leave-one-out at a time). The path
@@ -29,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.schemes import Scheme
-from .mismatch import CHUNK_ROWS, log_softmax32
-from .quantize import fp8_forwards
-from .reference import Reference
+from fp8probe.core.schemes import Scheme
+from fp8probe.measurement.mismatch import CHUNK_ROWS, log_softmax32
+from fp8probe.measurement.quantize import fp8_forwards
+from fp8probe.measurement.reference import Reference
 
 DEFAULT_NODES = 4
 

@@ -1,27 +1,22 @@
-"""In-context costs and path attributions (measurement/attribution.py, benchmarks/pricing.py): a pair of groups that
-costs little alone and much together, and the path attribution's completeness against the measured mismatch."""
+"""In-context costs and path attributions (benchmarks/attribution.py, pricing.py, path_sweep.py: out of the package
+with `sweep --method path`): a pair of groups that costs little alone and much together, the path attribution's
+completeness against the measured mismatch, and the path sweep a recipe reads."""
 
-import importlib.util
 import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_student
+from conftest import benchmark, tiny_student
 
+from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.schemes import Scheme
-from fp8probe.measurement.attribution import path_attribution, path_integral
 from fp8probe.measurement.measure import measure_scheme
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 
-_spec = importlib.util.spec_from_file_location(
-    "pricing", Path(__file__).resolve().parents[2] / "benchmarks" / "pricing.py"
-)
-_pricing = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_pricing)
-in_context_costs = _pricing.in_context_costs
+path_attribution, path_integral = benchmark("attribution").path_attribution, benchmark("attribution").path_integral
+in_context_costs = benchmark("pricing").in_context_costs
 
 
 def score_as(groups, costs):  # ranked by a price, a price below zero as free (what make_recipe does with a score)
@@ -122,47 +117,21 @@ def test_a_path_from_a_fixed_recipe_prices_what_the_rest_adds(tiny):
         path_attribution(s, r, ref, rest, Scheme.from_name("FP8_DYNAMIC"), fixed=rest)
 
 
-def test_sweep_method_path_prices_rows_that_add_up_to_the_whole_model(cli, tiny_dirs, tmp_path):
-    """`sweep --method path`: every weight row is its path share, and the shares add up to the whole model's FP8
-    mismatch measured by the same sweep's exact row (measure_scheme(): quantized weights and a forward, not the path's
-    hooks); the KV and whole-model rows are measured; the ranking follows an exact sweep of the same rollouts."""
+def test_the_path_sweep_prices_rows_that_add_up_to_the_whole_model(cli, tiny_dirs, tmp_path):
+    """benchmarks/path_sweep.py (`sweep --method path` until it left the package): every weight row is its path share,
+    and the shares add up to the whole model's FP8 mismatch measured by an exact sweep of the same rollouts
+    (measure_scheme(): quantized weights and a forward, not the path's hooks); the whole-model rows are the source
+    sweep's; the ranking follows the exact sweep's; `fp8probe recipe` reads it; and the CLI no longer offers it."""
+    from fp8probe import load_student
     from fp8probe.core.stats import spearman
     from fp8probe.sweeps.files import read_sweep
 
     exact = tmp_path / "exact"
-    common = ["--granularity", "group", "--scheme", "FP8"]
-    assert (
-        cli(
-            "sweep",
-            tiny_dirs["llama"],
-            "--out",
-            exact,
-            "--method",
-            "exact",
-            "--num-prompts",
-            "4",
-            "--max-new-tokens",
-            "10",
-            *common,
-        ).code
-        == 0
-    )
+    common = ["--granularity", "group", "--scheme", "FP8", "--num-prompts", "4", "--max-new-tokens", "10"]
+    assert cli("sweep", tiny_dirs["llama"], "--out", exact, "--method", "exact", *common).code == 0
     path = tmp_path / "path"
-    res = cli(
-        "sweep",
-        tiny_dirs["llama"],
-        "--out",
-        path,
-        "--rollouts",
-        exact,
-        "--method",
-        "path",
-        "--path-nodes",
-        "4",
-        *common,
-    )
-    assert res.code == 0, res.err
-    df = read_sweep(path).table.set_index("unit")
+    run = benchmark("path_sweep").path_sweep(load_student(str(tiny_dirs["llama"])), exact, path, nodes=4)
+    df = run.table.set_index("unit")
     weights = df[~df["kind"].isin(["model", "kv"])]
     assert set(weights["method"]) == {"path"} and (weights["kl_fisher"] == weights["kl_q_p"]).all()
     assert set(df[df["kind"].isin(["model", "kv"])]["method"]) == {"exact"}
@@ -170,20 +139,24 @@ def test_sweep_method_path_prices_rows_that_add_up_to_the_whole_model(cli, tiny_
     assert weights["kl_q_p"].sum() == pytest.approx(whole, rel=0.03)
     ex = read_sweep(exact).table.set_index("unit").loc[weights.index, "kl_q_p"]
     assert spearman(list(weights["kl_q_p"]), list(ex)) > 0.8
-    run = json.loads((path / "run.json").read_text())
-    assert run["method"] == {"method": "path", "nodes": 4} and run["seconds"]["path"] > 0
+    rec = json.loads((path / "run.json").read_text())
+    assert rec["method"] == {"method": "path", "nodes": 4} and rec["seconds"]["path"] > 0
     assert cli("recipe", path, "--budget", str(whole / 2), "--out", tmp_path / "r").code == 0
+    gone = cli("sweep", tiny_dirs["llama"], "--out", tmp_path / "p2", "--method", "path", *common)
+    assert gone.code != 0 and "path" in gone.err and not (tmp_path / "p2").exists()
 
 
-def test_sweep_method_path_refuses_a_moe_student_before_any_output(cli, tiny_dirs, tmp_path):
-    """Experts are not on the path: `sweep --method path` on a MoE student is one line with the usage exit code,
-    said from the config before the rollouts are sampled, and leaves no output directory."""
-    from fp8probe.core.errors import EXIT_USAGE
+def test_the_path_sweep_refuses_a_unit_table_and_a_moe_student_before_any_output(cli, tiny_dirs, tmp_path):
+    """Experts are not on the path, and a row per Linear is not a fused group: both refused in one line, before any
+    pass, leaving no output directory."""
+    from fp8probe import load_student
 
-    out = tmp_path / "path"
-    res = cli(
-        "sweep", tiny_dirs["qwen3_moe"], "--out", out, "--num-prompts", "2", "--max-new-tokens", "4", "--method", "path"
-    )
-    assert res.code == EXIT_USAGE
-    assert res.err.count("\n") == 1 and "does not cover MoE experts" in res.err and "Traceback" not in res.err
-    assert not out.exists()
+    path_sweep = benchmark("path_sweep").path_sweep
+    for arch, granularity in (("qwen3_moe", "group"), ("llama", "unit")):
+        src = tmp_path / f"{arch}-{granularity}"
+        args = ["--num-prompts", "2", "--max-new-tokens", "4", "--method", "fisher", "--granularity", granularity]
+        assert cli("sweep", tiny_dirs[arch], "--out", src, *args).code == 0
+        out = tmp_path / f"{arch}-path"
+        with pytest.raises(FP8ProbeError, match="MoE experts" if arch == "qwen3_moe" else "per unit|fused groups"):
+            path_sweep(load_student(str(tiny_dirs[arch])), src, out)
+        assert not out.exists()
