@@ -206,7 +206,7 @@ PATHS = (
 )
 DAMAGE_RECIPES = 40  # "damage": ranked by `recipe --damage-model 40` (a damage model fitted on 40 measured recipes)
 COSTS = tuple(dict.fromkeys(p[1] for p in PATHS))
-PRICED = ("path", "context")  # the kinds pricing.py writes into the table  # single, path, context
+PRICED = ("path", "context")  # the kinds pricing.py writes into the table
 
 
 def main():

@@ -53,12 +53,11 @@ def run_sweep(
     progress: bool = False,
 ) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
-    from ..model.structure import list_units, meta_model
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable, exact_run_for
     from ..sweeps.files import RUN_FILE, PartialRows, check_resume_state, finish_sweep, write_run, write_table
     from ..sweeps.memory import check_sweep_fits
     from ..sweeps.scaleout import cluster_for, row_workers
-    from ..sweeps.sweep import ESTIMATES, sweep, whole_model_rows
+    from ..sweeps.sweep import sweep, whole_model_rows
 
     inputs = check_inputs(model, rollouts, out, settings.preset, partial=True)
     cluster = cluster_for(model, settings.workers, settings.ray_address, settings.threads_per_worker)
@@ -67,8 +66,6 @@ def run_sweep(
     if not resume and (out / RUN_FILE).exists():
         raise FP8ProbeError(f"{out} holds a finished sweep already; choose another `out` (or delete it first)")
     kind = settings.kind
-    if kind.estimate:  # a student the estimate cannot price, refused from its config before any output
-        ESTIMATES[kind.by].check(list_units(meta_model(inputs.config)))
     exact_run = (
         exact_run_for(
             rollouts.rollouts,

@@ -23,7 +23,6 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, no_mismatch
@@ -206,8 +205,6 @@ def sweep(
     batch_size, seed = (sampling.batch_size, sampling.seed) if sampling is not None else (8, 0)
     granularity, include_kv = settings.granularity, settings.include_kv
     rows = plan_rows(student, scheme, granularity, include_kv, kv)
-    if kind.estimate:
-        ESTIMATES[kind.by].check(rows)  # before any pass: a student the estimate cannot price is refused now
     done: dict[str, dict] = {}
     writer = None
     if partial is not None:
@@ -221,7 +218,7 @@ def sweep(
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
     estimates: dict[str, float] = {}
     if kind.estimate:
-        estimates, sqnr, seconds[kind.by] = ESTIMATES[kind.by].run(
+        estimates, sqnr, seconds[kind.by] = ESTIMATES[kind.by](
             student, rollouts, rows, settings, batch_size, reference, seed, progress
         )
     exact = kind.exact(rows, estimates, settings, seed)
@@ -288,16 +285,8 @@ def _fisher(student, rollouts, rows, settings, batch_size, reference, seed, prog
     return fr.column(DEFAULT_ESTIMATOR), fr.sqnr_db, fr.seconds
 
 
-@dataclass(frozen=True)
-class Estimate:
-    """How a method's estimate is made (`run`: (estimates, output SQNR, seconds)) and which plans it refuses
-    (`check(rows)` raises FP8ProbeError; called before the reference or any other pass)."""
-
-    run: Callable
-    check: Callable = lambda rows: None
-
-
-ESTIMATES = {"fisher": Estimate(_fisher)}  # methods.MethodKind.by
+# methods.MethodKind.by -> how its estimate is made: (estimates, output SQNR, seconds)
+ESTIMATES = {"fisher": _fisher}
 
 
 SANITY_TOLERANCE = 1e-5  # the sanity row's largest excess: fp32 GEMMs on CPU can round differently by alignment

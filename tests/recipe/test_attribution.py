@@ -15,7 +15,8 @@ from fp8probe.measurement.measure import measure_scheme
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 
-path_attribution, path_integral = benchmark("attribution").path_attribution, benchmark("attribution").path_integral
+_attribution = benchmark("attribution")
+path_attribution, path_integral = _attribution.path_attribution, _attribution.path_integral
 in_context_costs = benchmark("pricing").in_context_costs
 
 
