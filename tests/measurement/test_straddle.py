@@ -27,6 +27,14 @@ def setup():
     return st, r, Reference(st, r), Perturbation(stale=older)
 
 
+def _rounding(plain) -> float:
+    """What fp32 rounding alone may leave of a per-token KL where the weights agree: the two-phase forward runs the
+    prefix at another length than the plain forward, so another GEMM shape, and on a CPU without AVX-512 (AVX2 alone)
+    its last bits differ: 3.6e-7 per token here, against the old state's 0.010 or more. Bounded at 1e-4 of the
+    smallest per-token KL the old state causes (0 on the CPUs this was first run on)."""
+    return 1e-4 * float(plain.min())
+
+
 def test_one_state_on_both_sides_is_a_plain_forward(setup):
     """The same weights before and after the split: the cached continuation is the plain forward, to rounding; the
     trainer's own weights on both sides: no mismatch at all."""
@@ -35,7 +43,8 @@ def test_one_state_on_both_sides_is_a_plain_forward(setup):
     both = measure_straddle(ref, st, r, old, old)
     assert both.metrics["kl_q_p"] == pytest.approx(plain.metrics["kl_q_p"], rel=1e-4)
     assert torch.allclose(both.stats["kl_q_p"], plain.stats["kl_q_p"], rtol=1e-3, atol=1e-7)
-    assert measure_straddle(ref, st, r, Perturbation(), Perturbation()).metrics["kl_q_p"] == pytest.approx(0, abs=1e-9)
+    same = measure_straddle(ref, st, r, Perturbation(), Perturbation()).stats["kl_q_p"]
+    assert float(same.abs().max()) < _rounding(plain.stats["kl_q_p"])
 
 
 def test_the_prefix_is_the_old_state_and_the_suffix_sees_its_cache(setup):
@@ -52,8 +61,9 @@ def test_the_prefix_is_the_old_state_and_the_suffix_sees_its_cache(setup):
     before = cols < cut[rows]
     assert before.any() and (~before).any()
     assert torch.allclose(got[before], plain[before], rtol=1e-3, atol=1e-7)
-    assert got[~before].sum() < plain[~before].sum() and got[~before].max() > 1e-6
+    tiny = _rounding(plain)
+    assert got[~before].sum() < plain[~before].sum() and got[~before].max() > 100 * tiny
     # the other way round, the trainer's weights first: nothing before the split, and the very first prediction
     # after it is the old state's already
     swapped = measure_straddle(ref, st, r, Perturbation(), old).stats["kl_q_p"]
-    assert float(swapped[before].abs().max()) < 1e-7 and bool((swapped[cols == cut[rows]] > 1e-7).all())
+    assert float(swapped[before].abs().max()) < tiny and bool((swapped[cols == cut[rows]] > 100 * tiny).all())
