@@ -1,5 +1,5 @@
-"""How well a recipe's mismatch is predicted before it is measured: the damage model (recipe/damage.py) against the
-plain sum of single-group costs that selection predicted with, on random recipes it was not fitted on.
+"""How well a recipe's mismatch is predicted before it is measured: the damage model (damage.py, beside this file)
+against the plain sum of single-group costs that selection predicts with, on random recipes it was not fitted on.
 
     python benchmarks/damage_model.py [--model smollm2-135m|gemma3-270m] [--scheme FP8] [--fit 50] [--test 40]
     python benchmarks/damage_model.py --refit runs/damage-model/gemma3-270m-FP8.json [--fit 50]   # no measuring
@@ -11,7 +11,7 @@ plain sum of single-group costs that selection predicted with, on random recipes
 2. Prior per-group costs, two kinds: each fused group alone in FP8 (the sweep's group rows, measured), and its path
    attribution from BF16 to every group in FP8 (attribution.py, beside this file: a few forward and backward passes);
    and each group's in-context cost, left out of the whole model in FP8 (one measured pass per group), for the
-   damage model's in-context term (recipe/damage.py).
+   damage model's in-context term (damage.py, beside this file).
 3. Random recipes (uniform sets of fused groups) measured: --fit of them, at sizes spread from 10 % to 90 % of the
    groups, to fit on; --test others (another seed, other sizes) to judge on.
 4. Each predictor's |relative error| on the test recipes: median (with its 90 % bootstrap interval over the test
@@ -39,13 +39,13 @@ from pathlib import Path
 
 import numpy as np
 from attribution import path_attribution  # beside this file
+from damage import fit_damage, prediction_errors, random_recipes
 
 from fp8probe import load_student
 from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import bootstrap_interval, spearman
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
-from fp8probe.recipe.damage import fit_damage, prediction_errors, random_recipes
 from fp8probe.recipe.selection import GroupScore, group_scores, measure_groups
 from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import sweep

@@ -11,10 +11,10 @@ and projects the error at more prompts: a modelled figure, checked against the e
    stores, on the same rollouts (checked: one stored recipe must measure as stored). Kept next to the JSON
    (`...-tokens.npz`) and measured once.
 2. For k = 2, 4, ... up to half the prompts, --splits random pairs of disjoint k-prompt subsets: on each subset the
-   damage model on single costs with the link alone (recipe/damage.py, no per-group corrections: two parameters, so
-   a small subset can fit it) is fitted on the fit recipes and its log error log(measured / predicted) taken on the
-   test recipes. The variance of that error over test recipes is V(k); its covariance between the two disjoint
-   subsets is the part the subsets share: the systematic variance V_s (the mean over k).
+   damage model on single costs with the link alone (damage.py beside this file; no per-group corrections: two
+   parameters, so a small subset can fit it) is fitted on the fit recipes and its log error log(measured /
+   predicted) taken on the test recipes. The variance of that error over test recipes is V(k); its covariance
+   between the two disjoint subsets is the part the subsets share: the systematic variance V_s (the mean over k).
 3. The rest, V(k) - V_s, is the token noise; a power law V_n(k) = a * k^-beta fits it (beta = 1 for tokens with a
    finite variance; less for a heavy-tailed KL, where a few tokens carry much of the mean). Projected to all the
    prompts, V is compared with the V measured there; projected to 2 and 4 times the prompts, the median |error|
@@ -31,8 +31,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-
-from fp8probe.recipe.damage import fit_damage
+from damage import fit_damage
 
 
 def main():

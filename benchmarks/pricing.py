@@ -9,6 +9,9 @@ Three ways to price a group g, from cheap to exact at the operating point R (a c
     path          the Aumann–Shapley attribution along t·δ from BF16 to a set in FP8, every group at once from a few
                   forward and backward passes (attribution.py, beside this file); its shares add up to the set's
                   mismatch
+    damage        the per-group terms u_i of a damage model (damage.py, beside this file) fitted on DAMAGE_RECIPES
+                  random recipes measured around R (sizes spread about |R|): what `recipe --damage-model 40` ranked
+                  by until it left the package
 
 A group that costs little alone and much beside its neighbours is cheap by its single row and dear by the other two.
 `priced_table` writes the prices into a group sweep's table, so that make_recipe ranks by them (a price below zero
@@ -23,8 +26,9 @@ from typing import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
-COSTS = ("single", "context", "path")  # how a group is priced
+COSTS = ("single", "context", "path", "damage")  # how a group is priced
 PATH_NODES = 4  # nodes of each path attribution when groups are priced along the path
+DAMAGE_RECIPES = 40  # measured random recipes a `damage` price fits its model on
 
 
 def _m(measure: Callable, groups) -> float:
@@ -55,6 +59,8 @@ def operating_point_costs(costs: str, current: list, pool: list, measure: Callab
         context  in_context_costs: one measured pass per group
         path     two path attributions: `current`'s groups from BF16 to FP8 (their shares of its mismatch), then the
                  rest from BF16 to FP8 with `current` fixed in FP8 (what each adds to it)
+        damage   a damage model's terms, fitted on DAMAGE_RECIPES random recipes of `pool` around len(current) groups
+                 (damage.fit_around: one measured pass per recipe)
 
     path(groups, fixed) -> {group: share} runs one attribution (priced_table binds the student and its rollouts)."""
     if costs not in COSTS:
@@ -63,6 +69,12 @@ def operating_point_costs(costs: str, current: list, pool: list, measure: Callab
         return {g.group: g.score for g in pool}
     if costs == "context":
         return in_context_costs(current, pool, measure)
+    if costs == "damage":
+        from damage import fit_around  # beside this file
+
+        model = fit_around(pool, [], measure, max(len(current), 1), DAMAGE_RECIPES)
+        log.info("damage model fitted on %d random recipes (rho %.3g)", model.fitted_on, model.rho)
+        return model.terms()
     inside = {g.group: g.units for g in current}
     outside = {g.group: g.units for g in pool if g.group not in inside}
     out = path(inside, {}) if inside else {}

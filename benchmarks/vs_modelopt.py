@@ -16,10 +16,10 @@
    --method path` until it left the package), then chooses the recipe that saves at least ModelOpt gradient's bytes at
    that size (`--min-bytes-saved`) by each path: the sweep's rows (with and without refinement), and groups priced at
    the operating point (`--costs path`, `--costs context`: pricing.py, beside this file, writes the prices into the
-   table make_recipe ranks; `--costs damage`: the sweep's rows ranked by `recipe --damage-model 40`, a damage model
-   fitted on 40 measured random recipes around the operating point); the row "default path" is what `fp8probe sweep`
-   then `fp8probe recipe` run with neither told otherwise (the defaults read from their settings: the fisher estimate,
-   refinement, the recipe's own held-out split).
+   table make_recipe ranks; `--costs damage`: the groups ranked by the terms of a damage model fitted on 40 measured
+   random recipes around the operating point, what `recipe --damage-model 40` did before it left the package); the
+   row "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told otherwise (the defaults
+   read from their settings: the fisher estimate, refinement, the recipe's own held-out split).
 3. The headroom: an evolutionary search (evolve.py, beside this file) measures --headroom candidates at those bytes on
    the search rollouts, from the best fp8probe recipe there: the best any selection found at that size.
 4. Judged on rollouts no search saw: the student's samples of other prompts (the built-in prompts the sweep did not
@@ -204,9 +204,8 @@ PATHS = (
     ("exact", "context", 0, 0),
     ("fisher", "damage", 0, 0),
 )
-DAMAGE_RECIPES = 40  # "damage": ranked by `recipe --damage-model 40` (a damage model fitted on 40 measured recipes)
 COSTS = tuple(dict.fromkeys(p[1] for p in PATHS))
-PRICED = ("path", "context")  # the kinds pricing.py writes into the table
+PRICED = ("path", "context", "damage")  # the kinds pricing.py writes into the table
 
 
 def main():
@@ -318,10 +317,7 @@ def main():
             table, t_sweep = tables[method]
             t0 = time.perf_counter()
             # with its own held-out split the recipe makes its references (the CLI's time), else it reuses one
-            fitted = DAMAGE_RECIPES if costs == "damage" else 0
-            ask = RecipeSettings(
-                min_bytes_saved=saved, refine=passes, holdout=holdout, engine="none", damage_model=fitted
-            )
+            ask = RecipeSettings(min_bytes_saved=saved, refine=passes, holdout=holdout, engine="none")
             if costs in PRICED:  # priced where the single rows' recipe runs, then ranked by those prices
                 point = recipes.get((method, "single", 0, 0), (None,))[0]  # made above, where PATHS lists it first
                 table = _priced(table, costs, saved, student, rollouts, search_ref, members, point)
@@ -379,8 +375,8 @@ def main():
 
 def _priced(table, costs, saved, student, rollouts, search_ref, members, point=None):
     """The group table with each group priced at the operating point the single rows choose at these bytes (`costs`
-    path or context: pricing.py, beside this file); `point`: that recipe's groups where the table already made it
-    (its row "method, single, refine 0"), else made here."""
+    path, context or damage: pricing.py, beside this file); `point`: that recipe's groups where the table already
+    made it (its row "method, single, refine 0"), else made here."""
     from pricing import priced_table  # benchmarks/pricing.py: the script's own folder is on sys.path
 
     if point is None:

@@ -43,7 +43,6 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
 
         return run_series(model, rollouts, settings, out, progress)
     from ..budget.fit import check_student, read_budget
-    from ..recipe.damage import predict
     from ..training.runs import objective_note
     from .inputs import check_inputs, load, rollouts_for
 
@@ -64,11 +63,9 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         if settings.verl_async:
             name, lags = async_configuration(student, named, settings.stale_steps, settings.verl)
             report = check_async(student, r, name, budget, lags, engine=sc.engine, teacher=teacher, sampling=rollouts)
-            predicted = None
         else:
             config = named[0] if len(named) == 1 else combine(named)
-            predicted = predict(sc.recipe[0], student, config.perturbation, budget.metric) if sc.recipe else None
             report = check(student, r, config, budget, engine=sc.engine, teacher=teacher, sampling=rollouts)
-        report = replace(report, budget_student_note=note, predicted=predicted, budget_objective_note=objective)
+        report = replace(report, budget_student_note=note, budget_objective_note=objective)
         report.write(d / CheckRecord.KIND)
     return CheckResult(Path(out), report)

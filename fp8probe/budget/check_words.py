@@ -16,16 +16,7 @@ def format_check(report: CheckRecord) -> str:
         top = report.budget_interval[1]
         b += f" [{report.budget_interval[0]:.4g}, {'> ' if report.budget_interval_censored else ''}{top:.4g}]"
     sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
-    pred = report.predicted
-    lines = (
-        [
-            f"predicted before measuring: {report.metric} {pred['value']:.4g} by the damage model in "
-            f"{pred['source']} (its cross-validated median error {pred['cv_median_rel_error']:.0%})"
-        ]
-        if pred and pred.get("value") is not None
-        else []
-    )
-    lines += [
+    lines = [
         f"{v}: {report.configuration}{as_run}: {report.metric} {report.measured:.4g} "
         f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report.margin:+.3g}; budget "
         f"{'calibrated' if report.budget_calibrated else 'UNCALIBRATED'}: {report.budget_source})"

@@ -122,7 +122,6 @@ class RecipeRecord(Record):
     split: dict | None = None
     measured_engine: dict | None = None
     costs: dict | None = optional()  # written by recipes priced with the former `--costs` (now benchmarks/pricing.py)
-    damage_model: dict | None = optional()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,7 +264,6 @@ class CheckRecord(Record):
     num_response_tokens: int
     arithmetic: dict
     budget_student_note: str | None = None  # what check_student said of a budget calibrated on another student
-    predicted: dict | None = optional()  # the damage model's figure before measuring (a recipe's configuration)
     budget_objective_note: str | None = optional()  # the budget's objective is not the one named (`objective`)
     verl_async: dict | None = optional()  # verl's fully-async lags: both regimes' mixtures, every lag's figure
 

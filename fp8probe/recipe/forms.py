@@ -86,11 +86,9 @@ def check_request(
     force,
     keep_first: int,
     keep_last: int,
-    damage_recipes: int = 0,
 ) -> None:
     """What a recipe request's form takes, checked before anything is loaded (and without torch): a known form, a KV
-    dtype a recipe can hold, no keep/force for a fixed form, a KV cache for the form without FP8 weights, and a
-    damage model only for a form that chooses groups.
+    dtype a recipe can hold, no keep/force for a fixed form, and a KV cache for the form without FP8 weights.
     RecipeSettings (recipe/settings.py) calls it on construction: the rules live here
     once."""
     if form not in FORMS:
@@ -100,10 +98,3 @@ def check_request(
         raise FP8ProbeError(f"`form` {form} takes no `keep`/`force`/`keep_first`/`keep_last`: its recipe is fixed")
     if not FORMS[form].weights and kv_cache_dtype is None:
         raise FP8ProbeError("`form` none (no FP8 weights) measures the FP8 KV cache alone: add `kv_cache_dtype` fp8")
-    if damage_recipes and not FORMS[form].chooses:
-        raise FP8ProbeError(
-            f"`damage_model` ranks groups for a form that chooses them (free, keywords); `form` {form} "
-            "does not: drop `damage_model`"
-        )
-    if damage_recipes and damage_recipes < 4:
-        raise FP8ProbeError(f"`damage_model` {damage_recipes}: a model is fitted on at least 4 measured recipes")

@@ -70,7 +70,6 @@ class Recipe:
     measured_interval: list | None = None  # measured's 90 % bootstrap interval over the held-out prompts
     split: dict | None = None  # the held-out split (Rollouts.split), or None: measured on the rollouts searched
     measured_engine: dict | None = None  # the same figure as a rollout engine's profile computes it (measured_as)
-    damage_model: dict | None = None  # the damage model the groups were ranked and predicted by (selection)
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
@@ -216,7 +215,6 @@ class Recipe:
             measured_interval=self.measured_interval,
             split=self.split,
             measured_engine=self.measured_engine,
-            damage_model=self.damage_model,
         )
 
     def to_json(self) -> dict:

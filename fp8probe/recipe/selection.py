@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
@@ -158,11 +157,6 @@ def make_recipe(
     rollout engine computes it (`measured_engine`): the search and the budget use the simulation; the engine is what
     will run.
 
-    damage_model n > 0 (free and keywords forms): measure n random recipes around the operating point, fit the
-    damage model (damage.py: per-group terms and a saturating or compounding link) on them, rank groups by its
-    terms and predict each candidate by it; the search then measures the model's choice (under a budget, bisecting
-    from the model's guess only if that measurement exceeds the budget).
-
     form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). The settings are
     checked once, on construction (RecipeSettings); nothing here checks them again."""
@@ -188,7 +182,6 @@ def make_recipe(
     )
     search = _Search(plan, student, search_set, scheme, metric, kv_scheme, reference, batch_size=context.batch_size)
     weights = linear_params(student)  # what effective bits and the FP8 share count
-    plan, search, modelled = _scored(sensitivity, s, plan, search, weights)
     if memory is not None:
         k = search.reach(memory, weights, shape)
     elif shape.every:
@@ -234,60 +227,8 @@ def make_recipe(
         target=context.target,
         kv_scale=context.kv_scale if kv_cache_dtype else "calibrated",
         memory_target=memory.to_json() if memory is not None else None,
-        damage_model=modelled,
         fp8_share=fp8_params / weights if weights else 0.0,
         effective_bits=16 - 8 * fp8_params / weights if weights else 16.0,
-    )
-
-
-def _scored(sensitivity, settings: RecipeSettings, plan, search, weights):
-    """The plan and search with the groups ranked by a damage model (`damage_model`), and what recipe.json records
-    of it (None where not asked)."""
-    modelled = None
-    if settings.damage_model:
-        plan, search, modelled = _model_damage(sensitivity, settings, plan, search, weights)
-    return plan, search, modelled
-
-
-def _operating_point(plan, search, settings: RecipeSettings, weights) -> int:
-    """The candidate the current scores choose without measuring: the first that meets the memory target, or the
-    last predicted within the budget."""
-    n, memory = len(plan.candidates) - 1, settings.memory
-    if memory is not None:
-        need = memory.amount(weights)
-        return next((k for k in range(n + 1) if memory.value(plan.chosen(k)) >= need), n)
-    return max((k for k in range(n + 1) if search.predicted(k) <= settings.budget), default=0)
-
-
-def _model_damage(sensitivity, settings: RecipeSettings, plan, search, weights):
-    """The plan ranked by a damage model fitted on n random recipes around the operating point (damage.fit_around),
-    and a search that predicts by it; with what recipe.json records of the model."""
-    from .damage import fit_around
-
-    t0, n = time.perf_counter(), settings.damage_model
-    size = len(plan.candidates[_operating_point(plan, search, settings, weights)])
-    model = fit_around(plan.free, plan.forced, search.measure_groups, max(size, 1), n)
-    new = _Plan.of(sensitivity, search.student, search.scheme, settings, scores=model.terms())
-    log.info(
-        "recipe: damage model fitted on %d random recipes (rho %.3g, cross-validated median error %.1f %%)",
-        model.fitted_on,
-        model.rho,
-        100 * model.cv_error,
-    )
-    return (
-        new,
-        _Search(
-            new,
-            search.student,
-            search.rollouts,
-            search.scheme,
-            search.metric,
-            search.kv,
-            search.reference,
-            predict=lambda gs: model.predict(g.group for g in gs),
-            batch_size=search.batch_size,
-        ),
-        model.to_json() | {"recipes_measured": n, "seconds": time.perf_counter() - t0},
     )
 
 
@@ -336,11 +277,8 @@ class _Plan:
     candidates: list[list[GroupScore]]
 
     @classmethod
-    def of(
-        cls, sensitivity, student, scheme, settings: RecipeSettings, scores: dict[str, float] | None = None
-    ) -> "_Plan":
-        """The settings' form, metric and constraints on this student; `scores`: the free groups' prices (context.py)
-        in place of their single rows' scores."""
+    def of(cls, sensitivity, student, scheme, settings: RecipeSettings) -> "_Plan":
+        """The settings' form, metric and constraints on this student."""
         s = settings
         metric, form, keep, force, keep_first, keep_last = (
             s.metric,
@@ -384,8 +322,6 @@ class _Plan:
             )
         if keep_set & force_set:
             raise FP8ProbeError(f"{sorted(keep_set & force_set)[0]} is both kept and forced; choose one")
-        if scores is not None:  # a damage model's per-group terms (a term below zero: free, not a gain to chase)
-            groups = [replace(g, score=max(float(scores[g.group]), 0.0)) if g.group in scores else g for g in groups]
         by_name = {g.group: g for g in groups}
         free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
         candidates = form.candidates(free, rank_groups, n_blocks, keep_first, keep_last)
@@ -443,14 +379,10 @@ def _perturbation(gs, student, scheme: Scheme, kv: KVCacheScheme | None) -> Pert
 class _Search:
     """Measured passes over the plan's candidates, each measured once (memo), and the three ways to choose one."""
 
-    def __init__(
-        self, plan: _Plan, student, rollouts, scheme, metric, kv_scheme, reference, predict=None, batch_size: int = 8
-    ):
+    def __init__(self, plan: _Plan, student, rollouts, scheme, metric, kv_scheme, reference, batch_size: int = 8):
         self.plan, self.student, self.rollouts, self.scheme = plan, student, rollouts, scheme
         self.metric, self.kv, self._reference, self.batch_size = metric, kv_scheme, reference, batch_size
         self.memo: dict[int, dict] = {}
-        # a set of groups' predicted mismatch: the sum of their scores, or a damage model's prediction
-        self.predict = predict or (lambda gs: sum(g.score for g in gs))
 
     @property
     def reference(self) -> Reference:
@@ -470,6 +402,11 @@ class _Search:
         from ..measurement.calibration import calibrate
 
         return calibrate(self.student, self.rollouts, list(self.student.unit_names), batch_size=self.batch_size)
+
+    @staticmethod
+    def predict(gs) -> float:
+        """A set of groups' predicted mismatch: the sum of their scores."""
+        return sum(g.score for g in gs)
 
     def predicted(self, k: int) -> float:
         return self.predict(self.plan.chosen(k))

@@ -72,9 +72,6 @@ class RecipeSettings(Settings):
         "the recipes searched: free (default), keywords, first-last, all (every Linear), none (FP8 KV cache only)",
         choices=FORMS,
     )
-    damage_model: int = opt(
-        0, "rank and predict by a damage model fitted on N measured random recipes (0: off)", low=0, metavar="N"
-    )
     refine: int | None = opt(
         None,
         f"measured passes refining a free recipe (0: off; default {DEFAULT_REFINE_PASSES} "
@@ -107,7 +104,6 @@ class RecipeSettings(Settings):
             self.force,
             self.keep_first,
             self.keep_last,
-            self.damage_model,
         )
         super().__post_init__()
         goals = [g for g in GOALS if getattr(self, g) is not None]

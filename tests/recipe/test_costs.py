@@ -1,6 +1,6 @@
 """Recipes chosen on groups priced at the operating point (benchmarks/pricing.py, the peer table's `--costs` rows:
-they left the package), the prices checked against the simulation's own measurements; and a recipe chosen on a
-damage model (`recipe --damage-model`)."""
+they left the package), the prices checked against the simulation's own measurements; and groups ranked by a damage
+model's terms (`--costs damage`, what `recipe --damage-model` did before it left the package)."""
 
 import numpy as np
 import pytest
@@ -82,35 +82,36 @@ def test_groups_priced_at_the_operating_point(setup, costs):
     assert _m(st, r, ref, rec.quantized, members) == pytest.approx(rec.measured, rel=1e-9)
 
 
-def test_a_recipe_chosen_on_a_damage_model(setup, monkeypatch):
-    """recipe --damage-model: random recipes measured around the operating point, a model fitted on them; the groups
-    ranked by its terms, the recipe's prediction its figure, close to what the recipe measures (not fitted on it)."""
-    import fp8probe.recipe.damage as damage
-
+def test_groups_ranked_by_a_damage_model(setup, monkeypatch):
+    """`damage` prices: random recipes measured around the operating point, a damage model fitted on them, its terms
+    the prices; the model predicts the recipe make_recipe then chooses (not fitted on it) close to what it measures,
+    and the recipe follows the terms, not the sweep's rows."""
+    damage = benchmark("damage")
     st, r, ref, df = setup
     members = {g: [u.name for u in us] for g, us in st.groups().items()}
+    by_name = {g.group: g for g in group_scores(df, "kl_q_p", members)}
+    point = [by_name[g] for g in make_recipe(df, st, r, ask(fp8_share=0.5), reference=ref).quantized]
     fitted = {}
 
-    def fit_around(*a, **kw):  # the real fit; its terms then re-ordered, so that the ranking must follow the model
+    def fit_around(*a, **kw):  # the real fit, kept; its terms re-ordered when asked, so the ranking must follow them
         m = real(*a, **kw)
         if fitted.get("shuffle"):  # the cheapest term becomes the dearest, and so on
             m.u = np.sort(m.u)[::-1][np.argsort(np.argsort(m.u))]
+        fitted["model"] = m
         return m
 
     real = damage.fit_around
     monkeypatch.setattr(damage, "fit_around", fit_around)
-    rec = make_recipe(df, st, r, ask(fp8_share=0.5, damage_model=12), reference=ref)
-    dm = rec.damage_model
-    assert dm["recipes_measured"] == 12 and 4 <= dm["fitted_on"] <= 12 and set(dm["terms"]) == set(members)
-    assert sorted(rec.quantized) == _cheapest_half(st, members, dm["terms"])
-    measured = _m(st, r, ref, rec.quantized, members)
-    assert rec.predicted == pytest.approx(measured, rel=0.3)
-    # under a budget the model's guess is measured and holds
-    whole = _m(st, r, ref, list(members), members)
-    under = make_recipe(df, st, r, ask(whole / 2, damage_model=12), reference=ref)
-    assert under.measured <= whole / 2 and under.damage_model["recipes_measured"] == 12
-    # terms in another order than the prior's: the recipe follows them, not the sweep's rows
+    monkeypatch.setattr(pricing, "DAMAGE_RECIPES", 12)
+    fp8 = Scheme.from_name("FP8_DYNAMIC")
+    table, info = pricing.priced_table(df, "damage", point, list(by_name.values()), st, r, fp8, ref)
+    model = fitted["model"]
+    assert info["method"] == "damage" and 4 <= model.fitted_on <= 12 and set(info["scores"]) == set(members)
+    rec = make_recipe(table, st, r, ask(fp8_share=0.5), reference=ref)
+    assert sorted(rec.quantized) == _cheapest_half(st, members, {g: max(v, 0.0) for g, v in info["scores"].items()})
+    assert model.predict(rec.quantized) == pytest.approx(_m(st, r, ref, rec.quantized, members), rel=0.3)
     fitted["shuffle"] = True
-    other = make_recipe(df, st, r, ask(fp8_share=0.5, damage_model=12), reference=ref)
-    want = _cheapest_half(st, members, other.damage_model["terms"])
+    table, info = pricing.priced_table(df, "damage", point, list(by_name.values()), st, r, fp8, ref)
+    other = make_recipe(table, st, r, ask(fp8_share=0.5), reference=ref)
+    want = _cheapest_half(st, members, {g: max(v, 0.0) for g, v in info["scores"].items()})
     assert sorted(other.quantized) == want and want != sorted(rec.quantized)

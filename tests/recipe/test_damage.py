@@ -1,14 +1,17 @@
-"""The damage model (recipe/damage.py): a known link and known per-group terms recovered from noisy combinations, and
-its predictions on combinations it was not fitted on."""
+"""The damage model (benchmarks/damage.py: the peer table's `--costs damage` row, damage_model.py's predictors): a
+known link and known per-group terms recovered from noisy combinations, and its predictions on combinations it was
+not fitted on."""
 
 import json
 import math
 
 import numpy as np
 import pytest
+from conftest import benchmark
 
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.recipe.damage import DamageModel, damage_to_sum, fit_damage, link, prediction_errors, random_recipes
+
+dm = benchmark("damage")
 
 
 def _truth(n=30, seed=0):
@@ -22,15 +25,15 @@ def _truth(n=30, seed=0):
 
 def _measure(sets, u, rho, noise, seed):
     rng = np.random.default_rng(seed)
-    return [float(link(sum(u[g] for g in s), rho)) * math.exp(noise * rng.standard_normal()) for s in sets]
+    return [float(dm.link(sum(u[g] for g in s), rho)) * math.exp(noise * rng.standard_normal()) for s in sets]
 
 
 @pytest.mark.parametrize("rho", [25.0, 0.0, -8.0])
 def test_the_fit_recovers_a_known_link_and_terms(rho):
     prior, u = _truth()
     names = list(prior)
-    sets = random_recipes(names, [3, 8, 15, 22, 27], 24, seed=1)
-    model = fit_damage(sets, _measure(sets, u, rho, 0.02, 2), prior)
+    sets = dm.random_recipes(names, [3, 8, 15, 22, 27], 24, seed=1)
+    model = dm.fit_damage(sets, _measure(sets, u, rho, 0.02, 2), prior)
     # the link: its curvature (the whole model's sum is about 0.1: rho 25 halves the damage there)
     assert model.rho == pytest.approx(rho, abs=3.0)
     # the per-group terms, including the three the prior misjudges by e (x 2.7 or / 2.7)
@@ -40,8 +43,8 @@ def test_the_fit_recovers_a_known_link_and_terms(rho):
     rel = np.array([got[g] / u[g] - 1 for g in names])
     assert np.median(np.abs(rel)) < 0.1
     # combinations it was not fitted on (other sizes too)
-    held = random_recipes(names, [5, 12, 20], 20, seed=3)
-    err = prediction_errors(model, held, _measure(held, u, rho, 0.0, 4))
+    held = dm.random_recipes(names, [5, 12, 20], 20, seed=3)
+    err = dm.prediction_errors(model, held, _measure(held, u, rho, 0.0, 4))
     assert err["median"] < 0.03 and err["p90"] < 0.08
 
 
@@ -50,30 +53,30 @@ def test_the_plain_sum_is_what_a_saturating_truth_is_not():
     the link is what the fit needs."""
     prior, u = _truth()
     names = list(prior)
-    sets = random_recipes(names, [3, 8, 15, 22, 27], 24, seed=1)
+    sets = dm.random_recipes(names, [3, 8, 15, 22, 27], 24, seed=1)
     measured = _measure(sets, u, 25.0, 0.02, 2)
-    model = fit_damage(sets, measured, prior)
-    held = random_recipes(names, [5, 12, 20, 27], 15, seed=3)
+    model = dm.fit_damage(sets, measured, prior)
+    held = dm.random_recipes(names, [5, 12, 20, 27], 15, seed=3)
     truth = _measure(held, u, 25.0, 0.0, 4)
     additive = np.array([sum(u[g] for g in s) for s in held])
     assert np.median(np.abs(additive / truth - 1)) > 0.3
-    assert prediction_errors(model, held, truth)["median"] < 0.03
+    assert dm.prediction_errors(model, held, truth)["median"] < 0.03
 
 
 def test_the_inverse_link_and_its_limits():
     for rho in (30.0, 0.0, -5.0):
         for d in (1e-4, 0.01, 0.03):
-            assert float(link(damage_to_sum(d, rho), rho)) == pytest.approx(d, rel=1e-9)
-    assert damage_to_sum(0.05, 30.0) == math.inf  # saturates at 1/30 < 0.05: never reached
-    assert float(link(0.01, 1e-15)) == pytest.approx(0.01)
+            assert float(dm.link(dm.damage_to_sum(d, rho), rho)) == pytest.approx(d, rel=1e-9)
+    assert dm.damage_to_sum(0.05, 30.0) == math.inf  # saturates at 1/30 < 0.05: never reached
+    assert float(dm.link(0.01, 1e-15)) == pytest.approx(0.01)
 
 
 def test_too_few_combinations_are_refused():
     prior, _ = _truth(5)
     with pytest.raises(FP8ProbeError, match="at least 4"):
-        fit_damage([["g0"], ["g1"], ["g0", "g1"]], [1e-3, 2e-3, 3e-3], prior)
+        dm.fit_damage([["g0"], ["g1"], ["g0", "g1"]], [1e-3, 2e-3, 3e-3], prior)
     with pytest.raises(FP8ProbeError, match="no prior cost"):
-        fit_damage([["g0"], ["g1"], ["gx"], ["g2"]], [1e-3] * 4, prior)
+        dm.fit_damage([["g0"], ["g1"], ["gx"], ["g2"]], [1e-3] * 4, prior)
 
 
 def _pairwise_truth(n=30, seed=0):
@@ -100,15 +103,15 @@ def test_in_context_costs_predict_per_group_interactions_the_link_cannot(seed):
     by 4-7 % (median); with each group's cost left out of the whole model in FP8 the model follows them (the
     in-context term), within 2.5 %, and survives recipe.json's round trip."""
     names, damage, single, loo = _pairwise_truth(seed=seed)
-    sets = random_recipes(names, [3, 8, 15, 22, 27], 24, seed=1)
+    sets = dm.random_recipes(names, [3, 8, 15, 22, 27], 24, seed=1)
     measured = [damage(s) for s in sets]
-    held = random_recipes(names, [5, 12, 20, 26], 20, seed=3)
+    held = dm.random_recipes(names, [5, 12, 20, 26], 20, seed=3)
     truth = [damage(s) for s in held]
-    plain = prediction_errors(fit_damage(sets, measured, single), held, truth)["median"]
-    model = fit_damage(sets, measured, single, context=loo)
-    got = prediction_errors(model, held, truth)["median"]
+    plain = dm.prediction_errors(dm.fit_damage(sets, measured, single), held, truth)["median"]
+    model = dm.fit_damage(sets, measured, single, context=loo)
+    got = dm.prediction_errors(model, held, truth)["median"]
     assert got < 0.025 and got < plain / 2.5, (got, plain)
-    again = DamageModel.from_json(json.loads(json.dumps(model.to_json())))
+    again = dm.DamageModel.from_json(json.loads(json.dumps(model.to_json())))
     assert [again.predict(s) for s in held] == pytest.approx([model.predict(s) for s in held], rel=1e-12)
 
 
@@ -117,18 +120,18 @@ def test_the_prior_may_be_in_other_units():
     units): k rescales them, in the link's plain sum and in the in-context term alike. With the single and in-context
     costs given 1,000x too large, k is fitted 1/1,000 and the held-out recipes are predicted as well as with the
     costs in the measured units (within 2.5 %). Seen failing with the in-context term left unscaled by k in
-    DamageModel.predict (65 %)."""
+    dm.DamageModel.predict (65 %)."""
     names, damage, single, loo = _pairwise_truth(seed=0)
-    sets = random_recipes(names, [3, 8, 15, 22, 27], 24, seed=1)
+    sets = dm.random_recipes(names, [3, 8, 15, 22, 27], 24, seed=1)
     measured = [damage(s) for s in sets]
-    held = random_recipes(names, [5, 12, 20, 26], 20, seed=3)
+    held = dm.random_recipes(names, [5, 12, 20, 26], 20, seed=3)
     truth = [damage(s) for s in held]
-    same = fit_damage(sets, measured, single, context=loo)
-    other = fit_damage(
+    same = dm.fit_damage(sets, measured, single, context=loo)
+    other = dm.fit_damage(
         sets, measured, {g: 1000 * v for g, v in single.items()}, context={g: 1000 * v for g, v in loo.items()}
     )
     assert other.k == pytest.approx(same.k / 1000, rel=0.05)
-    got = prediction_errors(other, held, truth)["median"]
+    got = dm.prediction_errors(other, held, truth)["median"]
     assert got < 0.025, got
     assert [other.predict(s) for s in held] == pytest.approx([same.predict(s) for s in held], rel=0.02)
 
@@ -136,4 +139,4 @@ def test_the_prior_may_be_in_other_units():
 def test_in_context_costs_must_cover_the_prior():
     prior, _ = _truth(5)
     with pytest.raises(FP8ProbeError, match="in-context costs"):
-        fit_damage([["g0"], ["g1"], ["g2"], ["g0", "g1"]], [1e-3, 2e-3, 1e-3, 3e-3], prior, context={"g0": 1e-3})
+        dm.fit_damage([["g0"], ["g1"], ["g2"], ["g0", "g1"]], [1e-3, 2e-3, 1e-3, 3e-3], prior, context={"g0": 1e-3})

@@ -15,8 +15,6 @@ from fp8probe.recipe.settings import RecipeSettings
         ({"budget": 0.1, "kv_cache_dtype": "fp8_e5m2"}, "an engine setting .* a recipe takes: fp8"),
         ({"budget": 0.1, "fp8_share": 0.5}, "give exactly one of"),
         ({"budget": 0.1, "holdout": 1}, "would hold out every prompt"),
-        ({"budget": 0.1, "form": "all", "damage_model": 20}, "`damage_model` ranks groups for a form that chooses"),
-        ({"budget": 0.1, "damage_model": 3}, "at least 4 measured recipes"),
     ],
 )
 def test_a_bad_request_is_refused_by_the_settings(kw, match):

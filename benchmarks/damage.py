@@ -29,21 +29,20 @@ alone bends every group alike.
 
 Since D is increasing in S for every ρ, the recipe with the least predicted damage under a memory target is the
 knapsack on u_i per byte, and the most bytes under a damage budget b the knapsack with S ≤ S(b) (damage_to_sum):
-selection.py ranks groups by any per-group score, so the model plugs in by handing it u_i.
+make_recipe ranks groups by any per-group score, so the model plugs in by handing it u_i (pricing.py's `damage`
+prices, beside this file). It was `recipe --damage-model N` until the peer table showed it never measurably better
+than the default at 16 and 128 search prompts on either student, in 5-10x the time (docs/modelopt.md).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..core.errors import FP8ProbeError
+from fp8probe.core.errors import FP8ProbeError
 
 TAUS = (0.0, 0.1, 0.3, 1.0)  # prior sd of the per-group log-corrections tried by cross-validation
 FOLDS = 5
@@ -312,7 +311,7 @@ def prediction_errors(model: DamageModel, sets: Sequence[Iterable[str]], measure
 
 
 SPREAD = (0.5, 0.75, 1.0, 1.25, 1.5)  # random recipes' sizes, as fractions of the operating point's size
-DEFAULT_RECIPES = 30  # random recipes measured to fit a model in `recipe --damage-model`
+DEFAULT_RECIPES = 40  # random recipes measured to fit a model (the peer table's `--costs damage` row)
 
 
 def fit_around(free: list, forced: list, measure, size: int, n: int = DEFAULT_RECIPES, seed: int = 0) -> DamageModel:
@@ -329,31 +328,3 @@ def fit_around(free: list, forced: list, measure, size: int, n: int = DEFAULT_RE
         r = measure([by[g] for g in s])
         measured.append(float(r[0] if isinstance(r, tuple) else r))
     return fit_damage(sets, measured, {g: max(float(x.score), _FLOOR) for g, x in by.items()})
-
-
-def predict(recipe_yaml, student, perturbation, metric: str) -> dict | None:
-    """A checked configuration's mismatch as the damage model in the recipe's recipe.json predicts it (`recipe
-    --damage-model`), before anything is measured: {"value", "source", "cv_median_rel_error", "fitted_on", "metric"},
-    value None (with why) for what the model does not cover; None without such a model."""
-    rj = Path(recipe_yaml).with_name("recipe.json")
-    doc = json.loads(rj.read_text()) if rj.is_file() else {}
-    info = doc.get("damage_model")
-    if not info:
-        return None
-    out = {
-        "value": None,
-        "source": str(rj),
-        "cv_median_rel_error": info["cv_median_rel_error"],
-        "fitted_on": info["fitted_on"],
-        "metric": doc.get("metric", "kl_q_p"),
-    }
-    p = perturbation
-    if p.kv_layers or p.stale is not None or p.noise or metric != out["metric"]:
-        out["why"] = f"the damage model predicts FP8 weights alone, on {out['metric']}"
-        return out
-    unit_group = {u.name: u.group for u in student.quantizable}
-    out["value"] = DamageModel.from_json(info).predict({unit_group[u] for u in p.units if u in unit_group})
-    logging.getLogger(__name__).info(
-        "check: predicted %s %.4g by the damage model in %s, before measuring", metric, out["value"], rj
-    )
-    return out
