@@ -311,20 +311,16 @@ def prediction_errors(model: DamageModel, sets: Sequence[Iterable[str]], measure
 
 
 SPREAD = (0.5, 0.75, 1.0, 1.25, 1.5)  # random recipes' sizes, as fractions of the operating point's size
-DEFAULT_RECIPES = 40  # random recipes measured to fit a model (the peer table's `--costs damage` row)
 
 
-def fit_around(free: list, forced: list, measure, size: int, n: int = DEFAULT_RECIPES, seed: int = 0) -> DamageModel:
+def fit_around(free: list, forced: list, measure, size: int, n: int, seed: int = 0) -> DamageModel:
     """A damage model for one selection: `n` random recipes of free groups (GroupScores), of sizes spread around
-    `size` groups (SPREAD), each with the forced groups, measured by measure(groups) -> the excess mismatch (or a
-    tuple whose first item is), then fitted with the groups' scores as the prior costs."""
+    `size` groups (SPREAD), each with the forced groups, measured by measure(groups) -> the excess mismatch, then
+    fitted with the groups' scores as the prior costs (pricing.py's `damage` prices: n is its DAMAGE_RECIPES)."""
     by = {g.group: g for g in (*forced, *free)}
     names = [g.group for g in free]
     sizes = sorted({min(max(1, round(size * f)), len(names)) for f in SPREAD})
     sets = random_recipes(names, sizes, -(-n // len(sizes)), seed)[:n]
     sets = [frozenset(s | {g.group for g in forced}) for s in sets]
-    measured = []
-    for s in sets:
-        r = measure([by[g] for g in s])
-        measured.append(float(r[0] if isinstance(r, tuple) else r))
+    measured = [measure([by[g] for g in s]) for s in sets]
     return fit_damage(sets, measured, {g: max(float(x.score), _FLOOR) for g, x in by.items()})

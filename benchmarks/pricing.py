@@ -72,7 +72,7 @@ def operating_point_costs(costs: str, current: list, pool: list, measure: Callab
     if costs == "damage":
         from damage import fit_around  # beside this file
 
-        model = fit_around(pool, [], measure, max(len(current), 1), DAMAGE_RECIPES)
+        model = fit_around(pool, [], lambda groups: _m(measure, groups), max(len(current), 1), DAMAGE_RECIPES)
         log.info("damage model fitted on %d random recipes (rho %.3g)", model.fitted_on, model.rho)
         return model.terms()
     inside = {g.group: g.units for g in current}
