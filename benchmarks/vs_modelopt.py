@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pricing  # beside this file: the scripts' folder is on sys.path
 import torch
 
 from fp8probe import RecipeSettings, SweepSettings, load_rollouts, load_student
@@ -205,7 +206,8 @@ PATHS = (
     ("fisher", "damage", 0, 0),
 )
 COSTS = tuple(dict.fromkeys(p[1] for p in PATHS))
-PRICED = ("path", "context", "damage")  # the kinds pricing.py writes into the table
+# the kinds pricing.py writes into the table (its every kind but the single rows themselves)
+PRICED = tuple(c for c in pricing.COSTS if c != "single")
 
 
 def main():
@@ -377,15 +379,13 @@ def _priced(table, costs, saved, student, rollouts, search_ref, members, point=N
     """The group table with each group priced at the operating point the single rows choose at these bytes (`costs`
     path, context or damage: pricing.py, beside this file); `point`: that recipe's groups where the table already
     made it (its row "method, single, refine 0"), else made here."""
-    from pricing import priced_table  # benchmarks/pricing.py: the script's own folder is on sys.path
-
     if point is None:
         ask = RecipeSettings(min_bytes_saved=saved, refine=0, holdout=0, engine="none")
         ctx = RecipeContext(scheme="FP8")
         point = make_recipe(table, student, rollouts, ask, context=ctx, reference=search_ref).quantized
     by_name = {g.group: g for g in group_scores(table, "kl_q_p", members)}
     current = [by_name[g] for g in point]
-    return priced_table(
+    return pricing.priced_table(
         table, costs, current, list(by_name.values()), student, rollouts, Scheme.from_name("FP8"), search_ref
     )[0]
 
