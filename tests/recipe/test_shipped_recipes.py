@@ -1,17 +1,22 @@
 """Every recipe shipped in recipes/ parses with llm-compressor's own parser, says what its recipe.json says, and
 measures, on the shipped rollouts, what its recipe.json reports.
 
-Re-measuring crosses machines: recipes/smollm2-135m was measured on the machine that wrote it (a 2-core AMX Xeon),
-and FP8 codes of a whole recipe flip where another CPU's fp32 GEMMs round differently (issue 35: the arithmetic
-component). Single-unit rows of sensitivity.csv stay within 0.07 % everywhere measured (which shows the rollouts are
-the ones the table and recipes were measured on). Whole recipes on the 346 held-out tokens, largest change seen:
-another AMX Xeon, kl_q_p 2.9 %, k3 13 %, |dlog p| 4.4 %, kl_max 21 %; a 2-core AVX2 AMD EPYC (2026-12-02, one
-thread), kl_q_p 12.3 % (0.00837 -> 0.00941, inside its printed interval [0.00594, 0.0116]), k3 31 %, rms_dp 15 %,
-abs_dlogp_max 39 %, top1_agree 0.9 % (3 tokens); k1 moved 0.0028 where its terms average |dlog p| 0.075 (3.7 %
-of it; 4.1 % on the CI machine). So the test checks the claim that matters, that the printed interval
-holds the arithmetic component: kl_q_p lands inside its recorded 90 % interval (kl_p_q and the search half in the
-same relative band) and within about twice the largest change seen (25 %); k1, a signed mean that cancels, within a
-tenth of |dlog p|; the other metrics within about twice the largest change seen.
+Re-measuring crosses machines: recipes/smollm2-135m was measured on the machine that wrote it (a 2-core AMX Xeon), and
+FP8 codes of a whole recipe flip where another CPU's fp32 GEMMs round differently (issue 35: the arithmetic component).
+Single-unit rows of sensitivity.csv stay within 0.07 % everywhere measured (which shows the rollouts are the ones the
+table and recipes were measured on). Whole recipes on the 346 held-out tokens, largest change seen: another AMX Xeon,
+kl_q_p 2.9 %, k3 13 %, |dlog p| 4.4 %, kl_max 21 %; a 2-core AVX2 AMD EPYC (2026-12-02, one thread), kl_q_p 12.3 %
+(0.00837 -> 0.00941, inside its printed interval [0.00594, 0.0116]), k3 31 %, rms_dp 15 %, abs_dlogp_max 39 %,
+top1_agree 0.9 % (3 tokens); k1 moved 0.0028 where its terms average |dlog p| 0.075 (3.7 % of it; 4.1 % on the CI
+machine). Another 2-core AVX2 EPYC (2026-12-06, one and two threads alike) moved the 0.02 recipe's kl_q_p 12.8 % (0.0209
+-> 0.0236, inside its recorded [0.0166, 0.0269]) and its largest single token's KL 2.08x (0.251 -> 0.523: token 301, in
+held-out prompt 6), while the 0.008 recipe's abs_dlogp_max fell 44 % (1.50 -> 0.85). kl_max, abs_dlogp_max and kl_p999
+(on 346 tokens, read between the largest two) are each one or two tokens' figures: where one token's codes flip they
+move by that token alone. So the test checks the claim that matters, that the printed interval holds the arithmetic
+component: kl_q_p lands inside its recorded 90 % interval (kl_p_q and the search half in the same relative band) and
+within about twice the largest change seen (25 %); k1, a signed mean that cancels, within a tenth of |dlog p|; the
+one-token figures within a factor of 3 either way (the largest ratio seen 2.08: a wrong reduction, a mean for the max,
+is a factor of 9-20 on these recipes); the other metrics within about twice the largest change seen.
 """
 
 import json
@@ -25,7 +30,9 @@ from fp8probe.recipe.recipe import read_recipe
 SHIPPED = sorted((Path(__file__).resolve().parents[2] / "recipes").rglob("recipe.yaml"))
 SMOLLM = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m"
 FULL = {"kl_q_p", "kl_p_q"}
-TAILS = {"kl_p50", "kl_p90", "kl_p99", "kl_p999", "kl_max", "abs_dlogp_max"}
+TAILS = {"kl_p50", "kl_p90", "kl_p99"}
+ONE_TOKEN = {"kl_p999", "kl_max", "abs_dlogp_max"}  # the largest one or two of the held-out tokens
+FACTOR_ONE_TOKEN = 3.0
 RTOL = {"full": 0.25, "sampled": 0.6, "tails": 0.8}
 ATOL_TOP1 = 0.025
 K1_OF_ABS_DLOGP = 0.1  # k1's tolerance, as a share of the mean |dlog p| of the tokens it averages
@@ -56,6 +63,8 @@ def _close(metric: str, got: float, want: float, band: tuple[float, float], reco
         return abs(got - want) <= ATOL_TOP1
     if metric in FULL:
         return band[0] * want <= got <= band[1] * want and abs(got - want) <= RTOL["full"] * want
+    if metric in ONE_TOKEN:
+        return want / FACTOR_ONE_TOKEN <= got <= want * FACTOR_ONE_TOKEN
     if metric == "k1":
         return abs(got - want) <= K1_OF_ABS_DLOGP * recorded["abs_dlogp_mean"]
     return abs(got - want) <= RTOL["tails" if metric in TAILS else "sampled"] * abs(want)
