@@ -135,15 +135,17 @@ def run_modelopt(
 
 
 def sweeps(sweep: str, out: Path, model: str = "smollm2-135m", methods=METHODS) -> dict:
-    """method -> (the per-group FP8 sweep table, its seconds: reference + rows). The path sweep (path_sweep.py,
-    beside this file: out of the package) prices the fisher sweep's rows, made first where not kept."""
+    """method -> (the per-group FP8 sweep table, its seconds: reference + rows, the per-sequence amax it kept for the
+    recipe or None). The path sweep (path_sweep.py, beside this file: out of the package) prices the fisher sweep's
+    rows, made first where not kept."""
     tables = {}
     for method in methods:
         d = out / f"sweep-fp8-{method}"
         if not (d / "sensitivity.csv").exists():
             _sweep(sweep, out, model, method)
         run = read_sweep(d)
-        tables[method] = (run.table, run.run.seconds["sweep"])  # reference, estimate and rows; no loading
+        # reference, estimate and rows, no loading; the amax `fp8probe recipe` reads from the sweep, as it reads them
+        tables[method] = (run.table, run.run.seconds["sweep"], run.sequence_scales(load_rollouts(d)))
     return tables
 
 
@@ -316,7 +318,7 @@ def main():
                 | {"bits_target": bits, "tool": "modelopt", "mode": mode}
             )
         for method, costs, passes, holdout in paths:
-            table, t_sweep = tables[method]
+            table, t_sweep, kept = tables[method]
             t0 = time.perf_counter()
             # with its own held-out split the recipe makes its references (the CLI's time), else it reuses one
             ask = RecipeSettings(min_bytes_saved=saved, refine=passes, holdout=holdout, engine="none")
@@ -328,7 +330,7 @@ def main():
                 student,
                 rollouts,
                 ask,
-                context=RecipeContext(scheme="FP8"),
+                context=RecipeContext(scheme="FP8", scales=kept),
                 reference=None if holdout else search_ref,
             )
             secs = t_sweep + time.perf_counter() - t0

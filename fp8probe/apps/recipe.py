@@ -39,14 +39,15 @@ def run_recipe(
         settings = replace(settings, form=form)  # the target's form, checked against the rest of the settings
     except FP8ProbeError as e:
         raise FP8ProbeError(f"{framework.title}: {e}") from e
+    rollouts = load_rollouts(sweep_dir)
     context = RecipeContext(
         scheme=scheme,
         batch_size=run.run.batch_size,
         sweep_dir=str(run.directory.resolve()),
         kv_scale=kv_scale,
         target=framework.name if framework else None,
+        scales=run.sequence_scales(rollouts),
     )
-    rollouts = load_rollouts(sweep_dir)
     check_writable(out)
     t0 = time.perf_counter()
     student = load_student(

@@ -53,6 +53,7 @@ def run_sweep(
     progress: bool = False,
 ) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
+    from ..measurement.scales import SCALES_FILE
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable, exact_run_for
     from ..sweeps.files import RUN_FILE, PartialRows, check_resume_state, finish_sweep, write_run, write_table
     from ..sweeps.memory import check_sweep_fits
@@ -128,6 +129,8 @@ def run_sweep(
             agree = replace(agree, exact_sweep=str(exact_run.directory))
             agree.write(d / AGREEMENT_FILE)
         write_table(d, df)
+        if swept.calibration is not None and swept.calibration.per_sequence is not None:
+            swept.calibration.per_sequence.write(d / SCALES_FILE)  # what `recipe` calibrates its search set from
         run = SweepRunRecord(
             command="sweep",
             model=student.name,

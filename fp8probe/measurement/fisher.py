@@ -82,6 +82,7 @@ class FisherResult:
     num_tokens: int
     seconds: float
     calibration_seconds: float = 0.0
+    calibration: Calibration | None = None  # the static scales it ran with (per sequence where it made them)
 
     def column(self, estimator: str = DEFAULT_ESTIMATOR) -> dict[str, float]:
         return self.estimates[estimator]
@@ -134,7 +135,7 @@ def fisher_rows(
     kv_layers = sorted({i for r in rows for i in r.perturbation.kv_layers})
     cal_seconds = 0.0
     if calibration is None and scheme.static_input and units:
-        calibration = calibrate(student, rollouts, units, kv.strategy, batch_size)
+        calibration = calibrate(student, rollouts, units, kv.strategy, batch_size, per_sequence=True)
         cal_seconds = time.perf_counter() - t0
     fp = _Pass(
         model, fp8_forwards(model, units, scheme, calibration, fused=fused), kv, kv_layers, calibration, samples, seed
@@ -160,7 +161,7 @@ def fisher_rows(
             p.requires_grad_(g)
     fp.finish_kv()
     estimates, sqnr = fp.result(rows)
-    return FisherResult(estimates, sqnr, fp.num_tokens, time.perf_counter() - t0, cal_seconds)
+    return FisherResult(estimates, sqnr, fp.num_tokens, time.perf_counter() - t0, cal_seconds, calibration)
 
 
 def _leaf(mod, args, out):  # the graph starts at the embeddings: no parameter needs a gradient

@@ -90,6 +90,16 @@ class Rollouts:
         n = self.num_prompts
         return holdout_every >= 2 and n // holdout_every >= 2 and n - n // holdout_every >= 2
 
+    def digest(self) -> str:
+        """sha256 of the token, attention and response tensors: the same rollouts on every machine, nothing else."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for x in (self.input_ids, self.attention_mask, self.response_mask):
+            h.update(str(tuple(x.shape)).encode())
+            h.update(x.contiguous().numpy().tobytes())
+        return h.hexdigest()
+
     def subset(self, sequences) -> "Rollouts":
         """The rollouts at these sequence indices, in their order (tensors trimmed to the longest kept sequence)."""
         idx = torch.as_tensor(list(sequences), dtype=torch.int64)

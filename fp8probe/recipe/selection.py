@@ -181,6 +181,8 @@ def make_recipe(
         else None
     )
     search = _Search(plan, student, search_set, scheme, metric, kv_scheme, reference, batch_size=context.batch_size)
+    if context.scales is not None:  # the sweep's per-sequence amax: the search set's scales without a pass
+        search.kept = (context.scales, split["search_sequences"] if split else range(rollouts.num_sequences))
     weights = linear_params(student)  # what effective bits and the FP8 share count
     if memory is not None:
         k = search.reach(memory, weights, shape)
@@ -241,7 +243,7 @@ def _report(final, found, search, held, engine, batch_size) -> dict:
     report = dict(measured=found, measured_metrics=result, measured_search=found, measured_interval=None)
     if held is not None:
         ref, where = Reference(student, held, batch_size, calibrate=False), held
-        ref.calibration = search.calibration()
+        ref.calibration = search.calibration(final)
         value, metrics, evidence = measure_groups(final, student, held, scheme, metric, search.kv, ref)
         interval = evidence.excess_interval(metric) if evidence else [value, value]
         report.update(measured=value, measured_metrics=metrics, measured_interval=interval)
@@ -383,6 +385,7 @@ class _Search:
         self.plan, self.student, self.rollouts, self.scheme = plan, student, rollouts, scheme
         self.metric, self.kv, self._reference, self.batch_size = metric, kv_scheme, reference, batch_size
         self.memo: dict[int, dict] = {}
+        self.kept = None  # (the sweep's SequenceAmax of the rollouts, the search set's sequences in them)
 
     @property
     def reference(self) -> Reference:
@@ -391,14 +394,19 @@ class _Search:
             self._reference = Reference(self.student, self.rollouts, self.batch_size)
         return self._reference
 
-    def calibration(self):
-        """The search set's static input scales and K/V amax (what an export calibrates): the reference's when one was
-        made, else one calibration pass alone (the same numbers, no lm_head, nothing kept); None where nothing is
-        calibrated (dynamic input scales, no KV cache with calibrated scales)."""
+    def calibration(self, gs=()):
+        """The search set's static input scales and K/V amax (what an export calibrates) for these groups in FP8: the
+        reference's when one was made, else the sweep's per-sequence amax over the search set's sequences where it
+        kept them for every unit of `gs` (and the KV cache), else one calibration pass alone (the same numbers, no
+        lm_head, nothing kept); None where nothing is calibrated (dynamic input scales, no calibrated KV cache)."""
         if self._reference is not None:
             return self._reference.calibration
         if not self.scheme.static_input and (self.kv is None or self.kv.scale != "calibrated"):
             return None
+        units = [u for g in gs for u in g.units] if self.scheme.static_input else []
+        kv = (self.student.layers, self.kv.strategy) if self.kv is not None and self.kv.scale == "calibrated" else ((),)
+        if self.kept is not None and self.kept[0].covers(units, *kv):
+            return self.kept[0].calibration(self.kept[1])
         from ..measurement.calibration import calibrate
 
         return calibrate(self.student, self.rollouts, list(self.student.unit_names), batch_size=self.batch_size)

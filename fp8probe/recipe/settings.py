@@ -4,7 +4,7 @@ sweep's scheme and batch size, and what a rollout framework imposes). Light: the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
@@ -134,13 +134,16 @@ class RecipeContext:
     """What a recipe is made within, beside what was asked: the scheme and batch size of the sweep its table comes
     from (and where it is, recorded in recipe.json), and how a rollout framework scales an FP8 KV cache
     (`kv_scale`: "calibrated" checkpoint scales or "unit", 1.0) and its name (deploy.frameworks.recipe_form
-    resolves both, with the form, above this layer)."""
+    resolves both, with the form, above this layer). `scales`: the sweep's per-sequence static amax of these
+    rollouts (measurement.scales.SequenceAmax, SweepRun.sequence_scales), where it kept them: the search set's static
+    scales are read from them instead of measured by a calibration pass."""
 
     scheme: str = "FP8_DYNAMIC"
     batch_size: int = 8
     sweep_dir: str | None = None
     kv_scale: str = "calibrated"
     target: str | None = None
+    scales: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
     DIR/rollouts.safetensors, DIR/rollouts.json   the rollouts (rollouts.py)
     DIR/sensitivity.csv                           one row per unit / group / KV layer / whole model (COLUMNS)
     DIR/run.json                                  schema_version, settings, timings, versions
+    DIR/scales.safetensors                        each sequence's static amax, where the sweep calibrated
+                                                  (measurement/scales.py SequenceAmax: the recipe's search set's scales)
     DIR/sensitivity.partial.csv                   while a sweep runs: the rows finished so far, fsync'ed
     DIR/sweep.partial.json                        while a sweep runs: the settings it must be resumed with
 
@@ -19,6 +21,7 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +59,7 @@ _INT_COLUMNS = ("block", "params", "bytes_saved", "kv_bytes_saved_per_token")
 RUN_SCHEMA_VERSION = SweepRunRecord.VERSION
 RUN_FILE = SweepRunRecord.KIND
 TABLE = "sensitivity.csv"
+log = logging.getLogger(__name__)
 
 # run.json keys a consumer relies on, with their JSON types
 _RUN_KEYS = {"model": str, "model_path": str, "scheme": str, "batch_size": int}
@@ -78,6 +82,24 @@ class SweepRun:
         if self.run.model == EMBEDDED:
             return None
         return self.run.model if is_pruned(self.run.model) else self.run.model_path
+
+    def sequence_scales(self, rollouts):
+        """The per-sequence static amax the sweep kept (scales.safetensors), if it kept them for these rollouts; None
+        where it did not (an older sweep, FP8_DYNAMIC, other rollouts: the recipe then calibrates with a pass)."""
+        from ..measurement.scales import SCALES_FILE, SequenceAmax
+
+        path = self.directory / SCALES_FILE
+        if not path.is_file():
+            return None
+        try:
+            scales = SequenceAmax.read(path)
+        except FP8ProbeError as e:
+            log.warning("%s; the recipe calibrates its search set with a pass of its own", e)
+            return None
+        if scales.rollouts != rollouts.digest() or scales.num_sequences != rollouts.num_sequences:
+            log.info("%s was kept for other rollouts than these: the recipe calibrates with a pass", path)
+            return None
+        return scales
 
     def check_student(self, student) -> None:
         """Refuse to use this sweep with a model of another architecture than the one it measured."""

@@ -168,12 +168,14 @@ class Swept:
     """What sweep() returns: the `table` (COLUMNS, a row per plan row), the `reference` the exact rows were measured
     against (None for the estimate alone), the whole-model rows measured in this call with their per-token
     statistics (`model_rows`: unit -> measure.Measured; rows found in a resumed sweep's partial file are not among
-    them) and the `seconds` of each phase (reference, fisher, exact)."""
+    them), the `seconds` of each phase (reference, fisher, exact) and the static scales the passes ran with
+    (`calibration`: the reference's or the estimate's, with each sequence's amax; None where nothing was calibrated)."""
 
     table: object  # pandas.DataFrame
     reference: Reference | None
     model_rows: dict
     seconds: dict
+    calibration: object = None  # measurement.scales.Calibration
 
 
 def sweep(
@@ -214,11 +216,12 @@ def sweep(
         done = open_partial(Path(partial.directory), resumed, partial.resume)
         writer = PartialWriter(Path(partial.directory), resumed)
     if reference is None and kind.reference:
-        reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy)
+        reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy, per_sequence=True)
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
+    calibration = reference.calibration if reference is not None else None
     estimates: dict[str, float] = {}
     if kind.estimate:
-        estimates, sqnr, seconds[kind.by] = ESTIMATES[kind.by](
+        estimates, sqnr, seconds[kind.by], calibration = ESTIMATES[kind.by](
             student, rollouts, rows, settings, batch_size, reference, seed, progress
         )
     exact = kind.exact(rows, estimates, settings, seed)
@@ -267,11 +270,12 @@ def sweep(
         if writer:
             writer.close()
     seconds["exact"] = time.perf_counter() - t_exact
-    return Swept(pd.DataFrame([done[r.unit] for r in rows], columns=COLUMNS), reference, model_rows, seconds)
+    table = pd.DataFrame([done[r.unit] for r in rows], columns=COLUMNS)
+    return Swept(table, reference, model_rows, seconds, calibration)
 
 
 def _fisher(student, rollouts, rows, settings, batch_size, reference, seed, progress):
-    """Every row's Fisher estimate (measurement/fisher.py): (estimates, output SQNR, seconds)."""
+    """Every row's Fisher estimate (measurement/fisher.py): (estimates, output SQNR, seconds, the static scales)."""
     fr = fisher_rows(
         student,
         rollouts,
@@ -282,10 +286,10 @@ def _fisher(student, rollouts, rows, settings, batch_size, reference, seed, prog
         fused=settings.granularity == "group",
         progress=progress,
     )
-    return fr.column(DEFAULT_ESTIMATOR), fr.sqnr_db, fr.seconds
+    return fr.column(DEFAULT_ESTIMATOR), fr.sqnr_db, fr.seconds, fr.calibration
 
 
-# methods.MethodKind.by -> how its estimate is made: (estimates, output SQNR, seconds)
+# methods.MethodKind.by -> how its estimate is made: (estimates, output SQNR, seconds, the static scales)
 ESTIMATES = {"fisher": _fisher}
 
 

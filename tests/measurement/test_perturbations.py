@@ -169,3 +169,53 @@ def test_calibration_ignores_left_padding(arch):
         float(raw.input_amax[k].max() / alone.input_amax[k].max()) for k in alone.input_amax
     ]
     assert min(grew) >= 1.0 - 1e-6 and (max(grew) > 1.01 or arch == "mixtral")  # llama's pads reach further
+
+
+@pytest.mark.parametrize("arch, kv_strategy", [("llama", "tensor"), ("mixtral", "head")])
+def test_per_sequence_amax_are_the_calibration_of_any_subset(arch, kv_strategy, tmp_path):
+    """A calibration that keeps each sequence's amax (what a sweep keeps for the recipe) gives, for any subset of the
+    rollouts, the static scales a pass over that subset alone records (the independent reference: calibrate() on
+    Rollouts.subset, other batches, other padding), expert inputs and per-head K/V included; over every sequence,
+    the pass's own numbers bit for bit. A Reference keeping them keeps the same; the file reads back to the bit, and
+    one that is not such a file is one clear error."""
+    from fp8probe.core.errors import FP8ProbeError
+    from fp8probe.measurement.calibration import calibrate
+    from fp8probe.measurement.reference import Reference
+    from fp8probe.measurement.scales import SequenceAmax
+    from fp8probe.model.rollouts import make_rollouts
+
+    s = tiny_student(arch)
+    r = make_rollouts(s, num_prompts=6, max_new_tokens=8, seed=0)
+    names = [u.name for u in s.quantizable]
+    cal = calibrate(s, r, names, kv_strategy, batch_size=4, per_sequence=True)
+    kept = cal.per_sequence
+    assert kept.num_sequences == r.num_sequences and kept.rollouts == r.digest()
+    assert any(":" in k for k in kept.input_amax) == (arch == "mixtral")
+
+    def same(a, b, exact):
+        assert set(a.input_amax) == set(b.input_amax) and set(a.k_amax) == set(b.k_amax)
+        for got, want in [(a.input_amax, b.input_amax), (a.k_amax, b.k_amax), (a.v_amax, b.v_amax)]:
+            for k in want:
+                if exact:
+                    assert torch.equal(got[k], want[k]), k
+                else:
+                    torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=0)
+
+    plain = calibrate(s, r, names, kv_strategy, batch_size=4)  # the pass that keeps nothing per sequence
+    same(cal, plain, exact=True)
+    same(kept.calibration(range(r.num_sequences)), plain, exact=True)
+    subset = [0, 2, 3, 5]
+    alone = calibrate(s, r.subset(subset), names, kv_strategy, batch_size=3)
+    same(kept.calibration(subset), alone, exact=False)
+    whole = kept.calibration(range(r.num_sequences))
+    assert any(not torch.equal(whole.input_amax[k], alone.input_amax[k]) for k in alone.input_amax)  # can tell
+    ref = Reference(s, r, batch_size=4, kv_strategy=kv_strategy, per_sequence=True).calibration.per_sequence
+    same(ref.calibration(subset), alone, exact=False)
+    kept.write(tmp_path / "scales.safetensors")
+    back = SequenceAmax.read(tmp_path / "scales.safetensors")
+    assert back.kv_strategy == kv_strategy and back.rollouts == r.digest()
+    same(back.calibration(subset), kept.calibration(subset), exact=True)
+    assert r.subset(subset).digest() != r.digest()
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(FP8ProbeError, match="unreadable"):
+        SequenceAmax.read(tmp_path / "bad.safetensors")

@@ -419,6 +419,64 @@ def test_memory_target_measures_only_the_held_out_prompts(twelve, monkeypatch):
     assert lo < rec.measured < hi
 
 
+def test_the_sweeps_kept_amax_replace_the_search_sets_calibration_pass(twelve, monkeypatch):
+    """Given the sweep's per-sequence amax (RecipeContext.scales), the default recipe (a memory target, its own split,
+    unrefined) runs no calibration pass: its search set's static scales are the amax over the search set's sequences,
+    so it chooses the same groups and reports the same held-out figure and interval as with the pass. (Had it read
+    the amax of every sequence, held-out prompts included, the figure would differ: 0.00223 against 0.00251.)"""
+    from fp8probe.measurement import calibration as calibration_module
+
+    st, r, df = twelve
+    kept = calibration_module.calibrate(st, r, list(st.unit_names), per_sequence=True).per_sequence
+    passes = []
+    real = calibration_module.calibrate
+    monkeypatch.setattr(calibration_module, "calibrate", lambda *a, **kw: passes.append(1) or real(*a, **kw))
+    settings = ask(effective_bits=12.0, holdout=2)
+    with_kept = make_recipe(df, st, r, settings, context=RecipeContext(scheme="FP8", scales=kept))
+    assert passes == []
+    with_pass = make_recipe(df, st, r, settings, context=RecipeContext(scheme="FP8"))
+    assert passes == [1]
+    assert with_kept.quantized == with_pass.quantized
+    assert with_kept.measured == pytest.approx(with_pass.measured, rel=1e-6)
+    assert with_kept.measured_interval == pytest.approx(with_pass.measured_interval, rel=1e-6)
+
+
+def test_cli_recipe_reads_the_scales_its_sweep_kept(cli, tiny_dirs, tmp_path, monkeypatch):
+    """`fp8probe sweep` with static input scales keeps each sequence's amax (scales.safetensors); `fp8probe recipe`
+    reads them instead of a calibration pass and writes the recipe it writes without them (the file deleted: one
+    pass); kept for other rollouts (another sweep's file), they are not used."""
+    import json
+    import shutil
+
+    from fp8probe.measurement import calibration as calibration_module
+
+    common = ["--scheme", "FP8", "--granularity", "group", "--num-prompts", 6, "--max-new-tokens", 8]
+    for name, seed in (("s", 0), ("other", 1)):
+        r = cli("-q", "sweep", tiny_dirs["llama"], "--out", tmp_path / name, "--seed", seed, *common)
+        assert r.code == 0, r.err
+    assert (tmp_path / "s" / "scales.safetensors").is_file()
+    passes = []
+    real = calibration_module.calibrate
+    monkeypatch.setattr(calibration_module, "calibrate", lambda *a, **kw: passes.append(1) or real(*a, **kw))
+
+    def recipe(out):
+        r = cli("-q", "recipe", tmp_path / "s", "--effective-bits", 13, "--engine", "none", "--out", tmp_path / out)
+        assert r.code == 0, r.err
+        return json.loads((tmp_path / out / "recipe.json").read_text())
+
+    kept = recipe("r-kept")
+    assert passes == [] and kept["quantized"]
+    shutil.copy(tmp_path / "other" / "scales.safetensors", tmp_path / "s" / "scales.safetensors")
+    other = recipe("r-other")
+    assert passes == [1]
+    (tmp_path / "s" / "scales.safetensors").unlink()
+    own = recipe("r-own")
+    assert passes == [1, 1]
+    for got in (kept, other):
+        assert got["quantized"] == own["quantized"]
+        assert got["measured"] == pytest.approx(own["measured"], rel=1e-6)
+
+
 def test_the_engine_figure_is_the_profile_on_the_held_out_prompts(twelve):
     """measured_engine: the recipe on the held-out prompts as the vllm-cuda profile computes it, equal to
     fp8probe.measure(engine="vllm-cuda") there, and different from the simulation's figure (bf16 arithmetic); an
