@@ -406,6 +406,7 @@ class _Search:
         units = [u for g in gs for u in g.units] if self.scheme.static_input else []
         kv = (self.student.layers, self.kv.strategy) if self.kv is not None and self.kv.scale == "calibrated" else ((),)
         if self.kept is not None and self.kept[0].covers(units, *kv):
+            log.info("recipe: the search set's static scales from the sweep's per-sequence amax (no calibration pass)")
             return self.kept[0].calibration(self.kept[1])
         from ..measurement.calibration import calibrate
 
