@@ -22,11 +22,12 @@ _PER_TENSOR = QuantSpec("tensor")  # static input scales and per-tensor KV scale
 
 
 @contextlib.contextmanager
-def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor", num_sequences: int | None = None):
+def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor", per_sequence_of=None):
     """Record input amax of the named units and K/V amax of every attention layer; yields the Calibration. With
-    `num_sequences`, also each sequence's own amax (`Calibration.per_sequence`, its rollouts digest left empty for
-    the caller): whoever runs the batches sets `Calibration.sequences`, the batch's sequence indices, beside `valid`."""
+    `per_sequence_of` (the Rollouts being run), also each sequence's own amax (`Calibration.per_sequence`): whoever
+    runs the batches sets `Calibration.sequences`, the batch's sequence indices, beside `valid`."""
     cal = Calibration({}, {}, {})
+    num_sequences = per_sequence_of.num_sequences if per_sequence_of is not None else 0
     per = {"input": {}, "k": {}, "v": {}} if num_sequences else None
     aligned = [True]  # False once a batch's x did not line up with its mask: nothing per sequence is kept
     handles = []
@@ -78,7 +79,7 @@ def record_calibration(model: nn.Module, names, kv_strategy: str = "tensor", num
         with route_attention(model, {i: kv_rec(i) for i in attention_modules(model)}):
             yield cal
         if per is not None and aligned[0]:
-            cal.per_sequence = SequenceAmax(per["input"], per["k"], per["v"], kv_strategy, "")
+            cal.per_sequence = SequenceAmax(per["input"], per["k"], per["v"], kv_strategy, per_sequence_of.digest())
     finally:
         cal.valid = cal.sequences = None
         for h in handles:
@@ -141,14 +142,11 @@ def calibrate(
     (`Calibration.per_sequence`, a SequenceAmax of these rollouts), what a sweep keeps for the recipe."""
     model = student.model
     device = next(model.parameters()).device
-    n = rollouts.num_sequences if per_sequence else None
-    with torch.no_grad(), record_calibration(model, names, kv_strategy, n) as cal:
+    with torch.no_grad(), record_calibration(model, names, kv_strategy, rollouts if per_sequence else None) as cal:
         start = 0
         for ids, am, _ in rollouts.batches(batch_size):
             cal.valid = am.to(device).bool()
             cal.sequences = torch.arange(start, start + len(ids))
             start += len(ids)
             model.model(input_ids=ids.to(device), attention_mask=am.to(device), use_cache=False)
-    if cal.per_sequence is not None:
-        cal.per_sequence.rollouts = rollouts.digest()
     return cal

@@ -57,24 +57,22 @@ class Reference:
         logps, tokens, sequence, top1, token_logp = [], [], [], [], []
         names = list(student.unit_names) if calibrate else []
         t0 = time.perf_counter()
-        n = rollouts.num_sequences if per_sequence else None  # each sequence's amax too (what a sweep keeps)
-        cal_ctx = record_calibration(self.model, names, kv_strategy, n) if calibrate else contextlib.nullcontext()
+        kept = rollouts if per_sequence else None  # each sequence's amax too (what a sweep keeps)
+        cal_ctx = record_calibration(self.model, names, kv_strategy, kept) if calibrate else contextlib.nullcontext()
         with torch.no_grad(), cal_ctx as cal:
             for ids, am, resp in rollouts.batches(batch_size):
+                start = sum(len(b["ids"]) for b in self.batches)  # this batch's first sequence
                 if cal is not None:
                     cal.valid = am.to(self.device).bool()
-                    start = sum(len(b["ids"]) for b in self.batches)
                     cal.sequences = torch.arange(start, start + len(ids))
                 rec = self._record_pass(ids.to(self.device), am.to(self.device), resp)
                 logps.append(rec.pop("kept"))
                 top1.append(rec.pop("top1"))
                 token_logp.append(rec.pop("token_logp"))
                 tokens.append(rec["tokens"])
-                sequence.append(rec["rows"].cpu() + sum(len(b["ids"]) for b in self.batches))
+                sequence.append(rec["rows"].cpu() + start)
                 self.batches.append(rec)
         self.calibration: Calibration | None = cal
-        if cal is not None and cal.per_sequence is not None:
-            cal.per_sequence.rollouts = rollouts.digest()
         # [M, V] fp32 reference log-probs of the rows that predict response tokens, or [M, H] hidden states the same
         # log-probs are recomputed from, chunk by chunk as each batch was (bit for bit the same numbers)
         cat = torch.cat

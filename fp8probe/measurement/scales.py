@@ -90,9 +90,8 @@ class SequenceAmax:
     def covers(self, units, kv_layers=(), kv_strategy: str = "tensor") -> bool:
         """Whether it holds every input amax these units (names) need and, with `kv_layers`, their K/V amax in
         `kv_strategy`."""
-        keys = set(self.input_amax)
-        prefixes = {k.split(":", 1)[0] for k in keys}
-        if not all(u in keys or u in prefixes for u in units):
+        kept = {k.split(":", 1)[0] for k in self.input_amax}  # a unit, or the expert unit of unit:which
+        if not all(u in kept for u in units):
             return False
         layers = list(kv_layers)
         return not layers or (

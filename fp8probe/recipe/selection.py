@@ -401,11 +401,12 @@ class _Search:
         lm_head, nothing kept); None where nothing is calibrated (dynamic input scales, no calibrated KV cache)."""
         if self._reference is not None:
             return self._reference.calibration
-        if not self.scheme.static_input and (self.kv is None or self.kv.scale != "calibrated"):
+        kv = self.kv if self.kv is not None and self.kv.scale == "calibrated" else None
+        if not self.scheme.static_input and kv is None:
             return None
         units = [u for g in gs for u in g.units] if self.scheme.static_input else []
-        kv = (self.student.layers, self.kv.strategy) if self.kv is not None and self.kv.scale == "calibrated" else ((),)
-        if self.kept is not None and self.kept[0].covers(units, *kv):
+        layers, strategy = (self.student.layers, kv.strategy) if kv is not None else ((), "tensor")
+        if self.kept is not None and self.kept[0].covers(units, layers, strategy):
             log.info("recipe: the search set's static scales from the sweep's per-sequence amax (no calibration pass)")
             return self.kept[0].calibration(self.kept[1])
         from ..measurement.calibration import calibrate
