@@ -132,48 +132,33 @@ def chunked_token_stats(
     return {k: torch.cat(v) for k, v in parts.items()}
 
 
+SAMPLED_METRICS = ("k1", "k3", "abs_dlogp_mean", "abs_dlogp_max", "token_mult_prob_error", "rms_dp")
+
+
 def sampled_token_metrics(logp_ref: torch.Tensor, logp_cand: torch.Tensor) -> dict[str, float]:
     """The metrics that need only the sampled tokens' log-probs (all a rollout engine's logprobs give, e.g.
     vLLM's prompt logprobs): k1, k3, |dlog p| mean and max, token_mult_prob_error, rms_dp."""
-    lr, lc = torch.as_tensor(logp_ref).double(), torch.as_tensor(logp_cand).double()
-    r = lr - lc  # log p(y) - log q(y)
-    adl = r.abs()
-    dp = lc.exp() - lr.exp()
-    nan = torch.tensor(float("nan"), dtype=torch.float64)
-    return {
-        "k1": float(r.mean()),
-        "k3": float((torch.expm1(-r) + r).mean()),
-        "abs_dlogp_mean": float(adl.mean()),
-        "abs_dlogp_max": float(adl.max() if adl.numel() else nan),
-        "token_mult_prob_error": float(adl.exp().mean()),
-        "rms_dp": float(dp.pow(2).mean().sqrt()),
-    }
+    stats = {"logp_ref": torch.as_tensor(logp_ref), "logp_cand": torch.as_tensor(logp_cand)}
+    return _over_all(stats, SAMPLED_METRICS)
 
 
 def summarize(stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The metric dict (METRICS keys) from per-token quantities."""
-    kl_qp = stats["kl_q_p"].double()
-    pct = np.percentile(kl_qp.numpy(), [50, 90, 99, 99.9]) if kl_qp.numel() else [float("nan")] * 4
-    out = {
-        "kl_q_p": float(kl_qp.mean()),
-        "kl_p_q": float(stats["kl_p_q"].double().mean()),
-        "top1_agree": float(stats["top1"].double().mean()),
-        "kl_p50": float(pct[0]),
-        "kl_p90": float(pct[1]),
-        "kl_p99": float(pct[2]),
-        "kl_p999": float(pct[3]),
-        "kl_max": float(kl_qp.max()) if kl_qp.numel() else float("nan"),
-        **sampled_token_metrics(stats["logp_ref"], stats["logp_cand"]),
-    }
-    return {k: out[k] for k in METRICS}
+    """The metric dict (METRICS keys) from per-token quantities: each metric's reduction (below) over every token."""
+    return _over_all(stats, METRICS)
+
+
+def _over_all(stats: dict[str, torch.Tensor], names) -> dict[str, float]:
+    if not len(stats["logp_ref"]):  # no tokens: no figure
+        return dict.fromkeys(names, float("nan"))
+    return {k: metric_over(stats, k)[1](slice(None)) for k in names}
 
 
 def _r(s):  # log p(y) - log q(y) on the sampled token
     return s["logp_ref"].double() - s["logp_cand"].double()
 
 
-# metric -> (its per-token value from token_stats, how a set of tokens reduces to the metric): the same numbers as
-# summarize, for any subset of tokens (the bootstrap's resamples)
+# metric -> (its per-token value from token_stats, how a set of tokens reduces to the metric): summarize over every
+# token, the bootstrap over its resamples
 _PER_TOKEN = {
     "kl_q_p": (lambda s: s["kl_q_p"].double(), "mean"),
     "kl_p_q": (lambda s: s["kl_p_q"].double(), "mean"),

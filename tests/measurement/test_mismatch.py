@@ -69,20 +69,31 @@ def test_response_logits_shift():
     assert torch.equal(rows, torch.stack([logits[0, 1], logits[0, 2], logits[1, 0], logits[1, 1]]))
 
 
-def test_every_metric_over_all_tokens_is_the_summary():
-    """metric_over (what intervals resample) reduces to exactly what summarize reports, for every metric."""
-    from fp8probe.measurement.mismatch import RefRows, log_softmax32, metric_over, summarize, token_stats
+def test_every_metric_over_a_subset_of_tokens_is_the_metric_of_those_tokens_alone():
+    """metric_over (what the bootstrap resamples, and what summarize reduces over every token) on a subset of token
+    indices gives the metric `mismatch` computes from those rows alone; no tokens: every figure NaN."""
+    from fp8probe.measurement.mismatch import (
+        RefRows,
+        log_softmax32,
+        metric_over,
+        sampled_token_metrics,
+        summarize,
+        token_stats,
+    )
 
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(50, 40, generator=g)
     cand = ref + 0.3 * torch.randn(50, 40, generator=g)
     toks = torch.randint(0, 40, (50,), generator=g)
     stats = token_stats(RefRows.from_logp(log_softmax32(ref), toks), log_softmax32(cand))
-    summary = summarize(stats)
-    everything = torch.arange(50).numpy()
+    subset = torch.tensor([3, 7, 7, 11, 20, 21, 22, 40, 49])  # a resample: repeats count twice
+    alone = mismatch(ref[subset], cand[subset], toks[subset])
     for name in METRICS:
         _, reduce = metric_over(stats, name)
-        assert reduce(everything) == pytest.approx(summary[name], rel=1e-9, abs=1e-12), name
+        assert reduce(subset.numpy()) == pytest.approx(alone[name], rel=1e-6, abs=1e-12), name
+    empty = {k: v[:0] for k, v in stats.items()}
+    assert all(math.isnan(v) for v in summarize(empty).values()) and list(summarize(empty)) == METRICS
+    assert all(math.isnan(v) for v in sampled_token_metrics(torch.zeros(0), torch.zeros(0)).values())
 
 
 def test_reference_labels_each_row_with_its_rollout_and_prompt():
