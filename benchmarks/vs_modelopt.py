@@ -19,7 +19,9 @@
    table make_recipe ranks; `--costs damage`: the groups ranked by the terms of a damage model fitted on 40 measured
    random recipes around the operating point, what `recipe --damage-model 40` did before it left the package); the
    row "default path" is what `fp8probe sweep` then `fp8probe recipe` run with neither told otherwise (the defaults
-   read from their settings: the fisher estimate, refinement, the recipe's own held-out split).
+   read from their settings: the fisher estimate, no refinement under a memory target, the recipe's own held-out
+   split), but for the recipe's vllm-cuda figure (`--engine`, a report beside the held-out one that chooses nothing),
+   which every row leaves out: the judge below measures every recipe that way.
 3. The headroom: an evolutionary search (evolve.py, beside this file) measures --headroom candidates at those bytes on
    the search rollouts, from the best fp8probe recipe there: the best any selection found at that size.
 4. Judged on rollouts no search saw: the student's samples of other prompts (the built-in prompts the sweep did not

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -19,7 +20,8 @@ def blocks() -> list[str]:
 
 
 @pytest.mark.slow
-def test_library_page_runs(tmp_path, monkeypatch):
+def test_library_page_runs(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="fp8probe")
     code = blocks()
     assert len(code) == 3
     monkeypatch.chdir(tmp_path)
@@ -40,6 +42,14 @@ def test_library_page_runs(tmp_path, monkeypatch):
     assert ns["recipe"].quantized and ns["report"].ratio_kv_tokens > 1
     assert ns["x_hat"].shape == (4, 256)
     assert set(ns["run"].table["unit"]) == set(ns["df"]["unit"])
+    # the kept amax stand for the recipe's calibration pass: the same recipe and held-out figure as with the pass
+    assert "from the sweep's per-sequence amax (no calibration pass)" in caplog.text
+    fp8probe, rollouts = ns["fp8probe"], ns["rollouts"]
+    settings, fp8 = fp8probe.RecipeSettings(effective_bits=14), ns["fp8"]
+    calibrated = fp8probe.make_recipe(
+        ns["swept"].table, ns["student"], rollouts, settings, context=fp8probe.RecipeContext(scheme="FP8")
+    )
+    assert fp8.quantized and fp8.quantized == calibrated.quantized and fp8.measured == calibrated.measured
 
 
 @pytest.mark.slow
