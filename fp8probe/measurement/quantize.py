@@ -31,7 +31,7 @@ def checkpoint_codes(model: nn.Module, names: list[str], scheme: Scheme) -> dict
     """(FP8 codes, fp32 scale) per named Linear, as vLLM holds them; per-tensor scales shared over fused groups."""
     spec = scheme.weight
     out = {n: _swap(quantize_weight(model.get_submodule(n).weight, scheme, STORAGE_DTYPE)) for n in names}
-    if spec.strategy == "tensor":
+    if spec.strategy == "tensor" and len(out) > 1:  # one weight is no fused group: no need to list the model's
         for ns in ([u.name for u in us] for us in fused_groups(list_units(model)).values()):
             if len(ns) > 1 and set(ns) <= set(out):
                 # vLLM: one GEMM for the fused group, weights requantized with the largest scale
@@ -236,29 +236,32 @@ def fp8_forwards(
     out = {}
     members = _fused_members(model, linear) if fused else {n: [n] for n in linear}
     keep = sum(_weight_bytes(model, n) for n in names) <= DEQUANTIZED_CACHE_BYTES
-    last: dict = {}  # q/k/v (and gate/up) see the same input: quantize it once (dynamic schemes)
+    # q/k/v (and gate/up) see the same input: quantize it once per scale (their static scales are equal, the max of
+    # one input's values; a unit row's own scale may differ from its group's and is quantized again)
+    last: dict = {}
+    # kept: every weight's codes at once (a fused group's shared scale made once, not once per member)
+    codes = (checkpoint_codes(model, linear, scheme) if fused else _one_by_one(model, linear, scheme)) if keep else {}
 
     def weight_of(n):
         """The FP8 weight of n in the model's dtype: kept from the start (small models) or made at each call."""
         mod = model.get_submodule(n)
+        if keep:
+            w = dequantize(*codes[n], scheme.weight).to(mod.weight.dtype)
+            return lambda: w
 
         def make():
-            codes, scale = checkpoint_codes(model, members[n], scheme)[n]
-            return dequantize(codes, scale, scheme.weight).to(mod.weight.dtype)
+            return dequantize(*checkpoint_codes(model, members[n], scheme)[n], scheme.weight).to(mod.weight.dtype)
 
-        if keep:
-            w = make()
-            return lambda: w
         return make
 
     for n in linear:
         mod = model.get_submodule(n)
-        quant_input = _input_quant(n, scheme, calibration)
+        scale = calibration.input_scale(n, scheme.input) if scheme.static_input else None
 
-        def forward(x, *_, weight=weight_of(n), mod=mod, quant_input=quant_input):
-            if scheme.static_input or last.get("x") is not x:
-                xq = quant_input(x)
-                last.update(x=x, xq=x + (xq - x).detach() if straight_through else xq)
+        def forward(x, *_, weight=weight_of(n), mod=mod, scale=scale):
+            if last.get("x") is not x or not _same_scale(last["scale"], scale):
+                xq = fake_quant(x, scheme.input, scale=scale)
+                last.update(x=x, scale=scale, xq=x + (xq - x).detach() if straight_through else xq)
             return nn.functional.linear(last["xq"], weight(), mod.bias)
 
         out[n] = forward
@@ -279,6 +282,16 @@ def fp8_forwards(
 
             out[n] = lazy
     return out
+
+
+def _one_by_one(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, tuple]:
+    """checkpoint_codes of each name as if it alone were in FP8 (its own per-tensor scale, no fused group's)."""
+    return {n: checkpoint_codes(model, [n], scheme)[n] for n in names}
+
+
+def _same_scale(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two input scales quantize alike (None: dynamic, from the input itself)."""
+    return a is b or (a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b)))
 
 
 def _weight_bytes(model: nn.Module, name: str) -> int:

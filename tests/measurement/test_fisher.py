@@ -103,6 +103,23 @@ def test_estimate_ranks_like_the_exact_sweep(tiny):
         assert fr.sqnr_db[u] == pytest.approx(sq[u], abs=1e-3)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_static_fp8_perturbs_as_the_exact_sweep(tiny, fused):
+    """Under FP8 with static input scales (the peer table's sweep) the estimate's perturbed outputs are the exact
+    sweep's, whose forward swaps FP8 weights into the model (quantize_units, not fp8_forwards): the same SQNR per
+    fused group (its units with their shared weight and input scales) and per unit alone (each its own weight
+    scale; q/k/v's input quantized once per scale, as both are equal)."""
+    s, r, _ = tiny
+    settings = SweepSettings(method="exact", scheme="FP8", granularity="group" if fused else "unit", include_kv=False)
+    exact = sweep(s, r, settings).table
+    rows = [x for x in plan_rows(s, Scheme.from_name("FP8"), settings.granularity, False) if x.kind != "model"]
+    fr = fisher_rows(s, r, rows, fused=fused)
+    sq = dict(zip(exact.unit, exact.sqnr_db))
+    assert len(rows) == (16 if fused else 28)
+    for x in rows:
+        assert fr.sqnr_db[x.unit] == pytest.approx(sq[x.unit], abs=1e-3), x.unit
+
+
 def test_estimate_is_seeded_and_draws_matter(tiny):
     s, r, _ = tiny
     rows = plan_rows(s, Scheme.from_name("FP8_DYNAMIC"))[:6]

@@ -75,6 +75,31 @@ def test_fp8_fused_group_shares_max_scale():
     assert (w_alone - m.get_submodule(qkv[0]).weight).abs().max() < (w_q - m.get_submodule(qkv[0]).weight).abs().max()
 
 
+def test_fp8_forwards_quantize_a_shared_input_with_each_units_own_static_scale():
+    """fp8_forwards quantizes q/k/v's one input once where their static scales are equal (the sweep's case: one
+    input, one amax); where a caller's calibration gives them different scales, each unit gets its own: the output
+    is the hand-made linear(fake_quant(x, that unit's scale), its FP8 weight), whatever unit ran before on x."""
+    from fp8probe import fake_quant
+    from fp8probe.measurement.quantize import fp8_forwards
+    from fp8probe.measurement.scales import Calibration
+
+    m = tiny_model("llama")
+    qkv = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
+    scheme = Scheme.from_name("FP8")
+    x = torch.randn(2, 5, m.get_submodule(qkv[0]).in_features, generator=_rng())
+    top = x.abs().max()
+    cal = Calibration({qkv[0]: top, qkv[1]: top / 8, qkv[2]: top / 8}, {}, {})
+    forwards = fp8_forwards(m, qkv, scheme, cal, fused=False)
+    weights = simulated_weights(m, qkv[:1], scheme) | simulated_weights(m, qkv[1:2], scheme)
+    weights |= simulated_weights(m, qkv[2:], scheme)
+    for n in qkv:  # q, then k and v on the same input object: k must not reuse q's quantized input
+        mod = m.get_submodule(n)
+        expected = torch.nn.functional.linear(
+            fake_quant(x, scheme, "input", cal.input_scale(n, scheme.input)), weights[n], mod.bias
+        )
+        assert torch.equal(forwards[n](x), expected), n
+
+
 def test_kv_hook_sees_post_rope_keys():
     m = tiny_model("llama")
     ids = torch.randint(3, 300, (1, 9), generator=_rng())
