@@ -165,10 +165,14 @@ def _check_dims(model, linear, experts, scheme: Scheme) -> None:
     scheme.check_input_dims(dims)
 
 
+def _input_scale(name: str, scheme: Scheme, calibration: Calibration | None) -> torch.Tensor | None:
+    """The unit's static input scale from the calibration; None for a dynamic scheme (each input its own)."""
+    return calibration.input_scale(name, scheme.input) if scheme.static_input else None
+
+
 def _input_quant(name: str, scheme: Scheme, calibration: Calibration | None):
-    spec = scheme.input
-    scale = calibration.input_scale(name, spec) if scheme.static_input else None
-    return lambda x: fake_quant(x, spec, scale=scale)
+    scale = _input_scale(name, scheme, calibration)
+    return lambda x: fake_quant(x, scheme.input, scale=scale)
 
 
 LAZY_CODES_BYTES = 4 * 2**30  # quantize_units keeps FP8 codes up to this many bytes, and requantizes per forward above
@@ -236,11 +240,12 @@ def fp8_forwards(
     out = {}
     members = _fused_members(model, linear) if fused else {n: [n] for n in linear}
     keep = sum(_weight_bytes(model, n) for n in names) <= DEQUANTIZED_CACHE_BYTES
-    # q/k/v (and gate/up) see the same input: quantize it once per scale (their static scales are equal, the max of
-    # one input's values; a unit row's own scale may differ from its group's and is quantized again)
+    # q/k/v (and gate/up) see the same input: quantize it once per scale (a sweep's calibration gives them one, the
+    # amax of that input; a caller's may give them several, each quantized on its own)
     last: dict = {}
-    # kept: every weight's codes at once (a fused group's shared scale made once, not once per member)
-    codes = (checkpoint_codes(model, linear, scheme) if fused else _one_by_one(model, linear, scheme)) if keep else {}
+    codes = {}  # kept: each set of members' codes made once (a fused group's shared scale not once per member)
+    for ms in {tuple(ms) for ms in members.values()} if keep else ():
+        codes.update(checkpoint_codes(model, list(ms), scheme))
 
     def weight_of(n):
         """The FP8 weight of n in the model's dtype: kept from the start (small models) or made at each call."""
@@ -256,7 +261,7 @@ def fp8_forwards(
 
     for n in linear:
         mod = model.get_submodule(n)
-        scale = calibration.input_scale(n, scheme.input) if scheme.static_input else None
+        scale = _input_scale(n, scheme, calibration)
 
         def forward(x, *_, weight=weight_of(n), mod=mod, scale=scale):
             if last.get("x") is not x or not _same_scale(last["scale"], scale):
@@ -284,14 +289,9 @@ def fp8_forwards(
     return out
 
 
-def _one_by_one(model: nn.Module, names: list[str], scheme: Scheme) -> dict[str, tuple]:
-    """checkpoint_codes of each name as if it alone were in FP8 (its own per-tensor scale, no fused group's)."""
-    return {n: checkpoint_codes(model, [n], scheme)[n] for n in names}
-
-
 def _same_scale(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     """Whether two input scales quantize alike (None: dynamic, from the input itself)."""
-    return a is b or (a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b)))
+    return a is b or (a is not None and b is not None and torch.equal(a, b))
 
 
 def _weight_bytes(model: nn.Module, name: str) -> int:

@@ -90,8 +90,7 @@ def test_fp8_forwards_quantize_a_shared_input_with_each_units_own_static_scale()
     top = x.abs().max()
     cal = Calibration({qkv[0]: top, qkv[1]: top / 8, qkv[2]: top / 8}, {}, {})
     forwards = fp8_forwards(m, qkv, scheme, cal, fused=False)
-    weights = simulated_weights(m, qkv[:1], scheme) | simulated_weights(m, qkv[1:2], scheme)
-    weights |= simulated_weights(m, qkv[2:], scheme)
+    weights = {n: simulated_weights(m, [n], scheme)[n] for n in qkv}  # unit rows: each its own weight scale
     for n in qkv:  # q, then k and v on the same input object: k must not reuse q's quantized input
         mod = m.get_submodule(n)
         expected = torch.nn.functional.linear(
