@@ -128,15 +128,23 @@ def steps_with_interval(curves: Curves, seed_curves, baseline, target: float, n:
         rat.append(0.0 if s is None or b is None else b / s)
     f = expansion(k)
 
-    def widen(values, centre):
-        lo, hi = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-        if centre is None:
-            return None, None
-        lo = max(0.0, centre - f * (centre - lo))
-        hi = None if not math.isfinite(hi) else centre + f * (hi - centre)
-        return float(lo), hi if hi is None else float(hi)
+    return point, _widen(got, point, f), ratio, _widen(rat, ratio, f)
 
-    return point, widen(got, point), ratio, widen(rat, ratio)
+
+def _widen(values, centre: float | None, f: float) -> tuple[float | None, float | None]:
+    """The bootstrap's percentile interval of `values` (inf: a resample that never reached the target) widened about
+    `centre` by `f`; the low end kept within [0, centre], the high end None where it is never reached."""
+    import numpy as np
+
+    if centre is None:
+        return None, None
+    # a percentile between two resamples that never reach the target is itself never reached (numpy's interpolation
+    # makes it inf - inf = nan, and a nan low end read as 0 steps)
+    with np.errstate(invalid="ignore"):
+        lo, hi = np.nan_to_num(np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2]), nan=math.inf)
+    lo = min(centre, max(0.0, centre - f * (centre - lo)))  # too few resamples reach it for a lower end below it
+    hi = None if not math.isfinite(hi) else centre + f * (hi - centre)
+    return float(lo), hi if hi is None else float(hi)
 
 
 def _seed_doses(d: Path, objective: str, level: str, rows, n: int):
