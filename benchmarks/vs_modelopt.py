@@ -257,6 +257,13 @@ def main():
         choices=COSTS,
         help="how fp8probe's recipes price groups (context: one measured pass per group, slow)",
     )
+    ap.add_argument(
+        "--refine",
+        type=int,
+        nargs="+",
+        default=sorted({p[2] for p in PATHS}),
+        help="the refinement passes of the paths compared (0: unrefined alone; each pass a measured search pass)",
+    )
     ap.add_argument("--out", default="runs/vs-modelopt")
     args = ap.parse_args()
     out = Path(args.out)
@@ -264,7 +271,7 @@ def main():
     rollouts = load_rollouts(args.sweep)
     mo = {bits: run_modelopt(rollouts, out, bits, args.modes, args.as_source, args.model) for bits in args.bits}
     tables = sweeps(args.sweep, out, args.model, args.methods)
-    paths = [p for p in PATHS if p[0] in args.methods and p[1] in args.costs]
+    paths = [p for p in PATHS if p[0] in args.methods and p[1] in args.costs and p[2] in args.refine]
     student = load_student(args.model)
     search_ref = Reference(student, rollouts)
     seen = set(rollouts.meta.prompts)
