@@ -324,7 +324,7 @@ def main():
                     judge,
                     mo[bits][mode]["seconds"],
                 )
-                | {"bits_target": bits, "tool": "modelopt", "mode": mode}
+                | {"bits_target": bits, "tool": "modelopt", "mode": mode, "fp8_groups": gs}
             )
         for method, costs, passes, holdout in paths:
             table, t_sweep, kept = tables[method]
@@ -359,6 +359,7 @@ def main():
                     "costs": costs,
                     "refine": passes,
                     "holdout": holdout,
+                    "fp8_groups": list(rec.quantized),  # kept: any two recipes can be paired again later
                 }
             )
         if args.headroom:
