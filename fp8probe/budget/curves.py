@@ -141,7 +141,8 @@ def _widen(values, centre: float | None, f: float) -> tuple[float | None, float 
     # a percentile between two resamples that never reach the target is itself never reached (numpy's interpolation
     # makes it inf - inf = nan, and a nan low end read as 0 steps)
     with np.errstate(invalid="ignore"):
-        lo, hi = np.nan_to_num(np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2]), nan=math.inf)
+        q = np.quantile(values, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    lo, hi = np.nan_to_num(q, nan=math.inf, posinf=math.inf)
     lo = min(centre, max(0.0, centre - f * (centre - lo)))  # too few resamples reach it for a lower end below it
     hi = None if not math.isfinite(hi) else centre + f * (hi - centre)
     return float(lo), hi if hi is None else float(hi)

@@ -119,6 +119,8 @@ def test_steps_never_reached_in_some_resamples_have_no_upper_end_and_no_nan(tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _widen([12.0] * 4 + [math.inf] * 96, 10.0, 1.5) == (10.0, None)
+        # 5 misses: the 95th percentile lies between the last reach and the first miss, inf itself: no upper end
+        assert _widen([12.0] * 95 + [math.inf] * 5, 10.0, 1.5) == (10.0, None)
     assert _widen([8.0, 9.0, 10.0, 11.0, 12.0] * 20, 10.0, 1.0) == pytest.approx((8.0, 12.0))
 
 
