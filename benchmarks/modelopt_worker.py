@@ -1,6 +1,6 @@
 """Run NVIDIA ModelOpt's auto_quantize on a student; runs inside ModelOpt's own venv (see vs_modelopt.py).
 
-    python modelopt_worker.py MODEL_DIR TOKENS.pt METHOD EFFECTIVE_BITS OUT.json [NUM_PATH_NODES]
+    python modelopt_worker.py MODEL_DIR TOKENS.pt METHOD EFFECTIVE_BITS OUT.json [NUM_PATH_NODES] [CHECKPOINT]
 
 TOKENS.pt holds the rollouts (input_ids, attention_mask, response_mask) as fp8probe sampled them. Candidates:
 FP8_DEFAULT_CFG (per-tensor FP8 weights and inputs, max-calibrated) or no quantization, lm_head disabled, at
@@ -15,6 +15,7 @@ ModelOpt version, every group's scores and costs per format, and (aumann_shapley
 """
 
 import json
+import os
 import sys
 import time
 
@@ -45,7 +46,9 @@ def main():
     from transformers import AutoModelForCausalLM
 
     model_dir, tokens, method, bits, out = sys.argv[1:6]
-    nodes = int(sys.argv[6]) if len(sys.argv) > 6 else None
+    nodes = int(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[6] != "-" else None
+    checkpoint = sys.argv[7] if len(sys.argv) > 7 else None
+    restored = _has_scores(checkpoint)
     torch.manual_seed(0)
     data = torch.load(tokens)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -57,6 +60,8 @@ def main():
     kw = {"loss_func": loss_func} if method == "gradient" else {}
     if nodes is not None:  # the saturation-aware mode's path nodes (its default: 2)
         kw["method_options"] = {"num_path_nodes": nodes}
+    if checkpoint is not None:
+        kw["checkpoint"] = checkpoint
     t = time.perf_counter()
     model, state = mtq.auto_quantize(
         model,
@@ -83,6 +88,7 @@ def main():
         "effective_bits": float(bits),
         "fp8_modules": fp8,
         "seconds": seconds,
+        "restored": restored,
         "scores": _scores(state),
     }
     damage = state.get("damage_model") if isinstance(state, dict) else None
@@ -91,6 +97,13 @@ def main():
         res["predicted_damage"] = state.get("best", {}).get("predicted_damage", damage.get("predicted_damage"))
     with open(out, "w") as f:
         json.dump(res, f, default=str)
+
+
+def _has_scores(checkpoint: str | None) -> bool:
+    """Whether ModelOpt's checkpoint holds a finished scoring (it also saves one after calibration alone)."""
+    if checkpoint is None or not os.path.exists(checkpoint):
+        return False
+    return bool(torch.load(checkpoint, weights_only=False).get("candidate_stats"))
 
 
 def _number(x):

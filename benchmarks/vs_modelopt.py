@@ -110,7 +110,12 @@ def run_modelopt(
     modes=("kl_div", "gradient"),
     as_source: str | None = None,
     model: str = "smollm2-135m",
+    reuse_scores: bool = False,
 ) -> dict:
+    """ModelOpt's recipe of each mode at `bits` (kept in `out`, run where missing). With `reuse_scores` each mode
+    searches once, through ModelOpt's own search checkpoint in `out`: the first size calibrates and scores, a later
+    size restores them and only solves; a restored size's `seconds` is the scoring run's (what one recipe of any size
+    costs a user who searches once), its own in `solve_seconds`."""
     tokens = out / "tokens.pt"
     torch.save(
         {
@@ -126,14 +131,29 @@ def run_modelopt(
         res = out / f"modelopt-{mode.replace(':', '-')}-{bits:g}.json"
         if mode in modes and not res.exists():
             method, _, nodes = mode.split("@")[0].partition(":")
-            args = [str(STUDENTS[model]()), str(tokens), method, str(bits), str(res), *([nodes] if nodes else [])]
+            search = out / f"modelopt-{mode.replace(':', '-')}-search"
+            args = [str(STUDENTS[model]()), str(tokens), method, str(bits), str(res), nodes or "-"]
+            args += [str(search.with_suffix(".pth"))] if reuse_scores else []
             done = subprocess.run([str(modelopt_python(mode, as_source)), str(WORKER), *args])
             if done.returncode != 0:  # said in the table's place, the other modes still compared
                 print(f"ModelOpt {mode} at {bits:g} bits failed (exit {done.returncode}): no row", flush=True)
                 continue
+            if reuse_scores:
+                _share_search_time(res, search.with_suffix(".json"))
         if res.exists():
             mo[mode] = json.loads(res.read_text())
     return mo
+
+
+def _share_search_time(res: Path, scoring: Path) -> None:
+    """The scoring run's seconds kept beside ModelOpt's checkpoint, and given to every size that restored it."""
+    got = json.loads(res.read_text())
+    if not got["restored"]:
+        scoring.write_text(json.dumps({"seconds": got["seconds"], "effective_bits": got["effective_bits"]}))
+        return
+    first = json.loads(scoring.read_text())
+    got |= {"solve_seconds": got["seconds"], "seconds": first["seconds"], "scored_at_bits": first["effective_bits"]}
+    res.write_text(json.dumps(got))
 
 
 def sweeps(sweep: str, out: Path, model: str = "smollm2-135m", methods=METHODS) -> dict:
@@ -264,12 +284,20 @@ def main():
         default=sorted({p[2] for p in PATHS}),
         help="the refinement passes of the paths compared (0: unrefined alone; each pass a measured search pass)",
     )
+    ap.add_argument(
+        "--reuse-scores",
+        action="store_true",
+        help="each ModelOpt mode scores once and solves every size from its search checkpoint (its time: the scoring)",
+    )
     ap.add_argument("--out", default="runs/vs-modelopt")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rollouts = load_rollouts(args.sweep)
-    mo = {bits: run_modelopt(rollouts, out, bits, args.modes, args.as_source, args.model) for bits in args.bits}
+    mo = {
+        bits: run_modelopt(rollouts, out, bits, args.modes, args.as_source, args.model, args.reuse_scores)
+        for bits in args.bits
+    }
     tables = sweeps(args.sweep, out, args.model, args.methods)
     paths = [p for p in PATHS if p[0] in args.methods and p[1] in args.costs and p[2] in args.refine]
     student = load_student(args.model)

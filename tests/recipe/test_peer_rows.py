@@ -46,3 +46,29 @@ def test_the_search_set_sized_like_a_users_leaves_the_held_out_prompts_unseen():
     assert got[:16] == BUILTIN_PROMPTS[:16]
     assert not set(got) & set(BUILTIN_PROMPTS[16:]) and len(BUILTIN_PROMPTS[16:]) == 24
     assert mod.search_prompts(128) == got and mod.search_prompts(16) == BUILTIN_PROMPTS[:16]
+
+
+def test_a_size_solved_from_modelopts_checkpoint_is_timed_as_the_scoring_it_reused(tmp_path):
+    """--reuse-scores: ModelOpt's checkpoint after calibration alone (empty candidate_stats, as ModelOpt saves it
+    before scoring) is not a finished scoring; one with stats is. The first size keeps its seconds beside the
+    checkpoint; a size that restored it is timed as that scoring (what one recipe costs a user), its own solve kept
+    apart. Seen failing with any existing checkpoint taken as restored, and with the solve's seconds kept as the
+    size's time."""
+    import json
+
+    worker, vs = _worker(), benchmark("vs_modelopt")
+    ckpt = tmp_path / "search.pth"
+    assert not worker._has_scores(None) and not worker._has_scores(str(ckpt))
+    torch.save({"candidate_stats": {}, "quantizer_states": {"x": 1}}, ckpt)
+    assert not worker._has_scores(str(ckpt))
+    torch.save({"candidate_stats": {"layers.0.mlp": {"scores": [0.5, 0.0]}}}, ckpt)
+    assert worker._has_scores(str(ckpt))
+
+    first, later, scoring = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "search.json"
+    first.write_text(json.dumps({"seconds": 812.5, "effective_bits": 15.25, "restored": False}))
+    vs._share_search_time(first, scoring)
+    later.write_text(json.dumps({"seconds": 3.25, "effective_bits": 14.5, "restored": True, "fp8_modules": ["m"]}))
+    vs._share_search_time(later, scoring)
+    got = json.loads(later.read_text())
+    assert got["seconds"] == 812.5 and got["solve_seconds"] == 3.25 and got["scored_at_bits"] == 15.25
+    assert got["fp8_modules"] == ["m"] and json.loads(first.read_text())["seconds"] == 812.5
