@@ -131,7 +131,7 @@ def run_modelopt(
         res = out / f"modelopt-{mode.replace(':', '-')}-{bits:g}.json"
         if mode in modes and not res.exists():
             method, _, nodes = mode.split("@")[0].partition(":")
-            search = out / f"modelopt-{mode.replace(':', '-')}-search"
+            search = search_stem(out, mode, rollouts)
             args = [str(STUDENTS[model]()), str(tokens), method, str(bits), str(res), nodes or "-"]
             args += [str(search.with_suffix(".pth"))] if reuse_scores else []
             done = subprocess.run([str(modelopt_python(mode, as_source)), str(WORKER), *args])
@@ -143,6 +143,12 @@ def run_modelopt(
         if res.exists():
             mo[mode] = json.loads(res.read_text())
     return mo
+
+
+def search_stem(out: Path, mode: str, rollouts) -> Path:
+    """Where ModelOpt's search checkpoint of `mode` and its scoring time live: keyed by the rollouts' digest, so scores
+    made on other rollouts in the same --out are never restored."""
+    return out / f"modelopt-{mode.replace(':', '-')}-search-{rollouts.digest()[:12]}"
 
 
 def _share_search_time(res: Path, scoring: Path) -> None:

@@ -52,8 +52,8 @@ def test_a_size_solved_from_modelopts_checkpoint_is_timed_as_the_scoring_it_reus
     """--reuse-scores: ModelOpt's checkpoint after calibration alone (empty candidate_stats, as ModelOpt saves it
     before scoring) is not a finished scoring; one with stats is. The first size keeps its seconds beside the
     checkpoint; a size that restored it is timed as that scoring (what one recipe costs a user), its own solve kept
-    apart. Seen failing with any existing checkpoint taken as restored, and with the solve's seconds kept as the
-    size's time."""
+    apart; scores made on other rollouts live in another file. Seen failing with any existing checkpoint taken as
+    restored, with the solve's seconds kept as the size's time, and with the checkpoint keyed by the mode alone."""
     import json
 
     worker, vs = _worker(), benchmark("vs_modelopt")
@@ -72,3 +72,8 @@ def test_a_size_solved_from_modelopts_checkpoint_is_timed_as_the_scoring_it_reus
     got = json.loads(later.read_text())
     assert got["seconds"] == 812.5 and got["solve_seconds"] == 3.25 and got["scored_at_bits"] == 15.25
     assert got["fp8_modules"] == ["m"] and json.loads(first.read_text())["seconds"] == 812.5
+
+    st = tiny_student("llama")
+    a, b = (make_rollouts(st, num_prompts=3, max_new_tokens=4, seed=s) for s in (0, 1))
+    assert vs.search_stem(tmp_path, "aumann_shapley:8", a) == vs.search_stem(tmp_path, "aumann_shapley:8", a)
+    assert vs.search_stem(tmp_path, "gradient", a) != vs.search_stem(tmp_path, "gradient", b)
