@@ -131,14 +131,14 @@ def run_modelopt(
         res = out / f"modelopt-{mode.replace(':', '-')}-{bits:g}.json"
         if mode in modes and not res.exists():
             method, _, nodes = mode.split("@")[0].partition(":")
-            search = search_stem(out, mode, rollouts)
+            search = search_stem(out, mode, rollouts) if reuse_scores else None
             args = [str(STUDENTS[model]()), str(tokens), method, str(bits), str(res), nodes or "-"]
-            args += [str(search.with_suffix(".pth"))] if reuse_scores else []
+            args += [str(search.with_suffix(".pth"))] if search else []
             done = subprocess.run([str(modelopt_python(mode, as_source)), str(WORKER), *args])
             if done.returncode != 0:  # said in the table's place, the other modes still compared
                 print(f"ModelOpt {mode} at {bits:g} bits failed (exit {done.returncode}): no row", flush=True)
                 continue
-            if reuse_scores:
+            if search:
                 _share_search_time(res, search.with_suffix(".json"))
         if res.exists():
             mo[mode] = json.loads(res.read_text())
