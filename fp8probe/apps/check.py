@@ -22,6 +22,33 @@ from ..sources.sources import combine
 from ..sources.verl_async import async_configuration, check_mixable
 
 
+def judged_scale(budget, rollouts, saved, other_scale: bool) -> str | None:
+    """Refuse, in one line, rollouts of another scale than the budget's doses (another kind of prompt, response length
+    or sampling: `Budget.other_scale`) unless `other_scale`, then the note the verdict carries; None: the same."""
+    from ..budget.fit import scale_of
+    from ..core.errors import FP8ProbeError
+    from ..model.rollouts import read_prompts
+
+    if saved is not None and saved.meta is not None and saved.meta.sampling:
+        s = saved.meta.sampling
+        scale = scale_of(saved.meta.prompts, s.get("max_new_tokens"), s.get("temperature"), s.get("top_p", 1.0))
+    elif saved is not None:
+        return "the rollouts record no sampling settings: the budget's scale could not be compared"
+    else:
+        prompts = read_prompts(rollouts.prompts, rollouts.prompt_key) if rollouts.prompts else None
+        scale = scale_of(prompts, rollouts.max_new_tokens, rollouts.temperature)
+    why = budget.other_scale(scale)
+    if why is None:
+        return None
+    if not other_scale:
+        raise FP8ProbeError(
+            f"the budget's doses were measured on other rollouts than these ({why}): its scale is another; drop "
+            "`rollouts`/`prompts`/`max_new_tokens`/`temperature` (check samples the budget's own), or pass "
+            "`other_scale` to judge these anyway (the verdict will say so)"
+        )
+    return f"judged on rollouts of another scale than the budget's doses ({why}; `other_scale` given)"
+
+
 @dataclass(frozen=True)
 class CheckResult(Result):
     report: CheckRecord  # check.json
@@ -52,20 +79,21 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
     if settings.verl_async:
         check_mixable(budget.metric)
     sc = settings.shortcuts
-    check_inputs(model, rollouts, out)
+    inputs = check_inputs(model, rollouts, out)
+    scale_note = judged_scale(budget, rollouts, inputs.rollouts, settings.other_scale)  # another scale: refused here
     sc.check(model)
     with output_dir(out) as d:
         student, _ = load(model)
         note = check_student(budget, student, settings.other_student)  # another student's budget: refused here
         teacher = sc.load_teacher(model)
-        r, _ = rollouts_for(student, rollouts, d, progress=progress)
-        named = sc.sources(student, model.allow_pickle)
+        r, _ = rollouts_for(student, rollouts, d, progress=progress, saved=inputs.rollouts)
+        named = sc.sources(student, model.allow_pickle, settings.stale_steps)
         if settings.verl_async:
             name, lags = async_configuration(student, named, settings.stale_steps, settings.verl)
             report = check_async(student, r, name, budget, lags, engine=sc.engine, teacher=teacher, sampling=rollouts)
         else:
             config = named[0] if len(named) == 1 else combine(named)
             report = check(student, r, config, budget, engine=sc.engine, teacher=teacher, sampling=rollouts)
-        report = replace(report, budget_student_note=note, budget_objective_note=objective)
+        report = replace(report, budget_student_note=note, budget_objective_note=objective, scale_note=scale_note)
         report.write(d / CheckRecord.KIND)
     return CheckResult(Path(out), report)

@@ -20,6 +20,7 @@ tolerance there) cannot REJECT: the verdict is UNCERTAIN, and what would decide 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from ..core.artifacts import arithmetic
 from ..core.metrics import excess
 from ..core.records import CheckRecord
 from ..core.stats import LEVEL, expansion
+from ..sources.config import STALE_UNKNOWN, RolloutConfig
 from ..sources.sources import Source
 from .fit import Budget
 
@@ -47,12 +49,14 @@ def check(
     reference: Reference | None = None,
     sampling: RolloutSettings | None = None,
 ) -> CheckRecord:
-    """The verdict and everything behind it, as check.json holds it; every figure computed as `engine` does
-    ("sim": the configuration in the reference-dtype model, as the budget and the recipes were measured; an
-    engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda"). `sampling`: the rollouts' settings,
-    whose batch size the arithmetic runs in and whose response length and seed the prefix shift samples its
-    continuations with (None: the rollouts' own response length, seed 0, batches of 8). The configuration's kinds of
-    source (fp8, kv, stale) are what `judge` reads the budget's evidence for."""
+    """The verdict and everything behind it, as check.json holds it. The verdict's figure is measured on the budget's
+    scale: a calibrated budget's doses are the simulation's ("sim": the configuration in the reference-dtype model),
+    so a check asked for another engine (an engines.py profile: the rollout engine's own arithmetic, e.g.
+    "vllm-cuda") is judged on the simulation's figure of the same configuration, the engine's beside it
+    (`also_measured`, `converted`); a number given as the budget is judged on `engine`'s. The prefix shift and the OPD
+    signal are `engine`'s. `sampling`: the rollouts' settings, whose batch size the arithmetic runs in and whose
+    response length and seed the prefix shift samples its continuations with (None: the rollouts' own response
+    length, seed 0, batches of 8). The configuration (config.config) is what `judge` reads the budget's levels for."""
     from ..measurement.measure import measure, measured_as
     from ..measurement.opd import OPDSignal
     from ..measurement.prefix import PrefixShift
@@ -61,41 +65,54 @@ def check(
     batch_size = sampling.batch_size if sampling is not None else 8
     if reference is None:
         reference = Reference(student, rollouts, batch_size)
-    got = measure(reference, student, rollouts, config.perturbation, engine, batch_size)
+    judged_engine = budget.scale["engine"] if budget.scale else engine
+    got = measure(reference, student, rollouts, config.perturbation, judged_engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = tuple(got.excess_interval(budget.metric))
     shift = PrefixShift.sampled_as(student, reference, rollouts, sampling, engine).measure(config.perturbation)
     opd = None
     if teacher is not None:
         opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
-    v = judge(measured, interval, budget, got.num_prompts, config.perturbation.kinds())
-    ruler = v["ruler"]
-    also = measured_as(
-        OTHER_ENGINE.get(engine, "sim"), reference, student, rollouts, config.perturbation, budget.metric, batch_size
+    v = judge(measured, interval, budget, got.num_prompts, config.config)
+    beside = engine if engine != judged_engine else OTHER_ENGINE.get(engine, "sim")
+    also = measured_as(beside, reference, student, rollouts, config.perturbation, budget.metric, batch_size)
+    return _record(
+        v, config, budget, (engine, judged_engine), (measured, interval, got, rollouts), (also, shift, opd), batch_size
     )
+
+
+def _record(v: Judgement, config, budget, engines, figure, beside, batch_size: int) -> CheckRecord:
+    """check.json's record of a verdict `v` on `config`, measured (`figure`: the value, its interval, the Measured,
+    the rollouts) on `engines` (asked, judged on), with the figures `beside` it (the other engine's, the prefix shift,
+    the OPD signal)."""
+    ruler = v.ruler
+    (engine, judged_engine), (measured, interval, got, rollouts), (also, shift, opd) = engines, figure, beside
     return CheckRecord(
-        verdict=v["verdict"],
+        verdict=v.verdict,
         configuration=config.name,
+        config=config.config.name,
         engine=engine,
+        judged_engine=judged_engine,
         metric=budget.metric,
         measured=measured,
         measured_interval=list(interval),
         interval_level=LEVEL,
         budget=ruler.value,
-        margin=ruler.value - measured,
+        margin=v.margin,
+        decided_by=v.decided_by(),
         budget_calibrated=budget.calibrated,
         budget_source=ruler.source,
         budget_interval=ruler.interval,
         budget_censored=ruler.censored,
         budget_interval_censored=ruler.interval_censored,
-        judged_on=v["judged_on"],
-        kind_evidence=v["kind_evidence"],
+        judged_on=v.judged_on,
+        kind_evidence=v.evidence,
         budget_student=budget.student,
         budget_objective=budget.objective,
         budget_response=budget.response,
         budget_tolerance=budget.tolerance,
-        prompts_to_decide=v["prompts_to_decide"],
-        undecided_because=v["undecided_because"],
+        prompts_to_decide=v.prompts_to_decide,
+        undecided_because=v.undecided_because,
         metrics=got.metrics,
         also_measured=also,
         prefix_shift=shift,
@@ -119,21 +136,23 @@ def check_async(
     sampling: RolloutSettings | None = None,
 ) -> CheckRecord:
     """The verdict on verl's fully-async rollouts (sources/verl_async.py): every lag either regime trains at measured
-    on the same tokens, each regime's mixture the share-weighted sum (measurement.Mixture) with one interval over the
-    prompts, the verdict on the trainer-bound mixture (the larger lags: the rollouter keeps its staleness allowance
-    full), judged as stale weights are; the figures beside the verdict (the prefix shift, the other engine, the
-    OPD signal) are the 90th-percentile lag's, and check.json's `verl_async` holds the lags, both regimes and every
-    lag's own figure."""
+    on the same tokens (on the budget's scale, as check() measures), each regime's mixture the share-weighted sum
+    (measurement.Mixture) with one interval over the prompts, the verdict on the trainer-bound mixture (the larger
+    lags: the rollouter keeps its staleness allowance full), judged as stale weights are; the figures beside the
+    verdict (the prefix shift, the other engine, the OPD signal) are the 90th-percentile lag's, and check.json's
+    `verl_async` holds the lags, both regimes and every lag's own figure."""
     from dataclasses import replace
 
     from ..measurement.measure import Mixture, measure
     from ..measurement.reference import Reference
+    from ..sources.sources import merge
     from ..sources.verl_async import REGIMES
 
     batch_size = sampling.batch_size if sampling is not None else 8
     reference = Reference(student, rollouts, batch_size)
     metric = budget.metric
-    at = {k: measure(reference, student, rollouts, lags.at(k), engine, batch_size) for k in lags.support()}
+    judged_engine = budget.scale["engine"] if budget.scale else engine
+    at = {k: measure(reference, student, rollouts, lags.at(k), judged_engine, batch_size) for k in lags.support()}
     regimes = {}
     for regime in REGIMES:
         mix = Mixture([(share, at[k]) for k, share in lags.spec.lags(regime).items()])
@@ -147,12 +166,14 @@ def check_async(
         }
     judged = regimes[REGIMES[0]]
     p90 = judged["p90"]
-    beside = Source(f"{name} at lag {p90}", "stale", lags.at(p90))
+    beside = Source(f"{name} at lag {p90}", "stale", lags.at(p90), config=RolloutConfig(stale=p90 or None))
     report = check(
         student, rollouts, beside, budget, engine=engine, teacher=teacher, reference=reference, sampling=sampling
     )
-    kinds = tuple(dict.fromkeys((*lags.base.kinds(), "stale")))
-    v = judge(judged["measured"], tuple(judged["interval"]), budget, at[0].num_prompts, kinds)
+    mixture = merge(
+        [lags.config or RolloutConfig(), RolloutConfig(stale=STALE_UNKNOWN)]
+    )  # a mixture of lags: no one level's lag
+    v = judge(judged["measured"], tuple(judged["interval"]), budget, at[0].num_prompts, mixture)
     record = {
         "keys": lags.spec.describe(),
         "stale_steps": lags.steps,
@@ -169,20 +190,22 @@ def check_async(
         record["straddle"] = _straddle(reference, student, rollouts, lags, metric)
     return replace(
         report,
-        verdict=v["verdict"],
+        verdict=v.verdict,
         configuration=name,
+        config=mixture.name,
         measured=judged["measured"],
         measured_interval=list(judged["interval"]),
-        budget=v["ruler"].value,
-        margin=v["ruler"].value - judged["measured"],
-        budget_source=v["ruler"].source,
-        budget_interval=v["ruler"].interval,
-        budget_censored=v["ruler"].censored,
-        budget_interval_censored=v["ruler"].interval_censored,
-        judged_on=v["judged_on"],
-        kind_evidence=v["kind_evidence"],
-        prompts_to_decide=v["prompts_to_decide"],
-        undecided_because=v["undecided_because"],
+        budget=v.ruler.value,
+        margin=v.margin,
+        decided_by=v.decided_by(),
+        budget_source=v.ruler.source,
+        budget_interval=v.ruler.interval,
+        budget_censored=v.ruler.censored,
+        budget_interval_censored=v.ruler.interval_censored,
+        judged_on=v.judged_on,
+        kind_evidence=v.evidence,
+        prompts_to_decide=v.prompts_to_decide,
+        undecided_because=v.undecided_because,
         metrics=judged["metrics"],
         verl_async=record,
     )
@@ -209,46 +232,252 @@ def _straddle(reference, student, rollouts, lags: AsyncLags, metric: str) -> dic
     }
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """A verdict and what decided it: `rule` ("level": the configuration is a calibration level and its own loss
+    decides; "levels": levels of its kind at known doses decide; "ruler": a dose–response curve decides), the number
+    the rule compared with (`threshold`, named) and the distance to it (`margin`: positive on the admitting side),
+    what would decide an UNCERTAIN one, and the levels read."""
+
+    verdict: str
+    ruler: Budget
+    rule: str
+    judged_on: str
+    threshold: float | None
+    threshold_name: str | None
+    margin: float | None
+    prompts_to_decide: int | None
+    seeds_to_decide: dict | None
+    undecided_because: str | None
+    evidence: list
+
+    def decided_by(self) -> dict:
+        return {
+            "rule": self.rule,
+            "threshold": self.threshold,
+            "threshold_name": self.threshold_name,
+            "seeds_to_decide": self.seeds_to_decide,
+        }
+
+
 def judge(
-    measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int, kinds: tuple[str, ...] = ()
-) -> dict:
-    """The verdict of a configuration holding `kinds` of source, each kind on its evidence (module docstring):
-    verdict()'s fields and `ruler` (the Budget it was judged against), `judged_on` (in words), `kind_evidence` (the
-    calibration levels read)."""
+    measured: float,
+    interval: tuple[float, float],
+    budget: Budget,
+    num_prompts: int,
+    config: RolloutConfig | tuple = RolloutConfig(),
+) -> Judgement:
+    """The verdict of `config` measured at `measured` [interval] on the budget's scale, each kind on its evidence:
+
+    1. the configuration is a calibration level (equal RolloutConfigs): that level's own loss decides: ADMIT where its
+       interval's upper end is within the tolerance, REJECT where its lower end is above it, else UNCERTAIN (with the
+       seeds at that level that would decide it);
+    2. one kind with levels of its own: REJECT where the measured interval lies at or above the dose of a level of
+       its kind that lost more than the tolerance (its lower end), ADMIT where it lies at or below the dose of one
+       that lost no more (its upper end); otherwise the kind's own curve where one was fitted and fits (the noise
+       ruler for noise, the stale ruler for stale weights), else UNCERTAIN, saying what would decide it: the noise
+       ruler never admits a kind whose own levels the calibration ran;
+    3. a combination, or a kind without levels: the ruler (the stale ruler when stale weights are part of it), which
+       cannot ADMIT it while a kind in it with levels of its own has none at or above its dose within the tolerance.
+
+    `config` may be a tuple of kinds (a configuration of unknown identity: rules 2 and 3 only)."""
+    if not isinstance(config, RolloutConfig):
+        kinds, config = tuple(dict.fromkeys(config)), None
+    else:
+        kinds = config.kinds()
+    from .evidence import levels_of
+
+    levels = levels_of(budget) if budget.calibrated and budget.tolerance is not None else []
+    tol = budget.tolerance
     ruler = budget.for_kind("stale") if "stale" in kinds else budget
-    judged_on = "the stale ruler" if ruler is not budget else "the noise ruler"
-    out = verdict(measured, interval, ruler, num_prompts)
-    evidence = []
-    for kind in dict.fromkeys(k for k in kinds if k in (budget.kinds or {})):
-        for e in budget.kinds[kind]:
-            evidence.append({**e, "kind": kind})
-            lo_e, hi_e = e["loss_interval"] or (math.nan, math.nan)
-            alone = len(set(kinds)) == 1
-            if alone and interval[1] <= e["mismatch"] and hi_e <= budget.tolerance:
-                out = {"verdict": "ADMIT", "prompts_to_decide": None, "undecided_because": None}
-                judged_on = (
-                    f"{kind}'s own calibration level {e['level']}: at or below its dose "
-                    f"({e['mismatch']:.4g}) it lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}], within the "
-                    f"tolerance"
-                )
-            elif alone and interval[0] >= e["mismatch"] and lo_e > budget.tolerance:
-                out = {"verdict": "REJECT", "prompts_to_decide": None, "undecided_because": None}
-                judged_on = (
-                    f"{kind}'s own calibration level {e['level']}: at or above its dose "
-                    f"({e['mismatch']:.4g}) it lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}], more than "
-                    f"the tolerance"
-                )
-            elif e.get("reading") == "costs more than the ruler predicts" and out["verdict"] == "ADMIT":
-                out = {
-                    "verdict": "UNCERTAIN",
-                    "prompts_to_decide": None,
-                    "undecided_because": f"{kind} cost more than the noise ruler predicts at its calibration level "
-                    f"{e['level']} (lost {e['loss']:+.1%} [{lo_e:+.1%}, {hi_e:+.1%}]): the "
-                    f"noise ruler cannot admit it; a calibration level of {kind} at this "
-                    "dose would decide it",
-                }
-                judged_on = f"the noise ruler, which cannot admit {kind}"
-    return {**out, "ruler": ruler, "judged_on": judged_on, "kind_evidence": evidence}
+    mine = [lv for lv in levels if lv.kind in kinds or (not kinds and lv.kind == "none")]
+    evidence = [lv.to_json() for lv in mine]
+    same = next((lv for lv in levels if config is not None and lv.config == config), None)
+    if same is not None:
+        return _by_level(same, tol, ruler, evidence)
+    own = [lv for lv in mine if lv.kind != "none"]
+    if len(kinds) == 1 and own:
+        decided = _by_levels(kinds[0], own, interval, tol, ruler, evidence)
+        if decided is not None:
+            return decided
+        if kinds[0] == "noise" or (kinds[0] == "stale" and ruler is not budget):
+            return _by_ruler(measured, interval, ruler, num_prompts, evidence, f"the {kinds[0]} ruler")
+        return _undecided_kind(kinds[0], own, measured, interval, tol, ruler, num_prompts, evidence)
+    out = _by_ruler(
+        measured,
+        interval,
+        ruler,
+        num_prompts,
+        evidence,
+        "the stale ruler" if ruler is not budget else "the noise ruler",
+    )
+    if out.verdict != "ADMIT":
+        return out
+    for kind in kinds:
+        of_kind = [lv for lv in levels if lv.kind == kind]
+        if of_kind and not any(lv.admits(tol) and interval[1] <= lv.dose for lv in of_kind):
+            top = max(of_kind, key=lambda lv: lv.dose)
+            return replace(
+                out,
+                verdict="UNCERTAIN",
+                judged_on=f"{out.judged_on}, which cannot admit {kind}",
+                undecided_because=f"{kind} was run as a calibration level of its own and no level of it at or above "
+                f"this dose lost within the tolerance ({top.name} at {top.dose:.4g} lost {top.loss_text()}): the "
+                f"ruler cannot admit it; a calibration level of this configuration would decide it",
+            )
+    return out
+
+
+def _by_level(level, tol: float, ruler: Budget, evidence: list) -> Judgement:
+    """Rule 1: the configuration is the calibration level `level`; its own loss decides."""
+    words = f"its own calibration level {level.name}, which lost {level.loss_text()} (tolerance {tol:.1%})"
+    verdict = "ADMIT" if level.admits(tol) else "REJECT" if level.rejects(tol) else "UNCERTAIN"
+    seeds = None if verdict != "UNCERTAIN" else level.seeds_to_decide(tol)
+    because = None
+    if verdict == "UNCERTAIN":
+        because = (
+            f"it is the calibration level {level.name}, whose own loss {level.loss_text()} straddles the "
+            f"tolerance ({tol:.1%}): "
+            + (f"about {seeds} seeds at that level (now {level.seeds}) would decide it" if seeds else "more seeds")
+        )
+    return Judgement(
+        verdict,
+        ruler,
+        "level",
+        words,
+        None,
+        None,
+        None,
+        None,
+        {"level": level.name, "seeds": seeds, "now": level.seeds} if seeds else None,
+        because,
+        evidence,
+    )
+
+
+def _by_levels(kind: str, own: list, interval, tol: float, ruler: Budget, evidence: list) -> Judgement | None:
+    """Rule 2's level tests: REJECT at or above a level of the kind that lost too much, ADMIT at or below one that
+    lost no more than the tolerance; both at once (levels out of order): UNCERTAIN; neither: None."""
+    lo, hi = interval
+    above = [lv for lv in own if lv.rejects(tol) and lo >= lv.dose]
+    below = [lv for lv in own if lv.admits(tol) and hi <= lv.dose]
+    if above and below:
+        a, b = max(above, key=lambda lv: lv.dose), min(below, key=lambda lv: lv.dose)
+        return Judgement(
+            "UNCERTAIN",
+            ruler,
+            "levels",
+            f"{kind}'s own calibration levels, which disagree here",
+            None,
+            None,
+            None,
+            None,
+            None,
+            f"{kind}'s levels disagree: {a.name} at {a.dose:.4g} lost {a.loss_text()}, {b.name} at the higher "
+            f"{b.dose:.4g} lost {b.loss_text()}; more seeds at both would decide it",
+            evidence,
+        )
+    if above:
+        lv = max(above, key=lambda lv: lv.dose)
+        words = (
+            f"{kind}'s own calibration level {lv.name}: at or above its dose ({lv.dose:.4g}) it lost {lv.loss_text()}"
+        )
+        return Judgement(
+            "REJECT", ruler, "levels", words, lv.dose, f"{lv.name}'s dose", lv.dose - lo, None, None, None, evidence
+        )
+    if below:
+        lv = min(below, key=lambda lv: lv.dose)
+        words = (
+            f"{kind}'s own calibration level {lv.name}: at or below its dose ({lv.dose:.4g}) it lost {lv.loss_text()}"
+        )
+        return Judgement(
+            "ADMIT", ruler, "levels", words, lv.dose, f"{lv.name}'s dose", lv.dose - hi, None, None, None, evidence
+        )
+    return None
+
+
+def _undecided_kind(kind: str, own: list, measured: float, interval, tol: float, ruler, n: int, evidence) -> Judgement:
+    """Rule 2 when the kind's levels do not decide and it has no curve of its own: UNCERTAIN, and what would decide
+    it: more prompts where a deciding level's dose lies inside the measured interval, more seeds at the nearest
+    level at or above it that straddles the tolerance, or a level of this configuration."""
+    lo, hi = interval
+    inside = [lv for lv in own if (lv.rejects(tol) or lv.admits(tol)) and lo < lv.dose < hi]
+    prompts = None
+    if inside:
+        lv = min(inside, key=lambda lv: abs(lv.dose - measured))
+        prompts = _prompts_to_decide(measured, interval, lv.dose, n)
+        because = (
+            f"the measured interval straddles the dose of {kind}'s level {lv.name} ({lv.dose:.4g}), which lost "
+            f"{lv.loss_text()}: about {prompts} prompts (now {n}) would place it on one side"
+        )
+    else:
+        higher = sorted((lv for lv in own if lv.dose >= hi), key=lambda lv: lv.dose)
+        straddling = next((lv for lv in higher if not lv.rejects(tol)), None)
+        if straddling is not None:
+            seeds = straddling.seeds_to_decide(tol)
+            because = (
+                f"{kind}'s level {straddling.name} at {straddling.dose:.4g} (at or above this dose) lost "
+                f"{straddling.loss_text()}, which straddles the tolerance: "
+                + (f"about {seeds} seeds there (now {straddling.seeds}) would decide it" if seeds else "more seeds")
+            )
+        else:
+            first = higher[0] if higher else max(own, key=lambda lv: lv.dose)
+            where = "above" if higher else "below"
+            because = (
+                f"{kind} was run as a calibration level of its own, and the nearest ({first.name}, dose "
+                f"{first.dose:.4g}, {where} this one) lost {first.loss_text()}: no level of {kind} at or above "
+                f"this dose lost within the tolerance, and the noise ruler cannot admit {kind}; a calibration level "
+                f"of {kind} at or above {hi:.4g} (this configuration, say) would decide it"
+            )
+    return Judgement(
+        "UNCERTAIN",
+        ruler,
+        "levels",
+        f"{kind}'s own calibration levels",
+        None,
+        None,
+        None,
+        prompts,
+        None,
+        because,
+        evidence,
+    )
+
+
+def _by_ruler(measured: float, interval, ruler: Budget, n: int, evidence: list, name: str) -> Judgement:
+    """Rule 3 (and a kind's own curve): verdict() against `ruler`, the margin to the end the rule compares with."""
+    v = verdict(measured, interval, ruler, n)
+    lo, hi = interval
+    b_lo, b_hi = ruler.interval if ruler.interval else (ruler.value, ruler.value)
+    b_lo, b_hi = min(b_lo, ruler.value), max(b_hi, ruler.value)
+    calibrated = bool(ruler.interval)
+    if v["verdict"] == "REJECT" or (v["verdict"] == "UNCERTAIN" and measured > b_hi):
+        threshold, words, margin = b_hi, "the budget's upper end (BMDU)" if calibrated else "the budget", b_hi - lo
+    else:
+        threshold, words, margin = b_lo, "the budget's lower end (BMDL)" if calibrated else "the budget", b_lo - hi
+    return Judgement(
+        v["verdict"],
+        ruler,
+        "ruler",
+        name,
+        threshold,
+        words,
+        margin,
+        v["prompts_to_decide"],
+        None,
+        v["undecided_because"],
+        evidence,
+    )
+
+
+def _prompts_to_decide(measured: float, interval, edge: float, num_prompts: int) -> int:
+    """About how many prompts would put the measured interval on one side of `edge` 9 times in 10 (verdict's law)."""
+    lo, hi = interval
+    half = (hi - measured if measured < edge else measured - lo) / expansion(num_prompts)
+    if measured == edge:
+        return num_prompts * 100
+    n = num_prompts * (half / abs(measured - edge)) ** 2 * decide_factor()
+    return max(math.ceil(n - 1e-9), num_prompts + 1)
 
 
 # the second figure beside the verdict: the simulation's verdict shows the rollout engine's profile, and the other
@@ -269,10 +498,10 @@ def decide_factor(level: float = LEVEL, power: float = POWER) -> float:
 def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int) -> dict:
     """ADMIT when the measured value's whole interval lies at or below the budget's (its interval's lower end, or the
     number itself when uncalibrated), REJECT when it lies wholly above (unless that end is censored: UNCERTAIN),
-    UNCERTAIN otherwise. An UNCERTAIN verdict
-    says what would decide it: when the measured value lies outside the budget's interval, about how many prompts
-    (an interval narrows as 1/sqrt(n): n x (half-width / expansion(n) / distance to the budget)^2 x decide_factor());
-    when it lies inside, more prompts cannot, only a narrower budget (more calibration runs)."""
+    UNCERTAIN otherwise. An UNCERTAIN verdict says what would decide it: when the measured value lies outside the
+    budget's interval, about how many prompts (an interval narrows as 1/sqrt(n): n x (half-width / expansion(n) /
+    distance to the budget)^2 x decide_factor()); when it lies inside, more prompts cannot, only a narrower budget
+    (more calibration runs); above an end censored at the highest tested dose, calibration at higher doses."""
     lo, hi = interval
     b_lo, b_hi = budget.interval if budget.interval else (budget.value, budget.value)
     b_lo, b_hi = min(b_lo, budget.value), max(b_hi, budget.value)
@@ -280,10 +509,15 @@ def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_
     if hi <= b_lo:
         out["verdict"] = "ADMIT"
     elif lo > b_hi and (budget.censored or budget.interval_censored):
+        why = (
+            "its fitted curve stays within the tolerance up to the highest tested dose"
+            if budget.censored
+            else "in more than 5 % of the bootstrap's redrawn tables the curve stays within the tolerance up to the "
+            "highest tested dose"
+        )
         out["undecided_because"] = (
-            f"the budget's upper end is censored at its highest tested dose ({b_hi:.4g}): "
-            "its runs never lost the tolerance there, so nothing above it can be rejected; "
-            "calibration at higher doses, not more prompts, would decide it"
+            f"the budget's upper end is censored at its highest tested dose ({b_hi:.4g}): {why}, so nothing above "
+            "it can be rejected on the curve; calibration at higher doses, not more prompts, would decide it"
         )
     elif lo > b_hi:
         out["verdict"] = "REJECT"
@@ -293,10 +527,9 @@ def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_
             "(seeds), not more prompts, would decide it"
         )
     else:
-        edge, half = (b_lo, hi - measured) if measured < b_lo else (b_hi, measured - lo)
-        half /= expansion(num_prompts)  # the small-sample widening fades as prompts are added
-        n = num_prompts * (half / abs(measured - edge)) ** 2 * decide_factor()
-        out["prompts_to_decide"] = max(math.ceil(n - 1e-9), num_prompts + 1)
+        out["prompts_to_decide"] = _prompts_to_decide(
+            measured, interval, b_lo if measured < b_lo else b_hi, num_prompts
+        )
         out["undecided_because"] = (
             f"the measured value's {LEVEL:.0%} interval straddles the budget: about "
             f"{out['prompts_to_decide']} prompts (now {num_prompts}) would decide it"

@@ -7,32 +7,41 @@ from ..core.records import CheckRecord
 
 
 def format_check(report: CheckRecord) -> str:
-    engine = report.engine
-    as_run = "" if engine == "sim" else f" as {engine} runs it"
+    engine, judged = report.engine, report.judged_engine
+    as_run = "" if judged == "sim" else f" as {judged} runs it"
     v = report.verdict
     lo, hi = report.measured_interval
-    b = f"budget {'> ' if report.budget_censored else ''}{report.budget:.4g}"
-    if report.budget_interval:
-        top = report.budget_interval[1]
-        b += f" [{report.budget_interval[0]:.4g}, {'> ' if report.budget_interval_censored else ''}{top:.4g}]"
-    sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
-    lines = [
-        f"{v}: {report.configuration}{as_run}: {report.metric} {report.measured:.4g} "
-        f"[{lo:.4g}, {hi:.4g}] {sign} {b} (margin {report.margin:+.3g}; budget "
-        f"{'calibrated' if report.budget_calibrated else 'UNCALIBRATED'}: {report.budget_source})"
-    ]
-    if report.judged_on and report.judged_on != "the noise ruler":
-        lines.append(f"judged on {report.judged_on}")
+    figure = f"{v}: {report.configuration}{as_run}: {report.metric} {report.measured:.4g} [{lo:.4g}, {hi:.4g}]"
+    rule = (report.decided_by or {}).get("rule", "ruler")
+    calibrated = "calibrated" if report.budget_calibrated else "UNCALIBRATED"
+    if rule == "ruler":
+        b = f"budget {'> ' if report.budget_censored else ''}{report.budget:.4g}"
+        if report.budget_interval:
+            top = report.budget_interval[1]
+            b += f" [{report.budget_interval[0]:.4g}, {'> ' if report.budget_interval_censored else ''}{top:.4g}]"
+        sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
+        lines = [f"{figure} {sign} {b} ({_margin(report)}; budget {calibrated}: {report.budget_source})"]
+        if report.judged_on and report.judged_on != "the noise ruler":
+            lines.append(f"judged on {report.judged_on}")
+    else:
+        margin = f" ({_margin(report)})" if report.margin is not None else ""
+        lines = [f"{figure}: judged on {report.judged_on}{margin}; budget {calibrated}: {report.budget_source}"]
+    if not report.budget_calibrated:
+        lines.append(
+            "note: a number is judged as the point it is; a calibrated budget.json judges against its interval's "
+            "lower end (BMDL) and its levels' own losses"
+        )
     for e in report.kind_evidence or []:
-        lo, hi = e["loss_interval"] or (float("nan"), float("nan"))
+        if e.get("kind") == "none":
+            continue
+        elo, ehi = e["loss_interval"] or (float("nan"), float("nan"))
+        reading = f"; the noise ruler: {e['reading']}" if e.get("reading") else ""
         lines.append(
             f"{e['kind']} as a calibration level ({e['level']}, dose {e['mismatch']:.4g}): lost "
-            f"{e['loss']:+.1%} [{lo:+.1%}, {hi:+.1%}] ({report.budget_response} "
-            f"loss, {e['seeds']} seeds); "
-            f"{e['reading']}"
+            f"{e['loss']:+.1%} [{elo:+.1%}, {ehi:+.1%}] ({report.budget_response} loss, {e['seeds']} seeds){reading}"
         )
     lines += verl_async_lines(report)
-    for note in (report.budget_student_note, report.budget_objective_note):
+    for note in (report.budget_student_note, report.budget_objective_note, report.scale_note):
         if note:
             lines.append(f"note: {note}")
     if report.undecided_because:
@@ -40,10 +49,14 @@ def format_check(report: CheckRecord) -> str:
     a = report.also_measured
     at_lag = f"at lag {report.verl_async['beside_at_lag']}, " if report.verl_async else ""
     if a and a.get("measured") is not None:
+        why = (
+            f"the verdict is on the {judged} figure: the budget's doses were measured in {judged}"
+            if a["engine"] == engine and engine != judged
+            else f"the verdict is on the {judged} figure"
+        )
         lines.append(
             f"{at_lag}as {a['engine']} computes it: {report.metric} {a['measured']:.4g} [{a['interval'][0]:.4g}, "
-            f"{a['interval'][1]:.4g}] (the verdict is on the {engine} figure; calibrated budgets measure "
-            "mismatch in sim)"
+            f"{a['interval'][1]:.4g}] ({why})"
         )
     elif a:
         lines.append(f"not measured as {a['engine']} computes it: {a['not_covered']}")
@@ -92,3 +105,11 @@ def verl_async_lines(report: CheckRecord) -> list[str]:
     if a["path"]:
         out.append(f"  {a['path']}")
     return out
+
+
+def _margin(report: CheckRecord) -> str:
+    """The margin to the number the rule compared with, named."""
+    d = report.decided_by or {}
+    name, threshold = d.get("threshold_name") or "the budget", d.get("threshold")
+    at = f" {threshold:.4g}" if threshold is not None else ""
+    return f"margin to {name}{at}: {report.margin:+.3g}"

@@ -73,6 +73,7 @@ class Budget(Record):
     dose: str | None = None  # what the dose is: how `mismatch` was measured
     kinds: dict | None = None  # per kind of source run as a calibration level: its own measured loss and reading
     loss: str | None = optional()  # the objective's training loss, in words (calibrate: runs.OBJECTIVES)
+    dose_scale: dict | None = optional()  # where the doses were measured: engine, prompts, response length (scale_of)
 
     def __post_init__(self):
         if self.metric not in METRICS and self.metric not in VERL_METRICS:
@@ -112,9 +113,32 @@ class Budget(Record):
                 d.get("dose"),
                 d.get("kinds"),
                 d.get("loss"),
+                d.get("dose_scale"),
             )
         except KeyError as e:
             raise FP8ProbeError(f"{where} lacks {e}; write it with `fp8probe budget`") from e
+
+    @property
+    def scale(self) -> dict | None:
+        """Where the budget's doses were measured (`dose_scale`; a calibration's before it was recorded: check's
+        default scale, CHECK_SCALE), None where nothing says (a number, a table of the user's own doses)."""
+        if self.dose_scale:
+            return self.dose_scale
+        return dict(CHECK_SCALE) if self.calibrated and self.dose and "fp8probe check" in self.dose else None
+
+    def other_scale(self, scale: dict) -> str | None:
+        """Why a check on rollouts of `scale` (scale_of) would measure on another scale than the budget's doses
+        (None: the same, or the budget does not say). The prompts' count and seed do not change the scale (more prompts
+        of the same kind only narrow the interval); their kind, the response length and the sampling do."""
+        mine = self.scale
+        if not mine:
+            return None
+        diff = [
+            f"{k} {scale.get(k)!r} (the budget's {mine.get(k)!r})"
+            for k in ("prompts", "max_new_tokens", "temperature", "top_p")
+            if k in mine and scale.get(k) != mine.get(k)
+        ]
+        return "; ".join(diff) or None
 
     def check_judgeable(self) -> None:
         """Refuse, in one line, a budget a configuration cannot be judged against here: one on a verl metric (fitted
@@ -142,6 +166,27 @@ class Budget(Record):
             censored=bool(r.get("above_range")),
             interval_censored=bool(r.get("interval_censored")),
         )
+
+
+# the scale `fp8probe check` measures a configuration on when given no rollouts (RolloutSettings' defaults: the first
+# 16 built-in prompts, up to 48 tokens, temperature 1, in the simulation): where calibrate measures every level's dose
+CHECK_SCALE = {"engine": "sim", "prompts": "built-in", "max_new_tokens": 48, "temperature": 1.0, "top_p": 1.0}
+
+
+def scale_of(prompts, max_new_tokens: int, temperature: float, top_p: float = 1.0) -> dict:
+    """The scale of rollouts sampled from `prompts` (texts or chat messages; None: the built-in ones) with these
+    settings: their prompts' kind ("built-in" when every one is a built-in prompt, else a digest of the set)."""
+    import hashlib
+    import json as _json
+
+    from ..model.prompts import BUILTIN_PROMPTS
+
+    if prompts is None or all(isinstance(p, str) and p in set(BUILTIN_PROMPTS) for p in prompts):
+        kind = "built-in"
+    else:
+        text = _json.dumps(sorted(_json.dumps(p, sort_keys=True) for p in prompts))
+        kind = "prompts " + hashlib.sha256(text.encode()).hexdigest()[:12]
+    return {"prompts": kind, "max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_p": top_p}
 
 
 OTHER_STUDENT = "other_student"  # the setting (--other-student) that judges a student against another's budget

@@ -25,11 +25,11 @@ def measure_point(student, rollouts, config, budget: Budget, engine: str = "sim"
     got = measure(Reference(student, rollouts, batch_size), student, rollouts, config.perturbation, engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = got.excess_interval(budget.metric)
-    v = judge(measured, tuple(interval), budget, got.num_prompts, config.perturbation.kinds())
+    v = judge(measured, tuple(interval), budget, got.num_prompts, config.config)
     return {
         "measured": measured,
         "measured_interval": list(interval),
-        "verdict": v["verdict"],
+        "verdict": v.verdict,
         "num_prompts": got.num_prompts,
         "num_response_tokens": int(got.prompt.numel()),
     }, got

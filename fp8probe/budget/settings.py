@@ -76,7 +76,15 @@ class CheckSettings(Settings):
     )
     verl_async: str | None = opt(None, VERL_ASYNC_HELP + "; needs `stale` and `stale_steps`", metavar="KEYS")
     stale_steps: int | None = opt(
-        None, "with `verl_async`: how many trainer steps older than MODEL the `stale` checkpoint is", low=1
+        None,
+        "how many optimizer (trainer) steps older than MODEL the `stale` checkpoint is: the lag, which a budget's "
+        "stale:K level of the same lag judges",
+        low=1,
+    )
+    other_scale: bool = opt(
+        False,
+        "judge rollouts of another kind, length or sampling than the budget's doses were measured on (refused "
+        "otherwise; the verdict says so)",
     )
     verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async.VerlAsync)
 

@@ -9,7 +9,7 @@
     capacity.json         1        CapacityRecord                           plots
     mismatch.json         1        MismatchRecord (measure)                 -
     ladder.json           1        LadderRecord (beside ladder.csv)         -
-    check.json            2        CheckRecord (check)                      plots
+    check.json            3        CheckRecord (check)                      plots
     calibrate.json        3        CalibrationRecord (Experiment.record)    calibrate --resume / --refit, plan's curves
     calibration run.json  3        TrainingRunRecord (runs/*/run.json)      a resumed calibration (also 2)
     plan.json             1        PlanRecord (plan.csv beside it)          plots
@@ -30,6 +30,9 @@ calibrate.json is at 2: objectives, tolerance, quality, bracket, max_added, adde
 At 3: `response`, the levels' `dose` on check's scale (`dose_mapping` beside the run-mean KL), no target_ratio
 (the allocation's stop rule is its preset budget); a resume reads 2.
 check.json is at 2: the verdict may be UNCERTAIN; measured_interval, interval_level, prompts_to_decide, num_prompts.
+At 3: `config` (the configuration as budget levels name it), `judged_engine` (the budget's scale the verdict's figure
+was measured on), `decided_by` (the rule, the number it compared with, the seeds that would decide a level) and a
+`margin` to that number (null where a level's own loss decided).
 Every file is a `Record` (below): a frozen dataclass per kind, its fields the file's keys in the file's order, its
 version on the type (`VERSION`, from this table), one `write` and one `read`; no other module spells the version
 key. Readers go through read_artifact (Record.read; read_sweep and load_rollouts check their own files with their
@@ -64,7 +67,7 @@ SCHEMAS = {
     "capacity.json": 1,
     "mismatch.json": 1,
     "ladder.json": 1,
-    "check.json": 2,
+    "check.json": 3,
     "calibrate.json": 3,
     "calibration run.json": 3,  # a calibration run's run.json: versioned with calibrate.json
     "plan.json": 1,

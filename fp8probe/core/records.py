@@ -235,13 +235,16 @@ class CheckRecord(Record):
     KIND = "check.json"
     verdict: str
     configuration: str
-    engine: str
+    config: str  # the configuration as a budget's levels name it (sources/config.py RolloutConfig)
+    engine: str  # the engine the check was asked for (the prefix shift's and the OPD signal's)
+    judged_engine: str  # the engine the verdict's figure was measured in: the budget's scale (sim when calibrated)
     metric: str
     measured: float
     measured_interval: list
     interval_level: float
     budget: float
-    margin: float
+    margin: float | None  # the distance to `decided_by`'s threshold, positive on the admitting side
+    decided_by: dict  # rule (level | levels | ruler), threshold and its name, seeds_to_decide
     budget_calibrated: bool
     budget_source: str
     budget_interval: list | None
@@ -265,6 +268,7 @@ class CheckRecord(Record):
     arithmetic: dict
     budget_student_note: str | None = None  # what check_student said of a budget calibrated on another student
     budget_objective_note: str | None = optional()  # the budget's objective is not the one named (`objective`)
+    scale_note: str | None = optional()  # judged on rollouts of another scale than the budget's doses (other_scale)
     verl_async: dict | None = optional()  # verl's fully-async lags: both regimes' mixtures, every lag's figure
 
 

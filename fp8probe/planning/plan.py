@@ -298,7 +298,7 @@ def _perturbation(student, conf: Configuration, stale_ckpt: str | None, allow_pi
     if conf.kv_cache_dtype:
         parts.append(src.kv_cache(student, conf.kv_cache_dtype))
     if stale_ckpt:
-        parts.append(src.stale(student, stale_ckpt, allow_pickle))
+        parts.append(src.stale(student, stale_ckpt, allow_pickle, lag=conf.async_steps or None))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else src.combine(parts, conf.name)
@@ -324,7 +324,8 @@ def measure_costs(
     from ..measurement.measure import measure
     from ..measurement.perturbation import Perturbation
     from ..measurement.reference import Reference
-    from ..sources.sources import stale
+    from ..sources.config import STALE_UNKNOWN, RolloutConfig
+    from ..sources.sources import merge, stale
 
     metric = budget.metric
     reference = Reference(student, rollouts, batch_size)
@@ -338,17 +339,17 @@ def measure_costs(
         if key not in seen:
             source = _perturbation(student, conf, ckpt, allow_pickle)
             if source is None:
-                seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel(), (), Perturbation())
+                seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel(), RolloutConfig(), Perturbation())
             else:
                 m = measure(reference, student, rollouts, source.perturbation, "sim", batch_size)
                 seen[key] = (
                     excess(metric, m.metrics[metric]),
                     m.excess_interval(metric),
                     m.num_prompts,
-                    source.perturbation.kinds(),
+                    source.config,
                     source.perturbation,
                 )
-        value, (lo, hi), prompts, kinds, base = seen[key]
+        value, (lo, hi), prompts, config, base = seen[key]
         how = "measured" if conf.base != (None, None, None) or ckpt else "none (the reference)"
         if conf.lags and settings.stale:
             if stale_source is None:
@@ -367,15 +368,18 @@ def measure_costs(
                 if conf.base != (None, None, None)
                 else f"the calibration's {level} (its seeds' range)"
             )
-        stale_kind = ("stale",) if conf.async_steps or conf.lags else ()
-        v = judge(value, (lo, hi), budget, int(prompts), (*kinds, *stale_kind))
+        if conf.lags:  # a mixture of lags: no one level's lag
+            config = merge([config, RolloutConfig(stale=STALE_UNKNOWN)])
+        elif conf.async_steps and config.stale is None:  # the calibration's own stale:K level, added
+            config = merge([config, RolloutConfig(stale=conf.async_steps)])
+        v = judge(value, (lo, hi), budget, int(prompts), config)
         out[conf.name] = {
             "mismatch": value,
             "mismatch_lo": lo,
             "mismatch_hi": hi,
             "mismatch_source": how,
-            "verdict": v["verdict"],
-            "prompts_to_decide": v["prompts_to_decide"],
+            "verdict": v.verdict,
+            "prompts_to_decide": v.prompts_to_decide,
         }
     return out
 
@@ -479,22 +483,19 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
         return s, (None, None), 1.0, (None, None), assumed + " (mismatch not measured)", clean.mean(0)
     if cost["verdict"] == "REJECT":
         return None, (None, None), None, (None, None), "refused: REJECT", None
+    from ..budget.evidence import levels_of
+
     level = _own_level(conf, curves, settings)
-    stale_ruler = ((budget.dose_response or {}).get("rulers") or {}).get("stale") or {}
-    own = [
-        k
-        for k in _kinds(conf)
-        if any(e.get("reading") == "costs more than the ruler predicts" for e in (budget.kinds or {}).get(k, []))
-        or (k == "stale" and stale_ruler.get("fits") is True)
-    ]
+    calibrated = {lv.kind for lv in levels_of(budget)} if budget.calibrated and budget.tolerance is not None else set()
+    own = [k for k in _kinds(conf) if k in calibrated]
     if level is None and own:
         return (
             None,
             (None, None),
             None,
             (None, None),
-            f"refused: {', '.join(own)} cost otherwise than the noise "
-            "ruler's curves say on this student, and no calibration level is this configuration",
+            f"refused: {', '.join(own)} ran as calibration levels of their own (whose cost the noise ruler's "
+            "curves need not predict), and no calibration level is this configuration",
             None,
         )
     if level is None and cost["mismatch"] > curves.mismatch[curves.ruler[-1]]:

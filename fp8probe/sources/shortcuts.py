@@ -11,6 +11,7 @@ from dataclasses import replace as with_
 from ..core.schemes import KV_CACHE_DTYPES, KVCacheScheme, Scheme
 from ..core.settings import Settings, opt
 from ..measurement.engines import ENGINES
+from .config import KV_SCALES
 from .sources import Source, kv_cache, recipe, stale
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,13 @@ class Shortcuts(Settings):
 
     recipe: tuple[str, ...] = opt((), "recipe.yaml file(s): FP8 weights (+ their FP8 KV cache)")
     kv_cache_dtype: tuple[str, ...] = opt((), f"FP8 KV cache(s): {', '.join(KV_CACHE_DTYPES)}")
+    kv_scales: str = opt(
+        "unit",
+        "the FP8 KV cache's k/v scales: unit (1.0, what vLLM and the RL frameworks' online quantization run on a "
+        "checkpoint without scales) or calibrated (amax / 448 over the rollouts, what llm-compressor stores); a "
+        "recipe's KV cache keeps its own",
+        choices=KV_SCALES,
+    )
     stale: tuple[str, ...] = opt((), "other checkpoint(s) of the student as the rollout policy")
     teacher: str | None = opt(None, "a teacher sharing the student's tokenizer: adds the OPD-signal distortion")
     engine: str = opt(
@@ -46,12 +54,14 @@ class Shortcuts(Settings):
         for path in [*self.stale, *([self.teacher] if self.teacher else [])]:
             with_(model, model=path).check()
 
-    def sources(self, student, allow_pickle: bool = False) -> list[Source]:
+    def sources(self, student, allow_pickle: bool = False, stale_steps: int | None = None) -> list[Source]:
+        """The shortcuts as Sources of `student` (`stale_steps`: how many optimizer steps older the `stale`
+        checkpoints are, when known: their configuration's lag)."""
         from ..recipe.recipe import read_recipe
 
         out = [recipe(student, read_recipe(p), name=f"recipe {p}") for p in self.recipe]
-        out += [kv_cache(student, d) for d in self.kv_cache_dtype]
-        out += [stale(student, c, allow_pickle=allow_pickle) for c in self.stale]
+        out += [kv_cache(student, d, self.kv_scales) for d in self.kv_cache_dtype]
+        out += [stale(student, c, allow_pickle=allow_pickle, lag=stale_steps) for c in self.stale]
         return out
 
     def load_teacher(self, model):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from ..core.errors import FP8ProbeError
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
 from ..measurement.perturbation import Perturbation
+from .config import STALE_UNKNOWN, RolloutConfig, units_subset
 
 if TYPE_CHECKING:  # the parser and the defaults stay light: the CLI reads them for --help
     from ..recipe.recipe import Recipe
@@ -59,6 +60,11 @@ class SourceSpec:
     def stale_steps(self) -> int:
         return LEVEL_KINDS[self.kind].stale_steps(self)
 
+    @property
+    def config(self) -> RolloutConfig:
+        """The rollout configuration the level trains with (what `check` compares a configuration with)."""
+        return LEVEL_KINDS[self.kind].config(self)
+
 
 @dataclass(frozen=True)
 class LevelKind:
@@ -72,6 +78,7 @@ class LevelKind:
     rollout: Callable
     slug: Callable = lambda spec: spec.name.replace(":", "-")
     stale_steps: Callable = lambda spec: 0
+    config: Callable = lambda spec: RolloutConfig()
 
 
 def _parse_fp8(text: str, arg: str) -> SourceSpec:
@@ -115,9 +122,9 @@ def _fp8_rollout(spec, student, seed):
     from ..model.structure import scheme_blockers
 
     scheme = Scheme.from_name(spec.scheme)
-    blocked = scheme_blockers(student.quantizable, scheme)  # groups its kernels refuse stay BF16, as in a sweep
-    units = tuple(u.name for u in student.quantizable if u.group not in blocked)
+    units = fp8_fits(student, scheme)
     if not units:
+        blocked = scheme_blockers(student.quantizable, scheme)
         raise FP8ProbeError(
             f"`levels` {spec.name}: {spec.scheme} fits none of the student's units "
             f"({next(iter(blocked.values()))}); use fp8 (FP8_DYNAMIC)"
@@ -136,16 +143,34 @@ LEVEL_KINDS: dict[str, LevelKind] = {
     for k in (
         LevelKind("none", None, lambda spec: "0", _unperturbed),
         LevelKind(
-            "noise", None, lambda spec: f"{spec.value:g}", _noise_rollout, slug=lambda spec: f"noise-{spec.name}"
+            "noise",
+            None,
+            lambda spec: f"{spec.value:g}",
+            _noise_rollout,
+            slug=lambda spec: f"noise-{spec.name}",
+            config=lambda spec: RolloutConfig(noise=spec.value),
         ),
-        LevelKind("fp8", _parse_fp8, lambda spec: f"fp8:{spec.scheme}", _fp8_rollout),
-        LevelKind("kv", _parse_kv, lambda spec: f"kv:{spec.scheme}", _kv_rollout),
+        LevelKind(
+            "fp8",
+            _parse_fp8,
+            lambda spec: f"fp8:{spec.scheme}",
+            _fp8_rollout,
+            config=lambda spec: RolloutConfig(fp8=spec.scheme),
+        ),
+        LevelKind(
+            "kv",
+            _parse_kv,
+            lambda spec: f"kv:{spec.scheme}",
+            _kv_rollout,
+            config=lambda spec: RolloutConfig(kv=spec.scheme),
+        ),
         LevelKind(
             "stale",
             _parse_stale,
             lambda spec: f"stale:{int(spec.value)}",
             _unperturbed,
             stale_steps=lambda spec: int(spec.value),
+            config=lambda spec: RolloutConfig(stale=int(spec.value)),
         ),
     )
 }
@@ -181,6 +206,7 @@ class Source:
     perturbation: Perturbation
     parts: tuple[str, ...] = ()  # a combination's sources
     value: float | None = None  # noise: σ
+    config: RolloutConfig = RolloutConfig()  # what it is, as a budget's levels name it (config.py)
 
 
 def noise(student, sigma: float, seed: int = 0) -> Source:
@@ -188,14 +214,31 @@ def noise(student, sigma: float, seed: int = 0) -> Source:
         raise FP8ProbeError(f"`noise` {sigma}: a noise scale must be a positive number")
     units = student.unit_names
     return Source(
-        f"noise {sigma:g}", "noise", Perturbation(noise=sigma, noise_units=units, noise_seed=seed), value=sigma
+        f"noise {sigma:g}",
+        "noise",
+        Perturbation(noise=sigma, noise_units=units, noise_seed=seed),
+        value=sigma,
+        config=RolloutConfig(noise=sigma),
     )
 
 
-def kv_cache(student, kv_dtype: str = "fp8") -> Source:
-    kv = KVCacheScheme.from_name(kv_dtype)
+def kv_cache(student, kv_dtype: str = "fp8", scale: str = "unit") -> Source:
+    """An FP8 KV cache in every attention layer, its k/v scales `unit` (1.0: what vLLM and the RL frameworks'
+    online quantization run on a checkpoint without scales, the calibration's kv level) or `calibrated` (amax / 448
+    over the rollouts, what llm-compressor's kv_cache_scheme stores)."""
+    kv = replace(KVCacheScheme.from_name(kv_dtype), scale=scale)
     layers = student.layers
-    return Source(f"kv {kv_dtype}", "kv", Perturbation(kv_layers=layers, kv=kv))
+    config = RolloutConfig(kv=kv_dtype, kv_scale=scale)
+    name = f"kv {kv_dtype}" + ("" if scale == "unit" else f" ({scale} scales)")
+    return Source(name, "kv", Perturbation(kv_layers=layers, kv=kv), config=config)
+
+
+def fp8_fits(student, scheme: Scheme) -> tuple[str, ...]:
+    """The units `scheme` can put in FP8 (groups its kernels refuse stay BF16, as in a sweep): "every unit"."""
+    from ..model.structure import scheme_blockers
+
+    blocked = scheme_blockers(student.quantizable, scheme)
+    return tuple(u.name for u in student.quantizable if u.group not in blocked)
 
 
 def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
@@ -203,12 +246,21 @@ def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
     rec.check_model(student.units, name)
     rec.check_vllm_loadable(student.units)
     units = tuple(u.name for u in rec.fp8_units(student.units))
+    scheme = Scheme.from_name(rec.scheme)
     layers = student.layers if rec.kv_cache_scheme is not None else ()
-    return Source(name, "recipe", Perturbation(units=units, scheme=Scheme.from_name(rec.scheme), kv_layers=layers))
+    kv = replace(KVCacheScheme(), scale=rec.kv_scale)
+    config = RolloutConfig(
+        fp8=scheme.name if units else None,
+        fp8_units=units_subset(units, fp8_fits(student, scheme)),
+        kv=(rec.kv_cache_dtype or "fp8") if layers else None,
+        kv_scale=rec.kv_scale,
+    )
+    return Source(name, "recipe", Perturbation(units=units, scheme=scheme, kv_layers=layers, kv=kv), config=config)
 
 
-def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
-    """Another checkpoint of the same student as the rollout policy; refuses another architecture or vocabulary."""
+def stale(student, checkpoint: str, allow_pickle: bool = False, lag: int | None = None) -> Source:
+    """Another checkpoint of the same student as the rollout policy (`lag`: how many optimizer steps older it is,
+    when known); refuses another architecture or vocabulary."""
     from ..model.student import load_student
 
     other = load_student(
@@ -233,7 +285,9 @@ def stale(student, checkpoint: str, allow_pickle: bool = False) -> Source:
             f"`stale` {checkpoint} has other weight names or shapes than the student: pass a "
             "checkpoint of the same student"
         )
-    return Source(f"stale {checkpoint}", "stale", Perturbation(stale=state))
+    name = f"stale {checkpoint}" + (f" ({lag} steps)" if lag else "")
+    config = RolloutConfig(stale=lag or STALE_UNKNOWN)
+    return Source(name, "stale", Perturbation(stale=state), config=config)
 
 
 def combine(sources: list[Source], name: str | None = None) -> Source:
@@ -244,8 +298,11 @@ def combine(sources: list[Source], name: str | None = None) -> Source:
     schemes = {p.scheme.name for p in ps if p.units}
     stales = [p.stale for p in ps if p.stale is not None]
     noises = [p for p in ps if p.noise]
-    if len(schemes) > 1 or len(stales) > 1 or len(noises) > 1:
-        raise FP8ProbeError("a combination takes at most one FP8 scheme, one stale checkpoint and one noise level")
+    kvs = {(s.config.kv, s.config.kv_scale) for s in sources if s.config.kv is not None}
+    if len(schemes) > 1 or len(stales) > 1 or len(noises) > 1 or len(kvs) > 1:
+        raise FP8ProbeError(
+            "a combination takes at most one FP8 scheme, one KV cache, one stale checkpoint and one noise level"
+        )
     units = tuple(dict.fromkeys(u for p in ps for u in p.units))
     layers = tuple(sorted({i for p in ps for i in p.kv_layers}))
     kv = next((p.kv for p in ps if p.kv_layers), KVCacheScheme())
@@ -258,4 +315,27 @@ def combine(sources: list[Source], name: str | None = None) -> Source:
         kv=kv,
         stale=stales[0] if stales else None,
     )
-    return Source(name or " + ".join(s.name for s in sources), "combination", p, tuple(s.name for s in sources))
+    return Source(
+        name or " + ".join(s.name for s in sources),
+        "combination",
+        p,
+        tuple(s.name for s in sources),
+        config=merge([s.config for s in sources], units),
+    )
+
+
+def merge(configs: list[RolloutConfig], units: tuple[str, ...] = ()) -> RolloutConfig:
+    """One configuration holding every part of `configs` (at most one of each kind: combine checks); `units`: the
+    FP8 units of the whole, when two parts put units in FP8 (their union, written as a subset)."""
+    fields = {}
+    for c in configs:
+        for k in c.kinds():
+            if k == "fp8":
+                fields.update(fp8=c.fp8, fp8_units=c.fp8_units)
+            elif k == "kv":
+                fields.update(kv=c.kv, kv_scale=c.kv_scale)
+            else:
+                fields[k] = getattr(c, k)
+    if sum(1 for c in configs if c.fp8 is not None) > 1:
+        fields["fp8_units"] = units_subset(units)
+    return RolloutConfig(**fields)

@@ -110,6 +110,7 @@ class AsyncLags:
     now: dict  # parameter name -> the trainer's tensor (MODEL)
     then: dict  # parameter name -> the checkpoint's tensor, `steps` trainer steps older
     base: object  # measurement.perturbation.Perturbation: the other shortcuts, at every lag
+    config: object = None  # sources.config.RolloutConfig of the other shortcuts (None: none)
 
     def at(self, lag: int):
         """The Perturbation of the engine at `lag` trainer steps behind the trainer (lag 0: the trainer's weights)."""
@@ -138,13 +139,13 @@ class AsyncLags:
         return words + (f", {', '.join(map(str, beyond))} beyond it" if beyond else "") if modelled else ""
 
 
-def async_lags(student, stale_source, steps: int, spec: VerlAsync, base) -> AsyncLags:
+def async_lags(student, stale_source, steps: int, spec: VerlAsync, base, config=None) -> AsyncLags:
     """AsyncLags from the student (MODEL), its `stale` Source `steps` trainer steps older, and the other shortcuts'
-    Perturbation `base`."""
+    Perturbation `base` (their RolloutConfig `config`)."""
     if steps < 1:
         raise FP8ProbeError("`stale_steps` is the `stale` checkpoint's age in trainer steps: a whole number >= 1")
     now = {n: p.detach() for n, p in student.model.named_parameters()}
-    return AsyncLags(spec, steps, now, stale_source.perturbation.stale, base)
+    return AsyncLags(spec, steps, now, stale_source.perturbation.stale, base, config)
 
 
 def async_configuration(student, named: list, steps: int, spec: VerlAsync) -> tuple[str, AsyncLags]:
@@ -159,12 +160,13 @@ def async_configuration(student, named: list, steps: int, spec: VerlAsync) -> tu
             "`verl_async` needs one `stale` checkpoint of the student, `stale_steps` trainer steps older"
         )
     if others:
-        base = (others[0] if len(others) == 1 else combine(others)).perturbation
+        source = others[0] if len(others) == 1 else combine(others)
+        base, config = source.perturbation, source.config
     else:
         from ..measurement.perturbation import Perturbation
 
-        base = Perturbation()
-    lags = async_lags(student, stales[0], steps, spec, base)
+        base, config = Perturbation(), None
+    lags = async_lags(student, stales[0], steps, spec, base, config)
     name = " + ".join([*(s.name for s in others), f"verl async ({spec.describe()})"])
     return name, lags
 

@@ -11,11 +11,14 @@ metric (kl_q_p, its excess), the same engine (the simulation):
     noise σ     the mean over DOSE_DRAWS noise draws (seeds 0..3; training draws a fresh one every step)
     fp8, kv     the level's one perturbation (every unit in FP8; the FP8 KV cache at scale 1.0 as online engines
                 run it)
-    stale:K     the objective's own mismatch-free student after K optimizer steps, checked with its weights of K
-                steps before (the student before training) as the stale rollout policy: `check MODEL_AT_K --stale
-                MODEL_AT_0` on MODEL_AT_K's own rollouts, averaged over the calibration's first seeds. This is the
-                largest K-step lag of the run (the first steps move the student most); a user's `check --stale
-                OLD` at a later checkpoint measures their own lag the same way.
+    stale:K     a lag of K optimizer steps where a user's `check MODEL --stale OLD --stale-steps K` measures it: at
+                the checkpoints of a run. The objective's own mismatch-free run is trained again and, at each of
+                its evaluation steps t >= K (every eval_every steps: 5, 10, 15, 20 in the demo), its student is
+                checked with its own weights of K steps before as the stale rollout policy (`check MODEL_AT_t
+                --stale MODEL_AT_t-K` on MODEL_AT_t's own rollouts); the dose is the mean over those steps and the
+                calibration's first 3 seeds, each step's mean kept beside it (`steps`). The student moves most in
+                the first steps (pair A, OPD: a one-step lag measured 0.71 from step 0 to 1, 0.001-0.1 later), so
+                step 0 -> K alone (budget.json 4's first stale doses) was not the check's axis.
 
 The run-mean KL stays in runs.csv (`mismatch_run`, `mismatch_run_mean`) with its ratio to the dose per level in
 calibrate.json (`dose_mapping`).
@@ -27,17 +30,27 @@ import json
 import math
 from pathlib import Path
 
+from ..core.errors import FP8ProbeError
 from ..core.files import atomic_write_json
 from ..core.metrics import excess
 from ..measurement.perturbation import Perturbation
 
 DOSE_DRAWS = 4  # noise draws averaged into a noise level's dose
-STALE_SEEDS = 3  # seeds of the mismatch-free run whose first K steps give a stale level's dose
+STALE_SEEDS = 3  # seeds of the mismatch-free run along which a stale level's dose is checked
+STALE_HOW = "along the run: the mean over its evaluation steps t >= K of check(t --stale t - K)"
 HOW = (
     "kl_q_p as `fp8probe check` measures it on the student before training: its own rollouts to the first 16 "
     "built-in prompts (up to 48 tokens, seed 0), the simulation; noise: the mean of 4 draws; stale:K: the "
-    "mismatch-free student after K steps against its weights before training, mean of 3 seeds"
+    "mismatch-free run's student at each of its evaluation steps t >= K checked against its own weights of K steps "
+    "before (`check --stale`), the mean over those steps and 3 seeds"
 )
+
+
+def checked_steps(train, k: int) -> list[int]:
+    """The steps of a run at which a stale level's lag `k` is checked: its evaluation steps (every `eval_every`, the
+    last one included) from k on."""
+    steps = sorted({*range(train.eval_every, train.steps + 1, train.eval_every), train.steps})
+    return [t for t in steps if t >= k]
 
 
 def check_rollouts(student):
@@ -64,11 +77,12 @@ class Doses:
     levels, on the objective's mismatch-free student after K steps), kept in DIR/doses.json so a resume does not
     measure again."""
 
-    def __init__(self, student, path, after_steps=None):
-        """`after_steps(objective, seed, k)`: the mismatch-free student of that objective and seed after k steps
-        (for stale levels)."""
+    def __init__(self, student, path, along=None, train=None):
+        """`along(objective, seed, steps, folder)`: the mismatch-free run of that objective and seed trained again,
+        its weights saved at `steps` into `folder` (step -> file; runs.states_along); `train`: the runs'
+        TrainSettings (their evaluation steps). Both for stale levels."""
 
-        self.student, self.path, self.after_steps = student, Path(path), after_steps
+        self.student, self.path, self.along, self.train = student, Path(path), along, train
         self.known: dict = json.loads(self.path.read_text(encoding="utf-8")) if self.path.exists() else {}
         self._rollouts = self._reference = None
 
@@ -80,6 +94,8 @@ class Doses:
         if level.kind == "none":
             return {"dose": 0.0, "interval": [0.0, 0.0], "draws": []}
         key = self._key(objective, level)
+        if level.kind == "stale" and self.known.get(key, {}).get("how") != STALE_HOW:
+            self.known.pop(key, None)  # measured on another axis (step 0 -> K): measured again
         if key not in self.known:
             self.known[key] = self._stale(objective, level) if level.kind == "stale" else self._measure(level)
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,12 +115,43 @@ class Doses:
         return _mean(draws)
 
     def _stale(self, objective: str, level) -> dict:
-        before = {n: p.detach().clone() for n, p in self.student.model.named_parameters()}
-        draws = []
+        import tempfile
+
+        from safetensors.torch import load_file
+
+        k = level.stale_steps
+        ts = checked_steps(self.train, k)
+        if not ts:
+            raise FP8ProbeError(f"stale:{k} lags more steps than a run trains ({self.train.steps}): use a smaller K")
+        draws, by_step = [], {}
         for seed in range(STALE_SEEDS):
-            moved = self.after_steps(objective, seed, level.stale_steps)
-            draws.append(_measured(moved, check_rollouts(moved), Perturbation(stale=before)))
-        return _mean(draws)
+            with tempfile.TemporaryDirectory() as tmp:
+                files = self.along(objective, seed, sorted({*ts, *(t - k for t in ts)}), tmp)
+                for t in ts:
+                    moved = self._at(files[t])
+                    d = _measured(moved, check_rollouts(moved), Perturbation(stale=load_file(str(files[t - k]))))
+                    draws.append(d)
+                    by_step.setdefault(t, []).append(d["dose"])
+        return {
+            **_mean(draws),
+            "steps": {str(t): sum(v) / len(v) for t, v in by_step.items()},
+            "how": STALE_HOW,
+        }
+
+    def _at(self, file):
+        """A copy of the student holding the weights saved in `file` (eval mode, no gradients)."""
+        import copy
+
+        from safetensors.torch import load_file
+
+        from .opd import trainable_student
+
+        model = copy.deepcopy(self.student.model)
+        model.load_state_dict(load_file(str(file)), strict=False)
+        moved = trainable_student(model, self.student.tokenizer, f"{self.student.name}@{Path(file).stem}")
+        moved.model.eval()
+        moved.model.requires_grad_(False)
+        return moved
 
 
 def _mean(draws: list[dict]) -> dict:

@@ -360,7 +360,7 @@ class _Trainer:
         from tqdm.auto import tqdm
 
         from .doses import Doses
-        from .runs import after_steps
+        from .runs import states_along
 
         self.c, self.out, self.device, self.log = calibration, out, device, log
         self.teacher, self.initial = load_pair(calibration.teacher, calibration.student, device)
@@ -377,7 +377,10 @@ class _Trainer:
         self.doses = Doses(
             self.initial,
             out / "doses.json",
-            lambda o, seed, k: after_steps(self.teacher, self.initial, o, seed, calibration, k, device),
+            lambda o, seed, steps, folder: states_along(
+                self.teacher, self.initial, o, seed, calibration, steps, folder, device
+            ),
+            calibration.train,
         )
         self.start = None  # the held-out evaluation before training: one student, one seed, the same for every run
 

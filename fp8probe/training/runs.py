@@ -266,39 +266,54 @@ def train_one(
     return _write_run(d, trainer, evals, perturber, objective, level, seed, tr, time.perf_counter() - t0)
 
 
-def after_steps(teacher, initial_student, objective: str, seed: int, calibration, steps: int, device: str = "cpu"):
-    """The mismatch-free student of `objective` and `seed` after `steps` optimizer steps, trained exactly as its run
-    trains (the run's settings, schedule and seeds, stopped there): what a stale level's dose checks against the
-    student before training (doses.py)."""
-
+def states_along(teacher, initial_student, objective: str, seed: int, calibration, steps, folder, device: str = "cpu"):
+    """The mismatch-free run of `objective` and `seed`, trained exactly as its run trains (the run's settings,
+    schedule and seeds), its weights saved at each of `steps` (0: before training) into `folder` as safetensors:
+    step -> the file. What a stale level's dose checks (doses.py): the student at step t against itself at t - K."""
+    from safetensors.torch import save_file
     from transformers import TrainerCallback
 
     from .opd import trainable_student
 
+    wanted, last = set(steps), max(steps)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     student = trainable_student(
         copy.deepcopy(initial_student.model),
         initial_student.tokenizer,
-        f"{calibration.student}@{objective}-seed{seed}-step{steps}",
+        f"{calibration.student}@{objective}-seed{seed}",
     )
+    saved = {}
 
-    class Stop(TrainerCallback):
+    def save(step):
+        if step in wanted:
+            saved[step] = folder / f"step-{step}.safetensors"
+            state = {n: p.detach().to("cpu").contiguous() for n, p in student.model.named_parameters()}
+            save_file(state, str(saved[step]))
+
+    class Along(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            save(0)
+
         def on_step_end(self, args, state, control, **kw):
-            if state.global_step >= steps:
+            save(state.global_step)
+            if state.global_step >= last:
                 control.should_training_stop = True
 
-    with tempfile.TemporaryDirectory() as tmp:
-        make = trainer_maker(objective)
-        trainer = make(
-            student,
-            teacher,
-            list(calibration.train_prompts),
-            calibration.train,
-            TrainerRun(seed, tmp, None, (Stop(),), device),
-        )
-        trainer.train()
-    student.model.eval()
-    student.model.requires_grad_(False)
-    return student
+    if last > 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            make = trainer_maker(objective)
+            trainer = make(
+                student,
+                teacher,
+                list(calibration.train_prompts),
+                calibration.train,
+                TrainerRun(seed, tmp, None, (Along(),), device),
+            )
+            trainer.train()
+    else:
+        save(0)
+    return saved
 
 
 def _write_run(d: Path, trainer, evals, perturber, objective, level, seed, tr, seconds) -> dict:

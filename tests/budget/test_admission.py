@@ -1,14 +1,16 @@
 """The verdict (budget/admission.py): a budget belongs to its student, and each kind of source is judged on its own
 evidence where the calibration ran it as a level."""
 
-import dataclasses
 import json
+import math
+from dataclasses import replace
 
 import pytest
 from conftest import older_checkpoint
 
-from fp8probe.budget.admission import judge
+from fp8probe.budget.admission import judge, verdict
 from fp8probe.budget.fit import Budget
+from fp8probe.sources.config import RolloutConfig
 
 
 def _budget(**kw) -> Budget:
@@ -18,44 +20,126 @@ def _budget(**kw) -> Budget:
 
 FP8 = {
     "level": "fp8:FP8_DYNAMIC",
-    "mismatch": 3.49,
+    "kind": "fp8",
+    "mismatch": 1.10,
     "loss": 0.60,
     "loss_interval": [0.37, 0.83],
-    "seeds": 3,
-    "predicted": 0.19,
-    "reading": "costs more than the ruler predicts",
+    "runs": 3,
 }
-KV = {
-    "level": "kv:fp8",
-    "mismatch": 0.062,
-    "loss": 0.003,
-    "loss_interval": [-0.01, 0.015],
-    "seeds": 3,
-    "predicted": 0.003,
-    "reading": "as the ruler predicts",
-}
+KV = {"level": "kv:fp8", "kind": "kv", "mismatch": 0.062, "loss": 0.003, "loss_interval": [-0.01, 0.015], "runs": 3}
+KV_WIDE = {**KV, "loss": 0.107, "loss_interval": [-0.093, 0.307]}
+STALE = {"level": "stale:1", "kind": "stale", "mismatch": 0.05, "loss": 0.094, "loss_interval": [0.044, 0.144], "runs": 3}
+NOISE = [  # the noise ruler's levels, named by the runs table (level, kind, dose)
+    {"mismatch": 0.0, "loss": 0.0, "runs": 3, "loss_interval": [0.0, 0.0]},
+    {"mismatch": 0.2, "loss": 0.004, "runs": 3, "loss_interval": [-0.01, 0.018]},
+    {"mismatch": 4.9, "loss": 0.128, "runs": 3, "loss_interval": [0.062, 0.207]},
+]
+RUNS = [
+    {"level": lv, "kind": kind, "mismatch": d, "seed": 0}
+    for lv, kind, d in (("0", "none", 0.0), ("0.01", "noise", 0.2), ("0.1", "noise", 4.9))
+]
 
 
-def test_a_kind_is_judged_on_its_own_calibration_level():
-    """By hand, against BMD 0.5 [0.3, 0.9] and these levels: whole-model FP8 at 3.5-3.6, at or above its level's
-    dose (3.49) where it lost 60 % [37, 83] > 2 %: REJECT on its own evidence (the noise ruler would say the same
-    here, but for its own reason). A small FP8 recipe at 0.10-0.12: the noise ruler admits it, but FP8 cost more than
-    the ruler predicts, so it cannot: UNCERTAIN. An FP8 KV cache at 0.04-0.06, at or below its level (0.062), where
-    it lost 0.3 % [-1.0, +1.5] <= 2 %: ADMIT on its own evidence, even with a budget whose lower end (0.01) the
-    noise ruler could not clear. A KV cache with FP8 weights together is not its level: the ruler, which cannot
-    admit the FP8 part. Seen failing with the kinds' evidence ignored (the FP8 recipe read ADMIT)."""
-    b = _budget(kinds={"fp8": [FP8], "kv": [KV]})
-    v = judge(3.55, (3.5, 3.6), b, 16, ("fp8",))
-    assert v["verdict"] == "REJECT" and "fp8's own calibration level" in v["judged_on"]
-    v = judge(0.11, (0.10, 0.12), b, 16, ("fp8",))
-    assert v["verdict"] == "UNCERTAIN" and "cannot admit" in v["undecided_because"]
-    tight = dataclasses.replace(b, interval=(0.01, 0.9))
-    assert judge(0.05, (0.04, 0.06), tight, 16, ())["verdict"] == "UNCERTAIN"  # the ruler alone cannot decide
-    v = judge(0.05, (0.04, 0.06), tight, 16, ("kv",))
-    assert v["verdict"] == "ADMIT" and "kv's own calibration level" in v["judged_on"]
-    v = judge(0.11, (0.10, 0.12), b, 16, ("fp8", "kv"))
-    assert v["verdict"] == "UNCERTAIN" and v["judged_on"] == "the noise ruler, which cannot admit fp8"
-    assert judge(0.11, (0.10, 0.12), _budget(), 16, ("fp8",))["verdict"] == "ADMIT"  # no evidence: the ruler
+def _levels(*others) -> Budget:
+    return _budget(levels=NOISE, runs=RUNS, other_levels=list(others))
+
+
+def _hand_seeds(loss, lo, hi, k, tol=0.02) -> int:
+    """Seeds at a level for its 90 % interval to clear the tolerance 9 times in 10 (the square-root law), by hand:
+    the half-width on the far side without its t/z widening, (z_0.95 + z_0.9)² / z_0.95² for the power."""
+    from statistics import NormalDist
+
+    from scipy import stats
+
+    z = NormalDist().inv_cdf(0.95)
+    widen = math.sqrt(k / (k - 1)) * stats.t.ppf(0.95, k - 1) / z
+    half = (hi - loss if loss < tol else loss - lo) / widen
+    return math.ceil(k * (half / abs(loss - tol)) ** 2 * ((z + NormalDist().inv_cdf(0.9)) / z) ** 2)
+
+
+def test_a_calibration_level_is_judged_on_its_own_loss():
+    """Rule 1: the configuration is a level (equal RolloutConfigs): its own loss decides, whatever the dose measured
+    (its interval straddles the level's dose by construction). Whole-model FP8 lost 60 % [37, 83]: REJECT; the KV
+    cache at scale 1.0 lost 0.3 % [-1.0, +1.5]: ADMIT even above the noise ruler's BMDU; the same with +10.7 %
+    [-9.3, +30.7]: UNCERTAIN, and the seeds that would decide it by hand (11). A one-step lag that lost 9.4 % [4.4,
+    14.4]: REJECT, at whatever dose the check measured it. The noise level 0.1 (12.8 % [6.2, 20.7]) REJECT, level 0
+    ADMIT. Seen failing with the old rule (the level's dose compared with an interval that straddles it: UNCERTAIN)."""
+    b = _levels(FP8, KV, STALE)
+    v = judge(1.10, (0.97, 1.24), b, 16, RolloutConfig(fp8="FP8_DYNAMIC"))
+    assert (v.verdict, v.rule) == ("REJECT", "level") and "fp8:FP8_DYNAMIC" in v.judged_on
+    assert judge(1.5, (1.2, 1.9), b, 16, RolloutConfig(kv="fp8")).verdict == "ADMIT"
+    assert judge(0.001, (0.0005, 0.002), b, 16, RolloutConfig(stale=1)).verdict == "REJECT"
+    assert judge(4.9, (4.3, 5.6), b, 16, RolloutConfig(noise=0.1)).verdict == "REJECT"
+    assert judge(0.0, (0.0, 0.0), b, 16, RolloutConfig()).verdict == "ADMIT"
+    wide = _levels(FP8, KV_WIDE)
+    v = judge(0.24, (0.2, 0.27), wide, 16, RolloutConfig(kv="fp8"))
+    assert v.verdict == "UNCERTAIN" and v.seeds_to_decide == {"level": "kv:fp8", "seeds": 11, "now": 3}
+    assert _hand_seeds(0.107, -0.093, 0.307, 3) == 11
+    assert "about 11 seeds at that level (now 3)" in v.undecided_because
+
+
+def test_a_kinds_levels_decide_at_known_doses():
+    """Rule 2 by hand. fp8 (a recipe's subset, not the level): measured [1.2, 1.4] wholly at or above the level's dose
+    1.10 that lost 60 %: REJECT, margin 1.10 - 1.2; [1.0, 1.4] only reaches it: UNCERTAIN with the prompts that
+    would place it. kv with calibrated scales (another configuration) at [0.04, 0.06] <= the level's 0.062 that lost
+    [-1.0, +1.5]: ADMIT, margin 0.002; the same level with [-1.0, +3.5] (point 0.3 % within the tolerance, upper end
+    not): UNCERTAIN. A small FP8 recipe at [0.10, 0.12] that the noise ruler alone would admit (<= BMDL 0.3): no fp8
+    level at or above it within the tolerance, so UNCERTAIN. Each planted mutation (REJECT when the interval only
+    reaches the dose; ADMIT on the level's point loss; the noise ruler deciding fp8) fails one assertion."""
+    subset = RolloutConfig(fp8="FP8_DYNAMIC", fp8_units="10 of 30 units abcd1234")
+    b = _levels(FP8, KV)
+    v = judge(1.3, (1.2, 1.4), b, 16, subset)
+    assert (v.verdict, v.rule, v.threshold) == ("REJECT", "levels", 1.10) and v.margin == pytest.approx(-0.1)
+    v = judge(1.2, (1.0, 1.4), b, 16, subset)
+    assert v.verdict == "UNCERTAIN" and v.prompts_to_decide > 16
+    calibrated = RolloutConfig(kv="fp8", kv_scale="calibrated")
+    v = judge(0.05, (0.04, 0.06), b, 16, calibrated)
+    assert (v.verdict, v.rule) == ("ADMIT", "levels") and v.margin == pytest.approx(0.002)
+    loose = _levels(FP8, {**KV, "loss_interval": [-0.01, 0.035]})
+    assert judge(0.05, (0.04, 0.06), loose, 16, calibrated).verdict == "UNCERTAIN"
+    v = judge(0.11, (0.10, 0.12), b, 16, subset)
+    assert v.verdict == "UNCERTAIN" and "no level of fp8 at or above this dose" in v.undecided_because
+    assert judge(0.11, (0.10, 0.12), _budget(), 16, subset).verdict == "ADMIT"  # no fp8 level: the ruler
+
+
+def test_a_combination_is_judged_on_the_ruler_which_cannot_admit_a_calibrated_kind():
+    """Rule 3. FP8 weights + the KV cache at [0.04, 0.06]: the KV level alone would admit it, but a combination is not
+    one kind; the noise ruler admits it (<= 0.3) yet FP8 has a level and none at or above 0.06 lost within the
+    tolerance: UNCERTAIN. Stale weights in a combination go to the stale ruler (BMD 0.1 [0.05, 0.15]): [0.18, 0.22]
+    is REJECT there (the noise ruler would not reject it). Seen failing with `len(kinds) >= 1` for one kind (ADMIT
+    on the KV level) and with the stale ruler used only for stale weights alone (UNCERTAIN)."""
+    b = _levels(FP8, KV)
+    v = judge(0.05, (0.04, 0.06), b, 16, RolloutConfig(fp8="FP8_DYNAMIC", fp8_units="3 units x", kv="fp8"))
+    assert (v.verdict, v.rule) == ("UNCERTAIN", "ruler") and "cannot admit fp8" in v.judged_on
+    stale_ruler = {"bmd": 0.1, "interval": [0.05, 0.15], "fits": True, "above_range": False}
+    s = replace(_budget(), dose_response={"rulers": {"stale": stale_ruler}})
+    v = judge(0.2, (0.18, 0.22), s, 16, RolloutConfig(kv="fp8", kv_scale="calibrated", stale=0))
+    assert (v.verdict, v.judged_on) == ("REJECT", "the stale ruler")
+    assert judge(0.2, (0.18, 0.22), s, 16, RolloutConfig(kv="fp8")).verdict == "ADMIT"  # no stale: the noise ruler
+
+
+def test_the_margin_is_to_the_number_the_rule_compares_with():
+    """The ruler's ADMIT compares the interval's upper end with the BMDL: against 1.053 [0.3647, 6.603] a figure at
+    0.2035 [0.1742, 0.2336] has margin 0.3647 - 0.2336 = 0.1311 to the BMDL (not +0.85 to the BMD); a REJECT's
+    margin is to the BMDU, negative. Seen failing with the old margin (BMD - measured)."""
+    b = replace(_budget(), value=1.053, interval=(0.3647, 6.603))
+    v = judge(0.2035, (0.1742, 0.2336), b, 16, RolloutConfig(kv="fp8"))
+    assert v.verdict == "ADMIT" and v.margin == pytest.approx(0.1311) and v.threshold == 0.3647
+    assert "BMDL" in v.threshold_name
+    v = judge(8.0, (7.0, 9.0), b, 16, RolloutConfig(kv="fp8"))
+    assert v.verdict == "REJECT" and v.margin == pytest.approx(6.603 - 7.0) and "BMDU" in v.threshold_name
+
+
+def test_a_censored_end_cannot_reject_and_says_what_censored_it():
+    """Above an upper end censored at the highest tested dose the curve cannot reject: UNCERTAIN, with what censored
+    it (the BMD itself beyond the levels, or only the bootstrap's end). Seen failing with `interval_censored`
+    dropped from the test (REJECT)."""
+    b = replace(_budget(), interval_censored=True)
+    v = verdict(1.2, (1.0, 1.4), b, 16)
+    assert v["verdict"] == "UNCERTAIN" and "bootstrap's redrawn tables" in v["undecided_because"]
+    v = verdict(1.2, (1.0, 1.4), replace(_budget(), censored=True), 16)
+    assert v["verdict"] == "UNCERTAIN" and "fitted curve stays within" in v["undecided_because"]
+    assert verdict(1.2, (1.0, 1.4), _budget(), 16)["verdict"] == "REJECT"
 
 
 def test_check_refuses_another_students_budget(cli, tiny_dirs, tmp_path):

@@ -359,6 +359,7 @@ def test_the_readme_budget_and_verdict_follow_from_the_shipped_runs_refitted():
     from pathlib import Path
 
     from fp8probe.budget.admission import judge
+    from fp8probe.sources.config import RolloutConfig
 
     root = Path(__file__).resolve().parents[2]
     cal = root / "recipes" / "smollm2-135m" / "calibration"
@@ -377,7 +378,7 @@ def test_the_readme_budget_and_verdict_follow_from_the_shipped_runs_refitted():
     assert check, "the README shows a check against the shipped budget"
     value, lo, hi, b, b_lo, b_hi = (float(x) for x in check.groups()[1:])
     assert [b, b_lo, b_hi] == pytest.approx([refit.value, *refit.interval], rel=1e-3)
-    assert judge(value, (lo, hi), refit, 16, ("kv",))["verdict"] == check.group(1)
+    assert judge(value, (lo, hi), refit, 16, RolloutConfig(kv="fp8")).verdict == check.group(1)
     assert "fp8probe check pruned:3" in readme  # the budget's own student
     stored = read_budget(str(cal / "budget-opd.json"))
     assert [stored.value, *stored.interval] == pytest.approx([refit.value, *refit.interval], rel=1e-9)
@@ -416,9 +417,10 @@ def test_a_curve_below_the_tolerance_everywhere_is_censored_at_the_top_dose():
 
 def test_an_unfit_stale_ruler_is_not_used_nor_printed_as_a_budget():
     """Two stale levels that no monotone curve through the origin follows (stale:1 at 0.1 loses 10 %, stale:2 at 0.4
-    loses 6 %, quiet runs): every family fails its lack-of-fit test, so a stale configuration is judged on the noise
-    ruler (BMD 0.5: KL 0.3 is ADMIT), not on the unfit curve's "BMD" (about 0.1, which would REJECT it), and
-    `fp8probe budget` prints no dose for it. Seen failing with for_kind taking any stale curve."""
+    loses 6 %, quiet runs): every family fails its lack-of-fit test, so for_kind gives no stale curve and `fp8probe
+    budget` prints no dose for it. A stale configuration is then judged on its kind's own levels, not on the noise
+    ruler (BMD 0.5, which would admit KL 0.3): at 0.3 it lies above stale:1's dose, where that level lost 10 %:
+    REJECT; below every stale level it is UNCERTAIN. Seen failing with for_kind taking any stale curve."""
     from fp8probe.budget.admission import judge
     from fp8probe.budget.words import fit_lines
 
@@ -427,7 +429,9 @@ def test_an_unfit_stale_ruler_is_not_used_nor_printed_as_a_budget():
     stale = b.dose_response["rulers"]["stale"]
     assert stale["fits"] is False and stale["bmd"] < 0.2 and stale["interval"][1] < 0.29
     assert b.for_kind("stale") is b
-    assert judge(0.3, (0.29, 0.31), b, 16, ("stale",))["verdict"] == "ADMIT"
+    v = judge(0.3, (0.29, 0.31), b, 16, ("stale",))
+    assert (v.verdict, v.rule) == ("REJECT", "levels") and "stale:1" in v.judged_on
+    assert judge(0.05, (0.04, 0.06), b, 16, ("stale",)).verdict == "UNCERTAIN"
     line = next(x for x in fit_lines(b) if x.strip().startswith("stale ruler"))
     assert "no family fits" in line and f"{stale['bmd']:.4g}" not in line
 

@@ -440,7 +440,7 @@ def test_a_calibrated_kind_takes_its_own_curves_and_a_combination_of_a_costlier_
     s, _, _, _, how, _ = quality_steps(
         both, {"mismatch": 1.2, "verdict": "UNCERTAIN"}, c, budget, c.default_target(), settings
     )
-    assert s is None and how.startswith("refused: fp8 cost otherwise than the noise ruler's curves say")
+    assert s is None and how.startswith("refused: fp8 ran as calibration levels of their own")
 
 
 def test_the_teachers_scoring_pass_is_a_stage_of_each_step(cli, tmp_path):

@@ -49,7 +49,7 @@ def test_ladder_on_one_scale(setup):
     # measured together, not summed: the combination is its own measurement
     from fp8probe import measure_scheme
 
-    together = measure_scheme(st, r, "FP8_DYNAMIC", kv="fp8", reference=ref)
+    together = measure_scheme(st, r, "FP8_DYNAMIC", kv=KVCacheScheme(scale="unit"), reference=ref)  # kv's scale 1.0
     assert combo.kl_q_p == pytest.approx(together["kl_q_p"], rel=1e-9)
 
 
@@ -191,7 +191,9 @@ def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):
     assert r.code == 0 and r.out.startswith("ADMIT"), (r.code, r.out, r.err)
     rep = json.loads((tmp_path / "c1" / "check.json").read_text())
     assert rep["verdict"] == "ADMIT" and rep["measured"] == pytest.approx(measured, rel=1e-9)
-    assert rep["margin"] == pytest.approx(9 * measured, rel=1e-9) and not rep["budget_calibrated"]
+    # the margin is to the number the rule compares the interval's upper end with: the budget itself (a number)
+    margin = 10 * measured - rep["measured_interval"][1]
+    assert rep["margin"] == pytest.approx(margin, rel=1e-9) and not rep["budget_calibrated"]
     lo, hi = rep["measured_interval"]
     assert lo < measured < hi < measured * 10 and rep["interval_level"] == 0.9
     assert set(rep["prefix_shift"]) >= {"diverged", "first_div_mean", "kl_q_p_own"}

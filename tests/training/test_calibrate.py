@@ -18,6 +18,7 @@ import torch
 from conftest import tiny_model, tiny_pair, tiny_tokenizer
 
 from fp8probe.core.errors import FP8ProbeError
+from fp8probe.measurement.perturbation import Perturbation
 from fp8probe.model.prompts import BUILTIN_PROMPTS
 from fp8probe.model.structure import list_units
 from fp8probe.model.student import Student
@@ -657,6 +658,49 @@ def test_mismatch_free_runs_keep_their_checkpoints_for_a_series(pair, tmp_path):
     assert not torch.equal(last.state_dict()[w], first.state_dict()[w])  # it trained
     train_one(teacher, student, RunId("opd", parse_source("0.3"), 0), s, tmp_path)
     assert not (run_dir(tmp_path, "opd", parse_source("0.3"), 0) / "checkpoints").exists()
+
+
+def test_a_stale_levels_dose_is_checked_along_the_run_as_a_user_checks_a_lag(pair, tmp_path):
+    """stale:1's dose on the check's axis: the mismatch-free run trained again saves its weights at each evaluation
+    step t >= 1 (2 and 4 of 4) and one step before; those are the run's own weights (equal to what the twin's run
+    keeps at steps 2 and 4 with --save-checkpoints), and the dose is the mean over t and seeds of `check` of the
+    student at t against itself at t - 1, by hand here (Perturbation(stale=...) measured as check measures). Seen
+    failing with the old axis (step 0 -> K: another number)."""
+    from safetensors.torch import load_file
+
+    from fp8probe import load_student
+    from fp8probe.training.doses import STALE_HOW, Doses, _measured, check_rollouts, checked_steps
+    from fp8probe.training.runs import states_along
+
+    teacher, student = pair
+    s = dataclasses.replace(_settings(("0", "stale:1"), steps=4, eval_every=2), save_checkpoints=True)
+    assert checked_steps(s.train, 1) == [2, 4] and checked_steps(s.train, 3) == [4]
+    files = states_along(teacher, student, "opd", 0, s, [1, 2, 3, 4], tmp_path / "along")
+    train_one(teacher, student, RunId("opd", SourceSpec("none"), 0), s, tmp_path / "run")
+    kept = run_dir(tmp_path / "run", "opd", SourceSpec("none"), 0) / "checkpoints"
+    for t in (2, 4):
+        theirs = load_student(str(kept / f"step-{t}")).model.state_dict()
+        mine = load_file(str(files[t]))
+        assert all(torch.equal(mine[n], theirs[n]) for n in mine), t
+    doses = Doses(
+        student,
+        tmp_path / "doses.json",
+        lambda o, seed, steps, folder: states_along(teacher, student, o, seed, s, steps, folder),
+        s.train,
+    )
+    import fp8probe.training.doses as doses_module
+
+    by_hand = []
+    for seed in range(doses_module.STALE_SEEDS):
+        f = states_along(teacher, student, "opd", seed, s, [1, 2, 3, 4], tmp_path / f"hand{seed}")
+        for t in (2, 4):
+            moved = doses._at(f[t])
+            by_hand.append(
+                _measured(moved, check_rollouts(moved), Perturbation(stale=load_file(str(f[t - 1]))))["dose"]
+            )
+    got = doses.dose("opd", parse_source("stale:1"))
+    assert got["how"] == STALE_HOW and set(got["steps"]) == {"2", "4"}
+    assert got["dose"] == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-6)
 
 
 def test_the_gain_response_refuses_twins_that_did_not_learn_before_the_other_levels_train(tmp_path):
