@@ -20,6 +20,16 @@ include curves no family of the fit has: a plateau, a threshold, a concave low d
 The true BMD is where the true curve first reaches the tolerance (by bisection; hand values in TRUTHS' notes); a draw
 covers it when its interval holds it, an end censored at the highest tested dose counting as open.
 
+Beside two-sided coverage, what the verdicts rest on: the lower end's miss rate (the BMDL above the true BMD: a
+configuration between them is admitted though it loses more than the tolerance; a 90 % interval allows 5 %), the upper
+end's, and power: the share of calibrations whose interval ADMITs a configuration at half the true BMD (its measured
+interval's upper end at or below the BMDL) and REJECTs one at twice it (its lower end above an uncensored BMDU). A
+configuration's dose is measured as `check` measures it: with `--check-error` (default 0.14, the relative half-width
+of a 16-prompt check on pair A) about it. Two scenario options model what the shipped data show beside the random-effect
+model: `dose_error` (each level's dose as `calibrate` records it is the true one times a lognormal error of that sd:
+doses.json's draws spread about 10-20 %) and `tails` (each run's own noise Student-t with 3 degrees of freedom, scaled
+to the same sd: a few runs far off, as pair A's KV level's seed that lost 23 %).
+
 Coverage per scenario with its 90 % Clopper-Pearson interval; resumable (one JSON line per draw in --out); the fits
 inside use --bootstrap draws per bootstrap (300 by default; the command line's default is 1000), stated with the
 table. Pass --stop-rule narrow to simulate the old rule (stop once BMDU / BMDL <= 3), for the comparison.
@@ -77,6 +87,8 @@ class Scenario:
     seed: float  # the seed effect's share of a perturbed run's variance
     seeds: int = 3
     max_runs: int = 12
+    dose_error: float = 0.0  # sd of the log of a level's recorded dose about its true one
+    tails: bool = False  # each run's own noise Student-t (3 df) at the same sd
 
 
 SCENARIOS = [
@@ -88,7 +100,12 @@ SCENARIOS = [
     Scenario("dip, sd 8 %, twin 0.25", "dip", 0.08, 0.25, 0.45),
     Scenario("linear, sd 11 %, twin 0.5, GRPO-like", "linear", 0.11, 0.5, 0.0),
     Scenario("hill, sd 11 %, twin 0.5, 5 seeds", "hill", 0.11, 0.5, 0.0, seeds=5),
+    # the shipped GRPO budget's own components (recipes/smollm2-135m/calibration/budget-grpo.json: twin share 0.76)
+    Scenario("linear, sd 11 %, twin 0.76, GRPO regime", "linear", 0.11, 0.76, 0.0),
+    Scenario("linear, sd 5 %, twin 0.5, dose error 15 %", "linear", 0.05, 0.5, 0.45, dose_error=0.15),
+    Scenario("linear, sd 5 %, twin 0.5, heavy tails", "linear", 0.05, 0.5, 0.45, tails=True),
 ]
+CHECK_ERROR = 0.14  # a check's relative 90 % half-width on 16 prompts (pair A's KV cache: 0.2035 [0.1742, 0.2336])
 
 
 def true_bmd(truth: str, tolerance: float = TOLERANCE) -> float:
@@ -105,32 +122,51 @@ def true_bmd(truth: str, tolerance: float = TOLERANCE) -> float:
     return hi
 
 
-def _run(sc: Scenario, draw: int, level, seed: int) -> dict:
-    """A synthetic run.json (what training/runs.py writes), its quality drawn from the random-effect model."""
+def _run(sc: Scenario, draw: int, level, seed: int):
+    """A synthetic calibration run (the TrainingRunRecord training/runs.py writes), its quality drawn from the
+    random-effect model at the level's true dose; its recorded dose is the one `_recorded` gives."""
+    from fp8probe.core.records import TrainingRunRecord
+
     sd_pair = sc.sd * (START - M0)
     s0, s1 = sd_pair * math.sqrt(sc.twin), sd_pair * math.sqrt(1 - sc.twin)
     su = s1 * math.sqrt(sc.seed / (1 - sc.seed)) if sc.seed < 1 else 0.0
-    u = np.random.default_rng([7, SCENARIOS.index(sc), draw, seed]).normal(0, su)  # the seed's effect
+    u = np.random.default_rng([7, _index(sc), draw, seed]).normal(0, su)  # the seed's effect
     lv = int(round((level.value or 0.0) * 1e6))
-    e = np.random.default_rng([11, SCENARIOS.index(sc), draw, seed, lv]).normal(0, s0 if level.kind == "none" else s1)
+    rng = np.random.default_rng([11, _index(sc), draw, seed, lv])
+    sd = s0 if level.kind == "none" else s1
+    e = rng.standard_t(3) * sd / math.sqrt(3.0) if sc.tails else rng.normal(0, sd)  # t3's variance is 3
     dose = _dose(level)
     q = M0 + u + e + float(TRUTHS[sc.truth][0](dose)) * (START - M0)
     quality = {"auc": q, "final": q, "plateau": q, "late_improvement": 0.0}
-    return {
-        "objective": "opd",
-        "level": level.name,
-        "kind": level.kind,
-        "value": level.value,
-        "scheme": None,
-        "seed": seed,
-        "steps": 20,
-        "seconds": 0.0,
-        "mismatch": {"kl_q_p": dose, "k3": dose, "tokens": 128},
-        "quality_start": {"reverse_kl": START, "teacher_logp": 0.0},
-        "quality_end": {"reverse_kl": q, "teacher_logp": 0.0},
-        "quality": quality,
-        "losses": [],
-    }
+    return TrainingRunRecord(
+        objective="opd",
+        level=level.name,
+        kind=level.kind,
+        value=level.value,
+        scheme=None,
+        seed=seed,
+        steps=20,
+        seconds=0.0,
+        mismatch={"kl_q_p": dose, "k3": dose, "tokens": 128},
+        quality_start={"reverse_kl": START, "teacher_logp": 0.0},
+        quality_end={"reverse_kl": q, "teacher_logp": 0.0},
+        quality=quality,
+        losses=[],
+    )
+
+
+def _index(sc: Scenario) -> int:
+    """The scenario's place in SCENARIOS (its random streams' key), or a hash of its fields for one made elsewhere."""
+    return SCENARIOS.index(sc) if sc in SCENARIOS else abs(hash(sc)) % (1 << 30)
+
+
+def _recorded(sc: Scenario, draw: int, level) -> float:
+    """A level's dose as calibrate records it: the true one, times a lognormal measurement error (`dose_error`)."""
+    dose = _dose(level)
+    if not sc.dose_error or dose <= 0:
+        return dose
+    lv = int(round(level.value * 1e6))
+    return dose * math.exp(np.random.default_rng([13, _index(sc), draw, lv]).normal(0, sc.dose_error))
 
 
 def _dose(level) -> float:
@@ -144,11 +180,16 @@ def _dose(level) -> float:
 
 
 def one_draw(args) -> dict:
-    """One calibration from scratch and whether its interval holds the true BMD."""
+    """One calibration from scratch: whether its interval holds the true BMD, which end missed it, and the verdicts
+    (admission.judge on the noise ruler) of configurations at half and twice the true BMD, measured with the check's
+    error about them."""
+    from fp8probe.budget.admission import judge
+
     from fp8probe.training.experiment import Experiment, Ladder
     from fp8probe.training.settings import TrainSettings
 
-    sc, draw, bootstrap, stop_rule = args
+    sc, draw, bootstrap, stop_rule = args[:4]
+    check_error = args[4] if len(args) > 4 else CHECK_ERROR
     cal = Experiment(
         None,
         "synthetic",
@@ -164,7 +205,7 @@ def one_draw(args) -> dict:
     ladder = Ladder(
         cal,
         lambda o, level, seed: _run(sc, draw, level, seed),
-        lambda o, level: {"dose": _dose(level)},
+        lambda o, level: {"dose": _recorded(sc, draw, level)},
         bootstrap=bootstrap,
     )
     if stop_rule == "narrow":
@@ -177,10 +218,18 @@ def one_draw(args) -> dict:
     top = float(noise.get("scale", math.nan))
     open_high = budget.censored or budget.interval_censored
     covered = bool(lo <= truth and (truth <= hi or (open_high and truth >= hi)))
+    verdicts = {}
+    for name, d in (("half", truth / 2), ("twice", truth * 2)):
+        at = (d * (1 - check_error), d * (1 + check_error))
+        verdicts[name] = judge(d, at, budget, 16, ("noise",)).verdict if math.isfinite(d) else None
     return {
         "scenario": sc.name,
         "draw": draw,
         "covered": covered,
+        "missed_low": bool(truth < lo),
+        "missed_high": bool(truth > hi and not open_high),
+        "admit_at_half": verdicts["half"] == "ADMIT",
+        "reject_at_twice": verdicts["twice"] == "REJECT",
         "bmd": budget.value,
         "interval": [lo, hi],
         "open_high": open_high,
@@ -231,6 +280,7 @@ def main():
     ap.add_argument("--bootstrap", type=int, default=300)
     ap.add_argument("--scenarios", nargs="*", default=None, help="names (a prefix matches); default: all")
     ap.add_argument("--stop-rule", choices=("budget", "narrow"), default="budget")
+    ap.add_argument("--check-error", type=float, default=CHECK_ERROR, help="a check's relative 90 %% half-width")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -240,7 +290,10 @@ def main():
     )
     chosen = [s for s in SCENARIOS if not args.scenarios or any(s.name.startswith(p) for p in args.scenarios)]
     todo = [
-        (s, k, args.bootstrap, args.stop_rule) for k in range(args.draws) for s in chosen if (s.name, k) not in done
+        (s, k, args.bootstrap, args.stop_rule, args.check_error)
+        for k in range(args.draws)
+        for s in chosen
+        if (s.name, k) not in done
     ]
     print(f"{len(todo)} draws to run ({len(done)} done), {args.workers} workers, {args.bootstrap} bootstrap draws")
     from concurrent.futures import ProcessPoolExecutor
@@ -259,13 +312,19 @@ def report(log: Path, path: Path, bootstrap: int, stop_rule: str) -> None:
     rows = [json.loads(x) for x in log.read_text().splitlines()]
     table = []
     print(f"\ncoverage of the 90 % interval, stop rule {stop_rule}, {bootstrap} bootstrap draws per fit:")
-    print(f"{'scenario':<40} {'true BMD':>9} {'draws':>6} {'coverage':>9} {'90 % CP':>16} {'median width':>13}")
+    print(
+        f"{'scenario':<44} {'true BMD':>9} {'draws':>6} {'coverage':>9} {'90 % CP':>16} {'low miss':>9} "
+        f"{'high miss':>9} {'ADMIT @½':>9} {'REJECT @2':>9} {'median width':>13}"
+    )
     for sc in SCENARIOS:
         r = [x for x in rows if x["scenario"] == sc.name]
-        if not r:
+        if not r or "missed_low" not in r[0]:
             continue
         k, n = sum(x["covered"] for x in r), len(r)
         lo, hi = clopper_pearson(k, n)
+        rates = {
+            key: sum(x[key] for x in r) for key in ("missed_low", "missed_high", "admit_at_half", "reject_at_twice")
+        }
         widths = [x["interval"][1] / x["interval"][0] for x in r if x["interval"][0] > 0 and not x["open_high"]]
         width = float(np.median(widths)) if widths else math.nan
         table.append(
@@ -286,9 +345,18 @@ def report(log: Path, path: Path, bootstrap: int, stop_rule: str) -> None:
                 "median_width": width,
                 "open_high": sum(x["open_high"] for x in r),
                 "median_seconds": float(np.median([x["seconds"] for x in r])),
+                "dose_error": sc.dose_error,
+                "tails": sc.tails,
+                **{f"{key}_rate": v / n for key, v in rates.items()},
+                **{f"{key}_cp90": list(clopper_pearson(v, n)) for key, v in rates.items()},
+                "median_bmd_over_truth": float(np.median([x["bmd"] / x["truth"] for x in r])),
             }
         )
-        print(f"{sc.name:<40} {true_bmd(sc.truth):>9.3g} {n:>6} {k / n:>9.3f} [{lo:.3f}, {hi:.3f}] {width:>12.3g}x")
+        print(
+            f"{sc.name:<44} {true_bmd(sc.truth):>9.3g} {n:>6} {k / n:>9.3f} [{lo:.3f}, {hi:.3f}] "
+            + " ".join(f"{rates[key] / n:>9.3f}" for key in rates)
+            + f" {width:>12.3g}x"
+        )
     path.write_text(
         json.dumps(
             {

@@ -593,10 +593,14 @@ def _isotonic_interval(design, rows, tolerance: float, n: int, seed: int, respon
     return (float(np.quantile(th, 0.05)), float(np.quantile(th, 0.95))) if th else None
 
 
+BMDL_FLAG = 3.0  # BMDS flags a BMD more than 3x its lower bound: the dose is not decided by the data
+
+
 def budget_ratio(a: Budget, b: Budget) -> dict:
     """How much more mismatch `a`'s objective tolerates than `b`'s: the ratio of the two budgets' benchmark doses,
-    each fitted on all of its own runs. Refused (ratio None, `undetermined` the reason) when either budget is not a
-    fitted benchmark dose, its curve fails its lack-of-fit test, or its BMD lies beyond its highest tested dose.
+    each fitted on all of its own runs. Refused (ratio None, `undetermined` the reason) unless both are decided: a
+    fitted benchmark dose whose curve passes its lack-of-fit test, both ends of its interval uncensored, BMD / BMDL
+    within BMDS's flag (3).
     The interval combines the two intervals on the log scale, each side's half-widths in quadrature (the runs of
     two objectives are independent): a's low end with b's high end for the ratio's low end, and the other way
     round; an end of either budget censored at its highest tested dose leaves that side of the ratio open
@@ -613,6 +617,11 @@ def budget_ratio(a: Budget, b: Budget) -> dict:
             return refused(f"{x.objective}'s dose–response curve fails its lack-of-fit test")
         if x.censored:
             return refused(f"{x.objective}'s BMD lies beyond its highest tested dose ({x.value:.3g})")
+        if x.interval_censored:
+            return refused(f"{x.objective}'s interval is censored at its highest tested dose ({x.interval[1]:.3g})")
+        bmd_bmdl = x.value / x.interval[0] if x.interval[0] > 0 else math.inf
+        if bmd_bmdl > BMDL_FLAG:
+            return refused(f"{x.objective}'s BMD / BMDL is {bmd_bmdl:.3g} (> {BMDL_FLAG:g}, BMDS's flag)")
         if x.response != a.response or x.tolerance != a.tolerance:
             return refused("the two budgets are read at different responses or tolerances")
     ratio = a.value / b.value

@@ -316,12 +316,14 @@ class CalibrationRecord(Record):
     max_hours: float = 0.0
     response: str = "relative"  # before budget.json 4 every loss was relative
     save_checkpoints: bool = False
+    pilot: str | None = optional()  # the budget.json whose variance components sized the design
     added_levels: dict | None = optional()
     allocated: dict | None = optional()
     ratios: list | None = optional()
     kept_objectives: list | None = optional()
     dose: str | None = optional()
     dose_mapping: list | None = optional()
+    sizing: list | None = optional()  # what the design could decide, MODELLED before training (budget/sizing.py)
 
 
 @dataclass(frozen=True, kw_only=True)

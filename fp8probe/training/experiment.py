@@ -81,6 +81,7 @@ class Experiment:
     max_hours: float = 0.0
     response: str = "gain"  # what a level's loss is (design.RESPONSES)
     save_checkpoints: bool = False  # the mismatch-free runs keep their student at the first, middle and last step
+    pilot: str | None = None  # a budget.json whose variance components size the design (None: pair A's OPD)
 
     def record(self) -> CalibrationRecord:
         """calibrate.json's record of what was asked for (calibrate.partial.json's whole content)."""
@@ -147,7 +148,41 @@ def prepare(settings, train: TrainSettings) -> Experiment:
         settings.max_hours,
         settings.response,
         settings.save_checkpoints,
+        _pilot(settings.pilot),
     )
+
+
+def _pilot(path: str | None) -> str | None:
+    """A pilot budget.json whose variance components can size the design, checked before any output."""
+    if path is None:
+        return None
+    from ..budget.fit import read_budget
+    from ..budget.sizing import components_of
+
+    if components_of(read_budget(path)) is None:
+        raise FP8ProbeError(
+            f"`pilot` {path} records no variance components (a budget.json 4 from `fp8probe calibrate` has them)"
+        )
+    return str(path)
+
+
+def design_sizing(calibration: Experiment, dose, log=None) -> list | None:
+    """What the design can decide at the asked tolerance and at 2, 5 and 10 % (budget/sizing.py, MODELLED), from the
+    ladder's noise levels' doses (`dose(objective, level)`: measured before any run trains) and the pilot's
+    components (or pair A's OPD); printed with `log`. None with fewer than two noise levels."""
+    from ..budget.fit import read_budget
+    from ..budget.sizing import PAIR_A_OPD, components_of, sizing, sizing_lines
+
+    noise = [lv for lv in map(parse_source, calibration.levels) if lv.kind == "noise"]
+    if len(noise) < 2 or not calibration.objectives:
+        return None
+    doses = [dose(calibration.objectives[0], lv)["dose"] for lv in noise]
+    c = components_of(read_budget(calibration.pilot)) if calibration.pilot else PAIR_A_OPD
+    rows = sizing(c, doses, calibration.seeds, sorted({calibration.tolerance, 0.02, 0.05, 0.10}))
+    if log is not None:
+        for line in sizing_lines(c, calibration.seeds, rows):
+            log(line)
+    return rows
 
 
 def check_resume(out: Path, calibration: Experiment, resume: bool) -> None:
@@ -445,7 +480,7 @@ def calibrate(
     objective and dose) and calibration.png."""
     import pandas as pd
 
-    from ..budget.fit import budget_ratio
+    from ..budget.fit import CHECK_SCALE, budget_ratio
     from ..model.identity import identity
     from .doses import HOW, mapping
 
@@ -453,6 +488,7 @@ def calibrate(
     ladder = Ladder(calibration, trainer.run, trainer.dose, on_more=trainer.more)
     out.mkdir(parents=True, exist_ok=True)
     calibration.record().write(out / PARTIAL)
+    sized = design_sizing(calibration, trainer.dose, log)  # before any run trains (none with a refit)
     student, teacher = identity(trainer.initial), identity(trainer.teacher)
     if calibration.teacher is not None and student["name"].startswith("pruned"):
         student["name"] = f"{student['name']} of {calibration.teacher}"
@@ -480,6 +516,7 @@ def calibrate(
             teacher=teacher,
             dose=HOW,
             loss=objective_loss(objective),
+            dose_scale=dict(CHECK_SCALE),
         )
     df = pd.concat(tables, ignore_index=True)
     atomic_write_text(out / "runs.csv", df.to_csv(index=False))
@@ -508,10 +545,17 @@ def calibrate(
         kept_objectives=sorted(kept),
         dose=HOW,
         dose_mapping=mapping(df),
+        sizing=sized if sized is not None else _recorded_sizing(out),
     )
     done.write(out / CalibrationRecord.KIND)
     (out / PARTIAL).unlink()
     return {"runs": df, "budgets": budgets, "added": added, "allocated": ladder.spent, "ratios": ratios}
+
+
+def _recorded_sizing(out: Path):
+    """The sizing a calibration in `out` printed before it trained (a refit keeps it)."""
+    f = out / CalibrationRecord.KIND
+    return json.loads(f.read_text(encoding="utf-8")).get("sizing") if f.exists() else None
 
 
 def read_experiment(out: Path, response: str) -> Experiment:

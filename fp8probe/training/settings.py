@@ -97,8 +97,9 @@ class CalibrateSettings(Settings):
     )
     tolerance: float = opt(
         0.02,
-        "largest relative quality loss accepted against each seed's mismatch-free run "
-        "(your choice; the seeds' own spread is reported beside it)",
+        "largest quality loss accepted (a share of the training gain; your choice): a tolerance well below one "
+        "run's noise needs many runs to decide (calibrate prints what the planned runs can decide at it and at 2, "
+        "5 and 10 %% before training: pair A's runs spread 8 %% of the gain each, so 2 %% takes hundreds of runs)",
         low=0.0,
     )
     bracket: float = opt(
@@ -134,6 +135,11 @@ class CalibrateSettings(Settings):
         "configurations measured elsewhere to mark on the curve: recipe.json, ladder.csv, "
         "sensitivity.csv (whole-model rows)",
         metavar="FILE",
+    )
+    pilot: str | None = opt(
+        None,
+        "a budget.json of an earlier calibration of this student and objective: its variance components size "
+        "the design printed before training (default: pair A's OPD)",
     )
     device: str = opt("cpu", "torch device")
     refit: bool = opt(

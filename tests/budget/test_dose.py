@@ -487,6 +487,25 @@ def test_the_ratio_is_refused_for_a_failed_fit_and_for_a_censored_dose():
     assert r["ratio"] is None and "beyond its highest tested dose" in r["undetermined"]
 
 
+def test_the_ratio_is_refused_for_an_undecided_interval():
+    """A budget whose BMD is decided but whose interval is not (its upper end censored at the highest tested dose, or
+    BMD / BMDL above BMDS's flag of 3) gives no ratio either: pair A's GRPO budget was 2.23 [0.0021, > 8.27] (BMD /
+    BMDL 1,070) and calibrate printed "grpo tolerates 2.1x the dose opd does". By hand on the fitted budget's fields.
+    Seen failing with only the BMD's own censoring tested (a ratio printed)."""
+    from fp8probe.budget.fit import budget_ratio
+
+    ok = dataclasses.replace(
+        fit_budget(synthetic(TRUE["linear"], seeds=4, sd=0.001), at_tol(bootstrap=60)), objective="opd"
+    )
+    assert budget_ratio(ok, ok)["ratio"] == pytest.approx(1.0)
+    top = dataclasses.replace(ok, interval_censored=True, objective="grpo")
+    r = budget_ratio(top, ok)
+    assert r["ratio"] is None and "interval is censored" in r["undetermined"]
+    wide = dataclasses.replace(ok, interval=(ok.value / 1070, ok.interval[1]), objective="grpo")
+    r = budget_ratio(wide, ok)
+    assert r["ratio"] is None and "BMD / BMDL is 1.07e+03 (> 3" in r["undetermined"]
+
+
 def test_hormesis_is_claimed_at_its_stated_false_positive_rate():
     """Under no effect (losses centred on 0, three seeds per level), the lowest level is called beneficial in 5 % of
     draws (a one-sided t test on two degrees of freedom at 5 %), and the fixed sequence keeps the whole claim at 5 %.
