@@ -69,7 +69,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         from .series import run_series
 
         return run_series(model, rollouts, settings, out, progress)
-    from ..budget.fit import check_student, read_budget
+    from ..budget.fit import check_student, check_teacher, read_budget
     from ..training.runs import objective_note
     from .inputs import check_inputs, load, rollouts_for
 
@@ -82,10 +82,14 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
     inputs = check_inputs(model, rollouts, out)
     scale_note = judged_scale(budget, rollouts, inputs.rollouts, settings.other_scale)  # another scale: refused here
     sc.check(model)
+    start = replace(model, model=settings.descends_from) if settings.descends_from else None
+    if start is not None:
+        start.check()
     with output_dir(out) as d:
         student, _ = load(model)
-        note = check_student(budget, student, settings.other_student)  # another student's budget: refused here
+        note = check_student(budget, student, settings.other_student, start.load() if start else None)  # refused here
         teacher = sc.load_teacher(model)
+        teacher_note = check_teacher(budget, teacher, settings.other_student)
         r, _ = rollouts_for(student, rollouts, d, progress=progress, saved=inputs.rollouts)
         named = sc.sources(student, model.allow_pickle, settings.stale_steps)
         if settings.verl_async:
@@ -94,6 +98,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         else:
             config = named[0] if len(named) == 1 else combine(named)
             report = check(student, r, config, budget, engine=sc.engine, teacher=teacher, sampling=rollouts)
+        note = "; ".join(x for x in (note, teacher_note) if x) or None
         report = replace(report, budget_student_note=note, budget_objective_note=objective, scale_note=scale_note)
         report.write(d / CheckRecord.KIND)
     return CheckResult(Path(out), report)

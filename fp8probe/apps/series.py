@@ -53,12 +53,15 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
     for s in sources:
         check_inputs(s, rollouts, out)
         sc.check(s)
+    start = replace(model, model=settings.descends_from) if settings.descends_from else None
+    if start is not None:
+        start.check()
     rows, measured, note = [], [], None
     with output_dir(out) as d:
         for i, src in enumerate(sources):
             student, _ = load(src)
-            if i == 0:  # one student along training: its first checkpoint is the one a budget was calibrated on
-                note = check_student(budget, student, settings.other_student)
+            if i == 0:  # one student along training: its first checkpoint is the budget's, or descends from it
+                note = check_student(budget, student, settings.other_student, start.load() if start else None)
             (d / f"checkpoint-{i}").mkdir()
             r, _ = rollouts_for(student, rollouts, d / f"checkpoint-{i}", progress=progress)
             named = sc.sources(student, src.allow_pickle)

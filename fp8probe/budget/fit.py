@@ -192,12 +192,14 @@ def scale_of(prompts, max_new_tokens: int, temperature: float, top_p: float = 1.
 OTHER_STUDENT = "other_student"  # the setting (--other-student) that judges a student against another's budget
 
 
-def check_student(budget: Budget, student, override: bool = False) -> str | None:
+def check_student(budget: Budget, student, override: bool = False, start=None) -> str | None:
     """Refuse, in one line, to judge `student` against a budget calibrated on another one (budget.json records its
     student's content hash: model/identity.py); with `override`, judge it anyway and return the note every output
-    of the verdict carries. A budget that records no student (budget.json < 4, a number, a table fitted without
-    `student`) returns a note saying so."""
-    from ..model.identity import SHORT, content_hash
+    of the verdict carries. `start`: the student `student` was trained from (`descends_from`), accepted as the
+    budget's own when it is the budget's student and `student` has its architecture and vocabulary: a later
+    checkpoint of the run the budget is for (the note says so). A budget that records no student (budget.json < 4, a
+    number, a table fitted without `student`) returns a note saying so."""
+    from ..model.identity import SHORT, hash_as_recorded, same_architecture
 
     if not budget.calibrated:
         return None
@@ -206,20 +208,56 @@ def check_student(budget: Budget, student, override: bool = False) -> str | None
             "the budget does not record the student it was calibrated on (budget.json < 4, or `fp8probe budget` "
             "without `student`): it may belong to another"
         )
-    mine = content_hash(student.model)
     theirs = budget.student["sha256"]
+    mine = hash_as_recorded(budget.student, student)
     if mine == theirs:
         return None
+    if start is not None:
+        if hash_as_recorded(budget.student, start) != theirs:
+            raise FP8ProbeError(
+                f"`descends_from` {start.name} is not the student {budget.source} was calibrated on "
+                f"({budget.student['name']}, sha256 {theirs[:SHORT]}): name the checkpoint its run started from"
+            )
+        if not same_architecture(start, student):
+            raise FP8ProbeError(
+                f"{student.name} cannot descend from {start.name}: another architecture, weight shapes or "
+                "vocabulary; check a checkpoint of that run"
+            )
+        return (
+            f"a descendant of the budget's student: {student.name} (sha256 {mine[:SHORT]}) trained from "
+            f"{budget.student['name']} (sha256 {theirs[:SHORT]}), as `descends_from` says"
+        )
     which = (
         f"{budget.source} was calibrated on {budget.student['name']} (sha256 {theirs[:SHORT]}), not on "
         f"{student.name} (sha256 {mine[:SHORT]})"
     )
     if not override:
         raise FP8ProbeError(
-            f"{which}: check that student's configurations (MODEL {budget.student['name']}), or pass "
-            f"`{OTHER_STUDENT}` to judge this one against it anyway (the verdict will say so)"
+            f"{which}: check that student's configurations (MODEL {budget.student['name']}), name the student a "
+            f"checkpoint was trained from with `descends_from`, or pass `{OTHER_STUDENT}` to judge this one against "
+            "it anyway (the verdict will say so)"
         )
     return f"judged against another student's budget ({which}; `{OTHER_STUDENT}` given)"
+
+
+def check_teacher(budget: Budget, teacher, override: bool = False) -> str | None:
+    """Refuse, in one line, a teacher other than the one the budget was calibrated with (when both are known); with
+    `override`, the note the verdict carries."""
+    from ..model.identity import SHORT, hash_as_recorded
+
+    if teacher is None or not budget.calibrated or not budget.teacher:
+        return None
+    theirs = budget.teacher["sha256"]
+    mine = hash_as_recorded(budget.teacher, teacher)
+    if mine == theirs:
+        return None
+    which = (
+        f"{budget.source} was calibrated with the teacher {budget.teacher['name']} (sha256 {theirs[:SHORT]}), not "
+        f"{teacher.name} (sha256 {mine[:SHORT]})"
+    )
+    if not override:
+        raise FP8ProbeError(f"{which}: give that teacher, or pass `{OTHER_STUDENT}` to judge anyway")
+    return f"judged with another teacher than the budget's ({which}; `{OTHER_STUDENT}` given)"
 
 
 def default_budget() -> Budget:

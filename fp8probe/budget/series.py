@@ -22,6 +22,7 @@ def measure_point(student, rollouts, config, budget: Budget, engine: str = "sim"
     from ..measurement.measure import measure
     from ..measurement.reference import Reference
 
+    engine = budget.scale["engine"] if budget.scale else engine  # the verdict's figure on the budget's scale
     got = measure(Reference(student, rollouts, batch_size), student, rollouts, config.perturbation, engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = got.excess_interval(budget.metric)

@@ -67,7 +67,14 @@ class CheckSettings(Settings):
         metavar="CKPT",
     )
     other_student: bool = opt(
-        False, "judge this student against a budget calibrated on another one (refused otherwise; the verdict says so)"
+        False,
+        "judge this student (or teacher) against a budget calibrated on another one (refused otherwise; the verdict "
+        "says so)",
+    )
+    descends_from: str | None = opt(
+        None,
+        "the student MODEL (or the checkpoints) was trained from: the budget's own student, so a later checkpoint "
+        "of its run is judged as its own (recorded in check.json)",
     )
     objective: str | None = opt(
         None,
@@ -102,6 +109,8 @@ class CheckSettings(Settings):
                     "`verl_async` measures every lag from two states of the student: give `stale` (an older "
                     "checkpoint) and `stale_steps` (how many trainer steps older than MODEL it is)"
                 )
+        if self.stale_steps is not None and not sc.stale:
+            raise FP8ProbeError("`stale_steps` is the age of a `stale` checkpoint: give `stale` too")
         if len(self.checkpoints) == 1:
             raise FP8ProbeError("`checkpoints` takes a series: give at least two (or MODEL for one)")
         if self.checkpoints and sc.stale:

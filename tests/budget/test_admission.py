@@ -6,6 +6,7 @@ import math
 from dataclasses import replace
 
 import pytest
+import torch
 from conftest import older_checkpoint
 
 from fp8probe.budget.admission import judge, verdict
@@ -28,7 +29,14 @@ FP8 = {
 }
 KV = {"level": "kv:fp8", "kind": "kv", "mismatch": 0.062, "loss": 0.003, "loss_interval": [-0.01, 0.015], "runs": 3}
 KV_WIDE = {**KV, "loss": 0.107, "loss_interval": [-0.093, 0.307]}
-STALE = {"level": "stale:1", "kind": "stale", "mismatch": 0.05, "loss": 0.094, "loss_interval": [0.044, 0.144], "runs": 3}
+STALE = {
+    "level": "stale:1",
+    "kind": "stale",
+    "mismatch": 0.05,
+    "loss": 0.094,
+    "loss_interval": [0.044, 0.144],
+    "runs": 3,
+}
 NOISE = [  # the noise ruler's levels, named by the runs table (level, kind, dose)
     {"mismatch": 0.0, "loss": 0.0, "runs": 3, "loss_interval": [0.0, 0.0]},
     {"mismatch": 0.2, "loss": 0.004, "runs": 3, "loss_interval": [-0.01, 0.018]},
@@ -262,3 +270,67 @@ def test_verl_async_judges_the_mixture_of_lags(cli, tiny_dirs, tmp_path):
         r = cli("check", *common, "--out", tmp_path / "bad", *extra)
         assert r.code == 2 and len(r.lines) == 1 and says.replace("_", "-") in r.err.replace("_", "-"), r.err
         assert not (tmp_path / "bad").exists()
+
+
+def test_identity_follows_what_the_model_computes():
+    """The version-2 hash: a trainer's save with `use_cache: false`, another `_name_or_path` or `return_dict` is the
+    same student; one changed weight, another rms_norm_eps or one more token in the vocabulary is not. Version 1 (what
+    budget.json files before it recorded) still hashes the runtime flag, and a recorded version-1 hash is compared
+    in version 1. Seen failing with the runtime keys hashed in version 2."""
+    from conftest import tiny_student
+
+    from fp8probe.model.identity import HASH, content_hash, identity, same_student
+
+    st = tiny_student("llama")
+    first = identity(st)
+    assert first["hash"] == HASH == 2
+    st.model.config.use_cache = False
+    st.model.config._name_or_path = "/elsewhere/checkpoint-1000"
+    st.model.config.return_dict = False
+    assert same_student(first, st)
+    v1 = {"name": "old", "sha256": content_hash(st.model, version=1)}  # a budget.json from before version 2
+    assert same_student(v1, st)
+    st.model.config.use_cache = True
+    assert not same_student(v1, st) and same_student(first, st)  # version 1 saw the runtime flag
+    eps = st.model.config.rms_norm_eps
+    st.model.config.rms_norm_eps = eps * 2
+    assert not same_student(first, st)
+    st.model.config.rms_norm_eps = eps
+    with torch.no_grad():
+        next(st.model.parameters()).view(-1)[0] += 1e-3
+    assert not same_student(first, st)
+    with torch.no_grad():
+        next(st.model.parameters()).view(-1)[0] -= 1e-3
+    assert same_student(first, st)
+    st.tokenizer.add_tokens(["<new-token>"])
+    assert not same_student(first, st)
+
+
+def test_a_checkpoint_descending_from_the_budgets_student_is_its_own(cli, tiny_dirs, tmp_path):
+    """A later checkpoint of the budget's own student is refused as another student (exit 2, naming
+    `--descends-from`), judged as its own with `--descends-from` the budget's student (a note in check.json saying
+    so), refused when the named start is not the budget's student; a teacher other than the budget's is refused
+    and judged with `--other-student`. Seen failing with the start's hash unchecked (the wrong start accepted)."""
+    from fp8probe.model.identity import identity
+    from fp8probe.model.student import load_student
+
+    own = identity(load_student(str(tiny_dirs["llama"])))
+    teacher = identity(load_student(str(tiny_dirs["llama"])))
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps(_budget(student=own, teacher=teacher).to_json()))
+    later = older_checkpoint(tiny_dirs["llama"], tmp_path / "later", scale=0.01)
+    common = ["--budget", path, "--kv-cache-dtype", "fp8", "--num-prompts", 4, "--max-new-tokens", 6]
+    r = cli("check", later, "--out", tmp_path / "refused", *common)
+    assert r.code == 2 and "--descends-from" in r.err and not (tmp_path / "refused").exists()
+    r = cli("-q", "check", later, "--out", tmp_path / "own", "--descends-from", tiny_dirs["llama"], *common)
+    assert r.code in (0, 1, 3), r.err
+    note = json.loads((tmp_path / "own" / "check.json").read_text())["budget_student_note"]
+    assert note.startswith("a descendant of the budget's student")
+    r = cli("check", later, "--out", tmp_path / "wrong", "--descends-from", tmp_path / "later", *common)
+    assert r.code == 2 and "is not the student" in r.err
+    r = cli("check", tiny_dirs["llama"], "--out", tmp_path / "t", "--teacher", later, *common)
+    assert r.code == 2 and "teacher" in r.err and "--other-student" in r.err
+    r = cli("-q", "check", tiny_dirs["llama"], "--out", tmp_path / "t2", "--teacher", later, "--other-student", *common)
+    assert r.code in (0, 1, 3), r.err
+    note = json.loads((tmp_path / "t2" / "check.json").read_text())["budget_student_note"]
+    assert "another teacher" in note
