@@ -17,8 +17,12 @@ Per objective and level, the mean over seeds of the held-out reverse KL to the t
 every objective is read on), and per step the rollout batch's mismatch (kl_q_p), the GRPO reward, the policy's
 entropy and the share of tokens the PPO clip cut. A collapse would show as a held-out curve that turns up and stays
 up while its mismatch-free twin keeps falling, the reward falling, the entropy running away. The table gives each
-run's quality (its held-out curve's mean over training, as calibrate scores it) against its own seed's twin, and
-the rise of the curve over its last 10 steps from its best point (a collapse's signature).
+run's quality (its held-out curve's mean over training, as calibrate scores it) against its own seed's twin on the
+package's default response (`gain_loss`: the share of what the twin gained that the run lost, (q - q_twin) / (q_start
+- q_twin)) and as the relative shortfall (`loss_vs_twin`), every seed's value, the rise of the curve over its last 10
+steps from its best point, and the policy's entropy early and late (an entropy collapse: late / early below 0.1, run
+by run, mismatch-free twins included). With n and m seeds per arm no permutation test of two arms can reach a
+one-sided p below 1 / C(n + m, n): `comparable` says whether the arms' seeds could ever show a difference at 5 %.
 """
 
 from __future__ import annotations
@@ -64,12 +68,15 @@ def table(rs: list[dict]) -> pd.DataFrame:
         late = ev.loc[ev.index.max() - 10 :]
         t = twins.get((r["objective"], r["seed"]))
         s = r["steps"]
+        start = float(ev.iloc[0])  # the held-out curve before training (step 0)
+        entropy = s["entropy"] if "entropy" in s else None
         rows.append(
             {
                 "objective": r["objective"],
                 "level": r["level"],
                 "seed": r["seed"],
                 "quality": r["quality"],
+                "gain_loss": (r["quality"] - t) / (start - t) if t and start != t else np.nan,
                 "loss_vs_twin": (r["quality"] - t) / t if t else np.nan,
                 "final": float(ev.iloc[-1]),
                 "late_rise": float(late.max() - best),
@@ -77,9 +84,48 @@ def table(rs: list[dict]) -> pd.DataFrame:
                 "reward_last10": float(s["reward"].iloc[-10:].mean()) if "reward" in s else np.nan,
                 "entropy_last10": float(s["entropy"].iloc[-10:].mean()) if "entropy" in s else np.nan,
                 "clipped": float(s["clip_ratio/region_mean"].mean()) if "clip_ratio/region_mean" in s else np.nan,
+                "entropy_first5": float(entropy.iloc[:5].mean()) if entropy is not None else np.nan,
+                "entropy_collapsed": bool(
+                    entropy is not None and entropy.iloc[-10:].mean() < 0.1 * entropy.iloc[:5].mean()
+                ),
             }
         )
     return pd.DataFrame(rows)
+
+
+def best_p(n: int, m: int) -> float:
+    """The smallest one-sided p any permutation test of two arms of n and m runs can give: 1 / C(n + m, n)."""
+    from math import comb
+
+    return 1.0 / comb(n + m, n)
+
+
+def per_seed(t: pd.DataFrame) -> str:
+    """The markdown table docs/admission.md shows: every arm's per-seed losses on the default response, their mean,
+    and whether any comparison with OPD at the same level could reach p < 0.05."""
+    head = ["objective", "σ", "seeds", "share of the gain lost, per seed", "mean", "relative shortfall (mean)"]
+    head += ["entropy late / early", "vs OPD at this σ"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (o, lv), g in t[t["level"] != "0"].groupby(["objective", "level"], sort=False):
+        opd = t[(t["objective"] == "opd") & (t["level"] == lv)]
+        each = ", ".join(f"{x:+.1%}" for x in g["gain_loss"])
+        ratio = ", ".join(f"{a / b:.2f}" for a, b in zip(g["entropy_last10"], g["entropy_first5"]))
+        if o == "opd":
+            vs = "–"
+        else:
+            p = best_p(len(g), len(opd))
+            vs = f"no comparison possible (best one-sided p {p:.2f})" if p >= 0.05 else f"testable (best p {p:.3f})"
+        lines.append(
+            f"| `{o}` | {lv} | {len(g)} | {each} | {g['gain_loss'].mean():+.1%} | {g['loss_vs_twin'].mean():+.1%} | "
+            f"{ratio} | {vs} |"
+        )
+    collapsed = t[t["entropy_collapsed"]].drop_duplicates(["level", "seed", "quality"])  # twins shared by GRPO arms
+    for _, r in collapsed.iterrows():
+        lines.append(
+            f"\nentropy collapse: `{r['objective']}` σ {r['level']} seed {r['seed']} (entropy "
+            f"{r['entropy_first5']:.2f} in its first 5 steps, {r['entropy_last10']:.2f} in its last 10)"
+        )
+    return "\n".join(lines)
 
 
 def figure(rs: list[dict], path: Path) -> None:
@@ -133,6 +179,7 @@ def main():
     summary = t.groupby(["objective", "level"]).agg(
         seeds=("seed", "size"),
         quality=("quality", "mean"),
+        gain_loss=("gain_loss", "mean"),
         loss_vs_twin=("loss_vs_twin", "mean"),
         loss_sd=("loss_vs_twin", "std"),
         final=("final", "mean"),
@@ -143,6 +190,8 @@ def main():
     )
     pd.set_option("display.width", 160)
     print(summary.round(4).to_string())
+    print()
+    print(per_seed(t.drop_duplicates(["objective", "level", "seed"])))
     print(f"-> {out}, {out.with_suffix('.csv')}")
 
 
