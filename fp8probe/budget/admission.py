@@ -69,16 +69,27 @@ def check(
     got = measure(reference, student, rollouts, config.perturbation, judged_engine, batch_size)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = tuple(got.excess_interval(budget.metric))
-    shift = PrefixShift.sampled_as(student, reference, rollouts, sampling, engine).measure(config.perturbation)
+    prefix = PrefixShift.sampled_as(student, reference, rollouts, sampling, engine)
+    shift = prefix.measure(config.perturbation)
     opd = None
     if teacher is not None:
         opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
     v = judge(measured, interval, budget, got.num_prompts, config.config)
     beside = engine if engine != judged_engine else OTHER_ENGINE.get(engine, "sim")
     also = measured_as(beside, reference, student, rollouts, config.perturbation, budget.metric, batch_size)
-    return _record(
+    record = _record(
         v, config, budget, (engine, judged_engine), (measured, interval, got, rollouts), (also, shift, opd), batch_size
     )
+    return replace(record, verl_screens=verl_screens(getattr(prefix, "own", None)))
+
+
+def verl_screens(own) -> list | None:
+    """What verl's screens the exports write (screens.SCREENS) would do to the configuration's own samples."""
+    from ..measurement.screens import SCREENS, outcome
+
+    if own is None or not int(own[2].sum()):
+        return None
+    return [outcome(s, own[0].numpy(), own[1].numpy(), own[2].numpy(), own[3].numpy()) for s in SCREENS]
 
 
 def _record(v: Judgement, config, budget, engines, figure, beside, batch_size: int) -> CheckRecord:

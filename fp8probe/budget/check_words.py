@@ -70,6 +70,8 @@ def format_check(report: CheckRecord) -> str:
         + f"rollout_corr/kl {s['rollout_corr/kl']:.4g}, k3_kl {s['rollout_corr/k3_kl']:.4g}, "
         + f"{s['ppo_clip_share']:.1%} of tokens outside a PPO clip of 0.2"
     )
+    for sc in report.verl_screens or []:
+        lines.append(screen_line(sc))
     if report.opd_signal:
         o = report.opd_signal
         lines.append(
@@ -113,3 +115,20 @@ def _margin(report: CheckRecord) -> str:
     name, threshold = d.get("threshold_name") or "the budget", d.get("threshold")
     at = f" {threshold:.4g}" if threshold is not None else ""
     return f"margin to {name}{at}: {report.margin:+.3g}"
+
+
+def screen_line(sc: dict) -> str:
+    """One of verl's screens on the configuration's own samples, as verl would log it."""
+    if "rollout_rs_seq_masked_fraction" in sc:
+        lo, hi = sc["seq_masked_interval"]
+        keep = sc.get("threshold_to_keep")
+        to_keep = f"; {sc['keep']:.0%} of sequences kept at a threshold of {keep:.3g}" if keep is not None else ""
+        return (
+            f"verl's {sc['screen']}: masks {sc['rollout_rs_seq_masked_fraction']:.0%} [{lo:.0%}, {hi:.0%}] of the "
+            f"sequences, {sc['rollout_rs_masked_fraction']:.0%} of the tokens, of its own samples{to_keep}"
+        )
+    return (
+        f"verl's {sc['screen']}: mean weight {sc['rollout_is_mean']:.3f}, {sc['rollout_is_ratio_fraction_high']:.1%} "
+        f"of tokens above the threshold and {sc['rollout_is_ratio_fraction_low']:.1%} below its reciprocal, effective "
+        f"sample size {sc['rollout_is_eff_sample_size']:.2f}"
+    )

@@ -269,6 +269,7 @@ class CheckRecord(Record):
     budget_student_note: str | None = None  # what check_student said of a budget calibrated on another student
     budget_objective_note: str | None = optional()  # the budget's objective is not the one named (`objective`)
     scale_note: str | None = optional()  # judged on rollouts of another scale than the budget's doses (other_scale)
+    verl_screens: list | None = optional()  # what verl's screens would do to the candidate's own samples (screens.py)
     verl_async: dict | None = optional()  # verl's fully-async lags: both regimes' mixtures, every lag's figure
 
 

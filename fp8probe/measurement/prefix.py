@@ -170,6 +170,9 @@ class PrefixShift:
         ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
         m = measure(ref_own, self.student, own, p, self.engine, self.kw["batch_size"])
         verl = verl_metrics(m.stats["logp_cand"], m.stats["logp_ref"], own.response_mask.sum(1))
+        # the candidate's own tokens as verl's screens see them (screens.outcome): q, p, each sequence's length, its
+        # prompt
+        self.own = (m.stats["logp_cand"], m.stats["logp_ref"], own.response_mask.sum(1), own.prompt_groups())
         top = self.observed_topk(p, own, ref_own)
         return {**out, "kl_q_p_own": m.metrics["kl_q_p"], "k3_own": m.metrics["k3"], "kl_top20_own": top, **verl}
 

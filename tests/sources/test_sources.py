@@ -191,6 +191,11 @@ def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):
     assert r.code == 0 and r.out.startswith("ADMIT"), (r.code, r.out, r.err)
     rep = json.loads((tmp_path / "c1" / "check.json").read_text())
     assert rep["verdict"] == "ADMIT" and rep["measured"] == pytest.approx(measured, rel=1e-9)
+    # verl's screens the exports write, on the candidate's own samples: the K3 rejection preset and token TIS
+    rs, tis = rep["verl_screens"]
+    assert rs["screen"] == "rollout_rs seq_mean_k3 <= 0.01" and 0 <= rs["rollout_rs_seq_masked_fraction"] <= 1
+    assert rs["rollout_rs_masked_fraction"] <= rs["rollout_rs_seq_masked_fraction"] + 1e-12  # tokens of masked seqs
+    assert tis["rollout_is_mean"] > 0 and tis["screen"] == "rollout_is token at 2.0"
     # the margin is to the number the rule compares the interval's upper end with: the budget itself (a number)
     margin = 10 * measured - rep["measured_interval"][1]
     assert rep["margin"] == pytest.approx(margin, rel=1e-9) and not rep["budget_calibrated"]

@@ -149,17 +149,38 @@ class VerlSettings(Settings):
     )
     opd_no_task_rewards: bool = opt(False, "distillation alone: no task rewards (verl's use_task_rewards=False)")
     teacher: str | None = opt(None, "the teacher's model path (verl-opd; default: $TEACHER, required at launch)")
+    teacher_tp: int = opt(
+        2, "the teacher's tensor parallelism (verl's distillation...inference.tensor_model_parallel_size)", low=1
+    )
+    teacher_gpus: int | None = opt(
+        None,
+        "GPUs per node of the teacher pool (distillation.n_gpus_per_node; default: one replica, `teacher_tp`): a "
+        "multiple of `teacher_tp`, each `teacher_tp` of them one replica",
+        low=1,
+    )
+    teacher_nodes: int = opt(1, "nodes of the teacher pool (distillation.nnodes)", low=1)
     staleness_threshold: float = opt(0.1, "fully-async: verl's async_training.staleness_threshold", low=0.0)
     trigger_parameter_sync_step: int = opt(4, "fully-async: optimizer steps between weight syncs", low=1)
     no_partial_rollout: bool = opt(False, "fully-async: finish a response on the weights it began with")
-    rollout_gpus: int = opt(8, "fully-async: GPUs of the rollout pool (rollout.n_gpus_per_node)", low=1)
-    trainer_gpus: int = opt(8, "fully-async: GPUs of the trainer pool (trainer.n_gpus_per_node)", low=1)
+    rollout_gpus: int = opt(8, "fully-async: GPUs per node of the rollout pool (rollout.n_gpus_per_node)", low=1)
+    trainer_gpus: int = opt(8, "fully-async: GPUs per node of the trainer pool (trainer.n_gpus_per_node)", low=1)
+    rollout_nodes: int | None = opt(
+        None, "fully-async: nodes of the rollout pool (rollout.nnodes; default: left to your config)", low=1
+    )
+    trainer_nodes: int | None = opt(
+        None, "fully-async: nodes of the trainer pool (trainer.nnodes; default: left to your config)", low=1
+    )
     verl_version: str | None = opt(
         None, "the verl release the config is for (default: the installed verl's, else the checked 0.9.1)"
     )
 
     def __post_init__(self):
         super().__post_init__()
+        if self.teacher_gpus is not None and self.teacher_gpus % self.teacher_tp:
+            raise FP8ProbeError(
+                f"`teacher_gpus` {self.teacher_gpus} is not a multiple of `teacher_tp` {self.teacher_tp}: verl's "
+                "DistillationConfig refuses a teacher pool its replicas do not fill"
+            )
         if self.opd_loss == "k1" and not self.opd_policy_gradient:
             raise FP8ProbeError(
                 "`opd_loss` k1 needs `opd_policy_gradient`: verl refuses to backpropagate k1 directly (its gradient "
@@ -203,6 +224,11 @@ def _distillation(o: VerlSettings) -> tuple[list[str], list[str]]:
         f"{loss}.use_policy_gradient={o.opd_policy_gradient}",
         f"{loss}.use_task_rewards={not o.opd_no_task_rewards}",
         f"distillation.teacher_models.teacher_model.model_path={teacher}",
+        # the teacher's own pool: verl's trainers refuse distillation without one (nnodes > 0), and DistillationConfig
+        # makes its replicas from the pool's GPUs, `teacher_tp` each
+        f"distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size={o.teacher_tp}",
+        f"distillation.n_gpus_per_node={o.teacher_gpus or o.teacher_tp}",
+        f"distillation.nnodes={o.teacher_nodes}",
     ]
     if o.opd_topk is not None:
         lines.append(f"{loss}.topk={o.opd_topk}")
@@ -280,11 +306,16 @@ def render_fully_async(e, model_path, units) -> dict[str, str]:
         f"async_training.staleness_threshold={o.staleness_threshold}",
         f"async_training.trigger_parameter_sync_step={o.trigger_parameter_sync_step}",
         f"async_training.partial_rollout={not o.no_partial_rollout}",
-        "rollout.nnodes=1",
+        # what FullyAsyncRollouter asserts at start-up (verl's own fully-async scripts set them): separate pools, no
+        # hybrid engine, the trainer's batch built from the message queue (train_batch_size 0), one prompt per draw
+        "actor_rollout_ref.hybrid_engine=False",
+        "data.train_batch_size=0",
+        "data.gen_batch_size=1",
         f"rollout.n_gpus_per_node={o.rollout_gpus}",
-        "trainer.nnodes=1",
         f"trainer.n_gpus_per_node={o.trainer_gpus}",
     ]
+    lines += [f"rollout.nnodes={o.rollout_nodes}"] if o.rollout_nodes else []
+    lines += [f"trainer.nnodes={o.trainer_nodes}"] if o.trainer_nodes else []
     why = [
         "bypass mode (verl's default here): the rollout's log-probs are the PPO ratio's denominator, so the ratio "
         "itself carries the mismatch and TIS weights would count it twice; verl's K3 rejection preset screens it",
