@@ -413,27 +413,48 @@ def test_verl_opd_writes_the_screen_each_loss_takes(student):
         o["algorithm.rollout_correction.rollout_rs"] == "seq_mean_k3"
         and "algorithm.rollout_correction.rollout_is" not in o
     )
-    assert "verl applies no IS weight to this loss" in text and "and on no other term" in text
+    assert "passes no IS weight to a supervised distillation loss" in text and "act on no loss" in text
+    assert "removes the masked tokens from the batch before every loss, the distillation loss included" in text
     assert o["actor_rollout_ref.rollout.quantization"] == "fp8"
     text, o = _opd(student, "verl-opd", opd_loss="k1", opd_policy_gradient=True)
     assert o["algorithm.rollout_correction.rollout_is"] == "token" and "rollout_rs" not in " ".join(o)
-    assert "so token TIS acts on it" in text
+    assert "reach the distillation's PPO-clip loss" in text
     assert o["distillation.teacher_models.teacher_model.model_path"].startswith("${TEACHER:?")
     with pytest.raises(FP8ProbeError, match="k1 needs `opd_policy_gradient`"):
         _opd(student, "verl-opd", opd_loss="k1")
-    with pytest.raises(FP8ProbeError, match="verl 0.8.0 predates"):
-        _opd(student, "verl-opd", verl_version="0.8.0")
+    with pytest.raises(FP8ProbeError, match="verl 0.7.0 has no distillation"):
+        _opd(student, "verl-opd", verl_version="0.7.0")
+    for ok in (
+        "0.8.0",
+        "0.9.0",
+        "0.10.0",
+        "1.0",
+    ):  # every key written is in 0.8.0's wheel; later releases compare as numbers
+        _opd(student, "verl-opd", verl_version=ok)
 
 
 def test_verl_fully_async_states_its_lags(student):
+    """T = 2, S = 0.5: lags 0 .. floor(2 x 1.5) = 3 trainer steps (verl counts trainer steps, each require_batches x
+    ppo_epochs optimizer updates); the screens act inside the task PPO loss (bypass mode), and with a teacher the
+    distillation loss is neither masked nor weighted; without task rewards the screen acts on no loss. Seen failing
+    with the old words ("optimizer steps", the screen on every loss)."""
     text, o = _opd(student, "verl-fully-async", staleness_threshold=0.5, trigger_parameter_sync_step=2)
     assert text.splitlines()[text.count("\n#") + 1].startswith(
         "python3 -m verl.experimental.fully_async_policy.fully_async_main"
     )
     assert o["async_training.staleness_threshold"] == "0.5" and o["async_training.partial_rollout"] == "True"
-    assert "samples lag 0 .. 2 x (1 + 0.5) optimizer steps" in text and "distillation.enabled" not in o
-    _, with_teacher = _opd(student, "verl-fully-async", teacher="/t")
-    assert with_teacher["distillation.enabled"] == "True"
+    assert "samples lag 0 .. 3 trainer steps (each require_batches x ppo_epochs" in text
+    assert "distillation.enabled" not in o and "inside the task PPO loss" in text
+    assert o["actor_rollout_ref.hybrid_engine"] == "False" and o["data.train_batch_size"] == "0"
+    assert "trainer.nnodes" not in o and "rollout.nnodes" not in o  # the user's own node counts stand
+    assert _opd(student, "verl-fully-async", trainer_nodes=2)[1]["trainer.nnodes"] == "2"
+    text, with_teacher = _opd(student, "verl-fully-async", teacher="/t")
+    assert with_teacher["distillation.enabled"] == "True" and "neither masked nor weighted" in text
+    assert with_teacher["distillation.n_gpus_per_node"] == "2" and with_teacher["distillation.nnodes"] == "1"
+    text, _ = _opd(student, "verl-fully-async", teacher="/t", opd_no_task_rewards=True)
+    assert "the screen written acts on no loss" in text
+    with pytest.raises(FP8ProbeError, match="not a multiple of `teacher_tp`"):
+        _opd(student, "verl-opd", teacher_tp=2, teacher_gpus=3)
 
 
 @pytest.mark.network

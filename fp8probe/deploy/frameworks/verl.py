@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -130,7 +131,15 @@ def read_sglang(files, units, n_blocks) -> Applied:
 # verl 0.9.1's distillation losses (verl/trainer/distillation/losses.py, register_distillation_loss): the sampled-token
 # estimators and the forward KL over the teacher's top-k
 OPD_LOSSES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "forward_kl_topk")
-CHECKED_VERL = (0, 9, 1)  # the release whose config these targets were read from
+CHECKED_VERL = (0, 9, 1)  # the release whose config these targets were read from (the default when none is installed)
+# the first release with each feature the verl targets write, read from the released wheels' own config files and code:
+# 0.7.0 has no trainer/config/distillation/, no experimental/fully_async_policy/config/ and only token / sequence /
+# geometric rejection; 0.8.0, 0.9.0 and 0.9.1 ship the same distillation.yaml and every fully-async key written
+VERL_SINCE = {
+    "distillation.* (distillation/distillation.yaml)": (0, 8, 0),
+    "the fully-async policy's config (async_training.*, rollout.*)": (0, 8, 0),
+    "rollout_rs=seq_mean_k3 (the K3 rejection screen, rollout_corr_helper.py)": (0, 8, 0),
+}
 # verl's own K3 rejection preset (verl/trainer/config/algorithm.py, bypass_ppo_clip_k3_rs: seq_mean_k3 at 0.01)
 REJECTION = ("seq_mean_k3", 0.01)
 FULLY_ASYNC = "python3 -m verl.experimental.fully_async_policy.fully_async_main"
@@ -206,16 +215,20 @@ class VerlSettings(Settings):
 
 
 def _check_release(options: VerlSettings, what: str) -> None:
-    if options.release < CHECKED_VERL:
+    missing = [feature for feature, since in VERL_SINCE.items() if options.release < since]
+    if missing:
         got = ".".join(map(str, options.release))
+        first = ".".join(map(str, max(VERL_SINCE[f] for f in missing)))
         raise FP8ProbeError(
-            f"{what}: verl {got} predates the release these keys were read from (verl 0.9.1's distillation.* and "
-            "async_training.*): upgrade verl, or pass `verl_version`"
+            f"{what}: verl {got} has no {'; no '.join(missing)} (first in verl {first}): upgrade verl to {first} "
+            "or later, or pass `verl_version`"
         )
 
 
-def _distillation(o: VerlSettings) -> tuple[list[str], list[str]]:
-    """(the distillation.* overrides, the comment lines on what screens the rollouts' mismatch for this loss)."""
+def _distillation(o: VerlSettings, bypass: bool = False) -> tuple[list[str], list[str]]:
+    """(the distillation.* overrides, the comment lines on which loss the rollouts' screens act on for this loss: in
+    the decoupled mode (main_ppo) verl screens the batch before any loss, in bypass mode (fully-async) inside the task
+    PPO loss only)."""
     loss = "distillation.distillation_loss"
     teacher = shlex.quote(o.teacher) if o.teacher else '"${TEACHER:?set TEACHER to the teacher model path}"'
     lines = [
@@ -232,21 +245,34 @@ def _distillation(o: VerlSettings) -> tuple[list[str], list[str]]:
     ]
     if o.opd_topk is not None:
         lines.append(f"{loss}.topk={o.opd_topk}")
-    if o.opd_policy_gradient:
-        why = [
-            f"policy-gradient distillation ({o.opd_loss} as the advantage): verl passes the rollout IS weights "
-            "(rollout_is) to its PPO-clip loss (verl/trainer/distillation/losses.py), so token TIS acts on it"
-        ]
-    else:
-        tasks = (
-            "and on no other term (use_task_rewards=False)"
+    kind = (
+        f"policy-gradient distillation ({o.opd_loss} as the advantage)"
+        if o.opd_policy_gradient
+        else f"supervised distillation ({o.opd_loss})"
+    )
+    if bypass:
+        tail = (
+            "there is no task loss (use_task_rewards=False), so the screen written acts on no loss"
             if o.opd_no_task_rewards
-            else "only on the task-reward policy loss"
+            else "they act on the task-reward PPO loss alone"
         )
         why = [
-            f"supervised distillation ({o.opd_loss}): verl applies no IS weight to this loss "
-            f"(verl/trainer/distillation/losses.py), so TIS acts {tasks}; the rejection mask (rollout_rs) screens "
-            "mismatched sequences out of every loss"
+            f"{kind} in bypass mode: verl computes the IS weights and the rejection mask inside the task PPO loss "
+            "(core_algos.compute_policy_loss_bypass_mode) and leaves the batch's response_mask alone, so the "
+            f"distillation loss is neither masked nor weighted; {tail}"
+        ]
+    elif o.opd_policy_gradient:
+        why = [
+            f"{kind}: verl's rejection mask (rollout_rs) removes the masked tokens from the batch before every loss "
+            "(rollout_corr_helper.compute_rollout_correction_and_add_to_batch), and the rollout IS weights "
+            "(rollout_is) reach the distillation's PPO-clip loss (verl/trainer/distillation/losses.py) and the task loss"
+        ]
+    else:
+        why = [
+            f"{kind}: verl's rejection mask (rollout_rs) removes the masked tokens from the batch before every loss, "
+            "the distillation loss included (rollout_corr_helper.compute_rollout_correction_and_add_to_batch); verl "
+            "passes no IS weight to a supervised distillation loss (verl/trainer/distillation/losses.py), so TIS would "
+            + ("act on no loss (use_task_rewards=False)" if o.opd_no_task_rewards else "act on the task loss alone")
         ]
     return lines, why
 
@@ -316,14 +342,16 @@ def render_fully_async(e, model_path, units) -> dict[str, str]:
     ]
     lines += [f"rollout.nnodes={o.rollout_nodes}"] if o.rollout_nodes else []
     lines += [f"trainer.nnodes={o.trainer_nodes}"] if o.trainer_nodes else []
+    lag = math.floor(o.trigger_parameter_sync_step * (1 + o.staleness_threshold))
     why = [
         "bypass mode (verl's default here): the rollout's log-probs are the PPO ratio's denominator, so the ratio "
-        "itself carries the mismatch and TIS weights would count it twice; verl's K3 rejection preset screens it",
-        f"samples lag 0 .. {o.trigger_parameter_sync_step} x (1 + {o.staleness_threshold:g}) optimizer steps"
+        "itself carries the mismatch and TIS weights would count it twice; verl's K3 rejection preset screens it "
+        "inside the task PPO loss",
+        f"samples lag 0 .. {lag} trainer steps (each require_batches x ppo_epochs optimizer updates)"
         + ("; with partial rollouts a response's prefix comes from older weights" if not o.no_partial_rollout else ""),
     ]
     if o.teacher is not None:
-        opd, opd_why = _distillation(o)
+        opd, opd_why = _distillation(o, bypass=True)
         lines += opd
         why += opd_why
     head = header(e.target) + "".join(f"# {w}.\n" for w in why)
