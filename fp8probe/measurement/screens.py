@@ -188,6 +188,10 @@ def outcome(screen: Screen, logp_rollout, logp_train, lengths, groups=None, keep
         out.update(rs_metrics(screen, log_ratio, seq, len(n)))
         out["keep"] = keep
         out["threshold_to_keep"] = keep_threshold(screen, log_ratio, seq, len(n), keep)
+        option = screen.rollout_rs.strip()
+        if out["threshold_to_keep"] is not None:  # each sequence's statistic: any other share's threshold
+            stat = per_sequence(_k(log_ratio)[option[-2:]], seq, len(n), option.split("_")[1])
+            out["per_sequence"] = [float(x) for x in stat]
         groups = np.arange(len(n)) if groups is None else np.asarray(groups)
         labels = np.unique(groups)
         rng = np.random.default_rng(0)

@@ -490,3 +490,50 @@ def test_verl_opd_keys_exist(released, student, target):
     assert set(OPD_LOSSES) == registered  # every mode fp8probe offers, and no other, is verl's
     helper = find_in(root, "verl/trainer/ppo/rollout_corr_helper.py").read_text()
     assert f'"{o["algorithm.rollout_correction.rollout_rs"]}"' in helper
+
+
+def test_the_export_says_what_its_screen_masks_and_keeps_a_share_asked_for(student, cli, tiny_dirs, tmp_path):
+    """A check of a whole-model FP8 configuration on a tiny model records each own sample's seq_mean_k3; the verl-opd
+    export given that check.json says what share verl's preset 0.01 masks (the share of those statistics above 0.01,
+    by hand), warns where it is above half, and with `screen_keep 0.5` writes their median as the threshold. Seen
+    failing with the share computed on tokens (another number)."""
+    import numpy as np
+
+    model = tiny_dirs["llama"]
+    rec = tmp_path / "all"
+    from fp8probe.model.student import load_student
+
+    st = load_student(str(model))
+    Recipe.whole_model(st.units, "FP8_DYNAMIC", kv_cache_dtype="fp8").write(rec)
+    r = cli(
+        "-q",
+        "check",
+        model,
+        "--budget",
+        1.0,
+        "--recipe",
+        rec / "recipe.yaml",
+        "--num-prompts",
+        6,
+        "--max-new-tokens",
+        8,
+        "--out",
+        tmp_path / "c",
+    )
+    assert r.code in (0, 1, 3), r.err
+    check = tmp_path / "c" / "check.json"
+    stat = np.array(json.loads(check.read_text())["verl_screens"][0]["per_sequence"])
+    text, o = _opd(student, "verl-opd", teacher="/t", check=str(check))
+    share = float(np.mean(stat > 0.01))
+    assert (
+        f"seq_mean_k3 <= 0.01 masks {share:.0%}" in text
+        and o["algorithm.rollout_correction.rollout_rs_threshold"] == "0.01"
+    )
+    assert ("WARNING: verl's preset would discard" in text) == (share > 0.5)
+    text, o = _opd(student, "verl-opd", teacher="/t", check=str(check), screen_keep=0.5)
+    assert float(o["algorithm.rollout_correction.rollout_rs_threshold"]) == pytest.approx(
+        np.quantile(stat, 0.5), rel=1e-5
+    )
+    assert "threshold chosen to keep 50%" in text
+    with pytest.raises(FP8ProbeError, match="`screen_keep` reads"):
+        _opd(student, "verl-opd", screen_keep=0.9)

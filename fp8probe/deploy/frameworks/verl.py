@@ -182,6 +182,19 @@ class VerlSettings(Settings):
     verl_version: str | None = opt(
         None, "the verl release the config is for (default: the installed verl's, else the checked 0.9.1)"
     )
+    check: str | None = opt(
+        None,
+        "a check.json of the configuration the target runs (`fp8probe check`): the export says what the rejection "
+        "screen it writes would mask of that configuration's own samples",
+    )
+    screen_keep: float | None = opt(
+        None,
+        "with `check`: write the rejection threshold that keeps this share of sequences (e.g. 0.9) instead of "
+        "verl's preset 0.01",
+        low=0.0,
+        open_low=True,
+        high=1.0,
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -190,6 +203,10 @@ class VerlSettings(Settings):
                 f"`teacher_gpus` {self.teacher_gpus} is not a multiple of `teacher_tp` {self.teacher_tp}: verl's "
                 "DistillationConfig refuses a teacher pool its replicas do not fill"
             )
+        if self.screen_keep is not None and not self.check:
+            raise FP8ProbeError("`screen_keep` reads each sequence's statistic from `check`: give the check.json too")
+        if self.check:
+            _screened(self.check)  # unreadable, or no prediction: refused before any output
         if self.opd_loss == "k1" and not self.opd_policy_gradient:
             raise FP8ProbeError(
                 "`opd_loss` k1 needs `opd_policy_gradient`: verl refuses to backpropagate k1 directly (its gradient "
@@ -265,7 +282,8 @@ def _distillation(o: VerlSettings, bypass: bool = False) -> tuple[list[str], lis
         why = [
             f"{kind}: verl's rejection mask (rollout_rs) removes the masked tokens from the batch before every loss "
             "(rollout_corr_helper.compute_rollout_correction_and_add_to_batch), and the rollout IS weights "
-            "(rollout_is) reach the distillation's PPO-clip loss (verl/trainer/distillation/losses.py) and the task loss"
+            "(rollout_is) reach the distillation's PPO-clip loss (verl/trainer/distillation/losses.py) and the "
+            "task loss"
         ]
     else:
         why = [
@@ -277,16 +295,65 @@ def _distillation(o: VerlSettings, bypass: bool = False) -> tuple[list[str], lis
     return lines, why
 
 
-def _screen(policy_gradient: bool) -> list[str]:
-    """The correction that acts: token TIS where verl weights the loss, else verl's K3 rejection preset."""
+def _screen(policy_gradient: bool, o: VerlSettings | None = None) -> tuple[list[str], list[str]]:
+    """(the correction that acts: token TIS where verl weights the loss, else verl's K3 rejection preset, or with
+    `screen_keep` the threshold keeping that share of the checked configuration's sequences; the comment lines on
+    what it would mask, from `check`)."""
     if policy_gradient:
-        return verl_correction()
+        return verl_correction(), []
     mode, threshold = REJECTION
-    return [
+    why = []
+    if o is not None and o.check:
+        threshold, why = predicted_screen(o, mode, threshold)
+    lines = [
         "actor_rollout_ref.rollout.calculate_log_probs=True",
         f"algorithm.rollout_correction.rollout_rs={mode}",
-        f"algorithm.rollout_correction.rollout_rs_threshold={threshold}",
+        f"algorithm.rollout_correction.rollout_rs_threshold={threshold:.6g}",
     ]
+    return lines, why
+
+
+def _screened(path: str, mode: str = REJECTION[0]):
+    """(the check.json at `path`, its prediction of the `mode` rejection screen), or one line saying what to do."""
+    from ...core.records import CheckRecord
+
+    rep = CheckRecord.read(path, "run `fp8probe check` on the configuration this target runs")
+    sc = next((s for s in rep.verl_screens or [] if s.get("screen", "").startswith(f"rollout_rs {mode} ")), None)
+    if sc is None or not sc.get("per_sequence"):
+        raise FP8ProbeError(
+            f"`check` {path} holds no prediction of the {mode} screen (check.json 3 from a check with a prefix "
+            "shift has one): run `fp8probe check` again"
+        )
+    return rep, sc
+
+
+MASKED_WARNING = 0.5  # a screen predicted to mask more than this share of sequences is said to discard most of a batch
+
+
+def predicted_screen(o: VerlSettings, mode: str, preset: float) -> tuple[float, list[str]]:
+    """(the threshold to write, what the check's own samples say the screen does): verl's preset, or the share
+    `screen_keep` asks for (the quantile of each checked sequence's statistic)."""
+    import numpy as np
+
+    rep, sc = _screened(o.check, mode)
+    stat = np.asarray(sc["per_sequence"])
+    threshold = preset if o.screen_keep is None else float(np.quantile(stat, o.screen_keep))
+    masked = float(np.mean(stat > threshold))
+    lo, hi = sc["seq_masked_interval"] if o.screen_keep is None else (masked, masked)
+    why = [
+        f"predicted on {rep.configuration}'s own samples ({o.check}: {len(stat)} sequences, {rep.engine}): "
+        f"{mode} <= {threshold:.4g} masks {masked:.0%}"
+        + (f" [{lo:.0%}, {hi:.0%}]" if o.screen_keep is None else "")
+        + " of the sequences"
+        + (f" (threshold chosen to keep {o.screen_keep:.0%}: screen_keep)" if o.screen_keep is not None else "")
+    ]
+    if masked > MASKED_WARNING and o.screen_keep is None:
+        keep = float(np.quantile(stat, 0.9))
+        why.append(
+            f"WARNING: verl's preset would discard {masked:.0%} of each batch's sequences; "
+            f"rollout_rs_threshold={keep:.4g} keeps 90 % (`screen_keep 0.9`), or choose a recipe that measures less"
+        )
+    return threshold, why
 
 
 VERL_OPD = Target(
@@ -320,8 +387,9 @@ def render_opd(e, model_path, units) -> dict[str, str]:
     o = e.options or VerlSettings()
     _check_release(o, "verl-opd")
     lines, why = _distillation(o)
-    head = header(e.target) + "".join(f"# {w}.\n" for w in why)
-    return {"verl-opd.sh": head + hydra(MAIN, _rollout(e) + lines + _screen(o.opd_policy_gradient))}
+    screen, predicted = _screen(o.opd_policy_gradient, o)
+    head = header(e.target) + "".join(f"# {w}.\n" for w in why + predicted)
+    return {"verl-opd.sh": head + hydra(MAIN, _rollout(e) + lines + screen)}
 
 
 @register(VERL_FULLY_ASYNC)
@@ -354,8 +422,9 @@ def render_fully_async(e, model_path, units) -> dict[str, str]:
         opd, opd_why = _distillation(o, bypass=True)
         lines += opd
         why += opd_why
-    head = header(e.target) + "".join(f"# {w}.\n" for w in why)
-    return {"verl-fully-async.sh": head + hydra(FULLY_ASYNC, _rollout(e) + lines + _screen(False))}
+    screen, predicted = _screen(False, o)
+    head = header(e.target) + "".join(f"# {w}.\n" for w in why + predicted)
+    return {"verl-fully-async.sh": head + hydra(FULLY_ASYNC, _rollout(e) + lines + screen)}
 
 
 @resolves(VERL_OPD, "verl-opd.sh")
