@@ -496,7 +496,7 @@ def test_the_export_says_what_its_screen_masks_and_keeps_a_share_asked_for(stude
     """A check of a whole-model FP8 configuration on a tiny model records each own sample's seq_mean_k3; the verl-opd
     export given that check.json says what share verl's preset 0.01 masks (the share of those statistics above 0.01,
     by hand), warns where it is above half, and with `screen_keep 0.5` writes their median as the threshold. Seen
-    failing with the share computed on tokens (another number)."""
+    failing with the share read from the token fraction (set here to another number than the sequences' share)."""
     import numpy as np
 
     model = tiny_dirs["llama"]
@@ -522,7 +522,10 @@ def test_the_export_says_what_its_screen_masks_and_keeps_a_share_asked_for(stude
     )
     assert r.code in (0, 1, 3), r.err
     check = tmp_path / "c" / "check.json"
-    stat = np.array(json.loads(check.read_text())["verl_screens"][0]["per_sequence"])
+    rep = json.loads(check.read_text())
+    stat = np.array(rep["verl_screens"][0]["per_sequence"])
+    rep["verl_screens"][0]["rollout_rs_masked_fraction"] = 0.987  # the token share: not what the export may read
+    check.write_text(json.dumps(rep))
     text, o = _opd(student, "verl-opd", teacher="/t", check=str(check))
     share = float(np.mean(stat > 0.01))
     assert (
