@@ -482,6 +482,38 @@ def test_the_teachers_scoring_pass_is_a_stage_of_each_step(cli, tmp_path):
             assert t["step_s"] > a["step_s"]
 
 
+def test_a_teacher_slower_than_rollout_and_training_sets_the_asynchronous_step(cli, tmp_path):
+    """A teacher 64 times the student's width scoring a batch at a compute efficiency of 0.001 while the trainer takes
+    1e-9 s: the teacher is the slowest stage (checked first), so an asynchronous step is the teacher's scoring pass
+    alone and the synchronous one the three stages' sum. Seen failing with the teacher left out of the asynchronous maximum (a step of the
+    rollout's length: the modelled speed-up too large)."""
+    from conftest import tiny_config
+
+    _tiny_llama_config(tmp_path / "m")
+    big = tiny_config(
+        "llama",
+        hidden_size=HIDDEN * 64,
+        intermediate_size=INTER * 64,
+        num_hidden_layers=LAYERS * 4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+    )
+    (tmp_path / "t").mkdir()
+    big.to_json_file(tmp_path / "t" / "config.json")
+    common = ["--gpu", "H100", "--prompt-len", "16", "--response-len", "32", "--rollout-batch", "4"]
+    common += ["--train-step-s", "1e-9", "--async", "1", "--teacher", str(tmp_path / "t" / "config.json")]
+    common += ["--compute-efficiency", "0.001"]  # a compute-bound prefill (the teacher) far slower than decoding
+    r = cli("plan", str(tmp_path / "m" / "config.json"), *common, "--out", tmp_path / "p")
+    assert r.code == 0, r.err
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())["rows"]
+    for row in rows:
+        assert row["teacher_s"] > max(row["rollout_s"], row["train_s"])  # the teacher is the slowest stage
+        stages = row["rollout_s"] + row["teacher_s"] + row["train_s"]
+        assert row["step_s"] == pytest.approx(row["teacher_s"] if row["async"] else stages, rel=1e-12)
+    assert any(row["async"] for row in rows) and not all(row["async"] for row in rows)
+
+
 def test_verl_async_rows_mix_the_lags(cli, tiny_dirs, tmp_path):
     """trigger 2, staleness 0: half the samples at lag 0, half at lag 1. From the calibration: BF16's row is half of
     stale:1 (0.3 [0.2, 0.4] over its seeds) = 0.15 [0.10, 0.20], FP8's its measured weights plus that, labelled as a
