@@ -184,7 +184,6 @@ def one_draw(args) -> dict:
     (admission.judge on the noise ruler) of configurations at half and twice the true BMD, measured with the check's
     error about them."""
     from fp8probe.budget.admission import judge
-
     from fp8probe.training.experiment import Experiment, Ladder
     from fp8probe.training.settings import TrainSettings
 

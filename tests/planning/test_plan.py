@@ -485,8 +485,8 @@ def test_the_teachers_scoring_pass_is_a_stage_of_each_step(cli, tmp_path):
 def test_a_teacher_slower_than_rollout_and_training_sets_the_asynchronous_step(cli, tmp_path):
     """A teacher 64 times the student's width scoring a batch at a compute efficiency of 0.001 while the trainer takes
     1e-9 s: the teacher is the slowest stage (checked first), so an asynchronous step is the teacher's scoring pass
-    alone and the synchronous one the three stages' sum. Seen failing with the teacher left out of the asynchronous maximum (a step of the
-    rollout's length: the modelled speed-up too large)."""
+    alone and the synchronous one the three stages' sum. Seen failing with the teacher left out of the asynchronous
+    maximum (a step of the rollout's length: the modelled speed-up too large)."""
     from conftest import tiny_config
 
     _tiny_llama_config(tmp_path / "m")
