@@ -88,5 +88,36 @@ def settings_table(path: str) -> str:
     return "\n".join(lines)
 
 
+SELF_CHECK = "<!-- self-consistency -->"
+
+
+def self_consistency_table() -> str:
+    """Every level of every shipped budget (recipes/*/calibration*/budget-*.json) checked as `check` checks it, beside
+    the verdict its own loss implies (budget/evidence.py self_check): rendered at build time from the shipped files."""
+    import json
+
+    from fp8probe.budget.evidence import self_check
+    from fp8probe.budget.fit import read_budget
+
+    lines = [
+        "| budget | level | dose (check's 90 % interval) | its own loss | implied | check | judged on |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(ROOT.glob("recipes/*/calibration*/budget-*.json")):
+        b = read_budget(str(path))
+        f = path.parent / "doses.json"
+        doses = json.loads(f.read_text(encoding="utf-8")) if f.exists() else {}
+        name = f"{path.parent.name}/{path.name}"
+        for r in self_check(b, doses):
+            lo, hi = r["interval"]
+            lines.append(
+                f"| {name} | `{r['level']}` | {r['dose']:.4g} [{lo:.4g}, {hi:.4g}] | {r['loss']} ({r['seeds']} seeds) | "
+                f"{r['implied']} | {r['verdict']} | {_cell(r['judged_on'])} |"
+            )
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown, page, config, files):
+    if SELF_CHECK in markdown:
+        markdown = markdown.replace(SELF_CHECK, self_consistency_table())
     return MARK.sub(lambda m: settings_table(m.group(1)), markdown)

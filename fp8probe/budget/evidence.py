@@ -135,3 +135,34 @@ def _level(lv: dict, name, kind, readings, parse_source) -> Level:
         reading=Reading.of(e.get("reading")),
         predicted=e.get("predicted"),
     )
+
+
+def self_check(budget, doses: dict | None = None) -> list[dict]:
+    """Each level of a calibrated budget checked as `check` checks its configuration on the budget's student (its dose
+    and its interval as doses.json recorded them) beside the verdict its own loss implies: the calibration's evidence
+    and the check must agree (docs/admission.md's table, tests/budget/test_self_consistency.py)."""
+    from .admission import judge
+
+    doses = doses or {}
+    rows = []
+    for lv in levels_of(budget):
+        if lv.loss_interval is None or lv.config is None:
+            continue
+        key = f"{budget.objective}/{lv.name}" if lv.kind == "stale" else lv.name
+        interval = (doses.get(key) or {}).get("interval") or [lv.dose, lv.dose]
+        lo, hi = lv.loss_interval
+        implied = "REJECT" if lo > budget.tolerance else "ADMIT" if hi <= budget.tolerance else "UNCERTAIN"
+        v = judge(lv.dose, tuple(interval), budget, 16, lv.config)
+        rows.append(
+            {
+                "level": lv.name,
+                "dose": lv.dose,
+                "interval": interval,
+                "loss": lv.loss_text(),
+                "seeds": lv.seeds,
+                "implied": implied,
+                "verdict": v.verdict,
+                "judged_on": v.judged_on,
+            }
+        )
+    return rows
