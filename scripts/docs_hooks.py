@@ -111,8 +111,8 @@ def self_consistency_table() -> str:
         for r in self_check(b, doses):
             lo, hi = r["interval"]
             lines.append(
-                f"| {name} | `{r['level']}` | {r['dose']:.4g} [{lo:.4g}, {hi:.4g}] | {r['loss']} ({r['seeds']} seeds) | "
-                f"{r['implied']} | {r['verdict']} | {_cell(r['judged_on'])} |"
+                f"| {name} | `{r['level']}` | {r['dose']:.4g} [{lo:.4g}, {hi:.4g}] | {r['loss']} ({r['seeds']} "
+                f"seeds) | {r['implied']} | {r['verdict']} | {_cell(r['judged_on'])} |"
             )
     return "\n".join(lines)
 
