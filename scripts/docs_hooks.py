@@ -96,7 +96,7 @@ def self_consistency_table() -> str:
     the verdict its own loss implies (budget/evidence.py self_check): rendered at build time from the shipped files."""
     import json
 
-    from fp8probe.budget.evidence import self_check
+    from fp8probe.budget.admission import self_check
     from fp8probe.budget.fit import read_budget
 
     lines = [

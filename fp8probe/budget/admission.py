@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 from ..core.artifacts import arithmetic
 from ..core.metrics import excess
 from ..core.records import CheckRecord
-from ..core.stats import LEVEL, expansion
+from ..core.stats import LEVEL, decide_factor, expansion
 from ..sources.config import STALE_UNKNOWN, RolloutConfig
 from ..sources.sources import Source
 from .fit import Budget
@@ -495,16 +494,6 @@ def _prompts_to_decide(measured: float, interval, edge: float, num_prompts: int)
 # way round (budgets from `fp8probe calibrate` measure their mismatch in the simulation)
 OTHER_ENGINE = {"sim": "vllm-cuda"}
 
-POWER = 0.9  # prompts_to_decide: enough for the interval to clear the budget 9 times in 10 if the value stays put
-
-
-def decide_factor(level: float = LEVEL, power: float = POWER) -> float:
-    """How much more than the square-root law's count a decision needs: ((z_level + z_power) / z_level)^2 (3.17 at
-    a 90 % interval and 90 % power). The square-root law alone (an interval that just touches the budget) would
-    decide only half the time, since the estimate moves as much as its interval narrows."""
-    z_level, z_power = NormalDist().inv_cdf((1 + level) / 2), NormalDist().inv_cdf(power)
-    return ((z_level + z_power) / z_level) ** 2
-
 
 def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_prompts: int) -> dict:
     """ADMIT when the measured value's whole interval lies at or below the budget's (its interval's lower end, or the
@@ -546,3 +535,34 @@ def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_
             f"{out['prompts_to_decide']} prompts (now {num_prompts}) would decide it"
         )
     return out
+
+
+def self_check(budget, doses: dict | None = None) -> list[dict]:
+    """Each level of a calibrated budget checked as `check` checks its configuration on the budget's student (its dose
+    and its interval as doses.json recorded them) beside the verdict its own loss implies: the calibration's evidence
+    and the check must agree (docs/admission.md's table, tests/budget/test_self_consistency.py)."""
+    from .evidence import levels_of
+
+    doses = doses or {}
+    rows = []
+    for lv in levels_of(budget):
+        if lv.loss_interval is None or lv.config is None:
+            continue
+        key = f"{budget.objective}/{lv.name}" if lv.kind == "stale" else lv.name
+        interval = (doses.get(key) or {}).get("interval") or [lv.dose, lv.dose]
+        lo, hi = lv.loss_interval
+        implied = "REJECT" if lo > budget.tolerance else "ADMIT" if hi <= budget.tolerance else "UNCERTAIN"
+        v = judge(lv.dose, tuple(interval), budget, 16, lv.config)
+        rows.append(
+            {
+                "level": lv.name,
+                "dose": lv.dose,
+                "interval": interval,
+                "loss": lv.loss_text(),
+                "seeds": lv.seeds,
+                "implied": implied,
+                "verdict": v.verdict,
+                "judged_on": v.judged_on,
+            }
+        )
+    return rows

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from ..core.stats import LEVEL, expansion
+from ..core.stats import LEVEL, decide_factor, expansion
 from ..sources.config import RolloutConfig
 
 
@@ -67,8 +67,6 @@ class Level:
     def seeds_to_decide(self, tolerance: float) -> int | None:
         """About how many seeds at this level would put its loss interval on one side of the tolerance 9 times in
         10, if the mean stays where it is (None: the mean is at the tolerance, or no interval)."""
-        from .admission import decide_factor
-
         if self.loss_interval is None or self.seeds < 2 or self.loss == tolerance:
             return None
         lo, hi = self.loss_interval
@@ -135,34 +133,3 @@ def _level(lv: dict, name, kind, readings, parse_source) -> Level:
         reading=Reading.of(e.get("reading")),
         predicted=e.get("predicted"),
     )
-
-
-def self_check(budget, doses: dict | None = None) -> list[dict]:
-    """Each level of a calibrated budget checked as `check` checks its configuration on the budget's student (its dose
-    and its interval as doses.json recorded them) beside the verdict its own loss implies: the calibration's evidence
-    and the check must agree (docs/admission.md's table, tests/budget/test_self_consistency.py)."""
-    from .admission import judge
-
-    doses = doses or {}
-    rows = []
-    for lv in levels_of(budget):
-        if lv.loss_interval is None or lv.config is None:
-            continue
-        key = f"{budget.objective}/{lv.name}" if lv.kind == "stale" else lv.name
-        interval = (doses.get(key) or {}).get("interval") or [lv.dose, lv.dose]
-        lo, hi = lv.loss_interval
-        implied = "REJECT" if lo > budget.tolerance else "ADMIT" if hi <= budget.tolerance else "UNCERTAIN"
-        v = judge(lv.dose, tuple(interval), budget, 16, lv.config)
-        rows.append(
-            {
-                "level": lv.name,
-                "dose": lv.dose,
-                "interval": interval,
-                "loss": lv.loss_text(),
-                "seeds": lv.seeds,
-                "implied": implied,
-                "verdict": v.verdict,
-                "judged_on": v.judged_on,
-            }
-        )
-    return rows

@@ -126,3 +126,14 @@ def bootstrap_interval(
     f = expansion(len(members), level)
     low, high = bounds
     return float(max(point - f * (point - lo), low)), float(min(point + f * (hi - point), high))
+
+
+POWER = 0.9  # prompts_to_decide: enough for the interval to clear the budget 9 times in 10 if the value stays put
+
+
+def decide_factor(level: float = LEVEL, power: float = POWER) -> float:
+    """How much more than the square-root law's count a decision needs: ((z_level + z_power) / z_level)^2 (3.17 at
+    a 90 % interval and 90 % power). The square-root law alone (an interval that just touches the budget) would
+    decide only half the time, since the estimate moves as much as its interval narrows."""
+    z_level, z_power = NormalDist().inv_cdf((1 + level) / 2), NormalDist().inv_cdf(power)
+    return ((z_level + z_power) / z_level) ** 2

@@ -89,7 +89,7 @@ def _grpo(correction: bool = False, bypass: bool = False, opd_pg: bool = False):
     return make
 
 
-TOPK = 128  # opd-topk without :K: verl's DistillationLossConfig.topk default
+from ..deploy.frameworks.verl import TOPK  # noqa: E402  opd-topk without :K: DistillationLossConfig.topk
 
 # objective -> (how its trainer is made, what it is); opd-topk takes :K (the teacher's top-K)
 OBJECTIVES = {

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-LOSS_MAX_CLAMP = 10.0  # DistillationLossConfig.loss_max_clamp
-LOG_PROB_MIN_CLAMP = -10.0  # DistillationLossConfig.log_prob_min_clamp
+from ..deploy.frameworks.verl import LOG_PROB_MIN_CLAMP, LOSS_MAX_CLAMP  # DistillationLossConfig's defaults
+
 CLIP = 0.2  # DistillationLossConfig.clip_ratio (low = high)
 CLIP_C = 3.0  # ActorConfig.clip_ratio_c: the dual clip of negative advantages
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fp8probe.budget.evidence import levels_of, self_check
+from fp8probe.budget.admission import self_check
+from fp8probe.budget.evidence import levels_of
 from fp8probe.budget.fit import read_budget
 
 ROOT = Path(__file__).resolve().parents[2] / "recipes"

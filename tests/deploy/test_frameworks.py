@@ -402,8 +402,12 @@ def _opd(student, target, **options):
 
 def test_verl_opd_writes_the_screen_each_loss_takes(student):
     """Supervised distillation: verl weights no term of the loss by the rollout IS weights, so the fragment sets
-    verl's K3 rejection screen and says TIS does not act; policy-gradient distillation: token TIS, which verl passes
-    to its PPO-clip loss. k1 without the policy gradient, and a verl older than the keys, are refused in one line."""
+    verl's K3 rejection screen and says TIS does not act; policy-gradient distillation as calibrate's opd-pg trains
+    it: bypass mode (the PPO ratio's denominator the rollout's log-probs), where the screens act inside the task loss
+    and the distillation loss is neither masked nor weighted. Both write the loss the calibration trains
+    (DistillationLossConfig's clamps ±10, top-k 128 for forward_kl_topk) where a Hydra launch would take
+    distillation.yaml's (no clamps, top-k 32). k1 without the policy gradient, and a verl older than the keys, are
+    refused in one line. Seen failing with the decoupled PG loss and without the clamps."""
     text, o = _opd(student, "verl-opd", teacher="/models/teacher", opd_no_task_rewards=True)
     assert o["distillation.enabled"] == "True" and o["distillation.distillation_loss.loss_mode"] == "k3"
     assert o["distillation.distillation_loss.use_policy_gradient"] == "False"
@@ -416,9 +420,16 @@ def test_verl_opd_writes_the_screen_each_loss_takes(student):
     assert "passes no IS weight to a supervised distillation loss" in text and "act on no loss" in text
     assert "removes the masked tokens from the batch before every loss, the distillation loss included" in text
     assert o["actor_rollout_ref.rollout.quantization"] == "fp8"
+    loss = "distillation.distillation_loss"
+    assert o[f"{loss}.loss_max_clamp"] == "10.0" and o[f"{loss}.log_prob_min_clamp"] == "-10.0"
+    assert f"{loss}.topk" not in o
+    _, topk = _opd(student, "verl-opd", opd_loss="forward_kl_topk")
+    assert topk[f"{loss}.topk"] == "128"
     text, o = _opd(student, "verl-opd", opd_loss="k1", opd_policy_gradient=True)
-    assert o["algorithm.rollout_correction.rollout_is"] == "token" and "rollout_rs" not in " ".join(o)
-    assert "reach the distillation's PPO-clip loss" in text
+    assert (
+        o["algorithm.rollout_correction.bypass_mode"] == "True" and "algorithm.rollout_correction.rollout_is" not in o
+    )
+    assert "in bypass mode" in text and "neither masked nor weighted" in text
     assert o["distillation.teacher_models.teacher_model.model_path"].startswith("${TEACHER:?")
     with pytest.raises(FP8ProbeError, match="k1 needs `opd_policy_gradient`"):
         _opd(student, "verl-opd", opd_loss="k1")

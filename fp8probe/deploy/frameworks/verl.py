@@ -130,6 +130,12 @@ def read_sglang(files, units, n_blocks) -> Applied:
 
 # verl 0.9.1's distillation losses (verl/trainer/distillation/losses.py, register_distillation_loss): the sampled-token
 # estimators and the forward KL over the teacher's top-k
+# verl 0.9.1's DistillationLossConfig dataclass defaults (verl/workers/config/distillation.py): the loss fp8probe's
+# calibration trains (training/verl_losses.py) and the verl exports write, where a Hydra launch would otherwise take
+# distillation.yaml's (topk 32, loss_max_clamp and log_prob_min_clamp null)
+LOSS_MAX_CLAMP = 10.0
+LOG_PROB_MIN_CLAMP = -10.0
+TOPK = 128
 OPD_LOSSES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "forward_kl_topk")
 CHECKED_VERL = (0, 9, 1)  # the release whose config these targets were read from (the default when none is installed)
 # the first release with each feature the verl targets write, read from the released wheels' own config files and code:
@@ -260,8 +266,11 @@ def _distillation(o: VerlSettings, bypass: bool = False) -> tuple[list[str], lis
         f"distillation.n_gpus_per_node={o.teacher_gpus or o.teacher_tp}",
         f"distillation.nnodes={o.teacher_nodes}",
     ]
-    if o.opd_topk is not None:
-        lines.append(f"{loss}.topk={o.opd_topk}")
+    # the loss fp8probe calibrates (training/verl_losses.py): DistillationLossConfig's dataclass defaults, which a
+    # Hydra launch would otherwise replace with distillation.yaml's (top-k 32, no clamps)
+    lines += [f"{loss}.loss_max_clamp={LOSS_MAX_CLAMP}", f"{loss}.log_prob_min_clamp={LOG_PROB_MIN_CLAMP}"]
+    if o.opd_loss == "forward_kl_topk":
+        lines.append(f"{loss}.topk={o.opd_topk or TOPK}")
     kind = (
         f"policy-gradient distillation ({o.opd_loss} as the advantage)"
         if o.opd_policy_gradient
@@ -386,8 +395,12 @@ VERL_FULLY_ASYNC = Target(
 def render_opd(e, model_path, units) -> dict[str, str]:
     o = e.options or VerlSettings()
     _check_release(o, "verl-opd")
-    lines, why = _distillation(o)
-    screen, predicted = _screen(o.opd_policy_gradient, o)
+    # policy-gradient OPD as calibrate's opd-pg trains it: the PPO ratio's denominator the rollout's own log-probs
+    # (verl's bypass mode), where verl's decoupled default would recompute it with the trainer (another loss)
+    lines, why = _distillation(o, bypass=o.opd_policy_gradient)
+    if o.opd_policy_gradient:
+        lines.append("algorithm.rollout_correction.bypass_mode=True")
+    screen, predicted = _screen(False, o)
     head = header(e.target) + "".join(f"# {w}.\n" for w in why + predicted)
     return {"verl-opd.sh": head + hydra(MAIN, _rollout(e) + lines + screen)}
 
