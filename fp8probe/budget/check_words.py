@@ -68,7 +68,8 @@ def format_check(report: CheckRecord) -> str:
         + (f" (>= {s['kl_top20_own']:.4g} from the engine's top-20 log-probs)" if "kl_top20_own" in s else "")
         + "; as verl logs it "
         + f"rollout_corr/kl {s['rollout_corr/kl']:.4g}, k3_kl {s['rollout_corr/k3_kl']:.4g}, "
-        + f"{s['ppo_clip_share']:.1%} of tokens outside a PPO clip of 0.2"
+        + f"{s['ppo_clip_share']:.1%} of tokens outside a PPO clip of 0.2 (pg_clipfrac about {s['pg_clipfrac']:.1%}: "
+        + "the side the advantage binds)"
     )
     for sc in report.verl_screens or []:
         lines.append(screen_line(sc))

@@ -85,4 +85,5 @@ VERL_METRICS = (
     "training/rollout_probs_diff_std",
     "training/rollout_actor_probs_pearson_corr",
     "ppo_clip_share",
+    "pg_clipfrac",
 )

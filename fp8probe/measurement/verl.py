@@ -17,6 +17,11 @@ samples; these score the candidate's, in verl's directions (verl 0.9.1: verl/tra
     ppo_clip_share                        share of tokens whose ratio p / q lies outside [1 - 0.2, 1 + 0.2]: what a
                                           PPO clip of 0.2 clips at the first optimisation step when the rollout's
                                           log-probs are the ratio's denominator (verl's bypass and fully-async modes)
+    pg_clipfrac                           what verl logs as actor/pg_clipfrac there: the share of tokens whose clipped
+                                          term binds, on the side the advantage sets (above 1 + 0.2 for a positive one,
+                                          below 1 - 0.2 for a negative one), MODELLED with advantages of either sign
+                                          alike and independent of the ratio: (share above + share below) / 2, half
+                                          of ppo_clip_share
 
 Every mean over tokens is over all response tokens of the batch at once (verl's masked_mean), every mean over
 sequences over the sequences.
@@ -69,4 +74,5 @@ def verl_metrics(logp_rollout, logp_train, lengths, clip: float = PPO_CLIP) -> d
         "training/rollout_probs_diff_std": float(dp.std()) if dp.numel() > 1 else float("nan"),
         "training/rollout_actor_probs_pearson_corr": float(torch.corrcoef(probs)[0, 1]),
         "ppo_clip_share": float(((log_ratio.exp() - 1).abs() > clip).double().mean()),
+        "pg_clipfrac": 0.5 * float(((log_ratio.exp() - 1).abs() > clip).double().mean()),
     }

@@ -34,6 +34,9 @@ def test_verl_figures_by_hand():
     assert m["rollout_corr/ppl_ratio"] == pytest.approx((1 + math.exp(-1 / 3)) / 2)
     assert m["rollout_corr/training_ppl"] == pytest.approx((math.exp(1.5) + math.exp(4 / 3)) / 2)
     assert m["ppo_clip_share"] == pytest.approx(2 / 5)
+    # verl's pg_clipfrac counts the side the advantage binds: with either sign alike, half the tokens outside the
+    # clip (here both above 1.2: e^0.2 and e^1), 1/5
+    assert m["pg_clipfrac"] == pytest.approx(1 / 5)
 
 
 def test_k3_runs_from_the_teacher_to_the_student_by_hand():
