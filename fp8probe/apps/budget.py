@@ -11,7 +11,7 @@ from ..budget.words import budget_text, fit_lines, loss_words
 from ..core.errors import FP8ProbeError
 from ..core.files import atomic_write_text, check_writable, output_dir
 from ..core.results import Result
-from ..training.verl_runs import VerlRunsSettings, verl_runs_table
+from ..training.verl_runs import VerlRunsSettings, verl_runs, verl_runs_table
 
 
 def run_budget(
@@ -25,21 +25,45 @@ def run_budget(
     check_writable(out)
     if (runs is None) == (verl is None or not verl.from_verl):
         raise FP8ProbeError("give either a runs table (RUNS) or verl runs (`from_verl`), not both or neither")
+    configured = verl is not None and any(r.config for r in verl_runs(verl))
+    if configured and not settings.student:
+        raise FP8ProbeError(
+            "`from_verl` runs with config= are dosed on check's scale on the student they trained: give `student`"
+        )
     used = None
-    if runs is None:
-        runs, used = verl_runs_table(verl)
-    b = fit_budget(runs, settings)
+    student = None
     if settings.student:
-        from ..model.identity import identity
         from ..model.student import load_student
 
-        b = replace(b, student=identity(load_student(settings.student)))
+        student = load_student(settings.student)
     with output_dir(out) as d:
+        if runs is None:
+            dose = _doses(student, d) if configured else None
+            runs, used = verl_runs_table(verl, dose)
+        b = fit_budget(runs, settings)
+        if student is not None:
+            from ..model.identity import identity
+
+            b = replace(b, student=identity(student))
+        if configured:
+            from ..budget.fit import CHECK_SCALE
+            from ..training.doses import HOW
+
+            b = replace(b, dose=HOW, dose_scale=dict(CHECK_SCALE))
         if used is not None:
             atomic_write_text(d / "runs.csv", runs.to_csv(index=False))
         b.write(d / b.KIND)
         budget_fit(b, d / "budget.png")
     return BudgetResult(Path(out), b, used)
+
+
+def _doses(student, d: Path):
+    """configuration text -> its dose on check's scale on `student` (training/doses.py, kept in DIR/doses.json)."""
+    from ..sources.sources import parse_source
+    from ..training.doses import Doses
+
+    doses = Doses(student, d / "doses.json")
+    return lambda config: doses.dose("verl", parse_source(config))["dose"]
 
 
 @dataclass(frozen=True)

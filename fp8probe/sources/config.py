@@ -53,6 +53,10 @@ class RolloutConfig:
             raise FP8ProbeError(f"unknown KV-cache dtype {self.kv!r}; one of {', '.join(KV_CACHE_DTYPES)}")
         if self.kv == "fp8_e4m3":  # vLLM's two names of one format: one configuration
             object.__setattr__(self, "kv", "fp8")
+        if self.kv is None:  # scales of no KV cache say nothing
+            object.__setattr__(self, "kv_scale", "unit")
+        if self.fp8 is None:
+            object.__setattr__(self, "fp8_units", ALL)
         if self.kv_scale not in KV_SCALES:
             raise FP8ProbeError(f"unknown KV-cache scales {self.kv_scale!r}; one of {', '.join(KV_SCALES)}")
         if self.stale is not None and self.stale < 0:

@@ -1,17 +1,22 @@
-"""A user's own verl runs as a runs table: `fp8probe budget --from-verl RUN.jsonl[:level=L,seed=S,objective=O] ...`.
+"""A user's own verl runs as a runs table: `fp8probe budget --from-verl RUN.jsonl:level=L,seed=S,objective=O,...`.
 
 verl's file logger (verl/utils/tracking.py, FileLogger: `trainer.logger=['file']`) writes one JSON object per step,
 `{"step": N, "data": {metric: value, ...}}`. A run is one such file; what it trained (its level: "0" for the
 mismatch-free twin, e.g. BF16 rollouts; any other name for a rollout configuration), its seed and its objective are
-given after the path, since the file does not hold them. Per run:
+given after the path, since the file does not hold them (the objective is required: verl's OPD losses and GRPO budget
+differently). Per run:
 
     quality        the validation key (`verl_quality`, default the one `val-core/...` key the files share; verl's
                    val-core metrics are higher-is-better accuracies), its mean over the run's validations (auc) or
                    its last value (final); quality_start its first validation (verl validates before training by
                    default, trainer.val_before_train)
-    mismatch       the mean over the run's steps of `verl_mismatch` (default rollout_corr/kl: verl's k1 estimate of
-                   KL(rollout || trainer) on the rollout's own samples); 0 for the level-0 runs, whose rollouts are
-                   the baseline the others are compared with
+    mismatch       with each level's rollout configuration given (`config=`, sources/config.py's names: fp8:SCHEME,
+                   kv:fp8, a noise sigma; and `--student`): the level's dose on `check`'s scale, measured on the
+                   user's student before training as `calibrate` measures it (training/doses.py), so `check` judges
+                   against the budget; 0 for the level-0 runs. The logged figure stays beside it (mismatch_run: the
+                   mean over the run's steps of `verl_mismatch`, default rollout_corr/kl, the twin's BF16 baseline
+                   included, not zeroed). Without configurations the dose is that logged mean (a budget on verl's
+                   metric, which `check` cannot judge: it says so)
 
 The table has the columns `fp8probe budget` reads (objective, level, seed, metric, mismatch, quality, quality_start,
 higher_is_better) and says which keys it used.
@@ -53,28 +58,50 @@ class VerlRun:
     level: str
     seed: int
     objective: str
+    config: str | None = None  # the level's rollout configuration (sources/config.py's text), when given
+
+
+FORM = "PATH:level=L,seed=S,objective=O[,config=C]"
 
 
 def parse_run(spec: str) -> VerlRun:
-    """`PATH:level=L,seed=S[,objective=O]`."""
-    head, _, tail = spec.rpartition(":")
-    path, attrs = (head, tail) if head and "=" in tail else (spec, "")
+    """`PATH:level=L,seed=S,objective=O[,config=C]` (C: a rollout configuration, sources/config.py's text)."""
+    from .runs import parse_objective
+
+    path, _, attrs = spec.partition(":level=")
+    attrs = "level=" + attrs if attrs else ""
     fields = {}
     for part in filter(None, attrs.split(",")):
         key, eq, value = part.partition("=")
-        if not eq or key not in ("level", "seed", "objective"):
-            raise FP8ProbeError(f"`from_verl` {spec}: give PATH:level=L,seed=S[,objective=O] (not {part!r})")
+        if not eq or key not in ("level", "seed", "objective", "config"):
+            raise FP8ProbeError(f"`from_verl` {spec}: give {FORM} (not {part!r})")
         fields[key] = value
     if "level" not in fields or "seed" not in fields:
         raise FP8ProbeError(
-            f"`from_verl` {spec}: a verl log does not say what it trained; give PATH:level=L,seed=S (level 0 for the "
+            f"`from_verl` {spec}: a verl log does not say what it trained; give {FORM} (level 0 for the "
             "mismatch-free twin)"
         )
+    if "objective" not in fields:
+        raise FP8ProbeError(
+            f"`from_verl` {spec}: a verl log does not say its loss; give objective=O (opd-k3: verl's supervised k3, "
+            "opd-topk, opd-pg: policy-gradient OPD, grpo, grpo-is, grpo-bypass)"
+        )
+    parse_objective(fields["objective"])  # an unknown objective fails here
     try:
         seed = int(fields["seed"])
     except ValueError as e:
         raise FP8ProbeError(f"`from_verl` {spec}: seed must be an integer") from e
-    return VerlRun(Path(path), fields["level"], seed, fields.get("objective", "opd"))
+    config = fields.get("config")
+    if config is not None:
+        from ..sources.sources import parse_source
+
+        level = parse_source(config)  # an unknown configuration fails here
+        if level.kind == "stale":
+            raise FP8ProbeError(
+                f"`from_verl` {spec}: a stale lag's dose on check's scale needs checkpoints of the run; give the "
+                "FP8 or KV configuration of a level, or fit the lag's budget with `fp8probe calibrate`"
+            )
+    return VerlRun(Path(path), fields["level"], seed, fields["objective"], config)
 
 
 def read_log(path: Path) -> list[tuple[int, dict]]:
@@ -116,16 +143,34 @@ def quality_key(logs: dict, given: str | None) -> str:
     return shared.pop()
 
 
-def verl_runs_table(settings: VerlRunsSettings):
-    """(the runs table of `settings.from_verl`, the keys used in words); each run read and checked first."""
-    import pandas as pd
-
+def verl_runs(settings: VerlRunsSettings) -> list[VerlRun]:
+    """The runs `from_verl` names, parsed and checked: every level but 0 with a configuration, or none."""
     runs = [parse_run(s) for s in settings.from_verl]
     if not runs:
         raise FP8ProbeError("`from_verl`: give the JSONL files of the runs")
+    configured = {r.config is not None for r in runs if r.level != "0"}
+    if len(configured) > 1:
+        raise FP8ProbeError("`from_verl`: give every level's config= or none (a budget on one scale)")
+    for r in runs:
+        same = {x.config for x in runs if x.level == r.level}
+        if len(same) > 1:
+            raise FP8ProbeError(
+                f"`from_verl`: level {r.level} is given two configurations ({', '.join(map(str, same))})"
+            )
+    return runs
+
+
+def verl_runs_table(settings: VerlRunsSettings, dose=None):
+    """(the runs table of `settings.from_verl`, the keys used in words); each run read and checked first. `dose`
+    (a level's configuration text -> its dose on check's scale, training/doses.py) for runs given their
+    configuration."""
+    import pandas as pd
+
+    runs = verl_runs(settings)
     logs = {r.path: read_log(r.path) for r in runs}
     quality = quality_key(logs, settings.verl_quality)
     rows = []
+    dosed = dose is not None and any(r.config for r in runs)  # the table's scale: check's, or verl's logged one
     for r in runs:
         q, m = _values(logs[r.path], quality), _values(logs[r.path], settings.verl_mismatch)
         if not q:
@@ -138,22 +183,48 @@ def verl_runs_table(settings: VerlRunsSettings):
         if not all(math.isfinite(x) for x in q + m):
             raise FP8ProbeError(f"{r.path}: {quality} or {settings.verl_mismatch} holds a value that is not finite")
         value = sum(q) / len(q) if settings.verl_quality_stat == "auc" else q[-1]
+        logged = sum(m) / len(m) if m else float("nan")
+        measured = r.config is not None and dose is not None
         rows.append(
             {
                 "objective": r.objective,
-                "level": r.level,
+                # a configured level is named by its configuration, so `check` finds it as one (the user's name kept)
+                "level": _level_name(r) if measured else r.level,
+                "label": r.level,
+                "kind": _kind(r),
                 "seed": r.seed,
-                "metric": settings.verl_mismatch,
-                "mismatch": 0.0 if r.level == "0" else sum(m) / len(m),
-                "mismatch_run": sum(m) / len(m) if m else float("nan"),
+                "metric": "kl_q_p" if dosed else settings.verl_mismatch,
+                "mismatch": 0.0 if r.level == "0" else dose(r.config) if measured else logged,
+                "mismatch_run": logged,  # the logged figure, the twin's BF16 baseline kept
                 "quality": value,
                 "quality_start": q[0],
                 "higher_is_better": True,
                 "source": str(r.path),
             }
         )
-    words = (
-        f"quality {quality} ({settings.verl_quality_stat} over each run's validations, higher is better), mismatch "
-        f"{settings.verl_mismatch} (mean over each run's steps; 0 for the level-0 runs, the baseline)"
+    how = (
+        "each level's dose kl_q_p on check's scale, measured on the student from its configuration (the logged "
+        f"{settings.verl_mismatch} kept beside it as mismatch_run, the twin's BF16 baseline included)"
+        if dosed
+        else f"{settings.verl_mismatch} (mean over each run's steps; 0 for the level-0 runs, the baseline)"
     )
+    stat = settings.verl_quality_stat
+    words = f"quality {quality} ({stat} over each run's validations, higher is better), mismatch {how}"
     return pd.DataFrame(rows), words
+
+
+def _level_name(r: VerlRun) -> str:
+    from ..sources.sources import parse_source
+
+    return "0" if r.level == "0" else parse_source(r.config).name
+
+
+def _kind(r: VerlRun) -> str:
+    """The level's kind for the fit: none (the twin), the configuration's kind, or noise when none is given."""
+    if r.level == "0":
+        return "none"
+    if r.config is None:
+        return "noise"
+    from ..sources.sources import parse_source
+
+    return parse_source(r.config).kind

@@ -62,7 +62,8 @@ def test_a_verl_runs_dose_is_the_mean_over_its_steps(tmp_path):
 
     twin = write("twin.jsonl", [1e-5, 1e-5, 1e-5])
     fp8 = write("fp8.jsonl", [0.1, 0.2, 0.6])
-    table = verl_runs_table(VerlRunsSettings(from_verl=(f"{twin}:level=0,seed=0", f"{fp8}:level=fp8,seed=0")))
+    specs = (f"{twin}:level=0,seed=0,objective=opd-k3", f"{fp8}:level=fp8,seed=0,objective=opd-k3")
+    table = verl_runs_table(VerlRunsSettings(from_verl=specs))
     df = table[0] if isinstance(table, tuple) else table
     got = dict(zip(df["level"].astype(str), df["mismatch"]))
     assert got["fp8"] == pytest.approx(0.3) and got["0"] == 0.0

@@ -39,7 +39,7 @@ def _write_runs(file_logger, tmp_path, monkeypatch) -> list[str]:
                     data["val-core/openai/gsm8k/acc/mean@1"] = 0.4 + gained
                 log.log(data=data, step=step)
             log.finish()
-            specs.append(f"{path}:level={level},seed={seed}")
+            specs.append(f"{path}:level={level},seed={seed},objective=opd-k3")
     return specs
 
 
@@ -71,16 +71,69 @@ def test_verl_runs_refuse_what_they_cannot_read(cli, tmp_path):
     good = tmp_path / "a.jsonl"
     good.write_text(json.dumps({"step": 1, "data": {"val-core/x/acc": 0.5, "rollout_corr/kl": 0.01}}) + "\n")
     (tmp_path / "bad.jsonl").write_text('{"step": 1, "metrics": {}}\n')
+    o = "objective=opd-k3"
     for args, message in [
         ([f"{good}"], "give PATH:level=L,seed=S"),
-        ([f"{good}:level=0,seed=x"], "seed must be an integer"),
-        ([f"{tmp_path / 'bad.jsonl'}:level=0,seed=0"], "is not a verl file-logger line"),
-        ([f"{good}:level=0,seed=0", f"{good}:level=a,seed=0"], None),
+        ([f"{good}:level=0,seed=x,{o}"], "seed must be an integer"),
+        ([f"{good}:level=0,seed=0"], "give objective=O"),
+        ([f"{good}:level=0,seed=0,objective=opd-k9"], "opd-k9"),
+        ([f"{tmp_path / 'bad.jsonl'}:level=0,seed=0,{o}"], "is not a verl file-logger line"),
+        ([f"{good}:level=0,seed=0,{o}", f"{good}:level=a,seed=0,{o}"], None),
+        ([f"{good}:level=0,seed=0,{o}", f"{good}:level=a,seed=0,{o},config=stale:1"], "needs checkpoints"),
+        ([f"{good}:level=0,seed=0,{o}", f"{good}:level=a,seed=0,{o},config=kv:fp8"], "give --student"),
     ]:
         r = cli("budget", "--from-verl", *args, "--out", tmp_path / "o")
         assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
         if message:
             assert message in r.err, r.err
         assert not (tmp_path / "o").exists()
-    r = cli("budget", tmp_path / "runs.csv", "--from-verl", f"{good}:level=0,seed=0", "--out", tmp_path / "o")
+    r = cli("budget", tmp_path / "runs.csv", "--from-verl", f"{good}:level=0,seed=0,{o}", "--out", tmp_path / "o")
     assert r.code == 2 and "not both" in r.err
+
+
+def _write_json_runs(tmp_path, losses: dict) -> list[str]:
+    """verl file-logger lines (as FileLogger writes them) of a twin and levels of known accuracy loss, three seeds."""
+    specs = []
+    for (level, config), lost in losses.items():
+        for seed in range(3):
+            path = tmp_path / f"{level}-{seed}.jsonl"
+            lines = []
+            for step in range(0, 7):
+                data = {"rollout_corr/kl": 0.001 if level == "0" else 0.01 * (1 + seed)}
+                if step % 2 == 0:
+                    data["val-core/x/acc/mean@1"] = 0.4 + (0.3 * step / 6) * (1 - lost) + 0.001 * seed if step else 0.4
+                lines.append(json.dumps({"step": step, "data": data}))
+            path.write_text("\n".join(lines) + "\n")
+            spec = f"{path}:level={level},seed={seed},objective=opd-k3"
+            specs.append(spec + (f",config={config}" if config else ""))
+    return specs
+
+
+def test_a_budget_from_verl_runs_with_their_configurations_is_judged_by_check(cli, tiny_dirs, tmp_path):
+    """verl runs named by their rollout configuration: a twin, whole-model FP8 that lost 60 % of the gain, an FP8 KV
+    cache that lost none. `budget --from-verl ... --student` measures each level's dose on check's scale on the
+    student (the logged rollout_corr/kl kept beside it, the twin's 0.001 included), and `check` judges the
+    configurations against it: whole-model FP8 on its own level's loss (REJECT), the KV cache on its own (ADMIT).
+    Seen failing with the levels left under the user's names (check found no level: UNCERTAIN)."""
+    model = tiny_dirs["llama"]
+    runs = {("0", None): 0.0, ("fp8-all", "fp8:FP8_DYNAMIC"): 0.6, ("kv", "kv:fp8"): 0.0}
+    specs = _write_json_runs(tmp_path, runs)
+    r = cli("budget", "--from-verl", *specs, "--student", model, "--out", tmp_path / "b")
+    assert r.code == 0, r.err
+    table = pd.read_csv(tmp_path / "b" / "runs.csv", dtype={"level": str})
+    assert set(table["level"]) == {"0", "fp8:FP8_DYNAMIC", "kv:fp8"} and set(table["label"]) == {"0", "fp8-all", "kv"}
+    assert (table[table["level"] == "0"]["mismatch_run"] == 0.001).all()  # the BF16 baseline kept, not zeroed
+    assert (table[table["level"] == "0"]["mismatch"] == 0).all() and (table["metric"] == "kl_q_p").all()
+    doses = json.loads((tmp_path / "b" / "doses.json").read_text())
+    assert set(doses) == {"fp8:FP8_DYNAMIC", "kv:fp8"} and all(d["dose"] > 0 for d in doses.values())
+    b = json.loads((tmp_path / "b" / "budget.json").read_text())
+    assert b["dose_scale"]["engine"] == "sim" and b["student"]["hash"] == 2
+    from fp8probe.model.student import load_student
+    from fp8probe.recipe.recipe import Recipe
+
+    Recipe.whole_model(load_student(str(model)).units, "FP8_DYNAMIC").write(tmp_path / "all")
+    common = ["--budget", tmp_path / "b" / "budget.json", "--out"]
+    r = cli("check", model, *common, tmp_path / "c1", "--recipe", tmp_path / "all" / "recipe.yaml")
+    assert r.code == 1 and "its own calibration level fp8:FP8_DYNAMIC" in r.out, (r.code, r.out, r.err)
+    r = cli("check", model, *common, tmp_path / "c2", "--kv-cache-dtype", "fp8")
+    assert r.code == 0 and "its own calibration level kv:fp8" in r.out, (r.code, r.out, r.err)
