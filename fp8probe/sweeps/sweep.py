@@ -327,15 +327,21 @@ def summary(df, intervals: dict | None = None) -> str:
                 f"{name}: kl_q_p={r.kl_q_p:.3g}{ci} k3={r.k3:.3g} top1_agree={r.top1_agree:.4f} "
                 f"token_mult_prob_error={r.token_mult_prob_error:.5f}"
             )
-    for name in ("model.fp8_all", "model.fp8_all_kv"):
-        own = ((intervals or {}).get(name) or {}).get("own_samples")
+    base = (((intervals or {}).get("bf16_engine") or {}).get("own_samples") or {}).get("rollout_corr/kl")
+    verl = (intervals or {}).get("verl_rollout") or {}
+    named = [(n, ((intervals or {}).get(n) or {}).get("own_samples")) for n in ("model.fp8_all", "model.fp8_all_kv")]
+    named.append((f"verl's rollout ({verl.get('scheme')}, KV {verl.get('kv')})", verl.get("own_samples")))
+    if base is not None:
+        lines.append(f"the BF16 engine alone ({BASELINE_ENGINE} profile), as verl logs it: rollout_corr/kl={base:.3g}")
+    for name, own in named:
         if own:
+            times = f" ({own['rollout_corr/kl'] / base:.3g}x the BF16 engine's)" if base else ""
             lines.append(
-                f"{name} on its own samples, as verl logs it: rollout_corr/kl={own['rollout_corr/kl']:.3g} "
+                f"{name} on its own samples, as verl logs it: rollout_corr/kl={own['rollout_corr/kl']:.3g}{times} "
                 f"k3_kl={own['rollout_corr/k3_kl']:.3g} chi2_token={own['rollout_corr/chi2_token']:.3g} "
                 f"rollout_probs_diff_mean={own['training/rollout_probs_diff_mean']:.3g} "
                 f"pearson={own['training/rollout_actor_probs_pearson_corr']:.4f} "
-                f"ppo_clip_share={own['ppo_clip_share']:.2%}"
+                f"ppo_clip_share={own['ppo_clip_share']:.2%} pg_clipfrac={own['pg_clipfrac']:.2%}"
             )
     effect = (intervals or {}).get("kv_effect")
     if effect:
@@ -379,6 +385,7 @@ def whole_model_rows(
         shift = PrefixShift.sampled_as(student, reference, rollouts)  # the rollouts' own length and seed
         for row in rows:
             out[row.unit]["own_samples"] = shift.measure(row.perturbation)
+        out.update(verl_rollout_rows(reference, student, rollouts, settings.include_kv))
     if len(got) == 2:
         change, lo, hi = got["model.fp8_all_kv"].change_from(got["model.fp8_all"], "kl_q_p")
         out["kv_effect"] = {
@@ -386,4 +393,42 @@ def whole_model_rows(
             "interval": [float(lo), float(hi)],
             "num_prompts": got["model.fp8_all"].num_prompts,
         }
+    return out
+
+
+VERL_SCHEME = "FP8_BLOCK"  # verl's vLLM rollout re-quantizes every Linear in 128x128 blocks (deploy/frameworks/verl.py)
+BASELINE_ENGINE = "vllm-cuda"  # the BF16 rollout engine whose own arithmetic a verl panel's BF16 baseline shows
+
+
+def verl_rollout_rows(reference, student, rollouts, kv: bool) -> dict:
+    """What a verl panel shows for the configuration verl runs (`verl_rollout`: every Linear its FP8_BLOCK kernels take,
+    128x128 blocks, with the FP8 KV cache at scale 1.0 where the sweep has one) and for the BF16 engine alone
+    (`bf16_engine`: the engine profile's bf16 arithmetic with nothing quantized, the non-zero rollout_corr/kl every verl
+    run logs), each on its own samples, so a figure reads as a multiple of the baseline. A model whose shapes the block
+    kernels refuse everywhere gets the reason instead."""
+    from dataclasses import replace
+
+    from ..core.schemes import KVCacheScheme, Scheme
+    from ..measurement.perturbation import Perturbation
+    from ..measurement.prefix import PrefixShift
+    from ..sources.sources import fp8_fits
+
+    scheme = Scheme.from_name(VERL_SCHEME)
+    units = fp8_fits(student, scheme)
+    out = {}
+    base = PrefixShift.sampled_as(student, reference, rollouts, engine=BASELINE_ENGINE)
+    out["bf16_engine"] = {"engine": BASELINE_ENGINE, "own_samples": base.measure(Perturbation())}
+    if not units:
+        out["verl_rollout"] = {"scheme": VERL_SCHEME, "not_applied": "its 128x128 block kernels take none of the units"}
+        return out
+    layers = student.layers if kv else ()
+    p = Perturbation(units=units, scheme=scheme, kv_layers=layers, kv=replace(KVCacheScheme(), scale="unit"))
+    shift = PrefixShift.sampled_as(student, reference, rollouts)
+    out["verl_rollout"] = {
+        "scheme": VERL_SCHEME,
+        "units": len(units),
+        "of_units": len(student.quantizable),
+        "kv": "fp8 (scale 1.0)" if kv else None,
+        "own_samples": shift.measure(p),
+    }
     return out

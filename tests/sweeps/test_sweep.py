@@ -209,6 +209,17 @@ def test_whole_model_rows_on_their_own_samples_as_verl_logs_them(cli, tiny_dirs,
         tok, mask = own.input_ids[:, 1:, None], own.response_mask[:, 1:].bool()
         diff = (q[:, :-1].gather(-1, tok) - p[:, :-1].gather(-1, tok)).squeeze(-1)[mask]
         assert diff.abs().max() > 0 and got["rollout_corr/kl"] == pytest.approx(float(diff.mean()), rel=0.01, abs=1e-7)
+    # verl's own rollout (every Linear in 128x128 blocks where the shapes admit, KV at scale 1.0) beside the BF16 engine
+    # alone: a figure reads as a multiple of the non-zero baseline every verl run logs
+    base = whole["bf16_engine"]["own_samples"]["rollout_corr/kl"]
+    verl = whole["verl_rollout"]
+    assert verl["scheme"] == "FP8_BLOCK" and verl["kv"] == "fp8 (scale 1.0)"
+    assert (
+        "not_applied" in verl
+        or verl["own_samples"]["rollout_corr/kl"] != whole["model.fp8_all_kv"]["own_samples"]["rollout_corr/kl"]
+    )
+    assert base != 0 and "the BF16 engine alone (vllm-cuda profile), as verl logs it" in r.out
+    assert "x the BF16 engine's)" in r.out
     bad = cli(*args, "--verl-figures", "--out", tmp_path / "f")
     assert bad.code == 2 and "pass --method auto or exact" in bad.err and not (tmp_path / "f").exists()
 
