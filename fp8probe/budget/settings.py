@@ -98,9 +98,9 @@ class CheckSettings(Settings):
     def __post_init__(self):
         super().__post_init__()
         sc = self.shortcuts
-        if not (sc.recipe or sc.kv_cache_dtype or sc.stale):
+        if not (sc.recipe or sc.fp8 or sc.kv_cache_dtype or sc.stale):
             raise FP8ProbeError(
-                "nothing to check: give `recipe`, `kv_cache_dtype` and/or `stale` (the rollout configuration)"
+                "nothing to check: give `recipe` or `fp8`, `kv_cache_dtype` and/or `stale` (the rollout configuration)"
             )
         if self.verl_async is not None:
             object.__setattr__(self, "verl", VerlAsync.parse(self.verl_async))
@@ -115,8 +115,8 @@ class CheckSettings(Settings):
             raise FP8ProbeError("`checkpoints` takes a series: give at least two (or MODEL for one)")
         if self.checkpoints and sc.stale:
             raise FP8ProbeError("`checkpoints` and `stale` both name checkpoints: check stale weights one at a time")
-        if len(sc.recipe) > 1 or len(sc.kv_cache_dtype) > 1 or len(sc.stale) > 1:
+        if len(sc.recipe) + bool(sc.fp8) > 1 or len(sc.kv_cache_dtype) > 1 or len(sc.stale) > 1:
             raise FP8ProbeError(
-                "check takes one configuration: at most one `recipe`, `kv_cache_dtype` and `stale` "
+                "check takes one configuration: at most one `recipe` or `fp8`, one `kv_cache_dtype` and one `stale` "
                 "(compare several with `fp8probe ladder`)"
             )

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from dataclasses import replace as with_
 
-from ..core.schemes import KV_CACHE_DTYPES, KVCacheScheme, Scheme
+from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
 from ..core.settings import Settings, opt
 from ..measurement.engines import ENGINES
 from .config import KV_SCALES
@@ -24,6 +24,11 @@ class Shortcuts(Settings):
     tokenizer (the OPD-signal distortion), every figure as `engine` computes it (default: the simulation)."""
 
     recipe: tuple[str, ...] = opt((), "recipe.yaml file(s): FP8 weights (+ their FP8 KV cache)")
+    fp8: str | None = opt(
+        None,
+        "every unit the scheme fits in FP8 (whole-model FP8, the calibration's fp8:SCHEME level): a scheme name",
+        choices=tuple(SCHEMES),
+    )
     kv_cache_dtype: tuple[str, ...] = opt((), f"FP8 KV cache(s): {', '.join(KV_CACHE_DTYPES)}")
     kv_scales: str = opt(
         "unit",
@@ -49,6 +54,8 @@ class Shortcuts(Settings):
         for path in self.recipe:
             rec = read_recipe(path)
             eng.check(rec.preset, KVCacheScheme() if rec.kv_cache_scheme else None)
+        if self.fp8:
+            eng.check(Scheme.from_name(self.fp8), None)
         for kv in self.kv_cache_dtype:
             eng.check(Scheme.from_name("FP8_DYNAMIC"), KVCacheScheme.from_name(kv))
         for path in [*self.stale, *([self.teacher] if self.teacher else [])]:
@@ -57,9 +64,12 @@ class Shortcuts(Settings):
     def sources(self, student, allow_pickle: bool = False, stale_steps: int | None = None) -> list[Source]:
         """The shortcuts as Sources of `student` (`stale_steps`: how many optimizer steps older the `stale`
         checkpoints are, when known: their configuration's lag)."""
-        from ..recipe.recipe import read_recipe
+        from ..recipe.recipe import Recipe, read_recipe
 
         out = [recipe(student, read_recipe(p), name=f"recipe {p}") for p in self.recipe]
+        if self.fp8:
+            whole = Recipe.whole_model(student.units, self.fp8)
+            out.append(recipe(student, whole, name=f"fp8 {self.fp8} (every unit)"))
         out += [kv_cache(student, d, self.kv_scales) for d in self.kv_cache_dtype]
         out += [stale(student, c, allow_pickle=allow_pickle, lag=stale_steps) for c in self.stale]
         return out

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from fp8probe.recipe.recipe import Recipe
 
 pytestmark = pytest.mark.slow
 CALIBRATION = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m" / "calibration"
@@ -16,7 +15,7 @@ BUDGET = CALIBRATION / "budget-opd.json"
 
 
 def test_whole_model_fp8_and_a_one_step_lag_are_rejected_as_their_runs_say(cli, tmp_path):
-    """Whole-model FP8: a recipe of every unit of pruned:3 in FP8_DYNAMIC is the calibration level fp8:FP8_DYNAMIC,
+    """Whole-model FP8 (`--fp8 FP8_DYNAMIC`: every unit of pruned:3) is the calibration level fp8:FP8_DYNAMIC,
     judged on its own loss: REJECT. A one-step lag: pruned:3 trained one OPD step exactly as the calibration's runs
     train (its seed 0), checked with pruned:3 as the stale checkpoint one step older (`--stale-steps 1`), the start
     named (`--descends-from`): the level stale:1, REJECT. Both exited 3 (UNCERTAIN) and 0 (ADMIT) before the verdicts
@@ -27,10 +26,7 @@ def test_whole_model_fp8_and_a_one_step_lag_are_rejected_as_their_runs_say(cli, 
     from fp8probe.training.runs import load_pair, states_along
 
     teacher, student = load_pair(None, "pruned:3")
-    Recipe.whole_model(student.units, "FP8_DYNAMIC").write(tmp_path / "all")
-    r = cli(
-        "check", "pruned:3", "--budget", BUDGET, "--recipe", tmp_path / "all" / "recipe.yaml", "--out", tmp_path / "c1"
-    )
+    r = cli("check", "pruned:3", "--budget", BUDGET, "--fp8", "FP8_DYNAMIC", "--out", tmp_path / "c1")
     assert r.code == 1 and r.out.startswith("REJECT"), (r.code, r.out, r.err)
     assert "its own calibration level fp8:FP8_DYNAMIC" in r.out
     cal = read_experiment(CALIBRATION, "gain")
