@@ -25,7 +25,7 @@ def run_budget(
     check_writable(out)
     if (runs is None) == (verl is None or not verl.from_verl):
         raise FP8ProbeError("give either a runs table (RUNS) or verl runs (`from_verl`), not both or neither")
-    configured = verl is not None and any(r.config for r in verl_runs(verl))
+    configured = verl is not None and bool(verl.from_verl) and any(r.config for r in verl_runs(verl))
     if configured and not settings.student:
         raise FP8ProbeError(
             "`from_verl` runs with config= are dosed on check's scale on the student they trained: give `student`"
