@@ -287,8 +287,10 @@ def judge(
        that lost no more (its upper end); otherwise the kind's own curve where one was fitted and fits (the noise
        ruler for noise, the stale ruler for stale weights), else UNCERTAIN, saying what would decide it: the noise
        ruler never admits a kind whose own levels the calibration ran;
-    3. a combination, or a kind without levels: the ruler (the stale ruler when stale weights are part of it), which
-       cannot ADMIT it while a kind in it with levels of its own has none at or above its dose within the tolerance.
+    3. a combination holding a part that is a calibration level whose own loss lies above the tolerance: REJECT (a
+       second mismatch source on top is taken not to lower the loss); otherwise a combination, or a kind without
+       levels, goes to the ruler (the stale ruler when stale weights are part of it), which cannot ADMIT it while a
+       kind in it with levels of its own has none at or above its dose within the tolerance.
 
     `config` may be a tuple of kinds (a configuration of unknown identity: rules 2 and 3 only)."""
     if not isinstance(config, RolloutConfig):
@@ -313,6 +315,23 @@ def judge(
         if kinds[0] == "noise" or (kinds[0] == "stale" and ruler is not budget):
             return _by_ruler(measured, interval, ruler, num_prompts, evidence, f"the {kinds[0]} ruler")
         return _undecided_kind(kinds[0], own, measured, interval, tol, ruler, num_prompts, evidence)
+    if config is not None and len(kinds) > 1:
+        held = _rejected_part(config, levels, tol)
+        if held is not None:  # a combination holding a configuration its own level rejects
+            return Judgement(
+                "REJECT",
+                ruler,
+                "level",
+                f"the part {held.name} it holds, whose own calibration level lost {held.loss_text()} (tolerance "
+                f"{tol:.1%}; another mismatch source on top is taken not to lower the loss)",
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                evidence,
+            )
     out = _by_ruler(
         measured,
         interval,
@@ -336,6 +355,22 @@ def judge(
                 f"ruler cannot admit it; a calibration level of this configuration would decide it",
             )
     return out
+
+
+def _rejected_part(config: RolloutConfig, levels: list, tol: float):
+    """The level, if any, that is one part of a combination on its own (its FP8 weights, its KV cache, its lag, its
+    noise) and whose own loss lies above the tolerance."""
+    parts = {
+        "fp8": RolloutConfig(fp8=config.fp8, fp8_units=config.fp8_units),
+        "kv": RolloutConfig(kv=config.kv, kv_scale=config.kv_scale),
+        "stale": RolloutConfig(stale=config.stale),
+        "noise": RolloutConfig(noise=config.noise),
+    }
+    for kind in config.kinds():
+        hit = next((lv for lv in levels if lv.config == parts[kind] and lv.rejects(tol)), None)
+        if hit is not None:
+            return hit
+    return None
 
 
 def _by_level(level, tol: float, ruler: Budget, evidence: list) -> Judgement:

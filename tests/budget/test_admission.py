@@ -334,3 +334,15 @@ def test_a_checkpoint_descending_from_the_budgets_student_is_its_own(cli, tiny_d
     assert r.code in (0, 1, 3), r.err
     note = json.loads((tmp_path / "t2" / "check.json").read_text())["budget_student_note"]
     assert "another teacher" in note
+
+
+def test_a_combination_holding_a_rejected_level_is_rejected():
+    """Whole-model FP8 lost 60 % on its own; FP8 + a one-step lag holds it: REJECT on that part's level, whatever the
+    ruler reads at the combination's dose (1.15, inside the ruler's own interval). A combination whose parts were not
+    rejected on their own (a subset recipe + the KV cache that lost 0.3 %) stays on the ruler. Seen failing without
+    the part rule (UNCERTAIN)."""
+    b = _levels(FP8, KV, STALE)
+    v = judge(1.15, (1.0, 1.3), b, 16, RolloutConfig(fp8="FP8_DYNAMIC", stale=1))
+    assert (v.verdict, v.rule) == ("REJECT", "level") and "fp8:FP8_DYNAMIC" in v.judged_on
+    v = judge(0.4, (0.35, 0.45), b, 16, RolloutConfig(fp8="FP8_DYNAMIC", fp8_units="3 units x", kv="fp8"))
+    assert v.rule == "ruler"
