@@ -226,6 +226,12 @@ def input_dim(unit: Unit) -> int:
     return unit.shape[-1]
 
 
+def fp8_fits(student, scheme) -> tuple[str, ...]:
+    """The units `scheme` can put in FP8 (groups its kernels refuse stay BF16, as in a sweep): "every unit"."""
+    blocked = scheme_blockers(student.quantizable, scheme)
+    return tuple(u.name for u in student.quantizable if u.group not in blocked)
+
+
 def scheme_blockers(units: list[Unit], scheme) -> dict[str, str]:
     """fused group -> why `scheme` cannot quantize it, for the groups whose shapes its kernels refuse.
 

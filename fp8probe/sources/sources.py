@@ -119,7 +119,7 @@ def _noise_rollout(spec, student, seed):
 
 
 def _fp8_rollout(spec, student, seed):
-    from ..model.structure import scheme_blockers
+    from ..model.structure import fp8_fits, scheme_blockers
 
     scheme = Scheme.from_name(spec.scheme)
     units = fp8_fits(student, scheme)
@@ -233,17 +233,11 @@ def kv_cache(student, kv_dtype: str = "fp8", scale: str = "unit") -> Source:
     return Source(name, "kv", Perturbation(kv_layers=layers, kv=kv), config=config)
 
 
-def fp8_fits(student, scheme: Scheme) -> tuple[str, ...]:
-    """The units `scheme` can put in FP8 (groups its kernels refuse stay BF16, as in a sweep): "every unit"."""
-    from ..model.structure import scheme_blockers
-
-    blocked = scheme_blockers(student.quantizable, scheme)
-    return tuple(u.name for u in student.quantizable if u.group not in blocked)
-
-
 def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
     """The recipe's FP8 units (and its FP8 KV cache, if it has one), after checking it fits this model."""
     rec.check_model(student.units, name)
+    from ..model.structure import fp8_fits
+
     rec.check_vllm_loadable(student.units)
     units = tuple(u.name for u in rec.fp8_units(student.units))
     scheme = Scheme.from_name(rec.scheme)

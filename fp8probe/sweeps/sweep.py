@@ -411,7 +411,7 @@ def verl_rollout_rows(reference, student, rollouts, kv: bool) -> dict:
     from ..core.schemes import KVCacheScheme, Scheme
     from ..measurement.perturbation import Perturbation
     from ..measurement.prefix import PrefixShift
-    from ..sources.sources import fp8_fits
+    from ..model.structure import fp8_fits
 
     scheme = Scheme.from_name(VERL_SCHEME)
     units = fp8_fits(student, scheme)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-
 pytestmark = pytest.mark.slow
 CALIBRATION = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-135m" / "calibration"
 BUDGET = CALIBRATION / "budget-opd.json"
