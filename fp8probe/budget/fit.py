@@ -488,7 +488,9 @@ def fit_budget(runs, settings: BudgetSettings = BudgetSettings(), *, paired: boo
         y = losses(design, design.q, twins_of(design.q), response, noise["response"]["pairing"])
         mean = {i: float(np.nanmean(y[i])) for i in range(len(kinds))}
     doses = {i: float(design.doses[i]) for i in range(len(kinds))}
-    fitted_rows = [0] + ruler
+    # without noise levels there is no ruler: the threshold is read off the calibrated levels themselves, every kind
+    # at its dose on the table's scale (a user's verl runs of FP8 configurations; fit_lines says so)
+    fitted_rows = [0] + (ruler or sorted(i for i in range(1, len(kinds))))
     value, isotonic = _threshold(
         [doses[i] for i in fitted_rows],
         {doses[i]: mean[i] for i in fitted_rows},
@@ -514,11 +516,18 @@ def fit_budget(runs, settings: BudgetSettings = BudgetSettings(), *, paired: boo
     table = [
         {**row(i), "fitted": curve.get(str(doses[i]), f) if method == "benchmark dose" else f, "isotonic": f}
         for i, f in zip(fitted_rows, isotonic)
+        if i == 0 or i in ruler  # the noise levels: the pooled levels of a table without them are other_levels
     ]
     others = [{**row(i), "level": names[i], "kind": kinds[i]} for i in range(1, len(kinds)) if i not in ruler] or None
     q0 = design.q[0]
     spread = float((q0.max() - q0.min()) / abs(q0.mean())) if len(q0) > 1 and q0.mean() else None
-    censored = method == "benchmark dose" and bool(noise.get("above_range"))
+    top = max(doses[i] for i in fitted_rows)
+    if method == "benchmark dose":
+        censored = bool(noise.get("above_range"))
+        interval_censored = bool(noise.get("interval_censored"))
+    else:  # no tested level's isotonic fit exceeds the tolerance: the threshold lies somewhere above the top dose
+        censored = top > 0 and all(f <= tolerance for f in isotonic)
+        interval_censored = bool(interval) and top > 0 and interval[1] >= top
     return Budget(
         metric,
         float(value),
@@ -535,7 +544,7 @@ def fit_budget(runs, settings: BudgetSettings = BudgetSettings(), *, paired: boo
         dose_response=dr,
         response=response,
         censored=censored,
-        interval_censored=method == "benchmark dose" and bool(noise.get("interval_censored")),
+        interval_censored=interval_censored,
         objective=objective,
         kinds=_kind_evidence(noise, kinds, names) if dr else None,
     )

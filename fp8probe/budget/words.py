@@ -61,7 +61,9 @@ def fit_lines(b) -> list[str]:
         lines.append(f"  dose: {b.dose}")
     if b.method != "benchmark dose":
         why = (
-            "no dose–response family fits the noise levels (every lack-of-fit p < 0.1)"
+            "no noise levels (no ruler): the calibrated levels themselves, every kind at its dose"
+            if not (b.levels and len(b.levels) > 1) and b.other_levels
+            else "no dose–response family fits the noise levels (every lack-of-fit p < 0.1)"
             if noise.get("fits") is False
             else "asked for"
             if b.dose_response is None

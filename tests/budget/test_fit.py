@@ -252,3 +252,47 @@ def test_a_budgets_kinds_come_in_the_tables_order_under_any_hash_seed():
         env = {**os.environ, "PYTHONHASHSEED": str(seed)}
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
         assert json.loads(out) == [list(want["dose_response"]["rulers"]["noise"]["predictions"]), list(want["kinds"])]
+
+
+def _kv_only(kv_loss: float):
+    """A user's verl runs: BF16 twins and the FP8 KV cache at dose 0.24 (check's scale), three seeds, the KV runs
+    losing `kv_loss` of what the twins gained (hand values: gain 0.2 from 0.3)."""
+    rows = []
+    for seed in range(3):
+        for level, kind, dose, lost in (("0", "none", 0.0, 0.0), ("kv:fp8", "kv", 0.24, kv_loss)):
+            gain = 0.2 * (1 - lost) + 0.001 * seed
+            rows.append(
+                {"level": level, "kind": kind, "seed": seed, "mismatch": dose, "quality": 0.3 + gain}
+                | {"quality_start": 0.3, "higher_is_better": True, "objective": "opd-k3"}
+            )
+    return pd.DataFrame(rows)
+
+
+def test_without_noise_levels_the_budget_is_read_off_the_calibrated_levels():
+    """No noise levels, no ruler: the budget was 0 [0, 0] (the twin alone fitted), which rejected any configuration
+    with a dose above 0 on no evidence. Now the threshold is read off the calibrated levels themselves: a KV level
+    losing 1 % < 2 % leaves it censored above its dose (a configuration beyond it UNCERTAIN, the level itself ADMIT on
+    its own loss); losing 5 % puts it below (0)."""
+    from fp8probe.budget.admission import judge
+    from fp8probe.budget.words import budget_text, fit_lines
+    from fp8probe.sources.sources import parse_source
+
+    s = BudgetSettings(tolerance=0.02, bootstrap=100)
+    b = _fit_budget(_kv_only(0.01), s)
+    assert b.value == 0.24 and b.censored and b.interval_censored
+    assert budget_text(b).startswith("> 0.24") and "no noise levels (no ruler)" in fit_lines(b)[-1]
+    assert [lv["mismatch"] for lv in b.levels] == [0.0]  # no KV row among the noise levels
+    assert [lv["level"] for lv in b.other_levels] == ["kv:fp8"]
+    kv, fp8 = parse_source("kv:fp8").config, parse_source("fp8:FP8_DYNAMIC").config
+    assert judge(0.24, (0.19, 0.29), b, 16, kv).verdict == "ADMIT"
+    assert judge(1.1, (0.97, 1.24), b, 16, fp8).verdict == "UNCERTAIN"
+    worse = _fit_budget(_kv_only(0.05), s)
+    assert worse.value == 0.0 and not worse.censored
+    assert judge(0.24, (0.19, 0.29), worse, 16, kv).verdict == "REJECT"
+
+
+def test_an_isotonic_budget_no_level_of_which_exceeds_the_tolerance_is_censored():
+    """Every noise level within the tolerance: the threshold lies above the top dose ("> 0.01"), not at it."""
+    b = fit_budget(_runs(threshold_index=5), BudgetSettings(tolerance=0.01, bootstrap=50, fit="isotonic"))
+    assert b.value == 1e-2 and b.censored and b.interval_censored
+    assert not fit_budget(_runs(), BudgetSettings(tolerance=0.01, bootstrap=50, fit="isotonic")).censored
