@@ -295,7 +295,9 @@ COMMANDS: dict[str, Command] = {
             ),
             (
                 "budget runs.csv --out runs/budget --tolerance 0.01",
-                "budget --from-verl bf16.jsonl:level=0,seed=0 fp8.jsonl:level=fp8,seed=0 --out runs/verl-budget",
+                "budget --from-verl bf16.jsonl:level=0,seed=0,objective=opd-k3 "
+                "fp8.jsonl:level=fp8,seed=0,objective=opd-k3,config=fp8:FP8_BLOCK --student pruned:3 "
+                "--out runs/verl-budget",
             ),
             _budget,
         ),

@@ -42,8 +42,9 @@ class VerlRunsSettings(Settings):
 
     from_verl: tuple[str, ...] = opt(
         (),
-        "verl file-logger JSONL runs, one file per run: PATH:level=L,seed=S[,objective=O] (level 0: the "
-        "mismatch-free twin)",
+        "verl file-logger JSONL runs, one file per run: PATH:level=L,seed=S,objective=O[,config=C] (level 0: the "
+        "mismatch-free twin; C the level's rollout configuration, e.g. kv:fp8 or fp8:FP8_BLOCK, dosed on check's "
+        "scale on `student`)",
     )
     verl_quality: str | None = opt(None, "the quality key (default: the one val-core/* key; higher is better)")
     verl_mismatch: str = opt("rollout_corr/kl", "the mismatch key, averaged over a run's steps")

@@ -31,8 +31,8 @@ VERL = Target(
     "unit",
     "hydra",
     "verl==0.9.1 verl/workers/rollout/vllm_rollout/vllm_async_server.py (FP8_BLOCK_QUANT_KWARGS)",
-    "re-quantizes every Linear of the synced BF16 weights in 128x128 blocks; keeps only MoE routers "
-    "(mlp.gate) in BF16; KV scales 1.0",
+    "with quantization=fp8, re-quantizes every Linear of the synced BF16 weights in 128x128 blocks; keeps only "
+    "MoE routers (mlp.gate) in BF16; KV scales 1.0",
 )
 VERL_SGLANG = Target(
     "verl-sglang",
@@ -374,8 +374,8 @@ VERL_OPD = Target(
     "unit",
     "hydra",
     "verl==0.9.1 verl/trainer/config/distillation/distillation.yaml, verl/trainer/distillation/losses.py",
-    "the vLLM rollout re-quantizes every Linear in 128x128 blocks (as `verl`); the teacher scores every batch "
-    "(distillation.*)",
+    "with quantization=fp8 the vLLM rollout re-quantizes every Linear in 128x128 blocks (as `verl`); the teacher "
+    "scores every batch (distillation.*)",
 )
 VERL_FULLY_ASYNC = Target(
     "verl-fully-async",
