@@ -56,6 +56,7 @@ def test_verl_walkthrough_runs_as_written(cli, tmp_path, monkeypatch, caplog):
         "sweep",
         "recipe",
         "recipe",
+        "check",
         "export",
         "audit",
         "budget",
