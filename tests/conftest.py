@@ -397,24 +397,13 @@ def released() -> dict[str, Path]:
     return out
 
 
-# verl 0.9.1 and what importing its trainers needs beyond its declared dependencies (its verl-core extra's: the
-# rollout server's, the transfer queue's), on the CPU build of torch
-VERL_VENV = ["torch==2.13.0", "verl==0.9.1", "cachetools==8.0.3", "uvicorn==0.55.0", "fastapi==0.165.0"]
-VERL_VENV += ["TransferQueue==0.1.11", "pyzmq==27.3.0", "msgspec==0.23.0"]
-
-
 @pytest.fixture(scope="session")
 def verl_python() -> Path:
-    """The python of a virtual environment where the released verl 0.9.1 is installed (built once from PyPI, about 2
-    GB, cached in ~/.cache/fp8probe/frameworks/verl-0.9.1-venv): where verl's own start-up code and functions run."""
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fp8probe" / "frameworks"
-    venv = root / "verl-0.9.1-venv"
-    python = venv / "bin" / "python"
-    if not (venv / ".done").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *VERL_VENV], check=True, timeout=1800)
-        (venv / ".done").touch()
-    return python
+    """The python of a virtual environment where the released verl 0.9.1 is installed (tests/verl_venv.py: built once
+    from PyPI, cached): where verl's own start-up code and functions run."""
+    from verl_venv import verl_venv
+
+    return verl_venv()
 
 
 def find_in(root: Path, rel: str) -> Path:
