@@ -368,33 +368,40 @@ RELEASES = {"verl": "verl==0.9.1", "openrlhf": "openrlhf==0.11.2", "trl": "trl==
 def released() -> dict[str, Path]:
     """name -> the unpacked released wheel (downloaded once into the user's cache)."""
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fp8probe" / "frameworks"
+    from fp8probe.core.files import waiting_lock
+
     out = {}
     for name, spec in RELEASES.items():
         d = root / spec.replace("==", "-")
-        if not (d / ".done").exists():
-            wheels = d / "wheel"
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--quiet",
-                    "--only-binary=:all:",
-                    spec,
-                    "-d",
-                    str(wheels),
-                ],
-                check=True,
-                timeout=600,
-            )
-            (whl,) = wheels.glob("*.whl")
-            with zipfile.ZipFile(whl) as z:
-                z.extractall(d / "src")
-            (d / ".done").touch()
+        with waiting_lock(root / f"{d.name}.lock"):  # parallel workers: one downloads, the others wait
+            _release(spec, d)
         out[name] = d / "src"
     return out
+
+
+def _release(spec: str, d: Path) -> None:
+    if not (d / ".done").exists():
+        wheels = d / "wheel"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                "--only-binary=:all:",
+                spec,
+                "-d",
+                str(wheels),
+            ],
+            check=True,
+            timeout=600,
+        )
+        (whl,) = wheels.glob("*.whl")
+        with zipfile.ZipFile(whl) as z:
+            z.extractall(d / "src")
+        (d / ".done").touch()
 
 
 @pytest.fixture(scope="session")

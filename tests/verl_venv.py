@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fp8probe.core.files import waiting_lock
+
 # verl 0.9.1 and what importing its trainers needs beyond its declared dependencies (its verl-core extra's: the
 # rollout server's, the transfer queue's), on the CPU build of torch
 VERL_VENV = ["torch==2.13.0", "verl==0.9.1", "cachetools==8.0.3", "uvicorn==0.55.0", "fastapi==0.165.0"]
@@ -20,10 +22,11 @@ def verl_venv() -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fp8probe" / "frameworks"
     venv = root / "verl-0.9.1-venv"
     python = venv / "bin" / "python"
-    if not (venv / ".done").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *VERL_VENV], check=True, timeout=1800)
-        (venv / ".done").touch()
+    with waiting_lock(root / "verl-0.9.1-venv.lock"):  # parallel test workers: one builds, the others wait
+        if not (venv / ".done").exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", *VERL_VENV], check=True, timeout=1800)
+            (venv / ".done").touch()
     return python
 
 

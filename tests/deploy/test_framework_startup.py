@@ -51,17 +51,20 @@ def user_config(model_dir: Path) -> list[str]:
     ]
 
 
-def start(python: Path, entry: str, overrides: list[str]) -> dict:
+def start(python: Path, jobs: list[tuple[str, list[str]]]) -> list[dict]:
+    """Each (verl's entry point, overrides) through verl's start-up, in one process (verl imported once)."""
     r = subprocess.run(
         [str(python), str(HERE / "verl_startup.py")],
-        input=json.dumps({"entry": entry, "overrides": overrides}),
+        input=json.dumps([{"entry": e, "overrides": o} for e, o in jobs]),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[")]
     assert lines, (r.stdout[-2000:], r.stderr[-2000:])
-    return json.loads(lines[-1])
+    got = json.loads(lines[-1])
+    assert len(got) == len(jobs), got
+    return got
 
 
 CASES = {  # target -> (verl's entry point, the export's options, the key verl asserts on that a planted defect drops)
@@ -85,8 +88,27 @@ def written(student, case: str, teacher: Path) -> list[str]:
     return [f"{k}={v}" for k, v in hydra_overrides(text).items()]
 
 
+@pytest.fixture(scope="module")
+def started(verl_python, tiny_dirs, student) -> dict[str, tuple[dict, dict | None, int]]:
+    """case -> (verl's answer to the whole written config after the user's own; its answer with the key it asserts
+    on dropped, or None; how many lines the export wrote with that key): every case in one verl process."""
+    model = tiny_dirs["llama"]
+    jobs, where = [], {}
+    for case, (entry, _, key) in CASES.items():
+        lines = written(student, case, model)
+        where[case] = [len(jobs), None, 0]
+        jobs.append((entry, user_config(model) + lines))
+        if key is not None:
+            planted = [x for x in lines if not x.lstrip("+").startswith(key + "=")]
+            base = [x for x in user_config(model) if not x.startswith(key + "=")]
+            where[case][1:] = [len(jobs), len(lines) - len(planted)]
+            jobs.append((entry, base + planted))
+    got = start(verl_python, jobs)
+    return {c: (got[i], None if j is None else got[j], n) for c, (i, j, n) in where.items()}
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_each_verl_export_passes_verls_own_start_up(verl_python, tiny_dirs, student, case):
+def test_each_verl_export_passes_verls_own_start_up(started, case):
     """The whole written config, after the user's own, through verl 0.9.1's start-up code (Hydra composition, its
     validation, the dataclasses its workers build, the resource pools it sizes, the fully-async trainer's and
     rollouter's assertions): it starts. Then the one key verl refuses without (the rollout's name, mandatory in verl
@@ -94,16 +116,11 @@ def test_each_verl_export_passes_verls_own_start_up(verl_python, tiny_dirs, stud
     dropped: verl's own check fails it. Seen
     failing on the exports before this change (verl-opd: "config.distillation.nnodes must be greater than 0";
     verl-fully-async: `assert not self.hybrid_engine`)."""
-    entry, _, key = CASES[case]
-    model = tiny_dirs["llama"]
-    lines = written(student, case, model)
-    got = start(verl_python, entry, user_config(model) + lines)
+    _, _, key = CASES[case]
+    got, bad, dropped = started[case]
     assert got["ok"], got
     assert any("compose" in c for c in got["checked"]) and len(got["checked"]) >= 4, got["checked"]
     if key is None:
         return
-    planted = [x for x in lines if not x.lstrip("+").startswith(key + "=")]
-    assert len(planted) == len(lines) - 1, f"the export writes {key}"
-    base = [x for x in user_config(model) if not x.startswith(key + "=")]
-    bad = start(verl_python, entry, base + planted)
+    assert dropped == 1, f"the export writes {key} once"
     assert not bad["ok"], f"{case}: verl started without {key}"

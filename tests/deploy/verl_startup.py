@@ -2,9 +2,10 @@
 installed (tests/deploy/test_framework_startup.py makes it): everything `python3 -m verl.trainer.main_ppo` and
 `python3 -m verl.experimental.fully_async_policy.fully_async_main` do with their config before they allocate a GPU.
 
-    VENV/bin/python verl_startup.py < {"entry": "main_ppo" | "fully_async", "overrides": [...]}
+    VENV/bin/python verl_startup.py < [{"entry": "main_ppo" | "fully_async", "overrides": [...]}, ...]
 
-prints one JSON line: {"ok": true, "checked": [...]} or {"ok": false, "error": "...", "checked": [...]}. The checks,
+prints one JSON line, a list with one answer per job: {"ok": true, "checked": [...]} or {"ok": false, "error": "...",
+"checked": [...]}. The checks,
 in verl 0.9.1's order, each verl's own code:
 
     main_ppo      Hydra composes verl/trainer/config/ppo_trainer.yaml with the overrides (hydra.main's parser);
@@ -124,16 +125,22 @@ def fully_async(overrides: list[str], checked: list) -> None:
     checked.append("FullyAsyncRollouter._validate_config")
 
 
-def main() -> None:
-    job = json.loads(sys.stdin.read())
+def run(job: dict) -> dict:
+    """One job ({"entry": main_ppo | fully_async, "overrides": [...]}) through verl's start-up: ok, or the error."""
     checked: list[str] = []
     try:
         {"main_ppo": main_ppo, "fully_async": fully_async}[job["entry"]](job["overrides"], checked)
-        print(json.dumps({"ok": True, "checked": checked}))
+        return {"ok": True, "checked": checked}
     except BaseException as e:  # noqa: BLE001 - every failure is the answer
         tb = traceback.format_exc().strip().splitlines()
         msg = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} at {tb[-2].strip() if len(tb) > 1 else ''}"
-        print(json.dumps({"ok": False, "error": msg, "checked": checked, "where": tb[-4:]}))
+        return {"ok": False, "error": msg, "checked": checked, "where": tb[-4:]}
+
+
+def main() -> None:
+    """Jobs on stdin (a JSON list), one answer per job on stdout (a JSON list, in order): one process imports verl
+    once for them all (its import is most of a job's time), each job composing its own config from scratch."""
+    print(json.dumps([run(job) for job in json.loads(sys.stdin.read())]))
 
 
 if __name__ == "__main__":
