@@ -422,23 +422,18 @@ def _by_levels(kind: str, own: list, interval, tol: float, ruler: Budget, eviden
             f"{b.dose:.4g} lost {b.loss_text()}; more seeds at both would decide it",
             evidence,
         )
-    if above:
-        lv = max(above, key=lambda lv: lv.dose)
-        words = (
-            f"{kind}'s own calibration level {lv.name}: at or above its dose ({lv.dose:.4g}) it lost {lv.loss_text()}"
-        )
-        return Judgement(
-            "REJECT", ruler, "levels", words, lv.dose, f"{lv.name}'s dose", lv.dose - lo, None, None, None, evidence
-        )
-    if below:
-        lv = min(below, key=lambda lv: lv.dose)
-        words = (
-            f"{kind}'s own calibration level {lv.name}: at or below its dose ({lv.dose:.4g}) it lost {lv.loss_text()}"
-        )
-        return Judgement(
-            "ADMIT", ruler, "levels", words, lv.dose, f"{lv.name}'s dose", lv.dose - hi, None, None, None, evidence
-        )
+    if above:  # the highest rejecting level the measured interval reaches; margin: its dose - the interval's lower end
+        return _on_level("REJECT", "above", kind, max(above, key=lambda lv: lv.dose), lo, ruler, evidence)
+    if below:  # the lowest admitting level the interval stays under; margin: its dose - the interval's upper end
+        return _on_level("ADMIT", "below", kind, min(below, key=lambda lv: lv.dose), hi, ruler, evidence)
     return None
+
+
+def _on_level(verdict: str, side: str, kind: str, lv, end: float, ruler: Budget, evidence: list) -> Judgement:
+    words = f"{kind}'s own calibration level {lv.name}: at or {side} its dose ({lv.dose:.4g}) it lost {lv.loss_text()}"
+    return Judgement(
+        verdict, ruler, "levels", words, lv.dose, f"{lv.name}'s dose", lv.dose - end, None, None, None, evidence
+    )
 
 
 def _undecided_kind(kind: str, own: list, measured: float, interval, tol: float, ruler, n: int, evidence) -> Judgement:

@@ -116,14 +116,21 @@ def units_subset(units, every=None) -> str:
     return f"{len(chosen & every)} of {len(every)} units {digest}"
 
 
-def _parse_part(part: str, text: str, fields: dict) -> None:
+def noise_level(part: str, text: str) -> float | None:
+    """A bare number is a noise level (σ, each tensor's std times it): the number, None for any other text; a
+    negative or infinite one is refused, naming `text` (the whole configuration)."""
     try:
         value = float(part)
     except ValueError:
-        value = None
+        return None
+    if not math.isfinite(value) or value < 0:
+        raise FP8ProbeError(f"`levels` {text}: a noise level must be a finite number >= 0")
+    return value
+
+
+def _parse_part(part: str, text: str, fields: dict) -> None:
+    value = noise_level(part, text)
     if value is not None:
-        if not math.isfinite(value) or value < 0:
-            raise FP8ProbeError(f"`levels` {text}: a noise level must be a finite number >= 0")
         _put(fields, "noise", value, text)
         return
     kind, _, arg = part.partition(":")

@@ -14,14 +14,13 @@ sum of its parts' measured values, so that (non-)additivity is visible.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from ..core.errors import FP8ProbeError
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES, KVCacheScheme, Scheme
 from ..measurement.perturbation import Perturbation
-from .config import STALE_UNKNOWN, RolloutConfig, units_subset
+from .config import STALE_UNKNOWN, RolloutConfig, noise_level, units_subset
 
 if TYPE_CHECKING:  # the parser and the defaults stay light: the CLI reads them for --help
     from ..recipe.recipe import Recipe
@@ -185,13 +184,8 @@ SOURCE_HELP = (
 
 def parse_source(text: str) -> SourceSpec:
     t = str(text).strip()
-    try:
-        v = float(t)
-    except ValueError:
-        v = None
+    v = noise_level(t, text)
     if v is not None:
-        if not math.isfinite(v) or v < 0:
-            raise FP8ProbeError(f"`levels` {text}: a noise level must be a finite number >= 0")
         return SourceSpec("none") if v == 0 else SourceSpec("noise", v)
     kind, _, arg = t.partition(":")
     if kind not in LEVEL_KINDS or LEVEL_KINDS[kind].parse is None:

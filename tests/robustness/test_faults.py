@@ -96,11 +96,13 @@ def test_lock_refuses_a_second_sweep_and_dies_with_its_holder(deep, tmp_path, re
     first = cli_process("-q", "sweep", deep, "--out", out, *COMMON)
     partial = out / "sensitivity.partial.csv"
     _wait_rows(partial, 5, first)
+    # stopped, it keeps its lock and its partial table while the second starts (running, it could finish first)
+    os.kill(first.pid, signal.SIGSTOP)
     second = cli_process("-q", "sweep", deep, "--out", out, "--resume", *COMMON)
     assert second.wait(timeout=120) == 2
     err = second.stderr.read().strip()
     assert err.startswith("fp8probe: error: another fp8probe command is writing into") and "\n" not in err
-    assert first.poll() is None, "the refused sweep disturbed the running one"
+    assert first.poll() is None and partial.exists(), "the refused sweep disturbed the running one"
     os.kill(first.pid, signal.SIGKILL)  # the kernel releases the lock of a killed process
     first.wait()
     unit = _plant_sentinel(partial)
