@@ -100,8 +100,26 @@ class RecipeResult(Result):
         return (
             f"recipe{f' for {self.target}' if self.target else ''} (form {r.form}): {len(r.quantized)}/"
             f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
-            f"{' + FP8 KV cache' if r.kv_cache_dtype else ''}; "
+            f"{_kv_words(r)}; "
             f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
             f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {searched:.0f} s -> "
             f"{Path(out) / 'recipe.yaml'}"
         )
+
+
+def _kv_words(r) -> str:
+    """The KV cache's part of the recipe's line: in every layer, or per layer with the layers kept BF16 and why (their
+    measured mismatch per byte saved at the workload ranked them last)."""
+    if not r.kv_cache_dtype:
+        return ""
+    if not r.kv_skip_layers:
+        return " + FP8 KV cache"
+    kept = sorted(
+        (k for k in r.kept_scores if k["group"].endswith(".kv_cache")), key=lambda k: -k["score"] / k["bytes_saved"]
+    )
+    why = ", ".join(f"{k['group'].split('.')[2]} ({k['reason']}, {k['score']:.3g})" for k in kept[:4])
+    more = f" and {len(kept) - 4} more" if len(kept) > 4 else ""
+    return (
+        f" + FP8 KV cache in all but {len(r.kv_skip_layers)} layers at {r.kv_tokens:,} tokens in flight (BF16, their "
+        f"KV rows' mismatch per byte the highest: layer {why}{more})"
+    )

@@ -121,6 +121,8 @@ class RecipeRecord(Record):
     measured_interval: list | None = None
     split: dict | None = None
     measured_engine: dict | None = None
+    kv_skip_layers: list | None = optional()  # layers whose KV cache stays in the model dtype (a per-layer KV map)
+    kv_tokens: int | None = optional()  # the KV tokens in flight a per-layer KV map was chosen at
     costs: dict | None = optional()  # written by recipes priced with the former `--costs` (now benchmarks/pricing.py)
 
 

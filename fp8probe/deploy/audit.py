@@ -21,6 +21,8 @@ what an engine reads and checks it against the recipe, one finding per defect:
                  never gives
     kv-scale     with an FP8 KV cache, each attention layer's k_scale and v_scale present, finite, positive, and not
                  1.0 where the recipe calibrated them
+    kv-map       the layers whose KV cache vLLM keeps in the model dtype (vllm.yaml's kv-cache-dtype-skip-layers,
+                 as vLLM's Attention layer matches them: layer indices) against the recipe's per-layer KV map
     framework    every RL framework's fragment under frameworks/, read as that framework reads it (each target's
                  reader in frameworks/*.py), module by module and for the KV cache against the recipe
 
@@ -221,8 +223,35 @@ def _audit_checkpoint(a: Audit, ckpt: Path, qc: dict, recipe, units, modules: se
     tensors = _tensors(ckpt)
     _check_tensors(a, fp8, modules, tensors)
     _check_scales(a, ckpt, fp8, qc, units, tensors, recipe)
+    _check_kv_map(a, ckpt, recipe)
     if student is not None:
         _check_weights(a, ckpt, fp8, tensors, student, recipe)
+
+
+def _check_kv_map(a: Audit, ckpt: Path, recipe) -> None:
+    """vllm.yaml's kv-cache-dtype-skip-layers against the recipe's kv_skip_layers, layer by layer: vLLM's Attention
+    keeps a layer's KV cache in the model dtype when its index (or its attention type) is listed
+    (vllm/model_executor/layers/attention/attention.py)."""
+    import yaml
+
+    path = ckpt / "vllm.yaml"
+    if recipe.kv_cache_scheme is None or not path.is_file():
+        return
+    listed = (yaml.safe_load(path.read_text()) or {}).get("kv-cache-dtype-skip-layers") or []
+    engine = {int(x) for x in listed if str(x).isdigit()}
+    for x in listed:
+        if not str(x).isdigit():
+            a.add("kv-map", f"vllm.yaml: {x}", "vLLM skips layers by this name; the recipe lists layer indices only")
+    want = set(recipe.kv_skip_layers)
+    for i in sorted(engine ^ want):
+        a.add(
+            "kv-map",
+            f"layer {i}",
+            "vLLM keeps its KV cache BF16 (vllm.yaml), the recipe puts it in FP8"
+            if i in engine
+            else "the recipe keeps its KV cache BF16, vLLM would put it in FP8 (vllm.yaml does not skip it)",
+        )
+    a.checked["kv_map_layers_skipped"] = sorted(engine)
 
 
 def _fragments(d: Path) -> dict[str, dict[str, str]]:

@@ -29,7 +29,7 @@ import yaml
 
 from ..core.errors import FP8ProbeError, MissingExtra, one_line
 from ..core.files import atomic_dir, atomic_write_json, atomic_write_text, check_writable
-from ..core.records import StudentRecord
+from ..core.records import RecipeRecord, StudentRecord
 from ..core.results import Result
 from ..model.identity import content_hash
 from ..model.settings import ModelSource
@@ -48,6 +48,8 @@ def vllm_args(ckpt: Path, recipe: Recipe, max_model_len: int | None) -> dict:
         "dtype": "bfloat16",
         "kv_cache_dtype": "fp8" if recipe.kv_cache_scheme is not None else "auto",
     }
+    if recipe.kv_cache_scheme is not None and recipe.kv_skip_layers:  # layer indices, as vLLM's flag takes them
+        args["kv_cache_dtype_skip_layers"] = [str(i) for i in recipe.kv_skip_layers]
     if max_model_len:
         args["max_model_len"] = int(max_model_len)
     return args
@@ -248,6 +250,7 @@ def _write_checkpoint(
     tok.save_pretrained(str(tmp))
     student.write(tmp / StudentRecord.KIND)
     shutil.copy(recipe_path, tmp / "recipe.yaml")
+    spec.record().write(tmp / RecipeRecord.KIND)  # beside it, how it was chosen (its per-layer KV map: the audit's)
     args = vllm_args(final, spec, max_model_len)
     atomic_write_json(tmp / "vllm_args.json", args)
     serve = {k.replace("_", "-"): v for k, v in args.items() if k != "model"}

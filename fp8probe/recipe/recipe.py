@@ -70,6 +70,10 @@ class Recipe:
     measured_interval: list | None = None  # measured's 90 % bootstrap interval over the held-out prompts
     split: dict | None = None  # the held-out split (Rollouts.split), or None: measured on the rollouts searched
     measured_engine: dict | None = None  # the same figure as a rollout engine's profile computes it (measured_as)
+    # a per-layer KV map: the layers whose KV cache stays in the model dtype (vLLM's kv_cache_dtype_skip_layers), and
+    # the KV tokens in flight it was chosen at; empty: the FP8 KV cache (if any) in every layer
+    kv_skip_layers: list[int] = field(default_factory=list)
+    kv_tokens: int | None = None
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
@@ -177,10 +181,23 @@ class Recipe:
         doc = {"default_stage": {"default_modifiers": {"QuantizationModifier": mod}}}
         header = (
             f"# fp8probe recipe for {self.model}: {self.scheme}, {len(self.quantized)} fused groups in FP8, "
-            f"{len(self.kept)} kept BF16\n# {self._constraint()}; measured {self.metric} {self.measured}"
+            f"{len(self.kept)} kept BF16{self._kv_map()}\n"
+            f"# {self._constraint()}; measured {self.metric} {self.measured}"
             f"{' on held-out prompts' if self.split else ''}\n"
         )
         return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+
+    def kv_layers(self, layers) -> tuple[int, ...]:
+        """Of a model's attention layers, those whose KV cache this recipe puts in FP8 (none without one)."""
+        if self.kv_cache_scheme is None:
+            return ()
+        return tuple(i for i in layers if i not in set(self.kv_skip_layers))
+
+    def _kv_map(self) -> str:
+        if not self.kv_skip_layers:
+            return ""
+        skip = ", ".join(map(str, self.kv_skip_layers))
+        return f"; KV cache BF16 in layers {skip} (vLLM's kv_cache_dtype_skip_layers; recipe.json, vllm.yaml)"
 
     def _constraint(self) -> str:
         if self.memory_target:
@@ -215,6 +232,8 @@ class Recipe:
             measured_interval=self.measured_interval,
             split=self.split,
             measured_engine=self.measured_engine,
+            kv_skip_layers=list(self.kv_skip_layers) or None,
+            kv_tokens=self.kv_tokens,
         )
 
     def to_json(self) -> dict:
@@ -304,6 +323,8 @@ INFO_FIELDS = (
     "measured_interval",
     "split",
     "measured_engine",
+    "kv_skip_layers",
+    "kv_tokens",
 )
 
 

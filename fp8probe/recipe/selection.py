@@ -50,17 +50,22 @@ class GroupScore:
     score: float
     bytes_saved: int
     params: int = 0  # weights in the group (what effective bits and the FP8 share count)
+    kv_layer: int | None = None  # a layer's FP8 KV cache instead of weights (no units; its bytes at the workload)
 
     @property
     def per_byte(self) -> float:
         return self.score / max(self.bytes_saved, 1)
 
 
-def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[str]] | None = None) -> list[GroupScore]:
+def group_scores(
+    sensitivity, metric: str = "kl_q_p", members: dict[str, list[str]] | None = None, kv_tokens: int | None = None
+) -> list[GroupScore]:
     """One score per fused group from a sensitivity table (per unit or per group).
 
     `members` maps each group to its unit names (Student.groups()); without it, a per-unit table's rows
-    name the members.
+    name the members. With `kv_tokens` (the KV tokens in flight at the user's workload), also one per layer's FP8
+    KV cache (the sweep's kind "kv" rows), saving its bytes per token at that many tokens: a KV layer and a weight
+    group then compete on bytes saved per unit of mismatch.
     """
     import pandas as pd
 
@@ -68,6 +73,7 @@ def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[st
     df = sensitivity if isinstance(sensitivity, pd.DataFrame) else pd.read_csv(sensitivity)
     if metric not in df.columns:
         raise FP8ProbeError(f"metric {metric!r} is not a column of the sensitivity table")
+    kv = _kv_scores(df[df["kind"] == "kv"], metric, kv_tokens) if kv_tokens else []
     df = df[~df["kind"].isin(["kv", "model"])]
     if df.empty:
         raise FP8ProbeError("the sensitivity table has no unit rows")
@@ -90,7 +96,30 @@ def group_scores(sensitivity, metric: str = "kl_q_p", members: dict[str, list[st
                 int(rows["params"].sum()) if "params" in rows else 0,
             )
         )
-    return out
+    return out + kv
+
+
+def _kv_scores(rows, metric: str, kv_tokens: int) -> list[GroupScore]:
+    """One candidate per layer's FP8 KV cache: the sweep's kv row, its bytes at `kv_tokens` tokens in flight."""
+    if rows.empty:
+        raise FP8ProbeError(
+            "the sweep has no KV-cache rows (one per layer), so the KV cache cannot be chosen per layer: "
+            "run the sweep with its KV rows (the default), or drop `kv_tokens` for the whole KV cache in FP8"
+        )
+    if rows[metric].isna().any():
+        raise FP8ProbeError(f"the sweep's KV rows hold no {metric}: use `metric` kl_q_p or an exact sweep")
+    return [
+        GroupScore(
+            r.unit,
+            [],
+            int(r.block),
+            max(excess(metric, float(getattr(r, metric))), 0.0),
+            int(r.kv_bytes_saved_per_token) * int(kv_tokens),
+            0,
+            int(r.block),
+        )
+        for r in rows.itertuples()
+    ]
 
 
 def rank_groups(groups: list[GroupScore]) -> list[GroupScore]:
@@ -131,6 +160,8 @@ def linear_params(student) -> int:
 
 
 MAX_PASSES = 12  # measured passes of the bisection under a budget, at most
+FILL_WINDOW = 14  # a memory target's last groups: chosen among the next this many ranked groups (2**14 sets)
+FILL_SLACK = 0.005  # ... landing at most this share of what FP8 can reach above the closest fit, least predicted
 
 
 def make_recipe(
@@ -210,6 +241,9 @@ def make_recipe(
         final, found, result = refined.groups, refined.measured, refined.metrics
     report = _report(final, (found, result), search, held, None if s.engine == "none" else s.engine, context.batch_size)
     fp8_params = sum(g.params for g in final)
+    if plan.kv_per_layer and not kv_layers_of(final):  # no layer's KV cache in FP8: the recipe has none
+        log.info("recipe: no layer's FP8 KV cache fits at %d tokens in flight: the KV cache stays BF16", s.kv_tokens)
+        kv_cache_dtype = None
     return Recipe.from_groups(
         student.units,
         scheme.name,
@@ -222,7 +256,11 @@ def make_recipe(
         predicted=search.predict(final),
         **report,
         split=split,
-        bytes_saved=sum(g.bytes_saved for g in final),
+        bytes_saved=sum(g.bytes_saved for g in final if g.kv_layer is None),
+        kv_skip_layers=sorted(set(student.layers) - set(kv_layers_of(final)))
+        if kv_cache_dtype and plan.kv_per_layer
+        else [],
+        kv_tokens=s.kv_tokens if kv_cache_dtype and plan.kv_per_layer else None,
         search=search.log() + (refined.log if refined is not None else []),
         sweep=context.sweep_dir,
         form=s.searched_form,
@@ -244,7 +282,9 @@ def _report(final, found, search, held, engine, batch_size) -> dict:
     if held is not None:
         ref, where = Reference(student, held, batch_size, calibrate=False), held
         ref.calibration = search.calibration(final)
-        value, metrics, evidence = measure_groups(final, student, held, scheme, metric, search.kv, ref)
+        value, metrics, evidence = measure_groups(
+            final, student, held, scheme, metric, search.kv, ref, search.plan.kv_per_layer
+        )
         interval = evidence.excess_interval(metric) if evidence else [value, value]
         report.update(measured=value, measured_metrics=metrics, measured_interval=interval)
         log.info(
@@ -260,7 +300,13 @@ def _report(final, found, search, held, engine, batch_size) -> dict:
         from ..measurement.measure import measured_as
 
         report["measured_engine"] = measured_as(
-            engine, ref, student, where, _perturbation(final, student, scheme, search.kv), metric, batch_size
+            engine,
+            ref,
+            student,
+            where,
+            _perturbation(final, student, scheme, search.kv, search.plan.kv_per_layer),
+            metric,
+            batch_size,
         )
     return report
 
@@ -277,6 +323,7 @@ class _Plan:
     forced: list[GroupScore]
     free: list[GroupScore]
     candidates: list[list[GroupScore]]
+    kv_per_layer: bool = False  # the FP8 KV cache chosen layer by layer (GroupScore.kv_layer), not in every layer
 
     @classmethod
     def of(cls, sensitivity, student, scheme, settings: RecipeSettings) -> "_Plan":
@@ -299,12 +346,22 @@ class _Plan:
                 f"groups ({g}: {why}; vLLM refuses these shapes), so every-Linear-in-FP8 cannot run "
                 "on it; `form` none with `kv_cache_dtype` fp8 makes the FP8 KV cache alone"
             )
-        groups = [g for g in group_scores(sensitivity, metric, members) if g.group not in blocked]
+        groups = [g for g in group_scores(sensitivity, metric, members, s.kv_tokens) if g.group not in blocked]
+        kv_groups = [g for g in groups if g.kv_layer is not None]
+        groups = [g for g in groups if g.kv_layer is None]
         # a student's unit and group names, to map unit-level keep/force names to their group
         unit_group = {u.name: u.group for u in student.quantizable}
         for u in student.quantizable:
             unit_group.setdefault(u.group, u.group)
         _check_table_matches(sensitivity, student, {g.group for g in groups} | set(blocked), members, unit_group)
+        if kv_groups and len(kv_groups) != len(student.layers):
+            raise FP8ProbeError(
+                f"the sweep has KV rows for {len(kv_groups)} of this model's {len(student.layers)} layers: "
+                "was it run on another model?"
+            )
+        groups += kv_groups
+        for g in kv_groups:
+            unit_group[g.group] = g.group  # `keep`/`force` may name a layer's KV cache by its row's name
 
         def groups_of(names, what):
             missing = [n for n in names if n not in unit_group]
@@ -327,18 +384,40 @@ class _Plan:
         by_name = {g.group: g for g in groups}
         free = [g for g in groups if g.group not in keep_set and g.group not in force_set]
         candidates = form.candidates(free, rank_groups, n_blocks, keep_first, keep_last)
-        return cls(groups, members, blocked, keep_set, [by_name[g] for g in sorted(force_set)], free, candidates)
+        forced = [by_name[g] for g in sorted(force_set)]
+        return cls(groups, members, blocked, keep_set, forced, free, candidates, bool(kv_groups))
 
     def chosen(self, k: int) -> list[GroupScore]:
         return self.forced + self.candidates[k]
 
+    def fill(self, k: int, need: float, value, slack: float) -> list[GroupScore]:
+        """A memory target's candidate: the ranked prefix of k - 1 groups and, in place of the k-th alone (whose bytes
+        may overshoot the target by a whole group), the set of the next FILL_WINDOW ranked groups that meets the
+        target closest (value(chosen) - need, the least over every such set, within `slack`), the least predicted
+        mismatch among those (ties: the fewer bytes, then a fixed order). `value`: MemoryTarget.value (additive). The
+        k-th group alone is one of the sets, so the fill never lands further above the target than the prefix did
+        (by more than `slack`)."""
+        import numpy as np
+
+        ranked, head = self.candidates[-1], self.candidates[k - 1]
+        window = ranked[k - 1 : k - 1 + FILL_WINDOW]
+        deficit = need - value(self.forced + head)
+        masks = (np.arange(1, 2 ** len(window))[:, None] >> np.arange(len(window))) & 1
+        got = masks @ np.array([value([g]) for g in window], dtype=float)
+        score = masks @ np.array([g.score for g in window], dtype=float)
+        over = np.where(got >= deficit, got - deficit, np.inf)
+        near = np.flatnonzero(over <= over.min() + slack)
+        best = near[np.lexsort((near, got[near], score[near]))[0]]
+        return head + [g for g, m in zip(window, masks[best]) if m]
+
     def membership(self, final: list[GroupScore], scheme: Scheme) -> dict:
         """recipe.json's quantized / kept groups, their units and the kept groups' scores and reasons."""
         quantized = {g.group for g in final}
-        kept = [g.group for g in self.groups if g.group not in quantized] + list(self.blocked)
+        kept = [g.group for g in self.groups if g.group not in quantized and g.kv_layer is None] + list(self.blocked)
+        kept_kv = [g.group for g in self.groups if g.group not in quantized and g.kv_layer is not None]
         by_name = {g.group: g for g in self.groups}
         return dict(
-            quantized=[g.group for g in self.groups if g.group in quantized],
+            quantized=[g.group for g in self.groups if g.group in quantized and g.kv_layer is None],
             kept=kept,
             group_units={**{g.group: g.units for g in self.groups}, **{g: self.members[g] for g in self.blocked}},
             kept_scores=[
@@ -348,7 +427,7 @@ class _Plan:
                     "bytes_saved": by_name[g].bytes_saved,
                     "reason": "keep" if g in self.keep_set else "budget",
                 }
-                for g in kept
+                for g in kept + kept_kv
                 if g in by_name
             ]
             + [
@@ -359,23 +438,38 @@ class _Plan:
 
 
 def measure_groups(
-    gs, student, rollouts, scheme: Scheme, metric: str, kv: KVCacheScheme | None, reference: Reference
+    gs,
+    student,
+    rollouts,
+    scheme: Scheme,
+    metric: str,
+    kv: KVCacheScheme | None,
+    reference: Reference,
+    kv_per_layer: bool = False,
 ) -> tuple[float, dict, Measured | None]:
     """These groups in FP8 (+ the KV cache) measured on `rollouts` against `reference`: (the metric's excess, every
     metric, the Measured behind them; None for no FP8 at all)."""
-    if not any(g.units for g in gs) and kv is None:
+    p = _perturbation(gs, student, scheme, kv, kv_per_layer)
+    if not p.units and not p.kv_layers:
         return excess(metric, no_mismatch()[metric]), no_mismatch(), None
-    m = measure(reference, student, rollouts, _perturbation(gs, student, scheme, kv))
+    m = measure(reference, student, rollouts, p)
     res = {k: m.metrics[k] for k in METRICS}
     return excess(metric, res[metric]), res, m
 
 
-def _perturbation(gs, student, scheme: Scheme, kv: KVCacheScheme | None) -> Perturbation:
-    """These groups' units in `scheme`, with the FP8 KV cache in every layer when `kv` is given."""
+def _perturbation(gs, student, scheme: Scheme, kv: KVCacheScheme | None, kv_per_layer: bool = False) -> Perturbation:
+    """These groups' units in `scheme`, with the FP8 KV cache when `kv` is given: in the layers among the groups
+    (`kv_per_layer`), else in every layer."""
     units = tuple(u for g in gs for u in g.units)
-    return Perturbation(
-        units, scheme, student.layers if kv is not None else (), kv if kv is not None else KVCacheScheme()
-    )
+    if kv is None:
+        return Perturbation(units, scheme)
+    layers = kv_layers_of(gs) if kv_per_layer else tuple(student.layers)
+    return Perturbation(units, scheme, layers, kv)
+
+
+def kv_layers_of(gs) -> tuple[int, ...]:
+    """The layers whose KV cache these groups put in FP8."""
+    return tuple(sorted(g.kv_layer for g in gs if g.kv_layer is not None))
 
 
 class _Search:
@@ -424,7 +518,9 @@ class _Search:
     def measure_groups(self, gs) -> tuple[float, dict, Measured | None]:
         """One measured pass of these groups in FP8 (+ the KV cache) on the search set: (the metric's excess, every
         metric, the per-token statistics behind them for refine's paired test)."""
-        return measure_groups(gs, self.student, self.rollouts, self.scheme, self.metric, self.kv, self.reference)
+        return measure_groups(
+            gs, self.student, self.rollouts, self.scheme, self.metric, self.kv, self.reference, self.plan.kv_per_layer
+        )
 
     def measured(self, k: int) -> float:
         if k not in self.memo:
@@ -462,6 +558,8 @@ class _Search:
         need = memory.amount(weights)
         have = [memory.value(self.plan.chosen(k)) for k in range(n + 1)]
         k = next((k for k in range(n + 1) if have[k] >= need), None)
+        if k is not None and k > 0 and form.chooses:
+            self.plan.candidates[k] = self.plan.fill(k, need, memory.value, FILL_SLACK * have[-1])
         if k is None:
             others = ", the others cannot take " + self.scheme.name if self.plan.blocked else ""
             raise FP8ProbeError(

@@ -63,6 +63,14 @@ class RecipeSettings(Settings):
         choices=KV_CACHE_SCHEMES,
         aliases=("--kv-cache-scheme",),
     )
+    kv_tokens: int | None = opt(
+        None,
+        "with kv_cache_dtype: choose the FP8 KV cache layer by layer, each layer saving its KV bytes at this many "
+        "tokens in flight (sequences x context, as capacity counts them) beside the weight groups; the layers left "
+        "out stay in the model dtype (vLLM's kv_cache_dtype_skip_layers)",
+        low=1,
+        metavar="TOKENS",
+    )
     keep_first: int = opt(0, "keep the first N blocks in BF16", low=0)
     keep_last: int = opt(0, "keep the last N blocks in BF16", low=0)
     keep: tuple[str, ...] = opt((), "units or groups to keep in BF16")
@@ -109,6 +117,19 @@ class RecipeSettings(Settings):
         goals = [g for g in GOALS if getattr(self, g) is not None]
         if len(goals) != 1:
             raise FP8ProbeError("give exactly one of " + ", ".join(f"`{g}`" for g in GOALS))
+        if self.kv_tokens is not None:
+            if self.kv_cache_dtype is None:
+                raise FP8ProbeError("`kv_tokens` chooses the FP8 KV cache per layer: give `kv_cache_dtype` too")
+            if not FORMS[self.searched_form].chooses:
+                raise FP8ProbeError(
+                    f"`kv_tokens` chooses KV layers beside weight groups; form {self.searched_form} chooses none "
+                    "(use form free or keywords)"
+                )
+            if self.effective_bits is not None or self.fp8_share is not None:
+                raise FP8ProbeError(
+                    "`kv_tokens` counts a KV layer's bytes, which effective bits and the FP8 share do not: "
+                    "give `budget` or `min_bytes_saved`"
+                )
         if self.holdout == 1:
             raise FP8ProbeError("`holdout` 1 would hold out every prompt: use k >= 2, or 0 for no split")
 

@@ -9,8 +9,10 @@ thing. Its parts:
     fp8        fp8[:SCHEME]          every unit the scheme fits in FP8 (default FP8_DYNAMIC); a recipe's subset is
                                      written `fp8:SCHEME[N of M units <digest>]`
     kv         kv[:DTYPE][@SCALES]   an FP8 KV cache in every attention layer; scales `unit` (1.0: what vLLM and the
-                                     RL frameworks' online quantization run unless given scales; the default) or
-                                     `calibrated` (llm-compressor's kv_cache_scheme, stored in a checkpoint)
+               [skip:L,L...]         RL frameworks' online quantization run unless given scales; the default) or
+                                     `calibrated` (llm-compressor's kv_cache_scheme, stored in a checkpoint); with
+                                     [skip:...], those layers' KV cache stays in the model dtype (a per-layer map,
+                                     vLLM's kv_cache_dtype_skip_layers)
     stale      stale:K               the weights of K optimizer steps ago (stale:? a checkpoint of unknown lag)
     noise      a number σ            Gaussian weight noise, σ x each tensor's std (0: nothing differs)
 
@@ -45,6 +47,7 @@ class RolloutConfig:
     fp8_units: str = ALL  # ALL, or "N of M units <digest>" for a recipe's subset
     kv: str | None = None  # the KV cache's dtype (vLLM's --kv-cache-dtype name)
     kv_scale: str = "unit"  # KV_SCALES
+    kv_skip: tuple[int, ...] = ()  # layers whose KV cache stays in the model dtype (sorted)
     stale: int | None = None  # the lag in optimizer steps (STALE_UNKNOWN: not given)
     noise: float = 0.0  # σ
 
@@ -53,8 +56,12 @@ class RolloutConfig:
             raise FP8ProbeError(f"unknown KV-cache dtype {self.kv!r}; one of {', '.join(KV_CACHE_DTYPES)}")
         if self.kv == "fp8_e4m3":  # vLLM's two names of one format: one configuration
             object.__setattr__(self, "kv", "fp8")
-        if self.kv is None:  # scales of no KV cache say nothing
+        if self.kv is None:  # scales (and skipped layers) of no KV cache say nothing
             object.__setattr__(self, "kv_scale", "unit")
+            object.__setattr__(self, "kv_skip", ())
+        if any(not isinstance(i, int) or i < 0 for i in self.kv_skip):
+            raise FP8ProbeError(f"KV layers to skip are layer indices >= 0, got {list(self.kv_skip)}")
+        object.__setattr__(self, "kv_skip", tuple(sorted(set(self.kv_skip))))
         if self.fp8 is None:
             object.__setattr__(self, "fp8_units", ALL)
         if self.kv_scale not in KV_SCALES:
@@ -83,7 +90,11 @@ class RolloutConfig:
         if self.fp8 is not None:
             parts.append(f"fp8:{self.fp8}" + ("" if self.fp8_units == ALL else f"[{self.fp8_units}]"))
         if self.kv is not None:
-            parts.append(f"kv:{self.kv}" + ("" if self.kv_scale == "unit" else f"@{self.kv_scale}"))
+            parts.append(
+                f"kv:{self.kv}"
+                + ("" if self.kv_scale == "unit" else f"@{self.kv_scale}")
+                + (f"[skip:{','.join(map(str, self.kv_skip))}]" if self.kv_skip else "")
+            )
         if self.stale is not None:
             parts.append(f"stale:{self.stale or '?'}")
         if self.noise > 0:
@@ -140,6 +151,12 @@ def _parse_part(part: str, text: str, fields: dict) -> None:
         if units:
             fields["fp8_units"] = units.rstrip("]")
     elif kind == "kv":
+        arg, _, skip = arg.partition("[")
+        if skip:
+            layers = skip.rstrip("]").removeprefix("skip:").split(",")
+            if not skip.startswith("skip:") or not skip.endswith("]") or not all(s.isdigit() for s in layers):
+                raise FP8ProbeError(f"`levels` {text}: a KV map is kv:DTYPE[skip:L,L,...] with layer indices L")
+            fields["kv_skip"] = tuple(int(s) for s in layers)
         dtype, _, scale = arg.partition("@")
         _put(fields, "kv", dtype or "fp8", text)
         if scale:

@@ -235,13 +235,14 @@ def recipe(student, rec: Recipe, name: str = "recipe") -> Source:
     rec.check_vllm_loadable(student.units)
     units = tuple(u.name for u in rec.fp8_units(student.units))
     scheme = Scheme.from_name(rec.scheme)
-    layers = student.layers if rec.kv_cache_scheme is not None else ()
+    layers = rec.kv_layers(student.layers)
     kv = replace(KVCacheScheme(), scale=rec.kv_scale)
     config = RolloutConfig(
         fp8=scheme.name if units else None,
         fp8_units=units_subset(units, fp8_fits(student, scheme)),
         kv=(rec.kv_cache_dtype or "fp8") if layers else None,
         kv_scale=rec.kv_scale,
+        kv_skip=tuple(rec.kv_skip_layers),
     )
     return Source(name, "recipe", Perturbation(units=units, scheme=scheme, kv_layers=layers, kv=kv), config=config)
 

@@ -148,3 +148,45 @@ def test_vllm_loads_generates_and_matches(embedded, exported, tmp_path, cli):
     bad = planted_copy(ckpt, tmp_path / "doubled", tensors=double)
     worse = audit_self_check(bad, read_recipe(bad / "recipe.yaml"), embedded, None, floor=floor)
     assert not worse["agrees"] and worse["realised"]["k3"] > 2 * pred["k3"], worse["realised"]
+
+
+def test_vllm_takes_the_per_layer_kv_map(exported, tmp_path):
+    """A recipe's per-layer KV map as export writes it (vllm.yaml, vllm_args.json) is accepted by vLLM 0.32's own
+    argument and config code: `vllm serve CKPT --config vllm.yaml` parsed by its FlexibleArgumentParser, and
+    EngineArgs(**vllm_args) -> create_engine_config, each giving CacheConfig.kv_cache_dtype_skip_layers = the map
+    (#75). Planted: a list of ints (not vLLM's strings) is refused by its config."""
+    import subprocess
+
+    from fp8probe.deploy.export import vllm_args
+    from fp8probe.deploy.vllm_check import vllm_venv
+    from fp8probe.recipe.recipe import Recipe
+
+    ckpt, _ = exported
+    rec = Recipe(scheme="FP8_DYNAMIC", ignore=["lm_head"], kv_cache_dtype="fp8", kv_skip_layers=[0, 29])
+    args = vllm_args(ckpt, rec, 2048)
+    serve = {k.replace("_", "-"): v for k, v in args.items() if k != "model"}
+    (tmp_path / "vllm.yaml").write_text(yaml.safe_dump(serve, sort_keys=False))
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    (tmp_path / "ints.json").write_text(json.dumps({**args, "kv_cache_dtype_skip_layers": [0, 29]}))
+    code = f"""
+import json
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = {{}}
+ns = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(["--model", {str(ckpt)!r}, "--config", {str(tmp_path / "vllm.yaml")!r}])
+for name, ea in (("serve", EngineArgs.from_cli_args(ns)), ("llm", EngineArgs(**json.load(open({str(tmp_path / "args.json")!r}))))):
+    c = ea.create_engine_config().cache_config
+    out[name] = [c.cache_dtype, c.kv_cache_dtype_skip_layers]
+try:
+    EngineArgs(**json.load(open({str(tmp_path / "ints.json")!r}))).create_engine_config()
+    out["ints"] = "accepted"
+except Exception as e:
+    out["ints"] = type(e).__name__
+print("RESULT", json.dumps(out))
+"""
+    res = subprocess.run([str(vllm_venv()), "-c", code], capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, (res.stdout[-2000:], res.stderr[-3000:])
+    got = json.loads(line[7:])
+    print(got)
+    assert got["serve"] == got["llm"] == ["fp8", ["0", "29"]]

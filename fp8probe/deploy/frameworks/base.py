@@ -52,6 +52,8 @@ class Target:
     fmt: str  # the file it reads: "yaml", "hydra" (overrides), "cli" (flags), "checkpoint"
     source: str  # where this was read
     how: str  # how it applies FP8 (one line)
+    # whether its vLLM takes kv_cache_dtype_skip_layers (a per-layer KV map), or why not (one line)
+    kv_skip: bool | str = "fp8probe writes one KV-cache dtype for every layer for it"
 
     @property
     def weights(self) -> bool:
@@ -208,6 +210,7 @@ class Expression:
     last: int = 0  # trailing blocks entirely BF16
     keywords: list[str] = field(default_factory=list)  # kept modules outside those blocks
     kv: str | None = None  # the framework's FP8 KV dtype, when the recipe has an FP8 KV cache
+    kv_skip: list[int] = field(default_factory=list)  # layers whose KV cache stays BF16 (kv_cache_dtype_skip_layers)
     warnings: list[str] = field(default_factory=list)
     options: object = None  # the framework's own settings where a target reads some (verl.VerlSettings)
 
@@ -277,6 +280,11 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
         if target.kv is None:
             raise Inexpressible(f"{t} has no FP8 KV-cache setting ({target.how}); it would keep the KV cache BF16")
         kv = target.kv
+        if recipe.kv_skip_layers and target.kv_skip is not True:
+            raise Inexpressible(
+                f"{t} cannot keep some layers' KV cache in BF16 ({target.kv_skip}); it would put every layer's "
+                "KV cache in FP8: remake the recipe without `kv_tokens`"
+            )
     e = Expression(
         target,
         fp8,
@@ -286,6 +294,7 @@ def express(target: Target, recipe: Recipe, units: list[Unit], n_blocks: int) ->
         last,
         [u.name for g in rest for u in groups[g]],
         kv,
+        list(recipe.kv_skip_layers) if kv else [],
     )
     if kv and recipe.kv_scale == "calibrated" and target.kv_scale == "unit":
         e.warnings.append(

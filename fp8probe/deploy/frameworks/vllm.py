@@ -13,6 +13,7 @@ VLLM = Target(
     "checkpoint",
     "vllm 0.32 (vllm/model_executor/layers/quantization/compressed_tensors)",
     "loads the exported checkpoint: any recipe vLLM can load, k/v scales from the checkpoint",
+    True,  # vllm.yaml's kv-cache-dtype-skip-layers (vllm/config/cache.py: CacheConfig.kv_cache_dtype_skip_layers)
 )
 
 
