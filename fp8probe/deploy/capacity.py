@@ -138,8 +138,11 @@ def layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
     return out
 
 
-def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: bool = True) -> dict:
-    """Per-layer page size, groups and bytes per token, as vLLM lays out the KV cache."""
+def kv_layout(
+    cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: bool = True, skip: tuple[int, ...] = ()
+) -> dict:
+    """Per-layer page size, groups and bytes per token, as vLLM lays out the KV cache; `skip`: layers whose KV
+    cache stays in the model dtype (vLLM's kv_cache_dtype_skip_layers, a mixed cache: _mixed_layout)."""
     cfg = text_config(cfg)
     if kv_dtype not in KV_DTYPE_BYTES:
         raise FP8ProbeError(f"unknown KV-cache dtype {kv_dtype!r}; supported: {', '.join(KV_DTYPE_BYTES)}")
@@ -148,8 +151,11 @@ def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: boo
     kv_heads, head_dim = geo.num_kv_heads, geo.head_dim
     kv_rank = max(1, kv_heads // tp)
     per_head_token = int(2 * head_dim * dtype_bytes) + 2 * KV_SCALE_BYTES.get(kv_dtype, 0)  # K and V of one head
-    page = block_size * kv_rank * per_head_token
     types = layer_attention_types(cfg, hybrid)
+    if skip and KV_DTYPE_BYTES[kv_dtype] is not None:
+        model_token = int(2 * head_dim * _storage_bytes(cfg))  # a skipped layer: K and V of one head, model dtype
+        return _mixed_layout(types, set(skip), kv_rank, per_head_token, model_token, block_size, dtype_bytes, head_dim)
+    page = block_size * kv_rank * per_head_token
     buckets: dict = {}
     for i, t in enumerate(types):
         buckets.setdefault(t, []).append(i)
@@ -171,6 +177,48 @@ def kv_layout(cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: boo
         "head_dim": head_dim,
         "bytes_per_token": len(types) * kv_rank * per_head_token,
         "bytes_per_block": max(len(layers) for _, layers in groups) * page,
+    }
+
+
+SMALLEST_KERNEL_BLOCK = 16  # the smallest block vLLM's CUDA attention backends take (FlashAttention, Triton:
+# MultipleOf(16); FlashInfer: 16, 32, 64): what a mixed cache's block size is aligned with
+
+
+def _mixed_layout(
+    types, skip: set, kv_rank: int, fp8_token: int, model_token: int, block_size: int, dtype_bytes, head_dim
+):
+    """A mixed KV cache as vLLM 0.32 lays it out on a CUDA platform (platforms/interface.py:
+    _align_heterogeneous_kv_block_size; v1/core/kv_cache_utils.py): the primary (FP8) page per token P1 and the
+    skipped layers' P2 > P1; the block size grows to A x ceil(16 P2 / (A P1)), A = max(16, block_size), so that one
+    FP8 page covers a 16-token page of the model dtype; every full-attention layer then has that block size and its
+    own page (block x its per-token bytes), all in one group (UniformTypeKVCacheSpecs: its page is their sum), and a
+    request needs ceil(max_model_len / block) blocks. Sliding-window layers beside a mixed cache (their pages padded
+    to skip_page_size_padded) are not modelled."""
+    if any(t is not None for t in types):
+        raise FP8ProbeError(
+            "the capacity model covers a mixed KV cache (kv_cache_dtype_skip_layers) on full-attention models only; "
+            "this one has sliding-window layers, whose pages vLLM pads: read vLLM's own `KV cache size` log line"
+        )
+    n = len(types)
+    bad = sorted(i for i in skip if not 0 <= i < n)
+    if bad:
+        raise FP8ProbeError(f"the KV map skips layer {bad[0]}, but the model has {n} layers (0..{n - 1})")
+    p1, p2 = kv_rank * fp8_token, kv_rank * model_token
+    if p2 > p1:
+        a = max(SMALLEST_KERNEL_BLOCK, block_size)
+        block_size = max(block_size, a * math.ceil(p2 * SMALLEST_KERNEL_BLOCK / (a * p1)))
+    per_token = sum(p2 if i in skip else p1 for i in range(n))
+    return {
+        "page_bytes": block_size * p1,
+        "groups": [(None, list(range(n)))],
+        "group_size": n,
+        "block_size": block_size,
+        "dtype_bytes": dtype_bytes,
+        "kv_heads_per_rank": kv_rank,
+        "head_dim": head_dim,
+        "bytes_per_token": per_token,
+        "bytes_per_block": block_size * per_token,
+        "skipped_layers": sorted(skip),
     }
 
 
@@ -264,7 +312,8 @@ def kv_pool(tcfg, meta, recipe, kv_cache_dtype: str, serving: Serving, max_len: 
         serving.max_in_flight_tokens if serving.max_in_flight_tokens is not None else serving.max_num_batched_tokens
     )
     weights = weight_bytes_per_gpu(meta, recipe, tp)
-    layout = kv_layout(tcfg, kv_cache_dtype, tp, serving.block_size, serving.hybrid)
+    skip = tuple(recipe.kv_skip_layers) if recipe is not None else ()
+    layout = kv_layout(tcfg, kv_cache_dtype, tp, serving.block_size, serving.hybrid, skip)
     if serving.kv_cache_memory is not None:
         kv_mem = int(serving.kv_cache_memory)
         source = "kv_cache_memory"
@@ -295,6 +344,7 @@ def kv_pool(tcfg, meta, recipe, kv_cache_dtype: str, serving: Serving, max_len: 
         "kv_memory_source": source,
         "groups": layout["groups"],
         "block_size": layout["block_size"],
+        **({"kv_skip_layers": layout["skipped_layers"], "kv_block_size": layout["block_size"]} if skip else {}),
     }
 
 

@@ -140,7 +140,8 @@ def step_model(cfg, recipe, kv_cache_dtype: str, device: Device, tp: int = 1, hy
     expert = sum(w.bytes for w in records if w.experts)
     fp8 = sum(w.params * (share if w.experts else 1.0) for w in records if w.matmul and w.fp8)
     bf16 = sum(w.params * (share if w.experts else 1.0) for w in records if w.matmul and not w.fp8)
-    layout = kv_layout(tcfg, kv_cache_dtype, tp, 16, hybrid)
+    skip = tuple(recipe.kv_skip_layers) if recipe is not None and kv_cache_dtype != "auto" else ()
+    layout = kv_layout(tcfg, kv_cache_dtype, tp, 16, hybrid, skip)  # the bytes a decode step reads per token
     types = layer_attention_types(tcfg, hybrid)
     windows = {t for t in types if t is not None}
     heads = tcfg.num_attention_heads // tp

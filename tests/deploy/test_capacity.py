@@ -268,3 +268,83 @@ print(json.dumps(out))
     c = cfg("qwen3-1.7b")  # 8 KV heads of 128, block size 16
     for d, page in pages.items():
         assert kv_layout(c, d, block_size=16)["page_bytes"] == page, d
+
+
+MIXED_SKIP = (0, 5, 27)  # a per-layer KV map on qwen3-1.7b's 28 layers
+
+
+def test_mixed_kv_cache_hand_worked():
+    """qwen3-1.7b (8 KV heads of 128), FP8 KV but layers 0, 5, 27 BF16, block size 16, 8 GiB: P1 = 8 x 256 = 2,048
+    bytes per token and layer in FP8, P2 = 4,096 in BF16; the block grows to 16 x ceil(16 x 4096 / (16 x 2048)) = 32;
+    per token 25 x 2,048 + 3 x 4,096 = 63,488; a block 32 x 63,488 = 2,031,616 bytes; 8 GiB // that = 4,228 blocks;
+    a request of 8,192 tokens needs 256 blocks: concurrency 16.52, 135,296 tokens."""
+    lay = kv_layout(cfg("qwen3-1.7b"), "fp8", block_size=16, skip=MIXED_SKIP)
+    assert (lay["block_size"], lay["bytes_per_token"], lay["bytes_per_block"]) == (32, 63_488, 2_031_616)
+    cap = kv_capacity(lay, 8 * GiB, 8192)
+    assert (cap["num_blocks"], cap["blocks_per_request"], cap["kv_tokens"]) == (4_228, 256, 135_296)
+    # through capacity() with a recipe that carries the map: the candidate between all-FP8 and all-BF16 KV
+    rec = Recipe.whole_model(list_units(meta_model(cfg("qwen3-1.7b"))), kv_cache_dtype="fp8")
+    rec.kv_skip_layers = list(MIXED_SKIP)
+    rep = capacity(cfg("qwen3-1.7b"), recipe=rec, kv_cache_memory=8 * GiB, max_model_len=8192)
+    assert rep.candidate["kv_tokens"] == 135_296 and rep.candidate["kv_skip_layers"] == list(MIXED_SKIP)
+    with pytest.raises(FP8ProbeError, match="skips layer 28, but the model has 28 layers"):
+        kv_layout(cfg("qwen3-1.7b"), "fp8", skip=(28,))
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_mixed_kv_cache_matches_vllms_own_accounting(tmp_path):
+    """The same mixed cache through vLLM 0.32's own code (#75): EngineArgs -> create_engine_config with the map, the
+    CUDA platforms' block-size alignment (Platform._align_heterogeneous_kv_block_size, the Triton backend's kernel
+    blocks), each layer's spec as its Attention layer builds it (FP8, or the model dtype where skipped), then
+    get_kv_cache_configs and get_kv_cache_capacity: the same block size, blocks, tokens and concurrency as
+    kv_layout + kv_capacity, at three block sizes (measured: 16 -> 32 tokens, 4,228 blocks, 135,296 tokens; 32 -> the
+    same; 64 -> 64 tokens, 2,114 blocks, 135,296 tokens)."""
+    import subprocess
+
+    from fp8probe.deploy.vllm_check import vllm_venv
+
+    c = cfg("qwen3-1.7b")
+    c.architectures = ["Qwen3ForCausalLM"]  # a decoder (vLLM resolves a config without one to a pooling runner)
+    c.save_pretrained(tmp_path)
+    code = f"""
+import json, torch
+from vllm.engine.arg_utils import EngineArgs
+from vllm.platforms.interface import Platform
+from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
+from vllm.v1.kv_cache_interface import FullAttentionSpec, get_kv_quant_mode
+skip = {[str(i) for i in MIXED_SKIP]!r}
+out = {{}}
+for bs in (16, 32, 64):
+    ea = EngineArgs(model={str(tmp_path)!r}, skip_tokenizer_init=True, dtype="bfloat16", kv_cache_dtype="fp8",
+                    kv_cache_dtype_skip_layers=skip, block_size=bs, max_model_len=8192)
+    vc = ea.create_engine_config()
+    vc.cache_config.block_size = bs  # as given (the CPU platform does not align; the CUDA platforms do, below)
+    Platform._align_heterogeneous_kv_block_size(vc, TritonAttentionBackend)
+    b = vc.cache_config.block_size
+    specs = {{}}
+    for i in range(28):
+        d = "auto" if str(i) in skip else "fp8"
+        specs[f"model.layers.{{i}}.self_attn.attn"] = FullAttentionSpec(
+            block_size=b, num_kv_heads=8, head_size=128,
+            dtype=torch.bfloat16 if d == "auto" else torch.float8_e4m3fn, kv_quant_mode=get_kv_quant_mode(d))
+    # the layout the engine core resolves from its backends' (resolve_kv_cache_layout), then the sizing
+    names = [m.name for m in get_supported_kv_cache_layouts([TritonAttentionBackend])]
+    resolve_kv_cache_layout(vc, [names], specs.values())
+    kcc = get_kv_cache_configs(vc, [specs], [8 << 30])[0]
+    tokens, conc = get_kv_cache_capacity(vc, kcc)
+    out[bs] = [b, kcc.num_blocks, tokens, conc]
+print("RESULT", json.dumps(out))
+"""
+    res = subprocess.run([str(vllm_venv()), "-c", code], capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, (res.stdout[-2000:], res.stderr[-3000:])
+    got = json.loads(line[7:])
+    print(got)
+    for bs, (block, blocks, tokens, conc) in got.items():
+        lay = kv_layout(cfg("qwen3-1.7b"), "fp8", block_size=int(bs), skip=MIXED_SKIP)
+        cap = kv_capacity(lay, 8 * GiB, 8192)
+        assert (lay["block_size"], cap["num_blocks"], cap["kv_tokens"]) == (block, blocks, tokens), bs
+        assert cap["max_concurrency"] == pytest.approx(conc, rel=1e-12)
