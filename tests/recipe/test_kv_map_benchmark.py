@@ -1,0 +1,41 @@
+"""benchmarks/kv_map.py runs at HEAD at a toy size (a refactor cannot break it unseen): a tiny llama's exact sweep,
+the mixed recipe against the baselines, each row's capacity and paired change."""
+
+import pytest
+from conftest import benchmark, tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    from fp8probe.cli import main
+
+    d = tmp_path_factory.mktemp("kvmap")
+    tiny_model("llama", num_hidden_layers=6).save_pretrained(d / "model")
+    tiny_tokenizer().save_pretrained(d / "model")
+    args = ["-q", "sweep", d / "model", "--out", d / "sweep", "--method", "exact", "--num-prompts", 8]
+    assert main([str(a) for a in [*args, "--max-new-tokens", 10]]) == 0
+    return d / "sweep"
+
+
+def test_the_rows_hold_their_promises(swept):
+    """The mixed row changes by 0 from itself; the equal-capacity rows skip as many layers and have its KV tokens;
+    uniform FP8 KV has at least its tokens, all-BF16 KV exactly 1x; the joint row's recipe keeps no KV layer BF16."""
+    import pandas as pd
+
+    table = pd.read_csv(swept / "sensitivity.csv")
+    # half of what the KV rows add up to, at a workload where KV bytes come first: some layers' KV cache fits
+    budget = float(table[table.kind == "kv"].kl_q_p.sum()) * 0.5
+    head, rows = benchmark("kv_map").compare(swept, budget, 10**12)
+    by = {r["row"]: r for r in rows}
+    mixed = by["mixed"]
+    assert mixed["change"] == [0.0, 0.0, 0.0] and "mixed recipe" in head
+    k = len(mixed["kv_bf16_layers"])
+    assert 0 < k < 6, head  # a map: some layers BF16, some FP8
+    for name in (f"first/last, k={k}", f"KV rows, k={k}"):
+        assert len(by[name]["kv_bf16_layers"]) == k and by[name]["kv_tokens_vs_bf16"] == mixed["kv_tokens_vs_bf16"]
+        lo, hi = by[name]["change"][1:]
+        assert lo <= by[name]["change"][0] <= hi
+    assert by["uniform FP8 KV"]["kv_tokens_vs_bf16"] >= mixed["kv_tokens_vs_bf16"] >= 1.0
+    assert by["BF16 KV"]["kv_tokens_vs_bf16"] == 1.0
+    # today's every-layer recipe cannot fit this budget at all: said in the head line, no row
+    assert "joint, every layer" not in by and "joint, every layer: none (even with only the forced groups" in head
