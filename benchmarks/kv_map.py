@@ -111,8 +111,10 @@ def compare(sweep_dir, budget: float, kv_tokens: int, kv_memory_gib: float = 8.0
         layers = tuple(i for i in student.layers if i not in set(skip))
         return measure(ref, student, held, Perturbation(units, scheme, layers, kv))
 
+    # the checkpoint as vLLM serves it: bfloat16 (the student here may be loaded in fp32)
+    cfg = type(student.model.config).from_dict({**student.model.config.to_dict(), "dtype": "bfloat16"})
+
     def tokens(skip, dtype="fp8"):
-        cfg = student.model.config
         lay = kv_layout(cfg, dtype, skip=tuple(skip)) if dtype != "auto" else kv_layout(cfg, "auto")
         return kv_capacity(lay, int(kv_memory_gib * 2**30), 4096)["kv_tokens"]
 
