@@ -117,7 +117,10 @@ def _kv_words(r) -> str:
     kept = sorted(
         (k for k in r.kept_scores if k["group"].endswith(".kv_cache")), key=lambda k: -k["score"] / k["bytes_saved"]
     )
-    why = ", ".join(f"{k['group'].split('.')[2]} ({k['reason']}, {k['score']:.3g})" for k in kept[:4])
+    why = ", ".join(
+        f"{k['group'].split('.')[2]} ({r.metric} {k['score']:.3g}{', kept as asked' if k['reason'] == 'keep' else ''})"
+        for k in kept[:4]
+    )
     more = f" and {len(kept) - 4} more" if len(kept) > 4 else ""
     return (
         f" + FP8 KV cache in all but {len(r.kv_skip_layers)} layers at {r.kv_tokens:,} tokens in flight (BF16, their "

@@ -369,4 +369,9 @@ def format_report(rep: CapacityRecord) -> str:
     row("KV blocks", "num_blocks", lambda v: f"{v:,}")
     row("KV tokens", "kv_tokens", lambda v: f"{v:,}", ratio=True)
     row("max concurrency", "max_concurrency", lambda v: f"{v:.2f}x", ratio=True)
+    if c.get("kv_skip_layers"):
+        lines.append(
+            f"the candidate's KV cache is mixed: layers {', '.join(map(str, c['kv_skip_layers']))} BF16, so vLLM "
+            f"aligns its blocks to {c['kv_block_size']} tokens (an FP8 page covers a 16-token BF16 page)"
+        )
     return "\n".join(lines)
