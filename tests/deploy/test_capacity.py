@@ -9,6 +9,7 @@ concurrency = num_blocks / blocks per request; tokens = int(concurrency x L).
 import json
 
 import pytest
+from conftest import in_vllm
 
 from fp8probe import FP8ProbeError
 from fp8probe.deploy.capacity import capacity, kv_capacity, kv_layout, weight_bytes_per_gpu
@@ -300,10 +301,6 @@ def test_mixed_kv_cache_matches_vllms_own_accounting(tmp_path):
     get_kv_cache_configs and get_kv_cache_capacity: the same block size, blocks, tokens and concurrency as
     kv_layout + kv_capacity, at three block sizes (measured: 16 -> 32 tokens, 4,228 blocks, 135,296 tokens; 32 -> the
     same; 64 -> 64 tokens, 2,114 blocks, 135,296 tokens)."""
-    import subprocess
-
-    from fp8probe.deploy.vllm_check import vllm_venv
-
     c = cfg("qwen3-1.7b")
     c.architectures = ["Qwen3ForCausalLM"]  # a decoder (vLLM resolves a config without one to a pooling runner)
     c.save_pretrained(tmp_path)
@@ -338,10 +335,7 @@ for bs in (16, 32, 64):
     out[bs] = [b, kcc.num_blocks, tokens, conc]
 print("RESULT", json.dumps(out))
 """
-    res = subprocess.run([str(vllm_venv()), "-c", code], capture_output=True, text=True, timeout=600)
-    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line, (res.stdout[-2000:], res.stderr[-3000:])
-    got = json.loads(line[7:])
+    got = in_vllm(code)
     print(got)
     for bs, (block, blocks, tokens, conc) in got.items():
         lay = kv_layout(cfg("qwen3-1.7b"), "fp8", block_size=int(bs), skip=MIXED_SKIP)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import planted_copy
+from conftest import in_vllm, planted_copy
 
 from fp8probe.core.schemes import Scheme
 from fp8probe.deploy.capacity import capacity
@@ -155,10 +155,7 @@ def test_vllm_takes_the_per_layer_kv_map(exported, tmp_path):
     argument and config code: `vllm serve CKPT --config vllm.yaml` parsed by its FlexibleArgumentParser, and
     EngineArgs(**vllm_args) -> create_engine_config, each giving CacheConfig.kv_cache_dtype_skip_layers = the map
     (#75). Planted: a list of ints (not vLLM's strings) is refused by its config."""
-    import subprocess
-
     from fp8probe.deploy.export import vllm_args
-    from fp8probe.deploy.vllm_check import vllm_venv
     from fp8probe.recipe.recipe import Recipe
 
     ckpt, _ = exported
@@ -186,10 +183,7 @@ except Exception as e:
     out["ints"] = type(e).__name__
 print("RESULT", json.dumps(out))
 """
-    res = subprocess.run([str(vllm_venv()), "-c", code], capture_output=True, text=True, timeout=600)
-    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line, (res.stdout[-2000:], res.stderr[-3000:])
-    got = json.loads(line[7:])
+    got = in_vllm(code)
     print(got)
     assert got["serve"] == got["llm"] == ["fp8", ["0", "29"]]
     assert got["ints"] == "ValidationError"  # why vllm_args writes the indices as strings
