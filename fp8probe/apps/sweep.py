@@ -67,18 +67,7 @@ def run_sweep(
     if not resume and (out / RUN_FILE).exists():
         raise FP8ProbeError(f"{out} holds a finished sweep already; choose another `out` (or delete it first)")
     kind = settings.kind
-    exact_run = (
-        exact_run_for(
-            rollouts.rollouts,
-            settings.compare,
-            settings.preset.name,
-            settings.granularity,
-            settings.include_kv,
-            settings.kv_cache_dtype,
-        )
-        if kind.estimate
-        else None
-    )
+    exact_run = exact_run_for(rollouts.rollouts, settings) if kind.estimate else None
     check_sweep_fits(model, rollouts, settings.method, inputs.rollouts)
     t0 = time.perf_counter()
     with output_dir(out, keep=("rollouts.safetensors", "rollouts.json")) as d:
@@ -88,15 +77,7 @@ def run_sweep(
         )
         check_sweep_fits(model, rollouts, settings.method, r)
         if exact_run is not None:
-            check_comparable(
-                exact_run,
-                settings.preset.name,
-                settings.granularity,
-                settings.include_kv,
-                settings.kv_cache_dtype,
-                r,
-                same_file=rollouts.rollouts,
-            )
+            check_comparable(exact_run, settings, r, same_file=rollouts.rollouts)
         log.info(
             "%s (%s, %s granularity%s)",
             kind.words,

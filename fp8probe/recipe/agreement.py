@@ -32,13 +32,13 @@ log = logging.getLogger(__name__)
 AGREEMENT_FILE = AgreementRecord.KIND
 
 
-def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str) -> str | None:
-    """Why an exact sweep cannot be compared with this one (None when it can, rollouts aside)."""
+def settings_differ(exact_run, settings: SweepSettings) -> str | None:
+    """Why an exact sweep cannot be compared with one of `settings` (None when it can, rollouts aside)."""
     r = exact_run.run
     if (exact_run.table["method"] != "exact").any():
         return "that sweep is not exact (run with `method` exact)"
     theirs = (r.scheme, r.granularity, r.include_kv, r.kv_cache_dtype)
-    ours = (scheme.upper(), granularity, include_kv, kv_cache_dtype)
+    ours = (settings.preset.name.upper(), settings.granularity, settings.include_kv, settings.kv_cache_dtype)
     if theirs != ours:
         return (
             f"it swept scheme/granularity/KV rows/KV dtype {theirs}, this sweep {ours}; compare sweeps with the "
@@ -47,22 +47,14 @@ def settings_differ(exact_run, scheme: str, granularity: str, include_kv: bool, 
     return None
 
 
-def check_comparable(
-    exact_run,
-    scheme: str,
-    granularity: str,
-    include_kv: bool,
-    kv_cache_dtype: str,
-    rollouts,
-    same_file: str | None = None,
-) -> None:
+def check_comparable(exact_run, settings: SweepSettings, rollouts, same_file: str | None = None) -> None:
     """Refuse an exact sweep that measured something else than this one, or other rollouts (not read again when
     `rollouts` were read from the exact sweep's own directory, `same_file`)."""
     import torch
 
     from ..model.rollouts import load_rollouts
 
-    why = settings_differ(exact_run, scheme, granularity, include_kv, kv_cache_dtype)
+    why = settings_differ(exact_run, settings)
     if why:
         raise FP8ProbeError(f"`compare` {exact_run.directory}: {why}")
     if same_file is not None and Path(same_file).resolve() == Path(exact_run.directory).resolve():
@@ -152,18 +144,17 @@ def describe(a: AgreementRecord) -> str:
     return line
 
 
-def exact_run_for(
-    rollouts_dir: str | None, compare: str | None, scheme: str, granularity: str, include_kv: bool, kv_cache_dtype: str
-):
-    """The exact sweep a fast one is compared with: `compare` (refused when it measured something else), or the
-    `rollouts_dir` when it holds a finished exact sweep of the same settings (else its rollouts are only reused)."""
+def exact_run_for(rollouts_dir: str | None, settings: SweepSettings):
+    """The exact sweep a fast one of `settings` is compared with: its `compare` (refused when it measured something
+    else), or the `rollouts_dir` when it holds a finished exact sweep of the same settings (else its rollouts are only
+    reused)."""
     from ..sweeps.files import RUN_FILE, read_sweep
 
-    if compare:
-        return read_sweep(compare)
+    if settings.compare:
+        return read_sweep(settings.compare)
     if rollouts_dir and (Path(rollouts_dir) / RUN_FILE).exists():
         run = read_sweep(rollouts_dir)
-        why = settings_differ(run, scheme, granularity, include_kv, kv_cache_dtype)
+        why = settings_differ(run, settings)
         if why is None:
             return run
         log.info("not compared with the sweep in %s: %s", rollouts_dir, why)
