@@ -27,34 +27,27 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core.artifacts import arithmetic, versions
 from ..core.files import atomic_write_text, check_writable, output_dir
 from ..core.records import PlanRecord
 from ..core.results import Result
 from ..planning.plan import (
     COLUMNS,
+    PlanCosts,
     PlanSettings,
     check_plan,
     has_weights,
-    lengths,
     measure_costs,
-    rollout_cost,
-    teacher_seconds,
-    time_to_target,
-    train_seconds,
+    plan,
     verl_async_lines,
-    verl_async_record,
 )
 
 
 def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> PlanResult:
     """`fp8probe plan`: the table (plan.csv), plan.json and plan.png in `out`; returns plan.json's content."""
     from ..budget.fit import check_student
-    from ..deploy.gpus import gpu
-    from ..model.structure import list_units, meta_model
     from ..plots import plan_plot
     from .inputs import check_inputs, load, rollouts_for
 
@@ -66,112 +59,20 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
         check_inputs(model, rollouts, out)
     cfg = model.check() if not measured else model.config()
     with output_dir(out) as d:
-        student, r, costs, note = None, None, {}, None
+        costs = None
         if measured:
             student, _ = load(model)
             note = check_student(budget, student, settings.other_student)  # another student's budget: refused
             r, _ = rollouts_for(student, rollouts, d, progress=progress)
-            costs = measure_costs(
+            rows = measure_costs(
                 student, r, settings, budget, curves, rollouts.batch_size, model.allow_pickle, progress
             )
-        meta = meta_model(cfg)
-        units = list_units(meta)
-        device = settings.device(serving.gpu or "H100")
-        prompts, responses, len_src = lengths(settings, r)
-        rows = []
-        for conf in settings.configurations:
-            row = {
-                "configuration": conf.name,
-                "weights": conf.weights,
-                "kv_cache_dtype": conf.kv_cache_dtype or "auto",
-                "async": conf.async_steps,
-            }
-            row.update(
-                costs.get(conf.name)
-                or {
-                    "mismatch": None,
-                    "mismatch_lo": None,
-                    "mismatch_hi": None,
-                    "mismatch_source": "not measured",
-                    "verdict": None,
-                }
-            )
-            row.update(rollout_cost(cfg, meta, units, conf, device, serving, prompts, responses))
-            rows.append(row)
-        tokens = sum(prompts) + sum(responses)
-        train_s, train_how = train_seconds(
-            settings, device, rows[0]["active_params"], tokens, serving.tensor_parallel_size
-        )
-        target = settings.target if settings.target is not None else curves.default_target() if curves else None
-        teacher_s, teacher_how = teacher_seconds(settings, device, prompts, responses)
-        time_to_target(rows, settings, curves, budget, target, train_s, teacher_s)
-        record = PlanRecord(
-            command="plan",
-            model=model.label,
-            gpu=gpu(serving.gpu or "H100").name,
-            tensor_parallel_size=serving.tensor_parallel_size,
-            modelled="rollout throughput and step times are modelled (deploy/throughput.py), not measured",
-            device={
-                k: getattr(device, k)
-                for k in (
-                    "bytes_per_s",
-                    "bf16_flops",
-                    "fp8_flops",
-                    "bandwidth_efficiency",
-                    "compute_efficiency",
-                    "step_overhead_s",
-                    "seq_overhead_s",
-                )
-            },
-            gpu_source=gpu(serving.gpu or "H100").source,
-            rollout_batch=settings.rollout_batch,
-            lengths=len_src,
-            mean_prompt_len=sum(prompts) / len(prompts),
-            mean_response_len=sum(responses) / len(responses),
-            train_step_s=train_s,
-            teacher=None
-            if settings.teacher is None
-            else {
-                "model": settings.teacher,
-                "weights": settings.teacher_fp8 or "bf16",
-                "tensor_parallel_size": settings.teacher_tp,
-                "replicas": settings.teacher_replicas,
-                "topk": settings.teacher_topk,
-                "scoring_s": teacher_s,
-                "how": teacher_how,
-            },
-            train_step=train_how,
-            budget={
-                "metric": budget.metric,
-                "value": budget.value,
-                "interval": budget.interval,
-                "calibrated": budget.calibrated,
-                "source": budget.source,
-                "student": budget.student,
-                "student_note": note,
-            },
-            calibration=None
-            if curves is None
-            else {
-                "source": curves.source,
-                "objective": curves.objective,
-                "steps": list(curves.steps),
-                "seeds": list(curves.seeds),
-                "target": target,
-                "target_rule": "given"
-                if settings.target is not None
-                else f"the mismatch-free runs' final quality x (1 + tolerance {curves.tolerance:g})",
-            },
-            assumed_steps=None if curves else settings.steps,
-            arithmetic=arithmetic(rollouts.batch_size) if measured else None,
-            verl_async=verl_async_record(settings),
-            rows=rows,
-            seconds=round(time.perf_counter() - t0, 3),
-            versions=versions(),
-        )
+            costs = PlanCosts(rows, r, rollouts.batch_size, note)
+        record = plan(cfg, settings, serving, model.label, curves, budget, costs)
+        record = replace(record, seconds=round(time.perf_counter() - t0, 3))
         import pandas as pd
 
-        table = pd.DataFrame([{c: row.get(c) for c in COLUMNS} for row in rows], columns=COLUMNS)
+        table = pd.DataFrame([{c: row.get(c) for c in COLUMNS} for row in record.rows], columns=COLUMNS)
         atomic_write_text(d / "plan.csv", table.to_csv(index=False, float_format="%.6g"))
         record.write(d / PlanRecord.KIND)
         plan_plot(record, d / "plan.png")

@@ -614,3 +614,119 @@ def time_to_target(
         row["speedup"] = ratio * per_step if ratio is not None and s is not None else None
         row["speedup_lo"] = rlo * per_step if rlo is not None and s is not None else None
         row["speedup_hi"] = rhi * per_step if rhi is not None and s is not None else None
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    """What `plan` measured on the student's own rollouts (`measure_costs`): each configuration's cost by name, the
+    rollouts whose lengths model the step, the batch size they were measured at, the budget's note on the student."""
+
+    rows: dict[str, dict]
+    rollouts: object
+    batch_size: int
+    student_note: str | None
+
+
+def plan(cfg, settings: PlanSettings, serving, label: str, curves, budget, costs: PlanCosts | None = None):
+    """The verb: each configuration of `settings` on the model of config `cfg` (`label` names it), served as
+    `serving` says, with its measured cost (`costs`; None: not measured), its modelled rollout and step, and its
+    steps and time to the target read off `curves` (None: BF16's steps assumed) -> PlanRecord (plan.json).
+    `check_plan` gives `curves` and `budget` and refuses what cannot be planned before any of this runs."""
+    import time
+
+    from ..core.artifacts import arithmetic, versions
+    from ..core.records import PlanRecord
+    from ..deploy.gpus import gpu
+    from ..model.structure import list_units, meta_model
+
+    t0 = time.perf_counter()
+    meta = meta_model(cfg)
+    units = list_units(meta)
+    card = gpu(serving.gpu or "H100")
+    device = settings.device(serving.gpu or "H100")
+    prompts, responses, len_src = lengths(settings, costs.rollouts if costs else None)
+    unmeasured = dict.fromkeys(("mismatch", "mismatch_lo", "mismatch_hi", "verdict"), None)
+    rows = []
+    for conf in settings.configurations:
+        row = {
+            "configuration": conf.name,
+            "weights": conf.weights,
+            "kv_cache_dtype": conf.kv_cache_dtype or "auto",
+            "async": conf.async_steps,
+        }
+        row.update((costs.rows.get(conf.name) if costs else None) or {**unmeasured, "mismatch_source": "not measured"})
+        row.update(rollout_cost(cfg, meta, units, conf, device, serving, prompts, responses))
+        rows.append(row)
+    tokens = sum(prompts) + sum(responses)
+    train_s, train_how = train_seconds(settings, device, rows[0]["active_params"], tokens, serving.tensor_parallel_size)
+    target = settings.target if settings.target is not None else curves.default_target() if curves else None
+    teacher_s, teacher_how = teacher_seconds(settings, device, prompts, responses)
+    time_to_target(rows, settings, curves, budget, target, train_s, teacher_s)
+    return PlanRecord(
+        command="plan",
+        model=label,
+        gpu=card.name,
+        tensor_parallel_size=serving.tensor_parallel_size,
+        modelled="rollout throughput and step times are modelled (deploy/throughput.py), not measured",
+        device={k: getattr(device, k) for k in DEVICE_FIELDS},
+        gpu_source=card.source,
+        rollout_batch=settings.rollout_batch,
+        lengths=len_src,
+        mean_prompt_len=sum(prompts) / len(prompts),
+        mean_response_len=sum(responses) / len(responses),
+        train_step_s=train_s,
+        teacher=None if settings.teacher is None else _teacher(settings, teacher_s, teacher_how),
+        train_step=train_how,
+        budget={
+            "metric": budget.metric,
+            "value": budget.value,
+            "interval": budget.interval,
+            "calibrated": budget.calibrated,
+            "source": budget.source,
+            "student": budget.student,
+            "student_note": costs.student_note if costs else None,
+        },
+        calibration=None if curves is None else _calibration(settings, curves, target),
+        assumed_steps=None if curves else settings.steps,
+        arithmetic=arithmetic(costs.batch_size) if costs else None,
+        verl_async=verl_async_record(settings),
+        rows=rows,
+        seconds=round(time.perf_counter() - t0, 3),
+        versions=versions(),
+    )
+
+
+DEVICE_FIELDS = (
+    "bytes_per_s",
+    "bf16_flops",
+    "fp8_flops",
+    "bandwidth_efficiency",
+    "compute_efficiency",
+    "step_overhead_s",
+    "seq_overhead_s",
+)
+
+
+def _teacher(settings: PlanSettings, scoring_s: float, how: str) -> dict:
+    return {
+        "model": settings.teacher,
+        "weights": settings.teacher_fp8 or "bf16",
+        "tensor_parallel_size": settings.teacher_tp,
+        "replicas": settings.teacher_replicas,
+        "topk": settings.teacher_topk,
+        "scoring_s": scoring_s,
+        "how": how,
+    }
+
+
+def _calibration(settings: PlanSettings, curves, target: float) -> dict:
+    return {
+        "source": curves.source,
+        "objective": curves.objective,
+        "steps": list(curves.steps),
+        "seeds": list(curves.seeds),
+        "target": target,
+        "target_rule": "given"
+        if settings.target is not None
+        else f"the mismatch-free runs' final quality x (1 + tolerance {curves.tolerance:g})",
+    }
