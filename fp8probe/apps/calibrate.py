@@ -15,6 +15,7 @@ from ..budget.words import budget_text, fit_lines, loss_words
 from ..core.files import check_writable, output_dir
 from ..core.results import Result
 from ..training.experiment import Experiment, calibrate, check_resume, prepare, read_marks
+from ..training.runs import QUALITY_NAME
 
 __all__ = ["run_calibrate", "CalibrateResult", "prepare", "Experiment"]
 
@@ -33,6 +34,7 @@ def run_calibrate(
     TRL, the marks and the resume state are checked; a failure keeps the finished runs for `resume`. With `refit`:
     the finished calibration in `out` refitted as this fp8probe reads budgets (every level's dose measured on check's
     scale, the response asked for), nothing trained but a stale level's first steps."""
+    from ..plots import calibration_plot
     from ..training.experiment import read_experiment
     from ..training.opd import require_trl
 
@@ -44,7 +46,15 @@ def run_calibrate(
     else:
         check_resume(out, calibration, resume)
     with output_dir(out, keep=("runs",)) as d:
-        summary = calibrate(calibration, d, device=device, progress=progress, marks=marks, log=log)
+        summary = calibrate(calibration, d, device=device, progress=progress, log=log)
+        calibration_plot(
+            summary["runs"],
+            d / "calibration.png",
+            budgets=summary["budgets"],
+            marks=read_marks(marks),
+            quality=QUALITY_NAME,
+            curves=summary["curves"],
+        )
     return CalibrateResult(out, summary, calibration)
 
 

@@ -27,6 +27,7 @@ The directory:
     DIR/runs.csv                  one row per finished run, in the format `fp8probe budget` reads
     DIR/budget.json               the first objective's budget; DIR/budget-<objective>.json for each
     DIR/calibration.png           quality loss vs measured mismatch per objective, the budgets, learning curves
+                                  (drawn by apps/calibrate.py from what calibrate() returns)
 
 A killed calibration resumes with --resume: finished runs are kept, an unfinished one starts again, and the
 adaptive ladder takes the same decisions from the same results.
@@ -45,7 +46,6 @@ from ..core.files import atomic_write_text
 from ..core.records import CalibrationRecord
 from ..sources.sources import SourceSpec, parse_source
 from .runs import (
-    QUALITY_NAME,
     check_objectives,
     finished,
     load_pair,
@@ -473,11 +473,9 @@ def sigma_for(noise, mismatch: float) -> float:
     return math.exp(a + (t - fa) * (b - a) / (fb - fa)) if fb != fa else math.exp(b)
 
 
-def calibrate(
-    calibration: Experiment, out: Path, device: str = "cpu", progress: bool = True, marks=(), log=None
-) -> dict:
-    """Every objective's ladder (finished runs kept), then runs.csv, the budgets (each naming its student, teacher,
-    objective and dose) and calibration.png."""
+def calibrate(calibration: Experiment, out: Path, device: str = "cpu", progress: bool = True, log=None) -> dict:
+    """Every objective's ladder (finished runs kept), then runs.csv and the budgets (each naming its student,
+    teacher, objective and dose); returns what calibration.png draws (apps/calibrate.py draws it)."""
     import pandas as pd
 
     from ..budget.fit import CHECK_SCALE, budget_ratio
@@ -524,15 +522,10 @@ def calibrate(
         b.write(out / f"budget-{objective}.json")
         if i == 0:
             b.write(out / b.KIND)
-    from ..plots.figures import calibration_plot
-
     curves = {
         (o, lv, s): run_dir(out, o, parse_source(lv), s) / "eval.csv"
         for o, lv, s in zip(df["objective"], df["level"], df["seed"])
     }
-    calibration_plot(
-        df, out / "calibration.png", budgets=budgets, marks=read_marks(marks), quality=QUALITY_NAME, curves=curves
-    )
     objectives = list(budgets)
     first = budgets[objectives[0]]
     ratios = [{**budget_ratio(first, budgets[o]), **sigma_ratio(df, first, budgets[o])} for o in objectives[1:]]
@@ -549,7 +542,14 @@ def calibrate(
     )
     done.write(out / CalibrationRecord.KIND)
     (out / PARTIAL).unlink()
-    return {"runs": df, "budgets": budgets, "added": added, "allocated": ladder.spent, "ratios": ratios}
+    return {
+        "runs": df,
+        "budgets": budgets,
+        "added": added,
+        "allocated": ladder.spent,
+        "ratios": ratios,
+        "curves": curves,  # (objective, level, seed) -> its run's learning curve (eval.csv), for calibration.png
+    }
 
 
 def _recorded_sizing(out: Path):
