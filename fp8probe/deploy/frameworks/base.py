@@ -72,6 +72,7 @@ class Applied:
 
     fp8: set  # quantizable units in FP8
     kv: str | None  # the FP8 KV-cache dtype it sets, or None
+    kv_skip: set = field(default_factory=set)  # layers whose KV cache it keeps in the model dtype (a per-layer map)
 
 
 def resolves(target: "Target", *files: str):

@@ -12,6 +12,8 @@ NEMO_RL = Target(
     "yaml",
     "NVIDIA-NeMo/RL@00fa128513dc nemo_rl/models/generation/vllm/quantization/fp8.py (init_fp8)",
     "128x128 blocks; first/last blocks and substring keywords in BF16; calibrates K/V scales itself",
+    kv_skip="its vllm_cfg, as read at the pinned commit, names kv_cache_dtype only, and no released NeMo-RL can "
+    "check another vLLM key",
 )
 
 

@@ -15,6 +15,8 @@ SLIME = Target(
     "THUDM/slime@002fa9d6bac4 slime/utils/arguments.py, tools/convert_hf_to_fp8.py",
     "serves a block-FP8 checkpoint; its weight sync re-quantizes a fixed list of Linear layers and never "
     "reads modules_to_not_convert",
+    kv_skip="its SGLang rollout takes one --kv-cache-dtype for every layer (SGLang's per-layer dtype, PR #17530, "
+    "closed unmerged)",
 )
 
 

@@ -12,6 +12,7 @@ TRL = Target(
     "cli",
     "trl==1.16.0 trl/scripts/vllm_serve.py (kv_cache_dtype), trl/trainer/grpo_config.py",
     "FP8 KV cache only (vllm-serve has no quantization option; weights synced in BF16)",
+    kv_skip="trl vllm-serve reads no per-layer KV option: it would hand one to `vllm serve` unread",
 )
 
 

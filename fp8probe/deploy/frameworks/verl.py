@@ -33,6 +33,7 @@ VERL = Target(
     "verl==0.9.1 verl/workers/rollout/vllm_rollout/vllm_async_server.py (FP8_BLOCK_QUANT_KWARGS)",
     "with quantization=fp8, re-quantizes every Linear of the synced BF16 weights in 128x128 blocks; keeps only "
     "MoE routers (mlp.gate) in BF16; KV scales 1.0",
+    kv_skip=True,
 )
 VERL_SGLANG = Target(
     "verl-sglang",
@@ -44,6 +45,8 @@ VERL_SGLANG = Target(
     "hydra",
     "verl==0.9.1 verl/utils/sglang/sglang_fp8_utils.py (get_sglang_fp8_ignored_layers)",
     "128x128 blocks; honours an ignore list (SGLANG_FP8_IGNORED_LAYERS) at start-up and weight sync",
+    kv_skip="its SGLang rollout takes one --kv-cache-dtype for every layer (SGLang's per-layer dtype, PR #17530, "
+    "closed unmerged)",
 )
 MAIN = "python3 -m verl.trainer.main_ppo"
 
@@ -55,7 +58,16 @@ def _rollout(e) -> list[str]:
         lines.append("actor_rollout_ref.rollout.quantization=fp8")
     if e.kv:
         lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={e.kv}")
+    if (
+        e.kv and e.kv_skip
+    ):  # a Hydra list, quoted for the shell; verl passes it on as `--kv_cache_dtype_skip_layers 1 16`
+        lines.append(shlex.quote(f"+{SKIP_KEY}=[{','.join(map(str, e.kv_skip))}]"))
     return lines
+
+
+# verl 0.9.1 hands engine_kwargs.vllm to `vllm serve` whole (vllm_async_server.py: build_cli_args_from_config, a list
+# as one flag and its items), so vLLM's own per-layer KV map reaches the rollout engine through it
+SKIP_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype_skip_layers"
 
 
 @register(VERL)
@@ -90,9 +102,11 @@ def read_vllm(files, units, n_blocks) -> Applied:
 def _read_rollout(text: str, units) -> Applied:
     """What the vLLM rollout of a verl script runs (the verl, verl-opd and verl-fully-async targets)."""
     o = overrides(text)
+    listed = o.get(SKIP_KEY, "").strip("[]")
     return Applied(
         every_linear(units) if o.get("actor_rollout_ref.rollout.quantization") == "fp8" else set(),
         o.get("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype"),
+        {int(x) for x in listed.split(",") if x.strip().isdigit()},
     )
 
 
@@ -376,6 +390,7 @@ VERL_OPD = Target(
     "verl==0.9.1 verl/trainer/config/distillation/distillation.yaml, verl/trainer/distillation/losses.py",
     "with quantization=fp8 the vLLM rollout re-quantizes every Linear in 128x128 blocks (as `verl`); the teacher "
     "scores every batch (distillation.*)",
+    kv_skip=True,
 )
 VERL_FULLY_ASYNC = Target(
     "verl-fully-async",
@@ -388,6 +403,7 @@ VERL_FULLY_ASYNC = Target(
     "verl==0.9.1 verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml",
     "rollouter and trainer on their own pools, the rollout's log-probs the PPO ratio's denominator (bypass mode); "
     "FP8 as `verl`",
+    kv_skip=True,
 )
 
 
