@@ -166,6 +166,60 @@ def test_openrlhf_flags_exist(released, rendered):
     assert '"dtype": "bfloat16"' in engine and "kv_cache_dtype" not in engine  # why it takes no FP8
 
 
+# what a user's own OpenRLHF GRPO launch sets and no export writes: the advantage (no critic), the group, the reward
+OPENRLHF_USER = [
+    "--algo.advantage.estimator",
+    "group_norm",
+    "--rollout.n_samples_per_prompt",
+    "8",
+    "--reward.remote_url",
+    "http://rm:5000/get_reward",
+]
+
+
+def openrlhf_start(wheel: Path, jobs: list[list[str]]) -> list[dict]:
+    """Each command line through train_ppo_ray.py's own start-up block (tests/deploy/openrlhf_startup.py)."""
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parent
+    r = subprocess.run(
+        [sys.executable, str(here / "openrlhf_startup.py"), str(wheel)],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.stdout.startswith("["), (r.stdout[-2000:], r.stderr[-2000:])
+    return json.loads(r.stdout)
+
+
+@pytest.mark.network
+def test_the_openrlhf_export_passes_openrlhfs_own_start_up(released, rendered):
+    """The written command line, after a user's own, through the released train_ppo_ray.py's main block (its parser,
+    hierarchize, every check up to `train(args)`): it starts, with token-level truncation at IS_CLIP (a single
+    threshold is OpenRLHF's upper bound only). Planted: a correction level OpenRLHF lacks, and three thresholds,
+    fail."""
+    text = rendered["openrlhf"]["openrlhf.sh"]
+    body = " ".join(ln.rstrip("\\ ").strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
+    words = shlex.split(body)
+    assert words[:3] == ["python3", "-m", "openrlhf.cli.train_ppo_ray"], words[:3]
+    argv = OPENRLHF_USER + words[3:]
+    level = argv.index("--algo.advantage.is_correction_level") + 1
+    bounds = argv.index("--algo.advantage.is_correction_threshold") + 1
+    bad_level = argv[:level] + ["tokens"] + argv[level + 1 :]
+    bad_bounds = argv[: bounds + 1] + ["3.0", "4.0"] + argv[bounds + 1 :]
+    ok, level_bad, bounds_bad = openrlhf_start(released["openrlhf"], [argv, bad_level, bad_bounds])
+    assert ok["ok"], ok
+    assert ok["correction"] == {
+        "is_correction_level": "token",
+        "is_correction_mode": "clip",
+        "is_correction_threshold": [0.0, 2.0],
+    }
+    assert not level_bad["ok"] and "invalid choice" in level_bad["error"], level_bad
+    assert not bounds_bad["ok"] and "HIGH or LOW HIGH" in bounds_bad["error"], bounds_bad
+
+
 def _dataclass_fields(path: Path) -> dict[str, dict[str, str]]:
     """class -> field -> annotation source, for every class in a file."""
     out = {}
