@@ -174,10 +174,25 @@ def test_a_framework_without_a_kv_map_refuses_it(setup):
     assert len(why) == 3  # SGLang's one dtype, NeMo-RL's keys, TRL's forwarding: said, not one stock line
 
 
-def test_audit_reads_verls_map_back(setup):
-    """verl's vLLM rollout takes the map through engine_kwargs.vllm (a Hydra list); audit reads a verl fragment as
-    verl hands it to vLLM and compares it with the recipe, layer by layer (planted: a layer dropped from the list,
-    and the line removed, are findings)."""
+@pytest.mark.parametrize(
+    "target, written, dropped",
+    [  # the map as each framework reads it, and the same with layer 3 dropped
+        (
+            "verl",
+            "engine_kwargs.vllm.kv_cache_dtype_skip_layers=[0,3]'",
+            "engine_kwargs.vllm.kv_cache_dtype_skip_layers=[0]'",
+        ),
+        (
+            "skyrl",
+            'engine_init_kwargs.kv_cache_dtype_skip_layers=["0","3"]',
+            'engine_init_kwargs.kv_cache_dtype_skip_layers=["0"]',
+        ),
+    ],
+)
+def test_audit_reads_a_frameworks_map_back(setup, target, written, dropped):
+    """verl's vLLM rollout takes the map through engine_kwargs.vllm (a Hydra list), SkyRL through engine_init_kwargs
+    (strings, vLLM's type); audit reads each fragment as its framework hands it to vLLM and compares it with the
+    recipe, layer by layer (planted: a layer dropped from the list, and the line removed, are findings)."""
     from fp8probe.deploy.audit import Audit, _audit_frameworks
     from fp8probe.deploy.frameworks import express, render
     from fp8probe.deploy.frameworks.base import TARGETS
@@ -186,41 +201,16 @@ def test_audit_reads_verls_map_back(setup):
     n = st.model.config.num_hidden_layers
     rec = Recipe.from_groups(st.units, "FP8_DYNAMIC", set(), kv_cache_dtype="fp8", form="none")  # the KV cache alone
     rec.kv_skip_layers = [0, 3]
-    (text,) = render(express(TARGETS["verl"], rec, st.units, n), "/m", st.units).values()
-    assert "'+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype_skip_layers=[0,3]'" in text
+    ((name, text),) = render(express(TARGETS[target], rec, st.units, n), "/m", st.units).items()
+    assert written in text
 
     def findings(script):
         a = Audit()
-        _audit_frameworks(a, Path("/nonexistent"), {"verl": {"verl.sh": script}}, rec, st.units, n)
+        _audit_frameworks(a, Path("/nonexistent"), {target: {name: script}}, rec, st.units, n)
         return [f.line() for f in a.findings]
 
     assert findings(text) == []
-    layer3 = "kv-map: verl: layer 3: the recipe keeps its KV cache BF16, verl would put it in FP8"
-    assert findings(text.replace("=[0,3]", "=[0]")) == [layer3]
+    layer3 = f"kv-map: {target}: layer 3: the recipe keeps its KV cache BF16, {target} would put it in FP8"
+    assert findings(text.replace(written, dropped)) == [layer3]
     cut = "\n".join(ln for ln in text.splitlines() if "skip_layers" not in ln)
     assert len(findings(cut)) == 2
-
-
-def test_audit_reads_skyrls_map_back(setup):
-    """SkyRL takes the map through engine_init_kwargs as strings (vLLM's type); audit reads it back (planted: a layer
-    dropped is a finding)."""
-    from fp8probe.deploy.audit import Audit, _audit_frameworks
-    from fp8probe.deploy.frameworks import express, render
-    from fp8probe.deploy.frameworks.base import TARGETS
-
-    st = setup[0]
-    n = st.model.config.num_hidden_layers
-    rec = Recipe.from_groups(st.units, "FP8_DYNAMIC", set(), kv_cache_dtype="fp8", form="none")
-    rec.kv_skip_layers = [0, 3]
-    (text,) = render(express(TARGETS["skyrl"], rec, st.units, n), "/m", st.units).values()
-    assert "'generator.inference_engine.engine_init_kwargs.kv_cache_dtype_skip_layers=[\"0\",\"3\"]'" in text
-
-    def findings(script):
-        a = Audit()
-        _audit_frameworks(a, Path("/nonexistent"), {"skyrl": {"skyrl.sh": script}}, rec, st.units, n)
-        return [f.line() for f in a.findings]
-
-    assert findings(text) == []
-    assert findings(text.replace(',\"3\"', "")) == [
-        "kv-map: skyrl: layer 3: the recipe keeps its KV cache BF16, skyrl would put it in FP8"
-    ]
