@@ -11,7 +11,7 @@ from ..core.metrics import METRICS
 from ..core.settings import Settings, opt
 from ..sources.shortcuts import Shortcuts
 from ..sources.verl_async import HELP as VERL_ASYNC_HELP
-from ..sources.verl_async import VerlAsync
+from ..sources.verl_async import parse_verl_async
 from .design import PAIRINGS, RESPONSES
 
 DEFAULT_TOLERANCE = 0.02  # the relative quality loss a budget allows unless told otherwise (a user's choice)
@@ -93,7 +93,7 @@ class CheckSettings(Settings):
         "judge rollouts of another kind, length or sampling than the budget's doses were measured on (refused "
         "otherwise; the verdict says so)",
     )
-    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async.VerlAsync)
+    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async: VerlAsync or VerlV1Async)
 
     def __post_init__(self):
         super().__post_init__()
@@ -103,7 +103,7 @@ class CheckSettings(Settings):
                 "nothing to check: give `recipe` or `fp8`, `kv_cache_dtype` and/or `stale` (the rollout configuration)"
             )
         if self.verl_async is not None:
-            object.__setattr__(self, "verl", VerlAsync.parse(self.verl_async))
+            object.__setattr__(self, "verl", parse_verl_async(self.verl_async))
             if not sc.stale or self.stale_steps is None:
                 raise FP8ProbeError(
                     "`verl_async` measures every lag from two states of the student: give `stale` (an older "

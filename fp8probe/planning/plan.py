@@ -14,7 +14,7 @@ from ..core.settings import Settings, opt
 from ..core.units import GiB
 from ..deploy import throughput as tp_model
 from ..sources.verl_async import HELP as VERL_ASYNC_HELP
-from ..sources.verl_async import REGIMES, VerlAsync
+from ..sources.verl_async import REGIMES, parse_verl_async
 
 COLUMNS = [
     "configuration",
@@ -130,11 +130,11 @@ class PlanSettings(Settings):
         None, "with `verl_async` and `stale`: how many trainer steps older than MODEL the checkpoint is", low=1
     )
     configurations: tuple = field(default=(), repr=False)  # filled by __post_init__
-    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async.VerlAsync)
+    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async: VerlAsync or VerlV1Async)
 
     def __post_init__(self):
         super().__post_init__()
-        verl = VerlAsync.parse(self.verl_async) if self.verl_async else None
+        verl = parse_verl_async(self.verl_async) if self.verl_async else None
         object.__setattr__(self, "verl", verl)
         if verl and self.async_steps:
             raise FP8ProbeError("give `async_steps` (one lag each) or `verl_async` (verl's mixture of lags), not both")

@@ -272,6 +272,28 @@ def test_verl_async_judges_the_mixture_of_lags(cli, tiny_dirs, tmp_path):
         assert not (tmp_path / "bad").exists()
 
 
+def test_verl_v1_separate_async_judges_its_lags(cli, tiny_dirs, tmp_path):
+    """verl's v1 separate_async, parameter_sync_step 2 and one warmup batch, with a checkpoint 2 updates old:
+    trainer-bound lags 2 and 3 updates (half each), rollout-bound 0 and 1; lag 2 is the checkpoint itself (a plain
+    `check --stale` of it), the verdict's figure half of lags 2 and 3; its syncs re-prefill a resumed response with
+    the new weights, so no straddle on an older cache is measured (a resumed response's earlier tokens are a plain
+    lag + 2)."""
+    older_checkpoint(tiny_dirs["llama"], tmp_path / "old")
+    common = [tiny_dirs["llama"], "--budget", "0.5", "--stale", tmp_path / "old", "--num-prompts", 6]
+    common += ["--max-new-tokens", 6]
+    r = cli("-q", "check", *common, "--out", tmp_path / "plain")
+    plain = json.loads((tmp_path / "plain" / "check.json").read_text())["measured"]
+    r = cli("check", *common, "--out", tmp_path / "v1", "--verl-async", "v1:sync=2,warmup=1", "--stale-steps", 2)
+    assert r.code in (0, 1, 3), r.err
+    rep = json.loads((tmp_path / "v1" / "check.json").read_text())["verl_async"]
+    lag = {k: v["measured"] for k, v in rep["lags"].items()}
+    assert set(lag) == {"0", "1", "2", "3"} and lag["2"] == pytest.approx(plain, rel=1e-5)
+    assert rep["regimes"]["trainer-bound"]["lags"] == {"2": 0.5, "3": 0.5}
+    assert rep["regimes"]["rollout-bound"]["lags"] == {"0": 0.5, "1": 0.5}
+    assert rep["regimes"]["trainer-bound"]["measured"] == pytest.approx(0.5 * (lag["2"] + lag["3"]), rel=1e-9)
+    assert "v1 separate_async" in rep["keys"] and "straddle" not in rep
+
+
 def test_identity_follows_what_the_model_computes():
     """The version-2 hash: a trainer's save with `use_cache: false`, another `_name_or_path` or `return_dict` is the
     same student; one changed weight, another rms_norm_eps or one more token in the vocabulary is not. Version 1 (what

@@ -1,16 +1,18 @@
 """verl's fully-async keys as lags (sources/verl_async.py): by hand, and against a simulation of the rule verl 0.9.1's
 rollouter runs (verl/experimental/fully_async_policy/fully_async_rollouter.py: at most required_samples x
 (staleness_threshold + 1) x trigger_parameter_sync_step samples per weight version, the ones still queued at a sync
-counted against the next version's allowance, the trainer taking required_samples per step first in first out)."""
+counted against the next version's allowance, the trainer taking required_samples per step first in first out); its
+v1 trainer's separate_async keys the same way, at the end."""
 
 from __future__ import annotations
 
 import collections
+import math
 
 import pytest
 
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.sources.verl_async import VerlAsync
+from fp8probe.sources.verl_async import VerlAsync, VerlV1Async, parse_verl_async
 
 
 def _simulated_lags(trigger: int, staleness: float, required: int, steps: int = 400) -> dict[int, float]:
@@ -69,3 +71,73 @@ def test_lags_and_their_summary_by_hand():
 def test_bad_keys_are_one_line(text, says):
     with pytest.raises(FP8ProbeError, match=says):
         VerlAsync.parse(text)
+
+
+# ----------------------------------------------------------------------------------------------------
+# verl's v1 trainer, separate_async (verl/trainer/ppo/v1: trainer_base.py, trainer_separate_async.py, replay_buffer.py)
+
+
+def _simulated_v1_lags(sync: int, warmup: float, decoupled: bool, steps: int = 200) -> dict[int, float]:
+    """The lag (optimizer updates) of every mini-batch the trainer takes under the v1 loop, a rollout that is never
+    the bottleneck: _add_async_warmup_batches adds floor(warmup x train / gen) x gen prompts before step 1
+    (gen_batch_size = train_batch_size, verl's default), prepare_step adds one train batch at each step's start
+    tagged with the step, each generated at once with the weights last synced (update_weights at the previous
+    step's end), the replay buffer hands out the oldest prompts first, S mini-batches a step (one local update
+    each); decoupled: the lag to the weights of the step's start (the recomputed old log-probs), else to the
+    weights of the update itself."""
+    train = sync  # prompts per train batch, in mini-batches
+    queue: collections.deque = collections.deque()
+    seen = collections.Counter()
+    synced = 0  # updates the rollout's weights have seen
+    queue.extend([(1, synced)] * (math.floor(warmup * train / train) * train))
+    for step in range(1, steps + 1):
+        queue.extend([(step, synced)] * train)  # prepare_step: _add_batch_to_generate, generated at once
+        for j in range(sync):
+            tag, version = queue.popleft()  # oldest first (_select_prompt_uids)
+            assert step - tag + 1 <= 8  # inside verl's default max_off_policy_threshold: nothing dropped
+            done = (step - 1) * sync + (0 if decoupled else j)
+            if step > steps // 4:
+                seen[done - version] += 1
+        synced = step * sync  # on_step_end: update_weights
+    total = sum(seen.values())
+    return {k: n / total for k, n in sorted(seen.items())}
+
+
+@pytest.mark.parametrize("sync, warmup", [(4, 1), (4, 2), (2, 1.5), (1, 1), (3, 0)])
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_v1_trainer_bound_lags_are_verls_loop(sync, warmup, decoupled):
+    want = _simulated_v1_lags(sync, warmup, decoupled)
+    got = VerlV1Async(sync, warmup, 8, decoupled).lags("trainer-bound")
+    assert set(got) == set(want), (got, want)
+    for k in want:
+        assert got[k] == pytest.approx(want[k], abs=1e-9), (k, got, want)
+
+
+def test_v1_lags_by_hand():
+    """verl's shipped yaml (parameter_sync_step 4, one warmup batch): the trainer-bound batch was generated one step
+    (4 updates) before its step began, so its 4 mini-batches meet weights 4, 5, 6 and 7 updates newer (bypass), or
+    the step's start, 4 (decoupled); rollout-bound, 0-3 and 0."""
+    a = VerlV1Async.parse("v1:sync=4,warmup=1")
+    assert a == VerlV1Async(4, 1.0, 8, False) and a.trigger == 4 and not a.partial
+    assert a.lags("trainer-bound") == {4: 0.25, 5: 0.25, 6: 0.25, 7: 0.25}
+    assert a.lags("rollout-bound") == {0: 0.25, 1: 0.25, 2: 0.25, 3: 0.25}
+    d = parse_verl_async("v1:sync=4,warmup=1,max_off_policy=none,decoupled")
+    assert d.lags("trainer-bound") == {4: 1.0} and d.lags("rollout-bound") == {0: 1.0} and d.max_off_policy is None
+    s = a.summary("trainer-bound")
+    assert (s["p50"], s["p90"], s["max"], s["mean"]) == (5, 7, 7, 5.5)
+    assert parse_verl_async("trigger=4,staleness=0.1") == VerlAsync(4, 0.1)
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("v1:warmup=1", "sync .* is needed"),
+        ("v1:sync=0", "sync >= 1"),
+        ("v1:sync=4,warmup=8,max_off_policy=8", "verl would drop every batch"),
+        ("v1:sync=4,fast", "not 'fast'"),
+        ("v2:sync=4", "the modes are 'v1'"),
+    ],
+)
+def test_bad_v1_keys_are_one_line(text, says):
+    with pytest.raises(FP8ProbeError, match=says):
+        parse_verl_async(text)
