@@ -52,8 +52,8 @@ REGIMES = ("trainer-bound", "rollout-bound")
 HELP = (
     "verl's fully-async policy: trigger=T,staleness=S[,partial] (async_training.trigger_parameter_sync_step, "
     "staleness_threshold, partial_rollout), lags in trainer steps; or its v1 trainer's separate_async: "
-    "v1:sync=S,warmup=W[,max_off_policy=M][,decoupled] (parameter_sync_step, num_warmup_batches, "
-    "max_off_policy_threshold, Decoupled PPO), lags in optimizer updates"
+    "v1:sync=S,warmup=W,max_off_policy=M,decoupled (parameter_sync_step, num_warmup_batches, "
+    "max_off_policy_threshold, Decoupled PPO; the last two optional), lags in optimizer updates"
 )
 
 

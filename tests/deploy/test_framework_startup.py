@@ -77,6 +77,7 @@ CASES = {  # target -> (verl's entry point, the export's options, the key verl a
     "verl-fully-async": ("fully_async", None, "actor_rollout_ref.hybrid_engine"),
     "verl-fully-async-opd": ("fully_async", VerlSettings(teacher="TEACHER", teacher_gpus=4), "data.train_batch_size"),
     "verl-kv-map": ("main_ppo", None, None),  # a recipe keeping layers 0 and 3's KV cache BF16 (#75)
+    "verl-separate-async": ("main_ppo", None, "actor_rollout_ref.rollout.checkpoint_engine.backend"),
 }
 KV_SKIP = [0, 3]
 

@@ -14,7 +14,8 @@ in verl 0.9.1's order, each verl's own code:
                   the configs the workers build (omega_conf_to_dataclass of the rollout, the actor, distillation:
                   their __post_init__ checks, DistillationConfig's teacher pool among them); the resource pools the
                   v1 trainer sizes (PPOTrainer._init_resource_pool_mgr, verl/trainer/ppo/v1/trainer_base.py: the
-                  teacher pool's nnodes > 0 among them), on a stand-in holding the config, before any Ray actor exists
+                  teacher pool's nnodes > 0 among them), on a stand-in holding the config, before any Ray actor exists;
+                  for an asynchronous trainer.v1.trainer_mode, that trainer's __init__ up to its first need of a job
     fully_async   Hydra composes verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml; main()'s
                   edits (the rollout pool copied into actor_rollout_ref.rollout; no validate_config there); the rollout
                   dataclass; the role mapping and the trainer's resource pools; FullyAsyncTrainer.__init__ and
@@ -80,7 +81,32 @@ def main_ppo(overrides: list[str], checked: list) -> None:
     checked.append("hydra compose ppo_trainer")
     _common(config, checked)
     _pools(config, checked)
+    _v1_trainer(config, checked)
     return config
+
+
+def _v1_trainer(config, checked: list) -> None:
+    """The v1 trainer main_ppo builds for an asynchronous trainer_mode (TaskRunner.run: get_trainer_cls, then
+    trainer_cls(config)): its __init__'s assertions (separate_async: train_batch_size = parameter_sync_step x
+    ppo_mini_batch_size, a rollout pool, a weight-sync backend other than naive) on the resolved config, stopped where
+    it first needs a running job."""
+    from omegaconf import OmegaConf
+
+    mode = config.trainer.get("v1", {}).get("trainer_mode", "sync")
+    if not config.trainer.get("use_v1", False) or mode == "sync":
+        return
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    cls = get_trainer_cls(mode)
+    resolved = config.copy()
+    OmegaConf.resolve(resolved)
+    try:
+        cls.__init__(cls.__new__(cls), resolved)
+    except (AssertionError, ValueError, TypeError):
+        raise
+    except Exception:  # past its checks: it builds the transfer queue, Ray's pools and the workers
+        pass
+    checked.append(f"{cls.__name__}.__init__ ({mode})")
 
 
 def fully_async(overrides: list[str], checked: list) -> None:

@@ -22,18 +22,19 @@ from .base import (
     verl_correction,
 )
 
-VERL = Target(
+
+def vllm_rollout(name: str, title: str, source: str, how: str) -> Target:
+    """A verl target whose rollout is verl's vLLM one: every Linear in FP8_BLOCK with quantization=fp8, the FP8 KV cache
+    at scales 1.0, per-layer KV maps through engine_kwargs.vllm, Hydra overrides."""
+    return Target(name, title, "all", "FP8_BLOCK", "fp8", "unit", "hydra", source, how, kv_skip=True)
+
+
+VERL = vllm_rollout(
     "verl",
     "verl (vLLM rollout)",
-    "all",
-    "FP8_BLOCK",
-    "fp8",
-    "unit",
-    "hydra",
     "verl==0.9.1 verl/workers/rollout/vllm_rollout/vllm_async_server.py (FP8_BLOCK_QUANT_KWARGS)",
     "with quantization=fp8, re-quantizes every Linear of the synced BF16 weights in 128x128 blocks; keeps only "
     "MoE routers (mlp.gate) in BF16; KV scales 1.0",
-    kv_skip=True,
 )
 VERL_SGLANG = Target(
     "verl-sglang",
@@ -160,6 +161,9 @@ VERL_SINCE = {
     "the fully-async policy's config (async_training.*, rollout.*)": (0, 8, 0),
     "rollout_rs=seq_mean_k3 (the K3 rejection screen, rollout_corr_helper.py)": (0, 8, 0),
 }
+# read the same way: 0.8.0 has no verl/trainer/ppo/v1/; 0.9.0 and 0.9.1 ship trainer.v1.separate_async with the same
+# keys and start-up assertions
+V1_SINCE = {"the v1 trainer's separate_async (trainer.v1.*)": (0, 9, 0)}
 # verl's own K3 rejection preset (verl/trainer/config/algorithm.py, bypass_ppo_clip_k3_rs: seq_mean_k3 at 0.01)
 REJECTION = ("seq_mean_k3", 0.01)
 FULLY_ASYNC = "python3 -m verl.experimental.fully_async_policy.fully_async_main"
@@ -191,10 +195,20 @@ class VerlSettings(Settings):
     staleness_threshold: float = opt(0.1, "fully-async: verl's async_training.staleness_threshold", low=0.0)
     trigger_parameter_sync_step: int = opt(4, "fully-async: optimizer steps between weight syncs", low=1)
     no_partial_rollout: bool = opt(False, "fully-async: finish a response on the weights it began with")
-    rollout_gpus: int = opt(8, "fully-async: GPUs per node of the rollout pool (rollout.n_gpus_per_node)", low=1)
+    parameter_sync_step: int = opt(
+        4, "separate-async: optimizer updates per step, the weights synced after each step", low=1
+    )
+    warmup_batches: float = opt(1.0, "separate-async: train batches queued before the first step", low=0.0)
+    max_off_policy: int = opt(8, "separate-async: the most steps a prompt may span before verl drops it", low=1)
+    rollout_gpus: int = opt(
+        8, "fully-async, separate-async: GPUs per node of the rollout pool (its n_gpus_per_node)", low=1
+    )
     trainer_gpus: int = opt(8, "fully-async: GPUs per node of the trainer pool (trainer.n_gpus_per_node)", low=1)
     rollout_nodes: int | None = opt(
-        None, "fully-async: nodes of the rollout pool (rollout.nnodes; default: left to your config)", low=1
+        None,
+        "fully-async, separate-async: nodes of the rollout pool (its nnodes; default: left to your config, or 1 for "
+        "separate-async, whose rollout pool verl requires)",
+        low=1,
     )
     trainer_nodes: int | None = opt(
         None, "fully-async: nodes of the trainer pool (trainer.nnodes; default: left to your config)", low=1
@@ -227,6 +241,12 @@ class VerlSettings(Settings):
             raise FP8ProbeError("`screen_keep` reads each sequence's statistic from `check`: give the check.json too")
         if self.check:
             _screened(self.check)  # unreadable, or no prediction: refused before any output
+        waits = math.floor(self.warmup_batches) + 1  # steps a prompt spans in the queue (sources/verl_async.py)
+        if waits > self.max_off_policy:
+            raise FP8ProbeError(
+                f"`warmup_batches` {self.warmup_batches:g} would queue prompts for {waits} steps, over "
+                f"`max_off_policy` {self.max_off_policy}: verl would drop every batch the warmup holds"
+            )
         if self.opd_loss == "k1" and not self.opd_policy_gradient:
             raise FP8ProbeError(
                 "`opd_loss` k1 needs `opd_policy_gradient`: verl refuses to backpropagate k1 directly (its gradient "
@@ -251,11 +271,11 @@ class VerlSettings(Settings):
         return tuple(int(x or 0) for x in m.groups())
 
 
-def _check_release(options: VerlSettings, what: str) -> None:
-    missing = [feature for feature, since in VERL_SINCE.items() if options.release < since]
+def _check_release(options: VerlSettings, what: str, since: dict = VERL_SINCE) -> None:
+    missing = [feature for feature, first in since.items() if options.release < first]
     if missing:
         got = ".".join(map(str, options.release))
-        first = ".".join(map(str, max(VERL_SINCE[f] for f in missing)))
+        first = ".".join(map(str, max(since[f] for f in missing)))
         raise FP8ProbeError(
             f"{what}: verl {got} has no {'; no '.join(missing)} (first in verl {first}): upgrade verl to {first} "
             "or later, or pass `verl_version`"
@@ -379,31 +399,19 @@ def predicted_screen(o: VerlSettings, mode: str, preset: float) -> tuple[float, 
     return threshold, why
 
 
-VERL_OPD = Target(
+VERL_OPD = vllm_rollout(
     "verl-opd",
     "verl on-policy distillation (vLLM rollout)",
-    "all",
-    "FP8_BLOCK",
-    "fp8",
-    "unit",
-    "hydra",
     "verl==0.9.1 verl/trainer/config/distillation/distillation.yaml, verl/trainer/distillation/losses.py",
     "with quantization=fp8 the vLLM rollout re-quantizes every Linear in 128x128 blocks (as `verl`); the teacher "
     "scores every batch (distillation.*)",
-    kv_skip=True,
 )
-VERL_FULLY_ASYNC = Target(
+VERL_FULLY_ASYNC = vllm_rollout(
     "verl-fully-async",
     "verl fully-async policy (vLLM rollout)",
-    "all",
-    "FP8_BLOCK",
-    "fp8",
-    "unit",
-    "hydra",
     "verl==0.9.1 verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml",
     "rollouter and trainer on their own pools, the rollout's log-probs the PPO ratio's denominator (bypass mode); "
     "FP8 as `verl`",
-    kv_skip=True,
 )
 
 
@@ -465,3 +473,47 @@ def read_opd(files, units, n_blocks) -> Applied:
 @resolves(VERL_FULLY_ASYNC, "verl-fully-async.sh")
 def read_fully_async(files, units, n_blocks) -> Applied:
     return _read_rollout(files["verl-fully-async.sh"], units)
+
+
+# ---------------------------------------------------------------------------------------------------
+# verl's own default trainer (v1) in its separate_async mode (verl/trainer/ppo/v1/trainer_separate_async.py)
+
+VERL_SEPARATE_ASYNC = vllm_rollout(
+    "verl-separate-async",
+    "verl v1 separate_async (vLLM rollout)",
+    "verl==0.9.1 verl/trainer/ppo/v1/trainer_separate_async.py, verl/trainer/config/ppo_trainer.yaml (trainer.v1)",
+    "main_ppo's v1 trainer with a rollout pool of its own, weights synced every parameter_sync_step updates; FP8 as "
+    "`verl`",
+)
+
+
+@register(VERL_SEPARATE_ASYNC)
+def render_separate_async(e, model_path, units) -> dict[str, str]:
+    o = e.options or VerlSettings()
+    _check_release(o, "verl-separate-async", V1_SINCE)
+    s, w, m = o.parameter_sync_step, o.warmup_batches, o.max_off_policy
+    lines = [
+        "trainer.v1.trainer_mode=separate_async",
+        f"trainer.v1.separate_async.parameter_sync_step={s}",
+        f"trainer.v1.separate_async.num_warmup_batches={w:g}",
+        f"trainer.v1.sampler.max_off_policy_threshold={m}",
+        # what SeparateAsyncPPOTrainer asserts at start-up: a rollout pool of its own, a real weight-sync backend
+        f"actor_rollout_ref.rollout.nnodes={o.rollout_nodes or 1}",
+        f"actor_rollout_ref.rollout.n_gpus_per_node={o.rollout_gpus}",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+    ]
+    q = s * math.floor(w)
+    why = [
+        f"keep data.train_batch_size = {s} x actor_rollout_ref.actor.ppo_mini_batch_size (verl asserts it): each "
+        f"step is {s} updates of one mini-batch",
+        f"samples lag {q} .. {q + s - 1} optimizer updates when the rollout keeps up (0 .. {s - 1} when the trainer "
+        f"waits); the decoupled loss's old log-probs lag {q}: `fp8probe check --verl-async "
+        f"v1:sync={s},warmup={w:g},max_off_policy={m},decoupled` judges them",
+    ]
+    head = header(e.target) + "".join(f"# {x}.\n" for x in why)
+    return {"verl-separate-async.sh": head + hydra(MAIN, _rollout(e) + lines + verl_correction())}
+
+
+@resolves(VERL_SEPARATE_ASYNC, "verl-separate-async.sh")
+def read_separate_async(files, units, n_blocks) -> Applied:
+    return _read_rollout(files["verl-separate-async.sh"], units)
