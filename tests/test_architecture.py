@@ -408,3 +408,24 @@ def test_the_records_the_cli_and_the_sources_name_load_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False", "importing the Perturbation record, the sources or the command table loaded torch"
+
+
+def test_every_bare_record_field_says_what_it_holds():
+    """A record's field (a Record subclass: one file's keys) typed as a bare dict or list, with no element types,
+    states what it holds on its line or the line above it: a nested figure's owner, its keys, or why it is free-form.
+    Fields with element types (list[float], dict[str, str]) speak for themselves."""
+    bare_names = {"dict", "list"}
+    silent = []
+    for name, path in modules().items():
+        src = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(src))):
+            if not isinstance(node, ast.ClassDef) or not any(ast.unparse(b).endswith("Record") for b in node.bases):
+                continue
+            for s in node.body:
+                if not isinstance(s, ast.AnnAssign):
+                    continue
+                parts = {p.strip() for p in ast.unparse(s.annotation).split("|")}
+                said = "#" in src[s.lineno - 1] or src[s.lineno - 2].strip().startswith("#")
+                if parts & bare_names and not said:
+                    silent.append(f"{name}:{node.name}.{s.target.id}")
+    assert not silent, f"bare dict/list record fields that do not say what they hold: {silent}"

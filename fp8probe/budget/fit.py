@@ -57,7 +57,7 @@ class Budget(Record):
     source: str
     interval: tuple[float, float] | None = None
     tolerance: float | None = None
-    runs: list | None = None
+    runs: list | None = None  # per run fitted: its level, seed, mismatch and loss (runs.csv's rows)
     paired: bool = False  # losses against each seed's mismatch-free twin (True) or the mean of those runs
     levels: list | None = None  # per tested level: mismatch, mean loss, its interval, the isotonic fit, runs
     seed_spread: float | None = None  # relative range of the mismatch-free runs' quality (seeds alone)

