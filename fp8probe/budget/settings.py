@@ -93,7 +93,7 @@ class CheckSettings(Settings):
         "judge rollouts of another kind, length or sampling than the budget's doses were measured on (refused "
         "otherwise; the verdict says so)",
     )
-    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async: VerlAsync or VerlV1Async)
+    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async.py)
 
     def __post_init__(self):
         super().__post_init__()

@@ -130,7 +130,7 @@ class PlanSettings(Settings):
         None, "with `verl_async` and `stale`: how many trainer steps older than MODEL the checkpoint is", low=1
     )
     configurations: tuple = field(default=(), repr=False)  # filled by __post_init__
-    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async: VerlAsync or VerlV1Async)
+    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async.py)
 
     def __post_init__(self):
         super().__post_init__()
