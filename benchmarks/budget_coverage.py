@@ -156,8 +156,11 @@ def _run(sc: Scenario, draw: int, level, seed: int):
 
 
 def _index(sc: Scenario) -> int:
-    """The scenario's place in SCENARIOS (its random streams' key), or a hash of its fields for one made elsewhere."""
-    return SCENARIOS.index(sc) if sc in SCENARIOS else abs(hash(sc)) % (1 << 30)
+    """The scenario's place in SCENARIOS (its random streams' key), or a CRC of its fields for one made elsewhere (not
+    Python's hash(): salted per process, it gave the same scenario other draws in every run)."""
+    import zlib
+
+    return SCENARIOS.index(sc) if sc in SCENARIOS else zlib.crc32(repr(sc).encode())
 
 
 def _recorded(sc: Scenario, draw: int, level) -> float:

@@ -12,16 +12,37 @@ def test_one_simulated_calibration_runs_and_is_judged():
     """A whole calibration on synthetic runs (the demo's ladder, one adaptive level, one allocated run, 20 bootstrap
     draws): a budget with an interval, the true BMD of the linear truth (0.02·d: 1.0), which end missed it, and the
     verdicts at half and twice the truth. Seen failing at HEAD before the fix (`'dict' object has no attribute
-    'quality'`: the synthetic run was a dict where the Ladder reads a TrainingRunRecord)."""
+    'quality'`: the synthetic run was a dict where the Ladder reads a TrainingRunRecord), and once in 24 hash seeds
+    while a toy scenario's random streams were keyed by Python's salted hash() (PYTHONHASHSEED=16: a lower end of
+    0.0 against `0 < lo`)."""
     cov = benchmark("budget_coverage")
     sc = cov.Scenario("toy", "linear", 0.05, 0.5, 0.45, max_runs=1, dose_error=0.1, tails=True)
     r = cov.one_draw((sc, 0, 20, "budget", 0.14))
     assert r["truth"] == 1.0 or abs(r["truth"] - 1.0) < 1e-9
     lo, hi = r["interval"]
-    assert 0 < lo <= r["bmd"] and (hi >= r["bmd"] or math.isnan(hi))
+    assert 0 <= lo <= r["bmd"] and (hi >= r["bmd"] or math.isnan(hi))  # a lower end of 0: no dose shown safe
+    assert [_draw_in_a_process(h) for h in (1, 16)] == [r["interval"]] * 2  # the same draw whatever the hash salt
     assert r["covered"] == (not r["missed_low"] and not r["missed_high"])
     assert isinstance(r["admit_at_half"], bool) and isinstance(r["reject_at_twice"], bool)
     assert r["runs"] >= 3 * 4 + 1  # the ladder's 4 levels x 3 seeds, and the adaptive level or the allocated run
+
+
+def _draw_in_a_process(hash_seed: int) -> list:
+    """The toy scenario's draw 0 in a fresh Python process with PYTHONHASHSEED=`hash_seed`."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import BENCHMARKS
+
+    code = (
+        f"import json, sys; sys.path.append({str(BENCHMARKS)!r}); import budget_coverage as c; "
+        "sc = c.Scenario('toy', 'linear', 0.05, 0.5, 0.45, max_runs=1, dose_error=0.1, tails=True); "
+        "print(json.dumps(c.one_draw((sc, 0, 20, 'budget', 0.14))['interval']))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": str(hash_seed), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_the_report_counts_each_end_and_the_power_by_hand(tmp_path):
