@@ -429,3 +429,22 @@ def test_every_bare_record_field_says_what_it_holds():
                 if parts & bare_names and not said:
                     silent.append(f"{name}:{node.name}.{s.target.id}")
     assert not silent, f"bare dict/list record fields that do not say what they hold: {silent}"
+
+
+def test_one_table_of_kv_dtypes():
+    """Every KV-cache dtype is one entry of core/schemes.py's KV_DTYPES (its bytes, its FP8 format, its inline scales,
+    its recipe scheme), and every other table of them is a view computed from it: a dict, set or tuple literal naming
+    two or more KV dtypes anywhere else in the package is a second table."""
+    from fp8probe.core.schemes import KV_DTYPES
+
+    names = {n for n, d in KV_DTYPES.items() if d.element_bytes != 2 and d.element_bytes is not None}  # not torch's
+    tables = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+            if not isinstance(node, (ast.Dict, ast.Set, ast.Tuple, ast.List)) or items is None:
+                continue
+            listed = {k.value for k in items if isinstance(k, ast.Constant) and k.value in names}
+            if len(listed) >= 2:
+                tables.append(f"{name}:{node.lineno} {sorted(listed)}")
+    assert not tables, f"KV dtypes tabled outside core/schemes.py's KV_DTYPES: {tables}"

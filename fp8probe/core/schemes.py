@@ -170,9 +170,6 @@ def _same(d: dict, spec: QuantSpec) -> bool:
     return all(d.get(k, _CT_DEFAULTS.get(k)) == v for k, v in _spec_dict(spec).items())
 
 
-# vLLM's --kv-cache-dtype names of the FP8 KV caches -> our format names
-KV_CACHE_DTYPES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
-
 # llm-compressor's observer for static scales: "static_minmax" = the amax over all calibration data, which is what
 # fp8probe measures with. Its default ("minmax") is a moving average over the calibration samples (constant 0.01)
 # that ends up below that amax. Measured on the embedded student (16 rollouts): with the default, the checkpoint's
@@ -180,18 +177,52 @@ KV_CACHE_DTYPES = {"fp8": "e4m3", "fp8_e4m3": "e4m3", "fp8_e5m2": "e5m2"}
 # static_minmax, within -2.3 % .. +5.3 % and -1.1 % .. +1.3 % (median 0: llm-compressor calibrates a bf16 copy).
 STATIC_OBSERVER = "static_minmax"
 
-# a recipe's KV-cache scheme: what llm-compressor's QuantizationModifier takes as kv_cache_scheme
-# (calibrated per-tensor k/v scales, which vLLM reads as k_scale / v_scale)
-KV_CACHE_SCHEMES = {
-    "fp8": {
-        "num_bits": 8,
-        "type": "float",
-        "strategy": "tensor",
-        "dynamic": False,
-        "symmetric": True,
-        "observer": STATIC_OBSERVER,
-    },
+
+@dataclass(frozen=True)
+class KVDtype:
+    """One KV-cache dtype as vLLM names it (--kv-cache-dtype): what it costs per element, how fp8probe measures it, and
+    how a recipe writes it. Adding a KV dtype is an entry of KV_DTYPES (and its measurement where `fmt` is new)."""
+
+    name: str
+    element_bytes: float | None  # bytes per K or V element (None: the model's own dtype); vllm/utils/torch_utils.py
+    fmt: str | None = None  # the FP8 format fp8probe simulates it with (e4m3, e5m2); None: not measured here
+    # inline fp32 scales per token, KV head and side (the per-token-head dtypes: TritonAttentionBackend.customize_spec)
+    scale_bytes: int = 0
+    # what llm-compressor's QuantizationModifier takes as kv_cache_scheme (calibrated per-tensor k/v scales, which vLLM
+    # reads as k_scale / v_scale): the dtypes a recipe can hold
+    scheme: dict | None = None
+
+
+# the one table of KV-cache dtypes, in vLLM's order; everything else about a KV dtype is read from here
+KV_DTYPES = {
+    d.name: d
+    for d in (
+        KVDtype("auto", None),
+        KVDtype("bfloat16", 2),
+        KVDtype("float16", 2),
+        KVDtype(
+            "fp8",
+            1,
+            "e4m3",
+            scheme={
+                "num_bits": 8,
+                "type": "float",
+                "strategy": "tensor",
+                "dynamic": False,
+                "symmetric": True,
+                "observer": STATIC_OBSERVER,
+            },
+        ),
+        KVDtype("fp8_e4m3", 1, "e4m3"),
+        KVDtype("fp8_e5m2", 1, "e5m2"),
+        KVDtype("fp8_per_token_head", 1, scale_bytes=4),
+        KVDtype("int8_per_token_head", 1, scale_bytes=4),
+        KVDtype("int4_per_token_head", 0.5, scale_bytes=4),
+    )
 }
+# views of it: the FP8 KV caches fp8probe measures (vLLM's name -> our format name), and a recipe's KV-cache schemes
+KV_CACHE_DTYPES = {n: d.fmt for n, d in KV_DTYPES.items() if d.fmt}
+KV_CACHE_SCHEMES = {n: d.scheme for n, d in KV_DTYPES.items() if d.scheme}
 
 
 def check_recipe_kv(kv_cache_dtype: str | None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.schemes import KV_DTYPES
 from ..core.settings import Settings, opt
 from ..core.units import GiB
 from .gpus import GPU_NAMES, gpu
@@ -15,21 +16,10 @@ from .gpus import GPU_NAMES, gpu
 GPUS = {name: gpu(name).memory_mib for name in GPU_NAMES}
 
 VLLM_VERSION = "0.32.0"  # the vLLM whose KV-cache accounting capacity.py mirrors
-# vLLM's --kv-cache-dtype -> bytes per K or V element (None: the model's own dtype); vllm/utils/torch_utils.py
-KV_DTYPE_BYTES = {
-    "auto": None,
-    "bfloat16": 2,
-    "float16": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "fp8_per_token_head": 1,
-    "int8_per_token_head": 1,
-    "int4_per_token_head": 0.5,
-}
-# per-token-head dtypes also store one fp32 scale per token, KV head and side (K, V) inline with the data
-# (TritonAttentionBackend.customize_spec in vllm/v1/attention/backends/triton_attn.py)
-KV_SCALE_BYTES = {"fp8_per_token_head": 4, "int8_per_token_head": 4, "int4_per_token_head": 4}
+# vLLM's --kv-cache-dtype -> bytes per K or V element (None: the model's own dtype), and the inline scale bytes of the
+# per-token-head dtypes: views of core/schemes.py's KV_DTYPES
+KV_DTYPE_BYTES = {n: d.element_bytes for n, d in KV_DTYPES.items()}
+KV_SCALE_BYTES = {n: d.scale_bytes for n, d in KV_DTYPES.items() if d.scale_bytes}
 NON_TORCH_BYTES = GiB // 2
 
 
