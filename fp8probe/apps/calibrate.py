@@ -39,7 +39,7 @@ def run_calibrate(
     from ..training.opd import require_trl
 
     require_trl()
-    read_marks(marks)
+    marked = read_marks(marks)  # refused before any output; drawn on calibration.png
     out = check_writable(out)
     if refit:
         calibration = read_experiment(out, calibration.response)
@@ -51,7 +51,7 @@ def run_calibrate(
             summary["runs"],
             d / "calibration.png",
             budgets=summary["budgets"],
-            marks=read_marks(marks),
+            marks=marked,
             quality=QUALITY_NAME,
             curves=summary["curves"],
         )

@@ -22,8 +22,8 @@ what an engine reads and checks it against the recipe, one finding per defect:
     kv-scale     with an FP8 KV cache, each attention layer's k_scale and v_scale present, finite, positive, and not
                  1.0 where the recipe calibrated them
     kv-map       the layers whose KV cache vLLM keeps in the model dtype (vllm.yaml's kv-cache-dtype-skip-layers,
-                 as vLLM's Attention layer matches them: layer indices; a verl fragment's
-                 engine_kwargs.vllm.kv_cache_dtype_skip_layers) against the recipe's per-layer KV map
+                 as vLLM's Attention layer matches them: layer indices; verl's and SkyRL's fragments' engine
+                 keyword) against the recipe's per-layer KV map
     framework    every RL framework's fragment under frameworks/, read as that framework reads it (each target's
                  reader in frameworks/*.py), module by module and for the KV cache against the recipe
 
@@ -238,8 +238,10 @@ def _check_kv_map(a: Audit, ckpt: Path, recipe) -> None:
     path = ckpt / "vllm.yaml"
     if recipe.kv_cache_scheme is None or not path.is_file():
         return
+    from .frameworks.base import skipped_layers
+
     listed = (yaml.safe_load(path.read_text()) or {}).get("kv-cache-dtype-skip-layers") or []
-    engine = {int(x) for x in listed if str(x).isdigit()}
+    engine = skipped_layers(listed)
     for x in listed:
         if not str(x).isdigit():
             a.add("kv-map", f"vllm.yaml: {x}", "vLLM skips layers by this name; the recipe lists layer indices only")

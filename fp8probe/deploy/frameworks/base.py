@@ -85,6 +85,16 @@ def resolves(target: "Target", *files: str):
     return deco
 
 
+def skipped_layers(listed) -> set[int]:
+    """The layer indices of a per-layer KV map as an engine reads it: a list (vllm.yaml's), or the text of one an
+    override writes ("[0,3]", '["0","3"]'), read as YAML as Hydra and OmegaConf read it; names (`sliding_window`) are
+    not indices."""
+    import yaml
+
+    items = yaml.safe_load(listed) if isinstance(listed, str) else listed
+    return {int(x) for x in items or [] if str(x).isdigit()}
+
+
 def every_linear(units) -> set:
     """The units a framework that quantizes every Linear puts in FP8 (MoE routers are not quantizable units)."""
     return {u.name for u in units if u.quantizable}

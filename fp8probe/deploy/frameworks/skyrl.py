@@ -4,7 +4,7 @@ overrides, which SkyRL reads with OmegaConf.from_cli: no Hydra `+`)."""
 import json
 import shlex
 
-from .base import IS_CLIP, Applied, Target, every_linear, header, hydra, overrides, register, resolves
+from .base import IS_CLIP, Applied, Target, every_linear, header, hydra, overrides, register, resolves, skipped_layers
 
 SKYRL = Target(
     "skyrl",
@@ -46,9 +46,8 @@ def read(files, units, n_blocks) -> Applied:
     """engine_init_kwargs.quantization=fp8: vLLM's online FP8 on every Linear; kv_cache_dtype and its per-layer map
     beside it."""
     o = overrides(files["skyrl.sh"])
-    listed = o.get(KEY + "kv_cache_dtype_skip_layers", "").strip("[]").replace("'", "").replace('"', "")
     return Applied(
         every_linear(units) if o.get(KEY + "quantization") == "fp8" else set(),
         o.get(KEY + "kv_cache_dtype"),
-        {int(x) for x in listed.split(",") if x.strip().isdigit()},
+        skipped_layers(o.get(KEY + "kv_cache_dtype_skip_layers")),
     )

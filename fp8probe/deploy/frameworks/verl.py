@@ -19,6 +19,7 @@ from .base import (
     overrides,
     register,
     resolves,
+    skipped_layers,
     verl_correction,
 )
 
@@ -50,6 +51,9 @@ VERL_SGLANG = Target(
     "closed unmerged)",
 )
 MAIN = "python3 -m verl.trainer.main_ppo"
+# verl 0.9.1 hands engine_kwargs.vllm to `vllm serve` whole (vllm_async_server.py: build_cli_args_from_config, a list
+# as one flag and its items), so vLLM's own per-layer KV map reaches the rollout engine through it
+SKIP_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype_skip_layers"
 
 
 def _rollout(e) -> list[str]:
@@ -59,16 +63,10 @@ def _rollout(e) -> list[str]:
         lines.append("actor_rollout_ref.rollout.quantization=fp8")
     if e.kv:
         lines.append(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype={e.kv}")
-    if (
-        e.kv and e.kv_skip
-    ):  # a Hydra list, quoted for the shell; verl passes it on as `--kv_cache_dtype_skip_layers 1 16`
+    # a Hydra list, quoted for the shell; verl passes it on as `--kv_cache_dtype_skip_layers 1 16`
+    if e.kv and e.kv_skip:
         lines.append(shlex.quote(f"+{SKIP_KEY}=[{','.join(map(str, e.kv_skip))}]"))
     return lines
-
-
-# verl 0.9.1 hands engine_kwargs.vllm to `vllm serve` whole (vllm_async_server.py: build_cli_args_from_config, a list
-# as one flag and its items), so vLLM's own per-layer KV map reaches the rollout engine through it
-SKIP_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype_skip_layers"
 
 
 @register(VERL)
@@ -103,11 +101,10 @@ def read_vllm(files, units, n_blocks) -> Applied:
 def _read_rollout(text: str, units) -> Applied:
     """What the vLLM rollout of a verl script runs (the verl, verl-opd and verl-fully-async targets)."""
     o = overrides(text)
-    listed = o.get(SKIP_KEY, "").strip("[]")
     return Applied(
         every_linear(units) if o.get("actor_rollout_ref.rollout.quantization") == "fp8" else set(),
         o.get("actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype"),
-        {int(x) for x in listed.split(",") if x.strip().isdigit()},
+        skipped_layers(o.get(SKIP_KEY)),
     )
 
 
