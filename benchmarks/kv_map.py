@@ -18,9 +18,12 @@ weights W and its KV layers in BF16, S (k of them). Every row below is measured 
     joint, every layer  the recipe made at the same budget with the KV cache in every layer (today's
                         `--kv-cache-dtype fp8`): other weights, the capacity of uniform FP8 KV
 
-Each row states its KV tokens at the same KV memory (capacity by vLLM's accounting for the mixed cache), relative to
-all-BF16 KV. Equal capacity is exact where the map skips as many layers (every layer's KV cache has the same size on
-the students here).
+On a model with sliding-window layers (Gemma 3) the baselines skip sliding layers only, counted among them (first/
+last, boundary 2: the first and last sliding layers), as the mixed recipe does: vLLM 0.32 cannot keep a
+full-attention layer's KV cache BF16 beside them. Each row states its KV tokens at the same KV memory (capacity by
+vLLM's accounting for the mixed cache), relative to all-BF16 KV. Skipping as many layers is equal capacity on a
+full-attention student; beside sliding-window layers vLLM's grouping of identical layers makes it depend on the map
+(the column says by how much).
 """
 
 from __future__ import annotations
@@ -31,14 +34,16 @@ import math
 import time
 
 
-def kv_maps(n: int, k: int, rows: dict) -> dict:
-    """The baselines' skipped layers: name -> sorted layer indices."""
+def kv_maps(allowed: list[int], k: int, rows: dict) -> dict:
+    """The baselines' skipped layers (name -> sorted layer indices) among the layers a map may skip (`allowed`: every
+    layer, or on a model with sliding-window layers the sliding ones, since vLLM 0.32 cannot keep a full-attention
+    layer's KV cache BF16 beside them)."""
     first, last = math.ceil(k / 2), k // 2
-    worst = sorted(rows, key=lambda i: -rows[i])[:k]
+    worst = sorted((i for i in rows if i in allowed), key=lambda i: -rows[i])[:k]
     return {
-        f"first/last, k={k}": sorted(set(range(first)) | set(range(n - last, n))),
+        f"first/last, k={k}": sorted(set(allowed[:first]) | set(allowed[len(allowed) - last :])),
         f"KV rows, k={k}": sorted(worst),
-        "boundary 2": sorted({0, 1, n - 2, n - 1}),
+        "boundary 2": sorted(set(allowed[:2]) | set(allowed[-2:])),
         "uniform FP8 KV": [],
     }
 
@@ -79,6 +84,7 @@ def compare(sweep_dir, budget: float, kv_tokens: int, kv_memory_gib: float = 8.0
     from fp8probe.measurement.perturbation import Perturbation
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import load_rollouts
+    from fp8probe.model.structure import layer_attention_types, text_config
     from fp8probe.model.student import load_student
     from fp8probe.recipe.selection import make_recipe
     from fp8probe.recipe.settings import RecipeContext, RecipeSettings
@@ -111,17 +117,19 @@ def compare(sweep_dir, budget: float, kv_tokens: int, kv_memory_gib: float = 8.0
         layers = tuple(i for i in student.layers if i not in set(skip))
         return measure(ref, student, held, Perturbation(units, scheme, layers, kv))
 
-    # the checkpoint as vLLM serves it: bfloat16 (the student here may be loaded in fp32)
-    cfg = type(student.model.config).from_dict({**student.model.config.to_dict(), "dtype": "bfloat16"})
-
     def tokens(skip, dtype="fp8"):
         lay = kv_layout(cfg, dtype, skip=tuple(skip)) if dtype != "auto" else kv_layout(cfg, "auto")
         return kv_capacity(lay, int(kv_memory_gib * 2**30), 4096)["kv_tokens"]
 
+    # the checkpoint as vLLM serves it: bfloat16 (the student here may be loaded in fp32)
+    cfg = type(student.model.config).from_dict({**student.model.config.to_dict(), "dtype": "bfloat16"})
+
     skip = mixed.kv_skip_layers if mixed.kv_cache_dtype else list(range(n))  # no layer chosen: no FP8 KV cache
     k = len(skip)
+    windows = layer_attention_types(text_config(cfg), True)
+    allowed = [i for i in range(n) if windows[i] is not None] if any(windows) else list(range(n))
     rows = [("mixed", mixed, skip, "fp8")]
-    rows += [(name, mixed, skip, "fp8") for name, skip in kv_maps(n, k, kv_rows).items()]
+    rows += [(name, mixed, skip, "fp8") for name, skip in kv_maps(allowed, k, kv_rows).items()]
     rows += [("BF16 KV", mixed, list(range(n)), "auto")] + ([("joint, every layer", joint, [], "fp8")] if joint else [])
     base = measured(mixed, skip)
     assert math.isclose(base.metrics["kl_q_p"], mixed.measured, rel_tol=1e-6), (base.metrics, mixed.measured)

@@ -178,6 +178,9 @@ def _same(d: dict, spec: QuantSpec) -> bool:
 STATIC_OBSERVER = "static_minmax"
 
 
+VLLM_VERSION = "0.32.0"  # the vLLM whose KV-cache dtypes, layout and accounting fp8probe mirrors
+
+
 @dataclass(frozen=True)
 class KVDtype:
     """One KV-cache dtype as vLLM names it (--kv-cache-dtype): what it costs per element, how fp8probe measures it, and

@@ -33,15 +33,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..core.errors import FP8ProbeError
 from ..core.records import CapacityRecord
-from ..core.schemes import num_scales
+from ..core.schemes import VLLM_VERSION, num_scales
 from ..core.units import GiB
-from ..model.structure import kv_geometry, list_units, meta_model, text_config
+from ..model.structure import kv_geometry, layer_attention_types, list_units, meta_model, text_config
 from ..model.student import load_config
 from ..recipe.recipe import Recipe
-from .serving import KV_DTYPE_BYTES, KV_SCALE_BYTES, NON_TORCH_BYTES, VLLM_VERSION, Serving
+from .serving import KV_DTYPE_BYTES, KV_SCALE_BYTES, NON_TORCH_BYTES, Serving
 
 
 def _storage_bytes(cfg) -> int:
@@ -117,27 +118,6 @@ def weight_records(model, recipe=None, tp: int = 1) -> list[Weight]:
     return out
 
 
-def layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
-    """Per layer: None for full attention, or the sliding window size as vLLM will use it."""
-    n = cfg.num_hidden_layers
-    window = getattr(cfg, "sliding_window", None)
-    types = getattr(cfg, "layer_types", None)
-    if types is not None:
-        out = [window if t == "sliding_attention" else None for t in types]
-        if any(t not in ("sliding_attention", "full_attention") for t in types):
-            raise FP8ProbeError(
-                f"layer types {sorted(set(types))} are not supported by the capacity model; "
-                "pass `kv_cache_memory` and read vLLM's own log line"
-            )
-    elif window and getattr(cfg, "use_sliding_window", True):
-        out = [window] * n
-    else:
-        out = [None] * n
-    if not hybrid:  # --disable-hybrid-kv-cache-manager: sliding layers are allocated as full attention
-        out = [None] * n
-    return out
-
-
 def kv_layout(
     cfg, kv_dtype: str, tp: int = 1, block_size: int = 16, hybrid: bool = True, skip: tuple[int, ...] = ()
 ) -> dict:
@@ -152,6 +132,11 @@ def kv_layout(
     kv_rank = max(1, kv_heads // tp)
     per_head_token = int(2 * head_dim * dtype_bytes) + 2 * KV_SCALE_BYTES.get(kv_dtype, 0)  # K and V of one head
     types = layer_attention_types(cfg, hybrid)
+    if skip and not hybrid and any(w is not None for w in layer_attention_types(cfg, True)):
+        raise FP8ProbeError(
+            "a mixed KV cache with sliding-window layers is modelled with vLLM's hybrid KV-cache manager only; "
+            "drop --disable-hybrid-kv-cache-manager or read vLLM's own `KV cache size` log line"
+        )
     if skip and KV_DTYPE_BYTES[kv_dtype] is not None:
         model_token = int(2 * head_dim * _storage_bytes(cfg))  # a skipped layer: K and V of one head, model dtype
         return _mixed_layout(types, set(skip), kv_rank, per_head_token, model_token, block_size, dtype_bytes, head_dim)
@@ -163,10 +148,10 @@ def kv_layout(
     group_size = min(sizes)
     if max(sizes) < group_size * 1.5:
         group_size = max(sizes)
-    groups = []  # (window or None, layer indices)
+    groups = []
     for t, layers in buckets.items():
         k = math.ceil(len(layers) / group_size)
-        groups += [(t, layers[i::k]) for i in range(k)]
+        groups += [KVGroup(t, layers[i::k], block_size) for i in range(k)]
     return {
         "page_bytes": page,
         "groups": groups,
@@ -176,7 +161,7 @@ def kv_layout(
         "kv_heads_per_rank": kv_rank,
         "head_dim": head_dim,
         "bytes_per_token": len(types) * kv_rank * per_head_token,
-        "bytes_per_block": max(len(layers) for _, layers in groups) * page,
+        "bytes_per_block": max(len(g.layers) for g in groups) * page,
     }
 
 
@@ -184,21 +169,33 @@ SMALLEST_KERNEL_BLOCK = 16  # the smallest block vLLM's CUDA attention backends 
 # MultipleOf(16); FlashInfer: 16, 32, 64): what a mixed cache's block size is aligned with
 
 
+class KVGroup(NamedTuple):
+    """One KV-cache group as vLLM's block tables hold it: its attention (None: full, else the sliding window), its
+    layers, and the tokens one of its blocks holds."""
+
+    window: int | None
+    layers: list[int]
+    block_size: int
+
+
 def _mixed_layout(
     types, skip: set, kv_rank: int, fp8_token: int, model_token: int, block_size: int, dtype_bytes, head_dim
 ):
-    """A mixed KV cache as vLLM 0.32 lays it out on a CUDA platform (platforms/interface.py:
-    _align_heterogeneous_kv_block_size; v1/core/kv_cache_utils.py): the primary (FP8) page per token P1 and the
-    skipped layers' P2 > P1; the block size grows to A x ceil(16 P2 / (A P1)), A = max(16, block_size), so that one
-    FP8 page covers a 16-token page of the model dtype; every full-attention layer then has that block size and its
-    own page (block x its per-token bytes), all in one group (UniformTypeKVCacheSpecs: its page is their sum), and a
-    request needs ceil(max_model_len / block) blocks. Sliding-window layers beside a mixed cache (their pages padded
-    to skip_page_size_padded) are not modelled."""
-    if any(t is not None for t in types):
-        raise FP8ProbeError(
-            "the capacity model covers a mixed KV cache (kv_cache_dtype_skip_layers) on full-attention models only; "
-            "this one has sliding-window layers, whose pages vLLM pads: read vLLM's own `KV cache size` log line"
-        )
+    """A mixed KV cache as vLLM 0.32 lays it out on a CUDA platform, Triton's or FlashAttention's kernel blocks
+    (MultipleOf(16)). platforms/interface.py _align_heterogeneous_kv_block_size: with the primary (FP8) page per
+    token P1 and the skipped layers' P2 > P1, the block size grows to A x ceil(16 P2 / (A P1)), A = max(16,
+    block_size), so that one FP8 page covers a 16-token page of the model dtype; the shared page is block x P1.
+
+    Full attention only: every layer has that block size and its own page (block x its per-token bytes), all in one
+    group (UniformTypeKVCacheSpecs: its page is their sum), and a request needs ceil(max_model_len / block) blocks.
+
+    With sliding-window layers (model_executor/layers/attention/attention.py get_kv_cache_spec): every sliding layer,
+    FP8 or skipped, pads its page to the shared page and takes the largest multiple of 16 tokens whose page fits it
+    (_largest_kernel_block_within); v1/core/kv_cache_utils.py then unifies the page sizes (a page that divides the
+    largest grows its block; a padded page cannot grow: vLLM 0.32 fails an assertion, so a skipped full-attention
+    layer, whose unpadded page is twice the shared one, is refused here) and groups layers of identical specs
+    (_get_kv_cache_groups_uniform_page_size: the smallest bucket's size, or the largest's when under 1.5x of it;
+    layers[i::k] per group); a block is group size x the shared page."""
     n = len(types)
     bad = sorted(i for i in skip if not 0 <= i < n)
     if bad:
@@ -208,26 +205,69 @@ def _mixed_layout(
         a = max(SMALLEST_KERNEL_BLOCK, block_size)
         block_size = max(block_size, a * math.ceil(p2 * SMALLEST_KERNEL_BLOCK / (a * p1)))
     per_token = sum(p2 if i in skip else p1 for i in range(n))
-    return {
-        "page_bytes": block_size * p1,
-        "groups": [(None, list(range(n)))],
-        "group_size": n,
+    common = {
         "block_size": block_size,
         "dtype_bytes": dtype_bytes,
         "kv_heads_per_rank": kv_rank,
         "head_dim": head_dim,
         "bytes_per_token": per_token,
-        "bytes_per_block": block_size * per_token,
         "skipped_layers": sorted(skip),
+    }
+    if all(t is None for t in types):
+        return common | {
+            "page_bytes": block_size * p1,
+            "groups": [KVGroup(None, list(range(n)), block_size)],
+            "group_size": n,
+            "bytes_per_block": block_size * per_token,
+        }
+    shared = block_size * p1 if p2 > p1 else None
+    specs = []  # per layer: (window, skipped, block, page bytes, padded)
+    for i, w in enumerate(types):
+        per = p2 if i in skip else p1
+        if w is None:
+            specs.append((w, i in skip, block_size, block_size * per, False))
+            continue
+        budget = shared or per * block_size
+        fit = max(SMALLEST_KERNEL_BLOCK, budget // per // SMALLEST_KERNEL_BLOCK * SMALLEST_KERNEL_BLOCK)
+        sw_block = fit if fit * per <= budget else SMALLEST_KERNEL_BLOCK
+        specs.append((w, i in skip, sw_block, shared or sw_block * per, shared is not None))
+    largest = max(s[3] for s in specs)
+    unified = []
+    for i, (w, sk, blk, page, padded) in enumerate(specs):
+        if page < largest and largest % page == 0:
+            if padded:
+                raise FP8ProbeError(
+                    f"vLLM {VLLM_VERSION} cannot lay out this KV map: layer {i}'s sliding-window page is padded to "
+                    f"{page:,} bytes while a skipped full-attention layer's page is {largest:,} (an assertion in "
+                    "unify_kv_cache_spec_page_size); on a model with sliding-window layers keep every full-attention "
+                    "layer's KV cache in FP8"
+                )
+            blk, page = blk * (largest // page), largest
+        unified.append((w, sk, blk))
+    buckets: dict = {}
+    for i, spec in enumerate(unified):
+        buckets.setdefault(spec, []).append(i)
+    sizes = [len(v) for v in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < group_size * 1.5:
+        group_size = max(sizes)
+    groups = []
+    for (w, _, blk), layers in buckets.items():
+        k = math.ceil(len(layers) / group_size)
+        groups += [KVGroup(w, layers[j::k], blk) for j in range(k)]
+    return common | {
+        "page_bytes": largest,
+        "groups": groups,
+        "group_size": group_size,
+        "bytes_per_block": group_size * largest,
     }
 
 
 def kv_capacity(layout: dict, kv_memory_bytes: int, max_model_len: int, max_in_flight_tokens: int = 8192) -> dict:
     """Blocks, tokens and concurrency for a KV memory budget (vLLM's get_kv_cache_capacity)."""
-    bs = layout["block_size"]
     num_blocks = max(0, int(kv_memory_bytes) // layout["bytes_per_block"])
     per_request = 0
-    for window, _ in layout["groups"]:
+    for window, _, bs in layout["groups"]:
         if window is None:
             per_request += math.ceil(max_model_len / bs)
         else:

@@ -15,7 +15,6 @@ from .gpus import GPU_NAMES, gpu
 # total device memory as nvidia-smi reports it (MiB), from the one GPU table (gpus.py)
 GPUS = {name: gpu(name).memory_mib for name in GPU_NAMES}
 
-VLLM_VERSION = "0.32.0"  # the vLLM whose KV-cache accounting capacity.py mirrors
 # vLLM's --kv-cache-dtype -> bytes per K or V element (None: the model's own dtype), and the inline scale bytes of the
 # per-token-head dtypes: views of core/schemes.py's KV_DTYPES
 KV_DTYPE_BYTES = {n: d.element_bytes for n, d in KV_DTYPES.items()}

@@ -129,7 +129,8 @@ def step_model(cfg, recipe, kv_cache_dtype: str, device: Device, tp: int = 1, hy
     """The StepModel of `cfg` (a transformers config) with `recipe`'s FP8 units (None: BF16) and the KV cache in
     `kv_cache_dtype`, on `device`, split over `tp` ranks."""
     from ..model.structure import meta_model, text_config
-    from .capacity import kv_layout, layer_attention_types, weight_records
+    from ..model.structure import layer_attention_types
+    from .capacity import kv_layout, weight_records
 
     tcfg = text_config(cfg)
     records = weight_records(meta_model(cfg), recipe, tp)
@@ -180,18 +181,19 @@ class Rollout:
         return self.tokens / self.seconds if self.seconds else math.inf
 
 
-def blocks_for(tokens, groups, block_size: int):
-    """KV blocks one request of `tokens` tokens holds, summed over the layout's groups (full: ceil(n / bs);
-    sliding window W: ceil(min(W, n) / bs) + 1, as vLLM keeps one block beyond the window); arrays broadcast."""
+def blocks_for(tokens, groups):
+    """KV blocks one request of `tokens` tokens holds, summed over the layout's groups (capacity.KVGroup; full:
+    ceil(n / its block size); sliding window W: ceil(min(W, n) / its block size) + 1, as vLLM keeps one block beyond
+    the window); arrays broadcast."""
     import numpy as np
 
     n = np.asarray(tokens)
     total = np.zeros_like(n)
-    for window, _ in groups:
+    for window, _, bs in groups:
         if window is None:
-            total = total + -(-n // block_size)
+            total = total + -(-n // bs)
         else:
-            total = total + -(-np.minimum(n, window) // block_size) + 1
+            total = total + -(-np.minimum(n, window) // bs) + 1
     return total
 
 
@@ -215,7 +217,7 @@ def simulate(
     target = np.asarray(response_lens, dtype=np.int64)
     if len(prompt) != len(target) or not len(prompt):
         raise ValueError("simulate needs one prompt and one response length per request")
-    if int(blocks_for(int(prompt.max() + target.max()), groups, block_size)) > num_blocks:
+    if int(blocks_for(int(prompt.max() + target.max()), groups)) > num_blocks:
         raise ValueError(
             "the KV cache cannot hold even one of these requests: lower the response length or give it more memory"
         )
@@ -233,18 +235,18 @@ def simulate(
         while (
             running
             and len(running) > 1
-            and int(blocks_for(prompt[running] + done[running] + k, groups, block_size).sum()) > num_blocks
+            and int(blocks_for(prompt[running] + done[running] + k, groups).sum()) > num_blocks
         ):
             victim = running.pop()
             waiting.appendleft(victim)  # keeps done[victim]: prompt + those tokens are prefilled when readmitted
             preempt += 1
             preempted = True
             k = int(min(chunk, (target[running] - done[running]).min()))
-        held = int(blocks_for(prompt[running] + done[running] + k, groups, block_size).sum()) if running else 0
+        held = int(blocks_for(prompt[running] + done[running] + k, groups).sum()) if running else 0
         prefill = 0
         while not preempted and waiting and len(running) < max_num_seqs:
             i = waiting[0]
-            need = int(blocks_for(prompt[i] + done[i] + min(k, target[i] - done[i]), groups, block_size))
+            need = int(blocks_for(prompt[i] + done[i] + min(k, target[i] - done[i]), groups))
             if held + need > num_blocks:
                 break
             waiting.popleft()

@@ -118,6 +118,27 @@ def text_config(config):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def layer_attention_types(cfg, hybrid: bool) -> list[int | None]:
+    """Per layer: None for full attention, or the sliding window size as vLLM will use it."""
+    n = cfg.num_hidden_layers
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        out = [window if t == "sliding_attention" else None for t in types]
+        if any(t not in ("sliding_attention", "full_attention") for t in types):
+            raise FP8ProbeError(
+                f"layer types {sorted(set(types))} are not supported by the capacity model; "
+                "pass `kv_cache_memory` and read vLLM's own log line"
+            )
+    elif window and getattr(cfg, "use_sliding_window", True):
+        out = [window] * n
+    else:
+        out = [None] * n
+    if not hybrid:  # --disable-hybrid-kv-cache-manager: sliding layers are allocated as full attention
+        out = [None] * n
+    return out
+
+
 def meta_model(config):
     """The model built on the meta device: shapes and names, no memory, no weights."""
     from transformers import AutoModelForCausalLM

@@ -29,11 +29,11 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, excess
 from ..core.metrics import metric as metric_info
 from ..core.metrics import no_mismatch
-from ..core.schemes import KVCacheScheme, Scheme
+from ..core.schemes import VLLM_VERSION, KVCacheScheme, Scheme
 from ..measurement.measure import Measured, measure
 from ..measurement.perturbation import Perturbation
 from ..measurement.reference import Reference
-from ..model.structure import scheme_blockers
+from ..model.structure import layer_attention_types, scheme_blockers, text_config
 from .forms import FORMS, Form
 from .recipe import Recipe
 from .refine import Goal, refine
@@ -120,6 +120,28 @@ def _kv_scores(rows, metric: str, kv_tokens: int) -> list[GroupScore]:
         )
         for r in rows.itertuples()
     ]
+
+
+def _pinned_kv(kv_groups: list[GroupScore], student, kept: set[str]) -> set[str]:
+    """The KV layers a per-layer map must put in FP8: on a model with sliding-window layers, every full-attention
+    layer's, since vLLM 0.32 cannot lay out a BF16 full-attention layer beside the sliding layers' padded pages (an
+    assertion in unify_kv_cache_spec_page_size; deploy/capacity.py _mixed_layout)."""
+    windows = layer_attention_types(text_config(student.model.config), True) if kv_groups else []
+    if not any(w is not None for w in windows):
+        return set()
+    pinned = {g.group for g in kv_groups if windows[g.kv_layer] is None}
+    if pinned & kept:
+        raise FP8ProbeError(
+            f"`keep` {sorted(pinned & kept)[0]}: vLLM {VLLM_VERSION} cannot keep a full-attention layer's KV cache "
+            "in BF16 beside sliding-window layers; keep sliding-window layers' KV caches only"
+        )
+    log.info(
+        "recipe: the full-attention layers' KV caches (layers %s) are FP8 in any per-layer map: vLLM %s cannot keep "
+        "one BF16 beside sliding-window layers",
+        ", ".join(str(g.kv_layer) for g in sorted(kv_groups, key=lambda g: g.kv_layer) if g.group in pinned),
+        VLLM_VERSION,
+    )
+    return pinned
 
 
 def rank_groups(groups: list[GroupScore]) -> list[GroupScore]:
@@ -373,7 +395,8 @@ class _Plan:
         keep_set = groups_of(keep, "keep")
         if not form.edges:
             keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
-        force_set = groups_of(force, "force")
+        force_set = groups_of(force, "force") | _pinned_kv(kv_groups, student, groups_of(keep, "keep"))
+        keep_set -= force_set
         unquantizable = sorted(force_set & set(blocked))
         if unquantizable:
             raise FP8ProbeError(
@@ -582,16 +605,16 @@ class _Search:
     def longest_prefix(self, budget: float, form: Form, max_passes: int) -> int:
         """The most candidates whose measured mismatch stays within the budget: bisection, started at the
         prediction's guess, at most max_passes measured passes."""
-        n = len(self.plan.candidates) - 1
+        n, per_layer = len(self.plan.candidates) - 1, self.plan.kv_per_layer
         if self.measured(0) > budget:
             what = (
                 form.smallest
                 if not form.weights
-                else (f"only the forced groups{' and the FP8 KV cache' if self.kv else ''} in FP8")
+                else (f"only the forced groups{' and the FP8 KV cache' if self.kv and not per_layer else ''} in FP8")
             )
             raise FP8ProbeError(
                 f"even with {what} the measured {self.metric} is {self.measured(0):.3g} > budget "
-                f"{budget}; raise the budget"
+                f"{budget}; raise the budget{', or drop `kv_cache_dtype` (a BF16 KV cache)' if self.kv else ''}"
             )
         lo, hi = 0, n + 1  # measured(lo) <= budget; hi: first k known to exceed (n + 1: none known)
         if n == 0 or self.measured(n) <= budget:

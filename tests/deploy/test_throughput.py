@@ -6,7 +6,7 @@ import pytest
 from conftest import tiny_config
 
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.deploy.capacity import kv_layout
+from fp8probe.deploy.capacity import KVGroup, kv_layout
 from fp8probe.deploy.gpus import GPU_TABLE, gpu
 from fp8probe.deploy.serving import GPUS
 from fp8probe.deploy.throughput import Device, blocks_for, simulate, step_model
@@ -116,13 +116,15 @@ def test_experts_touched():
 
 
 def test_blocks_full_and_sliding():
-    groups = [(None, [0, 1]), (8, [2])]
+    groups = [KVGroup(None, [0, 1], 16), KVGroup(8, [2], 16)]
     # 40 tokens in blocks of 16: 3 for the full group; the window of 8: ceil(8/16) + 1 = 2
-    assert int(blocks_for(40, groups, 16)) == 3 + 2
-    assert int(blocks_for(5, groups, 16)) == 1 + 2
+    assert int(blocks_for(40, groups)) == 3 + 2
+    assert int(blocks_for(5, groups)) == 1 + 2
+    # each group counts in its own block size (a mixed cache's sliding groups: 16 beside a full group's 32)
+    assert int(blocks_for(40, [KVGroup(None, [0], 32), KVGroup(24, [1], 16)])) == 2 + (2 + 1)
     cfg = tiny_config("gemma3_text")
     layout = kv_layout(cfg, "auto")
-    assert {w for w, _ in layout["groups"]} == {None, 8}
+    assert {g.window for g in layout["groups"]} == {None, 8}
 
 
 def _const(step=1e-3):
@@ -136,13 +138,13 @@ def test_the_newest_request_is_preempted_as_vllm_v1_does():
     (request 1 ends at 32). Then 0 needs 4 blocks and the readmitted 2 needs 3 (its prompt and 16 outputs prefilled
     again): 7 <= 7, and both end after 16 more. Steps 16 + 16 + 16 = 48, 1 preemption, prefilled 3 x 16 + 32 = 80.
     Preempting the oldest instead (request 0) would leave it to finish alone afterwards: 64 steps."""
-    r = simulate(_const(), [16, 16, 16], [48, 32, 32], num_blocks=7, groups=[(None, [0, 1])], max_num_seqs=8)
+    r = simulate(_const(), [16, 16, 16], [48, 32, 32], num_blocks=7, groups=[KVGroup(None, [0, 1], 16)], max_num_seqs=8)
     assert (r.steps, r.preemptions, r.tokens, r.prefill_tokens, r.max_running) == (48, 1, 112, 80, 3)
     assert r.seconds == pytest.approx(0.048, rel=1e-6)
 
 
 def test_simulate_by_hand():
-    groups = [(None, [0, 1])]
+    groups = [KVGroup(None, [0, 1], 16)]
     m = _const()
     r = simulate(m, [16, 16], [32, 32], num_blocks=100, groups=groups, max_num_seqs=8)
     assert (r.steps, r.tokens, r.mean_running, r.max_running, r.preemptions) == (32, 64, 2.0, 2, 0)

@@ -214,3 +214,35 @@ def test_audit_reads_a_frameworks_map_back(setup, target, written, dropped):
     assert findings(text.replace(written, dropped)) == [layer3]
     cut = "\n".join(ln for ln in text.splitlines() if "skip_layers" not in ln)
     assert len(findings(cut)) == 2
+
+
+def test_full_attention_kv_layers_stay_fp8_beside_sliding_layers():
+    """On a model with sliding-window layers (tiny Gemma 3: layers 0, 1 sliding, 2 full), vLLM 0.32 cannot keep a
+    full-attention layer's KV cache BF16 (deploy/capacity.py: an assertion in its page unification, shown by
+    tests/deploy/test_capacity.py against vLLM's code): at a budget that buys no KV layer by rank, layer 2's is FP8
+    all the same and its mismatch counted in the measured figure; only sliding layers are skipped; `keep` naming
+    layer 2's KV cache is refused in one line. The map capacity() sizes is then one vLLM lays out."""
+    from fp8probe.deploy.capacity import kv_layout
+
+    st = tiny_student("gemma3_text")
+    r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
+    ref = Reference(st, r)
+    df = sweep(st, r, reference=ref).table
+    kv, fp8 = KVCacheScheme.from_name("fp8"), Scheme.from_name("FP8_DYNAMIC")
+    pinned = measure(ref, st, r, Perturbation((), fp8, (2,), kv)).metrics["kl_q_p"]  # layer 2's KV cache alone
+    rec = make_recipe(df, st, r, ask(pinned * 1.001, kv_cache_dtype="fp8", kv_tokens=10**6), reference=ref)
+    assert rec.kv_skip_layers == [0, 1] and rec.kv_cache_dtype == "fp8"
+    units = tuple(u.name for u in rec.fp8_units(st.units))
+    m = measure(ref, st, r, Perturbation(units, fp8, (2,), kv))
+    assert m.metrics["kl_q_p"] == pytest.approx(rec.measured, rel=1e-9) and rec.measured > 0
+    with pytest.raises(FP8ProbeError, match="drop `kv_cache_dtype`"):  # under layer 2's own figure: nothing fits
+        make_recipe(df, st, r, ask(pinned * 0.5, kv_cache_dtype="fp8", kv_tokens=10**6), reference=ref)
+    kv_layout(st.model.config, "fp8", skip=tuple(rec.kv_skip_layers))  # laid out, not refused
+    with pytest.raises(FP8ProbeError, match="cannot keep a full-attention layer's KV cache"):
+        make_recipe(
+            df,
+            st,
+            r,
+            ask(1.0, kv_cache_dtype="fp8", kv_tokens=10**6, keep=("model.layers.2.self_attn.kv_cache",)),
+            reference=ref,
+        )

@@ -39,3 +39,15 @@ def test_the_rows_hold_their_promises(swept):
     assert by["BF16 KV"]["kv_tokens_vs_bf16"] == 1.0
     # today's every-layer recipe cannot fit this budget at all: said in the head line, no row
     assert "joint, every layer" not in by and "joint, every layer: none (even with only the forced groups" in head
+
+
+def test_baselines_skip_sliding_layers_only_beside_them():
+    """Gemma 3's 18 layers (every sixth full attention): the baselines count first/last and the worst KV rows among
+    the sliding layers, since vLLM cannot keep a full-attention layer's KV cache BF16 beside them (the row of layer
+    17, the worst, is passed over)."""
+    allowed = [i for i in range(18) if i % 6 != 5]
+    rows = {i: float(i) for i in range(18)}  # later layers score worse
+    maps = benchmark("kv_map").kv_maps(allowed, 3, rows)
+    assert maps["first/last, k=3"] == [0, 1, 16] and maps["boundary 2"] == [0, 1, 15, 16]
+    assert maps["KV rows, k=3"] == [14, 15, 16] and maps["uniform FP8 KV"] == []
+    assert benchmark("kv_map").kv_maps(list(range(6)), 2, rows)["boundary 2"] == [0, 1, 4, 5]
