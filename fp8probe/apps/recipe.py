@@ -123,6 +123,7 @@ def _kv_words(r) -> str:
     )
     more = f" and {len(kept) - 4} more" if len(kept) > 4 else ""
     return (
-        f" + FP8 KV cache in all but {len(r.kv_skip_layers)} layers at {r.kv_tokens:,} tokens in flight (BF16, their "
+        f" + FP8 KV cache in all but {len(r.kv_skip_layers)} layers at {r.kv_tokens:,} tokens in flight"
+        f"{f' ({r.kv_context:,} a sequence)' if r.kv_context else ''} (BF16, their "
         f"KV rows' mismatch per byte the highest: layer {why}{more})"
     )

@@ -123,6 +123,7 @@ class RecipeRecord(Record):
     measured_engine: dict | None = None  # the held-out figure as another engine computes it: engine, value, interval
     kv_skip_layers: list | None = optional()  # layers whose KV cache stays in the model dtype (a per-layer KV map)
     kv_tokens: int | None = optional()  # the KV tokens in flight a per-layer KV map was chosen at
+    kv_context: int | None = optional()  # one sequence's tokens among them (sliding-window layers priced at min(., W))
     costs: dict | None = optional()  # written by recipes priced with the former `--costs` (now benchmarks/pricing.py)
 
 

@@ -74,6 +74,7 @@ class Recipe:
     # the KV tokens in flight it was chosen at; empty: the FP8 KV cache (if any) in every layer
     kv_skip_layers: list[int] = field(default_factory=list)
     kv_tokens: int | None = None
+    kv_context: int | None = None  # one sequence's tokens, where sliding-window layers' KV was priced at its window
 
     def __post_init__(self):
         Scheme.from_name(self.scheme)
@@ -234,6 +235,7 @@ class Recipe:
             measured_engine=self.measured_engine,
             kv_skip_layers=list(self.kv_skip_layers) or None,
             kv_tokens=self.kv_tokens,
+            kv_context=self.kv_context,
         )
 
     def to_json(self) -> dict:
@@ -325,6 +327,7 @@ INFO_FIELDS = (
     "measured_engine",
     "kv_skip_layers",
     "kv_tokens",
+    "kv_context",
 )
 
 

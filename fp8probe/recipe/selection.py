@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.errors import FP8ProbeError
@@ -120,6 +120,27 @@ def _kv_scores(rows, metric: str, kv_tokens: int) -> list[GroupScore]:
         )
         for r in rows.itertuples()
     ]
+
+
+def _windowed(kv_groups: list[GroupScore], student, context: int | None) -> list[GroupScore]:
+    """The KV candidates with a sliding-window layer's bytes at what it holds: at most its window W of each sequence's
+    `context` tokens (vLLM frees the blocks behind the window), so kv_tokens x min(context, W) / context."""
+    windows = layer_attention_types(text_config(student.model.config), True) if kv_groups else []
+    sliding = sorted({w for w in windows if w is not None})
+    if not sliding:
+        return kv_groups
+    if context is None:
+        log.info(
+            "recipe: sliding-window layers' KV bytes counted at every token in flight (each context taken as within "
+            "the window of %s); give `kv_context` where sequences are longer",
+            ", ".join(map(str, sliding)),
+        )
+        return kv_groups
+    out = []
+    for g in kv_groups:
+        w = windows[g.kv_layer]
+        out.append(g if w is None or w >= context else replace(g, bytes_saved=g.bytes_saved * w // context))
+    return out
 
 
 def _pinned_kv(kv_groups: list[GroupScore], student, kept: set[str]) -> set[str]:
@@ -283,6 +304,7 @@ def make_recipe(
         if kv_cache_dtype and plan.kv_per_layer
         else [],
         kv_tokens=s.kv_tokens if kv_cache_dtype and plan.kv_per_layer else None,
+        kv_context=s.kv_context if kv_cache_dtype and plan.kv_per_layer else None,
         search=search.log() + (refined.log if refined is not None else []),
         sweep=context.sweep_dir,
         form=s.searched_form,
@@ -381,6 +403,7 @@ class _Plan:
                 f"the sweep has KV rows for {len(kv_groups)} of this model's {len(student.layers)} layers: "
                 "was it run on another model?"
             )
+        kv_groups = _windowed(kv_groups, student, s.kv_context)
         groups += kv_groups
         for g in kv_groups:
             unit_group[g.group] = g.group  # `keep`/`force` may name a layer's KV cache by its row's name

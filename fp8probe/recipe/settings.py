@@ -71,6 +71,14 @@ class RecipeSettings(Settings):
         low=1,
         metavar="TOKENS",
     )
+    kv_context: int | None = opt(
+        None,
+        "with kv_tokens: the tokens one sequence holds at its longest (prompt + response); a sliding-window layer "
+        "(Gemma 3's window of 512) keeps at most its window of them, so its KV bytes count at "
+        "kv_tokens x min(context, window) / context; without it, every context is taken as inside the window",
+        low=1,
+        metavar="TOKENS",
+    )
     keep_first: int = opt(0, "keep the first N blocks in BF16", low=0)
     keep_last: int = opt(0, "keep the last N blocks in BF16", low=0)
     keep: tuple[str, ...] = opt((), "units or groups to keep in BF16")
@@ -117,6 +125,10 @@ class RecipeSettings(Settings):
         goals = [g for g in GOALS if getattr(self, g) is not None]
         if len(goals) != 1:
             raise FP8ProbeError("give exactly one of " + ", ".join(f"`{g}`" for g in GOALS))
+        if self.kv_context is not None and (self.kv_tokens is None or self.kv_context > self.kv_tokens):
+            raise FP8ProbeError(
+                "`kv_context` is one sequence's share of `kv_tokens`: give `kv_tokens` too, at least as many"
+            )
         if self.kv_tokens is not None:
             if self.kv_cache_dtype is None:
                 raise FP8ProbeError("`kv_tokens` chooses the FP8 KV cache per layer: give `kv_cache_dtype` too")

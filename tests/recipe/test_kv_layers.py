@@ -117,6 +117,8 @@ def test_configuration_text_of_a_kv_map():
         (dict(budget=0.1, kv_tokens=100), "give `kv_cache_dtype` too"),
         (dict(fp8_share=0.5, kv_cache_dtype="fp8", kv_tokens=100), "give `budget` or `min_bytes_saved`"),
         (dict(budget=0.1, kv_cache_dtype="fp8", kv_tokens=100, form="all"), "form all chooses none"),
+        (dict(budget=0.1, kv_cache_dtype="fp8", kv_context=100), "give `kv_tokens` too"),
+        (dict(budget=0.1, kv_cache_dtype="fp8", kv_tokens=100, kv_context=101), "at least as many"),
     ],
 )
 def test_refusals(kw, match):
@@ -238,6 +240,14 @@ def test_full_attention_kv_layers_stay_fp8_beside_sliding_layers():
     with pytest.raises(FP8ProbeError, match="drop `kv_cache_dtype`"):  # under layer 2's own figure: nothing fits
         make_recipe(df, st, r, ask(pinned * 0.5, kv_cache_dtype="fp8", kv_tokens=10**6), reference=ref)
     kv_layout(st.model.config, "fp8", skip=tuple(rec.kv_skip_layers))  # laid out, not refused
+    # contexts of 80 tokens: a sliding layer (window 8) holds 8 of each sequence's 80, so its KV bytes count a tenth
+    per_token = {int(x.block): int(x.kv_bytes_saved_per_token) for x in df[df.kind == "kv"].itertuples()}
+    ctx = make_recipe(
+        df, st, r, ask(pinned * 1.001, kv_cache_dtype="fp8", kv_tokens=10**6, kv_context=80), reference=ref
+    )
+    kept = {k["group"]: k["bytes_saved"] for k in ctx.kept_scores if k["group"].endswith("kv_cache")}
+    assert kept == {f"model.layers.{i}.self_attn.kv_cache": per_token[i] * 10**6 * 8 // 80 for i in (0, 1)}
+    assert ctx.kv_context == 80 and ctx.to_json()["kv_context"] == 80
     with pytest.raises(FP8ProbeError, match="cannot keep a full-attention layer's KV cache"):
         make_recipe(
             df,
