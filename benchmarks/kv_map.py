@@ -53,11 +53,12 @@ def main() -> None:
     ap.add_argument("sweep")
     ap.add_argument("--budget", type=float, default=0.008)
     ap.add_argument("--kv-tokens", type=int, default=262_144, help="KV tokens in flight (sequences x context)")
+    ap.add_argument("--kv-context", type=int, help="one sequence's tokens (recipe --kv-context; the capacity's length)")
     ap.add_argument("--kv-memory-gib", type=float, default=8.0, help="KV memory the capacity column is sized at")
     ap.add_argument("--json")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    head, rows = compare(args.sweep, args.budget, args.kv_tokens, args.kv_memory_gib)
+    head, rows = compare(args.sweep, args.budget, args.kv_tokens, args.kv_memory_gib, args.kv_context)
     print(head)
     print("| row | KV BF16 layers | weight MiB saved | KV tokens vs BF16 KV | held-out kl_q_p | from mixed [90 %] |")
     print("|---|---|---|---|---|---|")
@@ -72,10 +73,12 @@ def main() -> None:
     print(f"{time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(budget=args.budget, kv_tokens=args.kv_tokens, head=head, rows=rows), f, indent=1)
+            json.dump(dict(vars(args), head=head, rows=rows), f, indent=1)
 
 
-def compare(sweep_dir, budget: float, kv_tokens: int, kv_memory_gib: float = 8.0) -> tuple[str, list[dict]]:
+def compare(
+    sweep_dir, budget: float, kv_tokens: int, kv_memory_gib: float = 8.0, kv_context: int | None = None
+) -> tuple[str, list[dict]]:
     """(a one-line description, the rows of the module docstring's table, each a dict)."""
     from fp8probe.core.errors import FP8ProbeError
     from fp8probe.core.schemes import KVCacheScheme, Scheme
@@ -95,7 +98,8 @@ def compare(sweep_dir, budget: float, kv_tokens: int, kv_memory_gib: float = 8.0
     student = load_student(run.model_source, dtype=run.run.dtype or "float32")
     context = RecipeContext(scheme=run.run.scheme, batch_size=run.run.batch_size, scales=run.sequence_scales(rollouts))
     common = dict(budget=budget, kv_cache_dtype="fp8", engine="none")
-    mixed = make_recipe(run.table, student, rollouts, RecipeSettings(**common, kv_tokens=kv_tokens), context=context)
+    per_layer = RecipeSettings(**common, kv_tokens=kv_tokens, kv_context=kv_context)
+    mixed = make_recipe(run.table, student, rollouts, per_layer, context=context)
     try:  # today's --kv-cache-dtype fp8: the KV cache in every layer, within the same budget if it fits at all
         joint, no_joint = make_recipe(run.table, student, rollouts, RecipeSettings(**common), context=context), ""
     except FP8ProbeError as e:
@@ -119,7 +123,7 @@ def compare(sweep_dir, budget: float, kv_tokens: int, kv_memory_gib: float = 8.0
 
     def tokens(skip, dtype="fp8"):
         lay = kv_layout(cfg, dtype, skip=tuple(skip)) if dtype != "auto" else kv_layout(cfg, "auto")
-        return kv_capacity(lay, int(kv_memory_gib * 2**30), 4096)["kv_tokens"]
+        return kv_capacity(lay, int(kv_memory_gib * 2**30), kv_context or 4096)["kv_tokens"]
 
     # the checkpoint as vLLM serves it: bfloat16 (the student here may be loaded in fp32)
     cfg = type(student.model.config).from_dict({**student.model.config.to_dict(), "dtype": "bfloat16"})
