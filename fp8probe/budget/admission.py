@@ -145,7 +145,7 @@ def check_async(
     teacher=None,
     sampling: RolloutSettings | None = None,
 ) -> CheckRecord:
-    """The verdict on verl's fully-async rollouts (sources/verl_async.py): every lag either regime trains at measured
+    """The verdict on verl's fully-async rollouts (core/verl_lags.py): every lag either regime trains at measured
     on the same tokens (on the budget's scale, as check() measures), each regime's mixture the share-weighted sum
     (measurement.Mixture) with one interval over the prompts, the verdict on the trainer-bound mixture (the larger
     lags: the rollouter keeps its staleness allowance full), judged as stale weights are; the figures beside the
@@ -156,7 +156,7 @@ def check_async(
     from ..measurement.measure import Mixture, measure
     from ..measurement.reference import Reference
     from ..sources.sources import merge
-    from ..sources.verl_async import REGIMES
+    from ..core.verl_lags import REGIMES
 
     batch_size = sampling.batch_size if sampling is not None else 8
     reference = Reference(student, rollouts, batch_size)
@@ -226,7 +226,7 @@ def _straddle(reference, student, rollouts, lags: AsyncLags, metric: str) -> dic
     suffix (measurement/straddle.py), at every trainer-bound lag of its suffix, their mixture by the lags' shares."""
     from ..measurement.measure import Mixture
     from ..measurement.straddle import measure_straddle
-    from ..sources.verl_async import REGIMES
+    from ..core.verl_lags import REGIMES
 
     t = lags.spec.trigger
     shares = lags.spec.lags(REGIMES[0])

@@ -10,8 +10,8 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
 from ..core.settings import Settings, opt
 from ..sources.shortcuts import Shortcuts
-from ..sources.verl_async import HELP as VERL_ASYNC_HELP
-from ..sources.verl_async import parse_verl_async
+from ..core.verl_lags import HELP as VERL_ASYNC_HELP
+from ..core.verl_lags import parse_verl_async
 from .design import PAIRINGS, RESPONSES
 
 DEFAULT_TOLERANCE = 0.02  # the relative quality loss a budget allows unless told otherwise (a user's choice)
@@ -93,7 +93,7 @@ class CheckSettings(Settings):
         "judge rollouts of another kind, length or sampling than the budget's doses were measured on (refused "
         "otherwise; the verdict says so)",
     )
-    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async.py)
+    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (core/verl_lags.py)
 
     def __post_init__(self):
         super().__post_init__()

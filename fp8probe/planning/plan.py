@@ -13,8 +13,8 @@ from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
 from ..core.settings import Settings, opt
 from ..core.units import GiB
 from ..deploy import throughput as tp_model
-from ..sources.verl_async import HELP as VERL_ASYNC_HELP
-from ..sources.verl_async import REGIMES, parse_verl_async
+from ..core.verl_lags import HELP as VERL_ASYNC_HELP
+from ..core.verl_lags import REGIMES, parse_verl_async
 
 COLUMNS = [
     "configuration",
@@ -130,7 +130,7 @@ class PlanSettings(Settings):
         None, "with `verl_async` and `stale`: how many trainer steps older than MODEL the checkpoint is", low=1
     )
     configurations: tuple = field(default=(), repr=False)  # filled by __post_init__
-    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (sources/verl_async.py)
+    verl: object = field(default=None, init=False, repr=False)  # verl_async parsed (core/verl_lags.py)
 
     def __post_init__(self):
         super().__post_init__()

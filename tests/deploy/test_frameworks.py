@@ -454,6 +454,22 @@ def _opd(student, target, **options):
     return text, hydra_overrides(text)
 
 
+def test_verl_separate_async_states_its_lags(student):
+    """parameter_sync_step 4, 1.5 warm-up batches, by the one lag model (verl_lags.py): floor(1.5) = 1 batch of 4
+    mini-batches queued, so local update j trains on weights 4 + j updates old: 4 .. 7; a trainer that waits: 0 .. 3;
+    the decoupled loss recomputes the old log-probs at the step's start: lag 4. The comment names the keys that
+    judge them, which parse back to the same model."""
+    from fp8probe.core.verl_lags import parse_verl_async
+
+    text, o = _opd(student, "verl-separate-async", parameter_sync_step=4, warmup_batches=1.5, max_off_policy=8)
+    assert o["trainer.v1.separate_async.parameter_sync_step"] == "4"
+    assert "samples lag 4 .. 7 optimizer updates when the rollout keeps up (0 .. 3 when the trainer waits)" in text
+    assert "the decoupled loss's old log-probs lag 4:" in text
+    key = "v1:sync=4,warmup=1.5,max_off_policy=8,decoupled"
+    assert f"`fp8probe check --verl-async {key}` judges them" in text
+    assert parse_verl_async(key).key() == key and parse_verl_async(key).lags() == {4: 1.0}
+
+
 def test_verl_opd_writes_the_screen_each_loss_takes(student):
     """Supervised distillation: verl weights no term of the loss by the rollout IS weights, so the fragment sets
     verl's K3 rejection screen and says TIS does not act; policy-gradient distillation as calibrate's opd-pg trains
@@ -499,16 +515,19 @@ def test_verl_opd_writes_the_screen_each_loss_takes(student):
 
 
 def test_verl_fully_async_states_its_lags(student):
-    """T = 2, S = 0.5: lags 0 .. floor(2 x 1.5) = 3 trainer steps (verl counts trainer steps, each require_batches x
-    ppo_epochs optimizer updates); the screens act inside the task PPO loss (bypass mode), and with a teacher the
-    distillation loss is neither masked nor weighted; without task rewards the screen acts on no loss. Seen failing
-    with the old words ("optimizer steps", the screen on every loss)."""
+    """T = 2, S = 0.5, by the one lag model (verl_lags.py): a full allowance queues S x T = 1 step of samples at every
+    sync, so a version's samples train from 1 step after its sync for T = 2 steps: lags 1 .. 2; a trainer that waits
+    trains at 0 .. T - 1 = 0 .. 1 (trainer steps, each require_batches x ppo_epochs optimizer updates), and the
+    comment names the `--verl-async` keys that judge them; the screens act inside the task PPO loss (bypass mode),
+    and with a teacher the distillation loss is neither masked nor weighted; without task rewards the screen acts on
+    no loss. Seen failing with the old words ("optimizer steps", the screen on every loss)."""
     text, o = _opd(student, "verl-fully-async", staleness_threshold=0.5, trigger_parameter_sync_step=2)
     assert text.splitlines()[text.count("\n#") + 1].startswith(
         "python3 -m verl.experimental.fully_async_policy.fully_async_main"
     )
     assert o["async_training.staleness_threshold"] == "0.5" and o["async_training.partial_rollout"] == "True"
-    assert "samples lag 0 .. 3 trainer steps (each require_batches x ppo_epochs" in text
+    assert "samples lag 1 .. 2 trainer steps when the rollouter keeps its allowance full (0 .. 1 when" in text
+    assert "`fp8probe check --verl-async trigger=2,staleness=0.5,partial` judges them" in text
     assert "distillation.enabled" not in o and "inside the task PPO loss" in text
     assert o["actor_rollout_ref.hybrid_engine"] == "False" and o["data.train_batch_size"] == "0"
     assert "trainer.nnodes" not in o and "rollout.nnodes" not in o  # the user's own node counts stand

@@ -1,4 +1,4 @@
-"""verl's fully-async keys as lags (sources/verl_async.py): by hand, and against a simulation of the rule verl 0.9.1's
+"""verl's fully-async keys as lags (core/verl_lags.py): by hand, and against a simulation of the rule verl 0.9.1's
 rollouter runs (verl/experimental/fully_async_policy/fully_async_rollouter.py: at most required_samples x
 (staleness_threshold + 1) x trigger_parameter_sync_step samples per weight version, the ones still queued at a sync
 counted against the next version's allowance, the trainer taking required_samples per step first in first out); its
@@ -12,7 +12,7 @@ import math
 import pytest
 
 from fp8probe.core.errors import FP8ProbeError
-from fp8probe.sources.verl_async import VerlAsync, VerlV1Async, parse_verl_async
+from fp8probe.core.verl_lags import VerlAsync, VerlV1Async, parse_verl_async
 
 
 def _simulated_lags(trigger: int, staleness: float, required: int, steps: int = 400) -> dict[int, float]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ...core.errors import FP8ProbeError
 from ...core.settings import Settings, opt
+from ...core.verl_lags import VerlAsync, VerlV1Async
 from .base import (
     Applied,
     Target,
@@ -238,7 +239,7 @@ class VerlSettings(Settings):
             raise FP8ProbeError("`screen_keep` reads each sequence's statistic from `check`: give the check.json too")
         if self.check:
             _screened(self.check)  # unreadable, or no prediction: refused before any output
-        waits = math.floor(self.warmup_batches) + 1  # steps a prompt spans in the queue (sources/verl_async.py)
+        waits = math.floor(self.warmup_batches) + 1  # steps a prompt spans in the queue (verl_lags.py)
         if waits > self.max_off_policy:
             raise FP8ProbeError(
                 f"`warmup_batches` {self.warmup_batches:g} would queue prompts for {waits} steps, over "
@@ -444,12 +445,15 @@ def render_fully_async(e, model_path, units) -> dict[str, str]:
     ]
     lines += [f"rollout.nnodes={o.rollout_nodes}"] if o.rollout_nodes else []
     lines += [f"trainer.nnodes={o.trainer_nodes}"] if o.trainer_nodes else []
-    lag = math.floor(o.trigger_parameter_sync_step * (1 + o.staleness_threshold))
+    lags = VerlAsync(o.trigger_parameter_sync_step, o.staleness_threshold, not o.no_partial_rollout)
+    full, waits = lags.lags("trainer-bound"), lags.lags("rollout-bound")
     why = [
         "bypass mode (verl's default here): the rollout's log-probs are the PPO ratio's denominator, so the ratio "
         "itself carries the mismatch and TIS weights would count it twice; verl's K3 rejection preset screens it "
         "inside the task PPO loss",
-        f"samples lag 0 .. {lag} trainer steps (each require_batches x ppo_epochs optimizer updates)"
+        f"samples lag {min(full)} .. {max(full)} trainer steps when the rollouter keeps its allowance full "
+        f"({min(waits)} .. {max(waits)} when the trainer waits; each step require_batches x ppo_epochs optimizer "
+        f"updates): `fp8probe check --verl-async {lags.key()}` judges them"
         + ("; with partial rollouts a response's prefix comes from older weights" if not o.no_partial_rollout else ""),
     ]
     if o.teacher is not None:
@@ -499,13 +503,14 @@ def render_separate_async(e, model_path, units) -> dict[str, str]:
         f"actor_rollout_ref.rollout.n_gpus_per_node={o.rollout_gpus}",
         "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
     ]
-    q = s * math.floor(w)
+    bypass, held = VerlV1Async(s, w, m), VerlV1Async(s, w, m, decoupled=True)
+    full, waits = bypass.lags("trainer-bound"), bypass.lags("rollout-bound")
     why = [
         f"keep data.train_batch_size = {s} x actor_rollout_ref.actor.ppo_mini_batch_size (verl asserts it): each "
         f"step is {s} updates of one mini-batch",
-        f"samples lag {q} .. {q + s - 1} optimizer updates when the rollout keeps up (0 .. {s - 1} when the trainer "
-        f"waits); the decoupled loss's old log-probs lag {q}: `fp8probe check --verl-async "
-        f"v1:sync={s},warmup={w:g},max_off_policy={m},decoupled` judges them",
+        f"samples lag {min(full)} .. {max(full)} optimizer updates when the rollout keeps up ({min(waits)} .. "
+        f"{max(waits)} when the trainer waits); the decoupled loss's old log-probs lag {min(held.lags())}: "
+        f"`fp8probe check --verl-async {held.key()}` judges them",
     ]
     head = header(e.target) + "".join(f"# {x}.\n" for x in why)
     return {"verl-separate-async.sh": head + hydra(MAIN, _rollout(e) + lines + verl_correction())}
