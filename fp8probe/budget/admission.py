@@ -222,8 +222,8 @@ def check_async(
 
 
 def _straddle(reference, student, rollouts, lags: AsyncLags, metric: str) -> dict:
-    """verl's partial rollouts: a response that straddles a sync, its prefix and KV cache a sync older than its
-    suffix (measurement/straddle.py), at every trainer-bound lag of its suffix, their mixture by the lags' shares."""
+    """verl's resumed responses: one that straddles a sync, its earlier tokens sampled a sync older than its later
+    ones (measurement/straddle.py), at every trainer-bound lag of its suffix, their mixture by the lags' shares."""
     from ..measurement.measure import Mixture
     from ..measurement.straddle import measure_straddle
     from ..core.verl_lags import REGIMES
@@ -236,9 +236,9 @@ def _straddle(reference, student, rollouts, lags: AsyncLags, metric: str) -> dic
         "measured": excess(metric, mix.metrics[metric]),
         "interval": mix.excess_interval(metric),
         "lags": {str(k): excess(metric, m.metrics[metric]) for k, m in at.items()},
-        "how": f"the suffix at each {REGIMES[0]} lag, its prefix and the prefix's KV cache {t} steps older (a sync), "
-        "split halfway through each response, in the simulation; the share of responses that straddle a sync "
-        "(the rollouter's concurrency) is not folded into the verdict",
+        "how": f"the later tokens at each {REGIMES[0]} lag, the earlier ones {t} steps older (a sync; verl re-prefills "
+        "a resumed response with the new weights), split halfway through each response, in the simulation; the "
+        "share of responses that straddle a sync (the rollouter's concurrency) is not folded into the verdict",
     }
 
 

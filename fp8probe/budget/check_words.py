@@ -102,7 +102,7 @@ def verl_async_lines(report: CheckRecord) -> list[str]:
     if st:
         lo, hi = st["interval"]
         out.append(
-            f"  a response straddling a sync (partial_rollout): {report.metric} {st['measured']:.4g} [{lo:.4g}, "
+            f"  a response straddling a sync (resumed after it): {report.metric} {st['measured']:.4g} [{lo:.4g}, "
             f"{hi:.4g}]; {st['how']}"
         )
     if a["path"]:

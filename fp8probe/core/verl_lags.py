@@ -36,10 +36,13 @@ updates (local updates), which a `stale` checkpoint's age must count too:
 With `decoupled` (verl's default Decoupled PPO: the trainer recomputes the old log-probs with the weights of the
 step's start, held for all S updates) the lag that meets the rollout's log-probs is to those weights: Q (trainer-bound)
 or 0 (rollout-bound); without it (bypass mode: the rollout's log-probs are the ratio's denominator) the lags above.
- With `partial` (`async_training.partial_rollout`), a response in flight at
-a sync is finished by the new weights: its prefix (and the prefix's KV cache) are one sync (T steps) older than its
-suffix. A lag here is in trainer steps: with `require_batches` mini-batches per step (or several PPO epochs) each step
-is that many optimizer updates, so a checkpoint's age must be counted in the same steps.
+
+Resumed responses: at every sync both trainers abort the requests in flight and send each again as prompt + its tokens
+so far, re-prefilled by the new weights (the fully-async policy with `partial` = `async_training.partial_rollout`,
+without it they are dropped; the v1 trainer always): such a response's earlier tokens were sampled by weights one sync
+(T steps, or S updates) older than its later ones. A fully-async lag is in trainer steps: with `require_batches`
+mini-batches per step (or several PPO epochs) each step is that many optimizer updates, so a checkpoint's age must be
+counted in the same steps.
 """
 
 from __future__ import annotations
@@ -137,10 +140,9 @@ class VerlV1Async:
     warmup: float = 1.0
     max_off_policy: int | None = 8
     decoupled: bool = False
-    # update_weights aborts the requests in flight, frees the KV cache, syncs and resumes them: a resumed response is
-    # re-prefilled by the new weights, so only its earlier tokens' log-probs are older (lag + sync, a plain lag's
-    # figure), not the cache its suffix reads (what the straddle measurement, measurement/straddle.py, models)
-    partial = False
+    # update_weights aborts the requests in flight, frees the KV cache, syncs and resumes them, re-prefilled by the new
+    # weights: a resumed response's earlier tokens are a sync older (measurement/straddle.py), as with partial_rollout
+    partial = True
 
     @property
     def trigger(self) -> int:

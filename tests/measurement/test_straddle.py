@@ -1,5 +1,5 @@
-"""A response that straddles a weight sync (measurement/straddle.py): the two-phase forward (the old state's KV cache
-kept, the new state continuing on it) against plain forwards of each state."""
+"""A response that straddles a weight sync (measurement/straddle.py): its tokens before the sync the old state's, after
+it the new state's on a fresh prefill (as verl 0.9.1 resumes an aborted request), against plain forwards of each."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fp8probe.measurement.measure import measure
 from fp8probe.measurement.mismatch import response_positions
 from fp8probe.measurement.perturbation import Perturbation
 from fp8probe.measurement.reference import Reference
-from fp8probe.measurement.straddle import measure_straddle, split_at
+from fp8probe.measurement.straddle import before_split, measure_straddle
 from fp8probe.model.rollouts import make_rollouts
 
 
@@ -27,43 +27,33 @@ def setup():
     return st, r, Reference(st, r), Perturbation(stale=older)
 
 
-def _rounding(plain) -> float:
-    """What fp32 rounding alone may leave of a per-token KL where the weights agree: the two-phase forward runs the
-    prefix at another length than the plain forward, so another GEMM shape, and on a CPU without AVX-512 (AVX2 alone)
-    its last bits differ: 3.6e-7 per token here, against the old state's 0.010 or more. Bounded at 1e-4 of the
-    smallest per-token KL the old state causes (0 on the CPUs this was first run on)."""
-    return 1e-4 * float(plain.min())
-
-
 def test_one_state_on_both_sides_is_a_plain_forward(setup):
-    """The same weights before and after the split: the cached continuation is the plain forward, to rounding; the
-    trainer's own weights on both sides: no mismatch at all."""
+    """The same weights before and after the split: exactly the plain forward; the trainer's own weights on both
+    sides: no mismatch at all."""
     st, r, ref, old = setup
     plain = measure(ref, st, r, old)
     both = measure_straddle(ref, st, r, old, old)
-    assert both.metrics["kl_q_p"] == pytest.approx(plain.metrics["kl_q_p"], rel=1e-4)
-    assert torch.allclose(both.stats["kl_q_p"], plain.stats["kl_q_p"], rtol=1e-3, atol=1e-7)
-    same = measure_straddle(ref, st, r, Perturbation(), Perturbation()).stats["kl_q_p"]
-    assert float(same.abs().max()) < _rounding(plain.stats["kl_q_p"])
+    assert both.metrics["kl_q_p"] == plain.metrics["kl_q_p"] and torch.equal(
+        both.stats["kl_q_p"], plain.stats["kl_q_p"]
+    )
+    assert float(measure_straddle(ref, st, r, Perturbation(), Perturbation()).stats["kl_q_p"].abs().max()) == 0.0
 
 
-def test_the_prefix_is_the_old_state_and_the_suffix_sees_its_cache(setup):
-    """Old weights, then the trainer's: every token predicted before the split carries exactly the old state's
-    per-token KL; after it, less than the old state's on the whole (the new weights predict) but not zero (they
-    attend to the old state's KV cache). Seen failing with the split moved one token later."""
+def test_the_prefix_is_the_old_state_and_the_suffix_is_re_prefilled(setup):
+    """Old weights, then the trainer's: every token before the split carries exactly the old state's per-token KL,
+    every token after it none, since verl re-prefills a resumed request with the new weights (no KV cache of the old
+    ones is read: the module docstring). The other way round, the reverse. The split by hand: a response of R tokens
+    after a prompt of P switches at position P + R // 2 - 1. Seen failing with the old two-phase forward (the suffix
+    attending to the old state's cache: its tokens' KL > 0)."""
     st, r, ref, old = setup
     plain = measure(ref, st, r, old).stats["kl_q_p"]
     got = measure_straddle(ref, st, r, old, Perturbation()).stats["kl_q_p"]
     rows, cols = response_positions(r.response_mask)
     lengths = r.attention_mask.sum(1)
     prompt = lengths - r.response_mask.sum(1)
-    cut = torch.tensor([split_at(int(p), int(n - p)) for p, n in zip(prompt, lengths)])
+    cut = torch.tensor([int(p) + int(n - p) // 2 - 1 for p, n in zip(prompt, lengths)])
     before = cols < cut[rows]
-    assert before.any() and (~before).any()
-    assert torch.allclose(got[before], plain[before], rtol=1e-3, atol=1e-7)
-    tiny = _rounding(plain)
-    assert got[~before].sum() < plain[~before].sum() and got[~before].max() > 100 * tiny
-    # the other way round, the trainer's weights first: nothing before the split, and the very first prediction
-    # after it is the old state's already
+    assert before.any() and (~before).any() and torch.equal(before, before_split(r))
+    assert torch.equal(got[before], plain[before]) and float(got[~before].abs().max()) == 0.0
     swapped = measure_straddle(ref, st, r, Perturbation(), old).stats["kl_q_p"]
-    assert float(swapped[before].abs().max()) < tiny and bool((swapped[cols == cut[rows]] > 100 * tiny).all())
+    assert float(swapped[before].abs().max()) == 0.0 and torch.equal(swapped[~before], plain[~before])
