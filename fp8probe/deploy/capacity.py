@@ -141,17 +141,7 @@ def kv_layout(
         model_token = int(2 * head_dim * _storage_bytes(cfg))  # a skipped layer: K and V of one head, model dtype
         return _mixed_layout(types, set(skip), kv_rank, per_head_token, model_token, block_size, dtype_bytes, head_dim)
     page = block_size * kv_rank * per_head_token
-    buckets: dict = {}
-    for i, t in enumerate(types):
-        buckets.setdefault(t, []).append(i)
-    sizes = [len(v) for v in buckets.values()]
-    group_size = min(sizes)
-    if max(sizes) < group_size * 1.5:
-        group_size = max(sizes)
-    groups = []
-    for t, layers in buckets.items():
-        k = math.ceil(len(layers) / group_size)
-        groups += [KVGroup(t, layers[i::k], block_size) for i in range(k)]
+    groups, group_size = _vllm_groups([(t, False, block_size) for t in types])
     return {
         "page_bytes": page,
         "groups": groups,
@@ -176,6 +166,25 @@ class KVGroup(NamedTuple):
     window: int | None
     layers: list[int]
     block_size: int
+
+
+def _vllm_groups(specs: list[tuple]) -> tuple[list[KVGroup], int]:
+    """vLLM's KV-cache groups (v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size) from each layer's
+    spec, a (window, skipped, block size) tuple: layers of one spec form a bucket; the group size is the smallest
+    bucket's (the largest's when under 1.5x of it), and a bucket of n layers makes ceil(n / size) groups, layers[i::k]
+    each. Returns (the groups, the group size)."""
+    buckets: dict = {}
+    for i, spec in enumerate(specs):
+        buckets.setdefault(spec, []).append(i)
+    sizes = [len(v) for v in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < group_size * 1.5:
+        group_size = max(sizes)
+    groups = []
+    for (window, _, block), layers in buckets.items():
+        k = math.ceil(len(layers) / group_size)
+        groups += [KVGroup(window, layers[j::k], block) for j in range(k)]
+    return groups, group_size
 
 
 def _mixed_layout(
@@ -244,17 +253,7 @@ def _mixed_layout(
                 )
             blk, page = blk * (largest // page), largest
         unified.append((w, sk, blk))
-    buckets: dict = {}
-    for i, spec in enumerate(unified):
-        buckets.setdefault(spec, []).append(i)
-    sizes = [len(v) for v in buckets.values()]
-    group_size = min(sizes)
-    if max(sizes) < group_size * 1.5:
-        group_size = max(sizes)
-    groups = []
-    for (w, _, blk), layers in buckets.items():
-        k = math.ceil(len(layers) / group_size)
-        groups += [KVGroup(w, layers[j::k], blk) for j in range(k)]
+    groups, group_size = _vllm_groups(unified)
     return common | {
         "page_bytes": largest,
         "groups": groups,
