@@ -150,6 +150,12 @@ def _pinned_kv(kv_groups: list[GroupScore], student, kept: set[str]) -> set[str]
     windows = layer_attention_types(text_config(student.model.config), True) if kv_groups else []
     if not any(w is not None for w in windows):
         return set()
+    log.info(
+        "recipe: beside sliding-window layers vLLM groups the layers of one KV spec, so a map's capacity is not its "
+        "layers' bytes (Gemma 3 270M: 4 sliding layers BF16 hold 1.33x the KV tokens of a BF16 cache where their bytes "
+        "say 1.64x); "
+        "`fp8probe capacity --recipe` sizes it as vLLM does"
+    )
     pinned = {g.group for g in kv_groups if windows[g.kv_layer] is None}
     if pinned & kept:
         raise FP8ProbeError(
