@@ -74,13 +74,15 @@ class SweepRun:
     @property
     def model_source(self) -> str | None:
         """What load_student takes to load the swept model again (None: the embedded student, whose path
-        is a cache that may have moved; the embedded student depth-pruned by its name, `pruned:K`: its path is the
-        whole student's, which it is built from)."""
+        is a cache that may have moved; a student fp8probe fetches by name (Gemma 3 270M), by that name for the same
+        reason; the embedded student depth-pruned by its name, `pruned:K`: its path is the whole student's, which it
+        is built from)."""
+        from ..model.embedded import STUDENTS
         from ..model.pruning import is_pruned
 
         if self.run.model == EMBEDDED:
             return None
-        return self.run.model if is_pruned(self.run.model) else self.run.model_path
+        return self.run.model if is_pruned(self.run.model) or self.run.model in STUDENTS else self.run.model_path
 
     def sequence_scales(self, rollouts):
         """The per-sequence static amax the sweep kept (scales.safetensors), if it kept them for these rollouts; None

@@ -2,6 +2,7 @@
 deterministic."""
 
 import os
+from pathlib import Path
 import signal
 import time
 
@@ -249,3 +250,20 @@ def test_reference_kept_as_hidden_states_gives_the_same_rows_bit_for_bit():
     assert reference_storage("auto", cfg, small) == "logp" and reference_storage("auto", cfg, small + 1) == "hidden"
     host = {n: estimate(cfg, 4, "exact", 8, 1, n, n).host for n in (small, small + 1)}
     assert host[small] == small * cfg.vocab_size * 4 and host[small + 1] == (small + 1) * cfg.hidden_size * 4
+
+
+def test_a_student_fetched_by_name_reloads_by_name():
+    """A sweep of a student fp8probe fetches (Gemma 3 270M, SmolLM2) is loaded again by its name, not by the cache path
+    it was converted to (which may move); a local model by its path; a pruned student by its name. Seen failing with
+    Gemma's cache path returned."""
+    from types import SimpleNamespace
+
+    from fp8probe.sweeps.files import SweepRun
+
+    def source(model, path):
+        return SweepRun(Path("."), SimpleNamespace(model=model, model_path=path), None).model_source
+
+    assert source("gemma3-270m", "/cache/gguf/a5fd") == "gemma3-270m"
+    assert source("smollm2-135m", "/cache/student") is None  # the embedded one: load_student's default
+    assert source("/models/mine", "/models/mine") == "/models/mine"
+    assert source("pruned:3", "/cache/student") == "pruned:3"
