@@ -51,3 +51,28 @@ def test_baselines_skip_sliding_layers_only_beside_them():
     assert maps["first/last, k=3"] == [0, 1, 16] and maps["boundary 2"] == [0, 1, 15, 16]
     assert maps["KV rows, k=3"] == [14, 15, 16] and maps["uniform FP8 KV"] == []
     assert benchmark("kv_map").kv_maps(list(range(6)), 2, rows)["boundary 2"] == [0, 1, 4, 5]
+
+
+def test_label_draws_runs_at_head(swept):
+    """benchmarks/label_draws.py on the same tiny exact sweep: each draw count's rho and top-10 per seed against the
+    exact table, the seed-by-seed change, and rho equal to Spearman's of the estimate made here with the same seed
+    (scipy's, not fp8probe's)."""
+    import pandas as pd
+    from scipy.stats import spearmanr
+
+    from fp8probe.core.schemes import Scheme
+    from fp8probe.measurement.fisher import Draws, fisher_rows
+    from fp8probe.model.rollouts import load_rollouts
+    from fp8probe.model.student import load_student
+    from fp8probe.sweeps.sweep import plan_rows
+
+    res = benchmark("label_draws").compare(swept, seeds=2, draws=(1, 2))
+    assert res["rows"] == 6 * 7 and len(res[1]["rho"]) == len(res[2]["top10"]) == 2
+    assert res["change"][2]["rho"] == [a - b for a, b in zip(res[2]["rho"], res[1]["rho"])]
+    st = load_student(str(swept.parent / "model"))
+    rows = [r for r in plan_rows(st, Scheme.from_name("FP8_DYNAMIC"), "unit", include_kv=False) if r.kind != "model"]
+    est = fisher_rows(st, load_rollouts(swept), rows, Draws(2, 1)).column()
+    table = pd.read_csv(swept / "sensitivity.csv").set_index("unit")
+    names = [r.unit for r in rows]
+    rho = spearmanr([est[n] for n in names], [table.kl_q_p[n] for n in names]).statistic
+    assert res[2]["rho"][1] == pytest.approx(rho, abs=1e-12)
