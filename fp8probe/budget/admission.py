@@ -153,10 +153,10 @@ def check_async(
     `verl_async` holds the lags, both regimes and every lag's own figure."""
     from dataclasses import replace
 
+    from ..core.verl_lags import REGIMES
     from ..measurement.measure import Mixture, measure
     from ..measurement.reference import Reference
     from ..sources.sources import merge
-    from ..core.verl_lags import REGIMES
 
     batch_size = sampling.batch_size if sampling is not None else 8
     reference = Reference(student, rollouts, batch_size)
@@ -224,9 +224,9 @@ def check_async(
 def _straddle(reference, student, rollouts, lags: AsyncLags, metric: str) -> dict:
     """verl's resumed responses: one that straddles a sync, its earlier tokens sampled a sync older than its later
     ones (measurement/straddle.py), at every trainer-bound lag of its suffix, their mixture by the lags' shares."""
+    from ..core.verl_lags import REGIMES
     from ..measurement.measure import Mixture
     from ..measurement.straddle import measure_straddle
-    from ..core.verl_lags import REGIMES
 
     t = lags.spec.trigger
     shares = lags.spec.lags(REGIMES[0])

@@ -9,9 +9,9 @@ from dataclasses import MISSING, dataclass, field
 from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS
 from ..core.settings import Settings, opt
-from ..sources.shortcuts import Shortcuts
 from ..core.verl_lags import HELP as VERL_ASYNC_HELP
 from ..core.verl_lags import parse_verl_async
+from ..sources.shortcuts import Shortcuts
 from .design import PAIRINGS, RESPONSES
 
 DEFAULT_TOLERANCE = 0.02  # the relative quality loss a budget allows unless told otherwise (a user's choice)

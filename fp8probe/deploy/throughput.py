@@ -128,8 +128,7 @@ def _maximum(a, b):
 def step_model(cfg, recipe, kv_cache_dtype: str, device: Device, tp: int = 1, hybrid: bool = True) -> StepModel:
     """The StepModel of `cfg` (a transformers config) with `recipe`'s FP8 units (None: BF16) and the KV cache in
     `kv_cache_dtype`, on `device`, split over `tp` ranks."""
-    from ..model.structure import meta_model, text_config
-    from ..model.structure import layer_attention_types
+    from ..model.structure import layer_attention_types, meta_model, text_config
     from .capacity import kv_layout, weight_records
 
     tcfg = text_config(cfg)

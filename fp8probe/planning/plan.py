@@ -12,9 +12,9 @@ from ..core.metrics import excess
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
 from ..core.settings import Settings, opt
 from ..core.units import GiB
-from ..deploy import throughput as tp_model
 from ..core.verl_lags import HELP as VERL_ASYNC_HELP
 from ..core.verl_lags import REGIMES, parse_verl_async
+from ..deploy import throughput as tp_model
 
 COLUMNS = [
     "configuration",

@@ -2,9 +2,9 @@
 deterministic."""
 
 import os
-from pathlib import Path
 import signal
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
