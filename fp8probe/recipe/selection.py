@@ -122,10 +122,10 @@ def _kv_scores(rows, metric: str, kv_tokens: int) -> list[GroupScore]:
     ]
 
 
-def _windowed(kv_groups: list[GroupScore], student, context: int | None) -> list[GroupScore]:
+def _windowed(kv_groups: list[GroupScore], windows: list, context: int | None) -> list[GroupScore]:
     """The KV candidates with a sliding-window layer's bytes at what it holds: at most its window W of each sequence's
-    `context` tokens (vLLM frees the blocks behind the window), so kv_tokens x min(context, W) / context."""
-    windows = layer_attention_types(text_config(student.model.config), True) if kv_groups else []
+    `context` tokens (vLLM frees the blocks behind the window), so kv_tokens x min(context, W) / context. `windows`:
+    per layer, None (full attention) or its window (model.structure.layer_attention_types)."""
     sliding = sorted({w for w in windows if w is not None})
     if not sliding:
         return kv_groups
@@ -143,11 +143,11 @@ def _windowed(kv_groups: list[GroupScore], student, context: int | None) -> list
     return out
 
 
-def _pinned_kv(kv_groups: list[GroupScore], student, kept: set[str]) -> set[str]:
-    """The KV layers a per-layer map must put in FP8: on a model with sliding-window layers, every full-attention
-    layer's, since vLLM 0.32 cannot lay out a BF16 full-attention layer beside the sliding layers' padded pages (an
-    assertion in unify_kv_cache_spec_page_size; deploy/capacity.py _mixed_layout)."""
-    windows = layer_attention_types(text_config(student.model.config), True) if kv_groups else []
+def _pinned_kv(kv_groups: list[GroupScore], windows: list, kept: set[str]) -> set[str]:
+    """The KV layers a per-layer map must put in FP8: on a model with sliding-window layers (`windows`, as _windowed
+    takes them), every full-attention layer's, since vLLM 0.32 cannot lay out a BF16 full-attention layer beside the
+    sliding layers' padded pages (an assertion in unify_kv_cache_spec_page_size; deploy/capacity.py _mixed_layout);
+    `kept`: the groups the user asked to keep (one of these is refused)."""
     if not any(w is not None for w in windows):
         return set()
     log.info(
@@ -409,7 +409,8 @@ class _Plan:
                 f"the sweep has KV rows for {len(kv_groups)} of this model's {len(student.layers)} layers: "
                 "was it run on another model?"
             )
-        kv_groups = _windowed(kv_groups, student, s.kv_context)
+        windows = layer_attention_types(text_config(student.model.config), True) if kv_groups else []
+        kv_groups = _windowed(kv_groups, windows, s.kv_context)
         groups += kv_groups
         for g in kv_groups:
             unit_group[g.group] = g.group  # `keep`/`force` may name a layer's KV cache by its row's name
@@ -421,11 +422,13 @@ class _Plan:
             return {unit_group[n] for n in names}
 
         n_blocks = student.model.config.num_hidden_layers
-        keep_set = groups_of(keep, "keep")
+        asked_keep = groups_of(keep, "keep")
+        keep_set = set(asked_keep)
         if not form.edges:
             keep_set |= {g.group for g in groups if g.block < keep_first or g.block >= n_blocks - keep_last}
-        force_set = groups_of(force, "force") | _pinned_kv(kv_groups, student, groups_of(keep, "keep"))
-        keep_set -= force_set
+        pinned = _pinned_kv(kv_groups, windows, asked_keep)
+        keep_set -= pinned  # an edge the user kept by position yields to what vLLM requires
+        force_set = groups_of(force, "force") | pinned
         unquantizable = sorted(force_set & set(blocked))
         if unquantizable:
             raise FP8ProbeError(

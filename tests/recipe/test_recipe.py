@@ -329,6 +329,17 @@ def test_block_scheme_fused_outputs_refused():
         Recipe.whole_model(st.units, "FP8_BLOCK").check_vllm_loadable(st.units)
 
 
+def test_a_group_both_kept_and_forced_is_refused(setup):
+    """`keep` and `force` naming one group, or `force` naming a group `keep_first` keeps by position: one line, no
+    recipe (the KV pinning beside sliding-window layers once subtracted every forced group from the kept ones, which
+    silenced this: seen failing against that code)."""
+    st, r, ref, df = setup
+    g = "model.layers.1.mlp.down_proj"
+    for kw in (dict(keep=(g,), force=(g,)), dict(keep_first=1, force=("model.layers.0.mlp.down_proj",))):
+        with pytest.raises(FP8ProbeError, match="is both kept and forced; choose one"):
+            make_recipe(df, st, r, ask(1.0, **kw), reference=ref)
+
+
 @pytest.fixture(scope="module")
 def twelve():
     """The tiny student of `setup` with a sweep of its own 12-prompt rollouts."""
