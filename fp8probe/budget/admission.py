@@ -196,8 +196,13 @@ def check_async(
         },
         "beside_at_lag": p90,
     }
-    if lags.spec.partial:
-        record["straddle"] = _straddle(reference, student, rollouts, lags, metric)
+    if lags.spec.partial:  # the simulation's figures: the lags measured above serve where the verdict's engine is it
+
+        def plain(k):
+            return measure(reference, student, rollouts, lags.at(k), "sim", batch_size)
+
+        known = at if judged_engine == "sim" else {}
+        record["straddle"] = _straddle(reference, rollouts, lags, metric, known, plain)
     return replace(
         report,
         verdict=v.verdict,
@@ -221,16 +226,20 @@ def check_async(
     )
 
 
-def _straddle(reference, student, rollouts, lags: AsyncLags, metric: str) -> dict:
+def _straddle(reference, rollouts, lags: AsyncLags, metric: str, known: dict, plain) -> dict:
     """verl's resumed responses: one that straddles a sync, its earlier tokens sampled a sync older than its later
-    ones (measurement/straddle.py), at every trainer-bound lag of its suffix, their mixture by the lags' shares."""
+    ones (measurement/straddle.py), at every trainer-bound lag of its suffix, their mixture by the lags' shares.
+    `known`: lag -> its simulated Measured where already made; `plain(lag)` measures one in the simulation."""
     from ..core.verl_lags import REGIMES
     from ..measurement.measure import Mixture
-    from ..measurement.straddle import measure_straddle
+    from ..measurement.straddle import straddled
 
     t = lags.spec.trigger
     shares = lags.spec.lags(REGIMES[0])
-    at = {k: measure_straddle(reference, student, rollouts, lags.at(k + t), lags.at(k)) for k in shares}
+    sim = dict(known)
+    for k in sorted({k2 for k in shares for k2 in (k, k + t)} - set(sim)):
+        sim[k] = plain(k)
+    at = {k: straddled(reference, rollouts, sim[k + t], sim[k]) for k in shares}
     mix = Mixture([(w, at[k]) for k, w in shares.items()])
     return {
         "measured": excess(metric, mix.metrics[metric]),
