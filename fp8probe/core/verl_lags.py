@@ -173,12 +173,22 @@ class VerlV1Async:
                 f"`verl_async` {text}: sync >= 1, warmup >= 0 and max_off_policy >= 1 (or none), as verl asserts"
             )
         spec = cls(sync, warmup, limit, decoupled)
-        if limit is not None and math.floor(warmup) + 1 > limit:
+        if spec.drops_warmup:
             raise FP8ProbeError(
-                f"`verl_async` {text}: a prompt waits floor(warmup) + 1 = {math.floor(warmup) + 1} steps, over "
+                f"`verl_async` {text}: a prompt waits floor(warmup) + 1 = {spec.waits} steps, over "
                 f"max_off_policy {limit}: verl would drop every batch the warmup window holds; raise max_off_policy"
             )
         return spec
+
+    @property
+    def waits(self) -> int:
+        """The steps a prompt spans in the queue: floor(warmup) + 1."""
+        return math.floor(self.warmup) + 1
+
+    @property
+    def drops_warmup(self) -> bool:
+        """Whether verl would drop every batch the warmup window holds (a prompt's span over max_off_policy)."""
+        return self.max_off_policy is not None and self.waits > self.max_off_policy
 
     def lags(self, regime: str = "trainer-bound") -> dict[int, float]:
         """lag (optimizer updates) -> the share of samples trained at that lag, in `regime` (module docstring)."""

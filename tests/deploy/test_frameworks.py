@@ -624,3 +624,14 @@ def test_the_export_says_what_its_screen_masks_and_keeps_a_share_asked_for(stude
     assert "threshold chosen to keep 50%" in text
     with pytest.raises(FP8ProbeError, match="`screen_keep` reads"):
         _opd(student, "verl-opd", screen_keep=0.9)
+
+
+def test_verl_settings_refuse_a_warmup_verl_would_drop():
+    """A prompt spans floor(warmup_batches) + 1 steps in the queue; past max_off_policy verl drops every warmup batch:
+    7 warmup batches under a limit of 8 (8 steps) stand, 8 (9 steps) are refused in one line, as `--verl-async v1:`
+    refuses the same keys (the one rule, core/verl_lags.py)."""
+    from fp8probe.deploy.frameworks.verl import VerlSettings
+
+    assert VerlSettings(warmup_batches=7, max_off_policy=8).warmup_batches == 7
+    with pytest.raises(FP8ProbeError, match="would queue prompts for 9 steps, over `max_off_policy` 8"):
+        VerlSettings(warmup_batches=8, max_off_policy=8)

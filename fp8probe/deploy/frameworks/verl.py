@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 from dataclasses import dataclass
@@ -239,10 +238,10 @@ class VerlSettings(Settings):
             raise FP8ProbeError("`screen_keep` reads each sequence's statistic from `check`: give the check.json too")
         if self.check:
             _screened(self.check)  # unreadable, or no prediction: refused before any output
-        waits = math.floor(self.warmup_batches) + 1  # steps a prompt spans in the queue (verl_lags.py)
-        if waits > self.max_off_policy:
+        v1 = VerlV1Async(self.parameter_sync_step, self.warmup_batches, self.max_off_policy)
+        if v1.drops_warmup:
             raise FP8ProbeError(
-                f"`warmup_batches` {self.warmup_batches:g} would queue prompts for {waits} steps, over "
+                f"`warmup_batches` {self.warmup_batches:g} would queue prompts for {v1.waits} steps, over "
                 f"`max_off_policy` {self.max_off_policy}: verl would drop every batch the warmup holds"
             )
         if self.opd_loss == "k1" and not self.opd_policy_gradient:
