@@ -37,9 +37,9 @@ import torch
 
 from fp8probe import load_student, make_rollouts
 from fp8probe.core.schemes import KVCacheScheme, Scheme
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.measure import Measured, measure
 from fp8probe.measurement.perturbation import Perturbation
-from fp8probe.measurement.reference import Reference
 from fp8probe.recipe.recipe import read_recipe
 
 HERE = Path(__file__).resolve().parent
@@ -78,8 +78,8 @@ def measure_all(student, rollouts, ps: dict[str, Perturbation]) -> list[dict]:
         torch.set_num_threads(nthreads)
         r = rollouts.subset(order)
         t = time.perf_counter()
-        ref = Reference(student, r, batch)
-        got: dict[str, Measured] = {name: measure(ref, student, r, p, "sim", batch) for name, p in ps.items()}
+        bench = Bench(student, r, batch)
+        got: dict[str, Measured] = {name: measure(bench, p) for name, p in ps.items()}
         effect = got["model.fp8_all_kv"].change_from(got["model.fp8_all"])
         rows.append(
             {

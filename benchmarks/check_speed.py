@@ -17,6 +17,7 @@ from pathlib import Path
 from fp8probe import RolloutSettings, load_student, make_rollouts
 from fp8probe.budget.admission import check
 from fp8probe.budget.fit import default_budget
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.reference import Reference
 from fp8probe.recipe.recipe import read_recipe
 from fp8probe.sources import sources
@@ -38,13 +39,8 @@ def main():
     t_ref = time.perf_counter() - t
     config = sources.combine([sources.recipe(student, read_recipe(args.recipe)), sources.kv_cache(student, "fp8")])
     t = time.perf_counter()
-    report = check(
-        student,
-        rollouts,
-        config,
-        default_budget(),
-        sampling=RolloutSettings(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens),
-    )
+    sampling = RolloutSettings(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
+    report = check(Bench.of(student, rollouts, sampling), config, default_budget())
     t_check = time.perf_counter() - t
     print(f"{rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens; {config.name}")
     print(

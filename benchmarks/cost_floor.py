@@ -19,6 +19,7 @@ import time
 import torch
 
 from fp8probe import load_rollouts, load_student
+from fp8probe.measurement.bench import Bench
 from fp8probe.model.embedded import STUDENTS
 from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import sweep
@@ -53,7 +54,7 @@ def main():
     for _ in range(args.repeat):
         floor.append(forward_backward(student, rollouts))
         t = time.perf_counter()
-        sweep(student, rollouts, settings)
+        sweep(Bench(student, rollouts), settings)
         swept.append(time.perf_counter() - t)
     f, s = min(floor), min(swept)
     print(

@@ -44,7 +44,7 @@ from damage import fit_damage, prediction_errors, random_recipes
 from fp8probe import load_student
 from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import bootstrap_interval, spearman
-from fp8probe.measurement.reference import Reference
+from fp8probe.measurement.bench import Bench
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.selection import GroupScore, group_scores, measure_groups
 from fp8probe.sweeps.settings import SweepSettings
@@ -133,9 +133,9 @@ def measure(args) -> dict:
         part.write_text(json.dumps(doc))
 
     t0 = time.perf_counter()
-    student, rollouts, ref, members = _setup(args.model, args.num_prompts, args.max_new_tokens)
+    student, rollouts, bench, members = _setup(args.model, args.num_prompts, args.max_new_tokens)
     secs["rollouts_and_reference"] = time.perf_counter() - t0
-    measure_as = measurer(student, rollouts, ref, members, scheme)
+    measure_as = measurer(bench, members, scheme)
 
     def m(s):
         return measure_as(s)[0]
@@ -143,16 +143,13 @@ def measure(args) -> dict:
     if "priors" not in doc:
         t = time.perf_counter()
         table = sweep(
-            student,
-            rollouts,
-            SweepSettings(method="exact", scheme=scheme.name, granularity="group", include_kv=False),
-            reference=ref,
+            bench, SweepSettings(method="exact", scheme=scheme.name, granularity="group", include_kv=False)
         ).table
         doc["priors"] = {"single": {g.group: g.score for g in group_scores(table, "kl_q_p", members)}}
         secs["single_rows"] = time.perf_counter() - t
         if args.nodes:
             t = time.perf_counter()
-            att = path_attribution(student, rollouts, ref, members, scheme, nodes=args.nodes)
+            att = path_attribution(student, rollouts, bench.reference(), members, scheme, nodes=args.nodes)
             doc["priors"]["path"] = att.shares
             doc |= {"path_total": att.total, "path": att.path}
             secs["path_attribution"] = time.perf_counter() - t
@@ -202,16 +199,16 @@ def _setup(model: str, num_prompts: int, max_new_tokens: int):
     student = load_student(model)
     rollouts = make_rollouts(student, num_prompts=num_prompts, max_new_tokens=max_new_tokens, seed=0)
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
-    return student, rollouts, Reference(student, rollouts), members
+    return student, rollouts, Bench(student, rollouts), members
 
 
 def setup_as_measured(doc: dict, num_prompts: int, max_new_tokens: int, source):
     """_setup on the rollouts a JSON of this benchmark was measured on (the settings it records; an older one does
     not: these), and measurer() on them, checked: one stored recipe must measure as stored."""
-    student, rollouts, ref, members = _setup(
+    student, rollouts, bench, members = _setup(
         doc["model"], doc.get("num_prompts", num_prompts), doc.get("max_new_tokens", max_new_tokens)
     )
-    measure_as = measurer(student, rollouts, ref, members, Scheme.from_name(doc["scheme"]))
+    measure_as = measurer(bench, members, Scheme.from_name(doc["scheme"]))
     stored, value = doc["fit"][0]
     again = measure_as(stored)[0]
     if not math.isclose(again, value, rel_tol=1e-6):
@@ -222,14 +219,12 @@ def setup_as_measured(doc: dict, num_prompts: int, max_new_tokens: int, source):
     return measure_as
 
 
-def measurer(student, rollouts, ref, members, scheme):
+def measurer(bench, members, scheme):
     """measure_as(groups): measure_groups' (excess KL(q||p), every metric, the Measured) with these fused groups in
-    FP8 on the rollouts, against the reference."""
+    FP8 on the bench's rollouts, against its reference."""
 
     def measure_as(groups):
-        return measure_groups(
-            [GroupScore(g, members[g], 0, 0.0, 0) for g in groups], student, rollouts, scheme, "kl_q_p", None, ref
-        )
+        return measure_groups([GroupScore(g, members[g], 0, 0.0, 0) for g in groups], bench, scheme, "kl_q_p", None)
 
     return measure_as
 
@@ -274,8 +269,8 @@ def by_prompts(args) -> dict:
     from fp8probe.measurement.mismatch import metric_over
 
     scheme = Scheme.from_name(args.scheme)
-    student, rollouts, ref, members = _setup(args.model, args.num_prompts, args.max_new_tokens)
-    measure_as = measurer(student, rollouts, ref, members, scheme)
+    student, rollouts, bench, members = _setup(args.model, args.num_prompts, args.max_new_tokens)
+    measure_as = measurer(bench, members, scheme)
     names = list(members)
     steps = sorted({min(k, args.num_prompts) for k in (4, 8, args.num_prompts)})
 

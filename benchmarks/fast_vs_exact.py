@@ -80,6 +80,7 @@ def _median_time(fn, repeat: int) -> tuple[float, object]:
 def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_seconds=None) -> dict:
     from fp8probe.core.schemes import Scheme
     from fp8probe.core.stats import spearman, top_overlap
+    from fp8probe.measurement.bench import Bench
     from fp8probe.measurement.fisher import ESTIMATORS, Draws, fisher_rows
     from fp8probe.measurement.reference import Reference
     from fp8probe.recipe.agreement import agreement
@@ -93,9 +94,9 @@ def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_s
     fr = runs[0]
     if exact_df is None:
         t = time.perf_counter()
-        exact_df = sweep(student, rollouts, reference=reference).table
+        exact_df = sweep(Bench.around(reference, student, rollouts)).table
         exact_seconds = time.perf_counter() - t + t_ref  # a sweep includes its reference pass
-    fast_df = sweep(student, rollouts, SweepSettings(method="fisher")).table
+    fast_df = sweep(Bench(student, rollouts), SweepSettings(method="fisher")).table
     ex = dict(zip(exact_df["unit"], exact_df["kl_q_p"]))
     units = [r.unit for r in rows if r.kind != "model"]
     rho = {e: spearman([fr.column(e)[u] for u in units], [ex[u] for u in units]) for e in ESTIMATORS}
@@ -107,7 +108,7 @@ def measure(name, student, rollouts, repeat: int, budget, exact_df=None, exact_s
         )
         for f in runs
     ]
-    a = agreement(fast_df, exact_df, student, rollouts, SweepSettings(agreement_budget=budget), reference=reference)
+    a = agreement(fast_df, exact_df, Bench.around(reference, student, rollouts), SweepSettings(agreement_budget=budget))
     return {
         "model": name,
         "rows": len(units),

@@ -22,7 +22,7 @@ from fp8probe.cli import main as cli
 from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.deploy.export import export
 from fp8probe.deploy.frameworks import TARGETS
-from fp8probe.measurement.reference import Reference
+from fp8probe.measurement.bench import Bench
 from fp8probe.model.settings import ModelSource
 from fp8probe.model.structure import scheme_blockers
 from fp8probe.recipe.refine import DEFAULT_REFINE_PASSES
@@ -79,7 +79,7 @@ def main():
     runs = {"FP8_DYNAMIC": read_sweep(args.sweep), "FP8_BLOCK": read_sweep(block_dir)}
     student = load_student()
     rollouts = load_rollouts(args.sweep)
-    reference = Reference(student, rollouts)
+    bench = Bench(student, rollouts, runs["FP8_DYNAMIC"].run.batch_size)  # one reference pass for every recipe
     rows, made = [], []
     plan = [("vllm", "free"), ("vllm", "first-last")] + [(t, None) for t in TARGETS if t != "vllm"]
     for name, form in plan:
@@ -99,19 +99,18 @@ def main():
             )
             context = RecipeContext(
                 scheme=scheme,
-                batch_size=run.run.batch_size,
                 sweep_dir=str(run.directory),
                 kv_scale=target.kv_scale,
                 target=name if form == target.form else None,
             )
-            rec = make_recipe(run.table, student, rollouts, ask, context=context, reference=reference)
+            rec = make_recipe(run.table, bench, ask, context=context)
         except FP8ProbeError as e:
             rows.append(
                 (
                     label,
                     form,
                     scheme if target.weights else "-",
-                    _why(student, rollouts, reference, target, scheme, e),
+                    _why(bench, target, scheme, e),
                     "",
                 )
             )
@@ -136,8 +135,9 @@ def main():
     print(f"\nall in {time.perf_counter() - t0:.0f} s; configs in {exported.out}/frameworks/")
 
 
-def _why(student, rollouts, reference, target, scheme, err) -> str:
+def _why(bench, target, scheme, err) -> str:
     """Why no recipe of the target's form fits, with what its one recipe measures when it can run at all."""
+    student = bench.student
     blocked = scheme_blockers(student.quantizable, Scheme.from_name(scheme))
     if target.form == "all" and blocked:
         g, why = next(iter(blocked.items()))
@@ -146,10 +146,10 @@ def _why(student, rollouts, reference, target, scheme, err) -> str:
             "the engine refuses the model"
         )
     if target.form == "all":
-        m = measure_scheme(student, rollouts, scheme, reference=reference)["kl_q_p"]
+        m = measure_scheme(bench, scheme)["kl_q_p"]
         return f"none at this budget: every Linear in {scheme} measures {m:.4g}"
     if target.form == "none":
-        m = measure_scheme(student, rollouts, units=[], kv=KVCacheScheme(scale="unit"), reference=reference)["kl_q_p"]
+        m = measure_scheme(bench, units=[], kv=KVCacheScheme(scale="unit"))["kl_q_p"]
         return f"none at this budget: its FP8 KV cache (scales 1.0) alone measures {m:.4g}"
     return f"none: {err}"
 

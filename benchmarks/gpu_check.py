@@ -97,9 +97,9 @@ def rollouts_of(student, num: int, prompt_len: int, new_tokens: int):
 def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) -> dict:
     from fp8probe.core.schemes import Scheme
     from fp8probe.core.stats import spearman, top_overlap
+    from fp8probe.measurement.bench import Bench
     from fp8probe.measurement.fisher import fisher_rows
     from fp8probe.measurement.reference import Reference
-    from fp8probe.model.settings import RolloutSettings
     from fp8probe.sweeps.memory import estimate
     from fp8probe.sweeps.sweep import plan_rows, sweep
 
@@ -132,9 +132,7 @@ def check(size: str, device: str, num: int, new_tokens: int, batch_size: int) ->
 
     ref, out["reference_s"], _ = timed(lambda: Reference(student, r, batch_size))
     fr, out["fisher_s"], out["fisher_peak_gib"] = timed(lambda: fisher_rows(student, r, rows, batch_size=batch_size))
-    swept, out["exact_s"], out["exact_peak_gib"] = timed(
-        lambda: sweep(student, r, sampling=RolloutSettings(batch_size=batch_size), reference=ref)
-    )
+    swept, out["exact_s"], out["exact_peak_gib"] = timed(lambda: sweep(Bench.around(ref, student, r, batch_size)))
     df = swept.table
     out["exact_s_per_row"] = out["exact_s"] / len(rows)
     units = [x.unit for x in rows if x.kind != "model"]
@@ -157,6 +155,7 @@ def vllm_kv(out_dir: Path) -> dict:
     import tempfile
 
     from fp8probe.core.schemes import KVCacheScheme
+    from fp8probe.measurement.bench import Bench
     from fp8probe.measurement.measure import measure
     from fp8probe.measurement.mismatch import sampled_token_metrics
     from fp8probe.measurement.perturbation import Perturbation
@@ -178,7 +177,7 @@ def vllm_kv(out_dir: Path) -> dict:
     ref = Reference(student, r)
     kv = KVCacheScheme("fp8", "tensor", "unit")
     layers = tuple(range(student.model.config.num_hidden_layers))
-    predicted = measure(ref, student, r, Perturbation((), kv_layers=layers, kv=kv)).metrics
+    predicted = measure(Bench.around(ref, student, r), Perturbation((), kv_layers=layers, kv=kv)).metrics
     ref_logp = ref.rows.logp.gather(-1, ref.rows.tokens[:, None]).squeeze(-1)
     seqs = [r.input_ids[i, : int(r.attention_mask[i].sum())].tolist() for i in range(r.num_sequences)]
     out = {"num_tokens": int(ref_logp.numel()), "predicted": {k: predicted[k] for k in ("k3", "abs_dlogp_mean")}}

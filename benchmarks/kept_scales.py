@@ -19,6 +19,7 @@ import time
 import torch
 
 from fp8probe import RecipeSettings, load_rollouts, load_student
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.calibration import calibrate
 from fp8probe.model.embedded import STUDENTS
 from fp8probe.recipe.selection import make_recipe
@@ -42,7 +43,7 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     student, rollouts = load_student(args.model), load_rollouts(args.rollouts)
-    swept = sweep(student, rollouts, SweepSettings(scheme="FP8", granularity="group", include_kv=False))
+    swept = sweep(Bench(student, rollouts), SweepSettings(scheme="FP8", granularity="group", include_kv=False))
     names = list(student.unit_names)
     ask = RecipeSettings(effective_bits=args.bits, engine="none")
     times = {k: [] for k in ("calibrate", "calibrate, per sequence", "recipe, its own pass", "recipe, kept amax")}
@@ -56,7 +57,9 @@ def main():
             ("recipe, its own pass", RecipeContext(scheme="FP8")),
             ("recipe, kept amax", RecipeContext(scheme="FP8", scales=cal.per_sequence)),
         ):
-            s, recipes[key] = _timed(lambda ctx=ctx: make_recipe(swept.table, student, rollouts, ask, context=ctx))
+            s, recipes[key] = _timed(
+                lambda ctx=ctx: make_recipe(swept.table, Bench(student, rollouts), ask, context=ctx)
+            )
             times[key].append(s)
     own, kept = recipes["recipe, its own pass"], recipes["recipe, kept amax"]
     print(

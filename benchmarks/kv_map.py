@@ -83,6 +83,7 @@ def compare(
     from fp8probe.core.errors import FP8ProbeError
     from fp8probe.core.schemes import KVCacheScheme, Scheme
     from fp8probe.deploy.capacity import kv_capacity, kv_layout
+    from fp8probe.measurement.bench import Bench
     from fp8probe.measurement.measure import measure
     from fp8probe.measurement.perturbation import Perturbation
     from fp8probe.measurement.reference import Reference
@@ -96,12 +97,13 @@ def compare(
     run = read_sweep(sweep_dir)
     rollouts = load_rollouts(sweep_dir)
     student = load_student(run.model_source, dtype=run.run.dtype or "float32")
-    context = RecipeContext(scheme=run.run.scheme, batch_size=run.run.batch_size, scales=run.sequence_scales(rollouts))
+    context = RecipeContext(scheme=run.run.scheme, scales=run.sequence_scales(rollouts))
+    bench = Bench(student, rollouts, run.run.batch_size)
     common = dict(budget=budget, kv_cache_dtype="fp8", engine="none")
     per_layer = RecipeSettings(**common, kv_tokens=kv_tokens, kv_context=kv_context)
-    mixed = make_recipe(run.table, student, rollouts, per_layer, context=context)
+    mixed = make_recipe(run.table, bench, per_layer, context=context)
     try:  # today's --kv-cache-dtype fp8: the KV cache in every layer, within the same budget if it fits at all
-        joint, no_joint = make_recipe(run.table, student, rollouts, RecipeSettings(**common), context=context), ""
+        joint, no_joint = make_recipe(run.table, bench, RecipeSettings(**common), context=context), ""
     except FP8ProbeError as e:
         joint, no_joint = None, f"; joint, every layer: none ({e})"
     search, held, _ = rollouts.split(2)  # the recipes' own split (RecipeSettings.holdout's default)
@@ -119,7 +121,7 @@ def compare(
     def measured(rec, skip):
         units = tuple(u.name for u in rec.fp8_units(student.units))
         layers = tuple(i for i in student.layers if i not in set(skip))
-        return measure(ref, student, held, Perturbation(units, scheme, layers, kv))
+        return measure(Bench.around(ref, student, held, run.run.batch_size), Perturbation(units, scheme, layers, kv))
 
     def tokens(skip, dtype="fp8"):
         lay = kv_layout(cfg, dtype, skip=tuple(skip)) if dtype != "auto" else kv_layout(cfg, "auto")

@@ -29,8 +29,8 @@ def main() -> None:
 
     import fp8probe.measurement.vllm_profile as engines
     from fp8probe import load_student, make_rollouts
+    from fp8probe.measurement.bench import Bench
     from fp8probe.measurement.measure import measure_scheme
-    from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import load_rollouts
 
     t0 = time.perf_counter()
@@ -40,10 +40,10 @@ def main() -> None:
         if args.rollouts
         else make_rollouts(student, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, seed=0)
     )
-    ref = Reference(student, rollouts)
+    bench = Bench(student, rollouts)
     print(f"{rollouts.num_sequences} rollouts, {rollouts.num_response_tokens} response tokens; kl_q_p per token:")
-    print(f"  {'sim':<26}{measure_scheme(student, rollouts, units=[], kv='fp8', reference=ref)['kl_q_p']:.5f}")
-    alone = measure_scheme(student, rollouts, units=[], reference=ref, engine="vllm-cuda")["kl_q_p"]
+    print(f"  {'sim':<26}{measure_scheme(bench, units=[], kv='fp8')['kl_q_p']:.5f}")
+    alone = measure_scheme(bench, units=[], engine="vllm-cuda")["kl_q_p"]
     print(f"  {'vllm-cuda alone':<26}{alone:.5f}")
     original = engines.fp8_kv_attention
     try:
@@ -54,7 +54,7 @@ def main() -> None:
             ("vllm-cuda", {}),
         ):
             engines.fp8_kv_attention = functools.partial(original, **kw)
-            kl = measure_scheme(student, rollouts, units=[], kv="fp8", reference=ref, engine="vllm-cuda")["kl_q_p"]
+            kl = measure_scheme(bench, units=[], kv="fp8", engine="vllm-cuda")["kl_q_p"]
             print(f"  {name:<26}{kl:.5f}", flush=True)
     finally:
         engines.fp8_kv_attention = original

@@ -83,10 +83,10 @@ def operating_point_costs(costs: str, current: list, pool: list, measure: Callab
     return out
 
 
-def priced_table(table, costs: str, current: list, pool: list, student, rollouts, scheme, reference, batch_size=8):
+def priced_table(table, costs: str, current: list, pool: list, bench, scheme):
     """(the group sweep's `table` with each group row's kl_q_p replaced by its price at `current`, what was priced):
-    `current` and `pool` are GroupScores (fp8probe.recipe.selection.group_scores), `reference` the rollouts' (its
-    calibration gives the static scales). The prices: `operating_point_costs`."""
+    `current` and `pool` are GroupScores (fp8probe.recipe.selection.group_scores), measured on `bench` (a
+    fp8probe.Bench; its reference's calibration gives the static scales). The prices: `operating_point_costs`."""
     from attribution import path_attribution  # beside this file
 
     from fp8probe.recipe.selection import measure_groups
@@ -94,11 +94,11 @@ def priced_table(table, costs: str, current: list, pool: list, student, rollouts
     t0 = time.perf_counter()
 
     def measure(groups):
-        return measure_groups(groups, student, rollouts, scheme, "kl_q_p", None, reference)
+        return measure_groups(groups, bench, scheme, "kl_q_p", None)
 
     def path(groups, fixed):
         return path_attribution(
-            student, rollouts, reference, groups, scheme, PATH_NODES, batch_size, fixed=fixed
+            bench.student, bench.rollouts, bench.reference(), groups, scheme, PATH_NODES, bench.batch_size, fixed=fixed
         ).shares
 
     prices = operating_point_costs(costs, current, pool, measure, path)

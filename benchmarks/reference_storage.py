@@ -19,6 +19,7 @@ from fp8probe import load_student, make_rollouts
 from fp8probe.core.metrics import METRICS
 from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.core.units import GiB
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.perturbation import Perturbation
 from fp8probe.measurement.reference import Reference
 
@@ -45,7 +46,8 @@ def run(model: str, num_prompts: int, max_new_tokens: int) -> dict:
         ref = Reference(student, r, 8, storage=storage)
         t_ref = time.perf_counter() - t
         t = time.perf_counter()
-        rows = {name: measure(ref, student, r, p).metrics for name, p in candidates(student).items()}
+        bench = Bench.around(ref, student, r)
+        rows = {name: measure(bench, p).metrics for name, p in candidates(student).items()}
         got[storage] = {
             "reference_s": t_ref,
             "candidates_s": time.perf_counter() - t,

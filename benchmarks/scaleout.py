@@ -84,6 +84,7 @@ def main() -> None:
         return
 
     from fp8probe.core.schemes import Scheme
+    from fp8probe.measurement.bench import Bench
     from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
     from fp8probe.model.student import load_student
@@ -114,7 +115,7 @@ def main() -> None:
         print(f"  {th} thread(s): t_block {tb * 1e3:.1f} ms, t_head {th_ * 1e3:.1f} ms")
 
     t = time.perf_counter()
-    single = sweep(student, rollouts, reference=reference).table
+    single = sweep(Bench.around(reference, student, rollouts)).table
     t_single = time.perf_counter() - t
 
     cluster = Cluster(args.workers, threads=threads)
@@ -124,7 +125,7 @@ def main() -> None:
         t_ray = time.perf_counter() - t
         ex = RayRows(cluster, load)
         try:
-            multi = sweep(student, rollouts, reference=reference, rows_executor=ex).table
+            multi = sweep(Bench.around(reference, student, rollouts), rows_executor=ex).table
         finally:
             ex.close()
     t_multi = time.perf_counter() - t

@@ -19,9 +19,9 @@ import torch
 
 from fp8probe import load_student, make_rollouts
 from fp8probe.core.schemes import Scheme
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.mismatch import CHUNK_ROWS
 from fp8probe.measurement.reference import Reference, final_norm
-from fp8probe.model.settings import RolloutSettings
 from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import plan_rows, sweep
 
@@ -56,11 +56,8 @@ def main():
     ref = Reference(student, rollouts, args.batch_size)
     t = time.perf_counter()
     sweep(
-        student,
-        rollouts,
+        Bench.around(ref, student, rollouts, args.batch_size),
         SweepSettings(method="exact", scheme=scheme.name, granularity=args.granularity),
-        sampling=RolloutSettings(batch_size=args.batch_size),
-        reference=ref,
     )
     t_sweep_all = time.perf_counter() - t
     # the sweep's own peak: read before the naive forward below allocates full-vocabulary logits

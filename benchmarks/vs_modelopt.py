@@ -50,6 +50,7 @@ from fp8probe import RecipeSettings, SweepSettings, load_rollouts, load_student
 from fp8probe.cli import main as cli
 from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import bootstrap_interval
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.measure import measure
 from fp8probe.measurement.mismatch import metric_over
 from fp8probe.measurement.perturbation import Perturbation
@@ -194,17 +195,17 @@ class Judge:
     """Every recipe on the held-out rollouts by both evaluators, with intervals; ratios paired on the same tokens; and
     by the simulation on the search rollouts (what every search saw), beside them."""
 
-    def __init__(self, student, held, search_reference, search):
-        self.student, self.held = student, held
-        self.search_reference, self.search = search_reference, search
+    def __init__(self, student, held, search: Bench):
+        self.student, self.held, self.search = student, held, search
         self.reference = Reference(student, held, calibrate=False)
-        self.reference.calibration = search_reference.calibration  # static input scales from the search rollouts
+        self.reference.calibration = search.reference().calibration  # static input scales from the search rollouts
+        self.bench = Bench.around(self.reference, student, held)
         self.prompt = self.reference.prompt.numpy()
 
     def __call__(self, units) -> dict:
         p = Perturbation(tuple(units), Scheme.from_name("FP8"))
-        got = {e: measure(self.reference, self.student, self.held, p, e) for e in ENGINES}
-        return got | {"search": measure(self.search_reference, self.student, self.search, p, "sim")}
+        got = {e: measure(self.bench, p, engine=e) for e in ENGINES}
+        return got | {"search": measure(self.search, p)}
 
     def kl(self, m) -> tuple[float, float, float]:
         lo, hi = m.interval("kl_q_p")
@@ -307,11 +308,11 @@ def main():
     tables = sweeps(args.sweep, out, args.model, args.methods)
     paths = [p for p in PATHS if p[0] in args.methods and p[1] in args.costs and p[2] in args.refine]
     student = load_student(args.model)
-    search_ref = Reference(student, rollouts)
+    search_ref = Bench(student, rollouts)  # the search rollouts, their reference made once
     seen = set(rollouts.meta.prompts)
     unseen = [p for p in BUILTIN_PROMPTS if p not in seen]
     held = make_rollouts(student, prompts=unseen, max_new_tokens=64, seed=args.heldout_seed)
-    judge = Judge(student, held, search_ref, rollouts)
+    judge = Judge(student, held, search_ref)
     members = {g: [u.name for u in us] for g, us in student.groups().items()}
     unit_group = {u.name: u.group for u in student.quantizable}
     total = linear_params(student)
@@ -367,15 +368,8 @@ def main():
             ask = RecipeSettings(min_bytes_saved=saved, refine=passes, holdout=holdout, engine="none")
             if costs in PRICED:  # priced where the single rows' recipe runs, then ranked by those prices
                 point = recipes.get((method, "single", 0, 0), (None,))[0]  # made above, where PATHS lists it first
-                table = _priced(table, costs, saved, student, rollouts, search_ref, members, point)
-            rec = make_recipe(
-                table,
-                student,
-                rollouts,
-                ask,
-                context=RecipeContext(scheme="FP8", scales=kept),
-                reference=None if holdout else search_ref,
-            )
+                table = _priced(table, costs, saved, search_ref, members, point)
+            rec = make_recipe(table, search_ref, ask, context=RecipeContext(scheme="FP8", scales=kept))
             secs = t_sweep + time.perf_counter() - t0
             got = judge([u for g in rec.quantized for u in members[g]])
             recipes[(method, costs, passes, holdout)] = (rec.quantized, got)
@@ -421,19 +415,17 @@ def main():
     )
 
 
-def _priced(table, costs, saved, student, rollouts, search_ref, members, point=None):
+def _priced(table, costs, saved, search_ref, members, point=None):
     """The group table with each group priced at the operating point the single rows choose at these bytes (`costs`
     path, context or damage: pricing.py, beside this file); `point`: that recipe's groups where the table already
     made it (its row "method, single, refine 0"), else made here."""
     if point is None:
         ask = RecipeSettings(min_bytes_saved=saved, refine=0, holdout=0, engine="none")
         ctx = RecipeContext(scheme="FP8")
-        point = make_recipe(table, student, rollouts, ask, context=ctx, reference=search_ref).quantized
+        point = make_recipe(table, search_ref, ask, context=ctx).quantized
     by_name = {g.group: g for g in group_scores(table, "kl_q_p", members)}
     current = [by_name[g] for g in point]
-    return pricing.priced_table(
-        table, costs, current, list(by_name.values()), student, rollouts, Scheme.from_name("FP8"), search_ref
-    )[0]
+    return pricing.priced_table(table, costs, current, list(by_name.values()), search_ref, Scheme.from_name("FP8"))[0]
 
 
 def _headroom(
@@ -447,7 +439,7 @@ def _headroom(
 
     def fitness(s):
         gs = [by_name[g] for g in s]
-        return measure_groups(gs, student, rollouts, Scheme.from_name("FP8"), "kl_q_p", None, search_ref)[0]
+        return measure_groups(gs, search_ref, Scheme.from_name("FP8"), "kl_q_p", None)[0]
 
     def value(s):
         return sum(by_name[g].bytes_saved for g in s)

@@ -70,6 +70,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
 
         return run_series(model, rollouts, settings, out, progress)
     from ..budget.fit import check_student, check_teacher, read_budget
+    from ..measurement.bench import Bench
     from ..training.runs import objective_note
     from .inputs import check_inputs, load, rollouts_for
 
@@ -91,13 +92,13 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         teacher = sc.load_teacher(model)
         teacher_note = check_teacher(budget, teacher, settings.other_student)
         r, _ = rollouts_for(student, rollouts, d, progress=progress, saved=inputs.rollouts)
-        named = sc.sources(student, model.allow_pickle, settings.stale_steps)
+        named, bench = sc.sources(student, model.allow_pickle, settings.stale_steps), Bench.of(student, r, rollouts)
         if settings.verl_async:
             name, lags = async_configuration(student, named, settings.stale_steps, settings.verl)
-            report = check_async(student, r, name, budget, lags, engine=sc.engine, teacher=teacher, sampling=rollouts)
+            report = check_async(bench, name, budget, lags, engine=sc.engine, teacher=teacher)
         else:
             config = named[0] if len(named) == 1 else combine(named)
-            report = check(student, r, config, budget, engine=sc.engine, teacher=teacher, sampling=rollouts)
+            report = check(bench, config, budget, engine=sc.engine, teacher=teacher)
         note = "; ".join(x for x in (note, teacher_note) if x) or None
         report = replace(report, budget_student_note=note, budget_objective_note=objective, scale_note=scale_note)
         report.write(d / CheckRecord.KIND)

@@ -24,6 +24,7 @@ from ..sources.sources import NOISE_RULER, Source, combine, noise
 
 def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = False) -> LadderResult:
     """Every source on one scale (ladder()), written as DIR/ladder.csv and DIR/ladder.json; returns the table."""
+    from ..measurement.bench import Bench
     from .inputs import check_inputs, load, rollouts_for
 
     sc = settings.shortcuts
@@ -40,7 +41,7 @@ def run_ladder(model, rollouts, settings: LadderSettings, out, progress: bool = 
             steps.append(combine(named))
         if sc.engine != "sim":  # what the engine's own arithmetic costs with no shortcut at all
             steps.insert(0, Source(f"{sc.engine} alone", "engine", Perturbation()))
-        df = ladder(student, r, steps, settings, teacher=teacher, sampling=rollouts, progress=progress)
+        df = ladder(Bench.of(student, r, rollouts), steps, settings, teacher=teacher, progress=progress)
         atomic_write_text(d / "ladder.csv", df.to_csv(index=False, float_format="%.17g"))
         record = LadderRecord(
             command="ladder",

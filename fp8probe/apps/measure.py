@@ -21,27 +21,18 @@ def run_measure(
 ) -> MeasureResult:
     """mismatch.json's content (every metric, the tokens it was measured on, and the prefix shift: the candidate's
     own continuations with verl's metrics of them), after writing it into `out`."""
+    from ..measurement.bench import Bench
     from ..measurement.measure import measure_scheme, scheme_perturbation
     from ..measurement.prefix import PrefixShift
-    from ..measurement.reference import Reference
 
     check_inputs(model, rollouts, out, settings.preset)
     t0 = time.perf_counter()
     with output_dir(out) as d:
         student, _ = load(model)
         r, _ = rollouts_for(student, rollouts, d, progress=progress)
-        p = scheme_perturbation(student, settings.preset, kv=settings.kv)
-        reference = Reference(student, r, rollouts.batch_size, kv_strategy=p.kv.strategy)
-        metrics = measure_scheme(
-            student,
-            r,
-            scheme=settings.preset,
-            kv=settings.kv,
-            reference=reference,
-            batch_size=rollouts.batch_size,
-            engine=settings.engine,
-        )
-        shift = PrefixShift.sampled_as(student, reference, r, rollouts, settings.engine).measure(p)
+        p, bench = scheme_perturbation(student, settings.preset, kv=settings.kv), Bench.of(student, r, rollouts)
+        metrics = measure_scheme(bench, settings.preset, kv=settings.kv, engine=settings.engine)
+        shift = PrefixShift.sampled_as(bench, settings.engine).measure(p)
         record = MismatchRecord(
             command="measure",
             model=student.name,

@@ -48,6 +48,7 @@ from ..planning.plan import (
 def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> PlanResult:
     """`fp8probe plan`: the table (plan.csv), plan.json and plan.png in `out`; returns plan.json's content."""
     from ..budget.fit import check_student
+    from ..measurement.bench import Bench
     from ..plots import plan_plot
     from .inputs import check_inputs, load, rollouts_for
 
@@ -64,10 +65,8 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
             student, _ = load(model)
             note = check_student(budget, student, settings.other_student)  # another student's budget: refused
             r, _ = rollouts_for(student, rollouts, d, progress=progress)
-            rows = measure_costs(
-                student, r, settings, budget, curves, rollouts.batch_size, model.allow_pickle, progress
-            )
-            costs = PlanCosts(rows, r, rollouts.batch_size, note)
+            bench = Bench.of(student, r, rollouts)
+            costs = PlanCosts(measure_costs(bench, settings, budget, curves, model.allow_pickle, progress), bench, note)
         record = plan(cfg, settings, serving, model.label, curves, budget, costs)
         record = replace(record, seconds=round(time.perf_counter() - t0, 3))
         import pandas as pd

@@ -28,6 +28,7 @@ def run_recipe(
     """The recipe of `sweep_dir` (its table, rollouts and model) as `settings` say, for `target`'s framework (its form,
     scheme and KV scales, resolved here: above the recipe layer), written into `out`."""
     from ..deploy.frameworks import recipe_form
+    from ..measurement.bench import Bench
     from ..model.rollouts import load_rollouts
     from ..model.student import load_student
     from ..recipe.selection import make_recipe
@@ -42,7 +43,6 @@ def run_recipe(
     rollouts = load_rollouts(sweep_dir)
     context = RecipeContext(
         scheme=scheme,
-        batch_size=run.run.batch_size,
         sweep_dir=str(run.directory.resolve()),
         kv_scale=kv_scale,
         target=framework.name if framework else None,
@@ -60,7 +60,7 @@ def run_recipe(
     run.check_student(student)
     rollouts.check_fits(student.model.config, f"the rollouts of {sweep_dir}")
     try:
-        recipe = make_recipe(run.table, student, rollouts, settings, context=context)
+        recipe = make_recipe(run.table, Bench(student, rollouts, run.run.batch_size), settings, context=context)
     except FP8ProbeError as e:
         if framework is None:
             raise

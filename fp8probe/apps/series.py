@@ -43,6 +43,7 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
     """The configuration of `settings` (a check.CheckSettings with `checkpoints`) at each checkpoint."""
     from ..budget.fit import check_student, read_budget
     from ..budget.series import measure_point, summarize_series
+    from ..measurement.bench import Bench
     from ..sources.sources import combine
     from .inputs import check_inputs, load, rollouts_for
 
@@ -66,7 +67,7 @@ def run_series(model, rollouts, settings, out, progress: bool = False) -> Series
             r, _ = rollouts_for(student, rollouts, d / f"checkpoint-{i}", progress=progress)
             named = sc.sources(student, src.allow_pickle)
             config = named[0] if len(named) == 1 else combine(named)
-            row, got = measure_point(student, r, config, budget, sc.engine, rollouts.batch_size)
+            row, got = measure_point(Bench.of(student, r, rollouts), config, budget, sc.engine)
             rows.append({"checkpoint": src.model, **row})
             measured.append(got)
         report = SeriesRecord(

@@ -53,6 +53,7 @@ def run_sweep(
     progress: bool = False,
 ) -> SweepResult:
     """Sweep `model` on its rollouts as `settings` say and write the run directory `out` (see the module doc)."""
+    from ..measurement.bench import Bench
     from ..measurement.scales import SCALES_FILE
     from ..recipe.agreement import AGREEMENT_FILE, agreement, check_comparable, exact_run_for
     from ..sweeps.files import RUN_FILE, PartialRows, check_resume_state, finish_sweep, write_run, write_table
@@ -86,27 +87,16 @@ def run_sweep(
             ", KV rows" if settings.include_kv else "",
         )
         t = time.perf_counter()
+        bench = Bench.of(student, r, rollouts)
         with row_workers(model, cluster) as executor:
-            swept = sweep(
-                student,
-                r,
-                settings,
-                sampling=rollouts,
-                partial=PartialRows(d, resume),
-                progress=progress,
-                rows_executor=executor,
-            )
-        df, reference = swept.table, swept.reference
-        whole = (
-            whole_model_rows(reference, student, r, settings, batch_size=rollouts.batch_size, measured=swept.model_rows)
-            if reference is not None
-            else None
-        )
+            swept = sweep(bench, settings, partial=PartialRows(d, resume), progress=progress, rows_executor=executor)
+        df = swept.table
+        whole = whole_model_rows(bench, settings, measured=swept.model_rows) if swept.reference is not None else None
         t_sweep = time.perf_counter() - t
         agree = None
         if exact_run is not None:
             log.info("agreement with the exact sweep in %s (two recipes, measured)", exact_run.directory)
-            agree = agreement(df, exact_run.table, student, r, settings, sampling=rollouts)
+            agree = agreement(df, exact_run.table, bench, settings)
             agree = replace(agree, exact_sweep=str(exact_run.directory))
             agree.write(d / AGREEMENT_FILE)
         write_table(d, df)

@@ -32,53 +32,36 @@ from ..sources.sources import Source
 from .fit import Budget
 
 if TYPE_CHECKING:  # light at import: the CLI reads CheckSettings (budget/settings.py) for --help
-    from ..measurement.reference import Reference
-    from ..model.settings import RolloutSettings
+    from ..measurement.bench import Bench
     from ..sources.verl_async import AsyncLags
 
 
-def check(
-    student,
-    rollouts,
-    config: Source,
-    budget: Budget,
-    *,
-    engine: str = "sim",
-    teacher=None,
-    reference: Reference | None = None,
-    sampling: RolloutSettings | None = None,
-) -> CheckRecord:
-    """The verdict and everything behind it, as check.json holds it. The verdict's figure is measured on the budget's
-    scale: a calibrated budget's doses are the simulation's ("sim": the configuration in the reference-dtype model),
-    so a check asked for another engine (an engines.py profile: the rollout engine's own arithmetic, e.g.
-    "vllm-cuda") is judged on the simulation's figure of the same configuration, the engine's beside it
-    (`also_measured`, `converted`); a number given as the budget is judged on `engine`'s. The prefix shift and the OPD
-    signal are `engine`'s. `sampling`: the rollouts' settings, whose batch size the arithmetic runs in and whose
-    response length and seed the prefix shift samples its continuations with (None: the rollouts' own response
-    length, seed 0, batches of 8). The configuration (config.config) is what `judge` reads the budget's levels for."""
+def check(bench: Bench, config: Source, budget: Budget, *, engine: str = "sim", teacher=None) -> CheckRecord:
+    """The verdict and everything behind it, as check.json holds it, measured on the bench (measurement/bench.py:
+    the student, its rollouts, the batch size the arithmetic runs in, the seed and response length the prefix shift
+    samples its continuations with). The verdict's figure is measured on the budget's scale: a calibrated budget's
+    doses are the simulation's ("sim": the configuration in the reference-dtype model), so a check asked for another
+    engine (an engines.py profile: the rollout engine's own arithmetic, e.g. "vllm-cuda") is judged on the
+    simulation's figure of the same configuration, the engine's beside it (`also_measured`, `converted`); a number
+    given as the budget is judged on `engine`'s. The prefix shift and the OPD signal are `engine`'s. The
+    configuration (config.config) is what `judge` reads the budget's levels for."""
     from ..measurement.measure import measure, measured_as
     from ..measurement.opd import OPDSignal
     from ..measurement.prefix import PrefixShift
-    from ..measurement.reference import Reference
 
-    batch_size = sampling.batch_size if sampling is not None else 8
-    if reference is None:
-        reference = Reference(student, rollouts, batch_size)
     judged_engine = budget.scale["engine"] if budget.scale else engine
-    got = measure(reference, student, rollouts, config.perturbation, judged_engine, batch_size)
+    got = measure(bench, config.perturbation, engine=judged_engine)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = tuple(got.excess_interval(budget.metric))
-    prefix = PrefixShift.sampled_as(student, reference, rollouts, sampling, engine)
+    prefix = PrefixShift.sampled_as(bench, engine)
     shift = prefix.measure(config.perturbation)
     opd = None
     if teacher is not None:
-        opd = OPDSignal(student, teacher, reference, engine).measure(config.perturbation)
+        opd = OPDSignal(bench.student, teacher, bench.reference(), engine).measure(config.perturbation)
     v = judge(measured, interval, budget, got.num_prompts, config.config)
     beside = engine if engine != judged_engine else OTHER_ENGINE.get(engine, "sim")
-    also = measured_as(beside, reference, student, rollouts, config.perturbation, budget.metric, batch_size)
-    record = _record(
-        v, config, budget, (engine, judged_engine), (measured, interval, got, rollouts), (also, shift, opd), batch_size
-    )
+    also = measured_as(bench, config.perturbation, beside, budget.metric)
+    record = _record(v, config, budget, (engine, judged_engine), (measured, interval, got, bench), (also, shift, opd))
     return replace(record, verl_screens=verl_screens(getattr(prefix, "own", None)))
 
 
@@ -91,12 +74,12 @@ def verl_screens(own) -> list | None:
     return [outcome(s, own[0].numpy(), own[1].numpy(), own[2].numpy(), own[3].numpy()) for s in SCREENS]
 
 
-def _record(v: Judgement, config, budget, engines, figure, beside, batch_size: int) -> CheckRecord:
+def _record(v: Judgement, config, budget, engines, figure, beside) -> CheckRecord:
     """check.json's record of a verdict `v` on `config`, measured (`figure`: the value, its interval, the Measured,
-    the rollouts) on `engines` (asked, judged on), with the figures `beside` it (the other engine's, the prefix shift,
+    the bench) on `engines` (asked, judged on), with the figures `beside` it (the other engine's, the prefix shift,
     the OPD signal)."""
     ruler = v.ruler
-    (engine, judged_engine), (measured, interval, got, rollouts), (also, shift, opd) = engines, figure, beside
+    (engine, judged_engine), (measured, interval, got, bench), (also, shift, opd) = engines, figure, beside
     return CheckRecord(
         verdict=v.verdict,
         configuration=config.name,
@@ -128,22 +111,14 @@ def _record(v: Judgement, config, budget, engines, figure, beside, batch_size: i
         prefix_shift=shift,
         opd_signal=opd,
         num_prompts=got.num_prompts,
-        num_sequences=rollouts.num_sequences,
-        num_response_tokens=rollouts.num_response_tokens,
-        arithmetic=arithmetic(batch_size),
+        num_sequences=bench.rollouts.num_sequences,
+        num_response_tokens=bench.rollouts.num_response_tokens,
+        arithmetic=arithmetic(bench.batch_size),
     )
 
 
 def check_async(
-    student,
-    rollouts,
-    name: str,
-    budget: Budget,
-    lags: AsyncLags,
-    *,
-    engine: str = "sim",
-    teacher=None,
-    sampling: RolloutSettings | None = None,
+    bench: Bench, name: str, budget: Budget, lags: AsyncLags, *, engine: str = "sim", teacher=None
 ) -> CheckRecord:
     """The verdict on verl's fully-async rollouts (core/verl_lags.py): every lag either regime trains at measured
     on the same tokens (on the budget's scale, as check() measures), each regime's mixture the share-weighted sum
@@ -155,14 +130,11 @@ def check_async(
 
     from ..core.verl_lags import REGIMES
     from ..measurement.measure import Mixture, measure
-    from ..measurement.reference import Reference
     from ..sources.sources import merge
 
-    batch_size = sampling.batch_size if sampling is not None else 8
-    reference = Reference(student, rollouts, batch_size)
     metric = budget.metric
     judged_engine = budget.scale["engine"] if budget.scale else engine
-    at = {k: measure(reference, student, rollouts, lags.at(k), judged_engine, batch_size) for k in lags.support()}
+    at = {k: measure(bench, lags.at(k), engine=judged_engine) for k in lags.support()}
     regimes = {}
     for regime in REGIMES:
         mix = Mixture([(share, at[k]) for k, share in lags.spec.lags(regime).items()])
@@ -177,9 +149,7 @@ def check_async(
     judged = regimes[REGIMES[0]]
     p90 = judged["p90"]
     beside = Source(f"{name} at lag {p90}", "stale", lags.at(p90), config=RolloutConfig(stale=p90 or None))
-    report = check(
-        student, rollouts, beside, budget, engine=engine, teacher=teacher, reference=reference, sampling=sampling
-    )
+    report = check(bench, beside, budget, engine=engine, teacher=teacher)
     mixture = merge(
         [lags.config or RolloutConfig(), RolloutConfig(stale=STALE_UNKNOWN)]
     )  # a mixture of lags: no one level's lag
@@ -199,10 +169,10 @@ def check_async(
     if lags.spec.partial:  # the simulation's figures: the lags measured above serve where the verdict's engine is it
 
         def plain(k):
-            return measure(reference, student, rollouts, lags.at(k), "sim", batch_size)
+            return measure(bench, lags.at(k))
 
         known = at if judged_engine == "sim" else {}
-        record["straddle"] = _straddle(reference, rollouts, lags, metric, known, plain)
+        record["straddle"] = _straddle(bench.rollouts, lags, metric, known, plain)
     return replace(
         report,
         verdict=v.verdict,
@@ -226,7 +196,7 @@ def check_async(
     )
 
 
-def _straddle(reference, rollouts, lags: AsyncLags, metric: str, known: dict, plain) -> dict:
+def _straddle(rollouts, lags: AsyncLags, metric: str, known: dict, plain) -> dict:
     """verl's resumed responses: one that straddles a sync, its earlier tokens sampled a sync older than its later
     ones (measurement/straddle.py), at every trainer-bound lag of its suffix, their mixture by the lags' shares.
     `known`: lag -> its simulated Measured where already made; `plain(lag)` measures one in the simulation."""
@@ -239,7 +209,7 @@ def _straddle(reference, rollouts, lags: AsyncLags, metric: str, known: dict, pl
     sim = dict(known)
     for k in sorted({k2 for k in shares for k2 in (k, k + t)} - set(sim)):
         sim[k] = plain(k)
-    at = {k: straddled(reference, rollouts, sim[k + t], sim[k]) for k in shares}
+    at = {k: straddled(rollouts, sim[k + t], sim[k]) for k in shares}
     mix = Mixture([(w, at[k]) for k, w in shares.items()])
     return {
         "measured": excess(metric, mix.metrics[metric]),

@@ -17,13 +17,12 @@ from .admission import judge
 from .fit import Budget
 
 
-def measure_point(student, rollouts, config, budget: Budget, engine: str = "sim", batch_size: int = 8):
-    """(the row series.json holds for one checkpoint, the Measured behind it)."""
+def measure_point(bench, config, budget: Budget, engine: str = "sim"):
+    """(the row series.json holds for one checkpoint, measured on its bench, the Measured behind it)."""
     from ..measurement.measure import measure
-    from ..measurement.reference import Reference
 
     engine = budget.scale["engine"] if budget.scale else engine  # the verdict's figure on the budget's scale
-    got = measure(Reference(student, rollouts, batch_size), student, rollouts, config.perturbation, engine, batch_size)
+    got = measure(bench, config.perturbation, engine=engine)
     measured = excess(budget.metric, got.metrics[budget.metric])
     interval = got.excess_interval(budget.metric)
     v = judge(measured, tuple(interval), budget, got.num_prompts, config.config)

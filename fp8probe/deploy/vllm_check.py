@@ -33,10 +33,10 @@ import torch
 from ..core.errors import FP8ProbeError
 from ..core.files import waiting_lock
 from ..core.schemes import Scheme
+from ..measurement.bench import Bench
 from ..measurement.measure import measure_scheme
 from ..measurement.mismatch import sampled_token_metrics, summarize
 from ..measurement.quantize import quantize_units
-from ..measurement.reference import Reference
 from ..model.embedded import cache_dir
 from ..model.rollouts import encode_prompt
 
@@ -200,9 +200,10 @@ def compare_with_vllm(
     vLLM's KV-cache log lines for both checkpoints and the greedy answers to `prompt`. `bf16_dir` None: the FP8
     checkpoint alone (no floor: a caller that has it already).
     """
-    ref = Reference(student, rollouts)
+    bench = Bench(student, rollouts)
+    ref = bench.reference()
     ref_tok_logp = ref.rows.token_logp
-    predicted = measure_scheme(student, rollouts, scheme, units=quantized_units, reference=ref)
+    predicted = measure_scheme(bench, scheme, units=quantized_units)
     with quantize_units(student.model, quantized_units, Scheme.from_name(scheme), weights_only=True):
         weights_only = summarize(ref.candidate_stats(0))
     seqs = [

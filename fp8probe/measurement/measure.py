@@ -1,11 +1,11 @@
-"""The one measurement door: `measure(reference, student, rollouts, perturbation, engine)` -> Measured.
+"""The one measurement door: `measure(bench, perturbation, engine=...)` -> Measured.
 
-A Perturbation (perturbation.py) of the student against the reference, the candidate computed as the Engine
-(engines.py: the simulation, or a profile of vLLM's arithmetic) computes it; Measured holds every metric with the
-per-token statistics that give it an interval and a paired change. Recipes, ladders, checks, plans, the level doses
-and the comparison with vLLM measure through it; `measure_scheme` (a scheme by name) and `measured_as` (another
-engine's figure, for a report) are its callers. A sweep's rows are the same measurement with their SQNR
-(sweeps/sweep.py measure_row); an engine's model under a perturbation, for sampling, is Engine.candidate.
+A Perturbation (perturbation.py) of the bench's student (bench.py) against its reference, the candidate computed as the
+Engine (engines.py: the simulation, or a profile of vLLM's arithmetic) computes it; Measured holds every metric with the
+per-token statistics that give it an interval and a paired change. Recipes, ladders, checks, plans, the level doses and
+the comparison with vLLM measure through it; `measure_scheme` (a scheme by name) and `measured_as` (another engine's
+figure, for a report) are its callers. A sweep's rows are the same measurement with their SQNR (sweeps/sweep.py
+measure_row); an engine's model under a perturbation, for sampling, is Engine.candidate.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from ..core.metrics import METRICS, excess
 from ..core.metrics import metric as metric_info
 from ..core.schemes import KVCacheScheme, Scheme
 from ..core.stats import LEVEL, bootstrap_interval
+from .bench import Bench
 from .engines import Engine
 from .engines import engine as get_engine
 from .perturbation import Perturbation
-from .reference import Reference
 
 
 @dataclass
@@ -110,56 +110,42 @@ class Mixture:
         return sorted(excess(metric, x) for x in self.interval(metric, level))
 
 
-def measure(
-    reference: Reference, student, rollouts, p: Perturbation, engine: "str | Engine" = "sim", batch_size: int = 8
-) -> Measured:
-    """The one measurement: every metric of Perturbation `p` of the student against the reference on the rollouts,
-    the candidate computed as `engine` computes it (engines.py: "sim" reuses the reference's prefix; a profile of
-    the rollout engine's arithmetic runs its own copy of the model over the rollouts, in batches of `batch_size`),
-    with the per-token statistics that give any metric its interval (Measured.interval) and a paired change
-    (Measured.change_from)."""
+def measure(bench: Bench, p: Perturbation, *, engine: "str | Engine" = "sim") -> Measured:
+    """The one measurement: every metric of Perturbation `p` of the bench's student against its reference on its
+    rollouts, the candidate computed as `engine` computes it (engines.py: "sim" reuses the reference's prefix; a
+    profile of the rollout engine's arithmetic runs its own copy of the model over the rollouts, in the bench's
+    batches), with the per-token statistics that give any metric its interval (Measured.interval) and a paired
+    change (Measured.change_from). The reference is the bench's (made once): with the KV cache's amax per `p`'s
+    strategy where `p` puts the KV cache in FP8."""
     from .mismatch import summarize
 
-    stats = get_engine(engine).stats(reference, student, rollouts, p, batch_size)
+    reference = bench.reference(p.kv.strategy if p.kv_layers else None)
+    stats = get_engine(engine).stats(reference, bench.student, bench.rollouts, p, bench.batch_size)
     return Measured(summarize(stats), stats, reference.prompt)
 
 
-def measured_as(
-    engine: str, reference: Reference, student, rollouts, p: Perturbation, metric: str = "kl_q_p", batch_size: int = 8
-) -> dict:
+def measured_as(bench: Bench, p: Perturbation, engine: str, metric: str = "kl_q_p") -> dict:
     """`p` on `metric` as another engine computes it, the second figure beside a recipe's or a check's: {"engine",
     "measured" (the excess), "interval" (90 %, over the prompts)}, or with "not_covered" (why) when that engine does
     not cover the configuration."""
 
-    experts = any(student.unit(u).kind == "expert" for u in p.units)
+    experts = any(bench.student.unit(u).kind == "expert" for u in p.units)
     try:
         get_engine(engine).check(p.scheme, p.kv if p.kv_layers else None, experts)
     except FP8ProbeError as e:
         return {"engine": engine, "measured": None, "interval": None, "not_covered": str(e).split(": use `engine`")[0]}
-    m = measure(reference, student, rollouts, p, engine, batch_size)
+    m = measure(bench, p, engine=engine)
     return {"engine": engine, "measured": excess(metric, m.metrics[metric]), "interval": m.excess_interval(metric)}
 
 
-def measure_scheme(
-    student,
-    rollouts,
-    scheme="FP8_DYNAMIC",
-    units=None,
-    kv=None,
-    reference: Reference | None = None,
-    batch_size: int = 8,
-    engine: "str | Engine" = "sim",
-) -> dict[str, float]:
-    """`measure` of a scheme by name: the metrics of `units` (names; all quantizable units when None) in `scheme`,
-    plus an FP8 KV cache in every layer when `kv` is given ("fp8", "fp8_e5m2" or a KVCacheScheme), against the
-    reference (made here when None); computed as `engine` does ("sim", or a profile of the rollout engine:
-    "vllm-cuda", "vllm-cpu")."""
-    p = scheme_perturbation(student, scheme, units, kv)
+def measure_scheme(bench: Bench, scheme="FP8_DYNAMIC", units=None, kv=None, *, engine: "str | Engine" = "sim") -> dict:
+    """`measure` of a scheme by name, its metrics alone: `units` (names; all quantizable units when None) in
+    `scheme`, plus an FP8 KV cache in every layer when `kv` is given ("fp8", "fp8_e5m2" or a KVCacheScheme);
+    computed as `engine` does ("sim", or a profile of the rollout engine: "vllm-cuda", "vllm-cpu")."""
+    p = scheme_perturbation(bench.student, scheme, units, kv)
     eng = get_engine(engine)
     eng.check(p.scheme, p.kv if kv is not None else None)
-    if reference is None:
-        reference = Reference(student, rollouts, batch_size, kv_strategy=p.kv.strategy)
-    result = measure(reference, student, rollouts, p, eng, batch_size).metrics
+    result = measure(bench, p, engine=eng).metrics
     return {k: result[k] for k in METRICS}
 
 

@@ -25,6 +25,7 @@ from dataclasses import replace
 import torch
 
 from ..model.rollouts import Rollouts, eos_ids
+from .bench import Bench
 from .engines import engine as get_engine
 from .measure import measure
 from .perturbation import Perturbation
@@ -144,17 +145,17 @@ class PrefixShift:
         self.reference_samples = sample_crn(student, prompts, **self.kw)
 
     @classmethod
-    def sampled_as(cls, student, reference: Reference, rollouts, sampling=None, engine: str = "sim") -> "PrefixShift":
-        """The prefix shift of `rollouts` continued as they were sampled: `sampling`'s (a RolloutSettings) response
-        length and seed, else the rollouts' own length (32 where unrecorded) and seed 0; in `sampling`'s batches (else
-        8). What `check` and `ladder` both measure."""
-        if sampling is None:
-            sampled = (rollouts.meta.sampling if rollouts.meta else None) or {}
-            tokens, seed, batch_size = int(sampled.get("max_new_tokens", 32)), 0, 8
-        else:
-            tokens, seed, batch_size = sampling.max_new_tokens, sampling.seed, sampling.batch_size
+    def sampled_as(cls, bench, engine: str = "sim") -> "PrefixShift":
+        """The prefix shift of the bench's rollouts continued as they were sampled: the bench's response length
+        (Bench.response_tokens), seed and batches, against its reference. What `check` and `ladder` both measure."""
         return cls(
-            student, reference, prompt_ids(student, rollouts), tokens, seed=seed, batch_size=batch_size, engine=engine
+            bench.student,
+            bench.reference(),
+            prompt_ids(bench.student, bench.rollouts),
+            bench.response_tokens,
+            seed=bench.seed,
+            batch_size=bench.batch_size,
+            engine=engine,
         )
 
     def measure(self, p: Perturbation) -> dict[str, float]:
@@ -168,7 +169,7 @@ class PrefixShift:
             return {**out, "kl_q_p_own": 0.0, "k3_own": 0.0, "kl_top20_own": 0.0, **nan}
         ref_own = Reference(self.student, own, self.kw["batch_size"])
         ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
-        m = measure(ref_own, self.student, own, p, self.engine, self.kw["batch_size"])
+        m = measure(Bench.around(ref_own, self.student, own, self.kw["batch_size"]), p, engine=self.engine)
         verl = verl_metrics(m.stats["logp_cand"], m.stats["logp_ref"], own.response_mask.sum(1))
         # the candidate's own tokens as verl's screens see them (screens.outcome): q, p, each sequence's length, its
         # prompt

@@ -36,17 +36,17 @@ def before_split(rollouts) -> torch.Tensor:
     return cols < cut[rows]
 
 
-def straddled(reference, rollouts, older: Measured, newer: Measured) -> Measured:
+def straddled(rollouts, older: Measured, newer: Measured) -> Measured:
     """The straddling response's figure from the two states' plain figures on the same rollouts (each a measure() of
     its perturbation): each token's own state's, split as before_split."""
     before = before_split(rollouts)
     stats = {k: torch.where(before.to(v.device), v, newer.stats[k]) for k, v in older.stats.items()}
-    return Measured(summarize(stats), stats, reference.prompt)
+    return Measured(summarize(stats), stats, older.prompt)
 
 
 @torch.no_grad()
-def measure_straddle(reference, student, rollouts, old: Perturbation, new: Perturbation) -> Measured:
+def measure_straddle(bench, old: Perturbation, new: Perturbation) -> Measured:
     """Every metric of a response sampled by `old` up to halfway and by `new` after it (re-prefilled by `new`: the
-    module docstring), against the reference on the rollouts."""
-    older, newer = measure(reference, student, rollouts, old), measure(reference, student, rollouts, new)
-    return straddled(reference, rollouts, older, newer)
+    module docstring), against the bench's reference on its rollouts."""
+    older, newer = measure(bench, old), measure(bench, new)
+    return straddled(bench.rollouts, older, newer)

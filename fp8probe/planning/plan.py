@@ -305,30 +305,21 @@ def _perturbation(student, conf: Configuration, stale_ckpt: str | None, allow_pi
 
 
 def measure_costs(
-    student,
-    rollouts,
-    settings: PlanSettings,
-    budget,
-    curves,
-    batch_size: int = 8,
-    allow_pickle: bool = False,
-    progress: bool = False,
+    bench, settings: PlanSettings, budget, curves, allow_pickle: bool = False, progress: bool = False
 ) -> dict[str, dict]:
-    """Per configuration: its mismatch on `budget.metric` (the excess) with its interval, where it came from, and
-    the check's verdict (admission.judge: each kind on its evidence). One measurement per distinct engine
-    configuration; asynchronous rows measure with their `stale` checkpoint, or add the calibration's stale:K mismatch
-    (its seeds' range)."""
+    """Per configuration: its mismatch on `budget.metric` (the excess) with its interval, measured on the bench
+    (measurement/bench.py) as `check` measures it, where it came from, and the check's verdict (admission.judge: each
+    kind on its evidence). One measurement per distinct engine configuration; asynchronous rows measure with their
+    `stale` checkpoint, or add the calibration's stale:K mismatch (its seeds' range)."""
     from tqdm.auto import tqdm
 
     from ..budget.admission import judge
     from ..measurement.measure import measure
     from ..measurement.perturbation import Perturbation
-    from ..measurement.reference import Reference
     from ..sources.config import STALE_UNKNOWN, RolloutConfig
     from ..sources.sources import merge, stale
 
-    metric = budget.metric
-    reference = Reference(student, rollouts, batch_size)
+    metric, student = budget.metric, bench.student
     stale_of = dict(zip(settings.async_steps, settings.stale))
     seen: dict = {}
     stale_source = None  # verl's mixture: the one `stale` checkpoint, loaded once for every row
@@ -339,9 +330,15 @@ def measure_costs(
         if key not in seen:
             source = _perturbation(student, conf, ckpt, allow_pickle)
             if source is None:
-                seen[key] = (0.0, [0.0, 0.0], reference.prompt.unique().numel(), RolloutConfig(), Perturbation())
+                seen[key] = (
+                    0.0,
+                    [0.0, 0.0],
+                    bench.reference().prompt.unique().numel(),
+                    RolloutConfig(),
+                    Perturbation(),
+                )
             else:
-                m = measure(reference, student, rollouts, source.perturbation, "sim", batch_size)
+                m = measure(bench, source.perturbation)
                 seen[key] = (
                     excess(metric, m.metrics[metric]),
                     m.excess_interval(metric),
@@ -354,9 +351,7 @@ def measure_costs(
         if conf.lags and settings.stale:
             if stale_source is None:
                 stale_source = stale(student, settings.stale[0], allow_pickle)
-            value, (lo, hi), prompts, how = _measured_mixture(
-                student, rollouts, settings, conf.lags, base, reference, stale_source, metric
-            )
+            value, (lo, hi), prompts, how = _measured_mixture(bench, settings, conf.lags, base, stale_source, metric)
         elif conf.lags:
             value, lo, hi = _add_stale_levels(value, lo, hi, conf.lags, curves)
             how = MIXED_LEVELS
@@ -399,7 +394,7 @@ def _add_stale_levels(value: float, lo: float, hi: float, lags, curves) -> tuple
     return value, lo, hi
 
 
-def _measured_mixture(student, rollouts, settings: PlanSettings, lags, base, reference, stale_source, metric):
+def _measured_mixture(bench, settings: PlanSettings, lags, base, stale_source, metric):
     """A verl fully-async row measured: every trainer-bound lag (`lags`: (K, share) pairs) on the same tokens with the
     configuration's perturbation `base` on top (the `stale` checkpoint, `stale_steps` old:
     sources/verl_async.AsyncLags), mixed by the lags' shares (measurement.Mixture); (its mismatch, its interval,
@@ -407,8 +402,8 @@ def _measured_mixture(student, rollouts, settings: PlanSettings, lags, base, ref
     from ..measurement.measure import Mixture, measure
     from ..sources.verl_async import async_lags
 
-    at = async_lags(student, stale_source, settings.stale_steps, settings.verl, base)
-    mix = Mixture([(w, measure(reference, student, rollouts, at.at(k), "sim")) for k, w in lags])
+    at = async_lags(bench.student, stale_source, settings.stale_steps, settings.verl, base)
+    mix = Mixture([(w, measure(bench, at.at(k))) for k, w in lags])
     how = f"measured: verl's trainer-bound lags, mixed ({at.path() or 'every lag a checkpoint'})"
     return excess(metric, mix.metrics[metric]), mix.excess_interval(metric), mix.num_prompts, how
 
@@ -619,11 +614,11 @@ def time_to_target(
 @dataclass(frozen=True)
 class PlanCosts:
     """What `plan` measured on the student's own rollouts (`measure_costs`): each configuration's cost by name, the
-    rollouts whose lengths model the step, the batch size they were measured at, the budget's note on the student."""
+    bench it was measured on (its rollouts' lengths model the step, its batch size the arithmetic), the budget's note
+    on the student."""
 
     rows: dict[str, dict]
-    rollouts: object
-    batch_size: int
+    bench: object  # measurement.bench.Bench
     student_note: str | None
 
 
@@ -644,7 +639,7 @@ def plan(cfg, settings: PlanSettings, serving, label: str, curves, budget, costs
     units = list_units(meta)
     card = gpu(serving.gpu or "H100")
     device = settings.device(serving.gpu or "H100")
-    prompts, responses, len_src = lengths(settings, costs.rollouts if costs else None)
+    prompts, responses, len_src = lengths(settings, costs.bench.rollouts if costs else None)
     unmeasured = dict.fromkeys(("mismatch", "mismatch_lo", "mismatch_hi", "verdict"), None)
     rows = []
     for conf in settings.configurations:
@@ -688,7 +683,7 @@ def plan(cfg, settings: PlanSettings, serving, label: str, curves, budget, costs
         },
         calibration=None if curves is None else _calibration(settings, curves, target),
         assumed_steps=None if curves else settings.steps,
-        arithmetic=arithmetic(costs.batch_size) if costs else None,
+        arithmetic=arithmetic(costs.bench.batch_size) if costs else None,
         verl_async=verl_async_record(settings),
         rows=rows,
         seconds=round(time.perf_counter() - t0, 3),

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from ..core.errors import FP8ProbeError
 from ..core.records import AgreementRecord
-from ..core.schemes import KVCacheScheme
 from ..core.stats import spearman, top_overlap
 from ..sweeps.methods import ESTIMATED
 from ..sweeps.settings import SweepSettings
@@ -70,18 +69,14 @@ def check_comparable(exact_run, settings: SweepSettings, rollouts, same_file: st
         )
 
 
-def agreement(
-    fast_df, exact_df, student, rollouts, settings: SweepSettings, *, sampling=None, reference=None
-) -> AgreementRecord:
+def agreement(fast_df, exact_df, bench, settings: SweepSettings) -> AgreementRecord:
     """The figures of agreement.json (see the module docstring): the fast sweep's settings give the scheme and the
-    recipes' budget (`agreement_budget`; default half the whole-model FP8 mismatch), the rollouts' settings
-    (`sampling`) the batch size (else 8)."""
-    from ..measurement.reference import Reference
+    recipes' budget (`agreement_budget`; default half the whole-model FP8 mismatch); both recipes are measured on the
+    bench (measurement/bench.py)."""
     from .selection import make_recipe
     from .settings import RecipeContext, RecipeSettings
 
     scheme, budget = settings.preset.name, settings.agreement_budget
-    batch_size = sampling.batch_size if sampling is not None else 8
     exact = exact_df.set_index("unit")
     fast = fast_df.set_index("unit")
     # the rows the fast sweep estimated (a path sweep, benchmarks/path_sweep.py, keeps measured KV rows: no estimate)
@@ -100,14 +95,12 @@ def agreement(
     whole = float(exact.loc["model.fp8_all", "kl_q_p"])
     if budget is None:
         budget = whole / 2
-    if reference is None:
-        reference = Reference(student, rollouts, batch_size, kv_strategy=KVCacheScheme().strategy)
     # the plain prefix search on either table, measured on the same rollouts (no refinement, split or engine figure)
     ask = RecipeSettings(budget=budget, refine=0, holdout=0, engine="none")
-    context, recipes = RecipeContext(scheme=scheme, batch_size=batch_size), {}
+    context, recipes = RecipeContext(scheme=scheme), {}
     for name, table in (("exact", exact_df), ("fast", fast_df)):
         try:
-            r = make_recipe(table, student, rollouts, ask, context=context, reference=reference)
+            r = make_recipe(table, bench, ask, context=context)
             recipes[name] = {
                 "fp8_groups": len(r.quantized),
                 "measured_kl_q_p": r.measured,

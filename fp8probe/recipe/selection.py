@@ -30,6 +30,7 @@ from ..core.metrics import METRICS, excess
 from ..core.metrics import metric as metric_info
 from ..core.metrics import no_mismatch
 from ..core.schemes import VLLM_VERSION, KVCacheScheme, Scheme
+from ..measurement.bench import Bench
 from ..measurement.measure import Measured, measure
 from ..measurement.perturbation import Perturbation
 from ..measurement.reference import Reference
@@ -214,37 +215,30 @@ FILL_SLACK = 0.005  # ... landing at most this share of what FP8 can reach above
 
 
 def make_recipe(
-    sensitivity,
-    student,
-    rollouts,
-    settings: RecipeSettings,
-    *,
-    context: RecipeContext = RecipeContext(),
-    reference=None,
+    sensitivity, bench: Bench, settings: RecipeSettings, *, context: RecipeContext = RecipeContext()
 ) -> Recipe:
     """The FP8 recipe of the settings' form that saves the most weight bytes while the measured `metric` stays
     <= budget (a budget on the metric's excess over its zero point: 0.05 on token_mult_prob_error allows 1.05),
     or, with a memory target instead of a budget, the one with the least measured `metric` that saves at least
-    that much. Refinement passes (settings.refine_passes) refine a free recipe with that many more measured passes
-    (refine.py). `context`: the sweep's scheme and batch size, where it is, and a rollout framework's KV scales.
+    that much, measured on the bench (measurement/bench.py: the student, its rollouts, the batch size). Refinement
+    passes (settings.refine_passes) refine a free recipe with that many more measured passes (refine.py). `context`:
+    the sweep's scheme, where it is, and a rollout framework's KV scales.
 
     holdout k >= 2 selects on one set and reports on another: every k-th prompt of the rollouts (with its samples)
     is held out (Rollouts.split), every measured pass of the search and the refinement runs on the rest, and the
     recipe's `measured` is its value on the held-out prompts with a 90 % bootstrap interval over them
     (`measured_search` the search set's, `split` what was held out). A figure chosen to sit under the budget on the
-    rollouts it was chosen on is biased low there; the held-out one is not. `reference` (the search set's) only
-    without a split. `engine` (an engines.py profile, e.g. "vllm-cuda"; "none": off) adds the same figure as that
-    rollout engine computes it (`measured_engine`): the search and the budget use the simulation; the engine is what
-    will run.
+    rollouts it was chosen on is biased low there; the held-out one is not. Without a split, the search measures
+    against the bench's own reference; with one, against the search set's. `engine` (an engines.py profile, e.g.
+    "vllm-cuda"; "none": off) adds the same figure as that rollout engine computes it (`measured_engine`): the search
+    and the budget use the simulation; the engine is what will run.
 
     form (recipe.FORMS): "free" / "keywords" (any fused groups), "first-last" (the first N and last M blocks
     BF16, the rest FP8), "all" (every group FP8), "none" (no FP8 weights: the KV cache alone). The settings are
     checked once, on construction (RecipeSettings); nothing here checks them again."""
-    s, scheme = settings, Scheme.from_name(context.scheme)
+    s, scheme, student, rollouts = settings, Scheme.from_name(context.scheme), bench.student, bench.rollouts
     budget, memory, metric, kv_cache_dtype = s.budget, s.memory, s.metric, s.kv_cache_dtype
     shape, holdout = FORMS[s.searched_form], s.holdout
-    if holdout and reference is not None:
-        raise ValueError("make_recipe: a reference is only reused without a held-out split")
     plan = _Plan.of(sensitivity, student, scheme, s)
     if holdout and not rollouts.can_split(holdout):
         log.warning(
@@ -260,7 +254,7 @@ def make_recipe(
         if kv_cache_dtype
         else None
     )
-    search = _Search(plan, student, search_set, scheme, metric, kv_scheme, reference, batch_size=context.batch_size)
+    search = _Search(plan, bench.on(search_set) if held is not None else bench, scheme, metric, kv_scheme)
     if context.scales is not None:  # the sweep's per-sequence amax: the search set's scales without a pass
         search.kept = (context.scales, split["search_sequences"] if split else range(rollouts.num_sequences))
     weights = linear_params(student)  # what effective bits and the FP8 share count
@@ -288,7 +282,7 @@ def make_recipe(
             metric=metric,
         )
         final, found, result = refined.groups, refined.measured, refined.metrics
-    report = _report(final, (found, result), search, held, None if s.engine == "none" else s.engine, context.batch_size)
+    report = _report(final, (found, result), search, held, None if s.engine == "none" else s.engine)
     fp8_params = sum(g.params for g in final)
     if plan.kv_per_layer and not kv_layers_of(final):  # no layer's KV cache in FP8: the recipe has none
         log.info("recipe: no layer's FP8 KV cache fits at %d tokens in flight: the KV cache stays BF16", s.kv_tokens)
@@ -322,19 +316,19 @@ def make_recipe(
     )
 
 
-def _report(final, found, search, held, engine, batch_size) -> dict:
+def _report(final, found, search, held, engine) -> dict:
     """What recipe.json reports of the chosen recipe (`found`: its excess and metrics on the search set, None when
     the search never measured it): with a held-out set, its value there with the search set's calibration (the
     static and KV scales an export calibrates before the held-out prompts are seen) and the interval, beside the
     search set's; without one, the search set's. With `engine`, the same figure as it computes."""
-    (found, result), student, scheme, metric = found, search.student, search.scheme, search.metric
+    (found, result), student, scheme, metric = found, search.bench.student, search.scheme, search.metric
     report = dict(measured=found, measured_metrics=result, measured_search=found, measured_interval=None)
+    where = search.bench
     if held is not None:
-        ref, where = Reference(student, held, batch_size, calibrate=False), held
+        ref = Reference(student, held, where.batch_size, calibrate=False)
         ref.calibration = search.calibration(final)
-        value, metrics, evidence = measure_groups(
-            final, student, held, scheme, metric, search.kv, ref, search.plan.kv_per_layer
-        )
+        where = Bench.around(ref, student, held, where.batch_size)
+        value, metrics, evidence = measure_groups(final, where, scheme, metric, search.kv, search.plan.kv_per_layer)
         interval = evidence.excess_interval(metric) if evidence else [value, value]
         report.update(measured=value, measured_metrics=metrics, measured_interval=interval)
         log.info(
@@ -344,20 +338,11 @@ def _report(final, found, search, held, engine, batch_size) -> dict:
             value,
             *interval,
         )
-    else:
-        ref, where = search.reference, search.rollouts
     if engine is not None:
         from ..measurement.measure import measured_as
 
-        report["measured_engine"] = measured_as(
-            engine,
-            ref,
-            student,
-            where,
-            _perturbation(final, student, scheme, search.kv, search.plan.kv_per_layer),
-            metric,
-            batch_size,
-        )
+        p = _perturbation(final, student, scheme, search.kv, search.plan.kv_per_layer)
+        report["measured_engine"] = measured_as(where, p, engine, metric)
     return report
 
 
@@ -493,21 +478,14 @@ class _Plan:
 
 
 def measure_groups(
-    gs,
-    student,
-    rollouts,
-    scheme: Scheme,
-    metric: str,
-    kv: KVCacheScheme | None,
-    reference: Reference,
-    kv_per_layer: bool = False,
+    gs, bench: Bench, scheme: Scheme, metric: str, kv: KVCacheScheme | None, kv_per_layer: bool = False
 ) -> tuple[float, dict, Measured | None]:
-    """These groups in FP8 (+ the KV cache) measured on `rollouts` against `reference`: (the metric's excess, every
-    metric, the Measured behind them; None for no FP8 at all)."""
-    p = _perturbation(gs, student, scheme, kv, kv_per_layer)
+    """These groups in FP8 (+ the KV cache) measured on the bench: (the metric's excess, every metric, the Measured
+    behind them; None for no FP8 at all)."""
+    p = _perturbation(gs, bench.student, scheme, kv, kv_per_layer)
     if not p.units and not p.kv_layers:
         return excess(metric, no_mismatch()[metric]), no_mismatch(), None
-    m = measure(reference, student, rollouts, p)
+    m = measure(bench, p)
     res = {k: m.metrics[k] for k in METRICS}
     return excess(metric, res[metric]), res, m
 
@@ -530,26 +508,22 @@ def kv_layers_of(gs) -> tuple[int, ...]:
 class _Search:
     """Measured passes over the plan's candidates, each measured once (memo), and the three ways to choose one."""
 
-    def __init__(self, plan: _Plan, student, rollouts, scheme, metric, kv_scheme, reference, batch_size: int = 8):
-        self.plan, self.student, self.rollouts, self.scheme = plan, student, rollouts, scheme
-        self.metric, self.kv, self._reference, self.batch_size = metric, kv_scheme, reference, batch_size
+    def __init__(self, plan: _Plan, bench: Bench, scheme, metric, kv_scheme):
+        self.plan, self.bench, self.scheme, self.metric, self.kv = plan, bench, scheme, metric, kv_scheme
         self.memo: dict[int, dict] = {}
         self.kept = None  # (the sweep's SequenceAmax of the rollouts, the search set's sequences in them)
 
     @property
-    def reference(self) -> Reference:
-        """The search set's reference pass, made when a measured pass first needs it (the one given, else its own)."""
-        if self._reference is None:
-            self._reference = Reference(self.student, self.rollouts, self.batch_size)
-        return self._reference
+    def student(self):
+        return self.bench.student
 
     def calibration(self, gs=()):
         """The search set's static input scales and K/V amax (what an export calibrates) for these groups in FP8: the
         reference's when one was made, else the sweep's per-sequence amax over the search set's sequences where it
         kept them for every unit of `gs` (and the KV cache), else one calibration pass alone (the same numbers, no
         lm_head, nothing kept); None where nothing is calibrated (dynamic input scales, no calibrated KV cache)."""
-        if self._reference is not None:
-            return self._reference.calibration
+        if self.bench.holds_reference():  # made by a measured pass, or the bench's own
+            return self.bench.reference().calibration
         kv = self.kv if self.kv is not None and self.kv.scale == "calibrated" else None
         if not self.scheme.static_input and kv is None:
             return None
@@ -560,7 +534,9 @@ class _Search:
             return self.kept[0].calibration(self.kept[1])
         from ..measurement.calibration import calibrate
 
-        return calibrate(self.student, self.rollouts, list(self.student.unit_names), batch_size=self.batch_size)
+        return calibrate(
+            self.student, self.bench.rollouts, list(self.student.unit_names), batch_size=self.bench.batch_size
+        )
 
     @staticmethod
     def predict(gs) -> float:
@@ -573,9 +549,7 @@ class _Search:
     def measure_groups(self, gs) -> tuple[float, dict, Measured | None]:
         """One measured pass of these groups in FP8 (+ the KV cache) on the search set: (the metric's excess, every
         metric, the per-token statistics behind them for refine's paired test)."""
-        return measure_groups(
-            gs, self.student, self.rollouts, self.scheme, self.metric, self.kv, self.reference, self.plan.kv_per_layer
-        )
+        return measure_groups(gs, self.bench, self.scheme, self.metric, self.kv, self.plan.kv_per_layer)
 
     def measured(self, k: int) -> float:
         if k not in self.memo:

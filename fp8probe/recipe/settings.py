@@ -164,15 +164,14 @@ class RecipeSettings(Settings):
 
 @dataclass(frozen=True)
 class RecipeContext:
-    """What a recipe is made within, beside what was asked: the scheme and batch size of the sweep its table comes
-    from (and where it is, recorded in recipe.json), and how a rollout framework scales an FP8 KV cache
+    """What a recipe is made within, beside what was asked and the bench it is measured on: the scheme of the sweep its
+    table comes from (and where it is, recorded in recipe.json), and how a rollout framework scales an FP8 KV cache
     (`kv_scale`: "calibrated" checkpoint scales or "unit", 1.0) and its name (deploy.frameworks.recipe_form
     resolves both, with the form, above this layer). `scales`: the sweep's per-sequence static amax of these
     rollouts (measurement.scales.SequenceAmax, SweepRun.sequence_scales), where it kept them: the search set's static
     scales are read from them instead of measured by a calibration pass."""
 
     scheme: str = "FP8_DYNAMIC"
-    batch_size: int = 8
     sweep_dir: str | None = None
     kv_scale: str = "calibrated"
     target: str | None = None

@@ -28,13 +28,13 @@ from ..core.errors import FP8ProbeError
 from ..core.metrics import METRICS, no_mismatch
 from ..core.progress import bar_interval
 from ..core.schemes import KVCacheScheme, Scheme, num_scales
+from ..measurement.bench import Bench
 from ..measurement.fisher import DEFAULT_ESTIMATOR, Draws, fisher_rows
 from ..measurement.measure import Measured
 from ..measurement.mismatch import summarize
 from ..measurement.perturbation import Perturbation
 from ..measurement.perturbed import perturbed_stats
 from ..measurement.reference import Reference
-from ..model.settings import RolloutSettings
 from ..model.structure import kv_geometry, scheme_blockers
 from .files import COLUMNS, PartialRows, PartialWriter, open_partial, sweep_settings
 from .methods import ESTIMATED
@@ -179,20 +179,17 @@ class Swept:
 
 
 def sweep(
-    student,
-    rollouts,
+    bench: Bench,
     settings: SweepSettings = SweepSettings(method="exact"),
     *,
-    sampling: RolloutSettings | None = None,
-    reference: Reference | None = None,
     partial: PartialRows | None = None,
     progress: bool = False,
     rows_executor=None,
 ) -> Swept:
     """Score every row of plan_rows() as `settings` say (what is measured: scheme, granularity, KV rows; how: the
-    method and its knobs); returns a Swept (its `table` a pandas DataFrame with COLUMNS). `sampling`: the rollouts'
-    settings, whose batch size the passes run in and whose seed draws the estimate's labels and auto's controls
-    (None: batches of 8, seed 0).
+    method and its knobs) on the bench (measurement/bench.py: the passes run in its batches, its seed draws the
+    estimate's labels and auto's controls, its reference is the one the exact rows start from, made here with each
+    sequence's amax where the bench holds none); returns a Swept (its `table` a pandas DataFrame with COLUMNS).
 
     With `partial` (files.PartialRows), each finished row is appended to its directory's sensitivity.partial.csv;
     with its `resume`, rows already there are not measured again (the settings must match). The fast estimate itself
@@ -204,7 +201,7 @@ def sweep(
     from tqdm.auto import tqdm
 
     scheme, kv, kind = settings.preset, settings.kv, settings.kind
-    batch_size, seed = (sampling.batch_size, sampling.seed) if sampling is not None else (8, 0)
+    student, rollouts, batch_size, seed = bench.student, bench.rollouts, bench.batch_size, bench.seed
     granularity, include_kv = settings.granularity, settings.include_kv
     rows = plan_rows(student, scheme, granularity, include_kv, kv)
     done: dict[str, dict] = {}
@@ -215,8 +212,8 @@ def sweep(
         )
         done = open_partial(Path(partial.directory), resumed, partial.resume)
         writer = PartialWriter(Path(partial.directory), resumed)
-    if reference is None and kind.reference:
-        reference = Reference(student, rollouts, batch_size, kv_strategy=kv.strategy, per_sequence=True)
+    held = kind.reference or bench.holds_reference()  # a held reference's scales serve the estimate too
+    reference = bench.reference(kv.strategy, per_sequence=True) if held else None
     seconds = {"reference": reference.seconds if reference is not None else 0.0}
     calibration = reference.calibration if reference is not None else None
     estimates: dict[str, float] = {}
@@ -354,38 +351,34 @@ def summary(df, intervals: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def whole_model_rows(
-    reference, student, rollouts, settings: SweepSettings, *, batch_size: int = 8, measured: dict | None = None
-) -> dict:
+def whole_model_rows(bench: Bench, settings: SweepSettings, *, measured: dict | None = None) -> dict:
     """The whole-model rows of the settings' plan with their intervals: each one's kl_q_p with its 90 % interval over
     the prompts, and the FP8 KV cache's paired effect on top of FP8 weights (fp8_all_kv minus fp8_all on the same
     tokens, measurement.measure.Measured.change_from): whether adding the KV cache raises, lowers, or cannot be told to
     change the mismatch. run.json's `whole_model`. `measured`: the rows the sweep measured with their per-token
     statistics (Swept.model_rows); a row missing there (measured before a resume, or estimated) is measured here.
     With settings.verl_figures each row also gets `own_samples`: its prefix shift (measurement/prefix.py), the row's
-    own continuations of the rollouts' prompts scored as `check` scores a configuration, verl's figures included."""
+    own continuations of the rollouts' prompts scored as `check` scores a configuration, verl's figures included
+    (continued to the rollouts' own length, seed 0, in batches of 8, from the bench's reference)."""
     from ..measurement.measure import measure
 
+    student = bench.student
     rows = [
         row
         for row in plan_rows(student, settings.preset, settings.granularity, settings.include_kv, settings.kv)
         if row.unit in ("model.fp8_all", "model.fp8_all_kv")
     ]
     measured = measured or {}
-    got = {
-        row.unit: measured[row.unit]
-        if row.unit in measured
-        else measure(reference, student, rollouts, row.perturbation, "sim", batch_size)
-        for row in rows
-    }
+    got = {row.unit: measured[row.unit] if row.unit in measured else measure(bench, row.perturbation) for row in rows}
     out = {name: {"kl_q_p": m.metrics["kl_q_p"], "interval": list(m.interval("kl_q_p"))} for name, m in got.items()}
     if settings.verl_figures and rows:
         from ..measurement.prefix import PrefixShift
 
-        shift = PrefixShift.sampled_as(student, reference, rollouts)  # the rollouts' own length and seed
+        own = Bench.around(bench.reference(), student, bench.rollouts)  # the rollouts' own length, seed 0
+        shift = PrefixShift.sampled_as(own)
         for row in rows:
             out[row.unit]["own_samples"] = shift.measure(row.perturbation)
-        out.update(verl_rollout_rows(reference, student, rollouts, settings.include_kv))
+        out.update(verl_rollout_rows(own, settings.include_kv))
     if len(got) == 2:
         change, lo, hi = got["model.fp8_all_kv"].change_from(got["model.fp8_all"], "kl_q_p")
         out["kv_effect"] = {
@@ -400,7 +393,7 @@ VERL_SCHEME = "FP8_BLOCK"  # verl's vLLM rollout re-quantizes every Linear in 12
 BASELINE_ENGINE = "vllm-cuda"  # the BF16 rollout engine whose own arithmetic a verl panel's BF16 baseline shows
 
 
-def verl_rollout_rows(reference, student, rollouts, kv: bool) -> dict:
+def verl_rollout_rows(bench: Bench, kv: bool) -> dict:
     """What a verl panel shows for the configuration verl runs (`verl_rollout`: every Linear its FP8_BLOCK kernels take,
     128x128 blocks, with the FP8 KV cache at scale 1.0 where the sweep has one) and for the BF16 engine alone
     (`bf16_engine`: the engine profile's bf16 arithmetic with nothing quantized, the non-zero rollout_corr/kl every verl
@@ -413,17 +406,18 @@ def verl_rollout_rows(reference, student, rollouts, kv: bool) -> dict:
     from ..measurement.prefix import PrefixShift
     from ..model.structure import fp8_fits
 
+    student = bench.student
     scheme = Scheme.from_name(VERL_SCHEME)
     units = fp8_fits(student, scheme)
     out = {}
-    base = PrefixShift.sampled_as(student, reference, rollouts, engine=BASELINE_ENGINE)
+    base = PrefixShift.sampled_as(bench, engine=BASELINE_ENGINE)
     out["bf16_engine"] = {"engine": BASELINE_ENGINE, "own_samples": base.measure(Perturbation())}
     if not units:
         out["verl_rollout"] = {"scheme": VERL_SCHEME, "not_applied": "its 128x128 block kernels take none of the units"}
         return out
     layers = student.layers if kv else ()
     p = Perturbation(units=units, scheme=scheme, kv_layers=layers, kv=replace(KVCacheScheme(), scale="unit"))
-    shift = PrefixShift.sampled_as(student, reference, rollouts)
+    shift = PrefixShift.sampled_as(bench)
     out["verl_rollout"] = {
         "scheme": VERL_SCHEME,
         "units": len(units),

@@ -62,13 +62,12 @@ def check_rollouts(student):
     return make_rollouts(student, s.prompts, s.sampling())
 
 
-def _measured(student, rollouts, perturbation, reference=None) -> dict:
-    """check's measurement of one perturbation: kl_q_p's excess and its 90 % interval over the prompts."""
+def _measured(bench, perturbation) -> dict:
+    """check's measurement of one perturbation on the bench: kl_q_p's excess and its 90 % interval over the
+    prompts."""
     from ..measurement.measure import measure
-    from ..measurement.reference import Reference
 
-    reference = reference or Reference(student, rollouts, 8)
-    m = measure(reference, student, rollouts, perturbation, "sim", 8)
+    m = measure(bench, perturbation)
     return {"dose": excess("kl_q_p", m.metrics["kl_q_p"]), "interval": m.excess_interval("kl_q_p")}
 
 
@@ -84,7 +83,7 @@ class Doses:
 
         self.student, self.path, self.along, self.train = student, Path(path), along, train
         self.known: dict = json.loads(self.path.read_text(encoding="utf-8")) if self.path.exists() else {}
-        self._rollouts = self._reference = None
+        self._bench = None  # check's rollouts of the student before training, made when a level first needs them
 
     def _key(self, objective: str, level) -> str:
         return f"{objective}/{level.name}" if level.kind == "stale" else level.name
@@ -103,13 +102,12 @@ class Doses:
         return self.known[key]
 
     def _measure(self, level) -> dict:
-        from ..measurement.reference import Reference
+        from ..measurement.bench import Bench
 
-        if self._rollouts is None:
-            self._rollouts = check_rollouts(self.student)
-            self._reference = Reference(self.student, self._rollouts, 8)
+        if self._bench is None:
+            self._bench = Bench(self.student, check_rollouts(self.student))
         draws = [
-            _measured(self.student, self._rollouts, level.rollout(self.student, k)(0), self._reference)
+            _measured(self._bench, level.rollout(self.student, k)(0))
             for k in range(DOSE_DRAWS if level.kind == "noise" else 1)
         ]  # noise: seed k's draw at step 0
         return _mean(draws)
@@ -118,6 +116,8 @@ class Doses:
         import tempfile
 
         from safetensors.torch import load_file
+
+        from ..measurement.bench import Bench
 
         k = level.stale_steps
         ts = checked_steps(self.train, k)
@@ -129,7 +129,8 @@ class Doses:
                 files = self.along(objective, seed, sorted({*ts, *(t - k for t in ts)}), tmp)
                 for t in ts:
                     moved = self._at(files[t])
-                    d = _measured(moved, check_rollouts(moved), Perturbation(stale=load_file(str(files[t - k]))))
+                    bench = Bench(moved, check_rollouts(moved))
+                    d = _measured(bench, Perturbation(stale=load_file(str(files[t - k]))))
                     draws.append(d)
                     by_step.setdefault(t, []).append(d["dose"])
         return {

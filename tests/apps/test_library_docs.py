@@ -47,7 +47,10 @@ def test_library_page_runs(tmp_path, monkeypatch, caplog):
     fp8probe, rollouts = ns["fp8probe"], ns["rollouts"]
     settings, fp8 = fp8probe.RecipeSettings(effective_bits=14), ns["fp8"]
     calibrated = fp8probe.make_recipe(
-        ns["swept"].table, ns["student"], rollouts, settings, context=fp8probe.RecipeContext(scheme="FP8")
+        ns["swept"].table,
+        fp8probe.Bench(ns["student"], rollouts),
+        settings,
+        context=fp8probe.RecipeContext(scheme="FP8"),
     )
     assert fp8.quantized and fp8.quantized == calibrated.quantized and fp8.measured == calibrated.measured
 

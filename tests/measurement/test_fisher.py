@@ -12,6 +12,7 @@ from conftest import ask, tiny_student
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.schemes import Scheme
 from fp8probe.core.stats import spearman, top_overlap
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.fisher import Draws, fisher_rows
 from fp8probe.measurement.mismatch import response_logits
 from fp8probe.measurement.quantize import quantize_units
@@ -26,7 +27,7 @@ from fp8probe.sweeps.sweep import plan_rows, sweep
 def tiny():
     s = tiny_student("llama", num_hidden_layers=4)
     r = make_rollouts(s, num_prompts=8, max_new_tokens=24, seed=0)
-    return s, r, sweep(s, r).table
+    return s, r, sweep(Bench(s, r)).table
 
 
 def _units(rows):
@@ -111,7 +112,7 @@ def test_static_fp8_perturbs_as_the_exact_sweep(tiny, fused):
     scale; q/k/v's input quantized once per scale, as both are equal)."""
     s, r, _ = tiny
     settings = SweepSettings(method="exact", scheme="FP8", granularity="group" if fused else "unit", include_kv=False)
-    exact = sweep(s, r, settings).table
+    exact = sweep(Bench(s, r), settings).table
     rows = [x for x in plan_rows(s, Scheme.from_name("FP8"), settings.granularity, False) if x.kind != "model"]
     fr = fisher_rows(s, r, rows, fused=fused)
     sq = dict(zip(exact.unit, exact.sqnr_db))
@@ -135,18 +136,18 @@ def test_estimate_other_architectures(arch):
     """Experts (one unit holding every expert) and a logit softcap."""
     s = tiny_student(arch, num_hidden_layers=2)
     r = make_rollouts(s, num_prompts=6, max_new_tokens=16, seed=0)
-    df = sweep(s, r, SweepSettings(method="fisher")).table
+    df = sweep(Bench(s, r), SweepSettings(method="fisher")).table
     assert (df["method"] == "fisher").all()
     units = df[df["kind"] != "model"]
     assert (units["kl_q_p"] > 0).all() and units["kl_q_p"].notna().all()
-    exact = sweep(s, r).table
+    exact = sweep(Bench(s, r)).table
     rho = spearman(units["kl_q_p"], exact[exact["kind"] != "model"]["kl_q_p"])
     assert rho >= 0.8, rho
 
 
 def test_auto_measures_the_top_rows_exactly(tiny, tmp_path):
     s, r, exact = tiny
-    df = sweep(s, r, SweepSettings(method="auto", top_k=6, controls=3), partial=PartialRows(tmp_path)).table
+    df = sweep(Bench(s, r), SweepSettings(method="auto", top_k=6, controls=3), partial=PartialRows(tmp_path)).table
     units = df[df["kind"] != "model"]
     measured = units[units["method"] == "exact"]
     assert len(measured) == 9
@@ -163,10 +164,10 @@ def test_auto_measures_the_top_rows_exactly(tiny, tmp_path):
     assert (est["kl_q_p"] == est["kl_fisher"]).all()
     assert units["kl_fisher"].notna().all()
     # a recipe reads it; a metric the estimate does not give is refused
-    recipe = make_recipe(df, s, r, ask(float(ex.loc["model.fp8_all", "kl_q_p"]) / 2, refine=0))
+    recipe = make_recipe(df, Bench(s, r), ask(float(ex.loc["model.fp8_all", "kl_q_p"]) / 2, refine=0))
     assert recipe.quantized
     with pytest.raises(FP8ProbeError, match="only kl_q_p"):
-        make_recipe(df, s, r, ask(1.0, metric="k3"))
+        make_recipe(df, Bench(s, r), ask(1.0, metric="k3"))
 
 
 def test_cli_fisher_writes_agreement(cli, deep_tiny_dir, tmp_path, caplog):
@@ -280,13 +281,13 @@ def test_big_model_paths_give_the_same_numbers(tiny, monkeypatch, scheme):
     s, r, _ = tiny
     rows = plan_rows(s, Scheme.from_name(scheme))
     kept = fisher_rows(s, r, rows, fused=True)
-    whole = measure_scheme(s, r, scheme)
+    whole = measure_scheme(Bench(s, r), scheme)
     monkeypatch.setattr(hooks, "DEQUANTIZED_CACHE_BYTES", 0)
     monkeypatch.setattr(hooks, "LAZY_CODES_BYTES", 0)
     lazy = fisher_rows(s, r, rows, fused=True)
     assert lazy.estimates == kept.estimates
     assert str(lazy.sqnr_db) == str(kept.sqnr_db)  # NaN on the whole-model rows
-    assert measure_scheme(s, r, scheme) == whole
+    assert measure_scheme(Bench(s, r), scheme) == whole
 
 
 def test_moe_big_model_path(monkeypatch):

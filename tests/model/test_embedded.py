@@ -94,9 +94,9 @@ def test_the_batch_composition_moves_a_figure_within_its_interval(embedded):
 
     from fp8probe.core.artifacts import arithmetic
     from fp8probe.core.schemes import KVCacheScheme, Scheme
+    from fp8probe.measurement.bench import Bench
     from fp8probe.measurement.measure import measure
     from fp8probe.measurement.perturbation import Perturbation
-    from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import make_rollouts
 
     st = embedded
@@ -106,7 +106,7 @@ def test_the_batch_composition_moves_a_figure_within_its_interval(embedded):
     torch.set_num_threads(2)
     try:
         for b in (8, 4, 2, 1):
-            got[b] = measure(Reference(st, r, b), st, r, p, "sim", b)
+            got[b] = measure(Bench(st, r, b), p)
     finally:
         torch.set_num_threads(threads)
     value = {b: m.metrics["kl_q_p"] for b, m in got.items()}

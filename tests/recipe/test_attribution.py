@@ -11,6 +11,7 @@ from conftest import benchmark, tiny_student
 
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.schemes import Scheme
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.measure import measure_scheme
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
@@ -87,12 +88,14 @@ def test_path_shares_add_up_to_the_measured_mismatch(tiny, scheme):
     ref = Reference(s, r)
     groups = {g: [u.name for u in us] for g, us in s.groups().items()}
     att = path_attribution(s, r, ref, groups, sch, nodes=4)
-    whole = measure_scheme(s, r, scheme, [u for us in groups.values() for u in us], reference=ref)["kl_q_p"]
+    whole = measure_scheme(Bench.around(ref, s, r), scheme, [u for us in groups.values() for u in us])["kl_q_p"]
     assert att.total == pytest.approx(whole, rel=0.03)
     assert all(v > -0.05 * whole for v in att.shares.values())
     one = sorted(groups)[3]
     alone = path_attribution(s, r, ref, {one: groups[one]}, sch, nodes=4)
-    assert alone.total == pytest.approx(measure_scheme(s, r, scheme, groups[one], reference=ref)["kl_q_p"], rel=0.03)
+    assert alone.total == pytest.approx(
+        measure_scheme(Bench.around(ref, s, r), scheme, groups[one])["kl_q_p"], rel=0.03
+    )
     # the loss along the path rises from 0 toward the whole set's mismatch
     losses = [v for _, v in att.path]
     assert losses == sorted(losses) and losses[-1] < whole
@@ -111,7 +114,7 @@ def test_a_path_from_a_fixed_recipe_prices_what_the_rest_adds(tiny):
     assert set(att.shares) == set(rest)
 
     def m(gs):
-        return measure_scheme(s, r, "FP8_DYNAMIC", [u for g in gs for u in groups[g]], reference=ref)["kl_q_p"]
+        return measure_scheme(Bench.around(ref, s, r), "FP8_DYNAMIC", [u for g in gs for u in groups[g]])["kl_q_p"]
 
     assert att.total == pytest.approx(m(names) - m(fixed), rel=0.05)
     with pytest.raises(ValueError, match="both fixed"):

@@ -15,7 +15,7 @@ def _search(groups):
     plan = _Plan(
         groups, {g.group: g.units for g in groups}, {}, set(), [], free, [free[:k] for k in range(len(free) + 1)]
     )
-    return _Search(plan, None, None, Scheme.from_name("FP8_DYNAMIC"), "kl_q_p", None, None)
+    return _Search(plan, None, Scheme.from_name("FP8_DYNAMIC"), "kl_q_p", None)
 
 
 def _g(name, block, score, nbytes):

@@ -13,9 +13,9 @@ from conftest import ask, tiny_student
 
 from fp8probe import FP8ProbeError
 from fp8probe.core.schemes import KVCacheScheme, Scheme
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.measure import measure
 from fp8probe.measurement.perturbation import Perturbation
-from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.recipe import Recipe, read_recipe
 from fp8probe.recipe.selection import group_scores, make_recipe
@@ -27,8 +27,8 @@ from fp8probe.sweeps.sweep import sweep
 def setup():
     st = tiny_student("llama", num_hidden_layers=4)
     r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
-    ref = Reference(st, r)
-    return st, r, ref, sweep(st, r, reference=ref).table
+    bench = Bench(st, r)
+    return st, r, bench, sweep(bench).table
 
 
 def test_a_kv_layer_is_priced_at_the_workload():
@@ -49,16 +49,16 @@ def test_the_workload_decides_which_kv_layers_are_fp8(setup):
     """At a budget half the whole FP8 KV cache's mismatch, a large workload (KV bytes outweigh weights) puts more
     layers' KV cache in FP8 than a small one; the recipe's measured figure is its perturbation's, measured here
     directly with the layers it names (those not skipped)."""
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     budget = float(df[df.unit == "model.fp8_all_kv"].kl_q_p.iloc[0]) * 0.5
-    small = make_recipe(df, st, r, ask(budget, kv_cache_dtype="fp8", kv_tokens=1), reference=ref)
-    large = make_recipe(df, st, r, ask(budget, kv_cache_dtype="fp8", kv_tokens=10**9), reference=ref)
+    small = make_recipe(df, bench, ask(budget, kv_cache_dtype="fp8", kv_tokens=1))
+    large = make_recipe(df, bench, ask(budget, kv_cache_dtype="fp8", kv_tokens=10**9))
     assert len(large.kv_layers(st.layers)) > len(small.kv_layers(st.layers))
     assert large.kv_cache_dtype == "fp8" and set(large.kv_skip_layers) <= set(st.layers)
     layers = large.kv_layers(st.layers)
     units = tuple(u.name for u in large.fp8_units(st.units))
     kv = KVCacheScheme.from_name("fp8")
-    m = measure(ref, st, r, Perturbation(units, Scheme.from_name("FP8_DYNAMIC"), layers, kv))
+    m = measure(bench, Perturbation(units, Scheme.from_name("FP8_DYNAMIC"), layers, kv))
     assert m.metrics["kl_q_p"] == pytest.approx(large.measured, rel=1e-9) and large.measured <= budget
     # the skipped layers are in kept_scores, with their score and bytes at the workload
     kept = {k["group"] for k in large.kept_scores if k["group"].endswith("kv_cache")}
@@ -71,10 +71,10 @@ def test_the_map_round_trips_and_reaches_vllms_arguments(setup, tmp_path):
     from fp8probe.deploy.export import vllm_args
     from fp8probe.sources.sources import recipe as recipe_source
 
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     budget = float(df[df.unit == "model.fp8_all_kv"].kl_q_p.iloc[0]) * 1.5  # everything fits
     keep = ("model.layers.2.self_attn.kv_cache",)  # `keep` names a layer's KV cache by its row
-    rec = make_recipe(df, st, r, ask(budget, kv_cache_dtype="fp8", kv_tokens=10**6, keep=keep), reference=ref)
+    rec = make_recipe(df, bench, ask(budget, kv_cache_dtype="fp8", kv_tokens=10**6, keep=keep))
     assert rec.kv_skip_layers == [2]
     # its measured figure is the one with layer 2's KV cache BF16, measured here directly (not every layer's)
     units, kv, fp8 = (
@@ -82,10 +82,10 @@ def test_the_map_round_trips_and_reaches_vllms_arguments(setup, tmp_path):
         KVCacheScheme.from_name("fp8"),
         Scheme.from_name("FP8_DYNAMIC"),
     )
-    assert measure(ref, st, r, Perturbation(units, fp8, (0, 1, 3), kv)).metrics["kl_q_p"] == pytest.approx(
+    assert measure(bench, Perturbation(units, fp8, (0, 1, 3), kv)).metrics["kl_q_p"] == pytest.approx(
         rec.measured, rel=1e-9
     )
-    assert measure(ref, st, r, Perturbation(units, fp8, (0, 1, 2, 3), kv)).metrics["kl_q_p"] != pytest.approx(
+    assert measure(bench, Perturbation(units, fp8, (0, 1, 2, 3), kv)).metrics["kl_q_p"] != pytest.approx(
         rec.measured, rel=1e-6
     )
     assert [k["reason"] for k in rec.kept_scores if k["group"] == keep[0]] == ["keep"]
@@ -228,31 +228,25 @@ def test_full_attention_kv_layers_stay_fp8_beside_sliding_layers():
 
     st = tiny_student("gemma3_text")
     r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
-    ref = Reference(st, r)
-    df = sweep(st, r, reference=ref).table
+    bench = Bench(st, r)
+    df = sweep(bench).table
     kv, fp8 = KVCacheScheme.from_name("fp8"), Scheme.from_name("FP8_DYNAMIC")
-    pinned = measure(ref, st, r, Perturbation((), fp8, (2,), kv)).metrics["kl_q_p"]  # layer 2's KV cache alone
-    rec = make_recipe(df, st, r, ask(pinned * 1.001, kv_cache_dtype="fp8", kv_tokens=10**6), reference=ref)
+    pinned = measure(bench, Perturbation((), fp8, (2,), kv)).metrics["kl_q_p"]  # layer 2's KV cache alone
+    rec = make_recipe(df, bench, ask(pinned * 1.001, kv_cache_dtype="fp8", kv_tokens=10**6))
     assert rec.kv_skip_layers == [0, 1] and rec.kv_cache_dtype == "fp8"
     units = tuple(u.name for u in rec.fp8_units(st.units))
-    m = measure(ref, st, r, Perturbation(units, fp8, (2,), kv))
+    m = measure(bench, Perturbation(units, fp8, (2,), kv))
     assert m.metrics["kl_q_p"] == pytest.approx(rec.measured, rel=1e-9) and rec.measured > 0
     with pytest.raises(FP8ProbeError, match="drop `kv_cache_dtype`"):  # under layer 2's own figure: nothing fits
-        make_recipe(df, st, r, ask(pinned * 0.5, kv_cache_dtype="fp8", kv_tokens=10**6), reference=ref)
+        make_recipe(df, bench, ask(pinned * 0.5, kv_cache_dtype="fp8", kv_tokens=10**6))
     kv_layout(st.model.config, "fp8", skip=tuple(rec.kv_skip_layers))  # laid out, not refused
     # contexts of 80 tokens: a sliding layer (window 8) holds 8 of each sequence's 80, so its KV bytes count a tenth
     per_token = {int(x.block): int(x.kv_bytes_saved_per_token) for x in df[df.kind == "kv"].itertuples()}
-    ctx = make_recipe(
-        df, st, r, ask(pinned * 1.001, kv_cache_dtype="fp8", kv_tokens=10**6, kv_context=80), reference=ref
-    )
+    ctx = make_recipe(df, bench, ask(pinned * 1.001, kv_cache_dtype="fp8", kv_tokens=10**6, kv_context=80))
     kept = {k["group"]: k["bytes_saved"] for k in ctx.kept_scores if k["group"].endswith("kv_cache")}
     assert kept == {f"model.layers.{i}.self_attn.kv_cache": per_token[i] * 10**6 * 8 // 80 for i in (0, 1)}
     assert ctx.kv_context == 80 and ctx.to_json()["kv_context"] == 80
     with pytest.raises(FP8ProbeError, match="cannot keep a full-attention layer's KV cache"):
         make_recipe(
-            df,
-            st,
-            r,
-            ask(1.0, kv_cache_dtype="fp8", kv_tokens=10**6, keep=("model.layers.2.self_attn.kv_cache",)),
-            reference=ref,
+            df, bench, ask(1.0, kv_cache_dtype="fp8", kv_tokens=10**6, keep=("model.layers.2.self_attn.kv_cache",))
         )

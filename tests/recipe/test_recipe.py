@@ -5,6 +5,7 @@ import yaml
 from conftest import ask, tiny_student
 
 from fp8probe import FP8ProbeError
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
 from fp8probe.recipe.recipe import read_recipe
@@ -22,18 +23,18 @@ def fp8_names(recipe, student) -> list[str]:
 def setup():
     st = tiny_student("llama", num_hidden_layers=4)
     r = make_rollouts(st, num_prompts=6, max_new_tokens=10)
-    ref = Reference(st, r)
-    df = sweep(st, r, reference=ref).table
-    return st, r, ref, df
+    bench = Bench(st, r)
+    df = sweep(bench).table
+    return st, r, bench, df
 
 
 def test_budgets_hold_and_savings_grow(setup, tmp_path):
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
     saved = []
     for frac in (0.05, 0.3, 1.5):  # tight, medium, loose (loose: everything fits)
         budget = whole * frac
-        rec = make_recipe(df, st, r, ask(budget), reference=ref)
+        rec = make_recipe(df, bench, ask(budget))
         assert rec.measured <= budget
         assert len(rec.search) <= 12  # a few measured passes, not one per group
         groups = st.groups()
@@ -43,16 +44,16 @@ def test_budgets_hold_and_savings_grow(setup, tmp_path):
         # the measured value is what fp8probe.measurement.measure gives for exactly these units
         from fp8probe import measure_scheme
 
-        again = measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)
+        again = measure_scheme(bench, "FP8_DYNAMIC", units=fp8_names(rec, st))
         assert again["kl_q_p"] == pytest.approx(rec.measured, rel=1e-9)
     assert saved[0] <= saved[1] <= saved[2]
     assert saved[2] == df[df.unit == "model.fp8_all"].bytes_saved.iloc[0]
 
 
 def test_yaml_parsed_by_llmcompressor(setup, tmp_path):
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, st, r, ask(whole * 0.3, kv_cache_dtype="fp8", keep_first=1), reference=ref)
+    rec = make_recipe(df, bench, ask(whole * 0.3, kv_cache_dtype="fp8", keep_first=1))
     rec.write(tmp_path)
     from llmcompressor.recipe import Recipe
 
@@ -135,10 +136,10 @@ def test_bad_recipe_files(tmp_path):
 
 
 def test_group_granularity_sweep(setup):
-    st, r, ref, _ = setup
-    df = sweep(st, r, SweepSettings(method="exact", granularity="group", include_kv=False), reference=ref).table
+    st, r, bench, _ = setup
+    df = sweep(bench, SweepSettings(method="exact", granularity="group", include_kv=False)).table
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, st, r, ask(whole * 0.3), reference=ref)
+    rec = make_recipe(df, bench, ask(whole * 0.3))
     assert rec.measured <= whole * 0.3 and rec.quantized
     names = {u.name for u in st.quantizable}
     assert set(fp8_names(rec, st)) <= names
@@ -181,10 +182,10 @@ def test_cli_recipe_then_capacity(cli, tiny_dirs, tmp_path):
 def test_budget_on_a_metric_whose_zero_point_is_one(setup):
     """token_mult_prob_error is 1.0 without mismatch: a budget bounds its excess over 1 (0.3 of the whole
     model's excess here), not the raw value, which no recipe could ever get under."""
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     whole = float(df[df.unit == "model.fp8_all"].token_mult_prob_error.iloc[0])
     budget = 0.3 * (whole - 1)
-    rec = make_recipe(df, st, r, ask(budget, metric="token_mult_prob_error"), reference=ref)
+    rec = make_recipe(df, bench, ask(budget, metric="token_mult_prob_error"))
     assert rec.measured == pytest.approx(rec.measured_metrics["token_mult_prob_error"] - 1, abs=1e-15)
     assert 0 < rec.measured <= budget
     assert 0 < len(rec.quantized) < len(st.groups())
@@ -198,16 +199,16 @@ def test_budget_on_a_metric_whose_zero_point_is_one(setup):
 def test_first_last_form_keeps_whole_edge_blocks_and_is_the_best_split(setup):
     """--form first-last: the kept set is exactly the first N and last M blocks; no other split with as many
     FP8 blocks scores less (the sweep's prediction), and the measured value is what measure_scheme() gives."""
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, st, r, ask(whole * 0.5, form="first-last"), reference=ref)
+    rec = make_recipe(df, bench, ask(whole * 0.5, form="first-last"))
     assert rec.measured <= whole * 0.5 and rec.form == "first-last"
     blocks = {st.unit(u).block for u in fp8_names(rec, st)}
     lo, hi = min(blocks), max(blocks)
     assert blocks == set(range(lo, hi + 1))  # a contiguous middle: whole leading and trailing blocks BF16
     from fp8probe import measure_scheme
 
-    assert measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(rec, st), reference=ref)["kl_q_p"] == pytest.approx(
+    assert measure_scheme(bench, "FP8_DYNAMIC", units=fp8_names(rec, st))["kl_q_p"] == pytest.approx(
         rec.measured, rel=1e-9
     )
     units = df[~df.kind.isin(["kv", "model"])]
@@ -215,29 +216,29 @@ def test_first_last_form_keeps_whole_edge_blocks_and_is_the_best_split(setup):
     width = hi - lo + 1
     best = min(sum(score[b] for b in range(s, s + width)) for s in range(0, 4 - width + 1))
     assert sum(score[b] for b in blocks) == pytest.approx(best)
-    free = make_recipe(df, st, r, ask(whole * 0.5), reference=ref)
+    free = make_recipe(df, bench, ask(whole * 0.5))
     assert free.bytes_saved >= rec.bytes_saved  # the framework's limitation costs bytes, never saves them
 
 
 def test_all_and_none_forms(setup):
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
-    rec = make_recipe(df, st, r, ask(whole * 1.01, form="all"), reference=ref)
+    rec = make_recipe(df, bench, ask(whole * 1.01, form="all"))
     assert rec.kept == [] and rec.measured == pytest.approx(whole, rel=1e-9)
     with pytest.raises(FP8ProbeError, match=r"every Linear in FP8_DYNAMIC .* measures kl_q_p .* > budget"):
-        make_recipe(df, st, r, ask(whole * 0.5, form="all"), reference=ref)
+        make_recipe(df, bench, ask(whole * 0.5, form="all"))
     kv_only = make_recipe(
-        df, st, r, ask(1.0, form="none", kv_cache_dtype="fp8"), context=RecipeContext(kv_scale="unit"), reference=ref
+        df, bench, ask(1.0, form="none", kv_cache_dtype="fp8"), context=RecipeContext(kv_scale="unit")
     )
     assert kv_only.quantized == [] and kv_only.kv_scale == "unit" and kv_only.measured > 0
     from fp8probe import measure_scheme
     from fp8probe.core.schemes import KVCacheScheme
 
-    unit = measure_scheme(st, r, units=[], kv=KVCacheScheme(scale="unit"), reference=ref)["kl_q_p"]
-    calibrated = measure_scheme(st, r, units=[], kv="fp8", reference=ref)["kl_q_p"]
+    unit = measure_scheme(bench, units=[], kv=KVCacheScheme(scale="unit"))["kl_q_p"]
+    calibrated = measure_scheme(bench, units=[], kv="fp8")["kl_q_p"]
     assert kv_only.measured == pytest.approx(unit, rel=1e-9) and unit != calibrated
     with pytest.raises(FP8ProbeError, match="`form` none .* add `kv_cache_dtype` fp8"):
-        make_recipe(df, st, r, ask(1.0, form="none"), reference=ref)
+        make_recipe(df, bench, ask(1.0, form="none"))
     # the KV cache is named as the engines name it; a dtype llm-compressor's kv_cache_scheme cannot hold is refused
     # with the command that measures it instead
     with pytest.raises(
@@ -245,7 +246,7 @@ def test_all_and_none_forms(setup):
         match=r"'fp8_e5m2' is an engine setting .* `fp8probe check --kv-cache-dtype "
         r"fp8_e5m2`; a recipe takes: fp8",
     ):
-        make_recipe(df, st, r, ask(1.0, form="none", kv_cache_dtype="fp8_e5m2"), reference=ref)
+        make_recipe(df, bench, ask(1.0, form="none", kv_cache_dtype="fp8_e5m2"))
     from fp8probe.recipe.recipe import Recipe
 
     with pytest.raises(FP8ProbeError, match="'int8' is not a KV-cache dtype"):
@@ -269,25 +270,25 @@ def test_memory_targets(setup):
     effective bits over every Linear's weights, lm_head included as ModelOpt counts it (16 - 8 x FP8 share)."""
     from fp8probe.recipe.settings import MemoryTarget
 
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     total = sum(u.params for u in st.quantizable) + st.model.lm_head.weight.numel()
-    half = make_recipe(df, st, r, ask(fp8_share=0.5), reference=ref)
+    half = make_recipe(df, bench, ask(fp8_share=0.5))
     fp8 = sum(st.unit(n).params for n in fp8_names(half, st))
     assert fp8 / total >= 0.5 and half.fp8_share == pytest.approx(fp8 / total)
     assert half.effective_bits == pytest.approx(16 - 8 * fp8 / total) and half.budget is None
-    bits = make_recipe(df, st, r, ask(effective_bits=12.0), reference=ref)
+    bits = make_recipe(df, bench, ask(effective_bits=12.0))
     assert bits.quantized == half.quantized  # 12 effective bits is a 50 % FP8 share
     need = half.bytes_saved + 1
-    more = make_recipe(df, st, r, ask(min_bytes_saved=need), reference=ref)
+    more = make_recipe(df, bench, ask(min_bytes_saved=need))
     assert more.bytes_saved >= need and more.memory_target == {"kind": "bytes_saved", "value": need}
     from fp8probe import measure_scheme
 
-    assert measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(more, st), reference=ref)["kl_q_p"] == pytest.approx(
+    assert measure_scheme(bench, "FP8_DYNAMIC", units=fp8_names(more, st))["kl_q_p"] == pytest.approx(
         more.measured, rel=1e-9
     )
     everything = int(df[df.unit == "model.fp8_all"].bytes_saved.iloc[0])
     with pytest.raises(FP8ProbeError, match=r"is more than FP8 can reach on this model: at most .* lower the target"):
-        make_recipe(df, st, r, ask(min_bytes_saved=everything + 1), reference=ref)
+        make_recipe(df, bench, ask(min_bytes_saved=everything + 1))
     with pytest.raises(FP8ProbeError, match="give exactly one of `budget`, `min_bytes_saved`"):
         ask(0.1, fp8_share=0.5)  # checked once, where the settings are made
     with pytest.raises(FP8ProbeError, match=r"`effective_bits` 7.0 is outside \[8, 16\]"):
@@ -300,19 +301,19 @@ def test_refinement_never_worse_than_its_start(setup, mode):
     measured is in the search log, and its reported value is what measure_scheme() gives for its units."""
     from fp8probe import measure_scheme
 
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     whole = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0])
     kw = dict(fp8_share=0.6) if mode == "memory" else {}
     budget = None if mode == "memory" else whole * 0.4
-    plain = make_recipe(df, st, r, ask(budget, **kw), reference=ref)
-    refined = make_recipe(df, st, r, ask(budget, refine=10, **kw), reference=ref)
+    plain = make_recipe(df, bench, ask(budget, **kw))
+    refined = make_recipe(df, bench, ask(budget, refine=10, **kw))
     moves = [e for e in refined.search if e["move"] != "prefix"]
     assert 0 < len(moves) <= 10 and all("predicted" in e and "measured" in e for e in moves)
     if mode == "memory":
         assert refined.measured <= plain.measured and refined.fp8_share >= 0.6
     else:
         assert refined.bytes_saved >= plain.bytes_saved and refined.measured <= budget
-    again = measure_scheme(st, r, "FP8_DYNAMIC", units=fp8_names(refined, st), reference=ref)["kl_q_p"]
+    again = measure_scheme(bench, "FP8_DYNAMIC", units=fp8_names(refined, st))["kl_q_p"]
     assert again == pytest.approx(refined.measured, rel=1e-9)
 
 
@@ -333,11 +334,11 @@ def test_a_group_both_kept_and_forced_is_refused(setup):
     """`keep` and `force` naming one group, or `force` naming a group `keep_first` keeps by position: one line, no
     recipe (the KV pinning beside sliding-window layers once subtracted every forced group from the kept ones, which
     silenced this: seen failing against that code)."""
-    st, r, ref, df = setup
+    st, r, bench, df = setup
     g = "model.layers.1.mlp.down_proj"
     for kw in (dict(keep=(g,), force=(g,)), dict(keep_first=1, force=("model.layers.0.mlp.down_proj",))):
         with pytest.raises(FP8ProbeError, match="is both kept and forced; choose one"):
-            make_recipe(df, st, r, ask(1.0, **kw), reference=ref)
+            make_recipe(df, bench, ask(1.0, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +348,7 @@ def twelve():
 
     st = tiny_student("llama", num_hidden_layers=4)
     r = sample(st, num_prompts=12, max_new_tokens=10)
-    return st, r, sweep(st, r, reference=Reference(st, r)).table
+    return st, r, sweep(Bench(st, r)).table
 
 
 def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):
@@ -361,19 +362,19 @@ def test_held_out_report_is_measured_on_prompts_the_search_never_saw(twelve):
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.3
-    rec = make_recipe(df, st, r, ask(budget, holdout=2, refine=4))
+    rec = make_recipe(df, Bench(st, r), ask(budget, holdout=2, refine=4))
     split = rec.split
     assert split["holdout_every"] == 2 and (split["search_prompts"], split["heldout_prompts"]) == (6, 6)
     search, held = r.subset(split["search_sequences"]), r.subset(split["heldout_sequences"])
     units = fp8_names(rec, st)
-    on_search = measure_scheme(st, search, "FP8_DYNAMIC", units=units)["kl_q_p"]
-    on_held = measure_scheme(st, held, "FP8_DYNAMIC", units=units)["kl_q_p"]
+    on_search = measure_scheme(Bench(st, search), "FP8_DYNAMIC", units=units)["kl_q_p"]
+    on_held = measure_scheme(Bench(st, held), "FP8_DYNAMIC", units=units)["kl_q_p"]
     assert rec.measured_search == pytest.approx(on_search, rel=1e-9) and rec.measured_search <= budget
     assert rec.measured == pytest.approx(on_held, rel=1e-9) and rec.measured_metrics["kl_q_p"] == rec.measured
     assert abs(rec.measured - rec.measured_search) > 1e-3 * rec.measured
     lo, hi = rec.measured_interval
     assert lo < rec.measured < hi
-    assert make_recipe(df, st, r, ask(budget, holdout=2, refine=4)).to_json() == rec.to_json()
+    assert make_recipe(df, Bench(st, r), ask(budget, holdout=2, refine=4)).to_json() == rec.to_json()
 
 
 def test_held_out_figure_uses_the_search_prompts_scales(twelve):
@@ -386,15 +387,17 @@ def test_held_out_figure_uses_the_search_prompts_scales(twelve):
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.5
-    rec = make_recipe(df, st, r, ask(budget, holdout=2, kv_cache_dtype="fp8"), context=RecipeContext(scheme="FP8"))
+    rec = make_recipe(
+        df, Bench(st, r), ask(budget, holdout=2, kv_cache_dtype="fp8"), context=RecipeContext(scheme="FP8")
+    )
     search, held = r.subset(rec.split["search_sequences"]), r.subset(rec.split["heldout_sequences"])
     units = fp8_names(rec, st)
     assert units, "the recipe keeps some groups in FP8"
     on_search = Reference(st, search)  # calibrated on the search prompts
     with_search_scales = Reference(st, held, calibrate=False)
     with_search_scales.calibration = on_search.calibration
-    want = measure_scheme(st, held, "FP8", units=units, kv="fp8", reference=with_search_scales)["kl_q_p"]
-    own = measure_scheme(st, held, "FP8", units=units, kv="fp8", reference=Reference(st, held))["kl_q_p"]
+    want = measure_scheme(Bench.around(with_search_scales, st, held), "FP8", units=units, kv="fp8")["kl_q_p"]
+    own = measure_scheme(Bench(st, held), "FP8", units=units, kv="fp8")["kl_q_p"]
     assert rec.measured == pytest.approx(want, rel=1e-9)
     assert abs(own - want) > 1e-3 * want  # the two calibrations give measurably different figures here
 
@@ -417,14 +420,14 @@ def test_memory_target_measures_only_the_held_out_prompts(twelve, monkeypatch):
 
     monkeypatch.setattr(reference_module.Reference, "__init__", counted)
     ctx = RecipeContext(scheme="FP8")
-    rec = make_recipe(df, st, r, ask(effective_bits=12.0, holdout=2), context=ctx)
+    rec = make_recipe(df, Bench(st, r), ask(effective_bits=12.0, holdout=2), context=ctx)
     held = r.subset(rec.split["heldout_sequences"])
     assert made == [held.num_sequences] and rec.measured_search is None and rec.search == []
-    assert rec.quantized == make_recipe(df, st, r, ask(effective_bits=12.0), context=ctx).quantized
+    assert rec.quantized == make_recipe(df, Bench(st, r), ask(effective_bits=12.0), context=ctx).quantized
     monkeypatch.setattr(reference_module.Reference, "__init__", real)
     with_search_scales = Reference(st, held, calibrate=False)
     with_search_scales.calibration = Reference(st, r.subset(rec.split["search_sequences"])).calibration
-    want = measure_scheme(st, held, "FP8", units=fp8_names(rec, st), reference=with_search_scales)["kl_q_p"]
+    want = measure_scheme(Bench.around(with_search_scales, st, held), "FP8", units=fp8_names(rec, st))["kl_q_p"]
     assert rec.measured == pytest.approx(want, rel=1e-9)
     lo, hi = rec.measured_interval
     assert lo < rec.measured < hi
@@ -443,9 +446,9 @@ def test_the_sweeps_kept_amax_replace_the_search_sets_calibration_pass(twelve, m
     real = calibration_module.calibrate
     monkeypatch.setattr(calibration_module, "calibrate", lambda *a, **kw: passes.append(1) or real(*a, **kw))
     settings = ask(effective_bits=12.0, holdout=2)
-    with_kept = make_recipe(df, st, r, settings, context=RecipeContext(scheme="FP8", scales=kept))
+    with_kept = make_recipe(df, Bench(st, r), settings, context=RecipeContext(scheme="FP8", scales=kept))
     assert passes == []
-    with_pass = make_recipe(df, st, r, settings, context=RecipeContext(scheme="FP8"))
+    with_pass = make_recipe(df, Bench(st, r), settings, context=RecipeContext(scheme="FP8"))
     assert passes == [1]
     assert with_kept.quantized == with_pass.quantized
     assert with_kept.measured == pytest.approx(with_pass.measured, rel=1e-6)
@@ -496,11 +499,11 @@ def test_the_engine_figure_is_the_profile_on_the_held_out_prompts(twelve):
 
     st, r, df = twelve
     budget = float(df[df.unit == "model.fp8_all"].kl_q_p.iloc[0]) * 0.3
-    rec = make_recipe(df, st, r, ask(budget, holdout=2, engine="vllm-cuda"))
+    rec = make_recipe(df, Bench(st, r), ask(budget, holdout=2, engine="vllm-cuda"))
     held = r.subset(rec.split["heldout_sequences"])
-    want = measure_scheme(st, held, "FP8_DYNAMIC", units=fp8_names(rec, st), engine="vllm-cuda")["kl_q_p"]
+    want = measure_scheme(Bench(st, held), "FP8_DYNAMIC", units=fp8_names(rec, st), engine="vllm-cuda")["kl_q_p"]
     e = rec.measured_engine
     assert e["engine"] == "vllm-cuda" and e["measured"] == pytest.approx(want, rel=1e-6)
     assert e["interval"][0] < e["measured"] < e["interval"][1] and e["measured"] != pytest.approx(rec.measured)
-    off = make_recipe(df, st, r, ask(budget, holdout=2, engine="vllm-cpu"), context=RecipeContext(scheme="FP8"))
+    off = make_recipe(df, Bench(st, r), ask(budget, holdout=2, engine="vllm-cpu"), context=RecipeContext(scheme="FP8"))
     assert off.measured_engine["measured"] is None and "vLLM-CPU" in off.measured_engine["not_covered"]

@@ -78,19 +78,19 @@ def test_shipped_recipes_measure_what_their_json_says(embedded):
     sensitivity.csv says (the rollouts are the table's)."""
     from fp8probe import measure_scheme
     from fp8probe.core.schemes import Scheme
+    from fp8probe.measurement.bench import Bench
     from fp8probe.measurement.measure import measure
     from fp8probe.measurement.perturbation import Perturbation
-    from fp8probe.measurement.reference import Reference
     from fp8probe.model.rollouts import load_rollouts
 
     rollouts = load_rollouts(SMOLLM)
     run = json.loads((SMOLLM / "run.json").read_text())
     assert rollouts.num_response_tokens == run["num_response_tokens"] == 730
-    ref = Reference(embedded, rollouts)
+    bench = Bench(embedded, rollouts)
     table = pd.read_csv(SMOLLM / "sensitivity.csv")
     top = table[~table.kind.isin(["model", "kv"])].sort_values("kl_q_p", ascending=False).head(5)
     for _, row in top.iterrows():
-        got = measure(ref, embedded, rollouts, Perturbation((row.unit,), Scheme.from_name(run["scheme"]))).metrics
+        got = measure(bench, Perturbation((row.unit,), Scheme.from_name(run["scheme"]))).metrics
         assert got["kl_q_p"] == pytest.approx(row.kl_q_p, rel=RTOL_UNIT), row.unit
     recipes = sorted(SMOLLM.glob("kl_q_p-*/recipe.yaml"))
     assert len(recipes) == 3
@@ -100,12 +100,12 @@ def test_shipped_recipes_measure_what_their_json_says(embedded):
         assert len(units) == sum(len(meta["group_units"][g]) for g in meta["quantized"])
         split = meta["split"]  # measured on the held-out prompts, measured_search on the others
         held, search = rollouts.subset(split["heldout_sequences"]), rollouts.subset(split["search_sequences"])
-        got = measure_scheme(embedded, held, rec.scheme, units=units)
+        got = measure_scheme(Bench(embedded, held), rec.scheme, units=units)
         lo, hi = meta["measured_interval"]
         assert lo <= got["kl_q_p"] <= hi, path.parent.name
         band = (lo / meta["measured"], hi / meta["measured"])
         recorded = meta["measured_metrics"]
         off = {k: (got[k], v) for k, v in recorded.items() if not _close(k, got[k], v, band, recorded)}
         assert not off, f"{path.parent.name}: {off}"
-        on_search = measure_scheme(embedded, search, rec.scheme, units=units)["kl_q_p"]
+        on_search = measure_scheme(Bench(embedded, search), rec.scheme, units=units)["kl_q_p"]
         assert _close("kl_q_p", on_search, meta["measured_search"], band, recorded), path.parent.name

@@ -14,13 +14,13 @@ from fp8probe.budget.fit import Budget
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.metrics import METRICS
 from fp8probe.core.schemes import KVCacheScheme
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.measure import measure
 from fp8probe.measurement.mismatch import mismatch, response_logits
 from fp8probe.measurement.opd import OPDSignal
 from fp8probe.measurement.perturbation import Perturbation
 from fp8probe.measurement.perturbed import apply_perturbation
 from fp8probe.measurement.prefix import PrefixShift, divergence, prompt_ids, sample_crn
-from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import Rollouts, make_rollouts
 from fp8probe.recipe.recipe import Recipe
 from fp8probe.sources import sources
@@ -31,15 +31,15 @@ from fp8probe.sources.ladder import ladder
 def setup():
     st = tiny_student("llama")
     r = make_rollouts(st, num_prompts=6, max_new_tokens=10, seed=2)
-    return st, r, Reference(st, r)
+    return st, r, Bench(st, r)
 
 
 def test_ladder_on_one_scale(setup):
-    st, r, ref = setup
+    st, r, bench = setup
     rec = sources.recipe(st, Recipe.whole_model(st.units, "FP8_DYNAMIC"))
     kv = sources.kv_cache(st, "fp8")
     steps = [sources.noise(st, s) for s in sources.NOISE_RULER] + [rec, kv, sources.combine([rec, kv])]
-    df = ladder(st, r, steps, reference=ref)  # the library's default: no prefix shift
+    df = ladder(bench, steps)  # the library's default: no prefix shift
     noise = df[df.kind == "noise"]
     assert list(noise.sigma) == list(sources.NOISE_RULER)
     assert (noise.kl_q_p.diff().dropna() > 0).all()  # the ruler: more noise, more mismatch
@@ -49,13 +49,13 @@ def test_ladder_on_one_scale(setup):
     # measured together, not summed: the combination is its own measurement
     from fp8probe import measure_scheme
 
-    together = measure_scheme(st, r, "FP8_DYNAMIC", kv=KVCacheScheme(scale="unit"), reference=ref)  # kv's scale 1.0
+    together = measure_scheme(bench, "FP8_DYNAMIC", kv=KVCacheScheme(scale="unit"))  # kv's scale 1.0
     assert combo.kl_q_p == pytest.approx(together["kl_q_p"], rel=1e-9)
 
 
 def test_prefix_shift_zero_when_identical_and_grows_with_sigma(setup):
-    st, r, ref = setup
-    shift = PrefixShift(st, ref, prompt_ids(st, r), max_new_tokens=10, seed=4)
+    st, r, bench = setup
+    shift = PrefixShift(st, bench.reference(), prompt_ids(st, r), max_new_tokens=10, seed=4)
     same = {n: p.detach().clone() for n, p in st.model.named_parameters()}
     for p in (Perturbation(), Perturbation(stale=same)):
         got = shift.measure(p)
@@ -78,9 +78,9 @@ def test_prefix_shift_measures_the_candidates_own_samples(setup):
     """With noise the candidate writes other text: what it reports equals a hand count over its continuations
     (sampled here with the same common random numbers), and kl_q_p_own equals a naive full forward of both
     policies over those continuations."""
-    st, r, ref = setup
+    st, r, bench = setup
     prompts = prompt_ids(st, r)
-    shift = PrefixShift(st, ref, prompts, max_new_tokens=10, seed=4)
+    shift = PrefixShift(st, bench.reference(), prompts, max_new_tokens=10, seed=4)
     p = sources.noise(st, 3e-2).perturbation
     got = shift.measure(p)
     with apply_perturbation(st, p, many_forwards=True):
@@ -122,7 +122,7 @@ def test_stale_in_one_tensor_is_noise_on_that_tensor(setup, tmp_path):
     and the noise path (one unit noised, from its block on) agree on every metric."""
     from fp8probe.measurement.weights import add_noise
 
-    st, r, ref = setup
+    st, r, bench = setup
     unit, sigma, seed = "model.layers.1.mlp.down_proj", 0.05, 7
     with add_noise(st.model, [unit], sigma, seed):
         noised = st.model.get_submodule(unit).weight.detach().clone()
@@ -134,15 +134,15 @@ def test_stale_in_one_tensor_is_noise_on_that_tensor(setup, tmp_path):
     src = sources.stale(st, str(tmp_path / "step"))
     differs = [n for n, w in st.model.named_parameters() if not torch.equal(w, src.perturbation.stale[n])]
     assert differs == [f"{unit}.weight"]
-    stale = measure(ref, st, r, src.perturbation).metrics
-    noise = measure(ref, st, r, Perturbation(noise=sigma, noise_units=(unit,), noise_seed=seed)).metrics
+    stale = measure(bench, src.perturbation).metrics
+    noise = measure(bench, Perturbation(noise=sigma, noise_units=(unit,), noise_seed=seed)).metrics
     assert stale["kl_q_p"] > 1e-5
     for k in METRICS:
         assert stale[k] == pytest.approx(noise[k], rel=1e-4, abs=1e-9), k
 
 
 def test_stale_checkpoint(setup, tmp_path, tiny_dirs):
-    st, r, ref = setup
+    st, r, bench = setup
     m = tiny_model("llama")
     g = torch.Generator().manual_seed(3)  # its own stream: the values do not depend on which tests ran before
     with torch.no_grad():
@@ -151,7 +151,7 @@ def test_stale_checkpoint(setup, tmp_path, tiny_dirs):
     m.save_pretrained(tmp_path / "step")
     tiny_tokenizer().save_pretrained(tmp_path / "step")
     src = sources.stale(st, str(tmp_path / "step"))
-    got = ladder(st, r, [src], reference=ref).iloc[0]
+    got = ladder(bench, [src]).iloc[0]
     assert got.kl_q_p > 0 and got.kind == "stale"
     with pytest.raises(FP8ProbeError, match="is a qwen3 model, the student a llama"):
         sources.stale(st, str(tiny_dirs["qwen3"]))
@@ -160,22 +160,22 @@ def test_stale_checkpoint(setup, tmp_path, tiny_dirs):
 def test_opd_signal(setup, tiny_dirs):
     from fp8probe.model.student import load_student
 
-    st, r, ref = setup
+    st, r, bench = setup
     teacher = load_student(str(tiny_dirs["qwen3"]))  # another architecture, the same tokenizer
-    opd = OPDSignal(st, teacher, ref)
+    opd = OPDSignal(st, teacher, bench.reference())
     zero = opd.measure(Perturbation())
     assert zero["mean_abs_reward_delta"] == 0 and zero["seq_rkl_delta"] == 0
     assert zero["ratio_out_verl"] == 0 and zero["ratio_out_openrlhf"] == 0
     p = sources.noise(st, 0.05).perturbation
     got = opd.measure(p)
     # the teacher term cancels token by token: |Δ reward| is the sampled-token |Δ log p| of the same source
-    assert got["mean_abs_reward_delta"] == pytest.approx(measure(ref, st, r, p).metrics["abs_dlogp_mean"], rel=1e-5)
+    assert got["mean_abs_reward_delta"] == pytest.approx(measure(bench, p).metrics["abs_dlogp_mean"], rel=1e-5)
     assert 0 < got["reward_corr"] < 1
     other = tiny_student("llama")
     other.tokenizer = tiny_tokenizer()
     other.tokenizer.add_tokens(["zzz-extra"])
     with pytest.raises(FP8ProbeError, match="shared tokenizer"):
-        OPDSignal(st, other, ref)
+        OPDSignal(st, other, bench.reference())
 
 
 def test_check_admits_and_rejects(cli, tmp_path, tiny_dirs):
@@ -248,9 +248,9 @@ def test_ladder_command(cli, tmp_path, tiny_dirs):
 
     st = load_student(str(tiny_dirs["llama"]))
     r = load_rollouts(out)
-    ref = Reference(st, r)
+    bench = Bench(st, r)
     again = [
-        measure(ref, st, r, s.perturbation).metrics
+        measure(bench, s.perturbation).metrics
         for s in (sources.noise(st, 1e-3), sources.noise(st, 1e-2), sources.kv_cache(st, "fp8"))
     ]
     assert list(df.kl_q_p) == pytest.approx([m["kl_q_p"] for m in again], rel=1e-6)
@@ -359,22 +359,22 @@ def test_check_gives_the_other_engines_figure(setup):
     from fp8probe.budget.admission import check
     from fp8probe.budget.check_words import format_check
 
-    st, r, ref = setup
+    st, r, bench = setup
     units = tuple(st.unit_names[:4])
     cfg = sources.Source("four units", "recipe", Perturbation(units=units))
     point = Budget("kl_q_p", 1.0, calibrated=False, source="hand")
-    rep = check(st, r, cfg, point, reference=ref)
+    rep = check(bench, cfg, point)
     a = rep.also_measured
-    want = measure_scheme(st, r, "FP8_DYNAMIC", units=list(units), engine="vllm-cuda")["kl_q_p"]
+    want = measure_scheme(bench, "FP8_DYNAMIC", units=list(units), engine="vllm-cuda")["kl_q_p"]
     assert a["engine"] == "vllm-cuda" and a["measured"] == pytest.approx(want, rel=1e-6)
     assert a["interval"][0] < a["measured"] < a["interval"][1] and a["measured"] != pytest.approx(rep.measured)
     assert f"as vllm-cuda computes it: kl_q_p {a['measured']:.4g}" in format_check(rep)
-    back = check(st, r, cfg, point, reference=ref, engine="vllm-cuda")
+    back = check(bench, cfg, point, engine="vllm-cuda")
     assert back.also_measured["engine"] == "sim"
     assert back.also_measured["measured"] == pytest.approx(rep.measured, rel=1e-9)
     kv = sources.Source(
         "kv e5m2", "kv", Perturbation(kv_layers=tuple(st.layers), kv=KVCacheScheme.from_name("fp8_e5m2"))
     )
-    rep = check(st, r, kv, point, reference=ref)
+    rep = check(bench, kv, point)
     assert rep.also_measured["measured"] is None and "FlashAttention 3" in rep.also_measured["not_covered"]
     assert "not measured as vllm-cuda computes it" in format_check(rep)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import load_rollouts
 from fp8probe.model.student import load_student
@@ -101,7 +102,9 @@ def test_a_killed_worker_loses_no_row_and_duplicates_none(tiny_dirs, single, tmp
     with ray_session(cluster):
         ex = KillOne(cluster, load, on_start=on_start)
         try:
-            df = sweep(student, rollouts, partial=PartialRows(tmp_path), reference=reference, rows_executor=ex).table
+            df = sweep(
+                Bench.around(reference, student, rollouts), partial=PartialRows(tmp_path), rows_executor=ex
+            ).table
         finally:
             ex.close()
     assert ex.stats["worker_deaths"] == 1 and ex.stats["retried_shards"] >= 1

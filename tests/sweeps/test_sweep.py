@@ -13,11 +13,11 @@ from conftest import ARCHS, cli_process, same_arithmetic, tiny_student
 
 from fp8probe.core.schemes import KVCacheScheme, Scheme
 from fp8probe.measurement.attention import quantize_kv
+from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.mismatch import METRICS, mismatch, response_logits
 from fp8probe.measurement.quantize import quantize_units
 from fp8probe.measurement.reference import Reference
 from fp8probe.model.rollouts import make_rollouts
-from fp8probe.model.settings import RolloutSettings
 from fp8probe.sweeps.files import COLUMNS
 from fp8probe.sweeps.settings import SweepSettings
 from fp8probe.sweeps.sweep import plan_rows, sweep
@@ -49,7 +49,7 @@ def test_prefix_reuse_equals_naive_forward(arch, scheme):
     student = _student(arch)
     r = make_rollouts(student, num_prompts=5, max_new_tokens=8, batch_size=8)
     # one batch: the naive forward sees the same padding
-    df = sweep(student, r, SweepSettings(method="exact", scheme=scheme), sampling=RolloutSettings(batch_size=8)).table
+    df = sweep(Bench(student, r, 8), SweepSettings(method="exact", scheme=scheme)).table
     ref = Reference(student, r, batch_size=8)
     sch = Scheme.from_name(scheme)
     rows = {row.unit: row for row in plan_rows(student, sch, "unit", True)}
@@ -68,7 +68,7 @@ def test_prefix_reuse_equals_naive_forward(arch, scheme):
 def test_group_granularity_and_bytes():
     student = _student("llama")
     r = make_rollouts(student, num_prompts=3, max_new_tokens=6)
-    df = sweep(student, r, SweepSettings(method="exact", granularity="group", include_kv=False)).table
+    df = sweep(Bench(student, r), SweepSettings(method="exact", granularity="group", include_kv=False)).table
     kinds = df[df.block == 0]["kind"].tolist()
     assert kinds == ["qkv", "o", "gate_up", "down"]
     qkv = df[df.unit == "model.layers.0.self_attn.qkv_proj"].iloc[0]
@@ -126,8 +126,8 @@ def test_whole_model_rows_carry_intervals_and_the_kv_effect():
 
     student = tiny_student("gemma3_text")  # sliding-window layers and a single KV group per kind
     r = make_rollouts(student, num_prompts=6, max_new_tokens=8, seed=3)
-    df = sweep(student, r).table.set_index("unit")
-    w = whole_model_rows(Reference(student, r, 8), student, r, SweepSettings(method="exact"))
+    df = sweep(Bench(student, r)).table.set_index("unit")
+    w = whole_model_rows(Bench(student, r), SweepSettings(method="exact"))
     for name in ("model.fp8_all", "model.fp8_all_kv"):
         lo, hi = w[name]["interval"]
         assert w[name]["kl_q_p"] == pytest.approx(df.loc[name, "kl_q_p"], rel=1e-5)
@@ -153,22 +153,23 @@ def test_whole_model_intervals_come_from_the_sweeps_own_rows(monkeypatch):
 
     student = tiny_student("gemma3_text")
     r = make_rollouts(student, num_prompts=6, max_new_tokens=8, seed=3)
-    swept = sweep(student, r)
+    bench = Bench(student, r)
+    swept = sweep(bench)
     df = swept.table.set_index("unit")
     assert set(swept.model_rows) == {"model.reference", "model.fp8_all", "model.fp8_all_kv"}
     # the rows measured a second time
-    again = whole_model_rows(swept.reference, student, r, SweepSettings(method="exact"))
+    again = whole_model_rows(bench, SweepSettings(method="exact"))
     calls = []
     real = measure.measure
     monkeypatch.setattr(measure, "measure", lambda *a, **k: calls.append(a) or real(*a, **k))
-    w = whole_model_rows(swept.reference, student, r, SweepSettings(method="exact"), measured=swept.model_rows)
+    w = whole_model_rows(bench, SweepSettings(method="exact"), measured=swept.model_rows)
     assert calls == []
     for name in ("model.fp8_all", "model.fp8_all_kv"):
         assert w[name]["kl_q_p"] == df.loc[name, "kl_q_p"]
         assert w[name]["interval"] == pytest.approx(again[name]["interval"], rel=1e-4)
     assert w["kv_effect"]["interval"] == pytest.approx(again["kv_effect"]["interval"], rel=1e-4, abs=1e-9)
     partial = {"model.fp8_all": swept.model_rows["model.fp8_all"]}
-    mixed = whole_model_rows(swept.reference, student, r, SweepSettings(method="exact"), measured=partial)["kv_effect"]
+    mixed = whole_model_rows(bench, SweepSettings(method="exact"), measured=partial)["kv_effect"]
     assert len(calls) == 1 and mixed["kl_q_p"] == pytest.approx(w["kv_effect"]["kl_q_p"], rel=1e-4, abs=1e-9)
 
 
@@ -234,8 +235,7 @@ def test_reference_kept_as_hidden_states_gives_the_same_rows_bit_for_bit():
     student = tiny_student("gemma3_text")  # softcapped logits, sliding-window layers
     r = make_rollouts(student, num_prompts=5, max_new_tokens=9, seed=2)
     refs = {s: Reference(student, r, 4, storage=s) for s in ("logp", "hidden")}
-    four = RolloutSettings(batch_size=4)
-    tables = {s: sweep(student, r, sampling=four, reference=ref).table for s, ref in refs.items()}
+    tables = {s: sweep(Bench.around(ref, student, r, 4)).table for s, ref in refs.items()}
     pd.testing.assert_frame_equal(tables["logp"], tables["hidden"], check_exact=True)
     assert refs["hidden"].rows.storage == "hidden" and refs["logp"].rows.storage == "logp"
     # the whole [M, V] view recomputes in chunks counted from row 0, where the pass chunked each batch from its own

@@ -669,6 +669,7 @@ def test_a_stale_levels_dose_is_checked_along_the_run_as_a_user_checks_a_lag(pai
     from safetensors.torch import load_file
 
     from fp8probe import load_student
+    from fp8probe.measurement.bench import Bench
     from fp8probe.training.doses import STALE_HOW, Doses, _measured, check_rollouts, checked_steps
     from fp8probe.training.runs import states_along
 
@@ -695,9 +696,8 @@ def test_a_stale_levels_dose_is_checked_along_the_run_as_a_user_checks_a_lag(pai
         f = states_along(teacher, student, "opd", seed, s, [1, 2, 3, 4], tmp_path / f"hand{seed}")
         for t in (2, 4):
             moved = doses._at(f[t])
-            by_hand.append(
-                _measured(moved, check_rollouts(moved), Perturbation(stale=load_file(str(f[t - 1]))))["dose"]
-            )
+            bench = Bench(moved, check_rollouts(moved))
+            by_hand.append(_measured(bench, Perturbation(stale=load_file(str(f[t - 1]))))["dose"])
     got = doses.dose("opd", parse_source("stale:1"))
     assert got["how"] == STALE_HOW and set(got["steps"]) == {"2", "4"}
     assert got["dose"] == pytest.approx(sum(by_hand) / len(by_hand), rel=1e-6)
