@@ -218,7 +218,7 @@ def public_functions(tree: ast.AST):
 
 def test_public_functions_take_few_parameters():
     """At most MAX_PARAMETERS, every public function: the rest travels as a settings object (`make_recipe(table,
-    student, rollouts, settings, *, context, reference)`, `run_vllm(model, serve, ...)`)."""
+    bench, settings, *, context)`, `run_vllm(model, serve, ...)`)."""
     over = []
     for m, p in modules().items():
         for fn in public_functions(ast.parse(p.read_text())):
@@ -226,6 +226,39 @@ def test_public_functions_take_few_parameters():
             if n > MAX_PARAMETERS:
                 over.append(f"{key} ({n})")
     assert not over, f"public functions over {MAX_PARAMETERS} parameters (take a settings object): {over}"
+
+
+# the verbs that measure: each takes the bench it measures on (measurement/bench.py), never its parts
+BENCH_VERBS = (
+    "measurement.measure:measure",
+    "measurement.measure:measure_scheme",
+    "measurement.measure:measured_as",
+    "sweeps.sweep:sweep",
+    "sweeps.sweep:whole_model_rows",
+    "recipe.selection:make_recipe",
+    "recipe.agreement:agreement",
+    "budget.admission:check",
+    "budget.admission:check_async",
+    "budget.series:measure_point",
+    "sources.ladder:ladder",
+    "planning.plan:measure_costs",
+)
+BENCH_PARTS = {"student", "rollouts", "reference", "sampling", "batch_size"}
+
+
+def test_the_verbs_that_measure_take_a_bench():
+    """Each verb of BENCH_VERBS takes a `bench` and none of what a bench holds (a student, rollouts, a reference, the
+    rollouts' settings, a batch size) beside it: one way in, the reference made once."""
+    mods, bad = modules(), []
+    for key in BENCH_VERBS:
+        m, name = key.split(":")
+        (fn,) = [
+            f for f in ast.walk(ast.parse(mods[m].read_text())) if isinstance(f, ast.FunctionDef) and f.name == name
+        ]
+        names = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+        if "bench" not in names or names & BENCH_PARTS:
+            bad.append(f"{key} ({', '.join(sorted(names & BENCH_PARTS)) or 'no bench'})")
+    assert not bad, f"verbs that measure without a bench, or with its parts beside it: {bad}"
 
 
 def test_every_settings_class_lives_below_apps():

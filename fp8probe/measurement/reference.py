@@ -23,7 +23,7 @@ from torch import nn
 from ..core.errors import FP8ProbeError
 from ..model.structure import decoder_layers
 from .calibration import record_calibration
-from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, response_logits, summarize
+from .mismatch import CHUNK_ROWS, RefRows, chunked_token_stats, log_softmax32, response_logits
 from .scales import Calibration
 
 
@@ -179,9 +179,6 @@ class Reference:
             for k, v in st.items():
                 parts.setdefault(k, []).append(v)
         return {k: torch.cat(v) for k, v in parts.items()}
-
-    def measure(self, start_block: int = 0) -> dict[str, float]:
-        return summarize(self.candidate_stats(start_block))
 
     # shipping the reference to another process (scaleout.py): everything but the model travels
 
