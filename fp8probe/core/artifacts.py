@@ -35,11 +35,11 @@ was measured on), `decided_by` (the rule, the number it compared with, the seeds
 `margin` to that number (null where a level's own loss decided).
 Every file is a `Record` (below): a frozen dataclass per kind, its fields the file's keys in the file's order, its
 version on the type (`VERSION`, from this table), one `write` and one `read`; no other module spells the version
-key. Readers go through read_artifact (Record.read; read_sweep and load_rollouts check their own files with their
-own lines), which refuses a version not listed here or in ALSO_READ. An optional field that
-readers default may be added within a version (rollouts.json's sampling.samples_per_prompt, default 1; the
-`arithmetic` record). Changing what a file holds otherwise means a new version here, and a reader that refuses the
-old one in one line (or reads it, as read_recipe reads version 1).
+key. Readers go through Record.read (read_artifact), which refuses a version not listed here or in ALSO_READ, and a
+key whose JSON type is not its field's (Record.check_types: the records' annotations are the one type table). An
+optional field that readers default may be added within a version (rollouts.json's sampling.samples_per_prompt,
+default 1; the `arithmetic` record). Changing what a file holds otherwise means a new version here, and a reader that
+refuses the old one in one line (or reads it, as read_recipe reads version 1).
 """
 
 from __future__ import annotations
@@ -161,8 +161,48 @@ class Record:
 
     @classmethod
     def read(cls, path: str | Path, redo: str):
-        """The record of the file at `path`: checked as read_artifact checks, then `from_json`."""
-        return cls.from_json(read_artifact(cls.KIND, path, redo))
+        """The record of the file at `path`: checked as read_artifact checks, every key's JSON type checked against
+        its field's (check_types), then `from_json`."""
+        doc = read_artifact(cls.KIND, path, redo)
+        cls.check_types(doc, path, redo)
+        return cls.from_json(doc)
+
+    @classmethod
+    def check_types(cls, doc: dict, where, redo: str) -> None:
+        """Every key of `doc` whose field is annotated with one JSON kind (str, int, float, bool, list, dict; `| None`
+        admits null) holds that kind, or one line names the key, what it must be and what to do (`redo`). A bool is
+        no number, an int is a float; keys the file lacks take their defaults (from_json)."""
+        for f in fields(cls):
+            kind = json_kind(f.type) if f.name in doc else None
+            if kind is None:
+                continue
+            base, nullable, value = kind[0], kind[1], doc[f.name]
+            if value is None and nullable:
+                continue
+            if not isinstance(value, JSON_KINDS[base][0]) or (isinstance(value, bool) and base != "bool"):
+                either = " or null" if nullable else ""
+                raise FP8ProbeError(f"{where}: {f.name!r} must be {JSON_KINDS[base][1]}{either}, got {value!r}: {redo}")
+
+
+# a field annotation's JSON kind -> (the Python types that hold it, its words)
+JSON_KINDS = {
+    "str": ((str,), "a string"),
+    "int": ((int,), "a whole number"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
+    "list": ((list,), "a list"),
+    "dict": ((dict,), "an object"),
+}
+
+
+def json_kind(annotation) -> tuple[str, bool] | None:
+    """(the JSON kind a field's annotation names, whether it admits null): "int | None" -> ("int", True),
+    "list[str]" -> ("list", False); None for any other annotation (a union of kinds, a nested record)."""
+    parts = [p.strip() for p in str(annotation).split("|")]
+    kinds = [p.split("[")[0] for p in parts if p != "None"]
+    if len(kinds) != 1 or kinds[0] not in JSON_KINDS:
+        return None
+    return kinds[0], "None" in parts
 
 
 def read_artifact(kind: str, path, redo: str) -> dict:

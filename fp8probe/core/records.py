@@ -150,10 +150,10 @@ class SweepRunRecord(Record):
 
     KIND = "run.json"
     command: str | None = None
-    model: str = ""
-    model_path: str = ""
+    model: str
+    model_path: str
     model_type: str | None = None
-    scheme: str = ""
+    scheme: str
     granularity: str | None = None
     include_kv: bool | None = None
     kv_cache_dtype: str | None = None
@@ -163,7 +163,7 @@ class SweepRunRecord(Record):
     workers: dict | None = None  # the Ray row workers' statistics (sweeps/scaleout.py), or {'workers': 1}
     device: str | None = None
     dtype: str | None = None
-    batch_size: int = 0
+    batch_size: int
     arithmetic: dict | None = added()  # added within version 1
     num_sequences: int | None = None
     num_tokens: int | None = None
@@ -340,7 +340,7 @@ class TrainingRunRecord(Record):
     objective: str
     level: str
     kind: str
-    value: float
+    value: float | None  # the level's number (σ, the stale lag); None where it has none (0, fp8, kv)
     scheme: str | None
     seed: int
     steps: int

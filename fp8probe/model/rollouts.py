@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..core.artifacts import SCHEMA_KEY, schema_of
+from ..core.artifacts import SCHEMA_KEY
 from ..core.errors import FP8ProbeError, one_line
 from ..core.files import atomic_write_bytes
 from ..core.progress import bar_interval
@@ -406,19 +406,13 @@ def load_rollouts(directory: str | Path) -> Rollouts:
         )
     try:
         t = load_file(str(d / TENSORS))
-        meta = json.loads((d / META).read_text())
-    except (SafetensorError, OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (SafetensorError, OSError) as e:
         raise FP8ProbeError(f"rollouts in {directory} are unreadable ({e}); create them again") from e
-    if schema_of(meta) != SCHEMA_VERSION:
-        got = schema_of(meta)
-        raise FP8ProbeError(
-            f"rollouts in {directory} have schema {got!r}, this fp8probe reads {SCHEMA_VERSION}; "
-            "create them again with `fp8probe rollouts`"
-        )
+    meta = RolloutsRecord.read(d / META, "create them again with `fp8probe rollouts`")
     missing = {"input_ids", "attention_mask", "response_mask"} - set(t)
     if missing:
         raise FP8ProbeError(f"rollouts in {directory} lack {', '.join(sorted(missing))}")
-    r = Rollouts(t["input_ids"], t["attention_mask"], t["response_mask"], RolloutsRecord.from_json(meta))
+    r = Rollouts(t["input_ids"], t["attention_mask"], t["response_mask"], meta)
     _check_tensors(r, directory)
     return r
 

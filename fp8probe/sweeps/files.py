@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..core.artifacts import schema_of
 from ..core.errors import FP8ProbeError
 from ..core.files import atomic_write_json, atomic_write_text
 from ..core.metrics import METRICS
@@ -55,13 +54,10 @@ PARTIAL = "sensitivity.partial.csv"
 PARTIAL_SETTINGS = "sweep.partial.json"
 _INT_COLUMNS = ("block", "params", "bytes_saved", "kv_bytes_saved_per_token")
 
-RUN_SCHEMA_VERSION = SweepRunRecord.VERSION
 RUN_FILE = SweepRunRecord.KIND
 TABLE = "sensitivity.csv"
 log = logging.getLogger(__name__)
 
-# run.json keys a consumer relies on, with their JSON types
-_RUN_KEYS = {"model": str, "model_path": str, "scheme": str, "batch_size": int}
 _TEXT_COLUMNS = ("unit", "kind", "group", "method")
 
 
@@ -140,24 +136,7 @@ def read_sweep(directory: str | Path) -> SweepRun:
         raise FP8ProbeError(
             f"{directory} is not a finished sweep (no {RUN_FILE} / {TABLE}){partial}; run `fp8probe sweep`"
         )
-    try:
-        run = json.loads(run_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise FP8ProbeError(f"{run_file} is not valid JSON ({e}); run the sweep again") from e
-    if not isinstance(run, dict):
-        raise FP8ProbeError(f"{run_file} is not a JSON object; run the sweep again")
-    version = schema_of(run)
-    if version != RUN_SCHEMA_VERSION:
-        raise FP8ProbeError(
-            f"{run_file} has schema_version {version!r}; this fp8probe reads {RUN_SCHEMA_VERSION} "
-            f"(written by fp8probe {run.get('versions', {}).get('fp8probe', '?')}): run the sweep "
-            "again with this version"
-        )
-    for key, typ in _RUN_KEYS.items():
-        if not isinstance(run.get(key), typ) or isinstance(run.get(key), bool):
-            raise FP8ProbeError(
-                f"{run_file}: {key!r} must be a {typ.__name__}, got {run.get(key)!r}; run the sweep again"
-            )
+    run = SweepRunRecord.read(run_file, "run the sweep again with this version")
     try:
         df = pd.read_csv(table, dtype={c: str for c in _TEXT_COLUMNS})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -192,7 +171,7 @@ def read_sweep(directory: str | Path) -> SweepRun:
         if holes.any():
             row = df.index[holes][0] + 2
             raise FP8ProbeError(f"{table}:{row} has no value in {c!r} (truncated?); run the sweep again")
-    return SweepRun(d, SweepRunRecord.from_json(run), df[COLUMNS])
+    return SweepRun(d, run, df[COLUMNS])
 
 
 # ---------------------------------------------------------------------------------------------------

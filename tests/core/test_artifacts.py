@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from fp8probe.core.artifacts import SCHEMAS, read_artifact
+from fp8probe.core.artifacts import SCHEMAS, json_kind, read_artifact
 from fp8probe.core.errors import FP8ProbeError
 from fp8probe.core.records import CheckRecord
 
@@ -52,7 +52,9 @@ def test_a_plot_reads_through_it_and_skips_a_budget_it_cannot_read(tmp_path):
     assert _budget_beside(lad) == 0.2
     (tmp_path / "check.json").write_text(json.dumps({"schema_version": SCHEMAS["check.json"], "budget": 0.3}))
     assert _budget_beside(lad) == 0.2  # a check.json without a verdict is not a check.json: the budget's line
-    check = CheckRecord(**{f.name: None for f in fields(CheckRecord)} | {"budget": 0.3})
+    plain = {"str": "x", "int": 0, "float": 0.0, "bool": False, "list": [], "dict": {}}  # a check.json's JSON types
+    typed = {f.name: None if (k := json_kind(f.type)) is None or k[1] else plain[k[0]] for f in fields(CheckRecord)}
+    check = CheckRecord(**typed | {"budget": 0.3})
     check.write(tmp_path / "check.json")
     assert _budget_beside(lad) == 0.3
 
@@ -103,3 +105,57 @@ def test_every_committed_file_reads_through_its_record_and_writes_back_the_same_
         "CapacityRecord",
         "RolloutsRecord",
     } <= set(seen), seen
+
+
+@pytest.mark.parametrize(
+    "annotation,want",
+    [
+        ("int", ("int", False)),
+        ("float | None", ("float", True)),
+        ("list[str] | None", ("list", True)),
+        ("dict[str, list[str]]", ("dict", False)),
+        ("str | int", None),  # two kinds: not checked
+        ("list[int | None]", None),
+        ("SourceSpec", None),
+    ],
+)
+def test_a_fields_json_kind_is_read_off_its_annotation(annotation, want):
+    assert json_kind(annotation) == want
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"batch_size": "8"}, "'batch_size' must be a whole number, got '8'"),
+        ({"batch_size": True}, "'batch_size' must be a whole number, got True"),  # a bool is no number
+        ({"batch_size": 8.0}, "'batch_size' must be a whole number, got 8.0"),
+        ({"include_kv": 1}, "'include_kv' must be true or false or null, got 1"),
+        ({"model": None}, "'model' must be a string, got None"),
+        ({"seed": "0"}, "'seed' must be a whole number or null"),
+        ({"method": []}, "'method' must be an object or null, got \\[\\]"),
+    ],
+)
+def test_a_key_of_the_wrong_json_type_is_refused_in_one_line(tmp_path, change, match):
+    """Record.read checks every key against its field's annotation (the one type table): a string, a bool or a float
+    where a whole number belongs, a number where true/false belongs, null where the field admits none; the line names
+    the file and the key and ends with what to do. A whole number where a number belongs, and null where the field
+    admits it, read."""
+    from fp8probe.core.records import SweepRunRecord
+
+    good = {"schema_version": 1, "model": "m", "model_path": "p", "scheme": "FP8", "batch_size": 8, "seed": None}
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(good))
+    assert SweepRunRecord.read(p, "redo").batch_size == 8
+    p.write_text(json.dumps(good | change))
+    with pytest.raises(FP8ProbeError, match=match) as e:
+        SweepRunRecord.read(p, "run the sweep again")
+    assert "\n" not in str(e.value) and str(e.value).startswith(str(p)) and str(e.value).endswith("run the sweep again")
+
+
+def test_a_whole_number_reads_where_a_number_belongs(tmp_path):
+    from fp8probe.core.records import TrainingRunRecord
+
+    assert TrainingRunRecord.check_types({"value": 3, "seconds": 2}, "run.json", "redo") is None
+    assert TrainingRunRecord.check_types({"value": None}, "run.json", "redo") is None
+    with pytest.raises(FP8ProbeError, match="'seconds' must be a number, got None"):
+        TrainingRunRecord.check_types({"seconds": None}, "run.json", "redo")
