@@ -261,6 +261,19 @@ def test_the_verbs_that_measure_take_a_bench():
     assert not bad, f"verbs that measure without a bench, or with its parts beside it: {bad}"
 
 
+def test_verdicts_are_one_enum():
+    """A verdict is budget/evidence.py's Verdict everywhere in the package: no module spells ADMIT, REJECT or UNCERTAIN
+    as a string of its own to compare or return (a sentence that names one, in a docstring or a message, is words)."""
+    names, spelled = {"ADMIT", "REJECT", "UNCERTAIN"}, []
+    for m, p in modules().items():
+        if m == "budget.evidence":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                spelled.append(f"{m}:{node.lineno}")
+    assert not spelled, f"verdicts spelled as strings (use budget.evidence.Verdict): {spelled}"
+
+
 def test_every_settings_class_lives_below_apps():
     """A Settings class sits beside the verb that owns it (recipe/settings.py, budget/settings.py, ...), so the
     library's verbs take it whole; apps/ and cli/ only build them and resolve what lies above a layer (the framework

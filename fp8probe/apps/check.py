@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..budget.admission import check, check_async
 from ..budget.check_words import format_check
+from ..budget.evidence import Verdict
 from ..budget.settings import CheckSettings
 from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
 from ..core.files import output_dir
@@ -56,7 +57,7 @@ class CheckResult(Result):
     @property
     def exit_code(self) -> int:
         """The check's documented exit code: 0 ADMIT, 1 REJECT, 3 UNCERTAIN (core/errors.py)."""
-        return {"ADMIT": EXIT_OK, "REJECT": EXIT_REJECT}.get(self.report.verdict, EXIT_UNCERTAIN)
+        return {Verdict.ADMIT: EXIT_OK, Verdict.REJECT: EXIT_REJECT}.get(self.report.verdict, EXIT_UNCERTAIN)
 
     def describe(self, seconds: float) -> str:
         return format_check(self.report)

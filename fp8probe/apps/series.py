@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..budget.evidence import Verdict
 from ..core.errors import EXIT_OK, EXIT_REJECT, EXIT_UNCERTAIN
 from ..core.files import output_dir
 from ..core.records import SeriesRecord
@@ -21,7 +22,7 @@ class SeriesResult(Result):
     def exit_code(self) -> int:
         """0 when every checkpoint is admitted, 1 when one is rejected, 3 otherwise (as check's)."""
         verdicts = {r["verdict"] for r in self.report.checkpoints}
-        return EXIT_REJECT if "REJECT" in verdicts else EXIT_OK if verdicts == {"ADMIT"} else EXIT_UNCERTAIN
+        return EXIT_REJECT if Verdict.REJECT in verdicts else EXIT_OK if verdicts == {Verdict.ADMIT} else EXIT_UNCERTAIN
 
     def describe(self, seconds: float) -> str:
         r = self.report

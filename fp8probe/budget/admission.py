@@ -29,6 +29,7 @@ from ..core.records import CheckRecord
 from ..core.stats import LEVEL, decide_factor, expansion
 from ..sources.config import STALE_UNKNOWN, RolloutConfig
 from ..sources.sources import Source
+from .evidence import Verdict
 from .fit import Budget
 
 if TYPE_CHECKING:  # light at import: the CLI reads CheckSettings (budget/settings.py) for --help
@@ -228,7 +229,7 @@ class Judgement:
     the rule compared with (`threshold`, named) and the distance to it (`margin`: positive on the admitting side),
     what would decide an UNCERTAIN one, and the levels read."""
 
-    verdict: str
+    verdict: Verdict
     ruler: Budget
     rule: str
     judged_on: str
@@ -298,7 +299,7 @@ def judge(
         held = _rejected_part(config, levels, tol)
         if held is not None:  # a combination holding a configuration its own level rejects
             return Judgement(
-                "REJECT",
+                Verdict.REJECT,
                 ruler,
                 "level",
                 f"the part {held.name} it holds, whose own calibration level lost {held.loss_text()} (tolerance "
@@ -319,7 +320,7 @@ def judge(
         evidence,
         "the stale ruler" if ruler is not budget else "the noise ruler",
     )
-    if out.verdict != "ADMIT":
+    if out.verdict != Verdict.ADMIT:
         return out
     for kind in kinds:
         of_kind = [lv for lv in levels if lv.kind == kind]
@@ -327,7 +328,7 @@ def judge(
             top = max(of_kind, key=lambda lv: lv.dose)
             return replace(
                 out,
-                verdict="UNCERTAIN",
+                verdict=Verdict.UNCERTAIN,
                 judged_on=f"{out.judged_on}, which cannot admit {kind}",
                 undecided_because=f"{kind} was run as a calibration level of its own and no level of it at or above "
                 f"this dose lost within the tolerance ({top.name} at {top.dose:.4g} lost {top.loss_text()}): the "
@@ -355,10 +356,10 @@ def _rejected_part(config: RolloutConfig, levels: list, tol: float):
 def _by_level(level, tol: float, ruler: Budget, evidence: list) -> Judgement:
     """Rule 1: the configuration is the calibration level `level`; its own loss decides."""
     words = f"its own calibration level {level.name}, which lost {level.loss_text()} (tolerance {tol:.1%})"
-    verdict = "ADMIT" if level.admits(tol) else "REJECT" if level.rejects(tol) else "UNCERTAIN"
-    seeds = None if verdict != "UNCERTAIN" else level.seeds_to_decide(tol)
+    verdict = Verdict.ADMIT if level.admits(tol) else Verdict.REJECT if level.rejects(tol) else Verdict.UNCERTAIN
+    seeds = None if verdict != Verdict.UNCERTAIN else level.seeds_to_decide(tol)
     because = None
-    if verdict == "UNCERTAIN":
+    if verdict == Verdict.UNCERTAIN:
         because = (
             f"it is the calibration level {level.name}, whose own loss {level.loss_text()} straddles the "
             f"tolerance ({tol:.1%}): "
@@ -388,7 +389,7 @@ def _by_levels(kind: str, own: list, interval, tol: float, ruler: Budget, eviden
     if above and below:
         a, b = max(above, key=lambda lv: lv.dose), min(below, key=lambda lv: lv.dose)
         return Judgement(
-            "UNCERTAIN",
+            Verdict.UNCERTAIN,
             ruler,
             "levels",
             f"{kind}'s own calibration levels, which disagree here",
@@ -402,9 +403,9 @@ def _by_levels(kind: str, own: list, interval, tol: float, ruler: Budget, eviden
             evidence,
         )
     if above:  # the highest rejecting level the measured interval reaches; margin: its dose - the interval's lower end
-        return _on_level("REJECT", "above", kind, max(above, key=lambda lv: lv.dose), lo, ruler, evidence)
+        return _on_level(Verdict.REJECT, "above", kind, max(above, key=lambda lv: lv.dose), lo, ruler, evidence)
     if below:  # the lowest admitting level the interval stays under; margin: its dose - the interval's upper end
-        return _on_level("ADMIT", "below", kind, min(below, key=lambda lv: lv.dose), hi, ruler, evidence)
+        return _on_level(Verdict.ADMIT, "below", kind, min(below, key=lambda lv: lv.dose), hi, ruler, evidence)
     return None
 
 
@@ -449,7 +450,7 @@ def _undecided_kind(kind: str, own: list, measured: float, interval, tol: float,
                 f"of {kind} at or above {hi:.4g} (this configuration, say) would decide it"
             )
     return Judgement(
-        "UNCERTAIN",
+        Verdict.UNCERTAIN,
         ruler,
         "levels",
         f"{kind}'s own calibration levels",
@@ -470,7 +471,7 @@ def _by_ruler(measured: float, interval, ruler: Budget, n: int, evidence: list, 
     b_lo, b_hi = ruler.interval if ruler.interval else (ruler.value, ruler.value)
     b_lo, b_hi = min(b_lo, ruler.value), max(b_hi, ruler.value)
     calibrated = bool(ruler.interval)
-    if v["verdict"] == "REJECT" or (v["verdict"] == "UNCERTAIN" and measured > b_hi):
+    if v["verdict"] == Verdict.REJECT or (v["verdict"] == Verdict.UNCERTAIN and measured > b_hi):
         threshold, words, margin = b_hi, "the budget's upper end (BMDU)" if calibrated else "the budget", b_hi - lo
     else:
         threshold, words, margin = b_lo, "the budget's lower end (BMDL)" if calibrated else "the budget", b_lo - hi
@@ -514,9 +515,9 @@ def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_
     lo, hi = interval
     b_lo, b_hi = budget.interval if budget.interval else (budget.value, budget.value)
     b_lo, b_hi = min(b_lo, budget.value), max(b_hi, budget.value)
-    out = {"verdict": "UNCERTAIN", "prompts_to_decide": None, "undecided_because": None}
+    out = {"verdict": Verdict.UNCERTAIN, "prompts_to_decide": None, "undecided_because": None}
     if hi <= b_lo:
-        out["verdict"] = "ADMIT"
+        out["verdict"] = Verdict.ADMIT
     elif lo > b_hi and (budget.censored or budget.interval_censored):
         why = (
             "its fitted curve stays within the tolerance up to the highest tested dose"
@@ -529,7 +530,7 @@ def verdict(measured: float, interval: tuple[float, float], budget: Budget, num_
             "it can be rejected on the curve; calibration at higher doses, not more prompts, would decide it"
         )
     elif lo > b_hi:
-        out["verdict"] = "REJECT"
+        out["verdict"] = Verdict.REJECT
     elif b_lo <= measured <= b_hi:
         out["undecided_because"] = (
             "the measured value lies inside the budget's own interval: more calibration runs "
@@ -560,7 +561,9 @@ def self_check(budget, doses: dict | None = None) -> list[dict]:
         key = f"{budget.objective}/{lv.name}" if lv.kind == "stale" else lv.name
         interval = (doses.get(key) or {}).get("interval") or [lv.dose, lv.dose]
         lo, hi = lv.loss_interval
-        implied = "REJECT" if lo > budget.tolerance else "ADMIT" if hi <= budget.tolerance else "UNCERTAIN"
+        implied = (
+            Verdict.REJECT if lo > budget.tolerance else Verdict.ADMIT if hi <= budget.tolerance else Verdict.UNCERTAIN
+        )
         v = judge(lv.dose, tuple(interval), budget, 16, lv.config)
         rows.append(
             {

@@ -4,6 +4,7 @@ figures beside it (the other engine, the prefix shift, the OPD signal) and verl'
 from __future__ import annotations
 
 from ..core.records import CheckRecord
+from .evidence import Verdict
 
 
 def format_check(report: CheckRecord) -> str:
@@ -19,7 +20,7 @@ def format_check(report: CheckRecord) -> str:
         if report.budget_interval:
             top = report.budget_interval[1]
             b += f" [{report.budget_interval[0]:.4g}, {'> ' if report.budget_interval_censored else ''}{top:.4g}]"
-        sign = {"ADMIT": "<=", "REJECT": ">"}.get(v, "vs")
+        sign = {Verdict.ADMIT: "<=", Verdict.REJECT: ">"}.get(v, "vs")
         lines = [f"{figure} {sign} {b} ({_margin(report)}; budget {calibrated}: {report.budget_source})"]
         if report.judged_on and report.judged_on != "the noise ruler":
             lines.append(f"judged on {report.judged_on}")

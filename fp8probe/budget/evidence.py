@@ -25,6 +25,18 @@ from ..core.stats import LEVEL, decide_factor, expansion
 from ..sources.config import RolloutConfig
 
 
+class Verdict(str, Enum):
+    """What `check` says of a configuration against a budget (check.json's `verdict`, the exit code's source): a
+    str, so it is written and compared as its name."""
+
+    ADMIT = "ADMIT"
+    REJECT = "REJECT"
+    UNCERTAIN = "UNCERTAIN"
+
+    def __str__(self) -> str:  # printed as its name, f-strings too, in any Python (enum.StrEnum is 3.11's)
+        return self.value
+
+
 class Reading(str, Enum):
     """The noise ruler's curve read at a level of another kind (budget.json's words, kept as written)."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..core.metrics import excess
 from ..core.stats import BOOTSTRAP, LEVEL, group_members
 from .admission import judge
+from .evidence import Verdict
 from .fit import Budget
 
 
@@ -65,10 +66,10 @@ def ratio_interval(
 def summarize_series(rows: list[dict], first, last, metric: str) -> dict:
     """The trend (last / first, its interval) and the first checkpoint outside the budget (REJECT), or None."""
     ratio, lo, hi = ratio_interval(first, last, metric)
-    out = next((r["checkpoint"] for r in rows if r["verdict"] == "REJECT"), None)
+    out = next((r["checkpoint"] for r in rows if r["verdict"] == Verdict.REJECT), None)
     grows = "grows" if lo > 1 else "falls" if hi < 1 else "cannot be told from flat"
     return {
         "trend": {"ratio_last_first": ratio, "interval": [lo, hi], "reading": grows},
         "first_outside": out,
-        "first_uncertain": next((r["checkpoint"] for r in rows if r["verdict"] == "UNCERTAIN"), None),
+        "first_uncertain": next((r["checkpoint"] for r in rows if r["verdict"] == Verdict.UNCERTAIN), None),
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..budget.evidence import Verdict
 from ..core.errors import FP8ProbeError
 from ..core.metrics import excess
 from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
@@ -466,7 +467,7 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
     """(steps to target, (lo, hi), ratio of BF16's steps, (lo, hi), how, the seed-mean curve or None)."""
     assumed = "assumed: BF16's steps"
     if curves is None:
-        refused = cost is not None and cost["verdict"] == "REJECT"
+        refused = cost is not None and cost["verdict"] == Verdict.REJECT
         if refused:
             return None, (None, None), None, (None, None), "refused: REJECT", None
         return float(settings.steps), (None, None), 1.0, (None, None), assumed + " (no calibration)", None
@@ -476,7 +477,7 @@ def quality_steps(conf: Configuration, cost: dict | None, curves, budget, target
     if cost is None:
         s = steps_to(clean.mean(0), curves.steps, target)
         return s, (None, None), 1.0, (None, None), assumed + " (mismatch not measured)", clean.mean(0)
-    if cost["verdict"] == "REJECT":
+    if cost["verdict"] == Verdict.REJECT:
         return None, (None, None), None, (None, None), "refused: REJECT", None
     from ..budget.evidence import levels_of
 

@@ -371,3 +371,19 @@ def test_a_combination_holding_a_rejected_level_is_rejected():
     assert (v.verdict, v.rule) == ("REJECT", "level") and "fp8:FP8_DYNAMIC" in v.judged_on
     v = judge(0.4, (0.35, 0.45), b, 16, RolloutConfig(fp8="FP8_DYNAMIC", fp8_units="3 units x", kv="fp8"))
     assert v.rule == "ruler"
+
+
+def test_a_verdict_is_written_and_printed_as_its_name():
+    """check.json, plan.csv and the printed tables hold a verdict's bare name (Verdict is a str enum): json, an
+    f-string with a width (plan's table) and pandas' CSV all give "ADMIT", never "Verdict.ADMIT"."""
+    import json
+
+    import pandas as pd
+
+    from fp8probe.budget.evidence import Verdict
+
+    v = Verdict.UNCERTAIN
+    assert json.dumps({"verdict": v}) == '{"verdict": "UNCERTAIN"}'
+    assert f"{v}|{v:>11}|{str(v)}" == "UNCERTAIN|  UNCERTAIN|UNCERTAIN"
+    assert pd.DataFrame([{"verdict": v}]).to_csv(index=False) == "verdict\nUNCERTAIN\n"
+    assert v == "UNCERTAIN" and {"UNCERTAIN": 3}[v] == 3  # compared and looked up as its name
