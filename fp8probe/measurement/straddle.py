@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .measure import Measured, measure
+from .measure import Measured
 from .mismatch import response_positions, summarize
-from .perturbation import Perturbation
 
 
 def split_at(prompt_len: int, response_len: int) -> int:
@@ -42,11 +41,3 @@ def straddled(rollouts, older: Measured, newer: Measured) -> Measured:
     before = before_split(rollouts)
     stats = {k: torch.where(before.to(v.device), v, newer.stats[k]) for k, v in older.stats.items()}
     return Measured(summarize(stats), stats, older.prompt)
-
-
-@torch.no_grad()
-def measure_straddle(bench, old: Perturbation, new: Perturbation) -> Measured:
-    """Every metric of a response sampled by `old` up to halfway and by `new` after it (re-prefilled by `new`: the
-    module docstring), against the bench's reference on its rollouts."""
-    older, newer = measure(bench, old), measure(bench, new)
-    return straddled(bench.rollouts, older, newer)

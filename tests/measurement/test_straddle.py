@@ -11,8 +11,14 @@ from fp8probe.measurement.bench import Bench
 from fp8probe.measurement.measure import measure
 from fp8probe.measurement.mismatch import response_positions
 from fp8probe.measurement.perturbation import Perturbation
-from fp8probe.measurement.straddle import before_split, measure_straddle
+from fp8probe.measurement.straddle import before_split, straddled
 from fp8probe.model.rollouts import make_rollouts
+
+
+def measure_straddle(bench, old, new):
+    """A response sampled by `old` up to halfway and by `new` after it: the splice of the two plain figures, as
+    check --verl-async makes it (budget/admission.py _straddle)."""
+    return straddled(bench.rollouts, measure(bench, old), measure(bench, new))
 
 
 @pytest.fixture(scope="module")
