@@ -167,7 +167,7 @@ class PrefixShift:
         if not own.num_response_tokens:
             nan = dict.fromkeys(VERL_METRICS, float("nan"))
             return {**out, "kl_q_p_own": 0.0, "k3_own": 0.0, "kl_top20_own": 0.0, **nan}
-        ref_own = Reference(self.student, own, self.kw["batch_size"])
+        ref_own = Reference(self.student, own, self.kw["batch_size"], calibrate=False)
         ref_own.calibration = self.reference.calibration  # the engine's static scales stay what they were
         m = measure(Bench.around(ref_own, self.student, own, self.kw["batch_size"]), p, engine=self.engine)
         verl = verl_metrics(m.stats["logp_cand"], m.stats["logp_ref"], own.response_mask.sum(1))
