@@ -45,7 +45,6 @@ _HOMES = {
     "capacity": "deploy.capacity",
     "export": "deploy.export",
     "plan": "planning.plan",
-    "PlanCosts": "planning.plan",
     # settings (typed, validated on construction; the CLI's flags are generated from them)
     "ModelSource": "model.settings",
     "RolloutSettings": "model.settings",

@@ -221,6 +221,21 @@ class CliResult:
 
 
 @pytest.fixture
+def made_references(monkeypatch):
+    """The (sequences, KV strategy) of every reference pass made while a test runs."""
+    from fp8probe.measurement import reference as reference_module
+
+    got, real = [], reference_module.Reference.__init__
+
+    def counted(self, student, rollouts, *a, **kw):
+        got.append((rollouts.num_sequences, kw.get("kv_strategy", "tensor")))
+        real(self, student, rollouts, *a, **kw)
+
+    monkeypatch.setattr(reference_module.Reference, "__init__", counted)
+    return got
+
+
+@pytest.fixture
 def cli(capsys):
     """Run the fp8probe command line in this process (fast); returns exit code, stdout and stderr."""
     from fp8probe.cli import main

@@ -242,6 +242,7 @@ BENCH_VERBS = (
     "budget.series:measure_point",
     "sources.ladder:ladder",
     "planning.plan:measure_costs",
+    "planning.plan:plan",
 )
 BENCH_PARTS = {"student", "rollouts", "reference", "sampling", "batch_size"}
 

@@ -33,16 +33,7 @@ from pathlib import Path
 from ..core.files import atomic_write_text, check_writable, output_dir
 from ..core.records import PlanRecord
 from ..core.results import Result
-from ..planning.plan import (
-    COLUMNS,
-    PlanCosts,
-    PlanSettings,
-    check_plan,
-    has_weights,
-    measure_costs,
-    plan,
-    verl_async_lines,
-)
+from ..planning.plan import COLUMNS, PlanSettings, check_plan, has_weights, plan, verl_async_lines
 
 
 def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> PlanResult:
@@ -54,20 +45,20 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
 
     t0 = time.perf_counter()
     check_writable(out)
-    curves, budget = check_plan(settings, serving, model)
+    evidence = check_plan(settings, serving, model)  # (curves, budget): what cannot be planned, refused first
     measured = settings.measure and has_weights(model)
     if measured:
         check_inputs(model, rollouts, out)
-    cfg = model.check() if not measured else model.config()
+    else:
+        model.check()  # a config-only model: the config fp8probe supports, before any output
     with output_dir(out) as d:
-        costs = None
+        bench = None
         if measured:
             student, _ = load(model)
-            note = check_student(budget, student, settings.other_student)  # another student's budget: refused
+            check_student(evidence[1], student, settings.other_student)  # another student's budget: before rollouts
             r, _ = rollouts_for(student, rollouts, d, progress=progress)
             bench = Bench.of(student, r, rollouts)
-            costs = PlanCosts(measure_costs(bench, settings, budget, curves, model.allow_pickle, progress), bench, note)
-        record = plan(cfg, settings, serving, model.label, curves, budget, costs)
+        record = plan(bench, settings, serving, model, evidence=evidence, progress=progress)
         record = replace(record, seconds=round(time.perf_counter() - t0, 3))
         import pandas as pd
 

@@ -613,21 +613,37 @@ def time_to_target(
 
 
 @dataclass(frozen=True)
-class PlanCosts:
-    """What `plan` measured on the student's own rollouts (`measure_costs`): each configuration's cost by name, the
-    bench it was measured on (its rollouts' lengths model the step, its batch size the arithmetic), the budget's note
-    on the student."""
+class _Costs:
+    """What `plan` measured on the bench (`measure_costs`): each configuration's cost by name, the bench it was
+    measured on (its rollouts' lengths model the step, its batch size the arithmetic), the budget's note on the
+    student."""
 
     rows: dict[str, dict]
     bench: object  # measurement.bench.Bench
     student_note: str | None
 
 
-def plan(cfg, settings: PlanSettings, serving, label: str, curves, budget, costs: PlanCosts | None = None):
-    """The verb: each configuration of `settings` on the model of config `cfg` (`label` names it), served as
-    `serving` says, with its measured cost (`costs`; None: not measured), its modelled rollout and step, and its
-    steps and time to the target read off `curves` (None: BF16's steps assumed) -> PlanRecord (plan.json).
-    `check_plan` gives `curves` and `budget` and refuses what cannot be planned before any of this runs."""
+def plan(bench, settings: PlanSettings, serving, model, *, evidence: tuple | None = None, progress: bool = False):
+    """The verb: each configuration of `settings` on `model` (a ModelSource: its config, its label, whether a stale
+    checkpoint may be unpickled), served as `serving` says, with its cost measured on `bench` (measurement/bench.py:
+    the student's own rollouts, as `check` measures; None: not measured, e.g. a config-only model), its modelled
+    rollout and step, and its steps and time to the target read off the calibration's curves (none: BF16's steps
+    assumed) -> PlanRecord (plan.json). `evidence`: (curves, budget) as `check_plan` returns them, which refuses what
+    cannot be planned before any output exists (None: read here)."""
+    from ..budget.fit import check_student
+
+    curves, budget = evidence if evidence is not None else check_plan(settings, serving, model)
+    costs = None
+    if bench is not None:
+        note = check_student(budget, bench.student, settings.other_student)  # another student's budget: refused
+        rows = measure_costs(bench, settings, budget, curves, model.allow_pickle, progress)
+        costs = _Costs(rows, bench, note)
+    cfg = model.config() if bench is not None else model.check()
+    return _record(cfg, settings, serving, model.label, curves, budget, costs)
+
+
+def _record(cfg, settings: PlanSettings, serving, label: str, curves, budget, costs: _Costs | None):
+    """plan.json's record from the measured costs (None: not measured) and the models of the rollout and the step."""
     import time
 
     from ..core.artifacts import arithmetic, versions

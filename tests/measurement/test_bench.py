@@ -24,19 +24,6 @@ def setup():
     return st, make_rollouts(st, num_prompts=5, max_new_tokens=8, seed=0)
 
 
-@pytest.fixture
-def made(monkeypatch):
-    """The rollouts' sizes of every reference pass made while a test runs."""
-    got, real = [], reference_module.Reference.__init__
-
-    def counted(self, student, rollouts, *a, **kw):
-        got.append((rollouts.num_sequences, kw.get("kv_strategy", "tensor")))
-        real(self, student, rollouts, *a, **kw)
-
-    monkeypatch.setattr(reference_module.Reference, "__init__", counted)
-    return got
-
-
 def test_of_takes_the_rollouts_settings_and_the_length_falls_back_to_the_rollouts(setup):
     st, r = setup
     b = Bench.of(st, r, RolloutSettings(batch_size=3, seed=7, max_new_tokens=11))
@@ -48,7 +35,7 @@ def test_of_takes_the_rollouts_settings_and_the_length_falls_back_to_the_rollout
         Bench(st, r, 0)
 
 
-def test_one_reference_pass_serves_every_measurement_and_verb_on_a_bench(setup, made):
+def test_one_reference_pass_serves_every_measurement_and_verb_on_a_bench(setup, made_references):
     """A sweep, two measurements and an unsplit recipe search on one bench make one reference pass between them
     (seen failing with the bench's cache removed: four passes); a per-head KV strategy is a reference of its own, and
     a request for any strategy gets the one held."""
@@ -60,14 +47,14 @@ def test_one_reference_pass_serves_every_measurement_and_verb_on_a_bench(setup, 
     assert first.metrics == again.metrics
     whole = float(table[table.unit == "model.fp8_all"].kl_q_p.iloc[0])
     make_recipe(table, bench, RecipeSettings(budget=whole / 2, holdout=0, refine=0, engine="none"))
-    assert made == [(r.num_sequences, "tensor")]
+    assert made_references == [(r.num_sequences, "tensor")]
     head = Perturbation(kv_layers=tuple(st.layers), kv=KVCacheScheme(strategy="head"))
     measure(bench, head)
-    assert made == [(r.num_sequences, "tensor"), (r.num_sequences, "head")]
+    assert made_references == [(r.num_sequences, "tensor"), (r.num_sequences, "head")]
     assert bench.reference() is bench.reference("tensor") is not bench.reference("head")
 
 
-def test_the_same_figure_on_a_fresh_bench_and_around_a_given_reference(setup, made):
+def test_the_same_figure_on_a_fresh_bench_and_around_a_given_reference(setup, made_references):
     """A bench around a reference hands that one to every request, whatever the strategy (its caller's to match);
     its figures are a fresh bench's, to the bit."""
     st, r = setup
@@ -76,7 +63,7 @@ def test_the_same_figure_on_a_fresh_bench_and_around_a_given_reference(setup, ma
     assert around.reference("head", per_sequence=True) is given and around.reference() is given
     p = Perturbation(tuple(st.unit_names), Scheme.from_name("FP8"), tuple(st.layers), KVCacheScheme())
     assert measure(around, p).metrics == measure(Bench(st, r), p).metrics
-    assert len(made) == 2  # the given one and the fresh bench's
+    assert len(made_references) == 2  # the given one and the fresh bench's
 
 
 def test_a_held_out_split_measures_on_its_own_prompts(setup):

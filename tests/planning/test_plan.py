@@ -572,3 +572,35 @@ def test_verl_async_rows_mix_the_lags(cli, tiny_dirs, tmp_path):
     want = 0.5 * (lag["1"]["measured"] + lag["2"]["measured"])
     assert row["bf16 + verl async"]["mismatch"] == pytest.approx(want, rel=1e-6)
     assert row["bf16 + verl async"]["mismatch_source"].startswith("measured: verl's trainer-bound lags")
+
+
+def test_the_plan_verb_measures_each_configuration_on_the_bench_it_is_given(tiny_dirs, made_references):
+    """`plan(bench, settings, serving, model)` from Python: each configuration's cost is the mismatch `measure` gives
+    for it on that bench (whole-model FP8 measured here apart, by hand: every unit the scheme fits), BF16 costs
+    nothing, and the bench's one reference pass serves them all; without a bench nothing is measured. Seen failing
+    with the verb measuring on a bench of its own (a second reference pass) and with the bench's rows dropped."""
+    from fp8probe import Bench, measure, plan
+    from fp8probe.core.metrics import excess
+    from fp8probe.core.schemes import Scheme
+    from fp8probe.deploy.serving import Serving
+    from fp8probe.measurement.perturbation import Perturbation
+    from fp8probe.model.rollouts import make_rollouts
+    from fp8probe.model.settings import ModelSource
+    from fp8probe.planning.plan import PlanSettings
+
+    model = ModelSource(str(tiny_dirs["llama"]))
+    student = model.load()
+    bench = Bench(student, make_rollouts(student, num_prompts=4, max_new_tokens=8, seed=0))
+    settings = PlanSettings(fp8=("FP8_DYNAMIC",), budget="2.0", train_step_s=0.5, response_len=256)
+    record = plan(bench, settings, Serving(gpu="H100"), model)
+    rows = {r["configuration"]: r for r in record.rows}
+    assert set(rows) == {"bf16", "fp8 FP8_DYNAMIC"}
+    scheme = Scheme.from_name("FP8_DYNAMIC")
+    by_hand = measure(bench, Perturbation(tuple(u.name for u in student.quantizable), scheme))
+    fp8 = rows["fp8 FP8_DYNAMIC"]
+    assert fp8["mismatch"] == pytest.approx(excess("kl_q_p", by_hand.metrics["kl_q_p"]), rel=1e-6)
+    assert [fp8["mismatch_lo"], fp8["mismatch_hi"]] == pytest.approx(by_hand.excess_interval("kl_q_p"), rel=1e-6)
+    assert fp8["mismatch"] > 0 and rows["bf16"]["mismatch"] == 0.0
+    assert len(made_references) == 1  # the bench's own reference, for the verb and for the measurement by hand
+    unmeasured = plan(None, settings, Serving(gpu="H100"), model)
+    assert all(r["mismatch"] is None and r["mismatch_source"] == "not measured" for r in unmeasured.rows)
