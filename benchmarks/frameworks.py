@@ -41,6 +41,11 @@ KEYS = {
     "verl-fully-async": "`verl.experimental.fully_async_policy.fully_async_main`, "
     "`async_training.{staleness_threshold, trigger_parameter_sync_step, partial_rollout}`, "
     "`{rollout,trainer}.n_gpus_per_node`, `rollout_rs`",
+    "verl-separate-async": "`trainer.v1.{trainer_mode=separate_async, separate_async.{parameter_sync_step, "
+    "num_warmup_batches}, sampler.max_off_policy_threshold}`, the rollout pool and `checkpoint_engine.backend=nccl`, "
+    "`rollout_is=token`",
+    "verl-colocate-async": "`trainer.v1.{trainer_mode=colocate_async, colocate_async.num_warmup_batches, "
+    "sampler.max_off_policy_threshold}`, `rollout_is=token`",
     "nemo-rl": "`policy.generation.vllm_cfg.{precision, kv_cache_dtype, num_first_layers_in_bf16, "
     "num_last_layers_in_bf16, quantization_ignored_layer_kws}`, `loss_fn.truncated_importance_sampling_*`",
     "slime": "`tools/convert_hf_to_fp8.py --strategy block`, `--sglang-kv-cache-dtype`, `--use-tis --tis-clip`",

@@ -95,7 +95,7 @@ def run_check(model, rollouts, settings: CheckSettings, out, progress: bool = Fa
         r, _ = rollouts_for(student, rollouts, d, progress=progress, saved=inputs.rollouts)
         named, bench = sc.sources(student, model.allow_pickle, settings.stale_steps), Bench.of(student, r, rollouts)
         if settings.verl_async:
-            name, lags = async_configuration(student, named, settings.stale_steps, settings.verl)
+            name, lags = async_configuration(student, named, settings.stale_steps, settings.verl.on(r))
             report = check_async(bench, name, budget, lags, engine=sc.engine, teacher=teacher)
         else:
             config = named[0] if len(named) == 1 else combine(named)

@@ -129,7 +129,6 @@ def check_async(
     `verl_async` holds the lags, both regimes and every lag's own figure."""
     from dataclasses import replace
 
-    from ..core.verl_lags import REGIMES
     from ..measurement.measure import Mixture, measure
     from ..sources.sources import merge
 
@@ -137,7 +136,7 @@ def check_async(
     judged_engine = budget.scale["engine"] if budget.scale else engine
     at = {k: measure(bench, lags.at(k), engine=judged_engine) for k in lags.support()}
     regimes = {}
-    for regime in REGIMES:
+    for regime in lags.spec.regimes:
         mix = Mixture([(share, at[k]) for k, share in lags.spec.lags(regime).items()])
         summary = lags.spec.summary(regime)
         regimes[regime] = {
@@ -147,7 +146,7 @@ def check_async(
             "interval": mix.excess_interval(metric),
             "metrics": mix.metrics,
         }
-    judged = regimes[REGIMES[0]]
+    judged = regimes[lags.spec.regimes[0]]
     p90 = judged["p90"]
     beside = Source(f"{name} at lag {p90}", "stale", lags.at(p90), config=RolloutConfig(stale=p90 or None))
     report = check(bench, beside, budget, engine=engine, teacher=teacher)
@@ -159,7 +158,8 @@ def check_async(
         "keys": lags.spec.describe(),
         "stale_steps": lags.steps,
         "path": lags.path(),
-        "judged": REGIMES[0],
+        "judged": lags.spec.regimes[0],
+        "dropped": getattr(lags.spec, "dropped", None),  # the share of finished groups verl drops as too stale
         "regimes": regimes,
         "lags": {
             str(k): {"measured": excess(metric, m.metrics[metric]), "interval": m.excess_interval(metric)}

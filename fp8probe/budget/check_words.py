@@ -90,13 +90,15 @@ def verl_async_lines(report: CheckRecord) -> list[str]:
     a = report.verl_async
     if not a:
         return []
-    out = [f"verl fully-async ({a['keys']}), lags in trainer steps:"]
+    out = [f"verl async ({a['keys']}):"]
     for regime, r in a["regimes"].items():
         lo, hi = r["interval"]
         out.append(
             f"  {regime}: mean {r['mean']:.2f}, p50 {r['p50']}, p90 {r['p90']}, max {r['max']}; the mixture's "
             f"{report.metric} {r['measured']:.4g} [{lo:.4g}, {hi:.4g}]" + (" (judged)" if regime == a["judged"] else "")
         )
+    if a.get("dropped"):
+        out.append(f"  {a['dropped']:.1%} of finished prompt groups dropped as spanning more than max_off_policy steps")
     each = ", ".join(f"{k}: {v['measured']:.4g}" for k, v in a["lags"].items())
     out.append(f"  each lag's own {report.metric}: {each}; beside the verdict: lag {a['beside_at_lag']}'s figures")
     st = a.get("straddle")

@@ -1,6 +1,7 @@
 """verl's asynchronous rollouts as the lags they give each sample (the one model the export's comments and `check
 --verl-async` read): `--verl-async trigger=T,staleness=S[,partial]`
-(the experimental fully-async policy) or `--verl-async v1:...` (the v1 trainer's separate_async, below).
+(the experimental fully-async policy), `--verl-async v1:...` (the v1 trainer's separate_async, below) or
+`--verl-async v1-colocate:...` (its colocate_async: VerlV1Colocate, whose lags depend on the responses' lengths).
 
 verl 0.9.1's fully-async rollouter (verl/experimental/fully_async_policy/fully_async_rollouter.py) syncs the trainer's
 weights to the rollout engine every `async_training.trigger_parameter_sync_step` (T) trainer steps, and between two
@@ -28,14 +29,16 @@ and resumes them: a resumed response is re-prefilled by the new weights, so only
 sync older, a plain lag's figure), and a prompt whose span of steps exceeds M is dropped. A lag here is in optimizer
 updates (local updates), which a `stale` checkpoint's age must count too:
 
-    trainer-bound   the rollout generates each batch as soon as it joins: the queue holds W batches (Q = S x floor(W)
-                    mini-batches; verl adds a fractional warmup in whole gen_batch_size chunks, by default train
-                    batches), so local update j of a step trains on weights Q + j updates old: uniform on Q .. Q+S-1
+    trainer-bound   the rollout generates each batch as soon as it joins: the queue holds W batches (Q = floor(W x S)
+                    mini-batches: verl 0.9.1 queues floor(W x train_batch_size) warmup prompts, its async modes
+                    forcing gen_batch_size to 1; 0.9.0 takes whole batches only), so local update j of a step trains
+                    on weights Q + j updates old: uniform on Q .. Q+S-1 (a fractional W x S rounded down)
     rollout-bound   the trainer waits for samples: each was finished with the last synced weights, lag j: 0 .. S-1
 
 With `decoupled` (verl's default Decoupled PPO: the trainer recomputes the old log-probs with the weights of the
-step's start, held for all S updates) the lag that meets the rollout's log-probs is to those weights: Q (trainer-bound)
-or 0 (rollout-bound); without it (bypass mode: the rollout's log-probs are the ratio's denominator) the lags above.
+step's start, held for all S updates) the lag that meets the rollout's log-probs is to those weights: with Q = q S + r,
+q S for S - r of the mini-batches and (q + 1) S for the other r (trainer-bound), or 0 (rollout-bound); without it
+(bypass mode: the rollout's log-probs are the ratio's denominator) the lags above.
 
 Resumed responses: at every sync both trainers abort the requests in flight and send each again as prompt + its tokens
 so far, re-prefilled by the new weights (the fully-async policy with `partial` = `async_training.partial_rollout`,
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import FP8ProbeError
 
@@ -57,7 +61,9 @@ HELP = (
     "verl's fully-async policy: trigger=T,staleness=S[,partial] (async_training.trigger_parameter_sync_step, "
     "staleness_threshold, partial_rollout), lags in trainer steps; or its v1 trainer's separate_async: "
     "v1:sync=S,warmup=W,max_off_policy=M,decoupled (parameter_sync_step, num_warmup_batches, "
-    "max_off_policy_threshold, Decoupled PPO; the last two optional), lags in optimizer updates"
+    "max_off_policy_threshold, Decoupled PPO; the last two optional), lags in optimizer updates; or its "
+    "colocate_async: v1-colocate:warmup=W,max_off_policy=M,batch=B (num_warmup_batches, max_off_policy_threshold, "
+    "data.train_batch_size; the last two optional), lags per token in trainer steps, scheduled on the rollouts"
 )
 
 
@@ -83,6 +89,12 @@ class VerlAsync:
     trigger: int
     staleness: float
     partial: bool = False
+    regimes = REGIMES  # the lags either bound gives (the verdict on the first)
+    overlaps = True  # rollout and training run at once, on pools of their own
+
+    def on(self, rollouts) -> VerlAsync:
+        """These keys on the rollouts (their lags do not depend on the responses' lengths)."""
+        return self
 
     @classmethod
     def parse(cls, text: str) -> VerlAsync:
@@ -129,7 +141,7 @@ class VerlAsync:
 
     def describe(self) -> str:
         keys = f"trigger_parameter_sync_step {self.trigger}, staleness_threshold {self.staleness:g}"
-        return keys + (", partial_rollout" if self.partial else "")
+        return keys + (", partial_rollout" if self.partial else "") + "; lags in trainer steps"
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,12 @@ class VerlV1Async:
     # update_weights aborts the requests in flight, frees the KV cache, syncs and resumes them, re-prefilled by the new
     # weights: a resumed response's earlier tokens are a sync older (measurement/straddle.py), as with partial_rollout
     partial = True
+    regimes = REGIMES
+    overlaps = True
+
+    def on(self, rollouts) -> VerlV1Async:
+        """These keys on the rollouts (their lags do not depend on the responses' lengths)."""
+        return self
 
     @property
     def trigger(self) -> int:
@@ -175,15 +193,15 @@ class VerlV1Async:
         spec = cls(sync, warmup, limit, decoupled)
         if spec.drops_warmup:
             raise FP8ProbeError(
-                f"`verl_async` {text}: a prompt waits floor(warmup) + 1 = {spec.waits} steps, over "
+                f"`verl_async` {text}: a prompt waits ceil(warmup) + 1 = {spec.waits} steps, over "
                 f"max_off_policy {limit}: verl would drop every batch the warmup window holds; raise max_off_policy"
             )
         return spec
 
     @property
     def waits(self) -> int:
-        """The steps a prompt spans in the queue: floor(warmup) + 1."""
-        return math.floor(self.warmup) + 1
+        """The most steps a prompt spans in the queue: ceil(warmup) + 1 (W x B prompts ahead of it)."""
+        return math.ceil(self.warmup) + 1
 
     @property
     def drops_warmup(self) -> bool:
@@ -193,9 +211,10 @@ class VerlV1Async:
     def lags(self, regime: str = "trainer-bound") -> dict[int, float]:
         """lag (optimizer updates) -> the share of samples trained at that lag, in `regime` (module docstring)."""
         s = self.sync
-        queued = s * math.floor(self.warmup) if regime == "trainer-bound" else 0
-        if self.decoupled:
-            return {queued: 1.0}
+        queued = math.floor(self.warmup * s) if regime == "trainer-bound" else 0
+        if self.decoupled:  # to the step's start: whole steps back, r of the S mini-batches one step further
+            q, r = divmod(queued, s)
+            return {q * s: (s - r) / s, **({(q + 1) * s: r / s} if r else {})}
         return {queued + j: 1 / s for j in range(s)}
 
     def summary(self, regime: str = "trainer-bound") -> dict:
@@ -216,8 +235,204 @@ class VerlV1Async:
         )
 
 
+EQUAL_LENGTH = 256  # the response length of the schedule without the rollouts' lengths (every response alike)
+SCHEDULED_STEPS = 240  # colocate_async: trainer steps simulated ...
+SETTLING_STEPS = 16  # ... the first ones left out (the warmup's start, not the steady state)
+
+
+@dataclass(frozen=True)
+class VerlV1Colocate:
+    """verl's v1 colocate_async keys (`--verl-async v1-colocate:warmup=W[,max_off_policy=M][,batch=B]`:
+    trainer.v1.trainer_mode=colocate_async, colocate_async.num_warmup_batches, sampler.max_off_policy_threshold,
+    data.train_batch_size in prompts) and the lags they give each response token, in trainer steps.
+
+    verl 0.9.1's loop (verl/trainer/ppo/v1/trainer_colocate_async.py on trainer_base.py and replay_buffer.py): the
+    rollout and the trainer share the GPUs and take turns. W train batches of prompts are queued before the first
+    step; each step queues one more, then the rollout generates (with the weights of the step's start) until B prompt
+    groups are finished, and the sampler takes the B oldest finished (by the step they were queued in; a finished
+    group that spans more than M steps is dropped and a new prompt queued in its place); every request still in
+    flight is aborted, the rollout sleeps, the trainer makes its one update, the weights are synced, and the aborted
+    requests resume (re-prefilled by the new weights). So a token's lag is the steps between the phase that sampled
+    it and the step that trains it: 0 for what the last phase sampled, more for a long response's earlier tokens and
+    for a group that finished but was not taken. The lags depend on the responses' lengths: the schedule is
+    simulated (MODELLED: every request in flight decodes one token per engine step, no queueing) over
+    SCHEDULED_STEPS steps from the rollouts' own groups (`lengths`: per prompt, its responses' lengths; drawn in a
+    seeded shuffle, epoch by epoch), the first SETTLING_STEPS left out; without lengths every response has
+    EQUAL_LENGTH tokens (then W = 1 gives half the groups lag 0 and half lag 1). Each step is one update and one
+    sync, so the Decoupled-PPO and bypass losses meet the same lags, and a resumed response's earlier tokens are at
+    their own lags here (no separate straddle figure)."""
+
+    warmup: float = 1.0
+    max_off_policy: int | None = 8
+    batch: int = 64
+    lengths: tuple[tuple[int, ...], ...] | None = None  # per prompt group: its responses' lengths (None: equal)
+    partial = False  # resumed responses are in the lags themselves
+    trigger = 1  # a sync every step
+    regimes = ("scheduled",)  # one schedule: the rollout and the trainer take turns, neither waits on the other
+    overlaps = False  # ... on the same GPUs
+
+    @classmethod
+    def parse(cls, text: str) -> VerlV1Colocate:
+        """`v1-colocate:warmup=W[,max_off_policy=M|none][,batch=B]` (one clear line for anything else)."""
+        usage = "give v1-colocate:warmup=W[,max_off_policy=M][,batch=B]"
+        fields = {}
+        for part in (p.strip() for p in text.split(":", 1)[1].split(",") if p.strip()):
+            key, eq, value = part.partition("=")
+            if not eq or key not in ("warmup", "max_off_policy", "batch") or key in fields:
+                raise FP8ProbeError(f"`verl_async` {text}: {usage} (not {part!r})")
+            fields[key] = value
+        try:
+            warmup, batch = float(fields.get("warmup", 1)), int(fields.get("batch", 64))
+            m = fields.get("max_off_policy", "8")
+            limit = None if m in ("none", "null") else int(m)
+        except ValueError as e:
+            raise FP8ProbeError(f"`verl_async` {text}: {usage} (W a number, M and B whole numbers)") from e
+        if not (math.isfinite(warmup) and warmup >= 0) or batch < 1 or (limit is not None and limit < 1):
+            raise FP8ProbeError(f"`verl_async` {text}: warmup >= 0, batch >= 1 and max_off_policy >= 1 (or none)")
+        spec = cls(warmup, limit, batch)
+        if spec.drops_warmup:
+            raise FP8ProbeError(
+                f"`verl_async` {text}: a warmup prompt waits ceil(warmup) + 1 = {spec.waits} steps, over "
+                f"max_off_policy {limit}: verl would drop every batch the warmup window holds; raise max_off_policy"
+            )
+        return spec
+
+    @property
+    def waits(self) -> int:
+        return math.ceil(self.warmup) + 1
+
+    @property
+    def drops_warmup(self) -> bool:
+        return self.max_off_policy is not None and self.waits > self.max_off_policy
+
+    def on(self, rollouts) -> VerlV1Colocate:
+        """These keys on the rollouts' own response lengths (per prompt group)."""
+        from dataclasses import replace
+
+        groups = rollouts.prompt_groups().tolist()
+        lengths = rollouts.response_mask.sum(1).tolist()
+        by_group: dict[int, list[int]] = {}
+        for g, n in zip(groups, lengths):
+            by_group.setdefault(g, []).append(max(int(n), 1))
+        return replace(self, lengths=tuple(tuple(v) for _, v in sorted(by_group.items())))
+
+    @cached_property
+    def scheduled(self) -> dict:
+        """schedule(), made once."""
+        return self.schedule()
+
+    def schedule(self) -> dict:
+        """The simulated schedule (class docstring): `lags` (lag -> share of the trained tokens), `dropped` (the share
+        of finished groups dropped as too stale) and what it assumed."""
+        import heapq
+
+        import numpy as np
+
+        pool = list(self.lengths) if self.lengths else [(EQUAL_LENGTH,)]
+        rng, order = np.random.default_rng(0), []
+
+        def draw() -> tuple[int, ...]:
+            if not order:
+                order.extend(rng.permutation(len(pool)).tolist())
+            return pool[order.pop()]
+
+        serial = iter(range(1 << 62))
+        # a group: [queued step, serial, lengths, tokens made so far per response, [(phase, tokens)] per response]
+        running: dict[int, list] = {}  # serial -> a group queued or in flight
+        finished: list[list] = []  # finished, not yet taken
+        tokens: dict[int, int] = {}
+        taken_groups = dropped = 0
+
+        def queue(step: int, n: int) -> list[list]:
+            made = []
+            for _ in range(n):
+                ls = draw()
+                g = [step, next(serial), ls, [0] * len(ls), [[] for _ in ls]]
+                running[g[1]] = g
+                made.append(g)
+            return made
+
+        queue(1, math.floor(self.warmup * self.batch))  # verl 0.9.1: floor(W x B) prompts (gen_batch_size 1)
+        for step in range(1, SCHEDULED_STEPS + 1):
+            queue(step, self.batch)
+
+            def stale(g) -> bool:
+                return self.max_off_policy is not None and step - g[0] + 1 > self.max_off_policy
+
+            for g in [g for g in finished if stale(g)]:  # evicted before sampling, a new prompt in each place
+                finished.remove(g)
+                dropped += 1
+                queue(step, 1)
+            # the phase: every request in flight decodes one token per engine step until B groups are finished
+            started = dict.fromkeys(running, 0)
+            heap = [(max(n - m for n, m in zip(g[2], g[3])), k) for k, g in running.items()]
+            heapq.heapify(heap)
+            now = 0
+            while heap and len(finished) < self.batch:  # a group done at the last tick: popped next phase, at 0
+                now, k = heapq.heappop(heap)
+                g = running.pop(k)
+                self._advance(g, step, now - started[k])
+                if stale(g):
+                    dropped += 1
+                    (fresh,) = queue(step, 1)
+                    started[fresh[1]] = now
+                    heapq.heappush(heap, (now + max(fresh[2]), fresh[1]))
+                else:
+                    finished.append(g)
+            for k, g in running.items():  # aborted at the phase's end, resumed next step
+                self._advance(g, step, now - started[k])
+            finished.sort(key=lambda g: (g[0], g[1]))
+            taken, finished[:] = finished[: self.batch], finished[self.batch :]
+            taken_groups += len(taken)
+            if step > SETTLING_STEPS:
+                for g in taken:
+                    for segments in g[4]:
+                        for phase, n in segments:
+                            tokens[step - phase] = tokens.get(step - phase, 0) + n
+        total = sum(tokens.values())
+        return {
+            "lags": {k: tokens[k] / total for k in sorted(tokens)},
+            "dropped": dropped / max(taken_groups + dropped, 1),
+            "lengths": "the rollouts' own" if self.lengths else "every response alike",
+        }
+
+    @staticmethod
+    def _advance(g: list, phase: int, ticks: int) -> None:
+        """Group `g`'s responses decode `ticks` more tokens each (those unfinished), stamped with `phase`."""
+        for i, (n, m) in enumerate(zip(g[2], g[3])):
+            made = min(ticks, n - m)
+            if made > 0:
+                g[3][i] += made
+                g[4][i].append((phase, made))
+
+    def lags(self, regime: str = "trainer-bound") -> dict[int, float]:
+        """lag (trainer steps) -> the share of trained tokens at that lag; one schedule, either regime (the rollout
+        and the trainer take turns)."""
+        return self.scheduled["lags"]
+
+    @property
+    def dropped(self) -> float:
+        """The share of finished groups verl drops as spanning more than max_off_policy steps."""
+        return self.scheduled["dropped"]
+
+    def summary(self, regime: str = "trainer-bound") -> dict:
+        return _summary(self.lags(regime))
+
+    def key(self) -> str:
+        limit = "none" if self.max_off_policy is None else self.max_off_policy
+        return f"v1-colocate:warmup={self.warmup:g},max_off_policy={limit},batch={self.batch}"
+
+    def describe(self) -> str:
+        limit = "none" if self.max_off_policy is None else str(self.max_off_policy)
+        lengths = f"{len(self.lengths)} prompt groups' response lengths" if self.lengths else "responses alike"
+        return (
+            f"v1 colocate_async: num_warmup_batches {self.warmup:g}, max_off_policy_threshold {limit}, "
+            f"train_batch_size {self.batch}; lags per token in trainer steps, the schedule MODELLED on {lengths}"
+        )
+
+
 # the forms `--verl-async` takes, by their prefix ("" : the experimental fully-async policy)
-MODES = {"v1": VerlV1Async.parse, "": VerlAsync.parse}
+MODES = {"v1": VerlV1Async.parse, "v1-colocate": VerlV1Colocate.parse, "": VerlAsync.parse}
 
 
 def parse_verl_async(text: str):

@@ -14,7 +14,7 @@ from ..core.schemes import KV_CACHE_DTYPES, SCHEMES
 from ..core.settings import Settings, opt
 from ..core.units import GiB
 from ..core.verl_lags import HELP as VERL_ASYNC_HELP
-from ..core.verl_lags import REGIMES, parse_verl_async
+from ..core.verl_lags import parse_verl_async
 from ..deploy import throughput as tp_model
 
 COLUMNS = [
@@ -137,6 +137,12 @@ class PlanSettings(Settings):
         super().__post_init__()
         verl = parse_verl_async(self.verl_async) if self.verl_async else None
         object.__setattr__(self, "verl", verl)
+        if verl and not verl.overlaps:
+            raise FP8ProbeError(
+                f"`verl_async` {self.verl_async}: plan models an asynchronous step as rollout and training at once; "
+                "in colocate_async they take turns on the same GPUs, a step plan does not model; "
+                "`fp8probe check --verl-async` judges its lags"
+            )
         if verl and self.async_steps:
             raise FP8ProbeError("give `async_steps` (one lag each) or `verl_async` (verl's mixture of lags), not both")
         if verl and self.stale and (len(self.stale) != 1 or self.stale_steps is None):
@@ -155,7 +161,7 @@ class PlanSettings(Settings):
         )
         kvs = [None, *self.kv_cache_dtype]
         stale = [0, *self.async_steps]
-        lags = tuple(verl.lags(REGIMES[0]).items()) if verl else ()
+        lags = tuple(verl.lags(verl.regimes[0]).items()) if verl else ()
         configs = []
         for w in weights:
             for kv in kvs:
@@ -414,13 +420,13 @@ def verl_async_record(settings: PlanSettings) -> dict | None:
     if settings.verl is None:
         return None
     regimes = {}
-    for regime in REGIMES:
+    for regime in settings.verl.regimes:
         sm = settings.verl.summary(regime)
         regimes[regime] = {
             **{k: sm[k] for k in ("mean", "p50", "p90", "max")},
             "lags": {str(k): w for k, w in sm["lags"].items()},
         }
-    return {"keys": settings.verl.describe(), "rows": REGIMES[0], "regimes": regimes}
+    return {"keys": settings.verl.describe(), "rows": settings.verl.regimes[0], "regimes": regimes}
 
 
 def verl_async_lines(record: dict | None) -> list[str]:
@@ -430,7 +436,7 @@ def verl_async_lines(record: dict | None) -> list[str]:
         f"{regime} mean {r['mean']:.2f}, p50 {r['p50']}, p90 {r['p90']}, max {r['max']}"
         for regime, r in record["regimes"].items()
     ]
-    return [f"verl fully-async ({record['keys']}), lags in trainer steps: {'; '.join(parts)} (rows: {record['rows']})"]
+    return [f"verl async ({record['keys']}): {'; '.join(parts)} (rows: {record['rows']})"]
 
 
 def _kinds(conf: Configuration) -> tuple[str, ...]:
@@ -555,7 +561,7 @@ def check_plan(settings: PlanSettings, serving, model) -> tuple:
                 "`verl_async` needs the mismatch of stale weights: one `stale` checkpoint with `stale_steps`, or a "
                 "`calibration` with a stale:K level for every lag"
             )
-        for k in settings.verl.lags(REGIMES[0]):
+        for k in settings.verl.lags(settings.verl.regimes[0]):
             if k:
                 curves.stale_runs(f"stale:{k}")
     if measured and settings.async_steps and not settings.stale:

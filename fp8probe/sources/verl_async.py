@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.errors import FP8ProbeError
-from ..core.verl_lags import REGIMES, VerlAsync
+from ..core.verl_lags import VerlAsync
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class AsyncLags:
 
     def support(self) -> list[int]:
         """Every lag either regime trains at (the rollout-bound lags are the trainer-bound ones' first T at S = 0)."""
-        return sorted({k for r in REGIMES for k in self.spec.lags(r)})
+        return sorted({k for r in self.spec.regimes for k in self.spec.lags(r)})
 
     def straddled(self) -> list[int]:
         """With `partial`: the lags of a straddling response's prefix (a sync, T steps, older than its suffix)."""

@@ -297,6 +297,38 @@ def test_verl_v1_separate_async_judges_its_lags(cli, tiny_dirs, tmp_path):
     assert st["measured"] == pytest.approx(0.5 * (st["lags"]["2"] + st["lags"]["3"]), rel=1e-9)
 
 
+def test_verl_v1_colocate_async_judges_the_lags_its_schedule_gives_the_rollouts(cli, tiny_dirs, tmp_path):
+    """verl's v1 colocate_async (one warmup batch, two prompt groups a batch) with a checkpoint 1 step old: the lags
+    are the schedule's on the check's own rollouts (their response lengths, VerlV1Colocate.on), one regime, no
+    separate straddle figure (a resumed response's earlier tokens are at their own lags); lag 1 is the checkpoint (a
+    plain `check --stale` of it) and the verdict's figure the lags' figures weighted by their token shares, by hand.
+    Seen failing with the schedule made on responses alike (on() skipped)."""
+    from fp8probe.core.verl_lags import VerlV1Colocate
+    from fp8probe.model.rollouts import load_rollouts
+
+    older_checkpoint(tiny_dirs["llama"], tmp_path / "old")
+    common = [tiny_dirs["llama"], "--budget", "0.5", "--stale", tmp_path / "old", "--num-prompts", 6]
+    common += ["--max-new-tokens", 24, "--samples-per-prompt", 2]
+    r = cli("-q", "check", *common, "--out", tmp_path / "plain")
+    plain = json.loads((tmp_path / "plain" / "check.json").read_text())["measured"]
+    args = ["--verl-async", "v1-colocate:warmup=1,batch=2", "--stale-steps", 1]
+    r = cli("check", *common, "--out", tmp_path / "colocate", *args)
+    assert r.code in (0, 1, 3), r.err
+    rep = json.loads((tmp_path / "colocate" / "check.json").read_text())
+    a = rep["verl_async"]
+    rollouts = load_rollouts(tmp_path / "colocate")
+    want = VerlV1Colocate(1.0, 8, 2).on(rollouts)
+    assert len(set(want.lengths)) > 1  # the responses differ, so the schedule is not the one of responses alike
+    assert set(a["regimes"]) == {"scheduled"} and a["judged"] == "scheduled" and "straddle" not in a
+    shares = {int(k): v for k, v in a["regimes"]["scheduled"]["lags"].items()}
+    assert shares == pytest.approx(want.lags()) and shares != pytest.approx(VerlV1Colocate(1.0, 8, 2).lags())
+    lag = {int(k): v["measured"] for k, v in a["lags"].items()}
+    assert lag[0] == 0 and lag[1] == pytest.approx(plain, rel=1e-5)
+    assert rep["measured"] == pytest.approx(sum(w * lag[k] for k, w in shares.items()), rel=1e-9)
+    assert "v1 colocate_async" in a["keys"] and "6 prompt groups' response lengths" in a["keys"]
+    assert a["dropped"] == want.dropped and "verl async (v1 colocate_async" in r.out
+
+
 def test_identity_follows_what_the_model_computes():
     """The version-2 hash: a trainer's save with `use_cache: false`, another `_name_or_path` or `return_dict` is the
     same student; one changed weight, another rms_norm_eps or one more token in the vocabulary is not. Version 1 (what

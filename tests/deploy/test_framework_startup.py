@@ -69,7 +69,8 @@ def start(python: Path, jobs: list[tuple[str, list[str]]]) -> list[dict]:
     return got
 
 
-CASES = {  # target -> (verl's entry point, the export's options, the key verl asserts on that a planted defect drops)
+CASES = {  # target -> (verl's entry point, the export's options, the key verl asserts on that a planted defect drops,
+    # or KEY=WRONG: the key's value a planted defect replaces)
     "verl": ("main_ppo", None, "actor_rollout_ref.rollout.name"),
     "verl-sglang": ("main_ppo", None, "actor_rollout_ref.rollout.name"),
     "verl-opd": ("main_ppo", VerlSettings(teacher="TEACHER"), "distillation.nnodes"),
@@ -78,6 +79,7 @@ CASES = {  # target -> (verl's entry point, the export's options, the key verl a
     "verl-fully-async-opd": ("fully_async", VerlSettings(teacher="TEACHER", teacher_gpus=4), "data.train_batch_size"),
     "verl-kv-map": ("main_ppo", None, None),  # a recipe keeping layers 0 and 3's KV cache BF16 (#75)
     "verl-separate-async": ("main_ppo", None, "actor_rollout_ref.rollout.checkpoint_engine.backend"),
+    "verl-colocate-async": ("main_ppo", None, "trainer.v1.trainer_mode=colocate-async"),  # not a registered mode
 }
 KV_SKIP = [0, 3]
 
@@ -106,10 +108,11 @@ def started(verl_python, tiny_dirs, student) -> dict[str, tuple[dict, dict | Non
         where[case] = [len(jobs), None, 0]
         jobs.append((entry, user_config(model) + lines))
         if key is not None:
+            key, eq, wrong = key.partition("=")
             planted = [x for x in lines if not x.lstrip("+").startswith(key + "=")]
             base = [x for x in user_config(model) if not x.startswith(key + "=")]
             where[case][1:] = [len(jobs), len(lines) - len(planted)]
-            jobs.append((entry, base + planted))
+            jobs.append((entry, base + planted + ([f"{key}={wrong}"] if eq else [])))
     got = start(verl_python, jobs)
     return {c: (got[i], None if j is None else got[j], n) for c, (i, j, n) in where.items()}
 
@@ -127,10 +130,13 @@ def test_each_verl_export_passes_verls_own_start_up(started, case):
     got, bad, dropped = started[case]
     assert got["ok"], got
     assert any("compose" in c for c in got["checked"]) and len(got["checked"]) >= 4, got["checked"]
+    if case.endswith("-async") and case.startswith("verl-") and "fully" not in case:  # the v1 trainer of its mode
+        mode = case.removeprefix("verl-").replace("-", "_")
+        assert any(c.endswith(f"__init__ ({mode})") for c in got["checked"]), got["checked"]
     if key is None:
         return
-    assert dropped == 1, f"the export writes {key} once"
-    assert not bad["ok"], f"{case}: verl started without {key}"
+    assert dropped == 1, f"the export writes {key.partition('=')[0]} once"
+    assert not bad["ok"], f"{case}: verl started with {key} planted"
 
 
 def test_the_verl_kv_map_reaches_vllm_as_vllm_reads_it(started, tiny_dirs, verl_python):

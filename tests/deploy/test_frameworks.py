@@ -455,19 +455,50 @@ def _opd(student, target, **options):
 
 
 def test_verl_separate_async_states_its_lags(student):
-    """parameter_sync_step 4, 1.5 warm-up batches, by the one lag model (verl_lags.py): floor(1.5) = 1 batch of 4
-    mini-batches queued, so local update j trains on weights 4 + j updates old: 4 .. 7; a trainer that waits: 0 .. 3;
-    the decoupled loss recomputes the old log-probs at the step's start: lag 4. The comment names the keys that
-    judge them, which parse back to the same model."""
+    """parameter_sync_step 4, 1.5 warm-up batches, by the one lag model (verl_lags.py): verl 0.9.1 queues 1.5 train
+    batches of prompts, 6 mini-batches, so local update j trains on weights 6 + j updates old: 6 .. 9; a trainer that
+    waits: 0 .. 3; the decoupled loss recomputes the old log-probs at the step's start: the step's first two
+    mini-batches are the older batch's second half (8 updates back), its last two the next batch's first half (4).
+    The comment names the keys that judge them, which parse back to the same model; verl 0.9.0, whose loop takes
+    whole warm-up batches, is refused the fraction in one line."""
     from fp8probe.core.verl_lags import parse_verl_async
 
     text, o = _opd(student, "verl-separate-async", parameter_sync_step=4, warmup_batches=1.5, max_off_policy=8)
     assert o["trainer.v1.separate_async.parameter_sync_step"] == "4"
-    assert "samples lag 4 .. 7 optimizer updates when the rollout keeps up (0 .. 3 when the trainer waits)" in text
-    assert "the decoupled loss's old log-probs lag 4:" in text
+    assert "samples lag 6 .. 9 optimizer updates when the rollout keeps up (0 .. 3 when the trainer waits)" in text
+    assert "the decoupled loss's old log-probs lag 4 or 8:" in text
     key = "v1:sync=4,warmup=1.5,max_off_policy=8,decoupled"
     assert f"`fp8probe check --verl-async {key}` judges them" in text
-    assert parse_verl_async(key).key() == key and parse_verl_async(key).lags() == {4: 1.0}
+    assert parse_verl_async(key).key() == key and parse_verl_async(key).lags() == {4: 0.5, 8: 0.5}
+    with pytest.raises(FP8ProbeError, match="verl 0.9.0 queues whole warmup batches"):
+        _opd(student, "verl-separate-async", warmup_batches=1.5, verl_version="0.9.0")
+
+
+def test_verl_colocate_async_writes_its_mode_and_states_its_lags(student):
+    """colocate_async with 1 warm-up batch: the mode and its keys as verl's ppo_trainer.yaml spells them; with every
+    response alike two batches finish together each other step, one taken at once and one a step later: lags 0 and 1,
+    half each (by hand: tests/sources/test_verl_async.py); the comment names the keys that schedule the student's
+    own rollouts, which parse back to the same model. verl 0.9.0 queues whole warm-up batches only (range()), so a
+    fraction is refused for it in one line."""
+    from fp8probe.core.verl_lags import parse_verl_async
+
+    text, o = _opd(student, "verl-colocate-async", warmup_batches=1, max_off_policy=4)
+    assert o["trainer.v1.trainer_mode"] == "colocate_async"
+    assert o["trainer.v1.colocate_async.num_warmup_batches"] == "1"
+    assert o["trainer.v1.sampler.max_off_policy_threshold"] == "4"
+    assert "with every response alike the tokens lag (0: 50%, 1: 50%) trainer steps" in text
+    key = "v1-colocate:warmup=1,max_off_policy=4,batch=64"
+    assert f"`fp8probe check --verl-async {key}`" in text and parse_verl_async(key).key() == key
+    assert (
+        _opd(student, "verl-colocate-async", warmup_batches=1.5, verl_version="0.9.1")[1][
+            "trainer.v1.colocate_async.num_warmup_batches"
+        ]
+        == "1.5"
+    )
+    with pytest.raises(FP8ProbeError, match="verl 0.9.0 queues whole warmup batches"):
+        _opd(student, "verl-colocate-async", warmup_batches=1.5, verl_version="0.9.0")
+    with pytest.raises(FP8ProbeError, match="verl 0.8.0 has no the v1 trainer's async modes"):
+        _opd(student, "verl-colocate-async", verl_version="0.8.0")
 
 
 def test_verl_opd_writes_the_screen_each_loss_takes(student):

@@ -297,6 +297,7 @@ def test_plan_shape_without_measurement(cli, tmp_path):
         (["--gpu-memory", "80"], "plan models a GPU of the table"),
         (["--calibration", "nowhere"], "not a directory written by `fp8probe calibrate`"),
         (["--stale", "a", "b", "--async", "1"], "one --stale checkpoint per --async K"),
+        (["--verl-async", "v1-colocate:warmup=1"], "they take turns on the same GPUs"),
     ],
 )
 def test_plan_bad_input(cli, tiny_dirs, tmp_path, args, message):
@@ -547,7 +548,7 @@ def test_verl_async_rows_mix_the_lags(cli, tiny_dirs, tmp_path):
     for row in (a, f):
         assert row["step_s"] == pytest.approx(max(row["rollout_s"], 0.5))
     assert doc["verl_async"]["regimes"]["trainer-bound"]["lags"] == {"0": 0.5, "1": 0.5}
-    assert "verl fully-async (trigger_parameter_sync_step 2, staleness_threshold 0)" in r.out
+    assert "verl async (trigger_parameter_sync_step 2, staleness_threshold 0; lags in trainer steps)" in r.out
     r = cli(
         "plan",
         *common,

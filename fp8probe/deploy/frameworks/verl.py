@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...core.errors import FP8ProbeError
 from ...core.settings import Settings, opt
-from ...core.verl_lags import VerlAsync, VerlV1Async
+from ...core.verl_lags import VerlAsync, VerlV1Async, VerlV1Colocate
 from .base import (
     Applied,
     Target,
@@ -158,9 +158,10 @@ VERL_SINCE = {
     "the fully-async policy's config (async_training.*, rollout.*)": (0, 8, 0),
     "rollout_rs=seq_mean_k3 (the K3 rejection screen, rollout_corr_helper.py)": (0, 8, 0),
 }
-# read the same way: 0.8.0 has no verl/trainer/ppo/v1/; 0.9.0 and 0.9.1 ship trainer.v1.separate_async with the same
-# keys and start-up assertions
-V1_SINCE = {"the v1 trainer's separate_async (trainer.v1.*)": (0, 9, 0)}
+# read the same way: 0.8.0 has no verl/trainer/ppo/v1/; 0.9.0 and 0.9.1 ship trainer.v1.separate_async and
+# colocate_async with the same keys and start-up assertions (0.9.0's colocate_async takes whole warmup batches only)
+V1_SINCE = {"the v1 trainer's async modes (trainer.v1.*)": (0, 9, 0)}
+FRACTIONAL_WARMUP = (0, 9, 1)  # colocate_async's num_warmup_batches as a fraction (_add_async_warmup_batches)
 # verl's own K3 rejection preset (verl/trainer/config/algorithm.py, bypass_ppo_clip_k3_rs: seq_mean_k3 at 0.01)
 REJECTION = ("seq_mean_k3", 0.01)
 FULLY_ASYNC = "python3 -m verl.experimental.fully_async_policy.fully_async_main"
@@ -195,8 +196,12 @@ class VerlSettings(Settings):
     parameter_sync_step: int = opt(
         4, "separate-async: optimizer updates per step, the weights synced after each step", low=1
     )
-    warmup_batches: float = opt(1.0, "separate-async: train batches queued before the first step", low=0.0)
-    max_off_policy: int = opt(8, "separate-async: the most steps a prompt may span before verl drops it", low=1)
+    warmup_batches: float = opt(
+        1.0, "separate-async, colocate-async: train batches queued before the first step", low=0.0
+    )
+    max_off_policy: int = opt(
+        8, "separate-async, colocate-async: the most steps a prompt may span before verl drops it", low=1
+    )
     rollout_gpus: int = opt(
         8, "fully-async, separate-async: GPUs per node of the rollout pool (its n_gpus_per_node)", low=1
     )
@@ -276,6 +281,16 @@ def _check_release(options: VerlSettings, what: str, since: dict = VERL_SINCE) -
         raise FP8ProbeError(
             f"{what}: verl {got} has no {'; no '.join(missing)} (first in verl {first}): upgrade verl to {first} "
             "or later, or pass `verl_version`"
+        )
+
+
+def _check_warmup(options: VerlSettings, what: str) -> None:
+    """verl 0.9.0's async modes queue whole warm-up batches (range(num_warmup_batches)); 0.9.1 takes a fraction."""
+    w = options.warmup_batches
+    if w != int(w) and options.release < FRACTIONAL_WARMUP:
+        raise FP8ProbeError(
+            f"{what}: verl {'.'.join(map(str, options.release))} queues whole warmup batches "
+            "(range(num_warmup_batches)); give a whole `warmup_batches` or write for verl 0.9.1"
         )
 
 
@@ -491,6 +506,7 @@ VERL_SEPARATE_ASYNC = vllm_rollout(
 def render_separate_async(e, model_path, units) -> dict[str, str]:
     o = e.options or VerlSettings()
     _check_release(o, "verl-separate-async", V1_SINCE)
+    _check_warmup(o, "verl-separate-async")
     s, w, m = o.parameter_sync_step, o.warmup_batches, o.max_off_policy
     lines = [
         "trainer.v1.trainer_mode=separate_async",
@@ -508,7 +524,8 @@ def render_separate_async(e, model_path, units) -> dict[str, str]:
         f"keep data.train_batch_size = {s} x actor_rollout_ref.actor.ppo_mini_batch_size (verl asserts it): each "
         f"step is {s} updates of one mini-batch",
         f"samples lag {min(full)} .. {max(full)} optimizer updates when the rollout keeps up ({min(waits)} .. "
-        f"{max(waits)} when the trainer waits); the decoupled loss's old log-probs lag {min(held.lags())}: "
+        f"{max(waits)} when the trainer waits); the decoupled loss's old log-probs lag "
+        f"{' or '.join(map(str, held.lags()))}: "
         f"`fp8probe check --verl-async {held.key()}` judges them",
     ]
     head = header(e.target) + "".join(f"# {x}.\n" for x in why)
@@ -518,3 +535,45 @@ def render_separate_async(e, model_path, units) -> dict[str, str]:
 @resolves(VERL_SEPARATE_ASYNC, "verl-separate-async.sh")
 def read_separate_async(files, units, n_blocks) -> Applied:
     return _read_rollout(files["verl-separate-async.sh"], units)
+
+
+# ---------------------------------------------------------------------------------------------------
+# verl's own default trainer (v1) in its colocate_async mode (verl/trainer/ppo/v1/trainer_colocate_async.py)
+
+VERL_COLOCATE_ASYNC = vllm_rollout(
+    "verl-colocate-async",
+    "verl v1 colocate_async (vLLM rollout)",
+    "verl==0.9.1 verl/trainer/ppo/v1/trainer_colocate_async.py, verl/trainer/config/ppo_trainer.yaml (trainer.v1)",
+    "main_ppo's v1 trainer with the rollout and the trainer taking turns on the same GPUs, the weights synced after "
+    "every step and the requests in flight resumed; FP8 as `verl`",
+)
+
+
+@register(VERL_COLOCATE_ASYNC)
+def render_colocate_async(e, model_path, units) -> dict[str, str]:
+    o = e.options or VerlSettings()
+    _check_release(o, "verl-colocate-async", V1_SINCE)
+    _check_warmup(o, "verl-colocate-async")
+    w, m = o.warmup_batches, o.max_off_policy
+    lines = [
+        "trainer.v1.trainer_mode=colocate_async",
+        f"trainer.v1.colocate_async.num_warmup_batches={w:g}",
+        f"trainer.v1.sampler.max_off_policy_threshold={m}",
+    ]
+    alike = VerlV1Colocate(w, m)
+    shares = ", ".join(f"{k}: {v:.0%}" for k, v in alike.lags().items())
+    why = [
+        "each step is one update and one weight sync; the rollout samples with the weights of the step's start until "
+        "a batch of prompt groups is finished, the requests still in flight resume after the sync (their earlier "
+        "tokens a step older for each sync they span) and finished groups not taken wait a step",
+        f"with every response alike the tokens lag ({shares}) trainer steps; longer responses lag more: "
+        f"`fp8probe check --verl-async {alike.key()}` (batch: your data.train_batch_size) schedules the student's "
+        "own rollouts and judges the lags",
+    ]
+    head = header(e.target) + "".join(f"# {x}.\n" for x in why)
+    return {"verl-colocate-async.sh": head + hydra(MAIN, _rollout(e) + lines + verl_correction())}
+
+
+@resolves(VERL_COLOCATE_ASYNC, "verl-colocate-async.sh")
+def read_colocate_async(files, units, n_blocks) -> Applied:
+    return _read_rollout(files["verl-colocate-async.sh"], units)
