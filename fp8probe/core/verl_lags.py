@@ -144,8 +144,32 @@ class VerlAsync:
         return keys + (", partial_rollout" if self.partial else "") + "; lags in trainer steps"
 
 
+class _WarmupWindow:
+    """The v1 trainer's warm-up rule, the same in both its async modes (fields `warmup`, `max_off_policy`)."""
+
+    @property
+    def waits(self) -> int:
+        """The most steps a prompt spans in the queue: ceil(warmup) + 1 (W x B prompts ahead of it)."""
+        return math.ceil(self.warmup) + 1
+
+    @property
+    def drops_warmup(self) -> bool:
+        """Whether verl would drop every batch the warmup window holds (a prompt's span over max_off_policy)."""
+        return self.max_off_policy is not None and self.waits > self.max_off_policy
+
+    def refuse_dropped(self, text: str):
+        """These keys, or one line refusing a warm-up verl would drop whole (`text`: the keys as given)."""
+        if self.drops_warmup:
+            raise FP8ProbeError(
+                f"`verl_async` {text}: a prompt waits ceil(warmup) + 1 = {self.waits} steps, over "
+                f"max_off_policy {self.max_off_policy}: verl would drop every batch the warmup window holds; raise "
+                "max_off_policy"
+            )
+        return self
+
+
 @dataclass(frozen=True)
-class VerlV1Async:
+class VerlV1Async(_WarmupWindow):
     """verl's v1 separate_async keys (module docstring) and the lags they give, in optimizer updates."""
 
     sync: int
@@ -190,23 +214,7 @@ class VerlV1Async:
             raise FP8ProbeError(
                 f"`verl_async` {text}: sync >= 1, warmup >= 0 and max_off_policy >= 1 (or none), as verl asserts"
             )
-        spec = cls(sync, warmup, limit, decoupled)
-        if spec.drops_warmup:
-            raise FP8ProbeError(
-                f"`verl_async` {text}: a prompt waits ceil(warmup) + 1 = {spec.waits} steps, over "
-                f"max_off_policy {limit}: verl would drop every batch the warmup window holds; raise max_off_policy"
-            )
-        return spec
-
-    @property
-    def waits(self) -> int:
-        """The most steps a prompt spans in the queue: ceil(warmup) + 1 (W x B prompts ahead of it)."""
-        return math.ceil(self.warmup) + 1
-
-    @property
-    def drops_warmup(self) -> bool:
-        """Whether verl would drop every batch the warmup window holds (a prompt's span over max_off_policy)."""
-        return self.max_off_policy is not None and self.waits > self.max_off_policy
+        return cls(sync, warmup, limit, decoupled).refuse_dropped(text)
 
     def lags(self, regime: str = "trainer-bound") -> dict[int, float]:
         """lag (optimizer updates) -> the share of samples trained at that lag, in `regime` (module docstring)."""
@@ -241,7 +249,7 @@ SETTLING_STEPS = 16  # ... the first ones left out (the warmup's start, not the 
 
 
 @dataclass(frozen=True)
-class VerlV1Colocate:
+class VerlV1Colocate(_WarmupWindow):
     """verl's v1 colocate_async keys (`--verl-async v1-colocate:warmup=W[,max_off_policy=M][,batch=B]`:
     trainer.v1.trainer_mode=colocate_async, colocate_async.num_warmup_batches, sampler.max_off_policy_threshold,
     data.train_batch_size in prompts) and the lags they give each response token, in trainer steps.
@@ -289,21 +297,7 @@ class VerlV1Colocate:
             raise FP8ProbeError(f"`verl_async` {text}: {usage} (W a number, M and B whole numbers)") from e
         if not (math.isfinite(warmup) and warmup >= 0) or batch < 1 or (limit is not None and limit < 1):
             raise FP8ProbeError(f"`verl_async` {text}: warmup >= 0, batch >= 1 and max_off_policy >= 1 (or none)")
-        spec = cls(warmup, limit, batch)
-        if spec.drops_warmup:
-            raise FP8ProbeError(
-                f"`verl_async` {text}: a warmup prompt waits ceil(warmup) + 1 = {spec.waits} steps, over "
-                f"max_off_policy {limit}: verl would drop every batch the warmup window holds; raise max_off_policy"
-            )
-        return spec
-
-    @property
-    def waits(self) -> int:
-        return math.ceil(self.warmup) + 1
-
-    @property
-    def drops_warmup(self) -> bool:
-        return self.max_off_policy is not None and self.waits > self.max_off_policy
+        return cls(warmup, limit, batch).refuse_dropped(text)
 
     def on(self, rollouts) -> VerlV1Colocate:
         """These keys on the rollouts' own response lengths (per prompt group)."""

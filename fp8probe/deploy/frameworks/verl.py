@@ -284,14 +284,25 @@ def _check_release(options: VerlSettings, what: str, since: dict = VERL_SINCE) -
         )
 
 
-def _check_warmup(options: VerlSettings, what: str) -> None:
-    """verl 0.9.0's async modes queue whole warm-up batches (range(num_warmup_batches)); 0.9.1 takes a fraction."""
-    w = options.warmup_batches
-    if w != int(w) and options.release < FRACTIONAL_WARMUP:
+def _v1_options(e) -> VerlSettings:
+    """A v1 async target's options, refused where the release lacks the v1 trainer, or (verl 0.9.0, which queues
+    whole warm-up batches: range(num_warmup_batches)) a fractional warm-up."""
+    o = e.options or VerlSettings()
+    _check_release(o, e.target.name, V1_SINCE)
+    w = o.warmup_batches
+    if w != int(w) and o.release < FRACTIONAL_WARMUP:
         raise FP8ProbeError(
-            f"{what}: verl {'.'.join(map(str, options.release))} queues whole warmup batches "
+            f"{e.target.name}: verl {'.'.join(map(str, o.release))} queues whole warmup batches "
             "(range(num_warmup_batches)); give a whole `warmup_batches` or write for verl 0.9.1"
         )
+    return o
+
+
+def _v1_script(e, lines: list[str], why: list[str]) -> dict[str, str]:
+    """A v1 async target's launch script: the header, the lines on its lags, main_ppo with the rollout's FP8, the
+    mode's keys and verl's token IS correction."""
+    head = header(e.target) + "".join(f"# {x}.\n" for x in why)
+    return {f"{e.target.name}.sh": head + hydra(MAIN, _rollout(e) + lines + verl_correction())}
 
 
 def _distillation(o: VerlSettings, bypass: bool = False) -> tuple[list[str], list[str]]:
@@ -504,9 +515,7 @@ VERL_SEPARATE_ASYNC = vllm_rollout(
 
 @register(VERL_SEPARATE_ASYNC)
 def render_separate_async(e, model_path, units) -> dict[str, str]:
-    o = e.options or VerlSettings()
-    _check_release(o, "verl-separate-async", V1_SINCE)
-    _check_warmup(o, "verl-separate-async")
+    o = _v1_options(e)
     s, w, m = o.parameter_sync_step, o.warmup_batches, o.max_off_policy
     lines = [
         "trainer.v1.trainer_mode=separate_async",
@@ -528,8 +537,7 @@ def render_separate_async(e, model_path, units) -> dict[str, str]:
         f"{' or '.join(map(str, held.lags()))}: "
         f"`fp8probe check --verl-async {held.key()}` judges them",
     ]
-    head = header(e.target) + "".join(f"# {x}.\n" for x in why)
-    return {"verl-separate-async.sh": head + hydra(MAIN, _rollout(e) + lines + verl_correction())}
+    return _v1_script(e, lines, why)
 
 
 @resolves(VERL_SEPARATE_ASYNC, "verl-separate-async.sh")
@@ -551,9 +559,7 @@ VERL_COLOCATE_ASYNC = vllm_rollout(
 
 @register(VERL_COLOCATE_ASYNC)
 def render_colocate_async(e, model_path, units) -> dict[str, str]:
-    o = e.options or VerlSettings()
-    _check_release(o, "verl-colocate-async", V1_SINCE)
-    _check_warmup(o, "verl-colocate-async")
+    o = _v1_options(e)
     w, m = o.warmup_batches, o.max_off_policy
     lines = [
         "trainer.v1.trainer_mode=colocate_async",
@@ -570,8 +576,7 @@ def render_colocate_async(e, model_path, units) -> dict[str, str]:
         f"`fp8probe check --verl-async {alike.key()}` (batch: your data.train_batch_size) schedules the student's "
         "own rollouts and judges the lags",
     ]
-    head = header(e.target) + "".join(f"# {x}.\n" for x in why)
-    return {"verl-colocate-async.sh": head + hydra(MAIN, _rollout(e) + lines + verl_correction())}
+    return _v1_script(e, lines, why)
 
 
 @resolves(VERL_COLOCATE_ASYNC, "verl-colocate-async.sh")
