@@ -65,9 +65,22 @@ def run_recipe(
         if framework is None:
             raise
         raise FP8ProbeError(f"{framework.title}: {e}") from e
+    capacity = kv_map_capacity(student.model.config, recipe)
     with output_dir(out) as d:
         recipe.write(d)
-    return RecipeResult(Path(out), recipe, settings, time.perf_counter() - t0, context.target)
+    return RecipeResult(Path(out), recipe, settings, time.perf_counter() - t0, context.target, capacity)
+
+
+def kv_map_capacity(cfg, recipe, kv_memory: int = 8 * 2**30) -> tuple[float, int] | None:
+    """A KV map's (KV tokens over BF16's in the same memory as vLLM lays them out: deploy/capacity.py, its grouping
+    beside sliding-window layers included, which bytes do not see; max_model_len: the recipe's context), or None."""
+    if not recipe.kv_skip_layers:
+        return None
+    from ..deploy.capacity import capacity
+    from ..deploy.serving import Serving
+
+    rec = capacity(cfg, recipe, "fp8", Serving(kv_cache_memory=kv_memory, max_model_len=recipe.kv_context))
+    return rec.ratio_kv_tokens, rec.max_model_len
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,7 @@ class RecipeResult(Result):
     settings: RecipeSettings
     search_seconds: float  # loading the student and the search
     target: str | None = None  # the rollout framework it was made for
+    kv_capacity: tuple | None = None  # a KV map's (KV tokens over BF16's by vLLM's accounting, max_model_len)
 
     def describe(self, seconds: float) -> str:
         """The line `fp8probe recipe` ends with: what it chose, predicted and measured (on the search set, and on the
@@ -100,14 +114,14 @@ class RecipeResult(Result):
         return (
             f"recipe{f' for {self.target}' if self.target else ''} (form {r.form}): {len(r.quantized)}/"
             f"{len(r.quantized) + len(r.kept)} fused groups in {r.scheme}"
-            f"{_kv_words(r)}; "
+            f"{_kv_words(r, self.kv_capacity)}; "
             f"{s.metric} predicted {r.predicted:.4g}, {measured}; {r.bytes_saved / 2**20:.1f} MiB saved, "
             f"{r.effective_bits:.2f} effective bits; {len(r.search)} measured passes in {searched:.0f} s -> "
             f"{Path(out) / 'recipe.yaml'}"
         )
 
 
-def _kv_words(r) -> str:
+def _kv_words(r, capacity: tuple | None) -> str:
     """The KV cache's part of the recipe's line: in every layer, or per layer with the layers kept BF16 and why (their
     measured mismatch per byte saved at the workload ranked them last)."""
     if not r.kv_cache_dtype:
@@ -126,4 +140,9 @@ def _kv_words(r) -> str:
         f" + FP8 KV cache in all but {len(r.kv_skip_layers)} layers at {r.kv_tokens:,} tokens in flight"
         f"{f' ({r.kv_context:,} a sequence)' if r.kv_context else ''} (BF16, their "
         f"KV rows' mismatch per byte the highest: layer {why}{more})"
+        + (
+            f"; by vLLM's accounting {capacity[0]:.2f}x the KV tokens of BF16 (max_model_len {capacity[1]:,})"
+            if capacity
+            else ""
+        )
     )

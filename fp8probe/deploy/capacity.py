@@ -46,12 +46,15 @@ from .serving import KV_DTYPE_BYTES, KV_SCALE_BYTES, NON_TORCH_BYTES, Serving
 
 
 def _storage_bytes(cfg) -> int:
+    """Bytes per element of the model dtype vLLM serves the config in (`dtype auto`): the config's, but a float32
+    config downcast to the platform's first dtype, bfloat16 on the GPUs of the table (vllm/config/model.py
+    _resolve_auto_dtype: "Downcast for float32 models")."""
     import torch
 
     dt = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or torch.bfloat16
     if isinstance(dt, str):
         dt = getattr(torch, dt.replace("torch.", ""), torch.bfloat16)
-    return torch.empty(0, dtype=dt).element_size()
+    return 2 if dt == torch.float32 else torch.empty(0, dtype=dt).element_size()
 
 
 def weight_bytes_per_gpu(model, recipe=None, tp: int = 1) -> int:

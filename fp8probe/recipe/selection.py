@@ -155,7 +155,7 @@ def _pinned_kv(kv_groups: list[GroupScore], windows: list, kept: set[str]) -> se
         "recipe: beside sliding-window layers vLLM groups the layers of one KV spec, so a map's capacity is not its "
         "layers' bytes (Gemma 3 270M: 4 sliding layers BF16 hold 1.33x the KV tokens of a BF16 cache where their bytes "
         "say 1.64x); "
-        "`fp8probe capacity --recipe` sizes it as vLLM does"
+        "the recipe's line gives its map's capacity as vLLM lays it out"
     )
     pinned = {g.group for g in kv_groups if windows[g.kv_layer] is None}
     if pinned & kept:
