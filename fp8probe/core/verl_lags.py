@@ -255,11 +255,11 @@ class VerlV1Colocate(_WarmupWindow):
     data.train_batch_size in prompts) and the lags they give each response token, in trainer steps.
 
     verl 0.9.1's loop (verl/trainer/ppo/v1/trainer_colocate_async.py on trainer_base.py and replay_buffer.py): the
-    rollout and the trainer share the GPUs and take turns. W train batches of prompts are queued before the first
-    step; each step queues one more, then the rollout generates (with the weights of the step's start) until B prompt
-    groups are finished, and the sampler takes the B oldest finished (by the step they were queued in; a finished
-    group that spans more than M steps is dropped and a new prompt queued in its place); every request still in
-    flight is aborted, the rollout sleeps, the trainer makes its one update, the weights are synced, and the aborted
+    rollout and the trainer share the GPUs and take turns. floor(W x B) prompts are queued before the first step (W
+    train batches of B prompt groups; 0.9.1 sets gen_batch_size to 1), each step queues B more, then the rollout
+    generates (with the weights of the step's start) until B prompt groups are finished, and the sampler takes the
+    B oldest finished (by the step they were queued in; a finished group that spans more than M steps is dropped and
+    a new prompt queued in its place); every request still in flight is aborted, the rollout sleeps, the trainer makes its one update, the weights are synced, and the aborted
     requests resume (re-prefilled by the new weights). So a token's lag is the steps between the phase that sampled
     it and the step that trains it: 0 for what the last phase sampled, more for a long response's earlier tokens and
     for a group that finished but was not taken. The lags depend on the responses' lengths: the schedule is
