@@ -257,18 +257,18 @@ class VerlV1Colocate(_WarmupWindow):
     verl 0.9.1's loop (verl/trainer/ppo/v1/trainer_colocate_async.py on trainer_base.py and replay_buffer.py): the
     rollout and the trainer share the GPUs and take turns. floor(W x B) prompts are queued before the first step (W
     train batches of B prompt groups; 0.9.1 sets gen_batch_size to 1), each step queues B more, then the rollout
-    generates (with the weights of the step's start) until B prompt groups are finished, and the sampler takes the
-    B oldest finished (by the step they were queued in; a finished group that spans more than M steps is dropped and
-    a new prompt queued in its place); every request still in flight is aborted, the rollout sleeps, the trainer makes its one update, the weights are synced, and the aborted
-    requests resume (re-prefilled by the new weights). So a token's lag is the steps between the phase that sampled
-    it and the step that trains it: 0 for what the last phase sampled, more for a long response's earlier tokens and
-    for a group that finished but was not taken. The lags depend on the responses' lengths: the schedule is
-    simulated (MODELLED: every request in flight decodes one token per engine step, no queueing) over
-    SCHEDULED_STEPS steps from the rollouts' own groups (`lengths`: per prompt, its responses' lengths; drawn in a
-    seeded shuffle, epoch by epoch), the first SETTLING_STEPS left out; without lengths every response has
-    EQUAL_LENGTH tokens (then W = 1 gives half the groups lag 0 and half lag 1). Each step is one update and one
-    sync, so the Decoupled-PPO and bypass losses meet the same lags, and a resumed response's earlier tokens are at
-    their own lags here (no separate straddle figure)."""
+    generates (with the weights of the step's start) until B prompt groups are finished, and the sampler takes the B
+    oldest finished (by the step they were queued in; a finished group that spans more than M steps is dropped and a
+    new prompt queued in its place); every request still in flight is aborted, the rollout sleeps, the trainer makes
+    its one update, the weights are synced, and the aborted requests resume (re-prefilled by the new weights). So a
+    token's lag is the steps between the phase that sampled it and the step that trains it: 0 for what the last
+    phase sampled, more for a long response's earlier tokens and for a group that finished but was not taken. The
+    lags depend on the responses' lengths: the schedule is simulated (MODELLED: every request in flight decodes one
+    token per engine step, no queueing) over SCHEDULED_STEPS steps from the rollouts' own groups (`lengths`: per
+    prompt, its responses' lengths; drawn in a seeded shuffle, epoch by epoch), the first SETTLING_STEPS left out;
+    without lengths every response has EQUAL_LENGTH tokens (then W = 1 gives half the groups lag 0 and half lag 1).
+    Each step is one update and one sync, so the Decoupled-PPO and bypass losses meet the same lags, and a resumed
+    response's earlier tokens are at their own lags here (no separate straddle figure)."""
 
     warmup: float = 1.0
     max_off_policy: int | None = 8
