@@ -159,7 +159,7 @@ def check_async(
         "stale_steps": lags.steps,
         "path": lags.path(),
         "judged": lags.spec.regimes[0],
-        "dropped": getattr(lags.spec, "dropped", None),  # the share of finished groups verl drops as too stale
+        "dropped": lags.spec.dropped,  # the share of finished groups verl drops as too stale (None: not modelled)
         "regimes": regimes,
         "lags": {
             str(k): {"measured": excess(metric, m.metrics[metric]), "interval": m.excess_interval(metric)}

@@ -82,19 +82,27 @@ def _summary(lags: dict[int, float]) -> dict:
     return {"mean": mean, "p50": quantile(0.5), "p90": quantile(0.9), "max": max(lags), "lags": lags}
 
 
+class _LagModel:
+    """What every `--verl-async` mode answers besides its lags (check and plan read these, never the mode's type):
+    the regimes it gives lags for (the verdict on the first), whether rollout and training run at once on pools of
+    their own (plan's asynchronous step), the share of finished groups it drops (None: not modelled), and the keys on
+    given rollouts (`on`: the same keys, unless the lags depend on the responses' lengths)."""
+
+    regimes = REGIMES
+    overlaps = True
+    dropped = None
+
+    def on(self, rollouts):
+        return self
+
+
 @dataclass(frozen=True)
-class VerlAsync:
+class VerlAsync(_LagModel):
     """verl's fully-async keys (module docstring) and the lags they give."""
 
     trigger: int
     staleness: float
     partial: bool = False
-    regimes = REGIMES  # the lags either bound gives (the verdict on the first)
-    overlaps = True  # rollout and training run at once, on pools of their own
-
-    def on(self, rollouts) -> VerlAsync:
-        """These keys on the rollouts (their lags do not depend on the responses' lengths)."""
-        return self
 
     @classmethod
     def parse(cls, text: str) -> VerlAsync:
@@ -144,7 +152,7 @@ class VerlAsync:
         return keys + (", partial_rollout" if self.partial else "") + "; lags in trainer steps"
 
 
-class _WarmupWindow:
+class _WarmupWindow(_LagModel):
     """The v1 trainer's warm-up rule, the same in both its async modes (fields `warmup`, `max_off_policy`)."""
 
     @property
@@ -179,12 +187,6 @@ class VerlV1Async(_WarmupWindow):
     # update_weights aborts the requests in flight, frees the KV cache, syncs and resumes them, re-prefilled by the new
     # weights: a resumed response's earlier tokens are a sync older (measurement/straddle.py), as with partial_rollout
     partial = True
-    regimes = REGIMES
-    overlaps = True
-
-    def on(self, rollouts) -> VerlV1Async:
-        """These keys on the rollouts (their lags do not depend on the responses' lengths)."""
-        return self
 
     @property
     def trigger(self) -> int:
@@ -319,6 +321,7 @@ class VerlV1Colocate(_WarmupWindow):
         """The simulated schedule (class docstring): `lags` (lag -> share of the trained tokens), `dropped` (the share
         of finished groups dropped as too stale) and what it assumed."""
         import heapq
+        import itertools
 
         import numpy as np
 
@@ -330,7 +333,7 @@ class VerlV1Colocate(_WarmupWindow):
                 order.extend(rng.permutation(len(pool)).tolist())
             return pool[order.pop()]
 
-        serial = iter(range(1 << 62))
+        serial = itertools.count()
         # a group: [queued step, serial, lengths, tokens made so far per response, [(phase, tokens)] per response]
         running: dict[int, list] = {}  # serial -> a group queued or in flight
         finished: list[list] = []  # finished, not yet taken
