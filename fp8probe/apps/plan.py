@@ -38,14 +38,13 @@ from ..planning.plan import COLUMNS, PlanSettings, check_plan, has_weights, plan
 
 def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bool = False) -> PlanResult:
     """`fp8probe plan`: the table (plan.csv), plan.json and plan.png in `out`; returns plan.json's content."""
-    from ..budget.fit import check_student
     from ..measurement.bench import Bench
     from ..plots import plan_plot
     from .inputs import check_inputs, load, rollouts_for
 
     t0 = time.perf_counter()
     check_writable(out)
-    evidence = check_plan(settings, serving, model)  # (curves, budget): what cannot be planned, refused first
+    evidence = check_plan(settings, serving, model)  # the curves and the budget: what cannot be planned, refused first
     measured = settings.measure and has_weights(model)
     if measured:
         check_inputs(model, rollouts, out)
@@ -55,7 +54,7 @@ def run_plan(model, rollouts, settings: PlanSettings, serving, out, progress: bo
         bench = None
         if measured:
             student, _ = load(model)
-            check_student(evidence[1], student, settings.other_student)  # another student's budget: before rollouts
+            evidence = evidence.on(student, settings.other_student)  # another student's budget: before rollouts
             r, _ = rollouts_for(student, rollouts, d, progress=progress)
             bench = Bench.of(student, r, rollouts)
         record = plan(bench, settings, serving, model, evidence=evidence, progress=progress)

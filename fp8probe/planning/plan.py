@@ -535,9 +535,31 @@ def _read_budget(settings: PlanSettings, curves):
     return default_budget()
 
 
-def check_plan(settings: PlanSettings, serving, model) -> tuple:
+@dataclass(frozen=True)
+class PlanEvidence:
+    """What `plan` reads its verdicts and steps off (`check_plan`): the calibration's curves (None: none), the budget,
+    and, once a student was checked against the budget (`on`), the budget's note on it."""
+
+    curves: object  # budget.curves.Curves or None
+    budget: object  # budget.fit.Budget
+    student_note: str | None = None
+    checked: bool = False  # whether `student_note` is a checked student's
+
+    def on(self, student, other_student: bool) -> PlanEvidence:
+        """This evidence with `student` checked against the budget (budget.fit.check_student: another student's
+        budget refused in one line), once: a checked one is returned as it is."""
+        from dataclasses import replace
+
+        from ..budget.fit import check_student
+
+        if self.checked:
+            return self
+        return replace(self, student_note=check_student(self.budget, student, other_student), checked=True)
+
+
+def check_plan(settings: PlanSettings, serving, model) -> PlanEvidence:
     """Everything readable before any output: the GPU is in the table, the recipes and the calibration read, the
-    async levels covered; returns (curves or None, budget)."""
+    async levels covered; returns the curves (or None) and the budget."""
     from ..budget.curves import read_curves
     from ..deploy.gpus import gpu
     from ..recipe.recipe import read_recipe
@@ -576,7 +598,7 @@ def check_plan(settings: PlanSettings, serving, model) -> tuple:
         from dataclasses import replace
 
         replace(model, model=path).check()
-    return curves, budget
+    return PlanEvidence(curves, budget)
 
 
 def has_weights(model) -> bool:
@@ -629,19 +651,19 @@ class _Costs:
     student_note: str | None
 
 
-def plan(bench, settings: PlanSettings, serving, model, *, evidence: tuple | None = None, progress: bool = False):
+def plan(
+    bench, settings: PlanSettings, serving, model, *, evidence: PlanEvidence | None = None, progress: bool = False
+):
     """The verb: each configuration of `settings` on `model` (a ModelSource: its config, its label, whether a stale
     checkpoint may be unpickled), served as `serving` says, with its cost measured on `bench` (measurement/bench.py:
     the student's own rollouts, as `check` measures; None: not measured, e.g. a config-only model), its modelled
     rollout and step, and its steps and time to the target read off the calibration's curves (none: BF16's steps
-    assumed) -> PlanRecord (plan.json). `evidence`: (curves, budget) as `check_plan` returns them, which refuses what
-    cannot be planned before any output exists (None: read here)."""
-    from ..budget.fit import check_student
-
-    curves, budget = evidence if evidence is not None else check_plan(settings, serving, model)
-    costs = None
+    assumed) -> PlanRecord (plan.json). `evidence`: what `check_plan` returns, which refuses what cannot be planned
+    before any output exists (None: read here), with the bench's student checked against its budget where not yet."""
+    evidence = evidence or check_plan(settings, serving, model)
+    curves, budget, costs = evidence.curves, evidence.budget, None
     if bench is not None:
-        note = check_student(budget, bench.student, settings.other_student)  # another student's budget: refused
+        note = evidence.on(bench.student, settings.other_student).student_note  # another student's budget: refused
         rows = measure_costs(bench, settings, budget, curves, model.allow_pickle, progress)
         costs = _Costs(rows, bench, note)
     cfg = model.config() if bench is not None else model.check()

@@ -605,3 +605,17 @@ def test_the_plan_verb_measures_each_configuration_on_the_bench_it_is_given(tiny
     assert len(made_references) == 1  # the bench's own reference, for the verb and for the measurement by hand
     unmeasured = plan(None, settings, Serving(gpu="H100"), model)
     assert all(r["mismatch"] is None and r["mismatch_source"] == "not measured" for r in unmeasured.rows)
+
+
+def test_the_budgets_student_is_checked_once(monkeypatch):
+    """`fp8probe plan` checks the student against a calibrated budget before sampling its rollouts (a content hash of
+    every weight) and hands the plan verb that checked evidence: the verb does not hash it again. Seen failing with
+    the checked evidence ignored (two checks)."""
+    from fp8probe.budget import fit
+    from fp8probe.planning.plan import PlanEvidence
+
+    calls = []
+    monkeypatch.setattr(fit, "check_student", lambda budget, student, other: calls.append(student) or "a note")
+    evidence = PlanEvidence(None, "a budget").on("the student", False)
+    assert (evidence.student_note, evidence.checked, calls) == ("a note", True, ["the student"])
+    assert evidence.on("the student", False) is evidence and len(calls) == 1
